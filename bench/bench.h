@@ -1,0 +1,28 @@
+/*
+ * Benchmarks, run as `kvoffload bench <name> [--json]`.  Each figure is one
+ * line: a JSON object {"name","value","unit"[,"limit","limit_name","ratio"]}
+ * with --json, a readable line otherwise.  A ratio always compares against a
+ * limit measured in the same run on the same machine.
+ */
+#ifndef KVO_BENCH_H
+#define KVO_BENCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct kvo_bench_out {
+    bool json;
+} kvo_bench_out;
+
+/* Print one figure.  limit_name NULL = no limit (ratio omitted). */
+void kvo_bench_report(const kvo_bench_out *o, const char *name, double value, const char *unit,
+                      const char *limit_name, double limit);
+double kvo_bench_now(void); /* seconds, monotonic */
+
+/* Each benchmark: argv[0] is its name. */
+int kvo_bench_store(int argc, char **argv, const kvo_bench_out *o);
+int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o);
+int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o);
+int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o);
+
+#endif

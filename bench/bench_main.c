@@ -1,0 +1,68 @@
+/* `kvoffload bench`: dispatch to the benchmarks in bench/. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **, const kvo_bench_out *);
+    const char *help;
+} kvo__benches[] = {
+    {"store", kvo_bench_store, "index and prefix-hash throughput"},
+    {"transfer", kvo_bench_transfer, "block gather/scatter bandwidth vs the copy ceiling"},
+    {"file", kvo_bench_file, "file-tier bandwidth vs raw O_DIRECT, index rebuild time"},
+    {"ttft", kvo_bench_ttft, "time to first token: loaded vs recomputed prefix"},
+};
+
+double kvo_bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void kvo_bench_report(const kvo_bench_out *o, const char *name, double value, const char *unit,
+                      const char *limit_name, double limit) {
+    if (o->json) {
+        printf("{\"name\":\"%s\",\"value\":%.6g,\"unit\":\"%s\"", name, value, unit);
+        if (limit_name)
+            printf(",\"limit_name\":\"%s\",\"limit\":%.6g,\"ratio\":%.4f", limit_name, limit,
+                   limit > 0 ? value / limit : 0.0);
+        printf("}\n");
+    } else {
+        printf("%-48s %14.4g %-8s", name, value, unit);
+        if (limit_name) printf("  %5.1f%% of %s (%.4g)", limit > 0 ? 100.0 * value / limit : 0.0, limit_name, limit);
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+int kvo_cmd_bench(int argc, char **argv) {
+    kvo_bench_out o = {false};
+    const char *which = NULL;
+    int sub_argc = 0;
+    char *sub_argv[64];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) o.json = true;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: kvoffload bench <name> [--json] [options]\n\nbenchmarks:\n");
+            for (size_t b = 0; b < sizeof kvo__benches / sizeof kvo__benches[0]; b++)
+                printf("  %-9s %s\n", kvo__benches[b].name, kvo__benches[b].help);
+            return 0;
+        } else if (!which && argv[i][0] != '-') {
+            which = argv[i];
+            sub_argv[sub_argc++] = argv[i];
+        } else if (sub_argc < 63) sub_argv[sub_argc++] = argv[i];
+    }
+    sub_argv[sub_argc] = NULL;
+    if (!which) {
+        fprintf(stderr, "kvoffload bench: name a benchmark (kvoffload bench --help)\n");
+        return KVO_EXIT_USAGE;
+    }
+    for (size_t b = 0; b < sizeof kvo__benches / sizeof kvo__benches[0]; b++)
+        if (!strcmp(which, kvo__benches[b].name)) return kvo__benches[b].fn(sub_argc, sub_argv, &o);
+    fprintf(stderr, "kvoffload bench: unknown benchmark '%s' (kvoffload bench --help)\n", which);
+    return KVO_EXIT_USAGE;
+}

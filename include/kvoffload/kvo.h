@@ -1,0 +1,9 @@
+/* kvoffload: the umbrella header.  Include this one. */
+#ifndef KVOFFLOAD_KVO_H
+#define KVOFFLOAD_KVO_H
+#include "kvo_common.h"
+#include "kvo_geometry.h"
+#include "kvo_keys.h"
+#include "kvo_store.h"
+#include "kvo_transfer.h"
+#endif

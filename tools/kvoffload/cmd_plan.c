@@ -1,0 +1,149 @@
+/* `kvoffload plan`: show the per-group chunk plan. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void kvo__plan_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvoffload plan [--model PRESET|FILE] [--block-size N | --blocks-per-chunk N]\n"
+            "                      [--group-blocks-per-chunk NAME=N[,NAME=N...]]\n"
+            "                      [--target-chunk-bytes N] [--dtype NAME] [--json]\n\n"
+            "Prints how each KV-cache group of the model is cut into offloaded chunks.\n"
+            "  --model             a preset name or a kvoffload-model/1 JSON file; default: every preset\n"
+            "  --block-size N      legacy: tokens per chunk; each group gets N / tokens_per_block blocks\n"
+            "  --blocks-per-chunk N  the same block count for every group\n"
+            "  --group-blocks-per-chunk NAME=N,...  per-group overrides (combine with any of the above)\n"
+            "  --target-chunk-bytes N  automatic plan target (default 1048576)\n"
+            "  --json              one JSON object per model\n"
+            "With neither --block-size nor --blocks-per-chunk the plan is automatic.\n"
+            "Exit status: 0 valid plan, 2 invalid configuration or usage, 1 other failure.\n\n"
+            "presets:");
+    for (size_t i = 0; i < kvo_model_preset_count(); i++) fprintf(f, " %s", kvo_model_preset_name(i));
+    fprintf(f, "\n");
+}
+
+static void kvo__print_plan(const kvo_plan *p) {
+    char hex[33];
+    kvo_u128_hex(kvo_plan_fingerprint(p), hex);
+    printf("model %s  tokens_per_hash %u  fingerprint %s\n", kvo_model_name(kvo_plan_model(p)),
+           kvo_plan_tokens_per_hash(p), hex);
+    printf("  %-10s %-8s %6s %6s %10s %8s %10s %7s %12s %12s %9s\n", "group", "kind", "tpb", "layers", "page_B",
+           "blk/chk", "tok/chunk", "hashes", "chunk_bytes", "slot_bytes", "win_chks");
+    for (size_t i = 0; i < kvo_plan_num_groups(p); i++) {
+        const kvo_group_plan *g = kvo_plan_group(p, i);
+        char win[24] = "-";
+        if (g->kind == KVO_GROUP_SLIDING && g->offloaded) snprintf(win, sizeof win, "%llu", (unsigned long long)g->window_chunks);
+        if (!g->offloaded) {
+            printf("  %-10s %-8s %6u %6u %10llu   not offloaded (not cacheable)\n", g->name,
+                   kvo_group_kind_name(g->kind), g->tokens_per_block, g->layers, (unsigned long long)g->page_bytes);
+            continue;
+        }
+        printf("  %-10s %-8s %6u %6u %10llu %8llu %10llu %7llu %12llu %12llu %9s%s\n", g->name,
+               kvo_group_kind_name(g->kind), g->tokens_per_block, g->layers, (unsigned long long)g->page_bytes,
+               (unsigned long long)g->blocks_per_chunk, (unsigned long long)g->tokens_per_chunk,
+               (unsigned long long)g->hashes_per_chunk, (unsigned long long)g->chunk_bytes,
+               (unsigned long long)g->slot_bytes, win, g->draft ? "  (draft)" : "");
+    }
+}
+
+static int kvo__plan_one(const char *model_name, const kvo_plan_params *prm, int json) {
+    kvo_model *m = NULL;
+    kvo_plan *p = NULL;
+    int rc = kvo_model_open(model_name, &m);
+    if (!rc) rc = kvo_plan_create(m, prm, &p);
+    if (rc) {
+        kvo_model_destroy(m);
+        return kvo_cli_fail("plan", rc);
+    }
+    if (json) {
+        char *s = NULL;
+        rc = kvo_plan_to_json(p, &s);
+        if (!rc) printf("%s\n", s);
+        kvo_free(s);
+    } else {
+        kvo__print_plan(p);
+    }
+    kvo_plan_destroy(p);
+    kvo_model_destroy(m);
+    return rc ? kvo_cli_fail("plan", rc) : 0;
+}
+
+int kvo_cmd_plan(int argc, char **argv) {
+    kvo_plan_params prm = kvo_plan_default_params();
+    const char *model = NULL;
+    int json = 0, rc;
+    kvo_group_override ovr[KVO_MAX_GROUPS];
+    char *ovr_buf = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            kvo__plan_usage(stdout);
+            free(ovr_buf);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--model") && v) {
+            model = v; i++;
+        } else if (!strcmp(a, "--block-size") && v) {
+            if ((rc = kvo_cli_parse_u64(a, v, 1, UINT64_C(1) << 31, &prm.block_size))) goto fail;
+            i++;
+        } else if (!strcmp(a, "--blocks-per-chunk") && v) {
+            if ((rc = kvo_cli_parse_u64(a, v, 1, UINT64_C(1) << 31, &prm.blocks_per_chunk))) goto fail;
+            i++;
+        } else if (!strcmp(a, "--target-chunk-bytes") && v) {
+            if ((rc = kvo_cli_parse_u64(a, v, 1, UINT64_C(1) << 40, &prm.target_chunk_bytes))) goto fail;
+            i++;
+        } else if (!strcmp(a, "--dtype") && v) {
+            prm.dtype = v; i++;
+        } else if (!strcmp(a, "--group-blocks-per-chunk") && v) {
+            free(ovr_buf);
+            ovr_buf = strdup(v);
+            prm.n_overrides = 0;
+            for (char *save = NULL, *tok = strtok_r(ovr_buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                char *eq = strchr(tok, '=');
+                uint64_t n;
+                if (!eq || eq == tok) {
+                    fprintf(stderr, "kvoffload plan: --group-blocks-per-chunk wants NAME=N, got '%s'\n", tok);
+                    rc = KVO_EXIT_USAGE;
+                    goto fail;
+                }
+                *eq = 0;
+                if ((rc = kvo_cli_parse_u64("--group-blocks-per-chunk", eq + 1, 1, UINT32_MAX, &n))) goto fail;
+                if (prm.n_overrides >= KVO_MAX_GROUPS) {
+                    fprintf(stderr, "kvoffload plan: at most %d overrides\n", KVO_MAX_GROUPS);
+                    rc = KVO_EXIT_USAGE;
+                    goto fail;
+                }
+                ovr[prm.n_overrides].group = tok;
+                ovr[prm.n_overrides].blocks_per_chunk = (uint32_t)n;
+                prm.n_overrides++;
+            }
+            prm.overrides = ovr;
+            i++;
+        } else {
+            fprintf(stderr, "kvoffload plan: unknown option or missing value: '%s' (kvoffload plan --help)\n", a);
+            rc = KVO_EXIT_USAGE;
+            goto fail;
+        }
+    }
+    if (prm.block_size && prm.blocks_per_chunk) {
+        fprintf(stderr, "kvoffload plan: give either --block-size or --blocks-per-chunk, not both\n");
+        rc = KVO_EXIT_USAGE;
+        goto fail;
+    }
+    rc = 0;
+    if (model) {
+        rc = kvo__plan_one(model, &prm, json);
+    } else {
+        for (size_t i = 0; i < kvo_model_preset_count(); i++) {
+            int r = kvo__plan_one(kvo_model_preset_name(i), &prm, json);
+            if (r && !rc) rc = r;
+            if (!json) printf("\n");
+        }
+    }
+fail:
+    free(ovr_buf);
+    return rc;
+}

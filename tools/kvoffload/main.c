@@ -1,0 +1,84 @@
+/* kvoffload: the command-line tool.  Each subcommand lives in its own file. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} kvo__cmds[] = {
+    {"plan", kvo_cmd_plan, "show the per-group chunk plan for a model and offload configuration"},
+    {"bench", kvo_cmd_bench, "run a benchmark (store, transfer, file, ttft) and print JSON figures"},
+    {"fsck", kvo_cmd_fsck, "check (and repair) a file-tier directory"},
+    {"demo", kvo_cmd_demo, "run the reference engine with and without offloading and compare"},
+};
+#define KVO__NCMDS (sizeof kvo__cmds / sizeof kvo__cmds[0])
+
+static void kvo__usage(FILE *f) {
+    fprintf(f, "usage: kvoffload <command> [options]   (kvoffload <command> --help for details)\n\n"
+               "commands:\n");
+    for (size_t i = 0; i < KVO__NCMDS; i++) fprintf(f, "  %-8s %s\n", kvo__cmds[i].name, kvo__cmds[i].help);
+    fprintf(f, "\nkvoffload %s\n", kvo_version());
+}
+
+int kvo_cli_parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *out) {
+    char *end;
+    if (!s || !*s) {
+        fprintf(stderr, "kvoffload: %s needs a value\n", opt);
+        return KVO_EXIT_USAGE;
+    }
+    errno = 0;
+    if (*s == '-') {
+        fprintf(stderr, "kvoffload: %s must be a positive integer, got '%s'\n", opt, s);
+        return KVO_EXIT_USAGE;
+    }
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || end == s) {
+        fprintf(stderr, "kvoffload: %s must be an integer, got '%s'\n", opt, s);
+        return KVO_EXIT_USAGE;
+    }
+    if (v < min || v > max) {
+        fprintf(stderr, "kvoffload: %s is %llu, must be in %llu..%llu\n", opt, v, (unsigned long long)min,
+                (unsigned long long)max);
+        return KVO_EXIT_USAGE;
+    }
+    *out = v;
+    return 0;
+}
+
+int kvo_cli_exit_code(int err) {
+    switch (err) {
+    case 0: return KVO_EXIT_OK;
+    case KVO_EINVAL: case KVO_ERANGE: case KVO_EPARSE: case KVO_ENOTFOUND: case KVO_ELAYOUT:
+        return KVO_EXIT_USAGE;
+    default: return KVO_EXIT_FAIL;
+    }
+}
+
+int kvo_cli_fail(const char *cmd, int err) {
+    fprintf(stderr, "kvoffload %s: %s (%s)\n", cmd, kvo_last_error(), kvo_error_name(err));
+    return kvo_cli_exit_code(err);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        kvo__usage(stderr);
+        return KVO_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        kvo__usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvoffload %s\n", kvo_version());
+        return 0;
+    }
+    for (size_t i = 0; i < KVO__NCMDS; i++)
+        if (!strcmp(argv[1], kvo__cmds[i].name)) return kvo__cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvoffload: unknown command '%s'\n", argv[1]);
+    kvo__usage(stderr);
+    return KVO_EXIT_USAGE;
+}
