@@ -6,4 +6,6 @@
 #include "kvo_keys.h"
 #include "kvo_store.h"
 #include "kvo_transfer.h"
+#include "kvo_file_tier.h"
+#include "kvo_connector.h"
 #endif
