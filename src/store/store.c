@@ -585,6 +585,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
                 uint32_t g = kvo__slot_seg(&s->sl, s->ent[v].slot);
                 if (s->sl.seg_busy[g] == 0) {
                     uint32_t c = s->sl.seg_cls[g];
+                    s->reclaims++;
                     for (uint32_t j = 0; j < s->sl.cls_k[c]; j++) {
                         uint32_t x = s->sl.slot_entry[g * s->sl.kmax + j];
                         if (x == KVO__NIL || (s->ent[x].flags & KVO__F_VICTIM)) continue;
@@ -978,6 +979,7 @@ int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out) {
 
 uint64_t kvo__store_queue_len(kvo_store *s, int q) { return s->q[q].n; }
 uint64_t kvo__store_arc_p(kvo_store *s) { return s->arc_p; }
+uint64_t kvo__store_reclaims(kvo_store *s) { return s->reclaims; }
 
 int kvo__store_check(kvo_store *s) {
     uint64_t resident = 0, ghosts = 0, pinned = 0, pending = 0, bytes = 0, queued = 0;
