@@ -88,6 +88,26 @@ static kvo_u128 kvo__hash_unit_stream(kvo_u128 parent, const uint32_t *tokens, s
     return kvo__from_xxh(XXH3_128bits_digest(&st));
 }
 
+/* flatten: inline XXH3 into the hashing loops (it is otherwise an out-of-line
+ * call with several call sites here, which loses the constant-length folding
+ * and costs a store-forwarding stall on the parent). */
+#if defined(__GNUC__)
+#define KVO__FLATTEN __attribute__((flatten))
+#else
+#define KVO__FLATTEN
+#endif
+
+/* Copy token bytes with fixed-size pieces the compiler turns into vector
+ * moves (a variable-size memcpy is a libc call that costs as much as hashing
+ * a 16-token unit). */
+static inline void kvo__copy_tokens(unsigned char *dst, const uint32_t *t, size_t n) {
+    const unsigned char *src = (const unsigned char *)t;
+    size_t bytes = n * 4, i = 0;
+    for (; i + 64 <= bytes; i += 64) memcpy(dst + i, src + i, 64);
+    for (; i + 16 <= bytes; i += 16) memcpy(dst + i, src + i, 16);
+    for (; i < bytes; i += 4) memcpy(dst + i, src + i, 4);
+}
+
 static inline kvo_u128 kvo__hash_unit_fast(kvo_u128 parent, const uint32_t *tokens, size_t n, const void *extra,
                                            size_t extra_len) {
     unsigned char buf[KVO__UNIT_BUF];
@@ -96,7 +116,7 @@ static inline kvo_u128 kvo__hash_unit_fast(kvo_u128 parent, const uint32_t *toke
         return kvo__hash_unit_stream(parent, tokens, n, extra, extra_len);
     memcpy(buf, &parent.lo, 8);
     memcpy(buf + 8, &parent.hi, 8);
-    if (n) memcpy(buf + 16, tokens, n * 4);
+    kvo__copy_tokens(buf + 16, tokens, n);
     if (extra_len) memcpy(buf + 16 + n * 4, extra, extra_len);
     return kvo__from_xxh(XXH3_128bits(buf, len));
 }
@@ -108,6 +128,34 @@ kvo_u128 kvo_hash_unit(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens,
     return kvo__hash_unit_fast(parent, tokens, n_tokens, extra, extra_len);
 }
 
+/* Chains of units of a constant N tokens and no extra bytes: the length is
+ * a compile-time constant, so XXH3's length dispatch folds away and its
+ * 17..128 / 129..240 paths unroll (2-3x faster than a variable length for
+ * 16-token units, measured). */
+#define KVO__CHAIN_CONST(N)                                                                         \
+    KVO__FLATTEN static kvo_u128 kvo__chain_##N(kvo_u128 h, const uint32_t *t, size_t units, kvo_u128 *out) {    \
+        unsigned char buf[16 + (N) * 4];                                                            \
+        for (size_t u = 0; u < units; u++) {                                                        \
+            memcpy(buf, &h.lo, 8);                                                                  \
+            memcpy(buf + 8, &h.hi, 8);                                                              \
+            memcpy(buf + 16, t + u * (N), (N) * 4);                                                 \
+            h = kvo__from_xxh(XXH3_128bits(buf, sizeof buf));                                       \
+            out[u] = h;                                                                             \
+        }                                                                                           \
+        return h;                                                                                   \
+    }
+KVO__FLATTEN static void kvo__chain_var(kvo_u128 h, const uint32_t *tokens, size_t units, uint32_t tph,
+                                        const void *extra, size_t extra_len, kvo_u128 *out) {
+    for (size_t u = 0; u < units; u++) {
+        h = kvo__hash_unit_fast(h, tokens + u * tph, tph, extra, extra_len);
+        out[u] = h;
+    }
+}
+
+KVO__CHAIN_CONST(16)
+KVO__CHAIN_CONST(32)
+KVO__CHAIN_CONST(64)
+
 int kvo_hash_tokens(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens, uint32_t tokens_per_hash,
                     const void *extra, size_t extra_len, kvo_u128 *out, size_t cap, size_t *n_out) {
     if (!n_out || !out || (!tokens && n_tokens) || (!extra && extra_len))
@@ -118,11 +166,15 @@ int kvo_hash_tokens(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens, ui
     if (units > cap)
         return kvo__error(KVO_ERANGE, "kvo_hash_tokens: %zu tokens make %zu units of %u tokens, out holds %zu",
                           n_tokens, units, tokens_per_hash, cap);
-    kvo_u128 h = parent;
-    for (size_t u = 0; u < units; u++) {
-        h = kvo__hash_unit_fast(h, tokens + u * tokens_per_hash, tokens_per_hash, extra, extra_len);
-        out[u] = h;
+    if (extra_len == 0 && kvo__little_endian()) {
+        switch (tokens_per_hash) {
+        case 16: kvo__chain_16(parent, tokens, units, out); *n_out = units; return 0;
+        case 32: kvo__chain_32(parent, tokens, units, out); *n_out = units; return 0;
+        case 64: kvo__chain_64(parent, tokens, units, out); *n_out = units; return 0;
+        default: break;
+        }
     }
+    kvo__chain_var(parent, tokens, units, tokens_per_hash, extra, extra_len, out);
     *n_out = units;
     return 0;
 }
