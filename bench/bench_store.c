@@ -6,9 +6,10 @@
  *   - a full store cycle (prepare_store + complete_store of new keys into a
  *     full store, so every key evicts one),
  *   - touch;
- * each against a ceiling measured in the same run: random 8-byte reads from
- * a table of the index's size with the same batch prefetching (the memory
- * latency bound of any hash index of that size).  Goals (per core): lookup
+ * each against a ceiling measured in the same run: per key one random read
+ * of a table word and one dependent random read of a 64-byte entry, with the
+ * same batch prefetching (the memory bound of a hash index with separate
+ * entries of that size; no locking, no compares).  Goals (per core): lookup
  * >= 10 M keys/s, store cycle >= 2 M keys/s.
  *
  * Prefix hashing: kvo_hash_tokens ns per unit and GB/s of token bytes for
@@ -47,27 +48,37 @@ static kvo_chunk_key bs_key(uint64_t i) {
 
 static volatile uint64_t bs_sink;
 
-/* Random 8-byte reads from a table of `words` words, batches of 64 with the
- * same look-ahead prefetch as the store's lookup. */
-static double bs_random_reads(uint64_t words, double seconds) {
+/* The memory bound of a hash index with separate entries: per key, one
+ * random read of a table word (a table of 2 x keys words) and one dependent
+ * random read of the 64-byte entry it points to, in batches of 64 with the
+ * same two-stage prefetch as the store's lookup. */
+static double bs_random_reads(uint64_t nkeys, double seconds) {
     uint64_t n = 1;
-    while (n < words) n <<= 1;
+    while (n < nkeys * 2) n <<= 1;
     uint64_t *t = malloc(n * sizeof *t);
-    if (!t) return 0;
-    for (uint64_t i = 0; i < n; i++) t[i] = i;
+    uint64_t(*ent)[8] = malloc(nkeys * sizeof *ent);
+    if (!t || !ent) {
+        free(t);
+        free(ent);
+        return 0;
+    }
+    for (uint64_t i = 0; i < n; i++) t[i] = bs_mix(i) % nkeys;
+    for (uint64_t i = 0; i < nkeys; i++) ent[i][0] = i;
     uint64_t pos[64], sum = 0, done = 0, r = 1;
     double t0 = kvo_bench_now(), el;
     do {
         for (int b = 0; b < 64; b++) pos[b] = bs_mix(r++) & (n - 1);
         for (int b = 0; b < 64; b++) {
             if (b + 8 < 64) __builtin_prefetch(&t[pos[b + 8]]);
-            sum += t[pos[b]];
+            if (b + 4 < 64) __builtin_prefetch(&ent[t[pos[b + 4]]]);
+            sum += ent[t[pos[b]]][0];
         }
         done += 64;
         el = kvo_bench_now() - t0;
     } while (el < seconds);
     bs_sink = sum;
     free(t);
+    free(ent);
     return (double)done / el;
 }
 
@@ -111,55 +122,60 @@ static int bs_index(const kvo_bench_out *o, uint64_t nkeys, double seconds) {
             (rc = kvo_store_complete_store(s, keys, n, true)))
             goto fail;
     }
-    /* the ceiling: the index table is ~2-4 x nkeys words */
-    double ceiling = bs_random_reads(nkeys * 2, seconds);
-    /* lookup */
-    uint64_t done = 0, r = 7;
-    double t0 = kvo_bench_now(), el;
-    do {
-        for (int j = 0; j < B; j++) keys[j] = bs_key(bs_mix(r++) % nkeys);
-        if ((rc = kvo_store_lookup(s, keys, B, st))) goto fail;
-        done += B;
-        el = kvo_bench_now() - t0;
-    } while (el < seconds);
-    for (int j = 0; j < B; j++)
-        if (st[j] != KVO_READY) {
-            fprintf(stderr, "bench store: a stored key was not READY\n");
-            rc = KVO_ECORRUPT;
-            goto fail;
-        }
-    double lookup = (double)done / el;
-    /* touch */
-    done = 0;
-    t0 = kvo_bench_now();
-    do {
-        for (int j = 0; j < B; j++) keys[j] = bs_key(bs_mix(r++) % nkeys);
-        if ((rc = kvo_store_touch(s, keys, B))) goto fail;
-        done += B;
-        el = kvo_bench_now() - t0;
-    } while (el < seconds);
-    double touch = (double)done / el;
-    /* full store cycle: new keys into a full store, each evicting one */
-    uint64_t next = nkeys;
-    done = 0;
-    t0 = kvo_bench_now();
-    do {
-        for (int j = 0; j < B; j++) keys[j] = bs_key(next++);
-        if ((rc = kvo_store_prepare_store(s, keys, B, need, sl, NULL, NULL, 0, NULL)) ||
-            (rc = kvo_store_complete_store(s, keys, B, true)))
-            goto fail;
-        done += B;
-        el = kvo_bench_now() - t0;
-    } while (el < seconds);
-    double cycle = (double)done / el;
+    /* Alternate short rounds of the ceiling and each operation (the machine
+     * is shared and noisy) and keep each one's best rate. */
+    double ceiling = 0, lookup = 0, touch = 0, cycle = 0, slice = seconds / 5;
+    uint64_t r = 7, next = nkeys;
+    for (int round = 0; round < 5; round++) {
+        double c = bs_random_reads(nkeys, slice);
+        if (c > ceiling) ceiling = c;
+        uint64_t done = 0;
+        double t0 = kvo_bench_now(), el;
+        do {
+            /* live keys: the last nkeys stored */
+            for (int j = 0; j < B; j++) keys[j] = bs_key(next - nkeys + bs_mix(r++) % nkeys);
+            if ((rc = kvo_store_lookup(s, keys, B, st))) goto fail;
+            done += B;
+            el = kvo_bench_now() - t0;
+        } while (el < slice);
+        if ((double)done / el > lookup) lookup = (double)done / el;
+        /* (after round 0, touches have reordered LRU: some old keys outlive new ones) */
+        for (int j = 0; j < B && round == 0; j++)
+            if (st[j] != KVO_READY) {
+                fprintf(stderr, "bench store: a stored key was not READY\n");
+                rc = KVO_ECORRUPT;
+                goto fail;
+            }
+        done = 0;
+        t0 = kvo_bench_now();
+        do {
+            for (int j = 0; j < B; j++) keys[j] = bs_key(next - nkeys + bs_mix(r++) % nkeys);
+            if ((rc = kvo_store_touch(s, keys, B))) goto fail;
+            done += B;
+            el = kvo_bench_now() - t0;
+        } while (el < slice);
+        if ((double)done / el > touch) touch = (double)done / el;
+        /* full store cycle: new keys into a full store, each evicting one */
+        done = 0;
+        t0 = kvo_bench_now();
+        do {
+            for (int j = 0; j < B; j++) keys[j] = bs_key(next++);
+            if ((rc = kvo_store_prepare_store(s, keys, B, need, sl, NULL, NULL, 0, NULL)) ||
+                (rc = kvo_store_complete_store(s, keys, B, true)))
+                goto fail;
+            done += B;
+            el = kvo_bench_now() - t0;
+        } while (el < slice);
+        if ((double)done / el > cycle) cycle = (double)done / el;
+    }
     kvo_store_stats ss;
     kvo_store_get_stats(s, &ss);
     char name[96];
-    snprintf(name, sizeof name, "store.random_read_ceiling_%llukeys", (unsigned long long)nkeys);
-    kvo_bench_report(o, name, ceiling / 1e6, "M/s", NULL, 0);
-    kvo_bench_report(o, "store.lookup", lookup / 1e6, "Mkeys/s", "random_read_ceiling", ceiling / 1e6);
-    kvo_bench_report(o, "store.store_cycle", cycle / 1e6, "Mkeys/s", "random_read_ceiling", ceiling / 1e6);
-    kvo_bench_report(o, "store.touch", touch / 1e6, "Mkeys/s", "random_read_ceiling", ceiling / 1e6);
+    snprintf(name, sizeof name, "store.index_memory_ceiling_%llukeys", (unsigned long long)nkeys);
+    kvo_bench_report(o, name, ceiling / 1e6, "Mkeys/s", NULL, 0);
+    kvo_bench_report(o, "store.lookup", lookup / 1e6, "Mkeys/s", "index_memory_ceiling", ceiling / 1e6);
+    kvo_bench_report(o, "store.store_cycle", cycle / 1e6, "Mkeys/s", "index_memory_ceiling", ceiling / 1e6);
+    kvo_bench_report(o, "store.touch", touch / 1e6, "Mkeys/s", "index_memory_ceiling", ceiling / 1e6);
     if (!o->json) {
         printf("  goals per core: lookup >= 10 Mkeys/s (%s), store cycle >= 2 Mkeys/s (%s); %llu evictions\n",
                lookup >= 10e6 ? "met" : "not met", cycle >= 2e6 ? "met" : "not met",

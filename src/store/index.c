@@ -2,8 +2,10 @@
  * The store's index: chunk key -> entry.
  *
  * Layout: one preallocated power-of-two table of 64-bit slots, each
- * (tag << 32 | entry index) with tag = the high 32 bits of the key's mixed
- * hash, or ~0 when empty.  The table has at least twice as many slots as the
+ * (tag << 32 | entry index) with tag = the low 32 bits of the key's mixed
+ * hash, or ~0 when empty.  The tag holds the home position (tag & mask, as
+ * long as the table has at most 2^32 slots), so moving slots during deletion
+ * never reads an entry, and its bits above the mask filter candidates.  The table has at least twice as many slots as the
  * entry pool (resident entries + ghosts), so the load factor stays <= 0.5
  * and linear probing averages ~1.5 probes for a hit and ~2.5 for a miss.
  * The tag filters almost every non-matching slot without touching the entry;
@@ -27,7 +29,7 @@
 int kvo__index_init(kvo__index *ix, uint64_t max_items) {
     uint64_t n = 16;
     while (n < max_items * 2) {
-        if (n > (UINT64_C(1) << 40)) return kvo__error(KVO_ERANGE, "store index: %llu entries is too many",
+        if (n >= (UINT64_C(1) << 32)) return kvo__error(KVO_ERANGE, "store index: %llu entries is too many",
                                                        (unsigned long long)max_items);
         n <<= 1;
     }
@@ -47,7 +49,7 @@ void kvo__index_free(kvo__index *ix) {
 uint32_t kvo__index_find(kvo_store *s, const kvo_chunk_key *k) {
     const kvo__index *ix = &s->ix;
     uint64_t h = kvo__key_mix(k);
-    uint64_t tag = h >> 32;
+    uint64_t tag = h & 0xFFFFFFFFu;
     for (uint64_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
         uint64_t v = ix->tab[i];
         if (v == KVO__IX_EMPTY) return KVO__NIL;
@@ -63,7 +65,7 @@ void kvo__index_insert(kvo_store *s, uint32_t e) {
     uint64_t h = kvo__key_mix(&s->ent[e].key);
     uint64_t i = h & ix->mask;
     while (ix->tab[i] != KVO__IX_EMPTY) i = (i + 1) & ix->mask;
-    ix->tab[i] = ((h >> 32) << 32) | e;
+    ix->tab[i] = ((h & 0xFFFFFFFFu) << 32) | e;
     s->ent[e].tpos = (uint32_t)i;
 }
 
@@ -77,7 +79,7 @@ void kvo__index_remove(kvo_store *s, uint32_t e) {
         uint64_t v = ix->tab[j];
         if (v == KVO__IX_EMPTY) break;
         uint32_t x = (uint32_t)v;
-        uint64_t home = kvo__key_mix(&s->ent[x].key) & ix->mask;
+        uint64_t home = (v >> 32) & ix->mask;
         /* move x back to i if home is not cyclically in (i, j] */
         bool in_between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
         if (!in_between) {
