@@ -101,8 +101,9 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
  *  evicted/evicted_slots (evicted_cap entries) so a lower tier can copy them
  *  before the slots are reused; evicted and evicted_slots may both be NULL
  *  with evicted_cap 0 when the caller does not need them (the events still
- *  record evictions).  One call evicts at most the bytes it needs plus about
- *  two segments.  All arrays are caller-owned; n_evicted may be NULL.
+ *  record evictions).  Beyond the bytes it needs, one call evicts at most, per
+ *  segment it needs, a walk budget (32 segments, at most 1/16 of the store)
+ *  plus one segment (kvo_store_stats.segment_bytes).  All arrays are caller-owned; n_evicted may be NULL.
  *  All-or-nothing: KVO_ENOSPC (nothing changed; message says how many bytes
  *  were needed and how many are pinned or pending), KVO_EINVAL (NULL, n 0,
  *  bad group, duplicate key in the batch), KVO_ERANGE (evicted buffer too
