@@ -17,8 +17,9 @@
  * table position (entry.tpos) stays exact, which makes removal O(1) expected
  * without a search.
  *
- * Nothing here allocates after kvo__index_init.  Keys are XXH3 outputs, so
- * the low bits are uniform; kvo__key_mix folds in the group id.
+ * Nothing here allocates after kvo__index_init.  kvo__key_mix fully mixes
+ * the key (hash lo/hi and group), so structured keys (sequential unit hashes
+ * handed in by an engine) probe as well as XXH3 outputs.
  */
 #include <stdlib.h>
 
@@ -46,9 +47,10 @@ void kvo__index_free(kvo__index *ix) {
     ix->tab = NULL;
 }
 
-uint32_t kvo__index_find(kvo_store *s, const kvo_chunk_key *k) {
+uint32_t kvo__index_find(kvo_store *s, const kvo_chunk_key *k) { return kvo__index_find_h(s, k, kvo__key_mix(k)); }
+
+uint32_t kvo__index_find_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h) {
     const kvo__index *ix = &s->ix;
-    uint64_t h = kvo__key_mix(k);
     uint64_t tag = h & 0xFFFFFFFFu;
     for (uint64_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
         uint64_t v = ix->tab[i];

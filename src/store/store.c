@@ -391,22 +391,39 @@ static void kvo__resident_drop(kvo_store *s, uint32_t e, uint32_t evtype) {
 
 /* Two-stage prefetch for batch probes: the table slot of key i+8, and the
  * entry that the (by then cached) table slot of key i+4 points to.  Memory
- * latency, not instructions, bounds a lookup on a large store. */
-static inline void kvo__prefetch_pipeline(const kvo_store *s, const kvo_chunk_key *keys, size_t n, size_t i) {
-    if (i + 8 < n) __builtin_prefetch(&s->ix.tab[kvo__key_mix(&keys[i + 8]) & s->ix.mask]);
+ * latency, not instructions, bounds a lookup on a large store.  Each key's
+ * mix is computed once, into a ring of 16. */
+typedef struct kvo__pipe {
+    uint64_t h[16];
+} kvo__pipe;
+
+static inline void kvo__pipe_init(kvo__pipe *p, const kvo_chunk_key *keys, size_t n) {
+    for (size_t i = 0; i < 8 && i < n; i++) p->h[i] = kvo__key_mix(&keys[i]);
+}
+
+/* Returns key i's mix. */
+static inline uint64_t kvo__pipe_step(const kvo_store *s, kvo__pipe *p, const kvo_chunk_key *keys, size_t n,
+                                      size_t i) {
+    if (i + 8 < n) {
+        uint64_t h = kvo__key_mix(&keys[i + 8]);
+        p->h[(i + 8) & 15] = h;
+        __builtin_prefetch(&s->ix.tab[h & s->ix.mask]);
+    }
     if (i + 4 < n) {
-        uint64_t v = s->ix.tab[kvo__key_mix(&keys[i + 4]) & s->ix.mask];
+        uint64_t v = s->ix.tab[p->h[(i + 4) & 15] & s->ix.mask];
         if (v != UINT64_MAX) __builtin_prefetch(&s->ent[(uint32_t)v]);
     }
+    return p->h[i & 15];
 }
 
 int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *states) {
     int rc = kvo__check_batch(s, keys, n, states, "kvo_store_lookup");
     if (rc) return rc;
     kvo__lock(s);
+    kvo__pipe pp;
+    kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        kvo__prefetch_pipeline(s, keys, n, i);
-        uint32_t e = kvo__index_find(s, &keys[i]);
+        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
         uint32_t g = keys[i].group;
         uint8_t st = KVO_MISS;
         if (e != KVO__NIL) {
@@ -573,8 +590,10 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
     kvo__plan pl;
     memset(&pl, 0, sizeof pl);
     uint64_t n_new = 0, bytes_new = 0, n_not_admitted = 0, n_present = 0;
+    kvo__pipe pp;
+    kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find(s, &keys[i]);
+        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
         bool present = e != KVO__NIL && s->ent[e].state != KVO__E_GHOST;
         s->sc_ent[i] = present ? e : KVO__NIL;
         if (present) {
@@ -792,8 +811,10 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
         rc = kvo__error(KVO_EINVAL, "%s: key %zu repeats key %zu", fn, db, da);
         goto out;
     }
+    kvo__pipe pp;
+    kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find(s, &keys[i]);
+        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
         if (e == KVO__NIL || s->ent[e].state != KVO__E_PENDING) {
             rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is %s, not PENDING (it was not prepared, or "
                             "was already completed)", fn, i, keys[i].group,
@@ -830,8 +851,10 @@ int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kv
     kvo__lock(s);
     rc = kvo__scratch(s, n);
     if (rc) goto out;
+    kvo__pipe pp;
+    kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find(s, &keys[i]);
+        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
         if (e == KVO__NIL || s->ent[e].state == KVO__E_GHOST) {
             rc = kvo__error(KVO_ENOTFOUND, "%s: key %zu (group %u) is not stored (evicted or never stored)", fn, i,
                             keys[i].group);
@@ -903,9 +926,10 @@ int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__check_batch(s, keys, n, keys, "kvo_store_touch");
     if (rc) return rc;
     kvo__lock(s);
+    kvo__pipe pp;
+    kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        kvo__prefetch_pipeline(s, keys, n, i);
-        uint32_t e = kvo__index_find(s, &keys[i]);
+        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
         if (e != KVO__NIL && s->ent[e].q != KVO__Q_NONE && s->ent[e].state == KVO__E_READY) s->pol->hit(s, e);
     }
     kvo__unlock(s);

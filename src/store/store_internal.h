@@ -57,9 +57,18 @@ typedef struct kvo__index {
 
 int kvo__index_init(kvo__index *ix, uint64_t max_items);
 void kvo__index_free(kvo__index *ix);
+/* A full 64-bit mix of the key (murmur3's finalizer over lo, hi and group):
+ * keys are XXH3 outputs in production, but engines may hand in their own
+ * unit hashes and tests use structured ones; probe lengths must not depend
+ * on that. */
 static inline uint64_t kvo__key_mix(const kvo_chunk_key *k) {
-    uint64_t h = k->hash.lo ^ ((uint64_t)k->group * UINT64_C(0x9E3779B97F4A7C15));
-    return h ^ (h >> 31);
+    uint64_t h = k->hash.lo ^ (k->hash.hi * UINT64_C(0x9E3779B97F4A7C15)) ^ ((uint64_t)k->group << 56);
+    h ^= h >> 33;
+    h *= UINT64_C(0xFF51AFD7ED558CCD);
+    h ^= h >> 33;
+    h *= UINT64_C(0xC4CEB9FE1A85EC53);
+    h ^= h >> 33;
+    return h;
 }
 
 /* ----------------------------------------------------------------- slots -- */
@@ -179,6 +188,8 @@ struct kvo_store {
 
 /* index operations need the entry array */
 uint32_t kvo__index_find(kvo_store *s, const kvo_chunk_key *k);
+/* The same with h = kvo__key_mix(k) already computed. */
+uint32_t kvo__index_find_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h);
 void kvo__index_insert(kvo_store *s, uint32_t e);
 void kvo__index_remove(kvo_store *s, uint32_t e);
 
