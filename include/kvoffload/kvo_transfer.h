@@ -78,7 +78,9 @@ typedef struct kvo_xfer_op {
 typedef struct kvo_transfer_params {
     const kvo_plan *plan;     /* required; must outlive the engine */
     uint32_t threads;         /* worker threads, 1..KVO_TRANSFER_MAX_THREADS; default 2 */
-    uint32_t max_queued_jobs; /* unfinished jobs; submit returns KVO_EAGAIN beyond; default 4096 */
+    uint32_t max_queued_jobs; /* unfinished jobs plus finished results not yet
+                                 polled; submit returns KVO_EAGAIN beyond
+                                 (poll to make room); default 4096 */
     int nontemporal;          /* streaming stores for large pieces: -1 auto (default:
                                  when the CPU has SSE2/AVX2), 0 never, 1 always */
     const char *device;       /* engine-memory device: NULL or "host" (default);
@@ -114,8 +116,9 @@ void kvo_transfer_destroy(kvo_transfer *t);
  *  to layers * page_bytes, all with the same num_blocks; page >= 1; stride >=
  *  page; no two segments share a byte (strided footprints that interleave
  *  without sharing bytes are fine); no address overflow.  Errors: KVO_ELAYOUT
- *  / KVO_EINVAL naming the group and segment index; on error the old layout
- *  stays.  A group is "changed" when its segment list differs from the old one
+ *  (geometry, stride, overlap), KVO_EINVAL (NULL, unknown group id),
+ *  KVO_ERANGE (address overflow), KVO_ECLOSED, KVO_ENOMEM, each naming the
+ *  group and segment index; on error the old layout stays.  A group is "changed" when its segment list differs from the old one
  *  in any field.  Jobs touching a changed group that have not started fail
  *  with KVO_ESTATE; running ones finish on the old layout first (the call
  *  waits for them, so the caller may free old tensors when it returns).  Jobs
@@ -136,7 +139,7 @@ int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n);
  *  (group, block id).  If a job that wrote something a later job reads fails
  *  or is canceled, the later job fails with KVO_ECANCELED.
  *  *job_id receives a positive id (increasing).  Errors: KVO_EINVAL,
- *  KVO_EAGAIN (max_queued_jobs unfinished), KVO_ECLOSED (closed), KVO_ESTATE
+ *  KVO_EAGAIN (max_queued_jobs unfinished or unpolled), KVO_ECLOSED (closed), KVO_ESTATE
  *  (no layout), KVO_ENOMEM. */
 int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n, uint64_t *job_id);
 
