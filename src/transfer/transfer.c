@@ -888,11 +888,13 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
     if (kvo__xtab_reserve(t, n_res + 1)) rc = kvo__error(KVO_ENOMEM, "kvo_transfer_submit: out of memory for the "
                                                                      "dependency table (%zu entries)", t->tab_count + n_res + 1);
     else if (t->closed) rc = kvo__error(KVO_ECLOSED, "kvo_transfer_submit: the transfer engine is closed");
-    else if (t->n_live + t->ring_count >= t->max_queued)
+    else if (t->n_live + t->n_zombies + t->ring_count >= t->max_queued)
+        /* Zombies count too: every possible predecessor of this job is live
+         * or a zombie, so fewer than max_queued edges are ever needed. */
         rc = kvo__error(KVO_EAGAIN,
-                        "kvo_transfer_submit: %zu jobs unfinished and %zu results unpolled reach max_queued_jobs %u: "
-                        "poll results or wait, then retry",
-                        t->n_live, t->ring_count, t->max_queued);
+                        "kvo_transfer_submit: %zu jobs unfinished (%zu of them canceled but still ordered) and %zu "
+                        "results unpolled reach max_queued_jobs %u: poll results or wait, then retry",
+                        t->n_live + t->n_zombies, t->n_zombies, t->ring_count, t->max_queued);
     else if (t->layout != L && (kvo__xlayout_changed(L, t->layout) & group_mask))
         rc = kvo__error(KVO_ESTATE, "kvo_transfer_submit: the layout of a group in this job changed during the "
                                     "submit; submit again");
