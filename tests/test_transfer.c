@@ -488,6 +488,19 @@ KVO_TEST(submit_errors_queue_nothing) {
     op.engine_blocks = dup;
     ASSERT_ERR(kvo_transfer_submit(S.t, KVO_XFER_LOAD, &op, 1, &id), KVO_EINVAL);
     ASSERT_CONTAINS(kvo_last_error(), "written twice");
+    /* two ops sharing a slot: must be one group; stores must not overlap */
+    {
+        const kvo_group_plan *g1 = kvo_plan_group(S.p, 1);
+        (void)g1;
+        kvo_xfer_op sh[2] = {{0, 0, 2, ok, slot, gp->slot_bytes}, {0, 1, 2, ok + 1, slot, gp->slot_bytes}};
+        ASSERT_ERR(kvo_transfer_submit(S.t, KVO_XFER_STORE, sh, 2, &id), KVO_EINVAL);
+        ASSERT_CONTAINS(kvo_last_error(), "overlap");
+        sh[1].group = 1;
+        sh[1].first_block = 2;
+        sh[1].n_blocks = 1;
+        ASSERT_ERR(kvo_transfer_submit(S.t, KVO_XFER_LOAD, sh, 2, &id), KVO_EINVAL);
+        ASSERT_CONTAINS(kvo_last_error(), "one slot");
+    }
     /* ...but a store may read one engine block into two chunk positions */
     ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, &op, 1, &id));
     ASSERT_EQ_INT(wait_one(S.t, id).status, 0);

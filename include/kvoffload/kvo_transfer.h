@@ -130,8 +130,11 @@ int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n);
 /** Submit one job of n ops in one direction.  Ops are validated now (group
  *  offloaded and in the layout, block ids < num_blocks, blocks within the
  *  chunk, slot non-NULL and large enough, a load not writing one engine block
- *  twice): a bad op fails the submit with KVO_EINVAL naming the op and nothing
- *  is queued.
+ *  twice, ops sharing a slot all of one group and, in a store, covering
+ *  disjoint blocks): a bad op fails the submit with KVO_EINVAL naming the op
+ *  and nothing is queued.  Slots of different chunks must not overlap (not
+ *  checked: the caller's store hands them out).  The engine blocks and slots
+ *  must stay valid until the job's result is posted.
  *  Ordering: a job never starts before earlier unfinished jobs it conflicts
  *  with have finished.  Two jobs conflict when one writes what the other reads
  *  or writes: a store reads engine blocks and writes its slots, a load reads

@@ -651,6 +651,8 @@ void kvo_transfer_close(kvo_transfer *t) {
     kvo__xgc gc = {0};
     pthread_mutex_lock(&t->mu);
     t->closed = true;
+    t->paused = false; /* running jobs must be able to finish */
+    pthread_cond_broadcast(&t->work_cv);
     kvo__xfail_matching(t, 0, KVO_ECANCELED, &gc);
     /* Left: running jobs, and waiting ones that depend on them (released
      * later, they fail at once because closed is set) and zombies. */
@@ -695,6 +697,49 @@ int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n) 
     pthread_mutex_unlock(&t->mu);
     kvo__xgc_run(&gc);
     return 0;
+}
+
+typedef struct kvo__xslotuse {
+    uintptr_t slot;
+    uint32_t group, first, end;
+    size_t op;
+} kvo__xslotuse;
+
+static int kvo__xslotuse_cmp(const void *x, const void *y) {
+    const kvo__xslotuse *a = x, *b = y;
+    if (a->slot != b->slot) return a->slot < b->slot ? -1 : 1;
+    if (a->first != b->first) return a->first < b->first ? -1 : 1;
+    return a->op < b->op ? -1 : (a->op > b->op);
+}
+
+/* Ops sharing a slot must be of one group, and in a store cover disjoint
+ * blocks (two workers would race on the same bytes).  O(n log n) in ops. */
+static int kvo__xcheck_slots(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n) {
+    if (n < 2) return 0;
+    kvo__xslotuse *u = kvo__malloc(sizeof *u * n);
+    if (!u) return kvo__error(KVO_ENOMEM, "kvo_transfer_submit: out of memory checking %zu ops", n);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].n_blocks)
+            u[m++] = (kvo__xslotuse){(uintptr_t)ops[i].slot, ops[i].group, ops[i].first_block,
+                                     ops[i].first_block + ops[i].n_blocks, i};
+    qsort(u, m, sizeof *u, kvo__xslotuse_cmp);
+    int rc = 0;
+    for (size_t i = 1; i < m && !rc; i++) {
+        if (u[i].slot != u[i - 1].slot) continue;
+        if (u[i].group != u[i - 1].group)
+            rc = kvo__error(KVO_EINVAL, "%s ops %zu and %zu: one slot %p for groups '%s' and '%s'",
+                            dir == KVO_XFER_STORE ? "store" : "load", u[i - 1].op, u[i].op, (void *)u[i].slot,
+                            kvo_plan_group(t->plan, u[i - 1].group)->name, kvo_plan_group(t->plan, u[i].group)->name);
+        else if (dir == KVO_XFER_STORE && u[i].first < u[i - 1].end)
+            rc = kvo__error(KVO_EINVAL,
+                            "store ops %zu and %zu write chunk blocks [%u, %u) and [%u, %u) of the same slot %p: "
+                            "the ranges overlap",
+                            u[i - 1].op, u[i].op, u[i - 1].first, u[i - 1].end, u[i].first, u[i].end,
+                            (void *)u[i].slot);
+    }
+    kvo__free(u);
+    return rc;
 }
 
 /* Any engine block written twice in res?  A temporary open-addressing set
@@ -824,6 +869,7 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
         total_blocks += op->n_blocks;
         n_units += kvo__div_ceil_u64(op->n_blocks, G->unit_blocks) * G->n_segs;
     }
+    if (!rc) rc = kvo__xcheck_slots(t, dir, ops, n);
     kvo__xjob *j = NULL;
     size_t n_res = 0;
     if (!rc) {
