@@ -143,6 +143,18 @@ void kvo__copy(kvo__copy_kind k, void *dst, const void *src, size_t n) {
     memcpy(dst, src, n);
 }
 
+void kvo__copy_prefetch(const void *src, size_t n) {
+#if KVO__X86
+    const char *p = src;
+    size_t quarters = n >= 4 * 4096 ? 4 : 1;
+    for (size_t q = 0; q < quarters; q++)
+        for (size_t o = 0; o < 256 && o < n; o += 64) _mm_prefetch(p + q * 4096 + o, _MM_HINT_T0);
+#else
+    (void)src;
+    (void)n;
+#endif
+}
+
 void kvo__copy_fence(void) {
 #if KVO__X86
     _mm_sfence();

@@ -48,6 +48,9 @@ typedef struct kvo__xfer_device_ops {
     /* Copy bytes (> 0) from src to dst.  STORE: src is engine memory, dst a
      * slot; LOAD: the reverse. */
     void (*copy)(void *wctx, int dir, void *dst, const void *src, uint64_t bytes);
+    /* Optional hint (NULL = none): the next copy will read from src (bytes
+     * long); called before the current piece is copied. */
+    void (*prefetch)(void *wctx, const void *src, uint64_t bytes);
     /* Complete every copy since the last unit_end; 0 or a KVO_E* code. */
     int (*unit_end)(void *wctx);
     /* Static strings for stats: the copy routine in use, and whether it

@@ -463,6 +463,11 @@ static int kvo__xrun_unit(kvo_transfer *t, kvo__xjob *j, uint64_t u, void *wctx,
             continue;
         }
         if (run_len) {
+            /* Start fetching the next run's source while this one copies. */
+            if (t->dev->prefetch)
+                t->dev->prefetch(wctx, j->dir == KVO_XFER_STORE ? (const void *)eng
+                                                                 : (const void *)(slot + (i - b0) * seg->page),
+                                 seg->page);
             if (j->dir == KVO_XFER_STORE) t->dev->copy(wctx, j->dir, run_slot, (const void *)run_eng, run_len);
             else t->dev->copy(wctx, j->dir, (void *)run_eng, run_slot, run_len);
             n++;
