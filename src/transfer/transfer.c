@@ -9,8 +9,10 @@
  * the ops.  Workers claim units one at a time from the job at the head of the
  * ready list, so a large job is copied by every worker at once and a small
  * one by one; a unit merges consecutive pages whose engine addresses are
- * adjacent into one copy (a slot side of a unit is always contiguous).  The
- * device (device.h) does the copying; nothing is allocated per block or page.
+ * adjacent into one copy (a slot side of a unit is always contiguous) and
+ * asks the device to prefetch the next piece's source while it copies the
+ * current one.  The device (device.h) does the copying; nothing is allocated
+ * per block or page.
  *
  * Memory per job: one allocation holding the job, a copy of its ops and
  * engine block ids, its resource list and the storage for its incoming
@@ -33,7 +35,14 @@
  * KVO__XREADERS entries; nothing ever scans the queue.  Edges are deduplicated
  * with a stamp (the predecessor remembers the last job that linked to it), so
  * a job has at most one edge per predecessor, and there are fewer
- * predecessors than max_queued_jobs: the edge storage is sized at submit.
+ * predecessors than max_queued_jobs (zombies, below, count against it): the
+ * edge storage is sized at submit.  A resource listed twice in one job
+ * (a store reading one engine block into two chunk positions, ops sharing a
+ * slot) is linked once: linking is idempotent, so no sort or dedup pass is
+ * needed; only a load writing one engine block twice is an error, found
+ * before anything is queued with a temporary hash set (O(blocks)).
+ * The job ids live in the same table (tag KVO__XTAG_JOB), for cancel and
+ * wait.
  *
  * States: WAITING (edges pending) -> READY (in the ready list) -> RUNNING
  * (some unit claimed) -> finished (result posted, resources released,
