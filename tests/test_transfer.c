@@ -1002,3 +1002,105 @@ KVO_TEST(empty_job_completes) {
     ASSERT_EQ_U64(r[0].bytes, 0);
     simple_close(&S);
 }
+
+KVO_TEST(roundtrip_presets_real_geometry) {
+    /* Every preset's automatic plan (mixed block sizes, per-group
+     * blocks_per_chunk): one segment per layer, a whole chunk stored and a
+     * partial one loaded back, for every offloaded group with chunks up to
+     * 8 MiB (to keep the test small). */
+    for (size_t pi = 0; pi < kvo_model_preset_count(); pi++) {
+        kvo_model *m;
+        ASSERT_OK(kvo_model_preset(kvo_model_preset_name(pi), &m));
+        kvo_plan *p;
+        ASSERT_OK(kvo_plan_create(m, NULL, &p));
+        kvo_model_destroy(m);
+        size_t ng = kvo_plan_num_groups(p), nseg = 0;
+        kvo_segment *segs = calloc(4096, sizeof *segs);
+        unsigned char *mem[KVO_MAX_GROUPS] = {0}, *slot[KVO_MAX_GROUPS] = {0}, *orig[KVO_MAX_GROUPS] = {0};
+        size_t bytes[KVO_MAX_GROUPS] = {0};
+        uint64_t nb[KVO_MAX_GROUPS] = {0};
+        bool used[KVO_MAX_GROUPS] = {0};
+        for (size_t g = 0; g < ng; g++) {
+            const kvo_group_plan *gp = kvo_plan_group(p, g);
+            if (!gp->offloaded) continue;
+            used[g] = gp->chunk_bytes <= (8u << 20);
+            /* Groups left out of the test still need a (small) tensor. */
+            nb[g] = used[g] ? gp->blocks_per_chunk + 2 : 1;
+            bytes[g] = (size_t)(nb[g] * gp->layers * gp->page_bytes);
+            mem[g] = malloc(bytes[g]);
+            ASSERT_NOT_NULL(mem[g]);
+            fill_random(mem[g], bytes[g]);
+            for (uint32_t l = 0; l < gp->layers; l++) /* [layers, nb, page] */
+                segs[nseg++] = (kvo_segment){(uint32_t)g, mem[g] + l * nb[g] * gp->page_bytes, nb[g], gp->page_bytes,
+                                             gp->page_bytes};
+        }
+        kvo_transfer_params tp = kvo_transfer_default_params();
+        tp.plan = p;
+        kvo_transfer *t;
+        ASSERT_OK(kvo_transfer_create(&tp, &t));
+        ASSERT_OK(kvo_transfer_set_layout(t, segs, nseg));
+        kvo_xfer_op ops[KVO_MAX_GROUPS];
+        uint64_t *ids[KVO_MAX_GROUPS] = {0};
+        size_t nops = 0;
+        for (size_t g = 0; g < ng; g++) {
+            if (!used[g]) continue;
+            const kvo_group_plan *gp = kvo_plan_group(p, g);
+            ids[g] = malloc(sizeof(uint64_t) * gp->blocks_per_chunk);
+            for (uint64_t b = 0; b < gp->blocks_per_chunk; b++) /* distinct, descending: no merging */
+                ids[g][b] = nb[g] - 1 - b;
+            slot[g] = malloc(gp->slot_bytes);
+            memset(slot[g], POISON, gp->slot_bytes);
+            ops[nops++] = (kvo_xfer_op){(uint32_t)g, 0, (uint32_t)gp->blocks_per_chunk, ids[g], slot[g], gp->slot_bytes};
+        }
+        uint64_t id;
+        ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, ops, nops, &id));
+        ASSERT_EQ_INT(wait_one(t, id).status, 0);
+        /* Slot check: layer l, chunk block b at B*l*page + b*page. */
+        for (size_t k = 0; k < nops; k++) {
+            const kvo_group_plan *gp = kvo_plan_group(p, ops[k].group);
+            uint32_t g = ops[k].group;
+            for (uint32_t l = 0; l < gp->layers; l++)
+                for (uint64_t b = 0; b < gp->blocks_per_chunk; b++)
+                    ASSERT_MEM_EQ(slot[g] + (gp->blocks_per_chunk * l + b) * gp->page_bytes,
+                                  mem[g] + (l * nb[g] + ids[g][b]) * gp->page_bytes, gp->page_bytes);
+            for (uint64_t i = gp->chunk_bytes; i < gp->slot_bytes; i++) ASSERT_EQ_INT(slot[g][i], POISON);
+        }
+        /* Load chunk blocks 1.. (a first chunk starting mid-chunk) into
+         * poisoned engine memory. */
+        for (size_t k = 0; k < nops; k++) {
+            uint32_t g = ops[k].group;
+            orig[g] = malloc(bytes[g]);
+            memcpy(orig[g], mem[g], bytes[g]);
+            memset(mem[g], POISON, bytes[g]);
+            if (ops[k].n_blocks > 1) {
+                ops[k].first_block = 1;
+                ops[k].n_blocks--;
+                ops[k].engine_blocks = ids[g] + 1;
+            }
+        }
+        ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_LOAD, ops, nops, &id));
+        ASSERT_EQ_INT(wait_one(t, id).status, 0);
+        for (size_t k = 0; k < nops; k++) {
+            uint32_t g = ops[k].group;
+            const kvo_group_plan *gp = kvo_plan_group(p, g);
+            unsigned char *want = malloc(bytes[g]);
+            memset(want, POISON, bytes[g]);
+            for (uint32_t l = 0; l < gp->layers; l++)
+                for (uint32_t b = 0; b < ops[k].n_blocks; b++) {
+                    size_t eo = (size_t)((l * nb[g] + ops[k].engine_blocks[b]) * gp->page_bytes);
+                    memcpy(want + eo, orig[g] + eo, gp->page_bytes);
+                }
+            ASSERT_MEM_EQ(mem[g], want, bytes[g]);
+            free(want);
+        }
+        kvo_transfer_destroy(t);
+        for (size_t g = 0; g < ng; g++) {
+            free(mem[g]);
+            free(slot[g]);
+            free(orig[g]);
+            free(ids[g]);
+        }
+        free(segs);
+        kvo_plan_destroy(p);
+    }
+}
