@@ -823,6 +823,59 @@ KVO_TEST(layout_change_fails_only_affected_jobs) {
     simple_close(&S);
 }
 
+KVO_TEST(layout_change_stops_running_job) {
+    /* A job of many units on group 0 is started (one unit claimed), then
+     * group 0's tensors move: the job fails with KVO_ESTATE after that unit,
+     * nothing more is copied, a job of group 1 still succeeds. */
+    simple S;
+    simple_open(&S, 1, 1, 64);
+    kvo__transfer_pause(S.t, true);
+    const kvo_group_plan *g0 = kvo_plan_group(S.p, 0), *g1 = kvo_plan_group(S.p, 1);
+    enum { OPS = 8 };
+    unsigned char *slots = malloc(OPS * g0->slot_bytes), *s1 = malloc(g1->slot_bytes);
+    memset(slots, POISON, OPS * g0->slot_bytes);
+    uint64_t blk[OPS], ids[2];
+    kvo_xfer_op ops[OPS];
+    for (int i = 0; i < OPS; i++) {
+        blk[i] = (uint64_t)i;
+        ops[i] = (kvo_xfer_op){0, 0, 1, &blk[i], slots + i * g0->slot_bytes, g0->slot_bytes};
+    }
+    ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, ops, OPS, &ids[0]));
+    kvo_xfer_op o1 = {1, 0, 1, &blk[3], s1, g1->slot_bytes};
+    ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, &o1, 1, &ids[1]));
+    kvo__transfer_allow_units(S.t, 1);
+    while (kvo__transfer_units_allowed(S.t) != 0) { /* until the unit is claimed */
+    }
+    ASSERT_ERR(kvo_transfer_cancel(S.t, ids[0]), KVO_EBUSY); /* running */
+    layout N = S.L;
+    unsigned char *mem2 = malloc(S.L.bytes);
+    for (size_t i = 0; i < N.n; i++)
+        if (N.segs[i].group == 0) N.segs[i].base = mem2 + ((unsigned char *)N.segs[i].base - S.L.mem);
+    ASSERT_OK(kvo_transfer_set_layout(S.t, N.segs, N.n));
+    /* Returned: the job is over (nothing of it runs any more). */
+    kvo_xfer_result r[2];
+    size_t n;
+    ASSERT_OK(kvo_transfer_wait(S.t, &ids[0], 1, 0));
+    ASSERT_OK(kvo_transfer_poll(S.t, r, 2, &n));
+    ASSERT_EQ_U64(n, 1);
+    ASSERT_EQ_U64(r[0].job_id, ids[0]);
+    ASSERT_EQ_INT(r[0].status, KVO_ESTATE);
+    /* At most the claimed unit was copied: 3 segments per op (K/V of 3
+     * layers = 6 segments) -> 48 units; one of them ran. */
+    size_t touched = 0;
+    for (size_t i = 0; i < OPS * g0->slot_bytes; i++) touched += slots[i] != POISON;
+    ASSERT_LE_U64(touched, 100);
+    kvo__transfer_pause(S.t, false);
+    ASSERT_OK(kvo_transfer_wait(S.t, &ids[1], 1, -1));
+    ASSERT_OK(kvo_transfer_poll(S.t, r, 2, &n));
+    ASSERT_EQ_U64(n, 1);
+    ASSERT_EQ_INT(r[0].status, 0);
+    free(mem2);
+    free(slots);
+    free(s1);
+    simple_close(&S);
+}
+
 /* ------------------------------------------------------ concurrency -- */
 
 typedef struct cthread {

@@ -54,10 +54,11 @@
  * predecessor failed through a write-then-read edge fails with KVO_ECANCELED.
  *
  * Layout changes.  A layout is immutable and reference counted; a job holds
- * the layout it was validated against.  set_layout fails the unstarted jobs of
- * the groups whose segments changed (KVO_ESTATE) and waits for running ones,
- * so that the caller may free old tensors once it returns; jobs of other
- * groups keep running on their (identical) segments.
+ * the layout it was validated against.  set_layout fails the unfinished jobs
+ * of the groups whose segments changed (KVO_ESTATE): unstarted ones at once,
+ * running ones by cutting n_units down to the units already claimed, then
+ * waits for those units so that the caller may free old tensors once it
+ * returns; jobs of other groups keep running on their (identical) segments.
  *
  * Locking.  One mutex protects everything above; it is never held while
  * copying, while calling the allocator (the table grows with the lock
@@ -155,7 +156,8 @@ struct kvo_transfer {
     pthread_t threads[KVO_TRANSFER_MAX_THREADS];
     void *wctx[KVO_TRANSFER_MAX_THREADS];
     int efd;
-    bool closed, stop, paused;
+    bool closed, stop;
+    int64_t claim_budget;   /* tests: units workers may still claim; -1 = no limit */
     uint32_t max_queued;
     kvo__xlayout *layout;
     uint64_t next_id;
@@ -511,10 +513,11 @@ static void *kvo__xworker(void *arg) {
     pthread_mutex_lock(&t->mu);
     while (!t->stop) {
         kvo__xjob *j = t->ready_head;
-        if (!j || t->paused) {
+        if (!j || t->claim_budget == 0) {
             pthread_cond_wait(&t->work_cv, &t->mu);
             continue;
         }
+        if (t->claim_budget > 0) t->claim_budget--;
         uint64_t u = j->next_unit++;
         if (j->next_unit == j->n_units) kvo__xready_remove(t, j);
         if (!j->started) {
@@ -605,6 +608,7 @@ int kvo_transfer_create(const kvo_transfer_params *p, kvo_transfer **out) {
     t->max_queued = p->max_queued_jobs;
     t->n_threads = p->threads;
     t->next_id = 1;
+    t->claim_budget = -1;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->work_cv, NULL);
     pthread_condattr_t ca;
@@ -665,7 +669,7 @@ void kvo_transfer_close(kvo_transfer *t) {
     kvo__xgc gc = {0};
     pthread_mutex_lock(&t->mu);
     t->closed = true;
-    t->paused = false; /* running jobs must be able to finish */
+    t->claim_budget = -1; /* running jobs must be able to finish */
     pthread_cond_broadcast(&t->work_cv);
     kvo__xfail_matching(t, 0, KVO_ECANCELED, &gc);
     /* Left: running jobs, and waiting ones that depend on them (released
@@ -700,7 +704,29 @@ int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n) 
     kvo__xlayout *old = t->layout;
     t->layout = l;
     if (old) kvo__xgc_layout_unref(&gc, old, t);
-    /* Running jobs of changed groups finish on the old layout. */
+    /* Running jobs of changed groups stop after the units in flight and fail
+     * with KVO_ESTATE (listed first: finishing one may retire others). */
+    kvo__xjob *doomed = NULL;
+    for (kvo__xjob *j = t->live_head; j; j = j->lnext) {
+        if (!j->started || j->layout == l || !(j->group_mask & changed)) continue;
+        j->doom_next = doomed;
+        doomed = j;
+    }
+    while (doomed) {
+        kvo__xjob *j = doomed;
+        doomed = j->doom_next;
+        if (j->posted) continue;
+        if (!j->status) j->status = KVO_ESTATE;
+        if (j->next_unit < j->n_units) { /* still in the ready list */
+            kvo__xready_remove(t, j);
+            j->n_units = j->next_unit;
+        }
+        if (j->done_units == j->n_units) { /* nothing in flight */
+            kvo__xpost(t, j, j->status);
+            kvo__xretire(t, j, j->status, &gc);
+        }
+    }
+    /* Wait for the units in flight (they copy on the old layout). */
     for (;;) {
         bool busy = false;
         for (kvo__xjob *j = t->live_head; j && !busy; j = j->lnext)
@@ -1118,9 +1144,18 @@ int kvo_transfer_layout_hash(const kvo_transfer *t, uint64_t *out) {
     return rc;
 }
 
-void kvo__transfer_pause(kvo_transfer *t, bool paused) {
+void kvo__transfer_pause(kvo_transfer *t, bool paused) { kvo__transfer_allow_units(t, paused ? 0 : -1); }
+
+int64_t kvo__transfer_units_allowed(kvo_transfer *t) {
     pthread_mutex_lock(&t->mu);
-    t->paused = paused;
+    int64_t b = t->claim_budget;
+    pthread_mutex_unlock(&t->mu);
+    return b;
+}
+
+void kvo__transfer_allow_units(kvo_transfer *t, int64_t units) {
+    pthread_mutex_lock(&t->mu);
+    t->claim_budget = units;
     pthread_cond_broadcast(&t->work_cv);
     pthread_mutex_unlock(&t->mu);
 }

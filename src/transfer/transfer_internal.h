@@ -55,5 +55,10 @@ uint64_t kvo__xlayout_changed(const kvo__xlayout *a, const kvo__xlayout *b);
 /* Tests: while paused, workers start no new work unit (jobs stay unstarted,
  * so cancel and layout changes can be tested deterministically). */
 void kvo__transfer_pause(kvo_transfer *t, bool paused);
+/* Tests: workers may claim `units` more work units, then stop (-1: no
+ * limit), so a job can be left started but unfinished. */
+void kvo__transfer_allow_units(kvo_transfer *t, int64_t units);
+/* Tests: what is left of that allowance (0: all claimed). */
+int64_t kvo__transfer_units_allowed(kvo_transfer *t);
 
 #endif
