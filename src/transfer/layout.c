@@ -32,7 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 #include "transfer/transfer_internal.h"
