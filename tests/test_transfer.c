@@ -876,6 +876,29 @@ KVO_TEST(layout_change_stops_running_job) {
     simple_close(&S);
 }
 
+KVO_TEST(loads_run_before_stores) {
+    simple S;
+    simple_open(&S, 1, 1, 64);
+    kvo__transfer_pause(S.t, true);
+    const kvo_group_plan *gp = kvo_plan_group(S.p, 0);
+    unsigned char *a = malloc(gp->slot_bytes), *b = malloc(gp->slot_bytes);
+    memset(b, 1, gp->slot_bytes);
+    uint64_t b1 = 1, b2 = 2, ids[2];
+    kvo_xfer_op st = {0, 0, 1, &b1, a, gp->slot_bytes}, ld = {0, 0, 1, &b2, b, gp->slot_bytes};
+    ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, &st, 1, &ids[0]));
+    ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_LOAD, &ld, 1, &ids[1]));
+    kvo__transfer_allow_units(S.t, 1);
+    while (kvo__transfer_units_allowed(S.t) != 0) {
+    }
+    ASSERT_ERR(kvo_transfer_cancel(S.t, ids[1]), KVO_EBUSY); /* the later load started */
+    ASSERT_OK(kvo_transfer_cancel(S.t, ids[0]));             /* the earlier store did not */
+    kvo__transfer_pause(S.t, false);
+    ASSERT_OK(kvo_transfer_wait(S.t, ids, 2, -1));
+    free(a);
+    free(b);
+    simple_close(&S);
+}
+
 /* ------------------------------------------------------ concurrency -- */
 
 typedef struct cthread {

@@ -143,7 +143,9 @@ int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n);
  *  store to its slot, and a store never overtakes an earlier load into its
  *  engine blocks).  Slots are identified by their address, engine blocks by
  *  (group, block id).  If a job that wrote something a later job reads fails
- *  or is canceled, the later job fails with KVO_ECANCELED.
+ *  or is canceled, the later job fails with KVO_ECANCELED.  Among jobs free
+ *  to run, loads go first (a request waits for them), then stores, each in
+ *  submission order.
  *  *job_id receives a positive id (increasing).  Errors: KVO_EINVAL,
  *  KVO_EAGAIN (max_queued_jobs unfinished or unpolled), KVO_ECLOSED (closed), KVO_ESTATE
  *  (no layout), KVO_ENOMEM. */

@@ -7,8 +7,10 @@
  * segment of its group, runs of up to unit_blocks blocks (about
  * KVO__XUNIT_BYTES of pages), numbered 0..n_units-1 through a prefix sum over
  * the ops.  Workers claim units one at a time from the job at the head of the
- * ready list, so a large job is copied by every worker at once and a small
- * one by one; a unit merges consecutive pages whose engine addresses are
+ * ready lists (one per direction; loads first, since a request waits for
+ * them while stores are background work: dependencies, not queue order,
+ * keep conflicting jobs in order), so a large job is copied by every worker
+ * at once and a small one by one; a unit merges consecutive pages whose engine addresses are
  * adjacent into one copy (a slot side of a unit is always contiguous) and
  * asks the device to prefetch the next piece's source while it copies the
  * current one.  The device (device.h) does the copying; nothing is allocated
@@ -161,7 +163,7 @@ struct kvo_transfer {
     uint32_t max_queued;
     kvo__xlayout *layout;
     uint64_t next_id;
-    kvo__xjob *ready_head, *ready_tail;
+    kvo__xjob *ready_head[2], *ready_tail[2]; /* per direction: [KVO_XFER_LOAD] first */
     kvo__xjob *live_head;
     size_t n_live, n_zombies;
     kvo__xent *tab;
@@ -282,17 +284,17 @@ static void kvo__xgc_run(kvo__xgc *gc) {
 
 static void kvo__xready_push(kvo_transfer *t, kvo__xjob *j) {
     j->rnext = NULL;
-    j->rprev = t->ready_tail;
-    if (t->ready_tail) t->ready_tail->rnext = j;
-    else t->ready_head = j;
-    t->ready_tail = j;
+    j->rprev = t->ready_tail[j->dir];
+    if (t->ready_tail[j->dir]) t->ready_tail[j->dir]->rnext = j;
+    else t->ready_head[j->dir] = j;
+    t->ready_tail[j->dir] = j;
 }
 
 static void kvo__xready_remove(kvo_transfer *t, kvo__xjob *j) {
     if (j->rprev) j->rprev->rnext = j->rnext;
-    else t->ready_head = j->rnext;
+    else t->ready_head[j->dir] = j->rnext;
     if (j->rnext) j->rnext->rprev = j->rprev;
-    else t->ready_tail = j->rprev;
+    else t->ready_tail[j->dir] = j->rprev;
     j->rprev = j->rnext = NULL;
 }
 
@@ -512,7 +514,8 @@ static void *kvo__xworker(void *arg) {
     kvo__xgc gc = {0};
     pthread_mutex_lock(&t->mu);
     while (!t->stop) {
-        kvo__xjob *j = t->ready_head;
+        /* Loads first: a request waits for them; stores are background. */
+        kvo__xjob *j = t->ready_head[KVO_XFER_LOAD] ? t->ready_head[KVO_XFER_LOAD] : t->ready_head[KVO_XFER_STORE];
         if (!j || t->claim_budget == 0) {
             pthread_cond_wait(&t->work_cv, &t->mu);
             continue;
