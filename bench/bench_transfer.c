@@ -75,36 +75,43 @@ __attribute__((target("sse2"))) static void kvo__b_stream_sse2(unsigned char *d,
 }
 #endif
 
+/* A ceiling copy shared by `threads` threads that claim 1 MiB pieces from a
+ * shared counter, the way the engine's workers claim units: on a shared
+ * machine a static split would wait for its slowest (descheduled) thread
+ * and understate the ceiling. */
+#define KVO__BPIECE ((size_t)1 << 20)
 typedef struct kvo__bcopy {
     unsigned char *d;
     const unsigned char *s;
     size_t n;
     int stream; /* 0 memcpy, 1 sse2, 2 avx2 */
+    size_t next; /* next piece (atomic) */
 } kvo__bcopy;
 
 static void *kvo__bcopy_run(void *arg) {
     kvo__bcopy *c = arg;
+    for (;;) {
+        size_t off = __atomic_fetch_add(&c->next, KVO__BPIECE, __ATOMIC_RELAXED);
+        if (off >= c->n) break;
+        size_t len = c->n - off < KVO__BPIECE ? c->n - off : KVO__BPIECE;
 #if KVO__BX86
-    if (c->stream == 2) kvo__b_stream_avx2(c->d, c->s, c->n);
-    else if (c->stream == 1) kvo__b_stream_sse2(c->d, c->s, c->n);
-    else
+        if (c->stream == 2) kvo__b_stream_avx2(c->d + off, c->s + off, len);
+        else if (c->stream == 1) kvo__b_stream_sse2(c->d + off, c->s + off, len);
+        else
 #endif
-        memcpy(c->d, c->s, c->n);
+            memcpy(c->d + off, c->s + off, len);
+    }
     return NULL;
 }
 
-/* Seconds for one copy of n bytes split into `threads` contiguous parts
- * (n is a multiple of 128 * threads; buffers 64-byte aligned). */
+/* Seconds for one copy of n bytes (a multiple of 128; buffers 64-byte
+ * aligned) by `threads` threads. */
 static double kvo__bcopy_time(unsigned char *d, const unsigned char *s, size_t n, int stream, uint32_t threads) {
     pthread_t th[2];
-    kvo__bcopy c[2];
-    size_t part = n / threads;
+    kvo__bcopy c = {d, s, n, stream, 0};
     double t0 = kvo_bench_now();
-    for (uint32_t i = 0; i < threads; i++) {
-        c[i] = (kvo__bcopy){d + i * part, s + i * part, part, stream};
-        if (i + 1 < threads) pthread_create(&th[i], NULL, kvo__bcopy_run, &c[i]);
-    }
-    kvo__bcopy_run(&c[threads - 1]);
+    for (uint32_t i = 0; i + 1 < threads; i++) pthread_create(&th[i], NULL, kvo__bcopy_run, &c);
+    kvo__bcopy_run(&c);
     for (uint32_t i = 0; i + 1 < threads; i++) pthread_join(th[i], NULL);
     return kvo_bench_now() - t0;
 }

@@ -1247,3 +1247,64 @@ KVO_TEST(allocation_failures_are_clean) {
     free(L.mem);
     kvo_plan_destroy(p);
 }
+
+KVO_TEST(huge_pages_split_into_parts) {
+    /* A cross-layer segment of 3 layers of 1 MiB + 36 bytes: pages of about
+     * 3 MiB (not a multiple of 64) are split into 4 parts, one work unit
+     * each; bytes are exact. */
+    kvo_model *m;
+    ASSERT_OK(kvo_model_create("huge", 16, &m));
+    kvo_group_desc d = kvo_group_desc_default();
+    snprintf(d.name, sizeof d.name, "big");
+    d.tokens_per_block = 16;
+    d.layers = 3;
+    d.page_bytes = (1u << 20) + 36;
+    ASSERT_OK(kvo_model_add_group(m, &d));
+    kvo_plan_params pp = kvo_plan_default_params();
+    pp.blocks_per_chunk = 2;
+    kvo_plan *p;
+    ASSERT_OK(kvo_plan_create(m, &pp, &p));
+    kvo_model_destroy(m);
+    const kvo_group_plan *gp = kvo_plan_group(p, 0);
+    uint64_t page = 3 * gp->page_bytes, stride = page + 4096 + 8;
+    size_t bytes = (size_t)(4 * stride);
+    unsigned char *mem = malloc(bytes + 64), *orig = malloc(bytes + 64), *slot = malloc(gp->slot_bytes + 64);
+    fill_random(mem, bytes + 64);
+    memcpy(orig, mem, bytes + 64);
+    memset(slot, POISON, gp->slot_bytes + 64);
+    kvo_segment seg = {0, mem + 3, 4, stride, page};
+    kvo_transfer_params tp = kvo_transfer_default_params();
+    tp.plan = p;
+    tp.threads = 3;
+    kvo_transfer *t;
+    ASSERT_OK(kvo_transfer_create(&tp, &t));
+    ASSERT_OK(kvo_transfer_set_layout(t, &seg, 1));
+    uint64_t blk[2] = {3, 1}, id;
+    kvo_xfer_op op = {0, 0, 2, blk, slot + 5, gp->slot_bytes};
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, &op, 1, &id));
+    ASSERT_EQ_INT(wait_one(t, id).status, 0);
+    ASSERT_MEM_EQ(slot + 5, mem + 3 + 3 * stride, page);
+    ASSERT_MEM_EQ(slot + 5 + page, mem + 3 + 1 * stride, page);
+    for (size_t i = 0; i < 5; i++) ASSERT_EQ_INT(slot[i], POISON);
+    for (size_t i = 5 + 2 * page; i < gp->slot_bytes + 64; i++) ASSERT_EQ_INT(slot[i], POISON);
+    kvo_transfer_stats st;
+    ASSERT_OK(kvo_transfer_get_stats(t, &st));
+    ASSERT_EQ_U64(st.copies, 8); /* 4 parts per page */
+    ASSERT_MEM_EQ(mem, orig, bytes + 64);
+    /* Load chunk block 1 into engine block 2 of poisoned memory. */
+    memset(mem, POISON, bytes + 64);
+    uint64_t b2 = 2;
+    op = (kvo_xfer_op){0, 1, 1, &b2, slot + 5, gp->slot_bytes};
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_LOAD, &op, 1, &id));
+    ASSERT_EQ_INT(wait_one(t, id).status, 0);
+    unsigned char *want = malloc(bytes + 64);
+    memset(want, POISON, bytes + 64);
+    memcpy(want + 3 + 2 * stride, orig + 3 + 1 * stride, page);
+    ASSERT_MEM_EQ(mem, want, bytes + 64);
+    kvo_transfer_destroy(t);
+    free(want);
+    free(mem);
+    free(orig);
+    free(slot);
+    kvo_plan_destroy(p);
+}

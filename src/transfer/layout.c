@@ -237,6 +237,11 @@ int kvo__xlayout_build(const kvo_plan *plan, const kvo__xfer_device_ops *dev, vo
         if (ub < 1) ub = 1;
         if (ub > gp->blocks_per_chunk) ub = gp->blocks_per_chunk;
         G->unit_blocks = (uint32_t)ub;
+        G->unit_parts = 1;
+        if (maxpage >= KVO__XSPLIT_BYTES) {
+            uint64_t parts = kvo__div_ceil_u64(maxpage, KVO__XPART_BYTES);
+            G->unit_parts = parts > UINT32_MAX ? UINT32_MAX : (uint32_t)parts;
+        }
     }
 
     /* No byte in two segments. */

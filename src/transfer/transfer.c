@@ -5,7 +5,8 @@
  * A job (one submit) is a list of ops; op k copies blocks [first, first+n) of
  * one chunk of one group.  It is split into work units: per op and per
  * segment of its group, runs of up to unit_blocks blocks (about
- * KVO__XUNIT_BYTES of pages), numbered 0..n_units-1 through a prefix sum over
+ * KVO__XUNIT_BYTES of pages; pages of 2 MiB and more are instead split into
+ * parts of about 1 MiB, one unit each), numbered 0..n_units-1 through a prefix sum over
  * the ops.  Workers claim units one at a time from the job at the head of the
  * ready lists (one per direction; loads first, since a request waits for
  * them while stores are background work: dependencies, not queue order,
@@ -463,6 +464,22 @@ static int kvo__xrun_unit(kvo_transfer *t, kvo__xjob *j, uint64_t u, void *wctx,
     uint64_t s = r / op->units_per_seg, part = r % op->units_per_seg;
     assert(s < G->n_segs);
     const kvo__xseg *seg = &j->layout->segs[G->first_seg + s];
+    if (G->unit_parts > 1) {
+        /* One part of one huge page. */
+        uint64_t b = part / G->unit_parts, plen = kvo__xpart_bytes(seg->page, G->unit_parts);
+        uint64_t off = (part % G->unit_parts) * plen, len = 0;
+        if (off < seg->page) {
+            len = seg->page - off < plen ? seg->page - off : plen;
+            unsigned char *sl = op->slot + G->blocks_per_chunk * seg->slot_prefix +
+                                (op->first_block + b) * seg->page + off;
+            unsigned char *en = (unsigned char *)(seg->base + (uintptr_t)(op->blocks[b] * seg->stride)) + off;
+            if (j->dir == KVO_XFER_STORE) t->dev->copy(wctx, j->dir, sl, en, len);
+            else t->dev->copy(wctx, j->dir, en, sl, len);
+        }
+        *bytes = len;
+        *copies = len != 0;
+        return t->dev->unit_end(wctx);
+    }
     uint64_t b0 = part * G->unit_blocks, b1 = b0 + G->unit_blocks;
     if (b1 > op->n_blocks) b1 = op->n_blocks;
     unsigned char *slot = op->slot + G->blocks_per_chunk * seg->slot_prefix + (op->first_block + b0) * seg->page;
@@ -910,7 +927,7 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
             }
         }
         total_blocks += op->n_blocks;
-        n_units += kvo__div_ceil_u64(op->n_blocks, G->unit_blocks) * G->n_segs;
+        n_units += kvo__xunits_per_seg(G, op->n_blocks) * G->n_segs;
     }
     if (!rc) rc = kvo__xcheck_slots(t, dir, ops, n);
     kvo__xjob *j = NULL;
@@ -949,7 +966,7 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
                 if (op->n_blocks == 0) continue;
                 memcpy(blocks + bpos, op->engine_blocks, sizeof(uint64_t) * op->n_blocks);
                 bpos += op->n_blocks;
-                x->units_per_seg = kvo__div_ceil_u64(op->n_blocks, G->unit_blocks);
+                x->units_per_seg = kvo__xunits_per_seg(G, op->n_blocks);
                 unit += x->units_per_seg * G->n_segs;
                 j->res[n_res++] = (kvo__xres){(uint64_t)(uintptr_t)op->slot, KVO__XTAG_SLOT, dir == KVO_XFER_STORE};
                 for (uint32_t b = 0; b < op->n_blocks; b++)

@@ -25,6 +25,8 @@ typedef struct kvo__xgroup {
     uint64_t blocks_per_chunk;
     uint64_t chunk_bytes;
     uint32_t unit_blocks;  /* blocks per work unit (per segment) */
+    uint32_t unit_parts;   /* > 1: pages this large are split into this many
+                              units each (unit_blocks is then 1) */
 } kvo__xgroup;
 
 /* An immutable, validated layout.  Jobs hold a reference; refs is protected
@@ -42,6 +44,20 @@ typedef struct kvo__xlayout {
  * large enough that claiming costs nothing next to copying, small enough that
  * two or more threads share a job of a few MiB. */
 #define KVO__XUNIT_BYTES (UINT64_C(256) << 10)
+/* Pages of at least KVO__XSPLIT_BYTES are split into parts of about
+ * KVO__XPART_BYTES (multiples of 4096), so that one huge page (a cross-layer
+ * segment holds every layer of a block) is still shared by the workers. */
+#define KVO__XSPLIT_BYTES (UINT64_C(2) << 20)
+#define KVO__XPART_BYTES (UINT64_C(1) << 20)
+
+/* Work units of an op of n blocks of group G, per segment. */
+static inline uint64_t kvo__xunits_per_seg(const kvo__xgroup *G, uint64_t n_blocks) {
+    return G->unit_parts > 1 ? n_blocks * G->unit_parts : kvo__div_ceil_u64(n_blocks, G->unit_blocks);
+}
+/* Bytes of one part of a page (the last part may be shorter or empty). */
+static inline uint64_t kvo__xpart_bytes(uint64_t page, uint32_t parts) {
+    return kvo__align_up_u64(kvo__div_ceil_u64(page, parts), 4096);
+}
 
 /* Validate segs against the plan (and the device's reachability check) and
  * build a layout with refs = 1.  Errors as kvo_transfer_set_layout. */
