@@ -120,8 +120,8 @@ void kvo_transfer_destroy(kvo_transfer *t);
  *  without sharing bytes are fine); no address overflow.  Errors: KVO_ELAYOUT
  *  (geometry, stride, overlap), KVO_EINVAL (NULL, unknown group id),
  *  KVO_ERANGE (address overflow), KVO_ECLOSED, KVO_ENOMEM, each naming the
- *  group and segment index; on error the old layout stays.  A group is "changed" when its segment list differs from the old one
- *  in any field.  Unfinished jobs touching a changed group fail with
+ *  group and segment index; on error the old layout stays.  A group is
+ *  "changed" when its segment list differs from the old one in any field.  Unfinished jobs touching a changed group fail with
  *  KVO_ESTATE: queued ones at once, running ones after the pieces already in
  *  flight (copied on the old layout; the call waits for them, so the caller
  *  may free old tensors when it returns).  Jobs of unchanged groups are
@@ -147,8 +147,8 @@ int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n);
  *  to run, loads go first (a request waits for them), then stores, each in
  *  submission order.
  *  *job_id receives a positive id (increasing).  Errors: KVO_EINVAL,
- *  KVO_EAGAIN (max_queued_jobs unfinished or unpolled), KVO_ECLOSED (closed), KVO_ESTATE
- *  (no layout), KVO_ENOMEM. */
+ *  KVO_EAGAIN (max_queued_jobs unfinished or unpolled), KVO_ECLOSED
+ *  (closed), KVO_ESTATE (no layout), KVO_ENOMEM. */
 int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n, uint64_t *job_id);
 
 typedef struct kvo_xfer_result {
