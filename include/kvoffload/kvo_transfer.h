@@ -121,8 +121,8 @@ void kvo_transfer_destroy(kvo_transfer *t);
  *  (geometry, stride, overlap), KVO_EINVAL (NULL, unknown group id),
  *  KVO_ERANGE (address overflow), KVO_ECLOSED, KVO_ENOMEM, each naming the
  *  group and segment index; on error the old layout stays.  A group is
- *  "changed" when its segment list differs from the old one in any field.  Unfinished jobs touching a changed group fail with
- *  KVO_ESTATE: queued ones at once, running ones after the pieces already in
+ *  "changed" when its segment list differs from the old one in any field.
+ *  Unfinished jobs touching a changed group fail with KVO_ESTATE: queued ones at once, running ones after the pieces already in
  *  flight (copied on the old layout; the call waits for them, so the caller
  *  may free old tensors when it returns).  Jobs of unchanged groups are
  *  unaffected. */
