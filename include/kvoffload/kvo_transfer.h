@@ -122,10 +122,10 @@ void kvo_transfer_destroy(kvo_transfer *t);
  *  KVO_ERANGE (address overflow), KVO_ECLOSED, KVO_ENOMEM, each naming the
  *  group and segment index; on error the old layout stays.  A group is
  *  "changed" when its segment list differs from the old one in any field.
- *  Unfinished jobs touching a changed group fail with KVO_ESTATE: queued ones at once, running ones after the pieces already in
- *  flight (copied on the old layout; the call waits for them, so the caller
- *  may free old tensors when it returns).  Jobs of unchanged groups are
- *  unaffected. */
+ *  Unfinished jobs touching a changed group fail with KVO_ESTATE: queued
+ *  ones at once, running ones after the pieces already in flight (copied on
+ *  the old layout; the call waits for them, so the caller may free old
+ *  tensors when it returns).  Jobs of unchanged groups are unaffected. */
 int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n);
 
 /** Submit one job of n ops in one direction.  Ops are validated now (group
