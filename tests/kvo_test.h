@@ -48,7 +48,7 @@ const char *kvo_test_tmpdir(void);
 
 #define ASSERT_TRUE(c) do { if (!(c)) FAILF("ASSERT_TRUE(%s)", #c); } while (0)
 #define ASSERT_FALSE(c) do { if (c) FAILF("ASSERT_FALSE(%s)", #c); } while (0)
-#define KVO__ASSERT_OP(T, fmt, a, op, b) do { T a_ = (a), b_ = (b); \
+#define KVO__ASSERT_OP(T, fmt, a, op, b) do { T a_ = (a); T b_ = (b); \
     if (!(a_ op b_)) FAILF("%s %s %s: " fmt " vs " fmt, #a, #op, #b, a_, b_); } while (0)
 #define ASSERT_EQ_INT(a, b) KVO__ASSERT_OP(long long, "%lld", a, ==, b)
 #define ASSERT_NE_INT(a, b) KVO__ASSERT_OP(long long, "%lld", a, !=, b)

@@ -114,7 +114,10 @@ int kvo_model_open(const char *preset_or_path, kvo_model **out) {
     for (size_t i = 0; i < kvo_model_preset_count(); i++)
         if (strcmp(kvo_model_preset_name(i), preset_or_path) == 0)
             return kvo_model_preset(preset_or_path, out);
-    if (access(preset_or_path, F_OK) == 0) return kvo_model_load_file(preset_or_path, out);
+    size_t n = strlen(preset_or_path);
+    if (access(preset_or_path, F_OK) == 0 || strchr(preset_or_path, '/') ||
+        (n > 5 && strcmp(preset_or_path + n - 5, ".json") == 0))
+        return kvo_model_load_file(preset_or_path, out);
     int rc = kvo_model_preset(preset_or_path, out); /* sets the "presets: ..." message */
     return kvo__error_prefix(rc, "'%s' is neither a preset nor an existing file", preset_or_path);
 }

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -135,6 +136,11 @@ int kvo_model_load_file(const char *path, kvo_model **out) {
     if (!path || !out) return kvo__error(KVO_EINVAL, "kvo_model_load_file: NULL argument");
     FILE *f = fopen(path, "rb");
     if (!f) return kvo__error(KVO_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        return kvo__error(KVO_EIO, "%s: is a directory, expected a kvoffload-model/1 JSON file", path);
+    }
     size_t cap = 1 << 16, len = 0;
     char *buf = kvo__malloc(cap);
     int rc = 0;

@@ -1,0 +1,73 @@
+/*
+ * Internal helpers shared by every layer: error reporting, allocation through
+ * the user's hooks, checked arithmetic.  Symbols are kvo__ prefixed.
+ */
+#ifndef KVO_CORE_INTERNAL_H
+#define KVO_CORE_INTERNAL_H
+
+#include <assert.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kvoffload/kvo.h"
+
+#if defined(__GNUC__)
+#define KVO__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define KVO__LIKELY(x) __builtin_expect(!!(x), 1)
+#define KVO__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define KVO__PRINTF(a, b)
+#define KVO__LIKELY(x) (x)
+#define KVO__UNLIKELY(x) (x)
+#endif
+
+/* Record a detailed message for kvo_last_error() and return err. */
+int kvo__error(int err, const char *fmt, ...) KVO__PRINTF(2, 3);
+int kvo__verror(int err, const char *fmt, va_list ap);
+/* Prepend context to the current thread's last error message; returns err. */
+int kvo__error_prefix(int err, const char *fmt, ...) KVO__PRINTF(2, 3);
+
+void *kvo__malloc(size_t n);
+void *kvo__calloc(size_t n, size_t size);
+void *kvo__realloc(void *p, size_t n);
+void kvo__free(void *p);
+char *kvo__strdup(const char *s);
+
+/* Checked arithmetic: 0 on success, KVO_ERANGE on overflow (no message set). */
+static inline int kvo__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out) ? KVO_ERANGE : 0;
+}
+static inline int kvo__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_add_overflow(a, b, out) ? KVO_ERANGE : 0;
+}
+static inline uint64_t kvo__gcd_u64(uint64_t a, uint64_t b) {
+    while (b) { uint64_t t = a % b; a = b; b = t; }
+    return a;
+}
+/* lcm, 0 on overflow. */
+static inline uint64_t kvo__lcm_u64(uint64_t a, uint64_t b) {
+    uint64_t r;
+    if (a == 0 || b == 0) return 0;
+    if (__builtin_mul_overflow(a / kvo__gcd_u64(a, b), b, &r)) return 0;
+    return r;
+}
+/* Round up to a power-of-two alignment; 0 on overflow. */
+static inline uint64_t kvo__align_up_u64(uint64_t v, uint64_t align) {
+    uint64_t r;
+    if (__builtin_add_overflow(v, align - 1, &r)) return 0;
+    return r & ~(align - 1);
+}
+static inline uint64_t kvo__div_ceil_u64(uint64_t a, uint64_t b) {
+    return a / b + (a % b != 0);
+}
+
+/* Copy a string into a fixed buffer, always NUL-terminated; returns 0 or
+ * KVO_ERANGE if it did not fit (truncated copy made). */
+int kvo__strlcpy(char *dst, const char *src, size_t cap);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t kvo__now_ns(void);
+
+#endif
