@@ -272,6 +272,29 @@ int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out);
  *  KVO_ENOTFOUND, KVO_EIO.  For fsck and tests; any thread. */
 int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key, uint64_t *payload_bytes);
 
+/** What a chunk file's header says (see docs/file-format.md). */
+typedef struct kvo_file_chunk_info {
+    kvo_chunk_key key;
+    kvo_u128 fingerprint;         /* layout fingerprint of the writer's plan */
+    uint32_t format_version;
+    uint32_t kind;                /* kvo_group_kind */
+    char group_name[KVO_NAME_MAX];
+    char model_name[KVO_NAME_MAX];
+    uint32_t tokens_per_block, layers;
+    uint64_t page_bytes, blocks_per_chunk, tokens_per_chunk;
+    uint64_t chunk_bytes;         /* payload length */
+    uint64_t slot_bytes;          /* payload bytes on disk (padded to 4096) */
+    uint64_t payload_xxh3;
+    uint64_t created_unix_ns;
+    uint64_t file_bytes;          /* size of the file */
+} kvo_file_chunk_info;
+
+/** kvo_file_verify, and on success (or on a KVO_ECORRUPT found after the
+ *  header decoded: checksum, size, key or geometry) also what the header says
+ *  into *info (may be NULL); info->format_version is 0 when the header itself
+ *  could not be decoded.  Same errors; any thread. */
+int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info);
+
 /** The path of key's file under a namespace directory into out (cap bytes).
  *  KVO_ERANGE if it does not fit. */
 int kvo_file_chunk_path(const char *ns_dir, const kvo_chunk_key *key, char *out, size_t cap);

@@ -257,8 +257,30 @@ int kvo_file_chunk_path(const char *ns_dir, const kvo_chunk_key *key, char *out,
 
 /* ------------------------------------------------------------ verify -- */
 
-int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key_out, uint64_t *payload_bytes) {
-    if (!path) return kvo__error(KVO_EINVAL, "kvo_file_verify: NULL path");
+static void fill_info(kvo_file_chunk_info *info, const kvo__file_hdr *h, uint64_t size) {
+    memset(info, 0, sizeof *info);
+    info->key = h->key;
+    info->fingerprint = h->fingerprint;
+    info->format_version = h->version;
+    info->kind = h->kind;
+    memcpy(info->group_name, h->group_name, sizeof info->group_name);
+    memcpy(info->model_name, h->model_name, sizeof info->model_name);
+    info->group_name[KVO_NAME_MAX - 1] = info->model_name[KVO_NAME_MAX - 1] = 0;
+    info->tokens_per_block = h->tokens_per_block;
+    info->layers = h->layers;
+    info->page_bytes = h->page_bytes;
+    info->blocks_per_chunk = h->blocks_per_chunk;
+    info->tokens_per_chunk = h->tokens_per_chunk;
+    info->chunk_bytes = h->chunk_bytes;
+    info->slot_bytes = h->slot_bytes;
+    info->payload_xxh3 = h->payload_xxh3;
+    info->created_unix_ns = h->created_ns;
+    info->file_bytes = size;
+}
+
+int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info) {
+    if (!path) return kvo__error(KVO_EINVAL, "kvo_file_inspect: NULL path");
+    if (info) memset(info, 0, sizeof *info);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -279,6 +301,7 @@ int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key_o
     if (rc == 0 && (size_t)r < KVO_FILE_HEADER_BYTES)
         rc = kvo__error(KVO_ECORRUPT, "truncated header (%zd of %u bytes)", r, KVO_FILE_HEADER_BYTES);
     if (rc) { kvo__error_prefix(rc, "%s: ", path); goto out; }
+    if (info) fill_info(info, &h, (uint64_t)st.st_size);
     kvo_chunk_key named;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -308,12 +331,19 @@ int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key_o
                         (unsigned long long)h.payload_xxh3, (unsigned long long)sum);
         goto out;
     }
-    if (key_out) *key_out = h.key;
-    if (payload_bytes) *payload_bytes = h.chunk_bytes;
 out:
     kvo__free(buf);
     close(fd);
     return rc;
+}
+
+int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key_out, uint64_t *payload_bytes) {
+    kvo_file_chunk_info info;
+    int rc = kvo_file_inspect(path, plan, &info);
+    if (rc) return rc;
+    if (key_out) *key_out = info.key;
+    if (payload_bytes) *payload_bytes = info.chunk_bytes;
+    return 0;
 }
 
 /* ---------------------------------------------------------- manifest -- */
