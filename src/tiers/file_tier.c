@@ -283,18 +283,43 @@ static void unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t n) 
     }
 }
 
-/* Put a key known to have a file into the index as READY (scan, shared-mode
- * adoption).  Returns 0, or an error (file left alone). */
-static int adopt_key(kvo_file_tier *t, const kvo_chunk_key *k, size_t *evicted_out) {
-    uint8_t need = 0;
+/* Reserve quota for one key: prepare_store, then delete the files of the
+ * keys it evicted.  *need as in kvo_store_prepare_store; *n_evicted (may be
+ * NULL) counts the evicted files.  Retries with a larger eviction buffer when
+ * one call evicts more than EVICT_CAP entries (many small chunks for a large
+ * one). */
+static int reserve_key(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *need, size_t *n_evicted) {
     kvo_slot slot;
     kvo_chunk_key ev[EVICT_CAP];
     kvo_slot evs[EVICT_CAP];
     size_t nev = 0;
-    int rc = kvo_store_prepare_store(t->index, k, 1, &need, &slot, ev, evs, EVICT_CAP, &nev);
+    int rc = kvo_store_prepare_store(t->index, k, 1, need, &slot, ev, evs, EVICT_CAP, &nev);
+    if (rc == KVO_ERANGE && nev > EVICT_CAP) {
+        size_t cap = nev + 64;
+        kvo_chunk_key *hev = kvo__malloc(cap * sizeof *hev);
+        kvo_slot *hevs = kvo__malloc(cap * sizeof *hevs);
+        if (!hev || !hevs) {
+            kvo__free(hev);
+            kvo__free(hevs);
+            return kvo__error(KVO_ENOMEM, "file tier: eviction list of %zu entries", cap);
+        }
+        rc = kvo_store_prepare_store(t->index, k, 1, need, &slot, hev, hevs, cap, &nev);
+        if (rc == 0) unlink_evicted(t, hev, nev);
+        kvo__free(hev);
+        kvo__free(hevs);
+    } else if (rc == 0) {
+        unlink_evicted(t, ev, nev);
+    }
+    if (n_evicted) *n_evicted = rc == 0 ? nev : 0;
+    return rc;
+}
+
+/* Put a key known to have a file into the index as READY (scan, shared-mode
+ * adoption).  Returns 0, or an error (file left alone). */
+static int adopt_key(kvo_file_tier *t, const kvo_chunk_key *k, size_t *evicted_out) {
+    uint8_t need = 0;
+    int rc = reserve_key(t, k, &need, evicted_out);
     if (rc) return rc;
-    unlink_evicted(t, ev, nev);
-    if (evicted_out) *evicted_out = nev;
     if (need) rc = kvo_store_complete_store(t->index, k, 1, true);
     return rc;
 }
@@ -864,6 +889,7 @@ int kvo_file_tier_event_fd(const kvo_file_tier *t) { return t ? t->efd : -1; }
 
 int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n, uint8_t *states) {
     if (!t || (n && (!keys || !states))) return kvo__error(KVO_EINVAL, "kvo_file_tier_lookup: NULL argument");
+    if (n == 0) return 0;
     for (size_t i = 0; i < n; i++)
         if (!group_of(t, &keys[i]))
             return kvo__error(KVO_EINVAL, "file tier lookup: key %zu has group %u, which the plan does not offload",
@@ -887,11 +913,13 @@ int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n, 
 
 int kvo_file_tier_touch(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) {
     if (!t || (n && !keys)) return kvo__error(KVO_EINVAL, "kvo_file_tier_touch: NULL argument");
+    if (n == 0) return 0;
     return kvo_store_touch(t->index, keys, n);
 }
 
 int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) {
     if (!t || (n && !keys)) return kvo__error(KVO_EINVAL, "kvo_file_tier_remove: NULL argument");
+    if (n == 0) return 0;
     int rc = kvo_store_remove(t->index, keys, n);
     if (rc) return rc;
     char path[KVO__FILE_PATH_MAX];
@@ -951,12 +979,7 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
 
         /* 2. the index: reserve quota, evict. */
         uint8_t need = 0;
-        kvo_slot slot;
-        kvo_chunk_key ev[EVICT_CAP];
-        kvo_slot evs[EVICT_CAP];
-        size_t nev = 0;
-        int src = kvo_store_prepare_store(t->index, &keys[i], 1, &need, &slot, ev, evs, EVICT_CAP, &nev);
-        if (src == 0) unlink_evicted(t, ev, nev);
+        int src = reserve_key(t, &keys[i], &need, NULL);
         if (src == 0 && need && alloc) {
             void *m = mmap(NULL, stage_size(g), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (m == MAP_FAILED) {
