@@ -10,6 +10,7 @@
 #define KVO_CONNECTOR_SIM_H
 
 #include <stdlib.h>
+#include <time.h>
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
@@ -40,6 +41,7 @@ typedef struct sim {
     uint32_t layers[SIM_MAXG];
     uint64_t *freel[SIM_MAXG];
     size_t nfree[SIM_MAXG];
+    bool keep_plan; /* sim_destroy leaves the plan to the caller */
 } sim;
 
 typedef struct sim_req {
@@ -51,7 +53,7 @@ typedef struct sim_req {
     uint64_t computed;
 } sim_req;
 
-static kvo_plan *sim_plan(const char *name, uint32_t tph, const sim_group *gs, size_t n) {
+static inline kvo_plan *sim_plan(const char *name, uint32_t tph, const sim_group *gs, size_t n) {
     kvo_model *m = NULL;
     ASSERT_OK(kvo_model_create(name, tph, &m));
     kvo_group_override ov[SIM_MAXG];
@@ -81,7 +83,7 @@ static kvo_plan *sim_plan(const char *name, uint32_t tph, const sim_group *gs, s
 
 /* A scaled-down copy of a preset: the same groups, kinds, flags and hash
  * unit; block sizes capped at 128 tokens, windows at 160, tiny pages. */
-static kvo_plan *sim_preset_plan(const char *preset) {
+static inline kvo_plan *sim_preset_plan(const char *preset) {
     kvo_model *m = NULL;
     ASSERT_OK(kvo_model_preset(preset, &m));
     sim_group gs[SIM_MAXG];
@@ -103,7 +105,7 @@ static kvo_plan *sim_preset_plan(const char *preset) {
     return p;
 }
 
-static void sim_init(sim *s, kvo_plan *plan, kvo_connector_params *cp, uint64_t nblocks) {
+static inline void sim_init(sim *s, kvo_plan *plan, kvo_connector_params *cp, uint64_t nblocks) {
     memset(s, 0, sizeof *s);
     s->plan = plan;
     s->ng = kvo_plan_num_groups(plan);
@@ -139,21 +141,21 @@ static void sim_init(sim *s, kvo_plan *plan, kvo_connector_params *cp, uint64_t 
     ASSERT_OK(kvo_connector_set_layout(s->c, segs, ns));
 }
 
-static void sim_destroy(sim *s) {
+static inline void sim_destroy(sim *s) {
     kvo_connector_destroy(s->c);
     for (size_t g = 0; g < s->ng; g++) {
         free(s->mem[g]);
         free(s->freel[g]);
     }
-    kvo_plan_destroy(s->plan);
+    if (!s->keep_plan) kvo_plan_destroy(s->plan);
 }
 
-static uint8_t *sim_page(sim *s, size_t g, uint32_t l, uint64_t block) {
+static inline uint8_t *sim_page(sim *s, size_t g, uint32_t l, uint64_t block) {
     return s->mem[g] + ((uint64_t)l * s->nblocks + block) * s->page[g];
 }
 
 /* The expected bytes of (g, l, block index i) of a token sequence. */
-static void sim_pattern(const uint32_t *tok, uint64_t tpb, size_t g, uint32_t l, uint64_t i, uint8_t *out,
+static inline void sim_pattern(const uint32_t *tok, uint64_t tpb, size_t g, uint32_t l, uint64_t i, uint8_t *out,
                         uint64_t len) {
     uint64_t seed = XXH3_64bits_withSeed(tok, (i + 1) * tpb * sizeof(uint32_t), (uint64_t)g * 131 + l);
     for (uint64_t k = 0; k < len; k++) {
@@ -167,12 +169,12 @@ static void sim_pattern(const uint32_t *tok, uint64_t tpb, size_t g, uint32_t l,
     }
 }
 
-static void sim_req_init(sim_req *r, uint64_t id) {
+static inline void sim_req_init(sim_req *r, uint64_t id) {
     memset(r, 0, sizeof *r);
     r->id = id;
 }
 
-static void sim_req_tokens(sim_req *r, const uint32_t *t, size_t n) {
+static inline void sim_req_tokens(sim_req *r, const uint32_t *t, size_t n) {
     if (r->n_tok + n > r->cap_tok) {
         r->cap_tok = (r->n_tok + n) * 2;
         r->tok = realloc(r->tok, r->cap_tok * sizeof *r->tok);
@@ -181,18 +183,18 @@ static void sim_req_tokens(sim_req *r, const uint32_t *t, size_t n) {
     r->n_tok += n;
 }
 
-static uint64_t sim_alloc(sim *s, size_t g) {
+static inline uint64_t sim_alloc(sim *s, size_t g) {
     if (s->nfree[g] == 0) FAILF("sim: group %zu out of engine blocks", g);
     return s->freel[g][--s->nfree[g]];
 }
 
-static void sim_free_block(sim *s, size_t g, uint64_t b) {
+static inline void sim_free_block(sim *s, size_t g, uint64_t b) {
     for (uint32_t l = 0; l < s->layers[g]; l++) memset(sim_page(s, g, l, b), SIM_POISON, s->page[g]);
     s->freel[g][s->nfree[g]++] = b;
 }
 
 /* Make the table of every group at least n_blocks long (new entries empty). */
-static void sim_table_len(sim *s, sim_req *r, size_t g, size_t n) {
+static inline void sim_table_len(sim *s, sim_req *r, size_t g, size_t n) {
     (void)s;
     if (r->tn[g] >= n) return;
     r->tab[g] = realloc(r->tab[g], n * sizeof(uint64_t));
@@ -200,7 +202,7 @@ static void sim_table_len(sim *s, sim_req *r, size_t g, size_t n) {
     r->tn[g] = n;
 }
 
-static void sim_tables(sim *s, sim_req *r, kvo_block_table *t) {
+static inline void sim_tables(sim *s, sim_req *r, kvo_block_table *t) {
     for (size_t g = 0; g < s->ng; g++) {
         t[g].blocks = r->tab[g];
         t[g].n = r->tn[g];
@@ -209,7 +211,7 @@ static void sim_tables(sim *s, sim_req *r, kvo_block_table *t) {
 
 /* "Compute" tokens [r->computed, upto): write every block completed in that
  * range (allocating it when missing).  Non-offloaded groups are not modelled. */
-static void sim_compute(sim *s, sim_req *r, uint64_t upto) {
+static inline void sim_compute(sim *s, sim_req *r, uint64_t upto) {
     uint8_t buf[4096];
     for (size_t g = 0; g < s->ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(s->plan, g);
@@ -230,7 +232,7 @@ static void sim_compute(sim *s, sim_req *r, uint64_t upto) {
 }
 
 /* Check block i of group g holds the expected bytes for r's tokens. */
-static bool sim_block_ok(sim *s, sim_req *r, size_t g, uint64_t i) {
+static inline bool sim_block_ok(sim *s, sim_req *r, size_t g, uint64_t i) {
     uint8_t buf[4096];
     const kvo_group_plan *gp = kvo_plan_group(s->plan, g);
     if (i >= r->tn[g] || r->tab[g][i] == KVO_NO_BLOCK) return false;
@@ -242,7 +244,7 @@ static bool sim_block_ok(sim *s, sim_req *r, size_t g, uint64_t i) {
 }
 
 /* Free every block of r (after the connector released them). */
-static void sim_release(sim *s, sim_req *r) {
+static inline void sim_release(sim *s, sim_req *r) {
     for (size_t g = 0; g < s->ng; g++) {
         for (size_t i = 0; i < r->tn[g]; i++)
             if (r->tab[g][i] != KVO_NO_BLOCK) sim_free_block(s, g, r->tab[g][i]);
@@ -253,7 +255,7 @@ static void sim_release(sim *s, sim_req *r) {
     r->computed = 0;
 }
 
-static void sim_req_free(sim *s, sim_req *r) {
+static inline void sim_req_free(sim *s, sim_req *r) {
     sim_release(s, r);
     free(r->tok);
     r->tok = NULL;
@@ -262,7 +264,7 @@ static void sim_req_free(sim *s, sim_req *r) {
 /* Engine-side freeing during decode: sliding blocks whose whole chunk is out
  * of the window and complete; state snapshots older than the last two whose
  * chunk is complete.  Waits for stores reading them first (wait_blocks). */
-static void sim_slide(sim *s, sim_req *r) {
+static inline void sim_slide(sim *s, sim_req *r) {
     kvo_block_ref refs[512];
     for (size_t g = 0; g < s->ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(s->plan, g);
@@ -288,7 +290,7 @@ static void sim_slide(sim *s, sim_req *r) {
 
 /* Poll until a completion of type for request id arrives (others are
  * collected into *other if given).  Fails after a long time. */
-static kvo_completion sim_wait_completion(sim *s, uint64_t id, uint32_t type) {
+static inline kvo_completion sim_wait_completion(sim *s, uint64_t id, uint32_t type) {
     for (int spin = 0; spin < 2000000; spin++) {
         kvo_completion cp[16];
         size_t n = kvo_connector_poll(s->c, cp, 16);
@@ -303,7 +305,7 @@ static kvo_completion sim_wait_completion(sim *s, uint64_t id, uint32_t type) {
 }
 
 /* Poll until nothing is in flight (all stores completed). */
-static void sim_drain(sim *s) {
+static inline void sim_drain(sim *s) {
     for (int spin = 0; spin < 200000; spin++) {
         kvo_completion cp[16];
         (void)kvo_connector_poll(s->c, cp, 16);

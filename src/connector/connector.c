@@ -53,8 +53,20 @@ typedef struct kvo__hit_item {
     kvo_chunk_key key;
     kvo_slot slot;
     uint64_t chunk;
-    uint8_t tier;
+    uint8_t tier;    /* where the data came from: TIER_HOST / TIER_FILE */
+    uint8_t pinned;  /* pinned in the host store */
 } kvo__hit_item;
+
+/* A file-tier read into a host slot (PENDING in the host store until done). */
+typedef struct kvo__read {
+    kvo_chunk_key key;
+    kvo_slot slot;
+    uint64_t req;
+    uint32_t gen;
+    size_t item;
+} kvo__read;
+
+typedef struct kvo__job kvo__job;
 
 typedef struct kvo__req {
     uint64_t id;
@@ -81,13 +93,18 @@ typedef struct kvo__req {
     uint64_t *jobs;
     size_t n_jobs, cap_jobs;
     uint64_t load_job;
+    /* file-tier reads of the pinned hit still running, their first error,
+     * and a load waiting for them */
+    size_t file_pending;
+    int file_status;
+    kvo__job *deferred;
     /* blocks written by the last failed load */
     kvo_block_ref *invalid;
     size_t n_invalid;
     kvo_request_stats st;
 } kvo__req;
 
-typedef struct kvo__job {
+struct kvo__job {
     uint64_t id;
     uint64_t req;
     uint32_t gen;
@@ -97,8 +114,12 @@ typedef struct kvo__job {
     kvo_slot *slots;
     size_t n_blocks;
     kvo_block_ref *blocks;
+    /* loads: the ops with their own copy of the engine block ids, so that a
+     * load waiting for file reads can be submitted later */
+    kvo_xfer_op *ops;
+    uint64_t *eblk;
     uint64_t tokens, local, host_tokens, file_tokens;
-} kvo__job;
+};
 
 struct kvo_connector {
     kvo_connector_params p;
@@ -114,7 +135,8 @@ struct kvo_connector {
     kvo_file_tier *file;
     pthread_mutex_t mu;
     bool layout_set;
-    kvo__map reqs, jobs, blocks;
+    kvo__map reqs, jobs, blocks, reads;
+    uint64_t next_read;
     /* completions for the engine (ring) */
     kvo_completion *cq;
     size_t cq_head, cq_n, cq_cap;
@@ -129,6 +151,10 @@ struct kvo_connector {
     size_t s_ops_cap;
     uint8_t *ones;
     size_t ones_cap;
+    uint8_t *s_tier, *s_fst;
+    kvo_chunk_key *s_fkeys;
+    size_t *s_fidx;
+    size_t s_fcap;
     /* verify_checksums: XXH3-64 per 4 KiB slot start */
     uint64_t *sums;
     size_t n_sums;
@@ -172,10 +198,33 @@ static int kvo__scratch(kvo_connector *c, size_t n) {
     uint64_t *ch = kvo__realloc(c->s_chunk, ncap * sizeof *ch);
     if (!ch) goto oom;
     c->s_chunk = ch;
+    uint8_t *tr = kvo__realloc(c->s_tier, ncap);
+    if (!tr) goto oom;
+    c->s_tier = tr;
     c->s_cap = ncap;
     return 0;
 oom:
     return kvo__error(KVO_ENOMEM, "connector: out of memory for %zu chunk entries", ncap);
+}
+
+/* Scratch for n file-tier lookups. */
+static int kvo__fscratch(kvo_connector *c, size_t n) {
+    if (n <= c->s_fcap) return 0;
+    size_t ncap = c->s_fcap ? c->s_fcap : 64;
+    while (ncap < n) ncap *= 2;
+    kvo_chunk_key *k = kvo__realloc(c->s_fkeys, ncap * sizeof *k);
+    if (!k) goto oom;
+    c->s_fkeys = k;
+    uint8_t *u = kvo__realloc(c->s_fst, ncap);
+    if (!u) goto oom;
+    c->s_fst = u;
+    size_t *ix = kvo__realloc(c->s_fidx, ncap * sizeof *ix);
+    if (!ix) goto oom;
+    c->s_fidx = ix;
+    c->s_fcap = ncap;
+    return 0;
+oom:
+    return kvo__error(KVO_ENOMEM, "connector: out of memory for %zu file lookups", ncap);
 }
 
 static kvo__req *kvo__req_get(kvo_connector *c, uint64_t id) {
@@ -187,8 +236,11 @@ static int kvo__req_missing(uint64_t id) {
     return kvo__error(KVO_ENOTFOUND, "connector: no live request with id %llu", (unsigned long long)id);
 }
 
+static void kvo__job_free(kvo__job *j) { kvo__free(j); }
+
 static void kvo__req_free(kvo__req *r) {
     if (!r) return;
+    kvo__job_free(r->deferred);
     kvo__free(r->extra);
     kvo__free(r->units);
     kvo__free(r->tail);
@@ -361,7 +413,7 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     if ((rc = kvo_transfer_create(&tp, &c->xfer))) goto fail;
 
     if ((rc = kvo__map_init(&c->reqs, 64)) || (rc = kvo__map_init(&c->jobs, 64)) ||
-        (rc = kvo__map_init(&c->blocks, 256)))
+        (rc = kvo__map_init(&c->blocks, 256)) || (rc = kvo__map_init(&c->reads, 64)))
         goto fail;
     if (p->verify_checksums) {
         c->n_sums = (size_t)(kvo_arena_size(c->arena) / KVO_SLOT_ALIGN) + 1;
@@ -378,7 +430,22 @@ fail:
     return rc;
 }
 
-static void kvo__job_free(kvo__job *j) { kvo__free(j); }
+/* Wait until every file-tier read into the arena has completed (the tier
+ * outlives the connector; its reads must not land in unmapped memory). */
+static void kvo__drain_reads(kvo_connector *c) {
+    while (c->file && c->reads.e && c->reads.n) {
+        kvo_file_completion fc[32];
+        size_t n = kvo_file_tier_poll(c->file, fc, 32);
+        for (size_t i = 0; i < n; i++) {
+            if (fc[i].op != KVO_FILE_OP_READ) continue;
+            kvo__map_entry *e = kvo__map_get(&c->reads, fc[i].user_data);
+            if (!e) continue;
+            kvo__free(e->p);
+            kvo__map_del(&c->reads, e);
+        }
+        if (n == 0 && kvo_file_tier_wait(c->file, 100) == KVO_ENOTFOUND) break;
+    }
+}
 
 void kvo_connector_destroy(kvo_connector *c) {
     if (!c) return;
@@ -386,6 +453,11 @@ void kvo_connector_destroy(kvo_connector *c) {
         kvo_transfer_close(c->xfer); /* queued jobs cancel, running ones finish */
         kvo_transfer_destroy(c->xfer);
     }
+    kvo__drain_reads(c);
+    if (c->reads.e)
+        for (size_t i = 0; i < c->reads.cap; i++)
+            if (c->reads.e[i].used) kvo__free(c->reads.e[i].p);
+    kvo__map_free(&c->reads);
     if (c->jobs.e)
         for (size_t i = 0; i < c->jobs.cap; i++)
             if (c->jobs.e[i].used) kvo__job_free(c->jobs.e[i].p);
@@ -405,6 +477,10 @@ void kvo_connector_destroy(kvo_connector *c) {
     kvo__free(c->s_chunk);
     kvo__free(c->s_ops);
     kvo__free(c->ones);
+    kvo__free(c->s_tier);
+    kvo__free(c->s_fst);
+    kvo__free(c->s_fkeys);
+    kvo__free(c->s_fidx);
     kvo__free(c->sums);
     kvo__free(c->salt);
     pthread_mutex_destroy(&c->mu);
@@ -637,21 +713,144 @@ int kvo_connector_append_unit_hashes(kvo_connector *c, uint64_t id, const kvo_u1
 
 /* ------------------------------------------------------------- lookup -- */
 
+/* Release the hit pinned by the last lookup (pinned host entries), and make
+ * file reads still running for it orphans (their completion then only
+ * finishes the host entry). */
 static void kvo__unpin_hit(kvo_connector *c, kvo__req *r) {
     if (!r->hit_pinned) return;
     size_t n = 0;
     if (kvo__scratch(c, r->n_hit) == 0) {
         for (size_t i = 0; i < r->n_hit; i++)
-            if (r->hit[i].tier == TIER_HOST) c->s_keys[n++] = r->hit[i].key;
+            if (r->hit[i].pinned) c->s_keys[n++] = r->hit[i].key;
         if (n) (void)kvo_store_complete_load(c->store, c->s_keys, n);
     }
     r->hit_pinned = false;
     r->n_hit = 0;
+    r->file_pending = 0;
+    r->file_status = 0;
+    r->gen++;
+}
+
+#define KVO__NOFILE 1 /* internal: retry the lookup without the file tier */
+
+static int kvo__cmp_range(const void *a, const void *b) {
+    const uint64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Tokens of [L, b) covered by the need ranges of the hit's file items. */
+static uint64_t kvo__file_tokens(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b) {
+    size_t nf = 0;
+    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == TIER_FILE;
+    if (!nf) return 0;
+    uint64_t *rg = kvo__malloc(nf * 2 * sizeof *rg);
+    if (!rg) return b - L; /* conservative */
+    size_t k = 0;
+    for (size_t i = 0; i < r->n_hit; i++) {
+        if (r->hit[i].tier != TIER_FILE) continue;
+        kvo__need_range(kvo_plan_group(c->plan, r->hit[i].key.group), r->hit[i].chunk, L, b, &rg[2 * k],
+                        &rg[2 * k + 1]);
+        k++;
+    }
+    qsort(rg, nf, 2 * sizeof *rg, kvo__cmp_range);
+    uint64_t tot = 0, cs = rg[0], ce = rg[1];
+    for (size_t i = 1; i < nf; i++) {
+        if (rg[2 * i] <= ce) {
+            if (rg[2 * i + 1] > ce) ce = rg[2 * i + 1];
+        } else {
+            tot += ce - cs;
+            cs = rg[2 * i];
+            ce = rg[2 * i + 1];
+        }
+    }
+    tot += ce - cs;
+    kvo__free(rg);
+    return tot;
+}
+
+/* Start reading the hit's file items into host slots (reserved PENDING in
+ * the host store).  0, KVO__NOFILE (could not: everything undone), or an
+ * error. */
+static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
+    size_t nf = 0;
+    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == TIER_FILE;
+    if (!nf) return 0;
+    int rc = kvo__fscratch(c, nf);
+    if (rc) return rc;
+    size_t k = 0;
+    for (size_t i = 0; i < r->n_hit; i++)
+        if (r->hit[i].tier == TIER_FILE) {
+            c->s_fkeys[k] = r->hit[i].key;
+            c->s_fidx[k++] = i;
+        }
+    /* reserve host slots: every key must need writing (absent in host) */
+    kvo_slot *slots = kvo__malloc(nf * (sizeof(kvo_slot) + sizeof(void *) + sizeof(uint64_t) + sizeof(int)));
+    if (!slots) return kvo__error(KVO_ENOMEM, "connector: out of memory");
+    void **dsts = (void **)(slots + nf);
+    uint64_t *ud = (uint64_t *)(dsts + nf);
+    int *res = (int *)(ud + nf);
+    rc = kvo_store_prepare_store(c->store, c->s_fkeys, nf, c->s_fst, slots, NULL, NULL, 0, NULL);
+    if (rc) {
+        kvo__free(slots);
+        return rc == KVO_ENOMEM ? rc : KVO__NOFILE;
+    }
+    bool all = true;
+    for (size_t i = 0; i < nf; i++) all &= c->s_fst[i] == 1;
+    if (!all) { /* raced: some key appeared in host meanwhile */
+        for (size_t i = 0; i < nf; i++)
+            if (c->s_fst[i]) (void)kvo_store_complete_store(c->store, &c->s_fkeys[i], 1, false);
+        kvo__free(slots);
+        return KVO__NOFILE;
+    }
+    for (size_t i = 0; i < nf; i++) {
+        dsts[i] = kvo__slot_ptr(c, slots[i]);
+        ud[i] = ++c->next_read;
+        r->hit[c->s_fidx[i]].slot = slots[i];
+    }
+    size_t nq = 0;
+    rc = kvo_file_tier_read(c->file, c->s_fkeys, dsts, nf, ud, res, &nq);
+    if (rc) {
+        (void)kvo_store_complete_store(c->store, c->s_fkeys, nf, false);
+        kvo__free(slots);
+        return KVO__NOFILE;
+    }
+    bool failed = false;
+    for (size_t i = 0; i < nf; i++) {
+        if (res[i] != 0) {
+            (void)kvo_store_complete_store(c->store, &c->s_fkeys[i], 1, false);
+            c->st.file_read_failures++;
+            failed = true;
+            continue;
+        }
+        kvo__read *rd = kvo__malloc(sizeof *rd);
+        kvo__map_entry *e = NULL;
+        if (!rd || kvo__map_put(&c->reads, ud[i], &e) < 0) {
+            /* cannot track: the read still lands in the slot, so the slot
+             * must stay reserved; it is lost until clear (counted) */
+            kvo__free(rd);
+            c->st.file_read_failures++;
+            failed = true;
+            continue;
+        }
+        rd->key = c->s_fkeys[i];
+        rd->slot = slots[i];
+        rd->req = r->id;
+        rd->gen = r->gen;
+        rd->item = c->s_fidx[i];
+        e->p = rd;
+        r->file_pending++;
+    }
+    kvo__free(slots);
+    if (failed) {
+        /* the queued reads finish as orphans (gen bumped by unpin) */
+        return KVO__NOFILE;
+    }
+    return 0;
 }
 
 /* One lookup attempt; returns 0, KVO_EAGAIN (pin raced with an eviction:
- * retry) or an error. */
-static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_lookup_result *out) {
+ * retry), KVO__NOFILE (retry without the file tier) or an error. */
+static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_lookup_result *out, bool use_file) {
     uint64_t N = r->n_tokens;
     uint64_t S = c->step;
     uint64_t bmax = N ? (N - 1) / S * S : 0;
@@ -674,6 +873,7 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
         uint8_t *st = c->s_u8 + off[g];
         for (size_t ch = 0; ch < ncs[g]; ch++) {
+            c->s_tier[off[g] + ch] = TIER_HOST;
             if ((ch + 1) * gp->tokens_per_chunk <= L) {
                 st[ch] = KVO_CHUNK_LOCAL;
                 continue;
@@ -684,13 +884,30 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
             nk++;
         }
     }
-    /* host states go to s_slots' memory reused as a byte array: use a
-     * separate pass writing into st[] */
     if (nk) {
         uint8_t *hs = (uint8_t *)c->s_slots; /* s_cap * 16 bytes >= nk */
         rc = kvo_store_lookup(c->store, c->s_keys, nk, hs);
         if (rc) return rc;
-        for (size_t i = 0; i < nk; i++) c->s_u8[off[c->s_grp[i]] + c->s_chunk[i]] = hs[i];
+        size_t nmiss = 0;
+        for (size_t i = 0; i < nk; i++) {
+            c->s_u8[off[c->s_grp[i]] + c->s_chunk[i]] = hs[i];
+            nmiss += hs[i] == KVO_MISS;
+        }
+        if (use_file && c->file && nmiss) {
+            if ((rc = kvo__fscratch(c, nmiss))) return rc;
+            size_t m = 0;
+            for (size_t i = 0; i < nk; i++)
+                if (hs[i] == KVO_MISS) {
+                    c->s_fkeys[m] = c->s_keys[i];
+                    c->s_fidx[m++] = off[c->s_grp[i]] + c->s_chunk[i];
+                }
+            if (kvo_file_tier_lookup(c->file, c->s_fkeys, m, c->s_fst) == 0)
+                for (size_t i = 0; i < m; i++) {
+                    if (c->s_fst[i] == KVO_MISS) continue;
+                    c->s_u8[c->s_fidx[i]] = c->s_fst[i];
+                    c->s_tier[c->s_fidx[i]] = TIER_FILE;
+                }
+        }
     }
     const uint8_t *ptr[KVO_MAX_GROUPS];
     for (size_t g = 0; g < c->ng; g++) ptr[g] = c->s_u8 + off[g];
@@ -720,7 +937,7 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
         out->status = KVO_HIT_NONE;
         return 0;
     }
-    /* pin the chunks the load will read */
+    /* the chunks the load will read */
     uint64_t b = ar.tokens;
     size_t nh = 0;
     for (size_t g = 0; g < c->ng; g++) {
@@ -734,28 +951,49 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
             kvo__hit_item *it = &r->hit[nh++];
             kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &it->key, 1);
             it->chunk = ch;
-            it->tier = TIER_HOST;
+            it->tier = c->s_tier[off[g] + ch];
+            it->pinned = 0;
             memset(&it->slot, 0, sizeof it->slot);
         }
     }
-    if (nh) {
-        if ((rc = kvo__scratch(c, nh))) return rc;
-        for (size_t i = 0; i < nh; i++) c->s_keys[i] = r->hit[i].key;
-        rc = kvo_store_prepare_load(c->store, c->s_keys, nh, c->s_slots);
+    /* pin the host items */
+    size_t nhost = 0;
+    if ((rc = kvo__scratch(c, nh + 1))) return rc;
+    for (size_t i = 0; i < nh; i++)
+        if (r->hit[i].tier == TIER_HOST) {
+            c->s_keys[nhost] = r->hit[i].key;
+            c->s_chunk[nhost++] = i;
+        }
+    if (nhost) {
+        rc = kvo_store_prepare_load(c->store, c->s_keys, nhost, c->s_slots);
         if (rc == KVO_ENOTFOUND || rc == KVO_EAGAIN) return KVO_EAGAIN;
         if (rc) return rc;
-        for (size_t i = 0; i < nh; i++) r->hit[i].slot = c->s_slots[i];
-        (void)kvo_store_touch(c->store, c->s_keys, nh);
+        for (size_t i = 0; i < nhost; i++) {
+            kvo__hit_item *it = &r->hit[c->s_chunk[i]];
+            it->slot = c->s_slots[i];
+            it->pinned = 1;
+        }
+        (void)kvo_store_touch(c->store, c->s_keys, nhost);
     }
     r->n_hit = nh;
     r->hit_pinned = true;
     r->hit_tokens = b;
     r->hit_local = L;
-    r->hit_host_tokens = b - L;
-    r->hit_file_tokens = 0;
+    r->file_pending = 0;
+    r->file_status = 0;
+    if (nhost < nh) {
+        rc = kvo__start_file_reads(c, r);
+        if (rc) {
+            kvo__unpin_hit(c, r);
+            return rc;
+        }
+        (void)kvo_file_tier_touch(c->file, c->s_fkeys, nh - nhost); /* recency only */
+    }
+    r->hit_file_tokens = kvo__file_tokens(c, r, L, b);
+    r->hit_host_tokens = b - L - r->hit_file_tokens;
     out->status = KVO_HIT;
-    out->tokens_host = b - L;
-    out->tokens_file = 0;
+    out->tokens_host = r->hit_host_tokens;
+    out->tokens_file = r->hit_file_tokens;
     return 0;
 }
 
@@ -779,11 +1017,16 @@ int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, k
         return rc;
     }
     kvo__unpin_hit(c, r);
-    for (int attempt = 0; attempt < 4; attempt++) {
-        rc = kvo__lookup_once(c, r, local_tokens, out);
+    bool use_file = true;
+    for (int attempt = 0; attempt < 6; attempt++) {
+        rc = kvo__lookup_once(c, r, local_tokens, out, use_file);
+        if (rc == KVO__NOFILE) {
+            use_file = false;
+            continue;
+        }
         if (rc != KVO_EAGAIN) break;
     }
-    if (rc == KVO_EAGAIN) { /* kept racing with evictions: report no hit */
+    if (rc == KVO_EAGAIN || rc == KVO__NOFILE) { /* kept racing with evictions: report no hit */
         memset(out, 0, sizeof *out);
         out->local_tokens = out->tokens = out->tokens_if_pending = local_tokens;
         out->limiting_group = -1;
@@ -832,12 +1075,40 @@ static int kvo__ops_cap(kvo_connector *c, size_t n) {
 
 static void kvo__job_register(kvo_connector *c, kvo__req *r, kvo__job *j) {
     kvo__map_entry *e = NULL;
-    /* map_put can only fail on ENOMEM; the job then is simply untracked: its
-     * result is ignored at poll (keys stay pending/pinned).  Avoid that by
-     * growing ahead: the table was sized at creation and grows at half load. */
+    /* map_put fails only on ENOMEM; the job is then untracked and its result
+     * ignored (the table grows at half load, so this is rare) */
     if (kvo__map_put(&c->jobs, j->id, &e) == 0) e->p = j;
     if (r && kvo__grow((void **)&r->jobs, &r->cap_jobs, r->n_jobs + 1, sizeof *r->jobs) == 0)
         r->jobs[r->n_jobs++] = j->id;
+}
+
+/* A LOAD completion for a load that never reached the transfer engine
+ * (file reads failed, submit failed): nothing was written. */
+static void kvo__fail_load_now(kvo_connector *c, kvo__req *r, int status) {
+    kvo_completion cp;
+    memset(&cp, 0, sizeof cp);
+    cp.request = r->id;
+    cp.type = KVO_COMPLETION_LOAD;
+    cp.status = status;
+    cp.tokens_valid = r->hit_local;
+    r->n_invalid = 0;
+    r->st.load_failures++;
+    c->st.load_failures++;
+    kvo__unpin_hit(c, r);
+    r->state = REQ_ACTIVE;
+    (void)kvo__emit(c, &cp);
+}
+
+/* Submit a prepared load job (every item pinned). */
+static int kvo__submit_load(kvo_connector *c, kvo__req *r, kvo__job *j) {
+    int rc = kvo_transfer_submit(c->xfer, KVO_XFER_LOAD, j->ops, j->n_keys, &j->id);
+    if (rc) return rc;
+    kvo__job_register(c, r, j);
+    r->load_job = j->id;
+    r->state = REQ_LOADING;
+    r->hit_pinned = false; /* the job owns the pins now */
+    r->n_hit = 0;
+    return 0;
 }
 
 int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo_block_table *tables,
@@ -870,14 +1141,12 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
     }
     uint64_t L = r->hit_local, b = r->hit_tokens;
     size_t nh = r->n_hit, nblocks = 0;
-    if ((rc = kvo__ops_cap(c, nh + 1))) goto out;
     for (size_t i = 0; i < nh; i++) {
         kvo__hit_item *it = &r->hit[i];
         const kvo_group_plan *gp = kvo_plan_group(c->plan, it->key.group);
         uint64_t lo, hi;
         kvo__need_range(gp, it->chunk, L, b, &lo, &hi);
-        uint64_t tpb = gp->tokens_per_block;
-        uint64_t first = lo / tpb, nb = (hi - lo) / tpb;
+        uint64_t tpb = gp->tokens_per_block, first = lo / tpb, nb = (hi - lo) / tpb;
         const uint64_t *blk = tables[it->key.group].blocks + first;
         for (uint64_t k = 0; k < nb; k++)
             if (blk[k] == KVO_NO_BLOCK) {
@@ -889,31 +1158,41 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
                                 (unsigned long long)((first + k + 1) * tpb));
                 goto out;
             }
-        kvo_xfer_op *op = &c->s_ops[i];
-        op->group = it->key.group;
-        op->first_block = (uint32_t)(first - it->chunk * gp->blocks_per_chunk);
-        op->n_blocks = (uint32_t)nb;
-        op->engine_blocks = blk;
-        op->slot = kvo__slot_ptr(c, it->slot);
-        op->slot_bytes = it->slot.bytes;
         nblocks += nb;
     }
-    kvo__job *j = kvo__calloc(1, sizeof *j + nh * (sizeof(kvo_chunk_key) + sizeof(kvo_slot)) +
-                                     nblocks * sizeof(kvo_block_ref));
+    kvo__job *j = kvo__calloc(1, sizeof *j + nh * (sizeof(kvo_chunk_key) + sizeof(kvo_slot) + sizeof(kvo_xfer_op)) +
+                                     nblocks * (sizeof(kvo_block_ref) + sizeof(uint64_t)));
     if (!j) {
         rc = kvo__error(KVO_ENOMEM, "request %llu: out of memory", (unsigned long long)id);
         goto out;
     }
-    j->keys = (kvo_chunk_key *)(j + 1);
+    j->ops = (kvo_xfer_op *)(j + 1);
+    j->keys = (kvo_chunk_key *)(j->ops + nh);
     j->slots = (kvo_slot *)(j->keys + nh);
-    j->blocks = (kvo_block_ref *)(j->slots + nh);
+    j->eblk = (uint64_t *)(j->slots + nh);
+    j->blocks = (kvo_block_ref *)(j->eblk + nblocks);
     j->n_keys = nh;
     size_t bi = 0;
     for (size_t i = 0; i < nh; i++) {
-        j->keys[i] = r->hit[i].key;
-        j->slots[i] = r->hit[i].slot;
-        for (uint32_t k = 0; k < c->s_ops[i].n_blocks; k++)
-            j->blocks[bi++] = (kvo_block_ref){c->s_ops[i].group, c->s_ops[i].engine_blocks[k]};
+        kvo__hit_item *it = &r->hit[i];
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, it->key.group);
+        uint64_t lo, hi;
+        kvo__need_range(gp, it->chunk, L, b, &lo, &hi);
+        uint64_t tpb = gp->tokens_per_block, first = lo / tpb, nb = (hi - lo) / tpb;
+        kvo_xfer_op *op = &j->ops[i];
+        op->group = it->key.group;
+        op->first_block = (uint32_t)(first - it->chunk * gp->blocks_per_chunk);
+        op->n_blocks = (uint32_t)nb;
+        op->engine_blocks = &j->eblk[bi];
+        op->slot = kvo__slot_ptr(c, it->slot); /* file items: slot reserved at lookup */
+        op->slot_bytes = it->slot.bytes;
+        for (uint64_t k = 0; k < nb; k++) {
+            j->eblk[bi] = tables[it->key.group].blocks[first + k];
+            j->blocks[bi] = (kvo_block_ref){it->key.group, j->eblk[bi]};
+            bi++;
+        }
+        j->keys[i] = it->key;
+        j->slots[i] = it->slot;
     }
     j->n_blocks = bi;
     j->req = id;
@@ -923,18 +1202,18 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
     j->local = L;
     j->host_tokens = r->hit_host_tokens;
     j->file_tokens = r->hit_file_tokens;
-    rc = kvo_transfer_submit(c->xfer, KVO_XFER_LOAD, c->s_ops, nh, &j->id);
-    if (rc) {
-        kvo__job_free(j);
-        goto out;
-    }
-    kvo__job_register(c, r, j);
-    r->load_job = j->id;
-    r->state = REQ_LOADING;
-    r->hit_pinned = false; /* the job owns the pins now */
-    r->n_hit = 0;
     r->st.local_tokens = L;
     c->st.loads++;
+    if (r->file_pending) { /* wait for the file reads; poll submits */
+        r->deferred = j;
+        r->state = REQ_LOADING;
+    } else if (r->file_status) {
+        kvo__job_free(j);
+        kvo__fail_load_now(c, r, r->file_status);
+    } else if ((rc = kvo__submit_load(c, r, j))) {
+        kvo__job_free(j);
+        c->st.loads--;
+    }
 out:
     kvo__unlock(c);
     return rc;
@@ -1185,6 +1464,11 @@ static int kvo__preempt(kvo_connector *c, uint64_t id, bool remove) {
         kvo__unlock(c);
         return kvo__req_missing(id);
     }
+    if (r->deferred) { /* a load still waiting for file reads: never submitted */
+        kvo__job_free(r->deferred);
+        r->deferred = NULL;
+        c->st.loads--;
+    }
     kvo__unpin_hit(c, r);
     if (r->load_job) {
         (void)kvo_transfer_cancel(c->xfer, r->load_job); /* 0 or already running */
@@ -1293,6 +1577,15 @@ static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_
                 c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] = kvo__slot_sum(c, &j->keys[i], j->slots[i]);
         c->st.chunks_stored += j->n_keys;
         c->st.bytes_stored += res->bytes;
+        if (c->file) { /* write-through: the tier copies the bytes before returning */
+            const void *srcs[64];
+            for (size_t i = 0; i < j->n_keys; i += 64) {
+                size_t m = j->n_keys - i < 64 ? j->n_keys - i : 64, nq = 0;
+                for (size_t k = 0; k < m; k++) srcs[k] = kvo__slot_ptr(c, j->slots[i + k]);
+                if (kvo_file_tier_write(c->file, j->keys + i, srcs, m, NULL, NULL, &nq) == 0)
+                    c->st.file_writes += nq;
+            }
+        }
         if (r) {
             r->st.chunks_stored += j->n_keys;
             r->st.bytes_stored += res->bytes;
@@ -1394,9 +1687,58 @@ static void kvo__process_results(kvo_connector *c) {
     }
 }
 
+/* A file read into a host slot finished. */
+static void kvo__finish_read(kvo_connector *c, const kvo_file_completion *fc) {
+    kvo__map_entry *e = kvo__map_get(&c->reads, fc->user_data);
+    if (!e) return;
+    kvo__read *rd = e->p;
+    kvo__map_del(&c->reads, e);
+    bool ok = fc->result == 0;
+    (void)kvo_store_complete_store(c->store, &rd->key, 1, ok);
+    if (ok) {
+        c->st.file_reads++;
+        if (c->sums) c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__slot_sum(c, &rd->key, rd->slot);
+    } else {
+        c->st.file_read_failures++;
+    }
+    kvo__req *r = kvo__req_get(c, rd->req);
+    if (r && r->gen == rd->gen && r->hit_pinned && rd->item < r->n_hit &&
+        kvo_chunk_key_eq(&r->hit[rd->item].key, &rd->key)) {
+        kvo__hit_item *it = &r->hit[rd->item];
+        if (ok) {
+            kvo_slot sl;
+            if (kvo_store_prepare_load(c->store, &rd->key, 1, &sl) == 0 && sl.offset == rd->slot.offset)
+                it->pinned = 1;
+            else
+                ok = false;
+        }
+        if (!ok && !r->file_status) r->file_status = fc->result ? fc->result : KVO_EIO;
+        if (r->file_pending) r->file_pending--;
+        if (r->file_pending == 0 && r->deferred) {
+            kvo__job *j = r->deferred;
+            r->deferred = NULL;
+            if (r->file_status) {
+                kvo__job_free(j);
+                kvo__fail_load_now(c, r, r->file_status);
+            } else if (kvo__submit_load(c, r, j)) {
+                kvo__job_free(j);
+                kvo__fail_load_now(c, r, KVO_EAGAIN);
+            }
+        }
+    }
+    kvo__free(rd);
+}
+
 size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap) {
     if (!c) return 0;
     kvo__lock(c);
+    if (c->file) { /* the connector consumes the tier's completions */
+        kvo_file_completion fc[32];
+        size_t n;
+        while ((n = kvo_file_tier_poll(c->file, fc, 32)) > 0)
+            for (size_t i = 0; i < n; i++)
+                if (fc[i].op == KVO_FILE_OP_READ) kvo__finish_read(c, &fc[i]);
+    }
     kvo__process_results(c);
     size_t n = 0;
     while (out && n < cap && c->cq_n) {
