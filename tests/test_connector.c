@@ -891,3 +891,50 @@ KVO_TEST(threads_scheduler_and_poller) {
     ASSERT_EQ_U64(st.host.pinned, 0);
     sim_destroy(&s);
 }
+
+/* A host tier full of chunks pinned by a pending load: new stores that would
+ * need to evict them are skipped and counted, and the pinned hit still loads
+ * the right bytes. */
+KVO_TEST(stores_skip_rather_than_evict_pinned) {
+    kvo_connector_params cp = kvo_connector_default_params();
+    cp.host_bytes = 48 * 4096; /* 48 slots of 4 KiB */
+    sim s;
+    sim_init(&s, two_group_plan(), &cp, 1024);
+    uint32_t tok[400], other[400];
+    fill_tokens(tok, 400, 20);
+    fill_tokens(other, 400, 21);
+    sim_req a, b, c2;
+    prefill(&s, &a, 1, tok, 400, true); /* 12 + 25 = 37 chunks */
+    ASSERT_OK(kvo_connector_abort(s.c, 1));
+    sim_req_free(&s, &a);
+    /* pin the hit (15 chunks), then store another 37 chunks */
+    sim_req_init(&b, 2);
+    sim_req_tokens(&b, tok, 400);
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 2, .tokens = tok, .n_tokens = 400}));
+    kvo_lookup_result lr;
+    ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
+    ASSERT_EQ_U64(lr.tokens, 384);
+    prefill(&s, &c2, 3, other, 400, true);
+    kvo_connector_stats st;
+    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
+    ASSERT_GT_U64(st.stores_skipped_nospace, 0);
+    ASSERT_GE_U64(st.host.pinned, 15);
+    kvo_request_stats rs;
+    ASSERT_OK(kvo_connector_request_stats(s.c, 3, &rs));
+    ASSERT_EQ_U64(rs.stores_skipped, st.stores_skipped_nospace);
+    ASSERT_OK(kvo_connector_abort(s.c, 3));
+    sim_req_free(&s, &c2);
+    alloc_for_load(&s, &b, 0, 384);
+    kvo_block_table t[SIM_MAXG];
+    sim_tables(&s, &b, t);
+    ASSERT_OK(kvo_connector_load(s.c, 2, 384, t, 2));
+    kvo_completion cpl = sim_wait_completion(&s, 2, KVO_COMPLETION_LOAD);
+    ASSERT_EQ_INT(cpl.status, 0);
+    check_loaded(&s, &b, 384);
+    ASSERT_OK(kvo_connector_abort(s.c, 2));
+    sim_req_free(&s, &b);
+    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
+    ASSERT_EQ_U64(st.host.pinned, 0);
+    ASSERT_GT_U64(st.host.evictions, 0);
+    sim_destroy(&s);
+}

@@ -312,7 +312,8 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
 /** The engine has written KV for tokens [0, computed_tokens) into the blocks of
  *  tables (computed_tokens never decreases, except after preempt).  Stores
  *  every chunk that became complete (and is wanted: see sliding_store) and
- *  whose blocks the table holds; chunks already stored are skipped.  Stores
+ *  whose blocks the table holds; chunks already stored are skipped.  A hit
+ *  pinned by lookup and not loaded is released (the engine computes).  Stores
  *  that would need to evict pinned or pending data are skipped and counted.
  *  The engine must not modify or free a block in such a store before
  *  wait_blocks / wait_request / a RELEASED completion says so.

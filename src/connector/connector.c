@@ -1382,6 +1382,7 @@ int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens
     kvo__req *r = kvo__req_get(c, id);
     int rc = kvo__check_update(c, r, id, computed_tokens, tables, n_tables);
     if (!rc) {
+        kvo__unpin_hit(c, r); /* computing instead of loading: the hit is not needed */
         if (computed_tokens > r->computed) r->computed = computed_tokens;
         kvo__issue_stores(c, r, tables, computed_tokens);
     }
