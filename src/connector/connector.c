@@ -1073,13 +1073,24 @@ static int kvo__ops_cap(kvo_connector *c, size_t n) {
     return kvo__grow((void **)&c->s_ops, &c->s_ops_cap, n, sizeof *c->s_ops);
 }
 
+/* Make room, before a submit, for tracking one more job of r reading or
+ * writing n_blocks engine blocks, so that registering it cannot fail. */
+static int kvo__job_reserve(kvo_connector *c, kvo__req *r, size_t n_blocks) {
+    int rc = kvo__map_reserve(&c->jobs, 1);
+    if (!rc) rc = kvo__map_reserve(&c->blocks, n_blocks);
+    if (!rc) rc = kvo__grow((void **)&r->jobs, &r->cap_jobs, r->n_jobs + 1, sizeof *r->jobs);
+    return rc;
+}
+
+/* Track a submitted job (room reserved by kvo__job_reserve: cannot fail). */
 static void kvo__job_register(kvo_connector *c, kvo__req *r, kvo__job *j) {
     kvo__map_entry *e = NULL;
-    /* map_put fails only on ENOMEM; the job is then untracked and its result
-     * ignored (the table grows at half load, so this is rare) */
-    if (kvo__map_put(&c->jobs, j->id, &e) == 0) e->p = j;
-    if (r && kvo__grow((void **)&r->jobs, &r->cap_jobs, r->n_jobs + 1, sizeof *r->jobs) == 0)
-        r->jobs[r->n_jobs++] = j->id;
+    int rc = kvo__map_put(&c->jobs, j->id, &e);
+    assert(rc == 0);
+    (void)rc;
+    e->p = j;
+    assert(r->n_jobs < r->cap_jobs);
+    r->jobs[r->n_jobs++] = j->id;
 }
 
 /* A LOAD completion for a load that never reached the transfer engine
@@ -1101,7 +1112,8 @@ static void kvo__fail_load_now(kvo_connector *c, kvo__req *r, int status) {
 
 /* Submit a prepared load job (every item pinned). */
 static int kvo__submit_load(kvo_connector *c, kvo__req *r, kvo__job *j) {
-    int rc = kvo_transfer_submit(c->xfer, KVO_XFER_LOAD, j->ops, j->n_keys, &j->id);
+    int rc = kvo__job_reserve(c, r, 0);
+    if (!rc) rc = kvo_transfer_submit(c->xfer, KVO_XFER_LOAD, j->ops, j->n_keys, &j->id);
     if (rc) return rc;
     kvo__job_register(c, r, j);
     r->load_job = j->id;
@@ -1311,7 +1323,8 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
         j->req = r->id;
         j->gen = r->gen;
         j->dir = KVO_XFER_STORE;
-        rc = kvo_transfer_submit(c->xfer, KVO_XFER_STORE, c->s_ops, m, &j->id);
+        rc = kvo__job_reserve(c, r, bi);
+        if (!rc) rc = kvo_transfer_submit(c->xfer, KVO_XFER_STORE, c->s_ops, m, &j->id);
     } else {
         rc = KVO_ENOMEM;
     }
@@ -1325,10 +1338,11 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
     kvo__job_register(c, r, j);
     for (size_t i = 0; i < j->n_blocks; i++) {
         kvo__map_entry *e = NULL;
-        if (kvo__map_put(&c->blocks, kvo__block_key(j->blocks[i].group, j->blocks[i].block), &e) >= 0) {
-            e->a++;
-            e->b = j->id;
-        }
+        int prc = kvo__map_put(&c->blocks, kvo__block_key(j->blocks[i].group, j->blocks[i].block), &e);
+        assert(prc >= 0); /* room reserved */
+        (void)prc;
+        e->a++;
+        e->b = j->id;
     }
 }
 

@@ -28,6 +28,8 @@ kvo__map_entry *kvo__map_get(const kvo__map *m, uint64_t key);
 /* Insert key (values zeroed) or find it: 0 inserted, 1 existed, <0 error. */
 int kvo__map_put(kvo__map *m, uint64_t key, kvo__map_entry **out);
 void kvo__map_del(kvo__map *m, kvo__map_entry *e);
+/* Grow so that `extra` more inserts cannot fail (nor grow). */
+int kvo__map_reserve(kvo__map *m, size_t extra);
 
 /* ---- test hooks (connector.c) ---- */
 /* The next n load jobs of c complete as failed (KVO_EIO) whatever the copy

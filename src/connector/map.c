@@ -61,6 +61,14 @@ static int kvo__map_grow(kvo__map *m) {
     return 0;
 }
 
+int kvo__map_reserve(kvo__map *m, size_t extra) {
+    while ((m->n + extra + 1) * 2 > m->cap) {
+        int rc = kvo__map_grow(m);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 int kvo__map_put(kvo__map *m, uint64_t key, kvo__map_entry **out) {
     kvo__map_entry *e = kvo__map_get(m, key);
     if (e) {
