@@ -974,3 +974,56 @@ KVO_TEST(checkpoint_interval_serves_divergent_prompts) {
         sim_destroy(&s);
     }
 }
+
+/* The connector's hash map against a direct-indexed reference: random puts,
+ * gets and deletes (backward-shift deletion keeps every key reachable). */
+KVO_TEST(map_matches_reference) {
+    enum { K = 3000 };
+    static uint64_t ref[K];
+    static bool have[K];
+    memset(have, 0, sizeof have);
+    kvo__map m;
+    ASSERT_OK(kvo__map_init(&m, 4));
+    size_t n = 0;
+    for (int op = 0; op < 200000; op++) {
+        uint64_t k = kvo_test_rand() % K;
+        uint64_t key = k * 64 + (k % 7); /* clustered keys like block ids */
+        int what = (int)(kvo_test_rand() % 3);
+        if (what == 0) {
+            kvo__map_entry *e = NULL;
+            int rc = kvo__map_put(&m, key, &e);
+            ASSERT_EQ_INT(rc, have[k] ? 1 : 0);
+            if (!have[k]) n++;
+            have[k] = true;
+            e->a = ref[k] = kvo_test_rand();
+        } else if (what == 1) {
+            kvo__map_entry *e = kvo__map_get(&m, key);
+            if (have[k]) {
+                ASSERT_NOT_NULL(e);
+                ASSERT_EQ_U64(e->a, ref[k]);
+                kvo__map_del(&m, e);
+                have[k] = false;
+                n--;
+            } else {
+                ASSERT_NULL(e);
+            }
+        } else {
+            kvo__map_entry *e = kvo__map_get(&m, key);
+            ASSERT_EQ_INT(e != NULL, have[k]);
+            if (e) ASSERT_EQ_U64(e->a, ref[k]);
+        }
+        ASSERT_EQ_U64(m.n, n);
+    }
+    for (uint64_t k = 0; k < K; k++) {
+        kvo__map_entry *e = kvo__map_get(&m, k * 64 + (k % 7));
+        ASSERT_EQ_INT(e != NULL, have[k]);
+    }
+    ASSERT_OK(kvo__map_reserve(&m, 1000));
+    size_t cap = m.cap;
+    for (uint64_t k = 0; k < 1000; k++) {
+        kvo__map_entry *e;
+        ASSERT_GE_INT(kvo__map_put(&m, UINT64_C(1) << 40 | k, &e), 0);
+    }
+    ASSERT_EQ_U64(m.cap, cap); /* reserved room: no growth */
+    kvo__map_free(&m);
+}
