@@ -282,8 +282,8 @@ typedef struct kvo_lookup_result {
  *  (file -> host); a load issued before the reads finish waits for them (its
  *  completion comes later; a failed read fails the load with tokens_valid =
  *  local_tokens and nothing written).
- *  Errors: KVO_ENOTFOUND (id), KVO_ESTATE (request loading, running or
- *  finished), KVO_EINVAL (local_tokens not a multiple of the step or beyond
+ *  Errors: KVO_ENOTFOUND (id), KVO_ESTATE (a load of the request in flight,
+ *  or finished), KVO_EINVAL (local_tokens not a multiple of the step or beyond
  *  the sequence). */
 int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, kvo_lookup_result *out);
 
