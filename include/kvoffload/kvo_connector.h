@@ -276,7 +276,7 @@ typedef struct kvo_lookup_result {
  *  preemption everything appended so far) can be loaded, agreed by every
  *  group.  local_tokens: the prefix the engine already holds (its own prefix
  *  cache hit), a multiple of the step.  A hit (status KVO_HIT) pins its
- *  chunks until load(), the next lookup, preempt, finish or abort, so that
+ *  chunks until load(), the next lookup, update, preempt, finish or abort, so that
  *  the load cannot miss.  A PENDING result pins nothing.  A hit on chunks
  *  that only the file tier holds starts reading them into host slots at once
  *  (file -> host); a load issued before the reads finish waits for them (its
