@@ -463,9 +463,21 @@ KVO_TEST(corrupt_slot_is_detected_never_loaded) {
     ASSERT_OK(kvo_connector_get_stats(s.c, &cs));
     ASSERT_EQ_U64(cs.checksum_failures, 1);
     ASSERT_EQ_U64(cs.host.pinned, 0);
-    /* the corrupt chunk is gone: the next lookup stops below it */
+    /* the corrupt chunk (only it) is gone: the next lookup stops right below
+     * it (the keys are recomputed here from the documented format) */
+    kvo_u128 units[25];
+    size_t nu = 0;
+    ASSERT_OK(kvo_hash_tokens(kvo_keys_namespace(kvo_plan_fingerprint(s.plan), NULL, 0), tok, 400, 16, NULL, 0,
+                              units, 25, &nu));
+    kvo_chunk_key keys[12];
+    ASSERT_EQ_U64(kvo_chunk_keys(kvo_plan_group(s.plan, 0), units, nu, keys, 12), 12);
+    size_t vc = 12;
+    for (size_t i = 0; i < 12; i++)
+        if (kvo_chunk_key_eq(&keys[i], &ents[victim].key)) vc = i;
+    ASSERT_LT_U64(vc, 12);
     kvo_lookup_result lr;
     ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
+    ASSERT_EQ_U64(lr.tokens, vc * 32);
     ASSERT_LT_U64(lr.tokens, hit);
     ASSERT_OK(kvo_connector_abort(s.c, 2));
     sim_req_free(&s, &b);

@@ -1620,21 +1620,17 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         c->inject_load_fail--;
         status = KVO_EIO;
     }
+    (void)kvo_store_complete_load(c->store, j->keys, j->n_keys);
     if (status == 0 && c->sums)
         for (size_t i = 0; i < j->n_keys; i++)
             if (c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] != kvo__slot_sum(c, &j->keys[i], j->slots[i])) {
+                /* a corrupt chunk must not be hit again: drop its entry
+                 * (fails with KVO_EBUSY if another load pinned it; that
+                 * load's own check catches it) */
                 status = KVO_ECORRUPT;
                 c->st.checksum_failures++;
-                break;
+                (void)kvo_store_remove(c->store, &j->keys[i], 1);
             }
-    if (status != 0) {
-        /* a corrupt slot must not be hit again: drop its entry (pinned by us
-         * now, so remove after unpinning) */
-        (void)kvo_store_complete_load(c->store, j->keys, j->n_keys);
-        if (status == KVO_ECORRUPT) (void)kvo_store_remove(c->store, j->keys, j->n_keys);
-    } else {
-        (void)kvo_store_complete_load(c->store, j->keys, j->n_keys);
-    }
     if (!r || r->gen != j->gen || r->load_job != j->id) return; /* preempted or aborted */
     r->load_job = 0;
     r->state = REQ_ACTIVE;
