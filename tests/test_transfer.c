@@ -1308,3 +1308,84 @@ KVO_TEST(huge_pages_split_into_parts) {
     free(slot);
     kvo_plan_destroy(p);
 }
+
+KVO_TEST(dependency_table_many_resources) {
+    /* Three jobs of 4000 blocks each, all queued before any runs (the table
+     * grows past its first size and later shrinks entry by entry): store
+     * engine -> slots A (block order P), load slots A -> engine (order Q),
+     * store engine -> slots B (order P); engine and B are checked against a
+     * model computed here. */
+    enum { NB = 4000, BPC = 100, PAGE = 72, NC = NB / BPC };
+    kvo_model *m;
+    ASSERT_OK(kvo_model_create("many", 16, &m));
+    kvo_group_desc d = kvo_group_desc_default();
+    snprintf(d.name, sizeof d.name, "g");
+    d.tokens_per_block = 16;
+    d.layers = 1;
+    d.page_bytes = PAGE;
+    ASSERT_OK(kvo_model_add_group(m, &d));
+    kvo_plan_params pp = kvo_plan_default_params();
+    pp.blocks_per_chunk = BPC;
+    kvo_plan *p;
+    ASSERT_OK(kvo_plan_create(m, &pp, &p));
+    kvo_model_destroy(m);
+    const kvo_group_plan *gp = kvo_plan_group(p, 0);
+    unsigned char *eng = malloc(NB * PAGE), *orig = malloc(NB * PAGE);
+    unsigned char *A = malloc(NC * gp->slot_bytes), *B = malloc(NC * gp->slot_bytes);
+    fill_random(eng, NB * PAGE);
+    memcpy(orig, eng, NB * PAGE);
+    uint64_t *P = malloc(sizeof(uint64_t) * NB), *Q = malloc(sizeof(uint64_t) * NB);
+    for (uint64_t i = 0; i < NB; i++) P[i] = Q[i] = i;
+    for (uint64_t i = NB - 1; i > 0; i--) {
+        uint64_t k = kvo_test_rand() % (i + 1), x = P[i];
+        P[i] = P[k];
+        P[k] = x;
+        k = kvo_test_rand() % (i + 1);
+        x = Q[i];
+        Q[i] = Q[k];
+        Q[k] = x;
+    }
+    kvo_segment seg = {0, eng, NB, PAGE, PAGE};
+    kvo_transfer_params tp = kvo_transfer_default_params();
+    tp.plan = p;
+    tp.threads = 2;
+    kvo_transfer *t;
+    ASSERT_OK(kvo_transfer_create(&tp, &t));
+    ASSERT_OK(kvo_transfer_set_layout(t, &seg, 1));
+    kvo__transfer_pause(t, true);
+    kvo_xfer_op ops[3][NC];
+    for (int c = 0; c < NC; c++) {
+        ops[0][c] = (kvo_xfer_op){0, 0, BPC, P + c * BPC, A + c * gp->slot_bytes, gp->slot_bytes};
+        ops[1][c] = (kvo_xfer_op){0, 0, BPC, Q + c * BPC, A + c * gp->slot_bytes, gp->slot_bytes};
+        ops[2][c] = (kvo_xfer_op){0, 0, BPC, P + c * BPC, B + c * gp->slot_bytes, gp->slot_bytes};
+    }
+    uint64_t ids[3];
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, ops[0], NC, &ids[0]));
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_LOAD, ops[1], NC, &ids[1]));
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, ops[2], NC, &ids[2]));
+    kvo__transfer_pause(t, false);
+    ASSERT_OK(kvo_transfer_wait(t, ids, 3, -1));
+    /* Model: A[i] = orig[P[i]]; eng[Q[i]] = A[i]; B[i] = eng[P[i]]. */
+    unsigned char *model = malloc(NB * PAGE);
+    memcpy(model, orig, NB * PAGE);
+    for (uint64_t i = 0; i < NB; i++) memcpy(model + Q[i] * PAGE, orig + P[i] * PAGE, PAGE);
+    ASSERT_MEM_EQ(eng, model, NB * PAGE);
+    for (uint64_t i = 0; i < NB; i++) {
+        uint64_t c = i / BPC, b = i % BPC;
+        ASSERT_MEM_EQ(B + c * gp->slot_bytes + b * PAGE, model + P[i] * PAGE, PAGE);
+    }
+    kvo_xfer_result r[3];
+    size_t n;
+    ASSERT_OK(kvo_transfer_poll(t, r, 3, &n));
+    ASSERT_EQ_U64(n, 3);
+    for (int i = 0; i < 3; i++) ASSERT_EQ_INT(r[i].status, 0);
+    kvo_transfer_destroy(t);
+    free(model);
+    free(P);
+    free(Q);
+    free(A);
+    free(B);
+    free(eng);
+    free(orig);
+    kvo_plan_destroy(p);
+}
