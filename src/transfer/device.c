@@ -77,15 +77,20 @@ const kvo__xfer_device_ops kvo__xfer_device_host = {
     .nontemporal = kvo__host_nontemporal,
 };
 
-/* Devices defined by optional sources (absent: the address is NULL). */
+/* Devices defined by optional sources (absent: the address is NULL).  "test"
+ * is defined only by test programs (tests/test_transfer_device.c), which
+ * shows that a device plugs in from outside this file's core. */
 extern const kvo__xfer_device_ops kvo__xfer_device_cuda __attribute__((weak));
+extern const kvo__xfer_device_ops kvo__xfer_device_test __attribute__((weak));
 
 const kvo__xfer_device_ops *kvo__xfer_device_find(const char *name) {
     if (!name || !strcmp(name, "host")) return &kvo__xfer_device_host;
     if (!strcmp(name, "cuda") && &kvo__xfer_device_cuda) return &kvo__xfer_device_cuda;
+    if (!strcmp(name, "test") && &kvo__xfer_device_test) return &kvo__xfer_device_test;
     return NULL;
 }
 
 const char *kvo__xfer_device_names(void) {
-    return &kvo__xfer_device_cuda ? "host, cuda" : "host";
+    if (&kvo__xfer_device_cuda) return &kvo__xfer_device_test ? "host, cuda, test" : "host, cuda";
+    return &kvo__xfer_device_test ? "host, test" : "host";
 }
