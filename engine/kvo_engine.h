@@ -113,6 +113,7 @@ typedef struct kvo_eng_request {
 
 /** A running request as an offload hook sees it. */
 typedef struct kvo_eng_req kvo_eng_req;
+typedef struct kvo_eng_result kvo_eng_result;
 uint64_t kvo_eng_req_id(const kvo_eng_req *r);
 /** The request's token ids so far (prompt, then generated). */
 const uint32_t *kvo_eng_req_tokens(const kvo_eng_req *r, uint32_t *n);
@@ -124,6 +125,8 @@ uint32_t kvo_eng_req_prompt_len(const kvo_eng_req *r);
 const uint64_t *kvo_eng_req_blocks(const kvo_eng_req *r, uint32_t g, uint32_t *n);
 /** Tokens whose KV is valid in the engine. */
 uint32_t kvo_eng_req_computed(const kvo_eng_req *r);
+/** The request's result record (hooks may fill the offload fields). */
+kvo_eng_result *kvo_eng_req_result(kvo_eng_req *r);
 
 /* Offload hooks: what a scheduler calls to reuse prefixes through an external
  * cache (the kvoffload connector).  All optional except lookup.  Called on the
@@ -154,7 +157,7 @@ typedef struct kvo_eng_offload {
     void (*progress)(void *ctx);
 } kvo_eng_offload;
 
-typedef struct kvo_eng_result {
+struct kvo_eng_result {
     uint64_t id;
     uint32_t prompt_len;
     uint32_t n_gen;
@@ -164,10 +167,13 @@ typedef struct kvo_eng_result {
     uint32_t tokens_local;     /* prompt tokens reused from engine blocks */
     uint32_t tokens_loaded;    /* prompt tokens loaded through offload */
     uint32_t tokens_computed;  /* prompt tokens computed */
+    uint32_t tokens_loaded_file; /* of tokens_loaded: some chunk came from the file tier */
     uint32_t load_failures;    /* loads that fell back to recompute */
+    uint64_t bytes_loaded;     /* offload bytes copied in / out for this request */
+    uint64_t bytes_stored;
     double ttft_s;             /* admission to first token */
     double e2e_s;              /* admission to last token */
-} kvo_eng_result;
+};
 
 typedef struct kvo_eng_run_params {
     uint32_t max_running;       /* concurrent requests; default 4 */

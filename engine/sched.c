@@ -79,6 +79,7 @@ const uint32_t *kvo_eng_req_tokens(const kvo_eng_req *r, uint32_t *n) {
 }
 uint32_t kvo_eng_req_prompt_len(const kvo_eng_req *r) { return r->prompt; }
 uint32_t kvo_eng_req_computed(const kvo_eng_req *r) { return r->computed; }
+kvo_eng_result *kvo_eng_req_result(kvo_eng_req *r) { return r->res; }
 const uint64_t *kvo_eng_req_blocks(const kvo_eng_req *r, uint32_t g, uint32_t *n) {
     if (g >= r->e->cfg.n_groups) {
         if (n) *n = 0;
@@ -332,22 +333,27 @@ static void kvo__finish_load(kvo_eng_req *r, uint32_t valid) {
     r->st = ST_PREFILL;
 }
 
-/* Allocate the blocks a hit of [local, hit) fills. */
+/* Allocate the blocks a hit of [local, hit) fills: full groups every block,
+ * sliding groups those holding tokens [hit - window, hit) (one token more
+ * than token `hit` attends to: the connector's rule), state groups the
+ * snapshot block ending at hit. */
 static int kvo__alloc_hit(kvo_eng_req *r) {
     kvo_eng *e = r->e;
     for (uint32_t g = 0; g < e->cfg.n_groups; g++) {
         kvo__eng_pool *p = &e->pools[g];
-        uint32_t lo = kvo__need_lo(p, r->hit), n = (r->hit + p->tpb - 1) / p->tpb;
-        if (p->kind == KVO_GROUP_STATE) n = r->hit / p->tpb;
-        if (lo < r->local / p->tpb && p->kind != KVO_GROUP_STATE) lo = r->local / p->tpb;
+        uint32_t lo = 0, n = (r->hit + p->tpb - 1) / p->tpb;
+        if (p->kind == KVO_GROUP_STATE) {
+            n = r->hit / p->tpb;
+            lo = n ? n - 1 : 0;
+        } else if (p->kind == KVO_GROUP_SLIDING) {
+            lo = r->hit > p->window ? (r->hit - p->window) / p->tpb : 0;
+            /* local blocks below the loaded range are no longer needed */
+            for (; r->live_lo[g] < lo; r->live_lo[g]++) kvo__release_entry(r, g, r->live_lo[g], NULL);
+        }
+        if (p->kind != KVO_GROUP_STATE && lo < r->local / p->tpb) lo = r->local / p->tpb;
         for (uint32_t j = lo; j < n; j++) {
             int rc = kvo__ensure_block(r, g, j);
             if (rc) return rc;
-        }
-        /* sliding: blocks of the local hit now out of the window */
-        if (p->kind == KVO_GROUP_SLIDING) {
-            uint32_t need = kvo__need_lo(p, r->hit);
-            for (; r->live_lo[g] < need; r->live_lo[g]++) kvo__release_entry(r, g, r->live_lo[g], NULL);
         }
     }
     r->span = r->hit;
