@@ -1,6 +1,310 @@
-/* kvoffload file tier: persistent chunk store on local or shared storage.
- * (Filled in by the file-tier work; see issue "File tier".) */
+/*
+ * kvoffload file tier: a persistent, crash-safe, capacity-bounded chunk store
+ * on a local or shared file system.
+ *
+ * What it is
+ *  - A directory tree under `root`: one namespace directory per layout
+ *    fingerprint (root/<fingerprint hex>/), holding a readable manifest.json
+ *    (format version, model, groups, chunking) and one file per chunk key,
+ *    fanned out in 256 subdirectories.  Layouts that store different bytes
+ *    never share files.  docs/file-format.md gives the exact byte format.
+ *  - Each file: a 4096-byte header (magic, format version, key, group, the
+ *    group's chunk geometry, layout fingerprint, payload length, XXH3-64 of the
+ *    payload, a header checksum) followed by the payload (the chunk's bytes in
+ *    the canonical slot format, docs/slot-format.md) padded to 4096 so that it
+ *    can be read and written with O_DIRECT.
+ *  - Writes go to a temporary file (O_EXCL, name with host, pid and counter)
+ *    that is renamed into place: a reader sees a complete file or none, also
+ *    after a SIGKILL or a crash.  Every read verifies header, size, key,
+ *    geometry and checksum; a file that fails is counted, removed and reported
+ *    as a miss: its bytes are never delivered as valid.
+ *  - A byte quota, kept with a kvo_store (capacity = quota) whose slots are
+ *    only accounting; its eviction policies (LRU, ARC, S3-FIFO) choose the
+ *    files to delete.  At create the namespace is scanned and the index
+ *    rebuilt, so a restarted process hits the chunks written before.
+ *
+ * Tiering (the caller's choice, typically the connector's)
+ *  - write-through: call kvo_file_tier_write right after storing a chunk in
+ *    the host tier;
+ *  - write-back: call it with the host slot of a chunk that the host store
+ *    evicts (kvo_store_prepare_store's evicted list), before that slot is
+ *    reused.  kvo_file_tier_write copies the bytes into the tier's own staging
+ *    memory before it returns, so the host slot may be reused immediately.
+ *  A load that misses the host tier: kvo_file_tier_lookup, then
+ *  kvo_file_tier_read into a host slot, then the transfer engine to the engine.
+ *
+ * Asynchrony and completion
+ *  - write and read queue operations and return at once.  Each queued read,
+ *    and each queued write when params.write_completions is set, produces
+ *    exactly one kvo_file_completion, collected with kvo_file_tier_poll.
+ *    kvo_file_tier_event_fd is readable while completions wait.
+ *  - Back-pressure: a write is dropped (counted, result KVO_EAGAIN) instead
+ *    of stalling the caller when the queue holds max_pending_writes writes,
+ *    when staging memory (max_staging_bytes) is used up, or while the recent
+ *    write latency is above write_latency_limit_ms.
+ *  - Failures of the file system (ENOSPC, EIO, EDQUOT, EROFS...) never crash
+ *    and never stall: the write is dropped with a counter and a rate-limited
+ *    line on stderr (at most one per log_interval_s per kind).
+ *
+ * Sharing between processes
+ *  - Several processes (on one machine, or on a shared file system) may use
+ *    one root.  Concurrent writers of one key are safe (rename is atomic; the
+ *    last one wins, and both wrote the same bytes).  A file removed by another
+ *    process during a read gives either a miss or the right bytes (the read
+ *    goes through an open descriptor).  Each process keeps its own index and
+ *    quota; with params.shared set, an index miss also probes the file system
+ *    so chunks written by other processes since the scan are found.
+ *
+ * Thread rule: every function may be called from any thread, concurrently,
+ * except kvo_file_tier_destroy (no other call in progress on that tier).  No
+ * lock is held while calling user code (there is none) or doing file I/O on
+ * the caller's thread.
+ */
 #ifndef KVOFFLOAD_KVO_FILE_TIER_H
 #define KVOFFLOAD_KVO_FILE_TIER_H
+
 #include "kvo_store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The on-disk format version written and accepted by this library. */
+#define KVO_FILE_FORMAT_VERSION 1u
+/** Bytes of the header before each file's payload; payload alignment. */
+#define KVO_FILE_HEADER_BYTES 4096u
+
+typedef enum kvo_file_io_kind {
+    KVO_FILE_IO_AUTO = 0,     /* io_uring when built and working, else threads */
+    KVO_FILE_IO_URING = 1,    /* io_uring or fail at create (KVO_ENOTSUP) */
+    KVO_FILE_IO_THREADS = 2   /* a pool of threads doing pread/pwrite */
+} kvo_file_io_kind;
+
+typedef enum kvo_file_direct_mode {
+    KVO_FILE_DIRECT_AUTO = 0, /* O_DIRECT when a probe at create shows it works */
+    KVO_FILE_DIRECT_ON = 1,   /* O_DIRECT or fail at create (KVO_ENOTSUP) */
+    KVO_FILE_DIRECT_OFF = 2   /* buffered I/O */
+} kvo_file_direct_mode;
+
+typedef enum kvo_file_fsync_policy {
+    KVO_FILE_FSYNC_NONE = 0,  /* no fsync: a power loss may lose recent files
+                                 (never yields a torn file that verifies) */
+    KVO_FILE_FSYNC_DATA = 1,  /* fdatasync each file before its rename */
+    KVO_FILE_FSYNC_FULL = 2   /* fdatasync file, rename, fsync the directory */
+} kvo_file_fsync_policy;
+
+/** "auto"/"uring"/"threads"; "none"/"data"/"full". */
+const char *kvo_file_io_name(kvo_file_io_kind k);
+const char *kvo_file_fsync_name(kvo_file_fsync_policy p);
+
+typedef struct kvo_file_tier_params {
+    const char *root;              /* required; created if missing (copied) */
+    const kvo_plan *plan;          /* required; must outlive the tier */
+    uint64_t quota_bytes;          /* required: bytes of payload slots kept
+                                      (each file adds a 4 KiB header, not
+                                      counted); >= the largest slot_bytes */
+    kvo_policy_kind policy;        /* eviction policy; default LRU */
+    kvo_file_fsync_policy fsync;   /* default KVO_FILE_FSYNC_NONE */
+    kvo_file_io_kind io;           /* default AUTO */
+    kvo_file_direct_mode direct;   /* default AUTO */
+    uint32_t io_threads;           /* thread backend: threads; default 2 */
+    uint32_t queue_depth;          /* I/O operations in flight at once
+                                      (io_uring SQ depth); default 16 */
+    uint32_t max_pending_writes;   /* queued + running writes; default 64 */
+    uint64_t max_staging_bytes;    /* staging memory for queued writes
+                                      (allocated on demand, then reused);
+                                      default 256 MiB, at least one chunk */
+    uint32_t write_latency_limit_ms; /* drop new writes while the recent write
+                                      latency (queue wait + I/O, moving
+                                      average) is above this; 0 = off
+                                      (default) */
+    bool write_completions;        /* report a completion per queued write;
+                                      default false (use flush/stats) */
+    bool shared;                   /* other processes write to this root: an
+                                      index miss probes the file system (one
+                                      stat per missed key); default false */
+    bool scan;                     /* rebuild the index from the files at
+                                      create; default true */
+    uint32_t log_interval_s;       /* minimum seconds between two log lines of
+                                      one kind (ENOSPC, EIO, corrupt...);
+                                      default 10 */
+} kvo_file_tier_params;
+
+kvo_file_tier_params kvo_file_tier_default_params(void);
+
+typedef struct kvo_file_tier kvo_file_tier;
+
+/** Create a tier: make root and the namespace directory, write or check the
+ *  manifest, probe O_DIRECT and io_uring, scan the namespace (when
+ *  params.scan) and start the I/O workers.  Files found beyond the quota are
+ *  evicted (deleted); stale temporary files of dead writers are removed.
+ *  *out owned by the caller (kvo_file_tier_destroy).
+ *  Errors: KVO_EINVAL (NULL, no root or plan, quota below the largest slot:
+ *  message names the group and sizes), KVO_EIO (root or namespace not
+ *  creatable or not writable: message names the path and the system error),
+ *  KVO_ESTATE (the namespace's manifest has another format version or
+ *  fingerprint), KVO_ENOTSUP (io or direct forced ON but unavailable),
+ *  KVO_ENOMEM. */
+int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out);
+
+/** Wait for queued writes to finish (reads are canceled: their completions
+ *  are discarded), stop the workers and free everything.  Files stay.  The
+ *  caller guarantees no other call on t is in progress or follows.  NULL is a
+ *  no-op. */
+void kvo_file_tier_destroy(kvo_file_tier *t);
+
+/** The namespace directory (root/<fingerprint hex>); valid while t lives. */
+const char *kvo_file_tier_dir(const kvo_file_tier *t);
+/** Backend in use: "io_uring" or "threads". */
+const char *kvo_file_tier_backend(const kvo_file_tier *t);
+/** Whether O_DIRECT is in use. */
+bool kvo_file_tier_direct(const kvo_file_tier *t);
+
+/** Per key: KVO_READY (a file is indexed: a read will very probably hit),
+ *  KVO_PENDING (a write of it is queued or running: not readable yet) or
+ *  KVO_MISS, into states[i].  Counts hits and misses.  With params.shared, a
+ *  miss in the index checks the file system and adopts a file found there.
+ *  Errors: KVO_EINVAL (NULL with n > 0, group not offloaded). */
+int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n, uint8_t *states);
+
+/** Queue writes of n chunks.  srcs[i] points to the group's chunk_bytes bytes
+ *  of key i (canonical slot format); they are copied into staging memory
+ *  before this returns, so the caller may reuse srcs at once.  results[i]
+ *  (may be NULL) receives per key: 0 queued; KVO_EEXIST already stored or
+ *  being written (skipped); KVO_EAGAIN dropped by back-pressure; KVO_ENOSPC
+ *  the quota cannot make room (everything else pinned or being written);
+ *  KVO_EINVAL bad key.  user_data[i] (may be NULL) is returned in the
+ *  write's completion when params.write_completions is set.
+ *  *n_queued (may be NULL) receives how many were queued.
+ *  Returns 0 when every key was handled (even if some were dropped: see
+ *  results and stats), KVO_EINVAL for NULL arguments (nothing queued),
+ *  KVO_ECLOSED after destroy began. */
+int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
+                        const uint64_t *user_data, int *results, size_t *n_queued);
+
+/** Queue reads of n chunks into dsts[i], which must have room for the group's
+ *  slot_bytes (the payload is read with its padding; for O_DIRECT without a
+ *  bounce copy dsts[i] should be 4096-aligned).  dsts[i] must stay valid and
+ *  untouched until the read's completion is polled.  Only a completion with
+ *  result 0 means dsts[i] holds the chunk's bytes; on any error its contents
+ *  are unspecified.  results[i] (may be NULL): 0 queued (one completion will
+ *  follow), KVO_ENOTFOUND not indexed (with params.shared: and no file
+ *  either) (no completion), KVO_EAGAIN a write is
+ *  pending (no completion), KVO_EINVAL bad key or dst (no completion).
+ *  Completion results: 0 ok; KVO_ENOTFOUND the file vanished (removed by
+ *  another process); KVO_ECORRUPT the file failed verification (it was
+ *  removed, counted; a miss); KVO_EIO read error; KVO_ECANCELED at destroy.
+ *  Returns 0, KVO_EINVAL (NULL arguments), KVO_ECLOSED. */
+int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const *dsts, size_t n,
+                       const uint64_t *user_data, int *results, size_t *n_queued);
+
+typedef enum kvo_file_op_kind {
+    KVO_FILE_OP_WRITE = 1,
+    KVO_FILE_OP_READ = 2
+} kvo_file_op_kind;
+
+/** One finished operation. */
+typedef struct kvo_file_completion {
+    uint64_t user_data;
+    kvo_chunk_key key;
+    uint32_t op;          /* kvo_file_op_kind */
+    int result;           /* 0 or a negative KVO_E* code (see read/write) */
+    uint64_t bytes;       /* payload bytes moved (0 on error) */
+    uint64_t latency_ns;  /* from queueing to completion */
+} kvo_file_completion;
+
+/** Move up to cap finished completions to out (oldest first); returns the
+ *  count (0 when none).  Never blocks. */
+size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap);
+
+/** Block until a completion is waiting or timeout_ms passes (-1: forever,
+ *  but returns KVO_ENOTFOUND at once if no read or reported write is in
+ *  flight).  0, KVO_ETIMEDOUT, KVO_ENOTFOUND. */
+int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms);
+
+/** An eventfd (EFD_NONBLOCK) that is readable while completions wait; poll
+ *  drains it.  Owned by the tier; valid until destroy. */
+int kvo_file_tier_event_fd(const kvo_file_tier *t);
+
+/** Wait until every write queued before this call has finished (written or
+ *  dropped).  timeout_ms -1 = forever.  0 or KVO_ETIMEDOUT. */
+int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms);
+
+/** Mark keys as used now (eviction recency).  Absent keys are ignored. */
+int kvo_file_tier_touch(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
+
+/** Delete the files of keys (absent keys ignored).  KVO_EBUSY if one is being
+ *  written or read (nothing removed). */
+int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
+
+typedef struct kvo_file_tier_stats {
+    uint64_t quota_bytes;
+    uint64_t bytes_used;        /* payload slot bytes of indexed files */
+    uint64_t files;             /* indexed files */
+    uint64_t scanned_files;     /* files adopted by the scan at create */
+    uint64_t scan_removed;      /* bad names, stale temps, over-quota at scan */
+    uint64_t scan_ns;           /* duration of the scan */
+    uint64_t hits, misses;      /* lookups */
+    uint64_t writes, write_bytes;   /* files written */
+    uint64_t reads, read_bytes;     /* files read and verified */
+    uint64_t read_misses;       /* reads that found no file */
+    uint64_t write_skipped;     /* already present or pending */
+    uint64_t dropped_backpressure;  /* queue, staging or latency limit */
+    uint64_t dropped_quota;     /* no room could be made */
+    uint64_t dropped_nospace;   /* ENOSPC / EDQUOT from the file system */
+    uint64_t dropped_io;        /* EIO and other write errors */
+    uint64_t read_errors;       /* EIO on read */
+    uint64_t corrupt_removed;   /* files that failed verification (removed) */
+    uint64_t evictions;         /* files deleted for the quota */
+    uint64_t pending_writes;    /* queued or running now */
+    uint64_t staging_bytes;     /* staging memory allocated */
+    uint64_t write_latency_ns;  /* moving average */
+} kvo_file_tier_stats;
+
+int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out);
+
+/* ------------------------------------------------------------- checking -- */
+
+/** Verify one chunk file's header and payload against the format (and, when
+ *  plan is not NULL, against the plan's geometry).  On success fills *key and
+ *  *payload_bytes (either may be NULL).  Errors: KVO_ECORRUPT with a message
+ *  saying what is wrong (magic, version, size, checksum, geometry...),
+ *  KVO_ENOTFOUND, KVO_EIO.  For fsck and tests; any thread. */
+int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key, uint64_t *payload_bytes);
+
+/** What a chunk file's header says (see docs/file-format.md). */
+typedef struct kvo_file_chunk_info {
+    kvo_chunk_key key;
+    kvo_u128 fingerprint;         /* layout fingerprint of the writer's plan */
+    uint32_t format_version;
+    uint32_t kind;                /* kvo_group_kind */
+    char group_name[KVO_NAME_MAX];
+    char model_name[KVO_NAME_MAX];
+    uint32_t tokens_per_block, layers;
+    uint64_t page_bytes, blocks_per_chunk, tokens_per_chunk;
+    uint64_t chunk_bytes;         /* payload length */
+    uint64_t slot_bytes;          /* payload bytes on disk (padded to 4096) */
+    uint64_t payload_xxh3;
+    uint64_t created_unix_ns;
+    uint64_t file_bytes;          /* size of the file */
+} kvo_file_chunk_info;
+
+/** kvo_file_verify, and on success (or on a KVO_ECORRUPT found after the
+ *  header decoded: checksum, size, key or geometry) also what the header says
+ *  into *info (may be NULL); info->format_version is 0 when the header itself
+ *  could not be decoded.  Same errors; any thread. */
+int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info);
+
+/** The path of key's file under a namespace directory into out (cap bytes).
+ *  KVO_ERANGE if it does not fit. */
+int kvo_file_chunk_path(const char *ns_dir, const kvo_chunk_key *key, char *out, size_t cap);
+
+/** Test hook: make the next `count` file writes fail with errno `err` (e.g.
+ *  ENOSPC, EIO) as if the file system returned it; count 0 clears.  Process-
+ *  wide; for tests of failure handling. */
+void kvo_file_tier_inject_write_error(int err, uint32_t count);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -38,6 +38,13 @@ static inline bool kvo_chunk_key_eq(const kvo_chunk_key *a, const kvo_chunk_key 
  *  (tenant, cache salt).  salt may be NULL when salt_len is 0. */
 kvo_u128 kvo_keys_namespace(kvo_u128 fingerprint, const void *salt, size_t salt_len);
 
+/** Hash one unit: XXH3-128(parent.lo LE64 || parent.hi LE64 || n_tokens
+ *  token ids as LE32 || extra bytes).  For engines that feed tokens one unit at
+ *  a time.  tokens may be NULL when n_tokens is 0; extra may be NULL when
+ *  extra_len is 0 (no error reporting: a pure function). */
+kvo_u128 kvo_hash_unit(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens, const void *extra,
+                       size_t extra_len);
+
 /** Hash n_tokens / tokens_per_hash complete units of tokens, chained from
  *  parent (the namespace for a prompt's first unit, else the previous unit's
  *  hash).  Writes that many hashes to out (cap entries); trailing tokens that do
@@ -54,6 +61,14 @@ int kvo_hash_tokens(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens, ui
  *  cap).  A group that is not offloaded has no keys (returns 0). */
 size_t kvo_chunk_keys(const kvo_group_plan *g, const kvo_u128 *units, size_t n_units, kvo_chunk_key *out,
                       size_t cap);
+
+/** A 64-bit digest of a chunk key (hash.lo mixed with the group id), for
+ *  engines that index keys in their own tables.  Stable like the keys. */
+static inline uint64_t kvo_chunk_key_hash64(const kvo_chunk_key *k) {
+    uint64_t h = k->hash.lo ^ ((uint64_t)k->group * UINT64_C(0x9E3779B97F4A7C15));
+    h ^= h >> 29;
+    return h;
+}
 
 #ifdef __cplusplus
 }

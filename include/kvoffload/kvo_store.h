@@ -13,10 +13,18 @@
  * READY entries may be pinned by prepare_load (pin count); pinned and PENDING
  * entries are never evicted.
  *
+ * Slot space is cut into equal segments; each segment holds slots of one slot
+ * size (groups with equal slot_bytes share segments) and segments move
+ * between sizes as the mix of stored groups changes (see src/store/slots.c
+ * for the design and its fragmentation bound; docs/store.md).
+ *
  * Thread rule: every function is safe to call from any thread; a store is
- * protected by one internal lock held for the duration of a batch call and
- * never while calling out.  Batch calls are all-or-nothing: on error nothing
- * changed.
+ * protected by one internal mutex held for the duration of a batch call and
+ * never while calling out (the store calls no user code).  Batch calls are
+ * all-or-nothing: on error nothing changed (no entry added, removed, pinned
+ * or unpinned; statistics other than the rejected-store counter unchanged).
+ * Every batch call rejects n == 0 and NULL arrays with KVO_EINVAL, and keys
+ * naming a group that is unknown or not offloaded with KVO_EINVAL.
  */
 #ifndef KVOFFLOAD_KVO_STORE_H
 #define KVOFFLOAD_KVO_STORE_H
@@ -47,6 +55,8 @@ typedef struct kvo_store_params {
     uint64_t max_entries;       /* index capacity; 0 = capacity / smallest slot */
     uint32_t event_capacity;    /* events kept until drained; 0 = no events.
                                    When full, the oldest are dropped and counted */
+    uint64_t segment_bytes;     /* 0 = automatic (recommended): the segment size
+                                   that wastes least for this plan and capacity */
 } kvo_store_params;
 
 kvo_store_params kvo_store_default_params(void);
@@ -57,8 +67,12 @@ typedef struct kvo_store kvo_store;
  *  Errors: KVO_EINVAL (no plan, capacity below the largest slot: message names
  *  the group and sizes), KVO_ENOMEM. */
 int kvo_store_create(const kvo_store_params *p, kvo_store **out);
-/** Destroy; the caller guarantees no call is in progress. */
+/** Destroy; the caller guarantees no call is in progress.  NULL is a no-op. */
 void kvo_store_destroy(kvo_store *s);
+/** The plan the store was created with (borrowed). */
+const kvo_plan *kvo_store_plan(const kvo_store *s);
+/** capacity_bytes as given. */
+uint64_t kvo_store_capacity(const kvo_store *s);
 
 typedef enum kvo_lookup_state {
     KVO_MISS = 0,
@@ -72,42 +86,53 @@ typedef struct kvo_slot {
     uint64_t bytes;   /* the group's slot_bytes */
 } kvo_slot;
 
-/** Per key: MISS, READY or PENDING into states[i].  Counts hits/misses, feeds
- *  admission counters; does not change recency (use touch).  Errors:
- *  KVO_EINVAL (NULL, unknown or non-offloaded group id). */
+/** Per key: MISS, READY or PENDING into states[i] (n entries, caller-owned).
+ *  Counts hits/misses, feeds admission counters; does not change recency (use
+ *  touch).  Errors: KVO_EINVAL (NULL, n 0, unknown or non-offloaded group id;
+ *  nothing counted). */
 int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *states);
 
 /** Reserve slots for a batch about to be written.  For each key: need[i] = 1
  *  and slots[i] set when the key must be written (it becomes PENDING); need[i]
- *  = 0 when it is already present (READY or PENDING) or not yet admitted.
- *  Room is made by evicting unpinned READY entries not in this batch; evicted
- *  keys and their (old) slots are written to evicted/evicted_slots (cap
- *  entries; pass cap >= n * 64 or check the error) so a lower tier can copy
- *  them before the slots are reused.  All-or-nothing: KVO_ENOSPC (nothing
- *  changed; message says how many bytes were needed and how many are pinned or
- *  pending), KVO_EINVAL (NULL, bad group, duplicate key in the batch),
- *  KVO_ERANGE (evicted buffer too small; nothing changed). */
+ *  = 0 (slots[i] zeroed) when it is already present (READY or PENDING) or not
+ *  yet admitted.  Slots follow key order.  Room is made by evicting unpinned
+ *  READY entries not in this batch (present READY keys of the batch count as
+ *  used now); evicted keys and their (old) slots are written to
+ *  evicted/evicted_slots (evicted_cap entries) so a lower tier can copy them
+ *  before the slots are reused; evicted and evicted_slots may both be NULL
+ *  with evicted_cap 0 when the caller does not need them (the events still
+ *  record evictions).  One call evicts at most the bytes it needs plus about
+ *  two segments.  All arrays are caller-owned; n_evicted may be NULL.
+ *  All-or-nothing: KVO_ENOSPC (nothing changed; message says how many bytes
+ *  were needed and how many are pinned or pending), KVO_EINVAL (NULL, n 0,
+ *  bad group, duplicate key in the batch), KVO_ERANGE (evicted buffer too
+ *  small: nothing changed, *n_evicted = the count that was needed). */
 int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots,
                             kvo_chunk_key *evicted, kvo_slot *evicted_slots, size_t evicted_cap,
                             size_t *n_evicted);
 
-/** Finish writes started by prepare_store: ok -> READY; !ok -> the entries are
- *  removed and their slots freed.  Every key must be PENDING (else KVO_ESTATE,
- *  nothing changed). */
+/** Finish writes started by prepare_store: ok -> READY (a STORED event);
+ *  !ok -> the entries are removed and their slots freed (REMOVED events).
+ *  Every key must be PENDING (else KVO_ESTATE, nothing changed); duplicate keys
+ *  -> KVO_EINVAL. */
 int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, bool ok);
 
-/** Pin READY keys for reading and return their slots.  Any key not READY ->
- *  KVO_ENOTFOUND or KVO_EAGAIN (PENDING), nothing pinned. */
+/** Pin READY keys for reading and return their slots (slots[i] for keys[i];
+ *  a key given twice is pinned twice).  A pinned entry counts as used when it
+ *  is unpinned.  Any key not READY -> KVO_ENOTFOUND (absent) or KVO_EAGAIN
+ *  (PENDING), nothing pinned. */
 int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kvo_slot *slots);
 /** Unpin keys pinned by prepare_load.  KVO_ESTATE if one is not pinned. */
 int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n);
 
-/** Mark keys as used now (recency/frequency).  Absent keys are ignored. */
+/** Mark keys as used now (recency/frequency).  Absent and PENDING keys are
+ *  ignored (bad group ids are still KVO_EINVAL). */
 int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n);
 /** Remove READY unpinned keys (absent ones ignored).  KVO_EBUSY if one is
  *  pinned or pending (nothing removed). */
 int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n);
-/** Remove every READY unpinned entry; returns how many remain (pinned/pending). */
+/** Remove every READY unpinned entry (REMOVED events); returns how many
+ *  remain (pinned/pending).  Work proportional to the entries. */
 size_t kvo_store_clear(kvo_store *s);
 
 /** One entry as seen by iteration. */
@@ -121,6 +146,9 @@ typedef struct kvo_store_entry {
  *  *n; *cursor = 0 after the last.  Concurrent changes may be missed or seen
  *  twice, never crash. */
 int kvo_store_scan(kvo_store *s, uint64_t *cursor, kvo_store_entry *out, size_t cap, size_t *n);
+/** One key's entry without counting a lookup or changing recency.
+ *  Errors: KVO_EINVAL (NULL, bad group), KVO_ENOTFOUND (absent). */
+int kvo_store_peek(kvo_store *s, const kvo_chunk_key *key, kvo_store_entry *out);
 
 typedef enum kvo_store_event_type {
     KVO_EVENT_STORED = 1,   /* became READY */
@@ -141,6 +169,8 @@ typedef struct kvo_store_group_stats {
     uint64_t chunks;          /* entries of this group (any state) */
     uint64_t bytes_used;      /* chunks * slot_bytes */
     uint64_t capacity_chunks; /* chunks of this group that fit in an empty store */
+    uint64_t slot_bytes;      /* the group's slot size (0: not offloaded) */
+    uint64_t hits, misses, stores, evictions;
 } kvo_store_group_stats;
 
 typedef struct kvo_store_stats {
@@ -151,10 +181,13 @@ typedef struct kvo_store_stats {
     uint64_t hits, misses, pending_hits;
     uint64_t stores, store_skipped_present, store_not_admitted, rejected_stores;
     uint64_t evictions, removals, events_dropped;
+    uint64_t segment_bytes;   /* the slot-space segment size chosen */
+    uint64_t segments, segments_free;
     size_t n_groups;
     kvo_store_group_stats groups[KVO_MAX_GROUPS];
 } kvo_store_stats;
 
+/** A consistent snapshot of the counters.  Errors: KVO_EINVAL (NULL). */
 int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out);
 
 /* ---------------------------------------------------------------- arena -- */
@@ -166,16 +199,28 @@ typedef struct kvo_arena_params {
     bool lock;               /* mlock the region (fails if RLIMIT_MEMLOCK is low) */
     bool prefault;           /* touch every page at creation (default true) */
     const char *shm_path;    /* NULL: anonymous memory; else a file (e.g. under
-                                /dev/shm) that several processes map shared */
+                                /dev/shm) that several processes map shared:
+                                created and sized when absent or empty, mapped
+                                as is when it already has exactly `bytes` */
+    bool shm_unlink;         /* unlink shm_path when this arena is destroyed */
+    bool require_huge_pages; /* huge_pages: fail (KVO_ENOTSUP) instead of
+                                falling back to normal pages */
 } kvo_arena_params;
 
 kvo_arena_params kvo_arena_default_params(void);
 
 typedef struct kvo_arena kvo_arena;
-/** Errors: KVO_EINVAL, KVO_ENOMEM (mmap failed, message says how much),
+/** Map the region once (never grown, never moved).  *out owned by the caller.
+ *  Thread rule: the arena has no mutable state after creation; every accessor
+ *  is safe from any thread.  Errors: KVO_EINVAL (NULL, bytes 0, shm file of
+ *  another size), KVO_ENOMEM (mmap failed, message says how much),
  *  KVO_EIO (shm file), KVO_ENOTSUP (lock/huge pages refused when required). */
 int kvo_arena_create(const kvo_arena_params *p, kvo_arena **out);
+/** Unmap (and unlink when asked).  NULL is a no-op.  Slot pointers die here. */
 void kvo_arena_destroy(kvo_arena *a);
+/** Whether the region got huge pages (MAP_HUGETLB) / is mlocked. */
+bool kvo_arena_huge(const kvo_arena *a);
+bool kvo_arena_locked(const kvo_arena *a);
 /** Base address (64-byte aligned at least; 4096 in practice) and size. */
 void *kvo_arena_base(const kvo_arena *a);
 uint64_t kvo_arena_size(const kvo_arena *a);

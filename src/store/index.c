@@ -1,0 +1,90 @@
+/*
+ * The store's index: chunk key -> entry.
+ *
+ * Layout: one preallocated power-of-two table of 64-bit slots, each
+ * (tag << 32 | entry index) with tag = the high 32 bits of the key's mixed
+ * hash, or ~0 when empty.  The table has at least twice as many slots as the
+ * entry pool (resident entries + ghosts), so the load factor stays <= 0.5
+ * and linear probing averages ~1.5 probes for a hit and ~2.5 for a miss.
+ * The tag filters almost every non-matching slot without touching the entry;
+ * the full key is compared in the entry.
+ *
+ * Deletion is by backward shift (Knuth 6.4, algorithm R): the slots after the
+ * removed one that would be closer to their home are moved back, so there are
+ * no tombstones, probe lengths never degrade with churn, and each entry's
+ * table position (entry.tpos) stays exact, which makes removal O(1) expected
+ * without a search.
+ *
+ * Nothing here allocates after kvo__index_init.  Keys are XXH3 outputs, so
+ * the low bits are uniform; kvo__key_mix folds in the group id.
+ */
+#include <stdlib.h>
+
+#include "store/store_internal.h"
+
+#define KVO__IX_EMPTY UINT64_MAX
+
+int kvo__index_init(kvo__index *ix, uint64_t max_items) {
+    uint64_t n = 16;
+    while (n < max_items * 2) {
+        if (n > (UINT64_C(1) << 40)) return kvo__error(KVO_ERANGE, "store index: %llu entries is too many",
+                                                       (unsigned long long)max_items);
+        n <<= 1;
+    }
+    ix->tab = kvo__malloc((size_t)n * sizeof *ix->tab);
+    if (!ix->tab)
+        return kvo__error(KVO_ENOMEM, "store index: cannot allocate %llu bytes", (unsigned long long)(n * 8));
+    memset(ix->tab, 0xFF, (size_t)n * sizeof *ix->tab);
+    ix->mask = n - 1;
+    return 0;
+}
+
+void kvo__index_free(kvo__index *ix) {
+    kvo__free(ix->tab);
+    ix->tab = NULL;
+}
+
+uint32_t kvo__index_find(kvo_store *s, const kvo_chunk_key *k) {
+    const kvo__index *ix = &s->ix;
+    uint64_t h = kvo__key_mix(k);
+    uint64_t tag = h >> 32;
+    for (uint64_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
+        uint64_t v = ix->tab[i];
+        if (v == KVO__IX_EMPTY) return KVO__NIL;
+        if ((v >> 32) == tag) {
+            uint32_t e = (uint32_t)v;
+            if (kvo_chunk_key_eq(&s->ent[e].key, k)) return e;
+        }
+    }
+}
+
+void kvo__index_insert(kvo_store *s, uint32_t e) {
+    kvo__index *ix = &s->ix;
+    uint64_t h = kvo__key_mix(&s->ent[e].key);
+    uint64_t i = h & ix->mask;
+    while (ix->tab[i] != KVO__IX_EMPTY) i = (i + 1) & ix->mask;
+    ix->tab[i] = ((h >> 32) << 32) | e;
+    s->ent[e].tpos = (uint32_t)i;
+}
+
+void kvo__index_remove(kvo_store *s, uint32_t e) {
+    kvo__index *ix = &s->ix;
+    uint64_t i = s->ent[e].tpos;
+    assert((uint32_t)ix->tab[i] == e);
+    uint64_t j = i;
+    for (;;) {
+        j = (j + 1) & ix->mask;
+        uint64_t v = ix->tab[j];
+        if (v == KVO__IX_EMPTY) break;
+        uint32_t x = (uint32_t)v;
+        uint64_t home = kvo__key_mix(&s->ent[x].key) & ix->mask;
+        /* move x back to i if home is not cyclically in (i, j] */
+        bool in_between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+        if (!in_between) {
+            ix->tab[i] = v;
+            s->ent[x].tpos = (uint32_t)i;
+            i = j;
+        }
+    }
+    ix->tab[i] = KVO__IX_EMPTY;
+}

@@ -1,0 +1,223 @@
+/*
+ * Internals of the store layer, shared by store.c, index.c, slots.c and the
+ * policy files.  Not installed; tests may include it to check invariants.
+ */
+#ifndef KVO_STORE_INTERNAL_H
+#define KVO_STORE_INTERNAL_H
+
+#include <pthread.h>
+
+#include "core/internal.h"
+
+#define KVO__NIL UINT32_MAX
+
+/* Entry states (an entry in the pool is one of these). */
+enum { KVO__E_FREE = 0, KVO__E_PENDING = 1, KVO__E_READY = 2, KVO__E_GHOST = 3 };
+/* Entry flags. */
+enum {
+    KVO__F_PROTECT = 1,   /* READY key of the current prepare_store batch: not evictable */
+    KVO__F_VICTIM = 2,    /* planned victim of the current prepare_store */
+    KVO__F_BATCH = 4      /* seen in the current batch (duplicate detection) */
+};
+/* Policy queue ids (entry.q); 0 = in no queue. */
+enum {
+    KVO__Q_NONE = 0,
+    KVO__Q_LRU = 1,
+    KVO__Q_T1 = 2, KVO__Q_T2 = 3, KVO__Q_B1 = 4, KVO__Q_B2 = 5, /* ARC */
+    KVO__Q_S = 6, KVO__Q_M = 7, KVO__Q_G = 8                    /* S3-FIFO */
+};
+
+typedef struct kvo__entry {
+    kvo_chunk_key key;
+    uint64_t offset;   /* slot offset in the store's space */
+    uint32_t slot;     /* slot id (segment * kmax + index) or NIL */
+    uint32_t pins;
+    uint32_t prev, next; /* policy queue links; next = free-pool link when FREE */
+    uint32_t tpos;     /* position in the index table */
+    uint8_t state;
+    uint8_t cls;       /* slot size class */
+    uint8_t q;         /* policy queue */
+    uint8_t freq;      /* S3-FIFO access count (0..3) */
+    uint8_t flags;
+    uint8_t ghost_q;   /* queue of the ghost this entry was revived from (0: none) */
+} kvo__entry;
+
+typedef struct kvo__list {
+    uint32_t head, tail; /* head = most recent end; tail = victim end */
+    uint64_t n;
+} kvo__list;
+
+/* ----------------------------------------------------------------- index -- */
+/* Open addressing, linear probing, backward-shift deletion (no tombstones).
+ * Slots hold tag (32 bits of the key hash) << 32 | entry index; empty = ~0. */
+typedef struct kvo__index {
+    uint64_t *tab;
+    uint64_t mask;
+} kvo__index;
+
+int kvo__index_init(kvo__index *ix, uint64_t max_items);
+void kvo__index_free(kvo__index *ix);
+static inline uint64_t kvo__key_mix(const kvo_chunk_key *k) {
+    uint64_t h = k->hash.lo ^ ((uint64_t)k->group * UINT64_C(0x9E3779B97F4A7C15));
+    return h ^ (h >> 31);
+}
+
+/* ----------------------------------------------------------------- slots -- */
+#define KVO__MAX_CLASSES KVO_MAX_GROUPS
+typedef struct kvo__slots {
+    uint64_t capacity;
+    uint64_t seg_bytes;
+    uint32_t nseg, kmax, nclass;
+    uint64_t cls_bytes[KVO__MAX_CLASSES];
+    uint32_t cls_k[KVO__MAX_CLASSES];      /* slots per segment */
+    /* per class */
+    uint32_t cls_partial[KVO__MAX_CLASSES]; /* list of segments with a free slot */
+    uint64_t cls_free[KVO__MAX_CLASSES];    /* free slots in the class's segments */
+    uint64_t cls_nseg[KVO__MAX_CLASSES];
+    uint64_t cls_busy[KVO__MAX_CLASSES];    /* busy entries (pinned, pending, protected) */
+    uint64_t cls_busyseg[KVO__MAX_CLASSES]; /* segments with busy > 0 */
+    /* per segment */
+    uint8_t *seg_cls;       /* class, 0xFF = free */
+    uint32_t *seg_used, *seg_busy, *seg_bump, *seg_free, *seg_prev, *seg_next, *seg_planned;
+    uint32_t free_head;     /* list of free segments (seg_next links) */
+    uint32_t nfree;
+    /* per slot id */
+    uint32_t *slot_next;    /* free-slot list inside a segment */
+    uint32_t *slot_entry;   /* entry holding the slot, or NIL */
+} kvo__slots;
+
+/* Choose the segment size for these classes and capacity (seg_bytes 0 = auto). */
+int kvo__slots_init(kvo__slots *sl, uint64_t capacity, const uint64_t *cls_bytes, const double *cls_weight,
+                    uint32_t nclass, uint64_t seg_bytes);
+void kvo__slots_free(kvo__slots *sl);
+/* Allocate a slot of class c; NIL if none (no free slot and no free segment). */
+uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *offset);
+/* Free a slot; releases its segment when it empties. */
+void kvo__slots_release(kvo__slots *sl, uint32_t slot);
+void kvo__slots_busy(kvo__slots *sl, uint32_t slot, int delta);
+static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) { return slot / sl->kmax; }
+/* Whether n_c slots for every class c could be had with no evictions at all
+ * beyond what `evict everything evictable` gives.  demand: per class. */
+bool kvo__slots_feasible(const kvo__slots *sl, const uint64_t *demand);
+uint64_t kvo__slots_class_capacity(const kvo__slots *sl, uint32_t c);
+
+/* ---------------------------------------------------------------- policy -- */
+struct kvo_store;
+typedef struct kvo__policy_ops {
+    const char *name;
+    /* A new READY entry joins (e->ghost_q tells a revived ghost's queue). */
+    void (*insert)(struct kvo_store *s, uint32_t e);
+    /* A queued entry was used (touch). */
+    void (*hit)(struct kvo_store *s, uint32_t e);
+    /* Leave the queues without a ghost (pin, protect, remove, reclaim). */
+    void (*remove)(struct kvo_store *s, uint32_t e);
+    /* Rejoin after pin/protect: counts as a use. */
+    void (*reinsert)(struct kvo_store *s, uint32_t e);
+    /* Remove and return the next victim (NIL when no entry is queued).
+     * May reorder the queues (promotions) on the way. */
+    uint32_t (*take_victim)(struct kvo_store *s);
+    /* Put a taken victim back at the victim end (rollback, reverse order). */
+    void (*untake)(struct kvo_store *s, uint32_t e);
+    /* A taken victim is gone: its slot is freed and the entry is already a
+     * GHOST (state, counted in s->ghosts, still in the index).  The policy
+     * links it in a ghost queue (dropping old ghosts to stay in bounds) or
+     * drops it with kvo__ghost_drop. */
+    void (*evicted)(struct kvo_store *s, uint32_t e);
+    /* A ghost is being revived for a new store: unlink it from its queue. */
+    void (*ghost_claim)(struct kvo_store *s, uint32_t e);
+} kvo__policy_ops;
+
+extern const kvo__policy_ops kvo__policy_lru;
+extern const kvo__policy_ops kvo__policy_arc;
+extern const kvo__policy_ops kvo__policy_s3fifo;
+
+/* ----------------------------------------------------------------- store -- */
+typedef struct kvo__event_ring {
+    kvo_store_event *ev;
+    uint32_t cap, head, n;
+    uint64_t dropped;
+} kvo__event_ring;
+
+struct kvo_store {
+    pthread_mutex_t mu;
+    const kvo_plan *plan;
+    kvo_store_params params;
+    const kvo__policy_ops *pol;
+    uint32_t ngroups;
+    uint8_t group_cls[KVO_MAX_GROUPS];     /* 0xFF: not offloaded */
+    uint64_t group_slot[KVO_MAX_GROUPS];
+
+    kvo__entry *ent;
+    uint32_t pool_cap, pool_free;          /* free list head */
+    uint64_t max_entries, ghost_cap;
+    uint64_t resident, ghosts, pinned, pending;
+    kvo__index ix;
+    kvo__slots sl;
+
+    /* policy state */
+    kvo__list q[9];
+    uint64_t arc_p;                        /* ARC target size of T1 (entries) */
+
+    /* admission: count-min sketch, 4 rows of uint8, halved every `cms_period` adds */
+    uint8_t *cms;
+    uint64_t cms_mask, cms_adds, cms_period;
+
+    kvo__event_ring events;
+
+    /* per-call scratch, grown geometrically (no allocation in steady state) */
+    uint32_t *sc_ent;                      /* per batch key: entry or NIL */
+    uint32_t *sc_vict;                     /* victims */
+    uint64_t *sc_set;                      /* duplicate detection */
+    size_t sc_cap, sc_vcap, sc_setcap;
+
+    /* stats */
+    uint64_t hits, misses, pending_hits, stores, store_skipped_present, store_not_admitted, rejected_stores;
+    uint64_t evictions, removals, bytes_used;
+    uint64_t g_chunks[KVO_MAX_GROUPS], g_hits[KVO_MAX_GROUPS], g_misses[KVO_MAX_GROUPS];
+    uint64_t g_stores[KVO_MAX_GROUPS], g_evictions[KVO_MAX_GROUPS];
+};
+
+/* index operations need the entry array */
+uint32_t kvo__index_find(kvo_store *s, const kvo_chunk_key *k);
+void kvo__index_insert(kvo_store *s, uint32_t e);
+void kvo__index_remove(kvo_store *s, uint32_t e);
+
+/* list helpers over s->ent */
+static inline void kvo__list_push_head(kvo_store *s, kvo__list *l, uint32_t e, uint8_t q) {
+    kvo__entry *x = &s->ent[e];
+    x->prev = KVO__NIL;
+    x->next = l->head;
+    if (l->head != KVO__NIL) s->ent[l->head].prev = e; else l->tail = e;
+    l->head = e;
+    l->n++;
+    x->q = q;
+}
+static inline void kvo__list_push_tail(kvo_store *s, kvo__list *l, uint32_t e, uint8_t q) {
+    kvo__entry *x = &s->ent[e];
+    x->next = KVO__NIL;
+    x->prev = l->tail;
+    if (l->tail != KVO__NIL) s->ent[l->tail].next = e; else l->head = e;
+    l->tail = e;
+    l->n++;
+    x->q = q;
+}
+static inline void kvo__list_unlink(kvo_store *s, kvo__list *l, uint32_t e) {
+    kvo__entry *x = &s->ent[e];
+    if (x->prev != KVO__NIL) s->ent[x->prev].next = x->next; else l->head = x->next;
+    if (x->next != KVO__NIL) s->ent[x->next].prev = x->prev; else l->tail = x->prev;
+    x->prev = x->next = KVO__NIL;
+    l->n--;
+    x->q = KVO__Q_NONE;
+}
+static inline void kvo__list_init(kvo__list *l) { l->head = l->tail = KVO__NIL; l->n = 0; }
+
+/* Ghosts: drop one (remove from index, free the pool entry). */
+void kvo__ghost_drop(kvo_store *s, uint32_t e);
+
+/* Internal checks for tests: 0 or KVO_ECORRUPT with a message. */
+int kvo__store_check(kvo_store *s);
+/* Introspection for policy tests. */
+uint64_t kvo__store_queue_len(kvo_store *s, int q);
+uint64_t kvo__store_arc_p(kvo_store *s);
+
+#endif

@@ -1,0 +1,1190 @@
+/*
+ * The file tier: a persistent, crash-safe, capacity-bounded chunk store in a
+ * directory (format: file_format.c and docs/file-format.md).
+ *
+ * Pieces
+ *  - Index and quota: a kvo_store whose capacity is the byte quota.  Its
+ *    slots are only accounting (no memory behind them); its states give the
+ *    file states: PENDING = a write is queued or running, READY = a complete
+ *    file exists (as far as this process knows), pinned = being read.  Its
+ *    eviction policies (LRU, ARC, S3-FIFO) choose which files to delete when a
+ *    new write needs room; a pinned (being read) or pending file is never
+ *    evicted by this process.
+ *  - Write path (caller's thread): back-pressure checks, prepare_store for
+ *    the key (evicting: the evicted files are unlinked right away), a copy of
+ *    the caller's bytes into a staging buffer (the file image: header +
+ *    payload, 4096-aligned, so that O_DIRECT needs no further copy), and the
+ *    op is queued.  Nothing here blocks on the disk except the unlinks of
+ *    evicted files.
+ *  - Worker side (a thread pool, or one io_uring thread in uring/): checksum
+ *    the payload, encode the header, write the image to a temporary file
+ *    (O_EXCL, named .tmp.<host>.<pid>.<counter>), optional fdatasync, rename
+ *    into place, optional directory fsync; then complete_store(ok) or, on any
+ *    failure, remove the temporary file and complete_store(fail) with a
+ *    counter and a rate-limited log line.
+ *  - Read path: prepare_load pins the key; a worker opens the file, checks its
+ *    type and size, reads header and payload in one preadv straight into the
+ *    caller's buffer, checks header, key, fingerprint, geometry and payload
+ *    checksum.  A file that fails is unlinked (only if it is still the same
+ *    inode: another process may have replaced it with a good one), counted,
+ *    dropped from the index, and reported as KVO_ECORRUPT: a miss.
+ *  - Startup scan: names only (no header reads), one readdir per fan-out
+ *    directory; stale temporaries of dead writers are removed; files beyond
+ *    the quota are evicted.  Hits on a restarted process follow.
+ *
+ * Bounded resources: ops and staging buffers are allocated on demand and kept
+ * on free lists (the steady state allocates nothing); staging memory is capped
+ * by max_staging_bytes and queued writes by max_pending_writes: a write beyond
+ * either is dropped (counted), never waited for.  The completion queue holds
+ * only completions of operations the caller asked for.
+ *
+ * Locking: one mutex (mu) for queues, free lists, counters and completions;
+ * never held during file I/O or while calling the store (which has its own
+ * lock).  Workers wait on work_cv; flush and wait on done_cv.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "tiers/file_internal.h"
+
+enum { LOG_NOSPC, LOG_IO, LOG_CORRUPT, LOG_BACKPRESSURE, LOG_KINDS };
+
+#define EVICT_CAP 64
+
+struct kvo_file_tier {
+    kvo_file_tier_params p;
+    char root[KVO__FILE_PATH_MAX];
+    char ns_dir[KVO__FILE_PATH_MAX];
+    const kvo_plan *plan;
+    kvo_store *index;
+    bool direct;
+    bool uring;
+    uint32_t hostid;
+    long pid;
+    atomic_uint tmp_counter;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;
+    pthread_cond_t done_cv;
+    kvo__fop *rq_head, *rq_tail;  /* reads: served first */
+    kvo__fop *wq_head, *wq_tail;
+    kvo__fop *free_ops;
+    unsigned char *stage_free[KVO_MAX_GROUPS];
+    uint64_t staging_bytes;
+    uint64_t pending_writes;
+    uint64_t inflight_reports;    /* ops that will produce a completion */
+    kvo_file_completion *cq;
+    size_t cq_cap, cq_head, cq_len;
+    int efd;
+    bool closing;
+    pthread_t *threads;
+    uint32_t n_threads;
+    void *uring_state;
+
+    kvo_file_tier_stats st;       /* counters; gauges filled at get_stats */
+    uint64_t lat_ewma_ns;
+    uint64_t last_log_ns[LOG_KINDS];
+    uint64_t suppressed[LOG_KINDS];
+};
+
+/* Test hook (process-wide). */
+static atomic_int g_inject_err;
+static atomic_uint g_inject_count;
+
+void kvo_file_tier_inject_write_error(int err, uint32_t count) {
+    atomic_store(&g_inject_err, err);
+    atomic_store(&g_inject_count, count);
+}
+
+static int take_injected(void) {
+    unsigned c = atomic_load(&g_inject_count);
+    while (c > 0) {
+        if (atomic_compare_exchange_weak(&g_inject_count, &c, c - 1)) return atomic_load(&g_inject_err);
+    }
+    return 0;
+}
+
+const char *kvo_file_io_name(kvo_file_io_kind k) {
+    switch (k) {
+    case KVO_FILE_IO_AUTO: return "auto";
+    case KVO_FILE_IO_URING: return "uring";
+    case KVO_FILE_IO_THREADS: return "threads";
+    }
+    return "?";
+}
+
+const char *kvo_file_fsync_name(kvo_file_fsync_policy p) {
+    switch (p) {
+    case KVO_FILE_FSYNC_NONE: return "none";
+    case KVO_FILE_FSYNC_DATA: return "data";
+    case KVO_FILE_FSYNC_FULL: return "full";
+    }
+    return "?";
+}
+
+kvo_file_tier_params kvo_file_tier_default_params(void) {
+    kvo_file_tier_params p;
+    memset(&p, 0, sizeof p);
+    p.policy = KVO_POLICY_LRU;
+    p.fsync = KVO_FILE_FSYNC_NONE;
+    p.io = KVO_FILE_IO_AUTO;
+    p.direct = KVO_FILE_DIRECT_AUTO;
+    p.io_threads = 2;
+    p.queue_depth = 16;
+    p.max_pending_writes = 64;
+    p.max_staging_bytes = UINT64_C(256) << 20;
+    p.write_latency_limit_ms = 0;
+    p.write_completions = false;
+    p.shared = false;
+    p.scan = true;
+    p.log_interval_s = 10;
+    return p;
+}
+
+/* ---------------------------------------------------------- logging -- */
+
+static void tier_log(kvo_file_tier *t, int kind, const char *fmt, ...) KVO__PRINTF(3, 4);
+static void tier_log(kvo_file_tier *t, int kind, const char *fmt, ...) {
+    uint64_t now = kvo__now_ns(), interval = (uint64_t)t->p.log_interval_s * 1000000000u, suppressed;
+    pthread_mutex_lock(&t->mu);
+    if (t->last_log_ns[kind] && now - t->last_log_ns[kind] < interval) {
+        t->suppressed[kind]++;
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
+    t->last_log_ns[kind] = now;
+    suppressed = t->suppressed[kind];
+    t->suppressed[kind] = 0;
+    pthread_mutex_unlock(&t->mu);
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (suppressed)
+        fprintf(stderr, "kvoffload file tier: %s (%llu similar events not logged)\n", msg,
+                (unsigned long long)suppressed);
+    else
+        fprintf(stderr, "kvoffload file tier: %s\n", msg);
+}
+
+/* ------------------------------------------------------- small pieces -- */
+
+static void key_path(const kvo_file_tier *t, const kvo_chunk_key *k, char *out) {
+    kvo_file_chunk_path(t->ns_dir, k, out, KVO__FILE_PATH_MAX);
+}
+
+static const kvo_group_plan *group_of(const kvo_file_tier *t, const kvo_chunk_key *k) {
+    const kvo_group_plan *g = kvo_plan_group(t->plan, k->group);
+    return g && g->offloaded ? g : NULL;
+}
+
+static int mkdir_p(const char *path) {
+    char buf[KVO__FILE_PATH_MAX];
+    if (kvo__strlcpy(buf, path, sizeof buf)) return -ENAMETOOLONG;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -errno;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -errno;
+    struct stat st;
+    if (stat(buf, &st) != 0) return -errno;
+    if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
+    return 0;
+}
+
+/* Ops: allocated on demand, reused from a free list; hdr is 4096-aligned. */
+static kvo__fop *op_get(kvo_file_tier *t) {
+    pthread_mutex_lock(&t->mu);
+    kvo__fop *op = t->free_ops;
+    if (op) t->free_ops = op->next;
+    pthread_mutex_unlock(&t->mu);
+    if (!op) {
+        unsigned char *mem = kvo__malloc(sizeof(kvo__fop) + 2 * KVO_FILE_HEADER_BYTES);
+        if (!mem) return NULL;
+        op = (kvo__fop *)mem;
+        uintptr_t h = (uintptr_t)(mem + sizeof(kvo__fop));
+        h = (h + KVO_FILE_HEADER_BYTES - 1) & ~(uintptr_t)(KVO_FILE_HEADER_BYTES - 1);
+        op->hdr = (unsigned char *)h;
+    }
+    unsigned char *hdr = op->hdr;
+    memset(op, 0, offsetof(kvo__fop, tmp));
+    op->tmp[0] = op->path[0] = 0;
+    op->hdr = hdr;
+    op->fd = -1;
+    return op;
+}
+
+/* Called with mu held. */
+static void op_put_locked(kvo_file_tier *t, kvo__fop *op) {
+    op->next = t->free_ops;
+    t->free_ops = op;
+}
+
+static uint64_t stage_size(const kvo_group_plan *g) { return KVO_FILE_HEADER_BYTES + g->slot_bytes; }
+
+/* Called with mu held. */
+static void stage_put_locked(kvo_file_tier *t, uint32_t group, unsigned char *buf) {
+    memcpy(buf, &t->stage_free[group], sizeof(unsigned char *));
+    t->stage_free[group] = buf;
+}
+
+static void push_completion_locked(kvo_file_tier *t, const kvo__fop *op, uint64_t bytes) {
+    if (t->cq_len == t->cq_cap) {
+        size_t ncap = t->cq_cap ? t->cq_cap * 2 : 64;
+        kvo_file_completion *n = kvo__malloc(ncap * sizeof *n);
+        if (!n) {
+            /* Cannot report: the op still finished; count it as lost. */
+            return;
+        }
+        for (size_t i = 0; i < t->cq_len; i++) n[i] = t->cq[(t->cq_head + i) % t->cq_cap];
+        kvo__free(t->cq);
+        t->cq = n;
+        t->cq_cap = ncap;
+        t->cq_head = 0;
+    }
+    kvo_file_completion *c = &t->cq[(t->cq_head + t->cq_len) % t->cq_cap];
+    c->user_data = op->user_data;
+    c->key = op->key;
+    c->op = op->kind == KVO__FOP_WRITE ? KVO_FILE_OP_WRITE : KVO_FILE_OP_READ;
+    c->result = op->result;
+    c->bytes = op->result == 0 ? bytes : 0;
+    c->latency_ns = kvo__now_ns() - op->t_queued;
+    if (t->cq_len++ == 0) {
+        uint64_t one = 1;
+        ssize_t w = write(t->efd, &one, sizeof one);
+        (void)w;
+    }
+}
+
+static void unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t n) {
+    char path[KVO__FILE_PATH_MAX];
+    for (size_t i = 0; i < n; i++) {
+        key_path(t, &ev[i], path);
+        if (unlink(path) != 0 && errno != ENOENT && errno != EISDIR) kvo__file_remove_any(path);
+    }
+    if (n) {
+        pthread_mutex_lock(&t->mu);
+        t->st.evictions += n;
+        pthread_mutex_unlock(&t->mu);
+    }
+}
+
+/* Reserve quota for one key: prepare_store, then delete the files of the
+ * keys it evicted.  *need as in kvo_store_prepare_store; *n_evicted (may be
+ * NULL) counts the evicted files.  Retries with a larger eviction buffer when
+ * one call evicts more than EVICT_CAP entries (many small chunks for a large
+ * one). */
+static int reserve_key(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *need, size_t *n_evicted) {
+    kvo_slot slot;
+    kvo_chunk_key ev[EVICT_CAP];
+    kvo_slot evs[EVICT_CAP];
+    size_t nev = 0;
+    int rc = kvo_store_prepare_store(t->index, k, 1, need, &slot, ev, evs, EVICT_CAP, &nev);
+    if (rc == KVO_ERANGE && nev > EVICT_CAP) {
+        size_t cap = nev + 64;
+        kvo_chunk_key *hev = kvo__malloc(cap * sizeof *hev);
+        kvo_slot *hevs = kvo__malloc(cap * sizeof *hevs);
+        if (!hev || !hevs) {
+            kvo__free(hev);
+            kvo__free(hevs);
+            return kvo__error(KVO_ENOMEM, "file tier: eviction list of %zu entries", cap);
+        }
+        rc = kvo_store_prepare_store(t->index, k, 1, need, &slot, hev, hevs, cap, &nev);
+        if (rc == 0) unlink_evicted(t, hev, nev);
+        kvo__free(hev);
+        kvo__free(hevs);
+    } else if (rc == 0) {
+        unlink_evicted(t, ev, nev);
+    }
+    if (n_evicted) *n_evicted = rc == 0 ? nev : 0;
+    return rc;
+}
+
+/* Put a key known to have a file into the index as READY (scan, shared-mode
+ * adoption).  Returns 0, or an error (file left alone). */
+static int adopt_key(kvo_file_tier *t, const kvo_chunk_key *k, size_t *evicted_out) {
+    uint8_t need = 0;
+    int rc = reserve_key(t, k, &need, evicted_out);
+    if (rc) return rc;
+    if (need) rc = kvo_store_complete_store(t->index, k, 1, true);
+    return rc;
+}
+
+/* Does a complete-looking file for k exist (shared mode probe)? */
+static bool probe_file(kvo_file_tier *t, const kvo_chunk_key *k, const kvo_group_plan *g) {
+    char path[KVO__FILE_PATH_MAX];
+    struct stat st;
+    key_path(t, k, path);
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == stage_size(g);
+}
+
+/* --------------------------------------------------------- op phases -- */
+
+static int open_retry_mkdir(kvo_file_tier *t, const kvo_chunk_key *k, const char *path, int flags) {
+    int fd = open(path, flags, 0644);
+    if (fd < 0 && errno == ENOENT) {
+        char sub[3], dir[KVO__FILE_PATH_MAX];
+        kvo__file_subdir(k, sub);
+        snprintf(dir, sizeof dir, "%s/%s", t->ns_dir, sub);
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
+        fd = open(path, flags, 0644);
+    }
+    return fd;
+}
+
+int kvo__fop_begin(kvo_file_tier *t, kvo__fop *op) {
+    const kvo_group_plan *g = op->g;
+    key_path(t, &op->key, op->path);
+    if (op->kind == KVO__FOP_WRITE) {
+        unsigned char *payload = op->stage + KVO_FILE_HEADER_BYTES;
+        kvo__file_hdr h;
+        kvo__file_hdr_init(&h, t->plan, g, &op->key, XXH3_64bits(payload, g->chunk_bytes));
+        kvo__file_hdr_encode(&h, op->stage);
+        char sub[3];
+        kvo__file_subdir(&op->key, sub);
+        snprintf(op->tmp, sizeof op->tmp, "%s/%s/%s%08x.%ld.%u", t->ns_dir, sub, KVO__FILE_TMP_PREFIX, t->hostid,
+                 t->pid, atomic_fetch_add(&t->tmp_counter, 1));
+        int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (t->direct ? O_DIRECT : 0);
+        op->fd = open_retry_mkdir(t, &op->key, op->tmp, flags);
+        if (op->fd < 0) {
+            op->tmp[0] = 0;
+            return -errno;
+        }
+        int inj = take_injected();
+        if (inj) return -inj;
+        op->iov[0].iov_base = op->stage;
+        op->iov[0].iov_len = stage_size(g);
+        op->iovcnt = 1;
+        op->io_bytes = stage_size(g);
+        return 0;
+    }
+    /* read */
+    int flags = O_RDONLY | O_CLOEXEC | (op->direct ? O_DIRECT : 0);
+    op->fd = open(op->path, flags);
+    if (op->fd < 0 && op->direct && errno == EINVAL) { /* e.g. a directory */
+        op->direct = false;
+        op->fd = open(op->path, O_RDONLY | O_CLOEXEC);
+    }
+    if (op->fd < 0) {
+        if (errno == ENOENT) return KVO_ENOTFOUND;
+        return kvo__error(KVO_EIO, "%s: open: %s", op->path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(op->fd, &st) != 0) return kvo__error(KVO_EIO, "%s: fstat: %s", op->path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) {
+        kvo__error(KVO_ECORRUPT, "%s: not a regular file", op->path);
+        return KVO_ECORRUPT;
+    }
+    if ((uint64_t)st.st_size != stage_size(g)) {
+        kvo__error(KVO_ECORRUPT, "%s: %s (%lld bytes, expected %llu)", op->path,
+                   st.st_size == 0 ? "zero-length file" : "wrong size: truncated or foreign", (long long)st.st_size,
+                   (unsigned long long)stage_size(g));
+        return KVO_ECORRUPT;
+    }
+    op->iov[0].iov_base = op->hdr;
+    op->iov[0].iov_len = KVO_FILE_HEADER_BYTES;
+    op->iov[1].iov_base = op->dst;
+    op->iov[1].iov_len = g->slot_bytes;
+    op->iovcnt = 2;
+    op->io_bytes = stage_size(g);
+    return 0;
+}
+
+/* Move the remaining bytes of op's iov with pwritev/preadv starting from
+ * `done` bytes already moved.  Returns total moved or -errno; a read that
+ * hits end of file returns the short count. */
+static int64_t io_sync(kvo__fop *op, uint64_t done) {
+    while (done < op->io_bytes) {
+        struct iovec iov[2];
+        int cnt = 0;
+        uint64_t skip = done;
+        for (int i = 0; i < op->iovcnt; i++) {
+            if (skip >= op->iov[i].iov_len) { skip -= op->iov[i].iov_len; continue; }
+            iov[cnt].iov_base = (unsigned char *)op->iov[i].iov_base + skip;
+            iov[cnt].iov_len = op->iov[i].iov_len - skip;
+            skip = 0;
+            cnt++;
+        }
+        ssize_t r = op->kind == KVO__FOP_WRITE ? pwritev(op->fd, iov, cnt, (off_t)done)
+                                               : preadv(op->fd, iov, cnt, (off_t)done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -errno;
+        if (r == 0) {
+            if (op->kind == KVO__FOP_WRITE) return -ENOSPC;
+            break;
+        }
+        done += (uint64_t)r;
+    }
+    return (int64_t)done;
+}
+
+int64_t kvo__fop_io_continue(kvo__fop *op, uint64_t done) { return io_sync(op, done); }
+
+static void fsync_dir(const char *file_path) {
+    char dir[KVO__FILE_PATH_MAX];
+    kvo__strlcpy(dir, file_path, sizeof dir);
+    char *s = strrchr(dir, '/');
+    if (!s) return;
+    *s = 0;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+/* Hand a finished op back: index, stats, staging, completion. */
+static void op_finish(kvo_file_tier *t, kvo__fop *op) {
+    const kvo_group_plan *g = op->g;
+    bool ok = op->result == 0;
+    if (op->kind == KVO__FOP_WRITE) {
+        kvo_store_complete_store(t->index, &op->key, 1, ok);
+    } else {
+        kvo_store_complete_load(t->index, &op->key, 1);
+        if (op->result == KVO_ECORRUPT || op->result == KVO_ENOTFOUND) kvo_store_remove(t->index, &op->key, 1);
+    }
+    pthread_mutex_lock(&t->mu);
+    if (op->kind == KVO__FOP_WRITE) {
+        uint64_t lat = kvo__now_ns() - op->t_queued;
+        t->lat_ewma_ns = t->lat_ewma_ns ? t->lat_ewma_ns - t->lat_ewma_ns / 8 + lat / 8 : lat;
+        if (ok) {
+            t->st.writes++;
+            t->st.write_bytes += g->chunk_bytes;
+        } else if (op->result == KVO_ENOSPC) {
+            t->st.dropped_nospace++;
+        } else {
+            t->st.dropped_io++;
+        }
+        stage_put_locked(t, op->key.group, op->stage);
+        t->pending_writes--;
+    } else {
+        if (ok) {
+            t->st.reads++;
+            t->st.read_bytes += g->chunk_bytes;
+        } else if (op->result == KVO_ECORRUPT) {
+            t->st.corrupt_removed++;
+        } else if (op->result == KVO_ENOTFOUND) {
+            t->st.read_misses++;
+        } else if (op->result != KVO_ECANCELED) {
+            t->st.read_errors++;
+        }
+    }
+    if (op->report) {
+        push_completion_locked(t, op, g->chunk_bytes);
+        t->inflight_reports--;
+    }
+    op_put_locked(t, op);
+    pthread_cond_broadcast(&t->done_cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+static int errno_to_result(int e) {
+    return (e == ENOSPC || e == EDQUOT || e == EFBIG) ? KVO_ENOSPC : KVO_EIO;
+}
+
+/* A read's verdict: remove a bad file, close, hand back. */
+void kvo__fop_read_verdict(kvo_file_tier *t, kvo__fop *op, int rc) {
+    if (rc == KVO_ECORRUPT) {
+        char why[512];
+        kvo__strlcpy(why, kvo_last_error(), sizeof why);
+        /* Remove it only if the path still names the file we read. */
+        struct stat a, b;
+        if (op->fd >= 0 && fstat(op->fd, &a) == 0 && lstat(op->path, &b) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino)
+            kvo__file_remove_any(op->path);
+        tier_log(t, LOG_CORRUPT, "%s: failed verification, removed: %s", op->path, why);
+    } else if (rc == KVO_EIO) {
+        tier_log(t, LOG_IO, "read failed: %s", kvo_last_error());
+    }
+    if (op->fd >= 0) close(op->fd);
+    op->fd = -1;
+    op->result = rc;
+    op_finish(t, op);
+}
+
+void kvo__fop_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
+    const kvo_group_plan *g = op->g;
+    if (op->kind == KVO__FOP_WRITE) {
+        int e = 0;
+        if (io_res < 0) e = (int)-io_res;
+        else if ((uint64_t)io_res < op->io_bytes) e = ENOSPC;
+        if (!e && t->p.fsync != KVO_FILE_FSYNC_NONE && fdatasync(op->fd) != 0) e = errno;
+        if (op->fd >= 0 && close(op->fd) != 0 && !e) e = errno;
+        op->fd = -1;
+        if (!e && rename(op->tmp, op->path) != 0) e = errno;
+        if (!e && t->p.fsync == KVO_FILE_FSYNC_FULL) fsync_dir(op->path);
+        if (e) {
+            if (op->tmp[0]) unlink(op->tmp);
+            op->result = errno_to_result(e);
+            if (op->result == KVO_ENOSPC)
+                tier_log(t, LOG_NOSPC, "%s: no space (%s): chunk write dropped", t->ns_dir, strerror(e));
+            else
+                tier_log(t, LOG_IO, "%s: write failed (%s): chunk write dropped", op->path, strerror(e));
+        } else {
+            op->result = 0;
+        }
+        op_finish(t, op);
+        return;
+    }
+    /* read */
+    int rc = 0;
+    if (io_res < 0) {
+        rc = io_res == -EISDIR ? KVO_ECORRUPT : KVO_EIO;
+        if (rc == KVO_EIO) kvo__error(rc, "%s: read: %s", op->path, strerror((int)-io_res));
+    } else if ((uint64_t)io_res < op->io_bytes) {
+        rc = kvo__error(KVO_ECORRUPT, "%s: truncated while reading (%lld of %llu bytes)", op->path,
+                        (long long)io_res, (unsigned long long)op->io_bytes);
+    } else {
+        kvo__file_hdr h;
+        rc = kvo__file_hdr_decode(op->hdr, KVO_FILE_HEADER_BYTES, &h);
+        if (!rc) rc = kvo__file_hdr_check(&h, t->plan, &op->key);
+        if (!rc) {
+            uint64_t sum = XXH3_64bits(op->dst, g->chunk_bytes);
+            if (sum != h.payload_xxh3)
+                rc = kvo__error(KVO_ECORRUPT, "payload checksum mismatch (stored %016llx, computed %016llx)",
+                                (unsigned long long)h.payload_xxh3, (unsigned long long)sum);
+        }
+    }
+    kvo__fop_read_verdict(t, op, rc);
+}
+
+void kvo__fop_run_sync(kvo_file_tier *t, kvo__fop *op) {
+    int rc = kvo__fop_begin(t, op);
+    if (rc != 0 && op->kind == KVO__FOP_READ) {
+        kvo__fop_read_verdict(t, op, rc);
+        return;
+    }
+    kvo__fop_end(t, op, rc < 0 ? rc : io_sync(op, 0));
+}
+
+kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait) {
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        kvo__fop *op = NULL;
+        if (t->rq_head) {
+            op = t->rq_head;
+            t->rq_head = op->next;
+            if (!t->rq_head) t->rq_tail = NULL;
+        } else if (t->wq_head) {
+            op = t->wq_head;
+            t->wq_head = op->next;
+            if (!t->wq_head) t->wq_tail = NULL;
+        }
+        if (op || !wait || t->closing) {
+            pthread_mutex_unlock(&t->mu);
+            return op;
+        }
+        pthread_cond_wait(&t->work_cv, &t->mu);
+    }
+}
+
+static void enqueue(kvo_file_tier *t, kvo__fop *op) {
+    op->next = NULL;
+    op->t_queued = kvo__now_ns();
+    pthread_mutex_lock(&t->mu);
+    kvo__fop **head = op->kind == KVO__FOP_READ ? &t->rq_head : &t->wq_head;
+    kvo__fop **tail = op->kind == KVO__FOP_READ ? &t->rq_tail : &t->wq_tail;
+    if (*tail) (*tail)->next = op;
+    else *head = op;
+    *tail = op;
+    pthread_cond_signal(&t->work_cv);
+    pthread_mutex_unlock(&t->mu);
+#if KVO_HAVE_URING
+    if (t->uring) kvo__file_uring_kick(t->uring_state);
+#endif
+}
+
+static void *worker_main(void *arg) {
+    kvo_file_tier *t = arg;
+    kvo__fop *op;
+    while ((op = kvo__fop_next(t, true)) != NULL) kvo__fop_run_sync(t, op);
+    return NULL;
+}
+
+bool kvo__file_tier_closing(kvo_file_tier *t) {
+    pthread_mutex_lock(&t->mu);
+    bool c = t->closing && !t->wq_head && !t->rq_head;
+    pthread_mutex_unlock(&t->mu);
+    return c;
+}
+
+/* ------------------------------------------------------------- probes -- */
+
+/* Probe O_DIRECT with a real write and read in the namespace directory.  Also
+ * the writability check.  Returns 0 and sets *ok, or KVO_EIO. */
+static int probe_direct(kvo_file_tier *t, bool *ok) {
+    char path[KVO__FILE_PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s%08x.%ld.probe", t->ns_dir, KVO__FILE_TMP_PREFIX, t->hostid, t->pid);
+    *ok = false;
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return kvo__error(KVO_EIO, "file tier directory '%s' is not writable: %s", t->ns_dir, strerror(errno));
+    close(fd);
+    if (t->p.direct == KVO_FILE_DIRECT_OFF) {
+        unlink(path);
+        return 0;
+    }
+    void *buf = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) {
+        unlink(path);
+        return kvo__error(KVO_ENOMEM, "probe buffer");
+    }
+    memset(buf, 0x5a, 4096);
+    fd = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
+    if (fd >= 0) {
+        if (pwrite(fd, buf, 4096, 0) == 4096 && pread(fd, buf, 4096, 0) == 4096 &&
+            ((unsigned char *)buf)[4095] == 0x5a)
+            *ok = true;
+        close(fd);
+    }
+    munmap(buf, 4096);
+    unlink(path);
+    return 0;
+}
+
+/* --------------------------------------------------------------- scan -- */
+
+static bool stale_tmp(kvo_file_tier *t, int dfd, const char *name) {
+    unsigned host = 0;
+    long pid = 0;
+    unsigned ctr = 0;
+    if (sscanf(name + strlen(KVO__FILE_TMP_PREFIX), "%8x.%ld.%u", &host, &pid, &ctr) == 3 && host == t->hostid &&
+        pid != t->pid && pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+        return true;
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
+    return time(NULL) - st.st_mtime > 3600; /* another host's writer: give it an hour */
+}
+
+static int scan_namespace(kvo_file_tier *t) {
+    uint64_t t0 = kvo__now_ns();
+    for (int b = 0; b < 256; b++) {
+        char dir[KVO__FILE_PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/%02x", t->ns_dir, b);
+        DIR *d = opendir(dir);
+        if (!d) continue;
+        int dfd = dirfd(d);
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            const char *name = e->d_name;
+            if (name[0] == '.') {
+                if (!strncmp(name, KVO__FILE_TMP_PREFIX, strlen(KVO__FILE_TMP_PREFIX)) && stale_tmp(t, dfd, name)) {
+                    unlinkat(dfd, name, 0);
+                    t->st.scan_removed++;
+                }
+                continue;
+            }
+            kvo_chunk_key k;
+            if (kvo__file_parse_name(name, &k) != 0) continue; /* not ours: leave it */
+            char sub[3];
+            kvo__file_subdir(&k, sub);
+            char path[KVO__FILE_PATH_MAX];
+            snprintf(path, sizeof path, "%s/%s", dir, name);
+            if (strtol(sub, NULL, 16) != b || !group_of(t, &k) || e->d_type == DT_DIR) {
+                /* misplaced, a group this layout does not offload, or a directory */
+                kvo__file_remove_any(path);
+                t->st.scan_removed++;
+                continue;
+            }
+            size_t nev = 0;
+            if (adopt_key(t, &k, &nev) != 0) {
+                kvo__file_remove_any(path);
+                t->st.scan_removed++;
+                continue;
+            }
+            t->st.scanned_files++;
+            t->st.scan_removed += nev;
+            t->st.evictions -= nev; /* counted by unlink_evicted; these are scan removals */
+        }
+        closedir(d);
+    }
+    t->st.scan_ns = kvo__now_ns() - t0;
+    return 0;
+}
+
+/* ------------------------------------------------------------- create -- */
+
+static void tier_free(kvo_file_tier *t) {
+    if (!t) return;
+    kvo_store_destroy(t->index);
+    for (kvo__fop *op = t->free_ops, *n; op; op = n) {
+        n = op->next;
+        kvo__free(op);
+    }
+    for (uint32_t gi = 0; gi < KVO_MAX_GROUPS; gi++) {
+        const kvo_group_plan *g = kvo_plan_group(t->plan, gi);
+        for (unsigned char *b = t->stage_free[gi], *n; b; b = n) {
+            memcpy(&n, b, sizeof n);
+            munmap(b, stage_size(g));
+        }
+    }
+    kvo__free(t->cq);
+    kvo__free(t->threads);
+    if (t->efd >= 0) close(t->efd);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->work_cv);
+    pthread_cond_destroy(&t->done_cv);
+    kvo__free(t);
+}
+
+int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
+    if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_file_tier_create: NULL argument");
+    if (!p->root || !p->root[0]) return kvo__error(KVO_EINVAL, "file tier: no root directory given");
+    if (!p->plan) return kvo__error(KVO_EINVAL, "file tier: no plan given");
+    uint64_t max_slot = kvo_plan_max_slot_bytes(p->plan);
+    if (max_slot == 0) return kvo__error(KVO_EINVAL, "file tier: the plan offloads no group");
+    if (p->quota_bytes < max_slot) {
+        for (size_t i = 0; i < kvo_plan_num_groups(p->plan); i++) {
+            const kvo_group_plan *g = kvo_plan_group(p->plan, i);
+            if (g->offloaded && g->slot_bytes == max_slot)
+                return kvo__error(KVO_EINVAL, "file tier: quota %llu bytes is below one chunk of group '%s' "
+                                  "(%llu bytes); use a quota of at least %llu",
+                                  (unsigned long long)p->quota_bytes, g->name, (unsigned long long)max_slot,
+                                  (unsigned long long)max_slot);
+        }
+    }
+    if (p->io > KVO_FILE_IO_THREADS || p->direct > KVO_FILE_DIRECT_OFF || p->fsync > KVO_FILE_FSYNC_FULL)
+        return kvo__error(KVO_EINVAL, "file tier: unknown io (%d), direct (%d) or fsync (%d) value", (int)p->io,
+                          (int)p->direct, (int)p->fsync);
+    if (strlen(p->root) > KVO__FILE_PATH_MAX - 200)
+        return kvo__error(KVO_EINVAL, "file tier: root path too long (%zu bytes)", strlen(p->root));
+
+    kvo_file_tier *t = kvo__calloc(1, sizeof *t);
+    if (!t) return kvo__error(KVO_ENOMEM, "file tier: out of memory");
+    t->p = *p;
+    if (t->p.io_threads == 0) t->p.io_threads = 1;
+    if (t->p.queue_depth == 0) t->p.queue_depth = 16;
+    if (t->p.max_pending_writes == 0) t->p.max_pending_writes = 64;
+    if (t->p.max_staging_bytes < stage_size(kvo_plan_group(p->plan, 0)) || t->p.max_staging_bytes < max_slot + 4096)
+        t->p.max_staging_bytes = max_slot + KVO_FILE_HEADER_BYTES;
+    t->plan = p->plan;
+    t->efd = -1;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->work_cv, NULL);
+    pthread_cond_init(&t->done_cv, NULL);
+    t->pid = (long)getpid();
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    t->hostid = (uint32_t)XXH3_64bits(host, strlen(host));
+    kvo__strlcpy(t->root, p->root, sizeof t->root);
+    t->p.root = t->root;
+    char fph[33];
+    kvo_u128_hex(kvo_plan_fingerprint(p->plan), fph);
+    snprintf(t->ns_dir, sizeof t->ns_dir, "%s/%s", t->root, fph);
+
+    int rc;
+    int e = mkdir_p(t->ns_dir);
+    if (e < 0) {
+        rc = kvo__error(KVO_EIO, "file tier: cannot create directory '%s': %s (is the root '%s' writable?)",
+                        t->ns_dir, strerror(-e), t->root);
+        goto fail;
+    }
+    rc = probe_direct(t, &t->direct);
+    if (rc) goto fail;
+    if (p->direct == KVO_FILE_DIRECT_ON && !t->direct) {
+        rc = kvo__error(KVO_ENOTSUP, "file tier: O_DIRECT does not work on '%s' (tmpfs and some network file "
+                        "systems refuse it); use direct = AUTO or OFF", t->ns_dir);
+        goto fail;
+    }
+    rc = kvo__file_manifest_ensure(t->ns_dir, p->plan);
+    if (rc) goto fail;
+
+    kvo_store_params sp = kvo_store_default_params();
+    sp.plan = p->plan;
+    sp.capacity_bytes = p->quota_bytes;
+    sp.policy = p->policy;
+    rc = kvo_store_create(&sp, &t->index);
+    if (rc) {
+        kvo__error_prefix(rc, "file tier quota index: ");
+        goto fail;
+    }
+    t->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->efd < 0) {
+        rc = kvo__error(KVO_EIO, "file tier: eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    if (p->scan) {
+        rc = scan_namespace(t);
+        if (rc) goto fail;
+    }
+
+    if (p->io != KVO_FILE_IO_THREADS) {
+#if KVO_HAVE_URING
+        rc = kvo__file_uring_start(t, t->p.queue_depth, &t->uring_state);
+        if (rc == 0) t->uring = true;
+        else if (p->io == KVO_FILE_IO_URING) goto fail;
+#else
+        if (p->io == KVO_FILE_IO_URING) {
+            rc = kvo__error(KVO_ENOTSUP, "file tier: this build has no io_uring support (liburing not found)");
+            goto fail;
+        }
+#endif
+    }
+    if (!t->uring) {
+        t->threads = kvo__calloc(t->p.io_threads, sizeof(pthread_t));
+        if (!t->threads) {
+            rc = kvo__error(KVO_ENOMEM, "file tier: threads");
+            goto fail;
+        }
+        for (uint32_t i = 0; i < t->p.io_threads; i++) {
+            if (pthread_create(&t->threads[i], NULL, worker_main, t) != 0) {
+                pthread_mutex_lock(&t->mu);
+                t->closing = true;
+                pthread_cond_broadcast(&t->work_cv);
+                pthread_mutex_unlock(&t->mu);
+                for (uint32_t j = 0; j < i; j++) pthread_join(t->threads[j], NULL);
+                rc = kvo__error(KVO_ENOMEM, "file tier: cannot start I/O thread %u", i);
+                goto fail;
+            }
+            t->n_threads++;
+        }
+    }
+    *out = t;
+    return 0;
+fail:
+    tier_free(t);
+    return rc;
+}
+
+void kvo_file_tier_destroy(kvo_file_tier *t) {
+    if (!t) return;
+    pthread_mutex_lock(&t->mu);
+    t->closing = true;
+    kvo__fop *reads = t->rq_head;
+    t->rq_head = t->rq_tail = NULL;
+    pthread_cond_broadcast(&t->work_cv);
+    pthread_mutex_unlock(&t->mu);
+    for (kvo__fop *op = reads, *n; op; op = n) {
+        n = op->next;
+        op->result = KVO_ECANCELED;
+        op_finish(t, op);
+    }
+#if KVO_HAVE_URING
+    if (t->uring) kvo__file_uring_stop(t, t->uring_state);
+#endif
+    for (uint32_t i = 0; i < t->n_threads; i++) pthread_join(t->threads[i], NULL);
+    tier_free(t);
+}
+
+const char *kvo_file_tier_dir(const kvo_file_tier *t) { return t ? t->ns_dir : NULL; }
+const char *kvo_file_tier_backend(const kvo_file_tier *t) { return t && t->uring ? "io_uring" : "threads"; }
+bool kvo_file_tier_direct(const kvo_file_tier *t) { return t && t->direct; }
+int kvo_file_tier_event_fd(const kvo_file_tier *t) { return t ? t->efd : -1; }
+
+/* ------------------------------------------------------------ lookup -- */
+
+int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n, uint8_t *states) {
+    if (!t || (n && (!keys || !states))) return kvo__error(KVO_EINVAL, "kvo_file_tier_lookup: NULL argument");
+    if (n == 0) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!group_of(t, &keys[i]))
+            return kvo__error(KVO_EINVAL, "file tier lookup: key %zu has group %u, which the plan does not offload",
+                              i, keys[i].group);
+    int rc = kvo_store_lookup(t->index, keys, n, states);
+    if (rc) return rc;
+    if (t->p.shared) {
+        for (size_t i = 0; i < n; i++) {
+            if (states[i] != KVO_MISS || !probe_file(t, &keys[i], group_of(t, &keys[i]))) continue;
+            if (adopt_key(t, &keys[i], NULL) == 0) states[i] = KVO_READY;
+        }
+    }
+    uint64_t hits = 0;
+    for (size_t i = 0; i < n; i++) hits += states[i] == KVO_READY;
+    pthread_mutex_lock(&t->mu);
+    t->st.hits += hits;
+    t->st.misses += n - hits;
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+int kvo_file_tier_touch(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) {
+    if (!t || (n && !keys)) return kvo__error(KVO_EINVAL, "kvo_file_tier_touch: NULL argument");
+    if (n == 0) return 0;
+    return kvo_store_touch(t->index, keys, n);
+}
+
+int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) {
+    if (!t || (n && !keys)) return kvo__error(KVO_EINVAL, "kvo_file_tier_remove: NULL argument");
+    if (n == 0) return 0;
+    int rc = kvo_store_remove(t->index, keys, n);
+    if (rc) return rc;
+    char path[KVO__FILE_PATH_MAX];
+    for (size_t i = 0; i < n; i++) {
+        key_path(t, &keys[i], path);
+        kvo__file_remove_any(path);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- write -- */
+
+int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
+                        const uint64_t *user_data, int *results, size_t *n_queued) {
+    if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_file_tier_write: NULL argument");
+    size_t queued = 0;
+    int ret = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kvo_group_plan *g = group_of(t, &keys[i]);
+        int r = 0;
+        if (!g || !srcs[i]) {
+            r = kvo__error(KVO_EINVAL, "file tier write: key %zu: %s", i,
+                           !g ? "group not offloaded by the plan" : "NULL source");
+            goto next;
+        }
+        /* 1. back-pressure and a staging buffer (reserved under the lock). */
+        unsigned char *stage = NULL;
+        bool alloc = false;
+        pthread_mutex_lock(&t->mu);
+        if (t->closing) {
+            pthread_mutex_unlock(&t->mu);
+            ret = kvo__error(KVO_ECLOSED, "file tier is shutting down");
+            break;
+        }
+        bool slow = t->p.write_latency_limit_ms && t->pending_writes > 0 &&
+                    t->lat_ewma_ns > (uint64_t)t->p.write_latency_limit_ms * 1000000u;
+        if (t->pending_writes >= t->p.max_pending_writes || slow) {
+            r = KVO_EAGAIN;
+        } else if (t->stage_free[keys[i].group]) {
+            stage = t->stage_free[keys[i].group];
+            memcpy(&t->stage_free[keys[i].group], stage, sizeof stage);
+        } else if (t->staging_bytes + stage_size(g) <= t->p.max_staging_bytes) {
+            t->staging_bytes += stage_size(g);
+            alloc = true;
+        } else {
+            r = KVO_EAGAIN;
+        }
+        if (r == KVO_EAGAIN) {
+            t->st.dropped_backpressure++;
+            pthread_mutex_unlock(&t->mu);
+            tier_log(t, LOG_BACKPRESSURE, "%s: writes fall behind (%llu queued, latency %.1f ms): dropping stores",
+                     t->ns_dir, (unsigned long long)t->pending_writes, t->lat_ewma_ns / 1e6);
+            goto next;
+        }
+        t->pending_writes++;
+        pthread_mutex_unlock(&t->mu);
+
+        /* 2. the index: reserve quota, evict. */
+        uint8_t need = 0;
+        int src = reserve_key(t, &keys[i], &need, NULL);
+        if (src == 0 && need && alloc) {
+            void *m = mmap(NULL, stage_size(g), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED) {
+                kvo_store_complete_store(t->index, &keys[i], 1, false);
+                src = KVO_ENOMEM;
+            } else {
+                stage = m;
+            }
+        }
+        if (src != 0 || !need) {
+            pthread_mutex_lock(&t->mu);
+            t->pending_writes--;
+            if (alloc) t->staging_bytes -= stage ? 0 : stage_size(g);
+            if (stage) stage_put_locked(t, keys[i].group, stage);
+            if (src == 0) t->st.write_skipped++;
+            else t->st.dropped_quota++;
+            pthread_cond_broadcast(&t->done_cv);
+            pthread_mutex_unlock(&t->mu);
+            r = src == 0 ? KVO_EEXIST : (src == KVO_ENOMEM ? KVO_EAGAIN : KVO_ENOSPC);
+            goto next;
+        }
+        /* 3. copy into the file image and queue. */
+        memcpy(stage + KVO_FILE_HEADER_BYTES, srcs[i], g->chunk_bytes);
+        if (g->slot_bytes > g->chunk_bytes)
+            memset(stage + KVO_FILE_HEADER_BYTES + g->chunk_bytes, 0, g->slot_bytes - g->chunk_bytes);
+        kvo__fop *op = op_get(t);
+        if (!op) {
+            kvo_store_complete_store(t->index, &keys[i], 1, false);
+            pthread_mutex_lock(&t->mu);
+            t->pending_writes--;
+            stage_put_locked(t, keys[i].group, stage);
+            t->st.dropped_backpressure++;
+            pthread_cond_broadcast(&t->done_cv);
+            pthread_mutex_unlock(&t->mu);
+            r = KVO_EAGAIN;
+            goto next;
+        }
+        op->kind = KVO__FOP_WRITE;
+        op->key = keys[i];
+        op->key.reserved = 0;
+        op->g = g;
+        op->stage = stage;
+        op->user_data = user_data ? user_data[i] : 0;
+        op->report = t->p.write_completions;
+        if (op->report) {
+            pthread_mutex_lock(&t->mu);
+            t->inflight_reports++;
+            pthread_mutex_unlock(&t->mu);
+        }
+        enqueue(t, op);
+        queued++;
+    next:
+        if (results) results[i] = r;
+    }
+    if (n_queued) *n_queued = queued;
+    return ret;
+}
+
+/* -------------------------------------------------------------- read -- */
+
+int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const *dsts, size_t n,
+                       const uint64_t *user_data, int *results, size_t *n_queued) {
+    if (!t || (n && (!keys || !dsts))) return kvo__error(KVO_EINVAL, "kvo_file_tier_read: NULL argument");
+    size_t queued = 0;
+    int ret = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kvo_group_plan *g = group_of(t, &keys[i]);
+        int r = 0;
+        if (!g || !dsts[i]) {
+            r = kvo__error(KVO_EINVAL, "file tier read: key %zu: %s", i,
+                           !g ? "group not offloaded by the plan" : "NULL destination");
+            goto next;
+        }
+        pthread_mutex_lock(&t->mu);
+        bool closing = t->closing;
+        pthread_mutex_unlock(&t->mu);
+        if (closing) {
+            ret = kvo__error(KVO_ECLOSED, "file tier is shutting down");
+            break;
+        }
+        kvo_slot slot;
+        int lr = kvo_store_prepare_load(t->index, &keys[i], 1, &slot);
+        if (lr == KVO_ENOTFOUND && t->p.shared && probe_file(t, &keys[i], g) && adopt_key(t, &keys[i], NULL) == 0)
+            lr = kvo_store_prepare_load(t->index, &keys[i], 1, &slot);
+        if (lr) {
+            r = lr == KVO_EAGAIN ? KVO_EAGAIN : KVO_ENOTFOUND;
+            if (r == KVO_ENOTFOUND) {
+                pthread_mutex_lock(&t->mu);
+                t->st.read_misses++;
+                pthread_mutex_unlock(&t->mu);
+            }
+            goto next;
+        }
+        kvo__fop *op = op_get(t);
+        if (!op) {
+            kvo_store_complete_load(t->index, &keys[i], 1);
+            r = kvo__error(KVO_ENOMEM, "file tier read: out of memory");
+            goto next;
+        }
+        op->kind = KVO__FOP_READ;
+        op->key = keys[i];
+        op->key.reserved = 0;
+        op->g = g;
+        op->dst = dsts[i];
+        op->direct = t->direct && ((uintptr_t)dsts[i] % KVO_FILE_HEADER_BYTES) == 0;
+        op->user_data = user_data ? user_data[i] : 0;
+        op->report = true;
+        pthread_mutex_lock(&t->mu);
+        t->inflight_reports++;
+        pthread_mutex_unlock(&t->mu);
+        enqueue(t, op);
+        queued++;
+    next:
+        if (results) results[i] = r;
+    }
+    if (n_queued) *n_queued = queued;
+    return ret;
+}
+
+/* -------------------------------------------------------- completion -- */
+
+size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap) {
+    if (!t || !out || !cap) return 0;
+    pthread_mutex_lock(&t->mu);
+    size_t n = t->cq_len < cap ? t->cq_len : cap;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = t->cq[t->cq_head];
+        t->cq_head = (t->cq_head + 1) % t->cq_cap;
+    }
+    t->cq_len -= n;
+    if (t->cq_len == 0 && n) {
+        uint64_t v;
+        ssize_t r = read(t->efd, &v, sizeof v);
+        (void)r;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+static void deadline_ts(int timeout_ms, struct timespec *ts) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += timeout_ms / 1000;
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms) {
+    if (!t) return kvo__error(KVO_EINVAL, "kvo_file_tier_wait: NULL tier");
+    struct timespec ts;
+    if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    while (t->cq_len == 0) {
+        if (t->inflight_reports == 0) {
+            rc = KVO_ENOTFOUND;
+            break;
+        }
+        if (timeout_ms < 0) pthread_cond_wait(&t->done_cv, &t->mu);
+        else if (pthread_cond_timedwait(&t->done_cv, &t->mu, &ts) == ETIMEDOUT && t->cq_len == 0) {
+            rc = KVO_ETIMEDOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (rc == KVO_ENOTFOUND) return kvo__error(rc, "file tier: nothing in flight to wait for");
+    if (rc == KVO_ETIMEDOUT) return kvo__error(rc, "file tier: no completion within %d ms", timeout_ms);
+    return 0;
+}
+
+int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms) {
+    if (!t) return kvo__error(KVO_EINVAL, "kvo_file_tier_flush: NULL tier");
+    struct timespec ts;
+    if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    while (t->pending_writes > 0) {
+        if (timeout_ms < 0) pthread_cond_wait(&t->done_cv, &t->mu);
+        else if (pthread_cond_timedwait(&t->done_cv, &t->mu, &ts) == ETIMEDOUT && t->pending_writes > 0) {
+            rc = KVO_ETIMEDOUT;
+            break;
+        }
+    }
+    uint64_t left = t->pending_writes;
+    pthread_mutex_unlock(&t->mu);
+    if (rc) return kvo__error(rc, "file tier flush: %llu writes still pending after %d ms", (unsigned long long)left,
+                              timeout_ms);
+    return 0;
+}
+
+int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
+    if (!t || !out) return kvo__error(KVO_EINVAL, "kvo_file_tier_get_stats: NULL argument");
+    kvo_store_stats ss;
+    int rc = kvo_store_get_stats(t->index, &ss);
+    if (rc) return rc;
+    pthread_mutex_lock(&t->mu);
+    *out = t->st;
+    out->pending_writes = t->pending_writes;
+    out->staging_bytes = t->staging_bytes;
+    out->write_latency_ns = t->lat_ewma_ns;
+    pthread_mutex_unlock(&t->mu);
+    out->quota_bytes = t->p.quota_bytes;
+    out->bytes_used = ss.bytes_used;
+    out->files = ss.entries - ss.pending;
+    return 0;
+}
