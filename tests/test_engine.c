@@ -14,6 +14,9 @@ static kvo_eng *mk_engine(const char *shape, uint64_t budget) {
     ENG_OK(kvo_eng_shape_config(shape, &c));
     c.budget_tokens = budget;
     c.max_seq = 1024;
+    c.d_model = 32; /* small and fast under sanitizers */
+    c.n_heads = 2;
+    c.d_ff = 64;
     kvo_eng *e = NULL;
     ENG_OK(kvo_eng_create(&c, &e));
     return e;
@@ -126,7 +129,7 @@ KVO_TEST(model_and_segments) {
     ASSERT_EQ_U64(kvo_model_num_groups(m), 3);
     const kvo_group_desc *g2 = kvo_model_group(m, 2);
     ASSERT_EQ_INT(g2->kind, KVO_GROUP_STATE);
-    ASSERT_EQ_U64(g2->page_bytes, 64 * sizeof(float));
+    ASSERT_EQ_U64(g2->page_bytes, 32 * sizeof(float));
     size_t ns = 0;
     const kvo_segment *s = kvo_eng_segments(e, &ns);
     ASSERT_EQ_U64(ns, 4);
