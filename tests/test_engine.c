@@ -195,3 +195,36 @@ KVO_TEST(budget_too_small) {
     ASSERT_CONTAINS(kvo_eng_last_error(), "vocab");
     kvo_eng_destroy(e);
 }
+
+/* The comparison is sensitive: corrupting cached engine blocks that a later
+ * run reuses must show up as a difference. */
+KVO_TEST(corruption_detected) {
+    kvo_eng_workload *w = mk_workload(6, 8);
+    kvo_eng *e = mk_engine("hybrid-state", 1024);
+    kvo_eng_run_params base = kvo_eng_run_default_params();
+    base.prefix_cache = false;
+    kvo_eng_result *a = run(e, w, &base);
+    kvo_eng_run_params cached = kvo_eng_run_default_params();
+    kvo_eng_result *b = run(e, w, &cached); /* fills the engine cache */
+    assert_same(a, b, w->n);
+    size_t ns = 0;
+    const kvo_segment *s = kvo_eng_segments(e, &ns);
+    for (size_t i = 0; i < ns; i++) {
+        float *f = s[i].base;
+        size_t nf = s[i].num_blocks * s[i].page_bytes / sizeof(float);
+        for (size_t k = 0; k < nf; k += 7) f[k] += 0.25f;
+    }
+    kvo_eng_result *c = run(e, w, &cached);
+    uint64_t local = 0;
+    for (size_t i = 0; i < w->n; i++) local += c[i].tokens_local;
+    ASSERT_GT_U64(local, 0);
+    ASSERT_NE_U64(kvo_eng_results_compare(a, c, w->n, 512, NULL, 0), 0);
+    kvo_eng_results_free(a, w->n);
+    kvo_eng_results_free(b, w->n);
+    kvo_eng_results_free(c, w->n);
+    free(a);
+    free(b);
+    free(c);
+    kvo_eng_destroy(e);
+    kvo_eng_workload_free(w);
+}
