@@ -428,3 +428,80 @@ KVO_TEST(random_mixes_match_brute_force) {
     }
     ASSERT_GT_INT(checked, 100); /* the generator produced real hits */
 }
+
+/* ------------------------------------------------ docs/lookup.md examples -- */
+
+static kvo_plan *preset_plan(const char *name) {
+    kvo_model *m = NULL;
+    ASSERT_OK(kvo_model_preset(name, &m));
+    kvo_plan *p = NULL;
+    ASSERT_OK(kvo_plan_create(m, NULL, &p));
+    kvo_model_destroy(m);
+    return p;
+}
+
+KVO_TEST(docs_example_gemma) {
+    kvo_plan *p = preset_plan("gemma-4-31b-like");
+    ASSERT_EQ_U64(kvo_plan_group(p, 0)->tokens_per_chunk, 16);  /* sliding */
+    ASSERT_EQ_U64(kvo_plan_group(p, 1)->tokens_per_chunk, 128); /* full */
+    ASSERT_EQ_U64(kvo_agree_step(p), 64);
+    static tstates s;
+    memset(&s, 0, sizeof s);
+    /* a previous turn computed 4700 tokens: 293 sliding chunks, 36 full */
+    fill_states(&s, 0, 293, KVO_READY);
+    fill_states(&s, 1, 36, KVO_READY);
+    kvo_agree_result r = agree(p, &s, 5000, 0, 0, 0);
+    ASSERT_EQ_U64(r.tokens, 4608);
+    ASSERT_EQ_U64(r.rounds, 2);
+    /* the host evicted sliding chunks 250..270 */
+    for (int c = 250; c <= 270; c++) s.st[0][c] = KVO_MISS;
+    r = agree(p, &s, 5000, 0, 0, 0);
+    ASSERT_EQ_U64(r.tokens, 3968);
+    ASSERT_EQ_INT(r.limiting_group, 0);
+    /* back to all present, and full chunk 36 still being written */
+    fill_states(&s, 0, 293, KVO_READY);
+    fill_states(&s, 1, 37, KVO_READY);
+    s.st[1][36] = KVO_PENDING;
+    r = agree(p, &s, 5000, 0, 0, 0);
+    ASSERT_EQ_U64(r.tokens, 4608);
+    ASSERT_EQ_U64(r.tokens_if_pending, 4672);
+    kvo_plan_destroy(p);
+}
+
+KVO_TEST(docs_example_deepseek) {
+    kvo_plan *p = preset_plan("deepseek-v4-flash-like");
+    ASSERT_EQ_U64(kvo_agree_step(p), 64);
+    ASSERT_FALSE(kvo_plan_group(p, 8)->offloaded);
+    static tstates s;
+    memset(&s, 0, sizeof s);
+    /* a previous turn computed 2600 tokens */
+    for (size_t g = 0; g < 3; g++) fill_states(&s, g, 5, KVO_READY);  /* mla0-2: 512-token chunks */
+    fill_states(&s, 3, 2, KVO_READY);                                   /* mla3: 1024 */
+    for (size_t g = 4; g < 7; g++) fill_states(&s, g, 10, KVO_READY); /* swa0-2: 256 */
+    fill_states(&s, 7, 2, KVO_READY);                                   /* indexer: 1024 */
+    uint64_t scratch = UINT64_C(1) << 8;
+    kvo_agree_result r = agree(p, &s, 3000, 0, 0, 0);
+    ASSERT_EQ_U64(r.tokens, 0);
+    ASSERT_EQ_INT(r.reason, KVO_AGREE_NONCACHEABLE);
+    r = agree(p, &s, 3000, 0, 0, scratch);
+    ASSERT_EQ_U64(r.tokens, 2048);
+    ASSERT_EQ_U64(r.rounds, 2);
+    s.st[4][7] = KVO_MISS; /* swa0 lost [1792, 2048) */
+    r = agree(p, &s, 3000, 0, 0, scratch);
+    ASSERT_EQ_U64(r.tokens, 1792);
+    ASSERT_EQ_INT(r.limiting_group, 4);
+    s.st[4][7] = KVO_PENDING;
+    r = agree(p, &s, 3000, 0, 0, scratch);
+    ASSERT_EQ_U64(r.tokens, 1792);
+    ASSERT_EQ_U64(r.tokens_if_pending, 2048);
+    s.st[4][7] = KVO_READY;
+    s.st[0][4] = KVO_PENDING; /* mla0 [2048, 2560) in flight: does not matter */
+    r = agree(p, &s, 3000, 0, 0, scratch);
+    ASSERT_EQ_U64(r.tokens, 2048);
+    ASSERT_EQ_U64(r.tokens_if_pending, 2048);
+    /* a 1000-token prompt: 960 < one 1024-token chunk: no hit */
+    r = agree(p, &s, 1000, 0, 0, scratch);
+    ASSERT_EQ_U64(r.tokens, 0);
+    ASSERT_EQ_INT(r.reason, KVO_AGREE_TOO_SHORT);
+    kvo_plan_destroy(p);
+}

@@ -921,3 +921,71 @@ KVO_TEST(concurrent_layout_changes_and_cancels) {
     simple_close(&S);
     free(mem2);
 }
+
+KVO_TEST(canceled_jobs_still_ordered_count_against_the_queue) {
+    simple S;
+    simple_open(&S, 1, 2, 4);
+    kvo__transfer_pause(S.t, true);
+    const kvo_group_plan *gp = kvo_plan_group(S.p, 0);
+    unsigned char *slot = malloc(gp->slot_bytes);
+    uint64_t b[8] = {0, 1, 2, 3, 4, 5, 6, 7}, id[8];
+    kvo_xfer_result r[8];
+    size_t n;
+    kvo_xfer_op st = {0, 0, 1, &b[0], slot, gp->slot_bytes};
+    ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, &st, 1, &id[0]));
+    for (int i = 1; i <= 3; i++) {
+        kvo_xfer_op ld = {0, 0, 1, &b[i], slot, gp->slot_bytes};
+        if (i < 3) {
+            ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_LOAD, &ld, 1, &id[i]));
+            ASSERT_OK(kvo_transfer_cancel(S.t, id[i])); /* waits for the store: stays ordered */
+            ASSERT_OK(kvo_transfer_poll(S.t, r, 8, &n));
+            ASSERT_EQ_U64(n, 1);
+            ASSERT_EQ_INT(r[0].status, KVO_ECANCELED);
+        } else {
+            ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_LOAD, &ld, 1, &id[i]));
+        }
+    }
+    /* 1 store + 2 canceled-but-ordered + 1 load = 4 = max_queued_jobs. */
+    ASSERT_ERR(kvo_transfer_submit(S.t, KVO_XFER_STORE, &st, 1, &id[4]), KVO_EAGAIN);
+    ASSERT_CONTAINS(kvo_last_error(), "canceled");
+    kvo__transfer_pause(S.t, false);
+    ASSERT_OK(kvo_transfer_wait(S.t, (uint64_t[]){id[0], id[3]}, 2, -1));
+    ASSERT_OK(kvo_transfer_poll(S.t, r, 8, &n));
+    ASSERT_EQ_U64(n, 2);
+    ASSERT_EQ_INT(r[0].status, 0);
+    ASSERT_EQ_INT(r[1].status, 0);
+    /* Room again once the canceled ones have left the order. */
+    for (int tries = 0;; tries++) {
+        int rc = kvo_transfer_submit(S.t, KVO_XFER_STORE, &st, 1, &id[4]);
+        if (rc == 0) break;
+        ASSERT_EQ_INT(rc, KVO_EAGAIN);
+        ASSERT_LT_INT(tries, 1000000);
+    }
+    ASSERT_OK(kvo_transfer_wait(S.t, &id[4], 1, -1));
+    unsigned char *got = malloc(gp->chunk_bytes), *want = malloc(gp->chunk_bytes);
+    gather_block(&S.L, 0, 0, want);
+    gather_block(&S.L, 0, 3, got);
+    ASSERT_MEM_EQ(got, want, gp->chunk_bytes);
+    free(got);
+    free(want);
+    free(slot);
+    simple_close(&S);
+}
+
+KVO_TEST(empty_job_completes) {
+    simple S;
+    simple_open(&S, 3, 1, 8);
+    uint64_t id;
+    ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, NULL, 0, &id));
+    kvo_xfer_op empty = {2, 1, 0, NULL, NULL, 0};
+    uint64_t id2;
+    ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_LOAD, &empty, 1, &id2));
+    ASSERT_OK(kvo_transfer_wait(S.t, (uint64_t[]){id, id2}, 2, -1));
+    kvo_xfer_result r[2];
+    size_t n;
+    ASSERT_OK(kvo_transfer_poll(S.t, r, 2, &n));
+    ASSERT_EQ_U64(n, 2);
+    ASSERT_EQ_INT(r[0].status, 0);
+    ASSERT_EQ_U64(r[0].bytes, 0);
+    simple_close(&S);
+}

@@ -303,3 +303,67 @@ KVO_TEST(copy_kind_reported) {
     ASSERT_ERR(kvo_transfer_create(&tp, &t), KVO_EINVAL);
     kvo_plan_destroy(p);
 }
+
+KVO_TEST(worked_example_from_docs) {
+    /* docs/slot-format.md: layers 2, page 200 (K 100 + V 100), 3 blocks per
+     * chunk, K and V separate per layer; store blocks [17, 4, 5]. */
+    kvo_model *m;
+    ASSERT_OK(kvo_model_create("doc", 16, &m));
+    kvo_group_desc d = kvo_group_desc_default();
+    snprintf(d.name, sizeof d.name, "full");
+    d.tokens_per_block = 16;
+    d.layers = 2;
+    d.page_bytes = 200;
+    ASSERT_OK(kvo_model_add_group(m, &d));
+    kvo_plan_params pp = kvo_plan_default_params();
+    pp.blocks_per_chunk = 3;
+    kvo_plan *p;
+    ASSERT_OK(kvo_plan_create(m, &pp, &p));
+    kvo_model_destroy(m);
+    ASSERT_EQ_U64(kvo_plan_group(p, 0)->chunk_bytes, 1200);
+    enum { N = 32 };
+    kvo_segment s[4];
+    for (int l = 0; l < 2; l++) {
+        unsigned char *t = MEM + (size_t)l * 2 * 100 * N;
+        s[2 * l] = (kvo_segment){0, t, N, 100, 100};
+        s[2 * l + 1] = (kvo_segment){0, t + 100 * N, N, 100, 100};
+    }
+    for (size_t i = 0; i < 4 * 100 * N; i++) MEM[i] = (unsigned char)(i * 7 + 3);
+    kvo_transfer *t = open_t(p);
+    ASSERT_OK(kvo_transfer_set_layout(t, s, 4));
+    static const uint64_t want_off[4][3] = {{0, 100, 200}, {300, 400, 500}, {600, 700, 800}, {900, 1000, 1100}};
+    for (uint32_t k = 0; k < 4; k++)
+        for (uint32_t b = 0; b < 3; b++) {
+            uint64_t off;
+            ASSERT_OK(kvo_transfer_slot_offset(t, 0, k, b, &off));
+            ASSERT_EQ_U64(off, want_off[k][b]);
+        }
+    static unsigned char slot[4096];
+    memset(slot, 0xEE, sizeof slot);
+    uint64_t blocks[3] = {17, 4, 5}, id;
+    kvo_xfer_op op = {0, 0, 3, blocks, slot, sizeof slot};
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, &op, 1, &id));
+    ASSERT_OK(kvo_transfer_wait(t, &id, 1, -1));
+    kvo_transfer_stats st;
+    ASSERT_OK(kvo_transfer_get_stats(t, &st));
+    ASSERT_EQ_U64(st.copies, 8);
+    ASSERT_EQ_U64(st.bytes_stored, 1200);
+    for (uint32_t k = 0; k < 4; k++)
+        for (uint32_t b = 0; b < 3; b++)
+            ASSERT_MEM_EQ(slot + want_off[k][b], (unsigned char *)s[k].base + blocks[b] * 100, 100);
+    for (size_t i = 1200; i < sizeof slot; i++) ASSERT_EQ_INT(slot[i], 0xEE);
+    /* Partial: first_block 1, n_blocks 2 touches only [100,300), [400,600), ... */
+    memset(slot, 0xEE, sizeof slot);
+    op = (kvo_xfer_op){0, 1, 2, blocks, slot, sizeof slot};
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, &op, 1, &id));
+    ASSERT_OK(kvo_transfer_wait(t, &id, 1, -1));
+    for (size_t i = 0; i < sizeof slot; i++) {
+        bool target = i < 1200 && (i % 300) >= 100;
+        if (!target) ASSERT_EQ_INT(slot[i], 0xEE);
+    }
+    ASSERT_MEM_EQ(slot + 100, (unsigned char *)s[0].base + 17 * 100, 100);
+    ASSERT_MEM_EQ(slot + 1000, (unsigned char *)s[3].base + 17 * 100, 100);
+    ASSERT_MEM_EQ(slot + 1100, (unsigned char *)s[3].base + 4 * 100, 100);
+    kvo_transfer_destroy(t);
+    kvo_plan_destroy(p);
+}

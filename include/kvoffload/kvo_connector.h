@@ -276,12 +276,14 @@ typedef struct kvo_lookup_result {
  *  preemption everything appended so far) can be loaded, agreed by every
  *  group.  local_tokens: the prefix the engine already holds (its own prefix
  *  cache hit), a multiple of the step.  A hit (status KVO_HIT) pins its
- *  chunks until load(), the next lookup, preempt, finish or abort, so that
- *  the load cannot miss.  A PENDING result pins nothing.  Lookups of
- *  file-tier chunks start reading them into host memory; the load then
- *  waits for those reads (its completion comes later).
- *  Errors: KVO_ENOTFOUND (id), KVO_ESTATE (request loading, running or
- *  finished), KVO_EINVAL (local_tokens not a multiple of the step or beyond
+ *  chunks until load(), the next lookup, update, preempt, finish or abort, so that
+ *  the load cannot miss.  A PENDING result pins nothing.  A hit on chunks
+ *  that only the file tier holds starts reading them into host slots at once
+ *  (file -> host); a load issued before the reads finish waits for them (its
+ *  completion comes later; a failed read fails the load with tokens_valid =
+ *  local_tokens and nothing written).
+ *  Errors: KVO_ENOTFOUND (id), KVO_ESTATE (a load of the request in flight,
+ *  or finished), KVO_EINVAL (local_tokens not a multiple of the step or beyond
  *  the sequence). */
 int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, kvo_lookup_result *out);
 
@@ -310,7 +312,8 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
 /** The engine has written KV for tokens [0, computed_tokens) into the blocks of
  *  tables (computed_tokens never decreases, except after preempt).  Stores
  *  every chunk that became complete (and is wanted: see sliding_store) and
- *  whose blocks the table holds; chunks already stored are skipped.  Stores
+ *  whose blocks the table holds; chunks already stored are skipped.  A hit
+ *  pinned by lookup and not loaded is released (the engine computes).  Stores
  *  that would need to evict pinned or pending data are skipped and counted.
  *  The engine must not modify or free a block in such a store before
  *  wait_blocks / wait_request / a RELEASED completion says so.
@@ -335,9 +338,11 @@ int kvo_connector_wait_blocks(kvo_connector *c, const kvo_block_ref *blocks, siz
 /** Block until every copy of the request has finished (stores and loads). */
 int kvo_connector_wait_request(kvo_connector *c, uint64_t id);
 
-/** The request is done: store the final checkpoint chunks (sliding
- *  CHECKPOINTS policy) from tables (may be NULL: no final stores), unpin
- *  anything pinned, and retire the request once its copies finish.  *busy
+/** The request is done: store the chunks completed by computed_tokens and
+ *  the final checkpoint chunks (sliding CHECKPOINTS policy) from tables (may
+ *  be NULL: no final stores), unpin anything pinned, and retire the request
+ *  once its copies finish (read kvo_connector_request_stats before: a retired
+ *  request is unknown).  *busy
  *  (may be NULL) = true when stores are still in flight: free the request's
  *  blocks only after the KVO_COMPLETION_RELEASED for it (or wait_request);
  *  false: free at once (no RELEASED completion follows).  Errors:
@@ -347,10 +352,11 @@ int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t computed_tokens
 
 /** Preemption: the engine is about to free the request's blocks and will
  *  compute it again later.  Queued copies are canceled, running ones waited
- *  for (a load in flight completes as failed: tokens_valid = 0), pins are
- *  released, computed tokens reset to 0; the token sequence is kept, and the
- *  request may be looked up again.  Blocks may be freed on return.  Errors:
- *  KVO_ENOTFOUND. */
+ *  for; a load in flight (or waiting for file reads) is dropped and no
+ *  KVO_COMPLETION_LOAD follows for it; pins are released, computed tokens
+ *  reset to 0; the token sequence is kept, and the request may be looked up
+ *  again.  Blocks may be freed on return (file reads still running land in
+ *  host slots, never in engine blocks).  Errors: KVO_ENOTFOUND. */
 int kvo_connector_preempt(kvo_connector *c, uint64_t id);
 
 /** Abort: like preempt, then the request is removed (no completion follows).
@@ -376,12 +382,16 @@ typedef struct kvo_completion {
 } kvo_completion;
 
 /** Process finished copies (completes stores, verifies and completes loads,
- *  feeds the file tier) and move up to cap completions for the engine to out;
- *  returns the count.  Call every step (or when event_fd is readable). */
+ *  writes stored chunks through to the file tier, finishes file reads and
+ *  submits the loads that waited for them) and move up to cap completions for
+ *  the engine to out; returns the count.  Call every step (or when event_fd
+ *  is readable).  With a file tier, the connector consumes all of the tier's
+ *  completions (leave its write_completions off). */
 size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap);
 
 /** A file descriptor readable when poll may have work (the transfer engine's
- *  eventfd).  Owned by the connector. */
+ *  eventfd; with a file tier, also watch kvo_file_tier_event_fd).  Owned by
+ *  the connector. */
 int kvo_connector_event_fd(const kvo_connector *c);
 
 /** The engine blocks of group that the request's last failed load wrote

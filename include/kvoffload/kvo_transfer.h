@@ -78,9 +78,11 @@ typedef struct kvo_xfer_op {
 typedef struct kvo_transfer_params {
     const kvo_plan *plan;     /* required; must outlive the engine */
     uint32_t threads;         /* worker threads, 1..KVO_TRANSFER_MAX_THREADS; default 2 */
-    uint32_t max_queued_jobs; /* unfinished jobs plus finished results not yet
-                                 polled; submit returns KVO_EAGAIN beyond
-                                 (poll to make room); default 4096 */
+    uint32_t max_queued_jobs; /* unfinished jobs (canceled ones still waiting
+                                 for earlier jobs included) plus finished
+                                 results not yet polled; submit returns
+                                 KVO_EAGAIN beyond (poll to make room);
+                                 default 4096 */
     int nontemporal;          /* streaming stores for large pieces: -1 auto (default:
                                  when the CPU has SSE2/AVX2), 0 never, 1 always */
     const char *device;       /* engine-memory device: NULL or "host" (default);

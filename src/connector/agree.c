@@ -19,12 +19,15 @@
  * "now" answer and as READY for the "if pending" answer.
  *
  * Lowering.  If group g cannot serve b, let m be the highest needed chunk
- * that is not READY.  Every b' in (m*T_g, b] needs chunk m too (full: it needs
+ * that is not READY, and m0 <= m the lowest chunk of the run of failing
+ * chunks ending at m.  Every b' in (m*T_g, b] needs chunk m too (full: it needs
  * all chunks up to b'; sliding: b' - window < b - window < (m+1)*T_g, so
  * chunk m still meets the window; state: the snapshot of b' > m*T_g lies in
  * chunk m or a later one whose own failure would be found first), so the
- * next candidate is align_down(m*T_g, S).  For a full group the lowest failing
- * chunk m0 gives the same bound (b' > m0*T needs m0), a larger jump.
+ * next candidate is align_down(m*T_g, S); and every b' in (m0*T_g, m*T_g]
+ * needs chunk ceil(b'/T_g) - 1, which lies in the failing run, so the jump
+ * goes to align_down(m0*T_g, S).  For a full group m0 is simply the lowest
+ * failing chunk (b' > m0*T needs m0).
  *
  * Convergence.  One round asks every group in turn; a group that cannot
  * serve the current b lowers it as above.  The invariant "no boundary above
@@ -97,13 +100,16 @@ static int64_t kvo__scan_down(const kvo_agree_input *in, size_t g, kvo__agree_sc
         }
         if (!kvo__chunk_ok(in, g, (uint64_t)c, pending_ok)) {
             bad = c;
+            /* every boundary whose window ends inside this run of failing
+             * chunks fails too: report the run's lowest chunk */
+            while (bad > 0 && !kvo__chunk_ok(in, g, (uint64_t)(bad - 1), pending_ok)) bad--;
             break;
         }
         c--;
     }
-    /* [max(bad+1, lo), hi] is now known good; merge when it touches the
+    /* [max(c+1, lo), hi] is now known good; merge when it touches the
      * known interval (it always does when the scan skipped through it). */
-    int64_t nlo = bad >= 0 ? bad + 1 : lo, nhi = hi;
+    int64_t nlo = bad >= 0 ? c + 1 : lo, nhi = hi;
     if (nlo <= nhi) {
         if (sc->good_lo > sc->good_hi || nhi + 1 < sc->good_lo || nlo > sc->good_hi + 1) {
             /* keep the larger of the two intervals */

