@@ -55,7 +55,7 @@ static uint64_t sum_local(const kvo_eng_result *r, size_t n) {
 /* Shapes: every preset, baseline (no reuse, one request at a time) vs
  * prefix cache with batching, vs forced eviction after every request. */
 static void check_shape(const char *shape) {
-    kvo_eng_workload *w = mk_workload(12, 8);
+    kvo_eng_workload *w = mk_workload(10, 6);
     kvo_eng *e = mk_engine(shape, 1024);
     kvo_eng_run_params base = kvo_eng_run_default_params();
     base.prefix_cache = false;
@@ -99,7 +99,7 @@ KVO_TEST(tiny_blocks_exact) { check_shape("tiny-blocks"); }
 /* A tight budget: cached blocks are evicted under pressure by allocation,
  * outputs stay identical. */
 KVO_TEST(pressure_evicts) {
-    kvo_eng_workload *w = mk_workload(12, 8);
+    kvo_eng_workload *w = mk_workload(10, 6);
     kvo_eng *e = mk_engine("hybrid-state", 1024);
     kvo_eng_run_params base = kvo_eng_run_default_params();
     base.prefix_cache = false;

@@ -125,7 +125,7 @@ KVO_TEST(exact_tiny_blocks) { check_shape("tiny-blocks"); }
 /* Engine cache and connector together, a tight engine budget (eviction by
  * pressure) and a host tier too small for everything. */
 KVO_TEST(pressure_mixed_reuse) {
-    kvo_eng_workload *w = mk_workload(14);
+    kvo_eng_workload *w = mk_workload(10);
     kvo_eng_result *a = baseline("hybrid-state", w);
     kvo_eng *e = mk_engine("hybrid-state", ((w->max_prompt + w->max_new) / 64 + 4) * 64);
     kvo_eng_conn *c = mk_conn(e, 512u << 10, NULL, 0);
