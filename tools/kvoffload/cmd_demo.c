@@ -124,8 +124,13 @@ static const char *kvo__find_sample(char *buf, size_t cap) {
     *slash = 0;
     static const char *ups[] = {"/", "/../", "/../../", "/../share/kvoffload/"};
     for (size_t i = 0; i < sizeof ups / sizeof ups[0]; i++) {
-        snprintf(buf, cap, "%s%s%s", exe, ups[i], rel);
-        if (access(buf, R_OK) == 0) return buf;
+        char cand[PATH_MAX + 64];
+        snprintf(cand, sizeof cand, "%s%s%s", exe, ups[i], rel);
+        if (access(cand, R_OK) == 0) {
+            char real[PATH_MAX];
+            snprintf(buf, cap, "%s", realpath(cand, real) ? real : cand);
+            return buf;
+        }
     }
     return NULL;
 }
