@@ -2,6 +2,7 @@
  * logits are bit-identical with and without offloading, for every model mix,
  * with forced eviction of engine blocks between turns, partial hits, failed
  * loads (injected and corrupted) and a restart that hits the file tier. */
+#include <jansson.h>
 #include <stdlib.h>
 
 #include "kvo_engine.h"
@@ -261,5 +262,31 @@ KVO_TEST(demo_command) {
     if (rc != 0) FAILF("demo exited %d: %s", rc, out ? out : "");
     ASSERT_CONTAINS(out, "verdict: MATCH");
     ASSERT_CONTAINS(out, "loaded from host tier");
+    free(out);
+}
+
+/* --json prints one valid object with the verdict; bad options exit 2. */
+KVO_TEST(demo_json_and_usage) {
+    char *out = NULL;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' demo --requests 4 --max-blocks 8 --quiet --json --file-mib 0",
+             KVO_SOURCE_DIR, KVO_CLI_PATH);
+    int rc = kvo_test_run(cmd, &out);
+    if (rc != 0) FAILF("demo --json exited %d: %s", rc, out ? out : "");
+    json_error_t err;
+    json_t *o = json_loads(out, 0, &err);
+    if (!o) FAILF("demo --json is not JSON (%s): %s", err.text, out);
+    ASSERT_TRUE(json_is_true(json_object_get(o, "match")));
+    ASSERT_EQ_U64(json_integer_value(json_object_get(o, "requests")), 4);
+    ASSERT_NOT_NULL(json_object_get(json_object_get(o, "offload"), "ttft_p99_ms"));
+    json_decref(o);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' demo --shape nope 2>&1", KVO_CLI_PATH);
+    ASSERT_EQ_INT(kvo_test_run(cmd, &out), 2);
+    ASSERT_CONTAINS(out, "tiny-blocks");
+    free(out);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' demo --engine-tokens 64 --quiet 2>&1", KVO_SOURCE_DIR, KVO_CLI_PATH);
+    ASSERT_EQ_INT(kvo_test_run(cmd, &out), 2);
+    ASSERT_CONTAINS(out, "raise the budget");
     free(out);
 }

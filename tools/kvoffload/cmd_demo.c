@@ -272,8 +272,9 @@ int kvo_cmd_demo(int argc, char **argv) {
     p.on_done = kvo__demo_progress;
     p.on_done_ctx = &pa;
     double t0 = kvo__demo_now();
-    if (kvo_eng_run(base_e, w->reqs, w->n, &p, ra)) {
-        rc = kvo__demo_fail("run 1 (recompute)");
+    if ((rc = kvo_eng_run(base_e, w->reqs, w->n, &p, ra)) != 0) {
+        (void)kvo__demo_fail("run 1 (recompute)");
+        if (rc == KVO_ENOSPC || rc == KVO_EINVAL) exit_code = KVO_EXIT_USAGE; /* budget too small */
         goto out;
     }
     double wall_a = kvo__demo_now() - t0;
@@ -327,8 +328,9 @@ int kvo_cmd_demo(int argc, char **argv) {
                    s->wall > 0 ? (double)(P + gen) / s->wall : 0, (unsigned long long)s->bytes_loaded,
                    (unsigned long long)s->bytes_stored);
         }
-        printf("\"hit_rate\":%.4f,\"engine_block_evictions\":%llu,\"stores_skipped\":%llu,\"match\":%s",
-               hit, (unsigned long long)es.block_evictions,
+        printf("\"hit_rate\":%.4f,\"engine_block_evictions\":%llu,\"connector_call_errors\":%llu,"
+               "\"stores_skipped\":%llu,\"match\":%s",
+               hit, (unsigned long long)es.block_evictions, (unsigned long long)kvo_eng_conn_hook_errors(conn),
                (unsigned long long)(cs.stores_skipped_nospace + cs.stores_skipped_queue), diff ? "false" : "true");
         if (diff) printf(",\"difference\":\"%s\"", why);
         printf("}\n");
@@ -355,6 +357,11 @@ int kvo_cmd_demo(int argc, char **argv) {
         printf("%-34s %16s %16llu\n", "loads failed -> recomputed", "-", (unsigned long long)sb.failures);
         printf("%-34s %16s %16llu\n", "engine blocks evicted", "-", (unsigned long long)es.block_evictions);
         printf("%-34s %16s %16llu\n", "host tier evictions", "-", (unsigned long long)cs.host.evictions);
+        printf("%-34s %16s %16llu\n", "stores skipped (no room)", "-",
+               (unsigned long long)(cs.stores_skipped_nospace + cs.stores_skipped_queue));
+        if (kvo_eng_conn_hook_errors(conn))
+            printf("%-34s %16s %16llu\n", "connector calls failed", "-",
+                   (unsigned long long)kvo_eng_conn_hook_errors(conn));
         printf("\n");
         if (diff)
             printf("verdict: MISMATCH: %s\n", why);
