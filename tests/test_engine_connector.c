@@ -290,3 +290,18 @@ KVO_TEST(demo_json_and_usage) {
     ASSERT_CONTAINS(out, "raise the budget");
     free(out);
 }
+
+/* The TTFT benchmark runs end to end on a short prefix and loads the whole
+ * prefix from each tier (no timing is asserted). */
+KVO_TEST(bench_ttft_small) {
+    char *out = NULL;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' bench ttft --json --tokens 512 --chunk-tokens 64 --file-dir '%s'", KVO_CLI_PATH,
+             kvo_test_tmpdir());
+    int rc = kvo_test_run(cmd, &out);
+    if (rc != 0) FAILF("bench ttft exited %d: %s", rc, out ? out : "");
+    ASSERT_CONTAINS(out, "\"name\":\"ttft.host_speedup\"");
+    ASSERT_CONTAINS(out, "{\"name\":\"ttft.file_tokens_loaded\",\"value\":512,");
+    ASSERT_CONTAINS(out, "{\"name\":\"ttft.host_tokens_loaded\",\"value\":512,");
+    free(out);
+}
