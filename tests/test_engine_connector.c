@@ -12,9 +12,12 @@
 #define ENG_OK(expr) do { int rc_ = (expr); if (rc_ != 0) \
     FAILF("%s returned %d (%s): %s", #expr, rc_, kvo_error_name(rc_), kvo_eng_last_error()); } while (0)
 
+static uint32_t g_hash_tokens; /* 0: the shape's hash unit */
+
 static kvo_eng *mk_engine(const char *shape, uint64_t budget) {
     kvo_eng_config c;
     ENG_OK(kvo_eng_shape_config(shape, &c));
+    if (g_hash_tokens) c.tokens_per_hash = g_hash_tokens;
     c.budget_tokens = budget;
     c.max_seq = 1024;
     c.d_model = 32; /* small and fast under sanitizers */
@@ -122,6 +125,12 @@ KVO_TEST(exact_single) { check_shape("single"); }
 KVO_TEST(exact_hybrid) { check_shape("hybrid"); }
 KVO_TEST(exact_hybrid_state) { check_shape("hybrid-state"); }
 KVO_TEST(exact_tiny_blocks) { check_shape("tiny-blocks"); }
+/* 4-token blocks under a 64-token hash unit: the group is offloaded with 16
+ * blocks per chunk and still exact. */
+KVO_TEST(exact_tiny_blocks_hash64) {
+    g_hash_tokens = 64;
+    check_shape("tiny-blocks");
+}
 
 /* Engine cache and connector together, a tight engine budget (eviction by
  * pressure) and a host tier too small for everything. */

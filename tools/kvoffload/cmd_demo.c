@@ -42,6 +42,8 @@ static void kvo__demo_usage(FILE *f) {
             "  --file-dir DIR     file tier directory (default: a temporary directory, removed after)\n"
             "  --concurrency N    requests running at once (default 4)\n"
             "  --evict-every N    also force engine-cache eviction after every N requests (default 0)\n"
+            "  --hash-tokens N    the model's hash unit in tokens (default 16; e.g. 64 puts tiny-blocks'\n"
+            "                     4-token group under a 64-token hash)\n"
             "  --seed N           weights seed (default 1234)\n"
             "  --json             print the figures as one JSON object\n"
             "  --quiet            no progress on stderr\n"
@@ -143,7 +145,7 @@ static int kvo__demo_fail(const char *what) {
 int kvo_cmd_demo(int argc, char **argv) {
     const char *shape = "hybrid-state", *trace = NULL, *file_dir = NULL;
     uint64_t requests = 48, block_tokens = 16, max_blocks = 48, max_new = 4, engine_tokens = 0, chunk = 64,
-             host_mib = 4, file_mib = 64, conc = 4, evict_every = 0, seed = 1234;
+             host_mib = 4, file_mib = 64, conc = 4, evict_every = 0, seed = 1234, hash_tokens = 0;
     bool json = false, quiet = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -167,6 +169,7 @@ int kvo_cmd_demo(int argc, char **argv) {
         else if (!strcmp(a, "--concurrency")) rc = kvo_cli_parse_u64(a, v, 1, 1024, &conc), i++;
         else if (!strcmp(a, "--evict-every")) rc = kvo_cli_parse_u64(a, v, 0, 1u << 20, &evict_every), i++;
         else if (!strcmp(a, "--seed")) rc = kvo_cli_parse_u64(a, v, 0, UINT64_MAX, &seed), i++;
+        else if (!strcmp(a, "--hash-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 1u << 16, &hash_tokens), i++;
         else {
             fprintf(stderr, "kvoffload demo: unknown or incomplete option '%s' (kvoffload demo --help)\n", a);
             return KVO_EXIT_USAGE;
@@ -179,6 +182,7 @@ int kvo_cmd_demo(int argc, char **argv) {
         return KVO_EXIT_USAGE;
     }
     cfg.seed = seed;
+    if (hash_tokens) cfg.tokens_per_hash = (uint32_t)hash_tokens;
 
     /* workload */
     char sample_buf[PATH_MAX + 64];
