@@ -860,3 +860,35 @@ KVO_TEST(quota_mixed_sizes) {
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
+
+/* Staging memory is shared by the groups: idle buffers of one group are given
+ * back when another group needs room. */
+KVO_TEST(staging_shared_between_groups) {
+    kvo_plan *plan = make_plan("ft-stage", 20000);
+    const kvo_group_plan *g0 = kvo_plan_group(plan, 0), *g1 = kvo_plan_group(plan, 1);
+    kvo_file_tier_params p = params(subdir("stage"), plan);
+    p.max_staging_bytes = 2 * (g0->slot_bytes + KVO_FILE_HEADER_BYTES);
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    kvo_chunk_key a[2] = {key_n(1, 0), key_n(2, 0)};
+    write_keys(t, plan, a, 2);
+    kvo_chunk_key b[3] = {key_n(3, 1), key_n(4, 1), key_n(5, 1)};
+    for (int i = 0; i < 3; i++) {
+        unsigned char *buf = malloc(g1->chunk_bytes);
+        fill_key(buf, g1->chunk_bytes, &b[i]);
+        const void *src = buf;
+        int r = 1;
+        ASSERT_OK(kvo_file_tier_write(t, &b[i], &src, 1, NULL, &r, NULL));
+        ASSERT_EQ_INT(r, 0);
+        free(buf);
+        ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    }
+    kvo_file_tier_stats s;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+    ASSERT_EQ_U64(s.dropped_backpressure, 0);
+    ASSERT_LE_U64(s.staging_bytes, p.max_staging_bytes);
+    ASSERT_EQ_INT(read_key(t, plan, &b[2], true), 0);
+    write_keys(t, plan, (kvo_chunk_key[]){key_n(6, 0)}, 1);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}

@@ -948,6 +948,9 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
         /* 1. back-pressure and a staging buffer (reserved under the lock). */
         unsigned char *stage = NULL;
         bool alloc = false;
+        enum { RELEASE_MAX = 16 };
+        struct { unsigned char *buf; uint64_t bytes; } release[RELEASE_MAX];
+        size_t n_release = 0;
         pthread_mutex_lock(&t->mu);
         if (t->closing) {
             pthread_mutex_unlock(&t->mu);
@@ -961,21 +964,39 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
         } else if (t->stage_free[keys[i].group]) {
             stage = t->stage_free[keys[i].group];
             memcpy(&t->stage_free[keys[i].group], stage, sizeof stage);
-        } else if (t->staging_bytes + stage_size(g) <= t->p.max_staging_bytes) {
-            t->staging_bytes += stage_size(g);
-            alloc = true;
         } else {
-            r = KVO_EAGAIN;
+            /* Over budget: give back idle buffers of other groups (sizes
+             * differ per group) until this one fits. */
+            while (t->staging_bytes + stage_size(g) > t->p.max_staging_bytes && n_release < RELEASE_MAX) {
+                uint32_t victim = KVO_MAX_GROUPS;
+                for (uint32_t gi = 0; gi < KVO_MAX_GROUPS && victim == KVO_MAX_GROUPS; gi++)
+                    if (gi != keys[i].group && t->stage_free[gi]) victim = gi;
+                if (victim == KVO_MAX_GROUPS) break;
+                unsigned char *b = t->stage_free[victim];
+                memcpy(&t->stage_free[victim], b, sizeof b);
+                release[n_release].buf = b;
+                release[n_release].bytes = stage_size(kvo_plan_group(t->plan, victim));
+                t->staging_bytes -= release[n_release].bytes;
+                n_release++;
+            }
+            if (t->staging_bytes + stage_size(g) <= t->p.max_staging_bytes) {
+                t->staging_bytes += stage_size(g);
+                alloc = true;
+            } else {
+                r = KVO_EAGAIN;
+            }
         }
         if (r == KVO_EAGAIN) {
             t->st.dropped_backpressure++;
             pthread_mutex_unlock(&t->mu);
+            for (size_t j = 0; j < n_release; j++) munmap(release[j].buf, release[j].bytes);
             tier_log(t, LOG_BACKPRESSURE, "%s: writes fall behind (%llu queued, latency %.1f ms): dropping stores",
                      t->ns_dir, (unsigned long long)t->pending_writes, t->lat_ewma_ns / 1e6);
             goto next;
         }
         t->pending_writes++;
         pthread_mutex_unlock(&t->mu);
+        for (size_t j = 0; j < n_release; j++) munmap(release[j].buf, release[j].bytes);
 
         /* 2. the index: reserve quota, evict. */
         uint8_t need = 0;
