@@ -5,7 +5,7 @@
  * index rebuild time at startup against a bare readdir of the same tree.
  *
  *   kvoffload bench file [--json] [--dir DIR] [--total-mib N] [--sizes K,K..]
- *                        [--rebuild-files N] [--io auto|uring|threads]
+ *                        [--rebuild-files N] [--io auto|uring|threads] [--depth N]
  *
  * --dir defaults to $KVO_BENCH_DIR, else /var/tmp (a real disk; /tmp may be a
  * tmpfs).  --rebuild-files defaults to 20000 (use 100000 for the issue's
@@ -96,6 +96,8 @@ static int raw_bw(const char *dir, uint64_t total, uint64_t piece, bool *direct,
     return 0;
 }
 
+static uint32_t g_depth = 0; /* --depth: queue depth / threads; 0 = defaults */
+
 static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t total, uint64_t chunk, bool *direct, double *wbw,
                    double *rbw, const char **backend) {
     kvo_plan *plan = bench_plan(chunk);
@@ -112,6 +114,10 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t total, uint64_
     if (p.max_staging_bytes < (64ull << 20)) p.max_staging_bytes = 64ull << 20;
     p.max_pending_writes = 64;
     p.log_interval_s = 3600;
+    if (g_depth) {
+        p.queue_depth = g_depth;
+        p.io_threads = g_depth;
+    }
     kvo_file_tier *t = NULL;
     if (kvo_file_tier_create(&p, &t)) {
         fprintf(stderr, "bench file: %s\n", kvo_last_error());
@@ -261,7 +267,7 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: kvoffload bench file [--json] [--dir DIR] [--total-mib N] [--sizes KIB,KIB...]\n"
-                   "                            [--rebuild-files N] [--io auto|uring|threads]\n"
+                   "                            [--rebuild-files N] [--io auto|uring|threads] [--depth N]\n"
                    "File-tier write/read bandwidth vs raw O_DIRECT of the same bytes, and the index\n"
                    "rebuild time per file vs a bare readdir.  Defaults: --dir $KVO_BENCH_DIR or /var/tmp,\n"
                    "--total-mib 256, --sizes 256,1024,4096,8192, --rebuild-files 20000 (0: skip).\n");
@@ -271,6 +277,11 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
             i++;
         } else if (!strcmp(a, "--total-mib") && v) {
             if (kvo_cli_parse_u64(a, v, 1, 1 << 20, &total_mib)) return KVO_EXIT_USAGE;
+            i++;
+        } else if (!strcmp(a, "--depth") && v) {
+            uint64_t d;
+            if (kvo_cli_parse_u64(a, v, 1, 256, &d)) return KVO_EXIT_USAGE;
+            g_depth = (uint32_t)d;
             i++;
         } else if (!strcmp(a, "--rebuild-files") && v) {
             if (kvo_cli_parse_u64(a, v, 0, 10000000, &rebuild_files)) return KVO_EXIT_USAGE;

@@ -80,8 +80,8 @@ struct kvo_file_tier {
     kvo__fop *rq_head, *rq_tail;  /* reads: served first */
     kvo__fop *wq_head, *wq_tail;
     kvo__fop *free_ops;
-    unsigned char *stage_free[KVO_MAX_GROUPS];
-    uint64_t staging_bytes;
+    kvo_arena *stage_arena;       /* staging memory: allocated once, pre-faulted */
+    kvo_store *stage_index;       /* its slots: one per queued write */
     uint64_t pending_writes;
     uint64_t inflight_reports;    /* ops that will produce a completion */
     kvo_file_completion *cq;
@@ -143,7 +143,7 @@ kvo_file_tier_params kvo_file_tier_default_params(void) {
     p.io_threads = 2;
     p.queue_depth = 16;
     p.max_pending_writes = 64;
-    p.max_staging_bytes = UINT64_C(256) << 20;
+    p.max_staging_bytes = UINT64_C(64) << 20;
     p.write_latency_limit_ms = 0;
     p.write_completions = false;
     p.shared = false;
@@ -236,10 +236,9 @@ static void op_put_locked(kvo_file_tier *t, kvo__fop *op) {
 
 static uint64_t stage_size(const kvo_group_plan *g) { return KVO_FILE_HEADER_BYTES + g->slot_bytes; }
 
-/* Called with mu held. */
-static void stage_put_locked(kvo_file_tier *t, uint32_t group, unsigned char *buf) {
-    memcpy(buf, &t->stage_free[group], sizeof(unsigned char *));
-    t->stage_free[group] = buf;
+/* Give a write's staging slot back (not under mu). */
+static void stage_release(kvo_file_tier *t, const kvo_chunk_key *k) {
+    kvo_store_complete_store(t->stage_index, k, 1, false);
 }
 
 static void push_completion_locked(kvo_file_tier *t, const kvo__fop *op, uint64_t bytes) {
@@ -350,10 +349,9 @@ int kvo__fop_begin(kvo_file_tier *t, kvo__fop *op) {
     const kvo_group_plan *g = op->g;
     key_path(t, &op->key, op->path);
     if (op->kind == KVO__FOP_WRITE) {
-        unsigned char *payload = op->stage + KVO_FILE_HEADER_BYTES;
         kvo__file_hdr h;
-        kvo__file_hdr_init(&h, t->plan, g, &op->key, XXH3_64bits(payload, g->chunk_bytes));
-        kvo__file_hdr_encode(&h, op->stage);
+        kvo__file_hdr_init(&h, t->plan, g, &op->key, XXH3_64bits(op->stage, g->chunk_bytes));
+        kvo__file_hdr_encode(&h, op->hdr);
         char sub[3];
         kvo__file_subdir(&op->key, sub);
         snprintf(op->tmp, sizeof op->tmp, "%s/%s/%s%08x.%ld.%u", t->ns_dir, sub, KVO__FILE_TMP_PREFIX, t->hostid,
@@ -366,9 +364,11 @@ int kvo__fop_begin(kvo_file_tier *t, kvo__fop *op) {
         }
         int inj = take_injected();
         if (inj) return -inj;
-        op->iov[0].iov_base = op->stage;
-        op->iov[0].iov_len = stage_size(g);
-        op->iovcnt = 1;
+        op->iov[0].iov_base = op->hdr;
+        op->iov[0].iov_len = KVO_FILE_HEADER_BYTES;
+        op->iov[1].iov_base = op->stage;
+        op->iov[1].iov_len = g->slot_bytes;
+        op->iovcnt = 2;
         op->io_bytes = stage_size(g);
         return 0;
     }
@@ -453,6 +453,7 @@ static void op_finish(kvo_file_tier *t, kvo__fop *op) {
     bool ok = op->result == 0;
     if (op->kind == KVO__FOP_WRITE) {
         kvo_store_complete_store(t->index, &op->key, 1, ok);
+        stage_release(t, &op->key);
     } else {
         kvo_store_complete_load(t->index, &op->key, 1);
         if (op->result == KVO_ECORRUPT || op->result == KVO_ENOTFOUND) kvo_store_remove(t->index, &op->key, 1);
@@ -469,7 +470,6 @@ static void op_finish(kvo_file_tier *t, kvo__fop *op) {
         } else {
             t->st.dropped_io++;
         }
-        stage_put_locked(t, op->key.group, op->stage);
         t->pending_writes--;
     } else {
         if (ok) {
@@ -725,13 +725,8 @@ static void tier_free(kvo_file_tier *t) {
         n = op->next;
         kvo__free(op);
     }
-    for (uint32_t gi = 0; gi < KVO_MAX_GROUPS; gi++) {
-        const kvo_group_plan *g = kvo_plan_group(t->plan, gi);
-        for (unsigned char *b = t->stage_free[gi], *n; b; b = n) {
-            memcpy(&n, b, sizeof n);
-            munmap(b, stage_size(g));
-        }
-    }
+    kvo_store_destroy(t->stage_index);
+    kvo_arena_destroy(t->stage_arena);
     kvo__free(t->cq);
     kvo__free(t->threads);
     if (t->efd >= 0) close(t->efd);
@@ -769,8 +764,7 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     if (t->p.io_threads == 0) t->p.io_threads = 1;
     if (t->p.queue_depth == 0) t->p.queue_depth = 16;
     if (t->p.max_pending_writes == 0) t->p.max_pending_writes = 64;
-    if (t->p.max_staging_bytes < stage_size(kvo_plan_group(p->plan, 0)) || t->p.max_staging_bytes < max_slot + 4096)
-        t->p.max_staging_bytes = max_slot + KVO_FILE_HEADER_BYTES;
+    if (t->p.max_staging_bytes < max_slot) t->p.max_staging_bytes = max_slot;
     t->plan = p->plan;
     t->efd = -1;
     pthread_mutex_init(&t->mu, NULL);
@@ -810,6 +804,23 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     rc = kvo_store_create(&sp, &t->index);
     if (rc) {
         kvo__error_prefix(rc, "file tier quota index: ");
+        goto fail;
+    }
+    /* Staging: one pre-faulted region (first touch of new memory is slow:
+     * pay it here, not on the engine's thread), its slots kept by a store
+     * (per-group slot sizes, shared by all groups). */
+    kvo_arena_params ap = kvo_arena_default_params();
+    ap.bytes = kvo__align_up_u64(t->p.max_staging_bytes, KVO_SLOT_ALIGN);
+    rc = kvo_arena_create(&ap, &t->stage_arena);
+    if (rc) {
+        kvo__error_prefix(rc, "file tier staging memory (max_staging_bytes): ");
+        goto fail;
+    }
+    sp.capacity_bytes = ap.bytes;
+    sp.policy = KVO_POLICY_LRU;
+    rc = kvo_store_create(&sp, &t->stage_index);
+    if (rc) {
+        kvo__error_prefix(rc, "file tier staging index: ");
         goto fail;
     }
     t->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -945,12 +956,7 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
                            !g ? "group not offloaded by the plan" : "NULL source");
             goto next;
         }
-        /* 1. back-pressure and a staging buffer (reserved under the lock). */
-        unsigned char *stage = NULL;
-        bool alloc = false;
-        enum { RELEASE_MAX = 16 };
-        struct { unsigned char *buf; uint64_t bytes; } release[RELEASE_MAX];
-        size_t n_release = 0;
+        /* 1. back-pressure: queue bound and latency (under the lock). */
         pthread_mutex_lock(&t->mu);
         if (t->closing) {
             pthread_mutex_unlock(&t->mu);
@@ -960,78 +966,58 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
         bool slow = t->p.write_latency_limit_ms && t->pending_writes > 0 &&
                     t->lat_ewma_ns > (uint64_t)t->p.write_latency_limit_ms * 1000000u;
         if (t->pending_writes >= t->p.max_pending_writes || slow) {
-            r = KVO_EAGAIN;
-        } else if (t->stage_free[keys[i].group]) {
-            stage = t->stage_free[keys[i].group];
-            memcpy(&t->stage_free[keys[i].group], stage, sizeof stage);
-        } else {
-            /* Over budget: give back idle buffers of other groups (sizes
-             * differ per group) until this one fits. */
-            while (t->staging_bytes + stage_size(g) > t->p.max_staging_bytes && n_release < RELEASE_MAX) {
-                uint32_t victim = KVO_MAX_GROUPS;
-                for (uint32_t gi = 0; gi < KVO_MAX_GROUPS && victim == KVO_MAX_GROUPS; gi++)
-                    if (gi != keys[i].group && t->stage_free[gi]) victim = gi;
-                if (victim == KVO_MAX_GROUPS) break;
-                unsigned char *b = t->stage_free[victim];
-                memcpy(&t->stage_free[victim], b, sizeof b);
-                release[n_release].buf = b;
-                release[n_release].bytes = stage_size(kvo_plan_group(t->plan, victim));
-                t->staging_bytes -= release[n_release].bytes;
-                n_release++;
-            }
-            if (t->staging_bytes + stage_size(g) <= t->p.max_staging_bytes) {
-                t->staging_bytes += stage_size(g);
-                alloc = true;
-            } else {
-                r = KVO_EAGAIN;
-            }
-        }
-        if (r == KVO_EAGAIN) {
             t->st.dropped_backpressure++;
             pthread_mutex_unlock(&t->mu);
-            for (size_t j = 0; j < n_release; j++) munmap(release[j].buf, release[j].bytes);
             tier_log(t, LOG_BACKPRESSURE, "%s: writes fall behind (%llu queued, latency %.1f ms): dropping stores",
                      t->ns_dir, (unsigned long long)t->pending_writes, t->lat_ewma_ns / 1e6);
+            r = KVO_EAGAIN;
             goto next;
         }
         t->pending_writes++;
         pthread_mutex_unlock(&t->mu);
-        for (size_t j = 0; j < n_release; j++) munmap(release[j].buf, release[j].bytes);
 
-        /* 2. the index: reserve quota, evict. */
-        uint8_t need = 0;
-        int src = reserve_key(t, &keys[i], &need, NULL);
-        if (src == 0 && need && alloc) {
-            void *m = mmap(NULL, stage_size(g), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (m == MAP_FAILED) {
-                kvo_store_complete_store(t->index, &keys[i], 1, false);
-                src = KVO_ENOMEM;
-            } else {
-                stage = m;
-            }
-        }
-        if (src != 0 || !need) {
+        /* 2. a staging slot (none free: back-pressure, the write is dropped). */
+        uint8_t sneed = 0;
+        kvo_slot sslot;
+        int srs = kvo_store_prepare_store(t->stage_index, &keys[i], 1, &sneed, &sslot, NULL, NULL, 0, NULL);
+        if (srs != 0 || !sneed) {
             pthread_mutex_lock(&t->mu);
             t->pending_writes--;
-            if (alloc) t->staging_bytes -= stage ? 0 : stage_size(g);
-            if (stage) stage_put_locked(t, keys[i].group, stage);
+            if (srs == 0) t->st.write_skipped++; /* the same key is being staged right now */
+            else t->st.dropped_backpressure++;
+            pthread_cond_broadcast(&t->done_cv);
+            pthread_mutex_unlock(&t->mu);
+            if (srs != 0)
+                tier_log(t, LOG_BACKPRESSURE, "%s: staging memory full (max_staging_bytes %llu): dropping stores",
+                         t->ns_dir, (unsigned long long)t->p.max_staging_bytes);
+            r = srs == 0 ? KVO_EEXIST : KVO_EAGAIN;
+            goto next;
+        }
+        unsigned char *stage = kvo_arena_slot(t->stage_arena, sslot);
+
+        /* 3. the index: reserve quota, evict. */
+        uint8_t need = 0;
+        int src = reserve_key(t, &keys[i], &need, NULL);
+        if (src != 0 || !need) {
+            stage_release(t, &keys[i]);
+            pthread_mutex_lock(&t->mu);
+            t->pending_writes--;
             if (src == 0) t->st.write_skipped++;
             else t->st.dropped_quota++;
             pthread_cond_broadcast(&t->done_cv);
             pthread_mutex_unlock(&t->mu);
-            r = src == 0 ? KVO_EEXIST : (src == KVO_ENOMEM ? KVO_EAGAIN : KVO_ENOSPC);
+            r = src == 0 ? KVO_EEXIST : KVO_ENOSPC;
             goto next;
         }
-        /* 3. copy into the file image and queue. */
-        memcpy(stage + KVO_FILE_HEADER_BYTES, srcs[i], g->chunk_bytes);
-        if (g->slot_bytes > g->chunk_bytes)
-            memset(stage + KVO_FILE_HEADER_BYTES + g->chunk_bytes, 0, g->slot_bytes - g->chunk_bytes);
+        /* 4. copy the payload (zero padding) and queue. */
+        memcpy(stage, srcs[i], g->chunk_bytes);
+        if (g->slot_bytes > g->chunk_bytes) memset(stage + g->chunk_bytes, 0, g->slot_bytes - g->chunk_bytes);
         kvo__fop *op = op_get(t);
         if (!op) {
             kvo_store_complete_store(t->index, &keys[i], 1, false);
+            stage_release(t, &keys[i]);
             pthread_mutex_lock(&t->mu);
             t->pending_writes--;
-            stage_put_locked(t, keys[i].group, stage);
             t->st.dropped_backpressure++;
             pthread_cond_broadcast(&t->done_cv);
             pthread_mutex_unlock(&t->mu);
@@ -1201,7 +1187,8 @@ int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
     pthread_mutex_lock(&t->mu);
     *out = t->st;
     out->pending_writes = t->pending_writes;
-    out->staging_bytes = t->staging_bytes;
+    kvo_store_stats sst;
+    if (kvo_store_get_stats(t->stage_index, &sst) == 0) out->staging_bytes = sst.bytes_used;
     out->write_latency_ns = t->lat_ewma_ns;
     pthread_mutex_unlock(&t->mu);
     out->quota_bytes = t->p.quota_bytes;
