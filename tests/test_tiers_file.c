@@ -199,6 +199,11 @@ static void round_trip(kvo_file_io_kind io, kvo_file_direct_mode direct) {
 KVO_TEST(round_trip_threads) { round_trip(KVO_FILE_IO_THREADS, KVO_FILE_DIRECT_AUTO); }
 KVO_TEST(round_trip_uring) { round_trip(KVO_FILE_IO_URING, KVO_FILE_DIRECT_AUTO); }
 KVO_TEST(round_trip_buffered) { round_trip(KVO_FILE_IO_AUTO, KVO_FILE_DIRECT_OFF); }
+KVO_TEST(round_trip_named_temps) {
+    atomic_store(&kvo__file_test_no_tmpfile, 1);
+    round_trip(KVO_FILE_IO_THREADS, KVO_FILE_DIRECT_AUTO);
+    atomic_store(&kvo__file_test_no_tmpfile, 0);
+}
 
 KVO_TEST(restart_persistence) {
     kvo_plan *plan = make_plan("ft-restart", 3000);
@@ -366,7 +371,8 @@ KVO_TEST(corruption_found_after_restart) {
 
 /* A child process writes in a loop and is killed with SIGKILL; nothing that
  * it left may load with wrong bytes, and its temporary files are cleaned. */
-KVO_TEST(sigkill_during_writes) {
+static void sigkill_during_writes(bool named_temps) {
+    atomic_store(&kvo__file_test_no_tmpfile, named_temps);
     kvo_plan *plan = make_plan("ft-kill", 20000);
     char root[1024], started[1024];
     snprintf(root, sizeof root, "%s", subdir("kill"));
@@ -432,7 +438,11 @@ KVO_TEST(sigkill_during_writes) {
     ASSERT_EQ_INT(tmps, 0);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
+    atomic_store(&kvo__file_test_no_tmpfile, 0);
 }
+
+KVO_TEST(sigkill_during_writes) { sigkill_during_writes(false); }
+KVO_TEST(sigkill_during_writes_named_temps) { sigkill_during_writes(true); }
 
 static void check_nospace(kvo_file_tier *t, const kvo_plan *plan, int expect_some_ok) {
     const kvo_group_plan *g = kvo_plan_group(plan, 0);

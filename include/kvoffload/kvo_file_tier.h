@@ -13,9 +13,10 @@
  *    payload, a header checksum) followed by the payload (the chunk's bytes in
  *    the canonical slot format, docs/slot-format.md) padded to 4096 so that it
  *    can be read and written with O_DIRECT.
- *  - Writes go to a temporary file (O_EXCL, name with host, pid and counter)
- *    that is renamed into place: a reader sees a complete file or none, also
- *    after a SIGKILL or a crash.  Every read verifies header, size, key,
+ *  - Writes go to an unnamed file (O_TMPFILE) linked in by name when whole,
+ *    or where the file system lacks that, to a temporary file (O_EXCL, name
+ *    with host, pid and counter) renamed into place: a reader sees a complete
+ *    file or none, also after a SIGKILL or a crash.  Every read verifies header, size, key,
  *    geometry and checksum; a file that fails is counted, removed and reported
  *    as a miss: its bytes are never delivered as valid.
  *  - A byte quota, kept with a kvo_store (capacity = quota) whose slots are
@@ -107,13 +108,16 @@ typedef struct kvo_file_tier_params {
     kvo_file_fsync_policy fsync;   /* default KVO_FILE_FSYNC_NONE */
     kvo_file_io_kind io;           /* default AUTO */
     kvo_file_direct_mode direct;   /* default AUTO */
-    uint32_t io_threads;           /* thread backend: threads; default 2 */
-    uint32_t queue_depth;          /* I/O operations in flight at once
-                                      (io_uring SQ depth); default 16 */
+    uint32_t io_threads;           /* threads doing pwritev/preadv (with
+                                      io_uring: the writes, which are bound by
+                                      file creation, not data); default 4 */
+    uint32_t queue_depth;          /* io_uring: reads in flight at once;
+                                      default 4 (deeper queues measured
+                                      slower on virtual disks) */
     uint32_t max_pending_writes;   /* queued + running writes; default 64 */
-    uint64_t max_staging_bytes;    /* staging memory for queued writes
-                                      (allocated on demand, then reused);
-                                      default 256 MiB, at least one chunk */
+    uint64_t max_staging_bytes;    /* staging memory for queued writes: one
+                                      region mapped and pre-faulted at create;
+                                      default 64 MiB, at least one chunk */
     uint32_t write_latency_limit_ms; /* drop new writes while the recent write
                                       latency (queue wait + I/O, moving
                                       average) is above this; 0 = off

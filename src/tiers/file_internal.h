@@ -119,12 +119,17 @@ void kvo__fop_read_verdict(kvo_file_tier *t, kvo__fop *op, int rc);
 int64_t kvo__fop_io_continue(kvo__fop *op, uint64_t done);
 /* Run the whole op synchronously (threads backend; uring fallback). */
 void kvo__fop_run_sync(kvo_file_tier *t, kvo__fop *op);
-/* Take the next queued op (reads first); blocks while none and the tier is
- * open; NULL when shutting down with nothing queued.  With wait=false returns
- * NULL at once when nothing is queued. */
-kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait);
+/* Take the next queued op of the given kinds (a mask of KVO__FOP_READ and
+ * KVO__FOP_WRITE; reads first); blocks while none and the tier is open; NULL
+ * when shutting down with nothing queued.  With wait=false returns NULL at
+ * once when nothing is queued. */
+kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds);
 
-/* True once destroy began and nothing is queued (backend exit condition). */
+/* Test hook: nonzero makes tiers created afterwards use named temporary
+ * files and rename instead of O_TMPFILE + linkat. */
+extern atomic_int kvo__file_test_no_tmpfile;
+
+/* True once destroy began and no read is queued (ring exit condition). */
 bool kvo__file_tier_closing(kvo_file_tier *t);
 
 #if KVO_HAVE_URING

@@ -69,6 +69,7 @@ struct kvo_file_tier {
     const kvo_plan *plan;
     kvo_store *index;
     bool direct;
+    bool tmpfile;                 /* O_TMPFILE + linkat works here */
     bool uring;
     uint32_t hostid;
     long pid;
@@ -140,8 +141,8 @@ kvo_file_tier_params kvo_file_tier_default_params(void) {
     p.fsync = KVO_FILE_FSYNC_NONE;
     p.io = KVO_FILE_IO_AUTO;
     p.direct = KVO_FILE_DIRECT_AUTO;
-    p.io_threads = 2;
-    p.queue_depth = 16;
+    p.io_threads = 4;
+    p.queue_depth = 4;
     p.max_pending_writes = 64;
     p.max_staging_bytes = UINT64_C(64) << 20;
     p.write_latency_limit_ms = 0;
@@ -356,8 +357,15 @@ int kvo__fop_begin(kvo_file_tier *t, kvo__fop *op) {
         kvo__file_subdir(&op->key, sub);
         snprintf(op->tmp, sizeof op->tmp, "%s/%s/%s%08x.%ld.%u", t->ns_dir, sub, KVO__FILE_TMP_PREFIX, t->hostid,
                  t->pid, atomic_fetch_add(&t->tmp_counter, 1));
-        int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (t->direct ? O_DIRECT : 0);
-        op->fd = open_retry_mkdir(t, &op->key, op->tmp, flags);
+        if (t->tmpfile) {
+            /* an unnamed file in the fan-out directory, linked in when whole */
+            snprintf(op->tmp, sizeof op->tmp, "%s/%s", t->ns_dir, sub);
+            op->fd = open_retry_mkdir(t, &op->key, op->tmp, O_TMPFILE | O_WRONLY | O_CLOEXEC | (t->direct ? O_DIRECT : 0));
+            op->tmp[0] = 0;
+        } else {
+            int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (t->direct ? O_DIRECT : 0);
+            op->fd = open_retry_mkdir(t, &op->key, op->tmp, flags);
+        }
         if (op->fd < 0) {
             op->tmp[0] = 0;
             return -errno;
@@ -523,9 +531,15 @@ void kvo__fop_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
         if (io_res < 0) e = (int)-io_res;
         else if ((uint64_t)io_res < op->io_bytes) e = ENOSPC;
         if (!e && t->p.fsync != KVO_FILE_FSYNC_NONE && fdatasync(op->fd) != 0) e = errno;
+        if (!e && t->tmpfile) {
+            char proc[64];
+            snprintf(proc, sizeof proc, "/proc/self/fd/%d", op->fd);
+            /* EEXIST: another writer linked the same key first (same bytes) */
+            if (linkat(AT_FDCWD, proc, AT_FDCWD, op->path, AT_SYMLINK_FOLLOW) != 0 && errno != EEXIST) e = errno;
+        }
         if (op->fd >= 0 && close(op->fd) != 0 && !e) e = errno;
         op->fd = -1;
-        if (!e && rename(op->tmp, op->path) != 0) e = errno;
+        if (!e && !t->tmpfile && rename(op->tmp, op->path) != 0) e = errno;
         if (!e && t->p.fsync == KVO_FILE_FSYNC_FULL) fsync_dir(op->path);
         if (e) {
             if (op->tmp[0]) unlink(op->tmp);
@@ -571,15 +585,15 @@ void kvo__fop_run_sync(kvo_file_tier *t, kvo__fop *op) {
     kvo__fop_end(t, op, rc < 0 ? rc : io_sync(op, 0));
 }
 
-kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait) {
+kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds) {
     pthread_mutex_lock(&t->mu);
     for (;;) {
         kvo__fop *op = NULL;
-        if (t->rq_head) {
+        if ((kinds & KVO__FOP_READ) && t->rq_head) {
             op = t->rq_head;
             t->rq_head = op->next;
             if (!t->rq_head) t->rq_tail = NULL;
-        } else if (t->wq_head) {
+        } else if ((kinds & KVO__FOP_WRITE) && t->wq_head) {
             op = t->wq_head;
             t->wq_head = op->next;
             if (!t->wq_head) t->wq_tail = NULL;
@@ -601,23 +615,25 @@ static void enqueue(kvo_file_tier *t, kvo__fop *op) {
     if (*tail) (*tail)->next = op;
     else *head = op;
     *tail = op;
-    pthread_cond_signal(&t->work_cv);
+    bool ring = t->uring && op->kind == KVO__FOP_READ;
+    if (!ring) pthread_cond_signal(&t->work_cv);
     pthread_mutex_unlock(&t->mu);
 #if KVO_HAVE_URING
-    if (t->uring) kvo__file_uring_kick(t->uring_state);
+    if (ring) kvo__file_uring_kick(t->uring_state);
 #endif
 }
 
 static void *worker_main(void *arg) {
     kvo_file_tier *t = arg;
     kvo__fop *op;
-    while ((op = kvo__fop_next(t, true)) != NULL) kvo__fop_run_sync(t, op);
+    unsigned kinds = t->uring ? KVO__FOP_WRITE : KVO__FOP_READ | KVO__FOP_WRITE;
+    while ((op = kvo__fop_next(t, true, kinds)) != NULL) kvo__fop_run_sync(t, op);
     return NULL;
 }
 
 bool kvo__file_tier_closing(kvo_file_tier *t) {
     pthread_mutex_lock(&t->mu);
-    bool c = t->closing && !t->wq_head && !t->rq_head;
+    bool c = t->closing && !t->rq_head;
     pthread_mutex_unlock(&t->mu);
     return c;
 }
@@ -654,6 +670,26 @@ static int probe_direct(kvo_file_tier *t, bool *ok) {
     munmap(buf, 4096);
     unlink(path);
     return 0;
+}
+
+/* Can files be written unnamed (O_TMPFILE) and linked in by name (linkat
+ * through /proc)?  Then a killed writer leaves nothing behind at all and a
+ * write needs one directory operation less.  Otherwise: named temporary files
+ * and rename.  Probed with the real flags, in the namespace directory. */
+atomic_int kvo__file_test_no_tmpfile;
+
+static bool probe_tmpfile(kvo_file_tier *t) {
+    if (atomic_load(&kvo__file_test_no_tmpfile)) return false;
+    int fd = open(t->ns_dir, O_TMPFILE | O_WRONLY | O_CLOEXEC | (t->direct ? O_DIRECT : 0), 0644);
+    if (fd < 0) return false;
+    char proc[64], path[KVO__FILE_PATH_MAX];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    snprintf(path, sizeof path, "%s/%s%08x.%ld.link", t->ns_dir, KVO__FILE_TMP_PREFIX, t->hostid, t->pid);
+    unlink(path);
+    bool ok = linkat(AT_FDCWD, proc, AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0;
+    if (ok) unlink(path);
+    close(fd);
+    return ok;
 }
 
 /* --------------------------------------------------------------- scan -- */
@@ -796,6 +832,7 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     }
     rc = kvo__file_manifest_ensure(t->ns_dir, p->plan);
     if (rc) goto fail;
+    t->tmpfile = probe_tmpfile(t);
 
     kvo_store_params sp = kvo_store_default_params();
     sp.plan = p->plan;
@@ -845,7 +882,7 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
         }
 #endif
     }
-    if (!t->uring) {
+    {
         t->threads = kvo__calloc(t->p.io_threads, sizeof(pthread_t));
         if (!t->threads) {
             rc = kvo__error(KVO_ENOMEM, "file tier: threads");
@@ -858,6 +895,9 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
                 pthread_cond_broadcast(&t->work_cv);
                 pthread_mutex_unlock(&t->mu);
                 for (uint32_t j = 0; j < i; j++) pthread_join(t->threads[j], NULL);
+#if KVO_HAVE_URING
+                if (t->uring) kvo__file_uring_stop(t, t->uring_state);
+#endif
                 rc = kvo__error(KVO_ENOMEM, "file tier: cannot start I/O thread %u", i);
                 goto fail;
             }

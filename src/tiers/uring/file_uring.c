@@ -54,7 +54,7 @@ static void *ring_main(void *arg) {
     arm_kick(u);
     for (;;) {
         while (inflight < u->depth) {
-            kvo__fop *op = kvo__fop_next(t, false);
+            kvo__fop *op = kvo__fop_next(t, false, KVO__FOP_READ);
             if (!op) break;
             int rc = kvo__fop_begin(t, op);
             if (rc != 0) {
