@@ -902,3 +902,36 @@ KVO_TEST(staging_shared_between_groups) {
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
+
+/* While recent writes took longer than write_latency_limit_ms, new writes
+ * are dropped (as long as one is still queued) instead of piling up. */
+KVO_TEST(backpressure_latency) {
+    kvo_plan *plan = make_plan("ft-lat", 5000);
+    const kvo_group_plan *g = kvo_plan_group(plan, 0);
+    kvo_file_tier_params p = params(subdir("lat"), plan);
+    p.write_latency_limit_ms = 2;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    atomic_store(&kvo__file_test_write_delay_us, 20000);
+    unsigned char *buf = calloc(1, g->chunk_bytes);
+    const void *src = buf;
+    kvo_chunk_key k[4] = {key_n(1, 0), key_n(2, 0), key_n(3, 0), key_n(4, 0)};
+    int r = 1;
+    ASSERT_OK(kvo_file_tier_write(t, &k[0], &src, 1, NULL, &r, NULL));
+    ASSERT_EQ_INT(r, 0);
+    ASSERT_OK(kvo_file_tier_flush(t, 20000)); /* latency now ~20 ms */
+    ASSERT_OK(kvo_file_tier_write(t, &k[1], &src, 1, NULL, &r, NULL));
+    ASSERT_EQ_INT(r, 0); /* nothing queued: admitted */
+    ASSERT_OK(kvo_file_tier_write(t, &k[2], &src, 1, NULL, &r, NULL));
+    ASSERT_EQ_INT(r, KVO_EAGAIN); /* k[1] still queued and writes are slow */
+    atomic_store(&kvo__file_test_write_delay_us, 0);
+    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    kvo_file_tier_stats s;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+    ASSERT_EQ_U64(s.dropped_backpressure, 1);
+    ASSERT_GT_U64(s.write_latency_ns, 2000000);
+    ASSERT_EQ_U64(s.writes, 2);
+    free(buf);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}

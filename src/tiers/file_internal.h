@@ -128,6 +128,9 @@ kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds);
 /* Test hook: nonzero makes tiers created afterwards use named temporary
  * files and rename instead of O_TMPFILE + linkat. */
 extern atomic_int kvo__file_test_no_tmpfile;
+/* Test hook: microseconds each file write sleeps before its data (a slow
+ * disk, for the latency back-pressure test). */
+extern atomic_int kvo__file_test_write_delay_us;
 
 /* True once destroy began and no read is queued (ring exit condition). */
 bool kvo__file_tier_closing(kvo_file_tier *t);

@@ -10,18 +10,30 @@
  *    eviction policies (LRU, ARC, S3-FIFO) choose which files to delete when a
  *    new write needs room; a pinned (being read) or pending file is never
  *    evicted by this process.
- *  - Write path (caller's thread): back-pressure checks, prepare_store for
- *    the key (evicting: the evicted files are unlinked right away), a copy of
- *    the caller's bytes into a staging buffer (the file image: header +
- *    payload, 4096-aligned, so that O_DIRECT needs no further copy), and the
- *    op is queued.  Nothing here blocks on the disk except the unlinks of
- *    evicted files.
- *  - Worker side (a thread pool, or one io_uring thread in uring/): checksum
- *    the payload, encode the header, write the image to a temporary file
- *    (O_EXCL, named .tmp.<host>.<pid>.<counter>), optional fdatasync, rename
- *    into place, optional directory fsync; then complete_store(ok) or, on any
- *    failure, remove the temporary file and complete_store(fail) with a
- *    counter and a rate-limited log line.
+ *  - Write path (caller's thread): back-pressure checks (queue bound,
+ *    latency), a staging slot, prepare_store for the key in the quota index
+ *    (evicting: the evicted files are unlinked right away), a copy of the
+ *    caller's bytes into the staging slot, and the op is queued.  Nothing here
+ *    waits for the disk except the unlinks of evicted files.
+ *  - Staging memory is one region mapped and pre-faulted at create (first
+ *    touch of fresh memory runs at well under 1 GB/s here: pay it once, not on
+ *    the engine's thread), its slots kept by a second kvo_store (per-group
+ *    slot sizes; full = back-pressure).  Slots are 4096-aligned, so with the
+ *    op's 4096-byte header buffer one pwritev writes the whole file with
+ *    O_DIRECT and no further copy.
+ *  - Worker side: checksum the payload, encode the header, write header +
+ *    payload to an unnamed file (O_TMPFILE) in the fan-out directory and link
+ *    it in by name (linkat through /proc/self/fd; EEXIST means another writer
+ *    placed the same key first: fine), or where the file system cannot do
+ *    that, to a temporary file (O_EXCL, .tmp.<host>.<pid>.<counter>) renamed
+ *    into place.  Optional fdatasync before, directory fsync after.  Then
+ *    complete_store(ok) or, on any failure, remove the temporary file and
+ *    complete_store(fail) with a counter and a rate-limited log line.
+ *  - Backends: writes always run on a pool of io_threads threads (a write is
+ *    bound by creating a file: open, block allocation, link, which io_uring
+ *    would only hand to its own workers, and measured best with 2-4 in
+ *    parallel); reads run on io_uring when it works (uring/file_uring.c), else
+ *    on the same pool.  Reads are taken before writes.
  *  - Read path: prepare_load pins the key; a worker opens the file, checks its
  *    type and size, reads header and payload in one preadv straight into the
  *    caller's buffer, checks header, key, fingerprint, geometry and payload
@@ -32,10 +44,10 @@
  *    directory; stale temporaries of dead writers are removed; files beyond
  *    the quota are evicted.  Hits on a restarted process follow.
  *
- * Bounded resources: ops and staging buffers are allocated on demand and kept
- * on free lists (the steady state allocates nothing); staging memory is capped
- * by max_staging_bytes and queued writes by max_pending_writes: a write beyond
- * either is dropped (counted), never waited for.  The completion queue holds
+ * Bounded resources: ops are allocated on demand and kept on a free list (the
+ * steady state allocates nothing); staging memory is fixed at create
+ * (max_staging_bytes) and queued writes are capped by max_pending_writes: a
+ * write beyond either is dropped (counted), never waited for.  The completion queue holds
  * only completions of operations the caller asked for.
  *
  * Locking: one mutex (mu) for queues, free lists, counters and completions;
@@ -372,6 +384,8 @@ int kvo__fop_begin(kvo_file_tier *t, kvo__fop *op) {
         }
         int inj = take_injected();
         if (inj) return -inj;
+        int delay = atomic_load(&kvo__file_test_write_delay_us);
+        if (delay > 0) usleep((useconds_t)delay);
         op->iov[0].iov_base = op->hdr;
         op->iov[0].iov_len = KVO_FILE_HEADER_BYTES;
         op->iov[1].iov_base = op->stage;
@@ -677,6 +691,7 @@ static int probe_direct(kvo_file_tier *t, bool *ok) {
  * write needs one directory operation less.  Otherwise: named temporary files
  * and rename.  Probed with the real flags, in the namespace directory. */
 atomic_int kvo__file_test_no_tmpfile;
+atomic_int kvo__file_test_write_delay_us;
 
 static bool probe_tmpfile(kvo_file_tier *t) {
     if (atomic_load(&kvo__file_test_no_tmpfile)) return false;
