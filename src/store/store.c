@@ -473,6 +473,48 @@ static void kvo__plan_victim(kvo_store *s, kvo__plan *pl, uint32_t e) {
     x->flags |= KVO__F_VICTIM;
 }
 
+/* Take every live entry of segment g (none busy) as a victim. */
+static int kvo__reclaim_seg(kvo_store *s, kvo__plan *pl, uint32_t g, size_t *nv) {
+    uint32_t c = s->sl.seg_cls[g];
+    s->reclaims++;
+    for (uint32_t j = 0; j < s->sl.cls_k[c]; j++) {
+        uint32_t x = s->sl.slot_entry[g * s->sl.kmax + j];
+        if (x == KVO__NIL || (s->ent[x].flags & KVO__F_VICTIM)) continue;
+        s->pol->remove(s, x);
+        if (kvo__push_victim(s, *nv, x)) {
+            s->pol->reinsert(s, x);
+            return KVO_ENOMEM;
+        }
+        (*nv)++;
+        kvo__plan_victim(s, pl, x);
+    }
+    return 0;
+}
+
+/* Compaction by eviction: when a class needs a segment and another class
+ * holds at least a segment's worth of free slots (left by earlier
+ * evictions), the emptiest of the first few partial segments of that class
+ * (at most half full, nothing busy) is reclaimed: few evictions buy a whole
+ * segment, and stray free slots turn back into usable space.  Bounded: 8
+ * segments per class looked at. */
+static uint32_t kvo__compact_pick(kvo_store *s, const kvo__plan *pl) {
+    kvo__slots *sl = &s->sl;
+    uint32_t best = KVO__NIL, best_live = UINT32_MAX;
+    for (uint32_t c = 0; c < sl->nclass; c++) {
+        uint32_t k = sl->cls_k[c];
+        if (pl->freeslots[c] < (int64_t)k) continue;
+        uint32_t g = sl->cls_partial[c];
+        for (int t = 0; t < 8 && g != KVO__NIL; t++, g = sl->seg_next[g]) {
+            if (sl->seg_busy[g]) continue;
+            uint32_t live = sl->seg_used[g] - sl->seg_planned[g];
+            if (live == 0 || live * 2 > k || live >= best_live) continue;
+            best = g;
+            best_live = live;
+        }
+    }
+    return best;
+}
+
 static inline bool kvo__plan_done(const kvo__plan *pl) {
     return pl->segs_needed <= pl->nfree && pl->entries_short <= 0;
 }
@@ -570,6 +612,16 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         pl.entries_short = (int64_t)(s->resident + n_new) - (int64_t)s->max_entries;
         uint64_t walked_bytes = 0;
         while (!kvo__plan_done(&pl)) {
+            if (pl.segs_needed > pl.nfree) {
+                uint32_t g = kvo__compact_pick(s, &pl);
+                if (g != KVO__NIL) {
+                    if (kvo__reclaim_seg(s, &pl, g, &nv)) {
+                        rc = kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
+                        goto rollback;
+                    }
+                    continue;
+                }
+            }
             uint32_t v = s->pol->take_victim(s);
             if (v == KVO__NIL) break; /* cannot happen after the feasibility test */
             if (kvo__push_victim(s, nv, v)) {
@@ -583,19 +635,10 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
             if (!kvo__plan_done(&pl) && pl.segs_needed > pl.nfree && walked_bytes >= s->sl.seg_bytes) {
                 /* reclaim v's whole segment if nothing in it is busy */
                 uint32_t g = kvo__slot_seg(&s->sl, s->ent[v].slot);
-                if (s->sl.seg_busy[g] == 0) {
-                    uint32_t c = s->sl.seg_cls[g];
-                    for (uint32_t j = 0; j < s->sl.cls_k[c]; j++) {
-                        uint32_t x = s->sl.slot_entry[g * s->sl.kmax + j];
-                        if (x == KVO__NIL || (s->ent[x].flags & KVO__F_VICTIM)) continue;
-                        s->pol->remove(s, x);
-                        if (kvo__push_victim(s, nv, x)) {
-                            s->pol->reinsert(s, x);
-                            rc = kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
-                            goto rollback;
-                        }
-                        nv++;
-                        kvo__plan_victim(s, &pl, x);
+                if (s->sl.seg_busy[g] == 0 && s->sl.seg_used[g] > s->sl.seg_planned[g]) {
+                    if (kvo__reclaim_seg(s, &pl, g, &nv)) {
+                        rc = kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
+                        goto rollback;
                     }
                     walked_bytes = 0;
                 }
@@ -978,6 +1021,7 @@ int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out) {
 
 uint64_t kvo__store_queue_len(kvo_store *s, int q) { return s->q[q].n; }
 uint64_t kvo__store_arc_p(kvo_store *s) { return s->arc_p; }
+uint64_t kvo__store_reclaims(kvo_store *s) { return s->reclaims; }
 
 int kvo__store_check(kvo_store *s) {
     uint64_t resident = 0, ghosts = 0, pinned = 0, pending = 0, bytes = 0, queued = 0;

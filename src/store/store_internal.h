@@ -172,7 +172,7 @@ struct kvo_store {
 
     /* stats */
     uint64_t hits, misses, pending_hits, stores, store_skipped_present, store_not_admitted, rejected_stores;
-    uint64_t evictions, removals, bytes_used;
+    uint64_t evictions, removals, bytes_used, reclaims;
     uint64_t g_chunks[KVO_MAX_GROUPS], g_hits[KVO_MAX_GROUPS], g_misses[KVO_MAX_GROUPS];
     uint64_t g_stores[KVO_MAX_GROUPS], g_evictions[KVO_MAX_GROUPS];
 };
@@ -219,5 +219,6 @@ int kvo__store_check(kvo_store *s);
 /* Introspection for policy tests. */
 uint64_t kvo__store_queue_len(kvo_store *s, int q);
 uint64_t kvo__store_arc_p(kvo_store *s);
+uint64_t kvo__store_reclaims(kvo_store *s);
 
 #endif

@@ -1,0 +1,186 @@
+/* Each eviction policy's own behaviour. */
+#include "store_test_util.h"
+
+static kvo_store *mk(kvo_plan **p, kvo_policy_kind pol, uint64_t chunks) {
+    static const uint64_t pg[] = {4096};
+    *p = st_plan(1, pg);
+    return st_store(*p, chunks * 4096, pol);
+}
+
+static bool ready(kvo_store *s, uint64_t i) { return st_state(s, st_key(0, i)) == KVO_READY; }
+static size_t put1(kvo_store *s, uint64_t i) { kvo_chunk_key k = st_key(0, i); return st_put(s, &k, 1); }
+static void touch1(kvo_store *s, uint64_t i) { kvo_chunk_key k = st_key(0, i); ASSERT_OK(kvo_store_touch(s, &k, 1)); }
+
+KVO_TEST(lru_order) {
+    kvo_plan *p;
+    kvo_store *s = mk(&p, KVO_POLICY_LRU, 4);
+    for (uint64_t i = 0; i < 4; i++) put1(s, i);
+    touch1(s, 1);
+    touch1(s, 0); /* recency now (old -> new): 2 3 1 0 */
+    kvo_chunk_key k[2] = {st_key(0, 10), st_key(0, 11)};
+    kvo_chunk_key ev[4];
+    kvo_slot evs[4];
+    uint8_t need[2];
+    kvo_slot sl[2];
+    size_t nev;
+    ASSERT_OK(kvo_store_prepare_store(s, k, 2, need, sl, ev, evs, 4, &nev));
+    ASSERT_EQ_U64(nev, 2);
+    ASSERT_TRUE(kvo_chunk_key_eq(&ev[0], &(kvo_chunk_key){st_key(0, 2).hash, 0, 0}));
+    ASSERT_TRUE(kvo_chunk_key_eq(&ev[1], &(kvo_chunk_key){st_key(0, 3).hash, 0, 0}));
+    ASSERT_OK(kvo_store_complete_store(s, k, 2, true));
+    /* a load counts as a use: 1 was older than 0, but after loading 1, 0 goes first */
+    kvo_chunk_key k1 = st_key(0, 1);
+    kvo_slot ld;
+    ASSERT_OK(kvo_store_prepare_load(s, &k1, 1, &ld));
+    ASSERT_OK(kvo_store_complete_load(s, &k1, 1));
+    put1(s, 12);
+    ASSERT_FALSE(ready(s, 0));
+    ASSERT_TRUE(ready(s, 1));
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
+/* Hot keys (used twice) survive a long scan of one-off keys under ARC and
+ * S3-FIFO; under LRU they do not. */
+static int scan_survivors(kvo_policy_kind pol) {
+    kvo_plan *p;
+    kvo_store *s = mk(&p, pol, 16);
+    for (uint64_t i = 0; i < 4; i++) put1(s, i);
+    for (uint64_t i = 0; i < 4; i++) touch1(s, i);
+    for (uint64_t i = 100; i < 300; i++) put1(s, i);
+    int n = 0;
+    for (uint64_t i = 0; i < 4; i++) n += ready(s, i);
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+    return n;
+}
+
+KVO_TEST(scan_resistance) {
+    ASSERT_EQ_INT(scan_survivors(KVO_POLICY_LRU), 0);
+    ASSERT_EQ_INT(scan_survivors(KVO_POLICY_ARC), 4);
+    ASSERT_EQ_INT(scan_survivors(KVO_POLICY_S3FIFO), 4);
+}
+
+KVO_TEST(arc_ghosts_bounded_and_p_adapts) {
+    kvo_plan *p;
+    kvo_store *s = mk(&p, KVO_POLICY_ARC, 8);
+    uint64_t c = 8;
+    /* a stream of unique keys: T1 cycles, B1 fills up to its bound */
+    for (uint64_t i = 0; i < 100; i++) {
+        put1(s, i);
+        uint64_t t1 = kvo__store_queue_len(s, KVO__Q_T1), t2 = kvo__store_queue_len(s, KVO__Q_T2);
+        uint64_t b1 = kvo__store_queue_len(s, KVO__Q_B1), b2 = kvo__store_queue_len(s, KVO__Q_B2);
+        ASSERT_LE_U64(t1 + b1, c);
+        ASSERT_LE_U64(b1 + b2, c);
+        ASSERT_LE_U64(t1 + t2, c);
+    }
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_T1), 8);
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_B1), 0); /* |T1| + |B1| <= c */
+    ASSERT_EQ_U64(kvo__store_arc_p(s), 0);
+    /* make room in T1 by moving keys to T2 (touch), then evict into B1 */
+    for (uint64_t i = 92; i < 96; i++) touch1(s, i);   /* T2: 92..95 */
+    for (uint64_t i = 200; i < 204; i++) put1(s, i);   /* evicts 96..99 from T1 into B1 */
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_B1), 4);
+    ASSERT_FALSE(ready(s, 96));
+    /* storing a B1 ghost again: p grows, the key goes to T2 */
+    put1(s, 96);
+    ASSERT_GT_U64(kvo__store_arc_p(s), 0);
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_T2), 5);
+    uint64_t p1 = kvo__store_arc_p(s);
+    /* move every resident key to T2 (touch): T1 is empty, so the next victim
+     * comes from T2 and its key goes to B2 */
+    kvo_store_entry all[16];
+    size_t n;
+    uint64_t cur = 0;
+    ASSERT_OK(kvo_store_scan(s, &cur, all, 16, &n));
+    for (size_t i = 0; i < n; i++) ASSERT_OK(kvo_store_touch(s, &all[i].key, 1));
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_T1), 0);
+    kvo_chunk_key nk = st_key(0, 400), ev[2];
+    kvo_slot evs[2], sl;
+    uint8_t need;
+    size_t nev;
+    ASSERT_OK(kvo_store_prepare_store(s, &nk, 1, &need, &sl, ev, evs, 2, &nev));
+    ASSERT_OK(kvo_store_complete_store(s, &nk, 1, true));
+    ASSERT_EQ_U64(nev, 1);
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_B2), 1);
+    /* storing the B2 ghost again: p shrinks, the key goes to T2 */
+    ASSERT_OK(kvo_store_prepare_store(s, &ev[0], 1, &need, &sl, NULL, NULL, 0, NULL));
+    ASSERT_EQ_INT(need, 1);
+    ASSERT_OK(kvo_store_complete_store(s, &ev[0], 1, true));
+    ASSERT_LT_U64(kvo__store_arc_p(s), p1);
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
+KVO_TEST(s3fifo_small_main_ghost) {
+    kvo_plan *p;
+    kvo_store *s = mk(&p, KVO_POLICY_S3FIFO, 10);
+    for (uint64_t i = 0; i < 10; i++) put1(s, i);
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_S), 10); /* new keys enter S */
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_M), 0);
+    touch1(s, 0); /* used while in S */
+    put1(s, 10);  /* S's oldest (0) was used: moved to M; 1 is evicted into G */
+    ASSERT_TRUE(ready(s, 0));
+    ASSERT_FALSE(ready(s, 1));
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_M), 1);
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_G), 1);
+    /* a G ghost stored again enters M directly */
+    put1(s, 1);
+    ASSERT_TRUE(ready(s, 1));
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_M), 2);
+    /* G stays bounded under a long stream */
+    for (uint64_t i = 1000; i < 1200; i++) {
+        put1(s, i);
+        ASSERT_LE_U64(kvo__store_queue_len(s, KVO__Q_G), 10);
+    }
+    /* M entries without further use eventually leave (no ghost from M) */
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_G), 10);
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
+KVO_TEST(s3fifo_main_second_chance) {
+    kvo_plan *p;
+    kvo_store *s = mk(&p, KVO_POLICY_S3FIFO, 40);
+    for (uint64_t i = 0; i < 40; i++) put1(s, i);
+    for (uint64_t i = 0; i < 40; i++) touch1(s, i);
+    /* all 40 were used while in S: they move to M until S is under 10 % of
+     * the entries (37 moved, 3 left), then M's oldest (0) is the victim */
+    put1(s, 40);
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_M), 36);
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_S), 4);
+    ASSERT_FALSE(ready(s, 0));
+    /* S is under 10 %: victims come from M, FIFO with a second chance */
+    touch1(s, 2);
+    put1(s, 41);
+    put1(s, 42);
+    ASSERT_FALSE(ready(s, 1));
+    ASSERT_TRUE(ready(s, 2)); /* used in M: reinserted instead of evicted */
+    ASSERT_FALSE(ready(s, 3));
+    ASSERT_EQ_U64(kvo__store_queue_len(s, KVO__Q_G), 0); /* no ghosts from M */
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
+KVO_TEST(pinned_keys_leave_the_queues) {
+    static const kvo_policy_kind pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO};
+    for (int pi = 0; pi < 3; pi++) {
+        kvo_plan *p;
+        kvo_store *s = mk(&p, pols[pi], 4);
+        for (uint64_t i = 0; i < 4; i++) put1(s, i);
+        kvo_chunk_key k0 = st_key(0, 0);
+        kvo_slot ld;
+        ASSERT_OK(kvo_store_prepare_load(s, &k0, 1, &ld));
+        for (uint64_t i = 10; i < 40; i++) put1(s, i);
+        ASSERT_TRUE(ready(s, 0));
+        ASSERT_OK(kvo_store_complete_load(s, &k0, 1));
+        st_check(s);
+        kvo_store_destroy(s);
+        kvo_plan_destroy(p);
+    }
+}
