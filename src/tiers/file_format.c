@@ -300,14 +300,14 @@ int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info
     rc = kvo__file_hdr_decode(hb, (size_t)r, &h);
     if (rc == 0 && (size_t)r < KVO_FILE_HEADER_BYTES)
         rc = kvo__error(KVO_ECORRUPT, "truncated header (%zd of %u bytes)", r, KVO_FILE_HEADER_BYTES);
-    if (rc) { kvo__error_prefix(rc, "%s: ", path); goto out; }
+    if (rc) { kvo__error_prefix(rc, "%s", path); goto out; }
     if (info) fill_info(info, &h, (uint64_t)st.st_size);
     kvo_chunk_key named;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     bool have_name = kvo__file_parse_name(base, &named) == 0;
     rc = kvo__file_hdr_check(&h, plan, have_name ? &named : NULL);
-    if (rc) { kvo__error_prefix(rc, "%s: ", path); goto out; }
+    if (rc) { kvo__error_prefix(rc, "%s", path); goto out; }
     uint64_t want = KVO_FILE_HEADER_BYTES + h.slot_bytes;
     if ((uint64_t)st.st_size != want) {
         rc = kvo__error(KVO_ECORRUPT, "%s: %s: %lld bytes, header says %llu", path,
@@ -399,7 +399,7 @@ int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan) {
                               KVO__FILE_MANIFEST, fph);
         return 0;
     }
-    if (rc != KVO_ENOTFOUND) return kvo__error_prefix(KVO_ESTATE, "unusable namespace: ");
+    if (rc != KVO_ENOTFOUND) return kvo__error_prefix(KVO_ESTATE, "unusable namespace");
 
     char *plan_json = NULL;
     rc = kvo_plan_to_json(plan, &plan_json);

@@ -855,7 +855,7 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     sp.policy = p->policy;
     rc = kvo_store_create(&sp, &t->index);
     if (rc) {
-        kvo__error_prefix(rc, "file tier quota index: ");
+        kvo__error_prefix(rc, "file tier quota index");
         goto fail;
     }
     /* Staging: one pre-faulted region (first touch of new memory is slow:
@@ -865,14 +865,14 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     ap.bytes = kvo__align_up_u64(t->p.max_staging_bytes, KVO_SLOT_ALIGN);
     rc = kvo_arena_create(&ap, &t->stage_arena);
     if (rc) {
-        kvo__error_prefix(rc, "file tier staging memory (max_staging_bytes): ");
+        kvo__error_prefix(rc, "file tier staging memory (max_staging_bytes)");
         goto fail;
     }
     sp.capacity_bytes = ap.bytes;
     sp.policy = KVO_POLICY_LRU;
     rc = kvo_store_create(&sp, &t->stage_index);
     if (rc) {
-        kvo__error_prefix(rc, "file tier staging index: ");
+        kvo__error_prefix(rc, "file tier staging index");
         goto fail;
     }
     t->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -37,6 +37,7 @@ typedef struct fsck_group {
 typedef struct fsck_ctx {
     bool repair, json;
     uint64_t problems;
+    uint64_t ns_bad;      /* bad files of the namespace being checked */
     json_t *out;  /* array of namespace objects (json mode) */
 } fsck_ctx;
 
@@ -80,6 +81,7 @@ static uint64_t jnum(json_t *o, const char *k) {
 static void bad_file(fsck_ctx *c, json_t *bad, const char *path, const char *why) {
     bool removed = c->repair && remove_any(path);
     c->problems++;
+    c->ns_bad++;
     if (c->json) {
         json_t *b = json_object();
         json_object_set_new(b, "path", json_string(path));
@@ -100,6 +102,7 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
     long long version = -1;
     const char *base = strrchr(ns, '/');
     base = base ? base + 1 : ns;
+    c->ns_bad = 0;
 
     if (!c->json) printf("namespace %s\n", ns);
     snprintf(path, sizeof path, "%s/manifest.json", ns);
@@ -265,7 +268,7 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
                    (unsigned long long)groups[i].bytes);
         }
         printf("  files %llu (%llu bytes), bad %zu, temporary %llu in progress + %llu stale, unknown %llu\n",
-               (unsigned long long)files, (unsigned long long)bytes, json_array_size(bad),
+               (unsigned long long)files, (unsigned long long)bytes, (size_t)c->ns_bad,
                (unsigned long long)tmp_live, (unsigned long long)tmp_stale, (unsigned long long)unknown);
         json_decref(bad);
     }
