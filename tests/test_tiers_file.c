@@ -1045,3 +1045,142 @@ KVO_TEST(concurrent_threads) {
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
+
+/* Engine blocks -> transfer -> host slot -> file; restart; file -> host slot
+ * -> transfer -> other engine blocks: byte-exact, nothing else touched.  The
+ * tier is namespaced by the engine's slot layout hash too. */
+static void xfer_wait(kvo_transfer *x, uint64_t job) {
+    ASSERT_OK(kvo_transfer_wait(x, &job, 1, -1));
+    kvo_xfer_result r;
+    size_t n = 0;
+    ASSERT_OK(kvo_transfer_poll(x, &r, 1, &n));
+    ASSERT_EQ_U64(n, 1);
+    ASSERT_EQ_INT(r.status, 0);
+}
+
+static int wait_read(kvo_file_tier *t) {
+    kvo_file_completion c;
+    size_t got = 0;
+    while (!got) {
+        kvo_file_tier_wait(t, 5000);
+        got = kvo_file_tier_poll(t, &c, 1);
+    }
+    return c.result;
+}
+
+KVO_TEST(round_trip_engine_transfer_file) {
+    kvo_plan *plan = make_plan("ft-xfer", 5000);
+    const kvo_group_plan *gf = kvo_plan_group(plan, 0), *gs = kvo_plan_group(plan, 1);
+    enum { NB = 8 };
+    /* engine memory: group 0 as two per-layer tensors, group 1 as one */
+    uint64_t bytes0 = NB * gf->page_bytes, bytes1 = NB * gs->page_bytes;
+    unsigned char *src = malloc(2 * bytes0 + bytes1), *dst = malloc(2 * bytes0 + bytes1);
+    for (uint64_t i = 0; i < 2 * bytes0 + bytes1; i++) src[i] = (unsigned char)(kvo_test_rand() >> 56);
+    memset(dst, 0xab, 2 * bytes0 + bytes1);
+    kvo_segment seg_src[3] = {{0, src, NB, gf->page_bytes, gf->page_bytes},
+                              {0, src + bytes0, NB, gf->page_bytes, gf->page_bytes},
+                              {1, src + 2 * bytes0, NB, gs->page_bytes, gs->page_bytes}};
+    kvo_segment seg_dst[3] = {{0, dst, NB, gf->page_bytes, gf->page_bytes},
+                              {0, dst + bytes0, NB, gf->page_bytes, gf->page_bytes},
+                              {1, dst + 2 * bytes0, NB, gs->page_bytes, gs->page_bytes}};
+    kvo_transfer_params xp = kvo_transfer_default_params();
+    xp.plan = plan;
+    kvo_transfer *x1 = NULL, *x2 = NULL;
+    ASSERT_OK(kvo_transfer_create(&xp, &x1));
+    ASSERT_OK(kvo_transfer_create(&xp, &x2));
+    ASSERT_OK(kvo_transfer_set_layout(x1, seg_src, 3));
+    ASSERT_OK(kvo_transfer_set_layout(x2, seg_dst, 3));
+    uint64_t lh = 0;
+    ASSERT_OK(kvo_transfer_layout_hash(x1, &lh));
+
+    /* store: group 0 blocks {1,2}, group 1 blocks {6,7} into host slots */
+    unsigned char *slot0 = aligned_buf(gf->slot_bytes), *slot1 = aligned_buf(gs->slot_bytes);
+    uint64_t b0[2] = {1, 2}, b1[2] = {6, 7};
+    kvo_xfer_op ops[2] = {{0, 0, 2, b0, slot0, gf->slot_bytes}, {1, 0, 2, b1, slot1, gs->slot_bytes}};
+    uint64_t job = 0;
+    ASSERT_OK(kvo_transfer_submit(x1, KVO_XFER_STORE, ops, 2, &job));
+    xfer_wait(x1, job);
+
+    kvo_file_tier_params p = params(subdir("xfer"), plan);
+    p.layout_hash = lh;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    char lhx[17];
+    snprintf(lhx, sizeof lhx, "%016llx", (unsigned long long)lh);
+    ASSERT_CONTAINS(kvo_file_tier_dir(t), lhx);
+    kvo_chunk_key keys[2] = {key_n(77, 0), key_n(78, 1)};
+    const void *srcs[2] = {slot0, slot1};
+    int res[2];
+    ASSERT_OK(kvo_file_tier_write(t, keys, srcs, 2, NULL, res, NULL));
+    ASSERT_EQ_INT(res[0], 0);
+    ASSERT_EQ_INT(res[1], 0);
+    memset(slot0, 0x11, gf->slot_bytes); /* the tier copied: reuse at once */
+    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    kvo_file_tier_destroy(t);
+
+    /* another slot layout sees nothing of it */
+    kvo_file_tier_params p2 = p;
+    p2.layout_hash = lh ^ 1;
+    ASSERT_OK(kvo_file_tier_create(&p2, &t));
+    uint8_t st[2];
+    ASSERT_OK(kvo_file_tier_lookup(t, keys, 2, st));
+    ASSERT_EQ_INT(st[0], KVO_MISS);
+    kvo_file_tier_destroy(t);
+
+    /* restart; file -> fresh host slots -> the other engine's blocks */
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    ASSERT_OK(kvo_file_tier_lookup(t, keys, 2, st));
+    ASSERT_EQ_INT(st[0], KVO_READY);
+    ASSERT_EQ_INT(st[1], KVO_READY);
+    unsigned char *in0 = aligned_buf(gf->slot_bytes), *in1 = aligned_buf(gs->slot_bytes);
+    void *dsts[2] = {in0, in1};
+    ASSERT_OK(kvo_file_tier_read(t, keys, dsts, 2, NULL, res, NULL));
+    ASSERT_EQ_INT(res[0], 0);
+    ASSERT_EQ_INT(wait_read(t), 0);
+    ASSERT_EQ_INT(wait_read(t), 0);
+    uint64_t d0[2] = {5, 3}, d1[2] = {0, 4};
+    kvo_xfer_op lops[2] = {{0, 0, 2, d0, in0, gf->slot_bytes}, {1, 0, 2, d1, in1, gs->slot_bytes}};
+    ASSERT_OK(kvo_transfer_submit(x2, KVO_XFER_LOAD, lops, 2, &job));
+    xfer_wait(x2, job);
+    /* every target page equals its source page; every other byte untouched */
+    for (int s = 0; s < 3; s++) {
+        const kvo_segment *a = &seg_src[s], *b = &seg_dst[s];
+        const uint64_t *from = s < 2 ? b0 : b1, *to = s < 2 ? d0 : d1;
+        for (uint64_t blk = 0; blk < NB; blk++) {
+            const unsigned char *got = (const unsigned char *)b->base + blk * b->block_stride;
+            int k = blk == to[0] ? 0 : blk == to[1] ? 1 : -1;
+            if (k >= 0) {
+                ASSERT_MEM_EQ(got, (const unsigned char *)a->base + from[k] * a->block_stride, a->page_bytes);
+            } else {
+                for (uint64_t i = 0; i < b->page_bytes; i++)
+                    if (got[i] != 0xab) FAILF("segment %d block %llu byte %llu was touched", s,
+                                              (unsigned long long)blk, (unsigned long long)i);
+            }
+        }
+    }
+    /* a file copied into another slot layout's namespace does not load there */
+    char from[KVO__FILE_PATH_MAX], to[KVO__FILE_PATH_MAX];
+    ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &keys[1], from, sizeof from));
+    kvo_file_tier_destroy(t);
+    ASSERT_OK(kvo_file_tier_create(&p2, &t));
+    ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &keys[1], to, sizeof to));
+    kvo_file_tier_destroy(t);
+    char cmd[3 * KVO__FILE_PATH_MAX];
+    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\" && cp '%s' '%s'", to, from, to);
+    ASSERT_EQ_INT(kvo_test_run(cmd, NULL), 0);
+    ASSERT_OK(kvo_file_tier_create(&p2, &t));
+    ASSERT_EQ_INT(read_key(t, plan, &keys[1], true), KVO_ECORRUPT);
+    kvo_file_tier_stats fs;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &fs));
+    ASSERT_EQ_U64(fs.corrupt_removed, 1);
+    kvo_file_tier_destroy(t);
+    kvo_transfer_destroy(x1);
+    kvo_transfer_destroy(x2);
+    free(in0);
+    free(in1);
+    free(slot0);
+    free(slot1);
+    free(src);
+    free(dst);
+    kvo_plan_destroy(plan);
+}

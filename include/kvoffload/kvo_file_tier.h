@@ -4,7 +4,8 @@
  *
  * What it is
  *  - A directory tree under `root`: one namespace directory per layout
- *    fingerprint (root/<fingerprint hex>/), holding a readable manifest.json
+ *    fingerprint (root/<fingerprint hex>/, or root/<fingerprint>-<slot layout
+ *    hash>/ when params.layout_hash is given), holding a readable manifest.json
  *    (format version, model, groups, chunking) and one file per chunk key,
  *    fanned out in 256 subdirectories.  Layouts that store different bytes
  *    never share files.  docs/file-format.md gives the exact byte format.
@@ -132,6 +133,13 @@ typedef struct kvo_file_tier_params {
     uint32_t log_interval_s;       /* minimum seconds between two log lines of
                                       one kind (ENOSPC, EIO, corrupt...);
                                       default 10 */
+    uint64_t layout_hash;          /* the engine's slot layout
+                                      (kvo_transfer_layout_hash), or 0 = not
+                                      given (default).  Engines whose segment
+                                      lists differ store different bytes for
+                                      one plan: when given, the namespace is
+                                      root/<fingerprint>-<layout hash, 16 hex>
+                                      and every file records and checks it */
 } kvo_file_tier_params;
 
 kvo_file_tier_params kvo_file_tier_default_params(void);
@@ -157,7 +165,8 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out);
  *  no-op. */
 void kvo_file_tier_destroy(kvo_file_tier *t);
 
-/** The namespace directory (root/<fingerprint hex>); valid while t lives. */
+/** The namespace directory (root/<fingerprint hex>[-<layout hash>]); valid
+ *  while t lives. */
 const char *kvo_file_tier_dir(const kvo_file_tier *t);
 /** Backend in use: "io_uring" or "threads". */
 const char *kvo_file_tier_backend(const kvo_file_tier *t);
@@ -290,6 +299,7 @@ typedef struct kvo_file_chunk_info {
     uint64_t slot_bytes;          /* payload bytes on disk (padded to 4096) */
     uint64_t payload_xxh3;
     uint64_t created_unix_ns;
+    uint64_t layout_hash;         /* engine slot layout hash (0: not given) */
     uint64_t file_bytes;          /* size of the file */
 } kvo_file_chunk_info;
 

@@ -41,13 +41,14 @@ typedef struct kvo__file_hdr {
     uint64_t slot_bytes;
     uint64_t payload_xxh3;
     uint64_t created_ns;
+    uint64_t layout_hash;     /* engine slot layout (0: not given) */
     char group_name[KVO_NAME_MAX];
     char model_name[KVO_NAME_MAX];
 } kvo__file_hdr;
 
 /* Fill a header for a group's chunk (payload checksum given). */
-void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, const kvo_group_plan *g, const kvo_chunk_key *key,
-                        uint64_t payload_xxh3);
+void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_hash, const kvo_group_plan *g,
+                        const kvo_chunk_key *key, uint64_t payload_xxh3);
 /* Encode into KVO_FILE_HEADER_BYTES bytes (zero padded, header checksum). */
 void kvo__file_hdr_encode(const kvo__file_hdr *h, void *buf);
 /* Decode and check magic, version, header checksum.  KVO_ECORRUPT with a
@@ -57,6 +58,8 @@ int kvo__file_hdr_decode(const void *buf, size_t len, kvo__file_hdr *h);
  * fingerprint and the group's geometry (plan may be NULL: only internal
  * consistency).  KVO_ECORRUPT with a message. */
 int kvo__file_hdr_check(const kvo__file_hdr *h, const kvo_plan *plan, const kvo_chunk_key *expect);
+/* The layout hash must match too (tier reads; not the plan-less checks). */
+int kvo__file_hdr_check_layout(const kvo__file_hdr *h, uint64_t layout_hash);
 
 /* Parse a chunk file name "<32 hex>-g<group>.kvc".  0 or KVO_EINVAL. */
 int kvo__file_parse_name(const char *name, kvo_chunk_key *key);
@@ -66,9 +69,11 @@ void kvo__file_name(const kvo_chunk_key *key, char *out, size_t cap);
 void kvo__file_subdir(const kvo_chunk_key *key, char out[3]);
 
 /* Manifest: write if absent, else check.  KVO_EIO / KVO_ESTATE. */
-int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan);
-/* Read a manifest's fingerprint and format version (for fsck). */
-int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint32_t *version, char **plan_json);
+int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash);
+/* Read a manifest's fingerprint, layout hash (0 when absent) and format
+ * version. */
+int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint64_t *layout_hash, uint32_t *version,
+                            char **plan_json);
 
 /* Remove a path whatever it is (file, or directory tree).  0 or -errno. */
 int kvo__file_remove_any(const char *path);

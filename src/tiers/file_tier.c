@@ -363,7 +363,7 @@ int kvo__fop_begin(kvo_file_tier *t, kvo__fop *op) {
     key_path(t, &op->key, op->path);
     if (op->kind == KVO__FOP_WRITE) {
         kvo__file_hdr h;
-        kvo__file_hdr_init(&h, t->plan, g, &op->key, XXH3_64bits(op->stage, g->chunk_bytes));
+        kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, XXH3_64bits(op->stage, g->chunk_bytes));
         kvo__file_hdr_encode(&h, op->hdr);
         char sub[3];
         kvo__file_subdir(&op->key, sub);
@@ -580,6 +580,7 @@ void kvo__fop_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
         kvo__file_hdr h;
         rc = kvo__file_hdr_decode(op->hdr, KVO_FILE_HEADER_BYTES, &h);
         if (!rc) rc = kvo__file_hdr_check(&h, t->plan, &op->key);
+        if (!rc) rc = kvo__file_hdr_check_layout(&h, t->p.layout_hash);
         if (!rc) {
             uint64_t sum = XXH3_64bits(op->dst, g->chunk_bytes);
             if (sum != h.payload_xxh3)
@@ -829,7 +830,10 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     t->p.root = t->root;
     char fph[33];
     kvo_u128_hex(kvo_plan_fingerprint(p->plan), fph);
-    snprintf(t->ns_dir, sizeof t->ns_dir, "%s/%s", t->root, fph);
+    if (p->layout_hash)
+        snprintf(t->ns_dir, sizeof t->ns_dir, "%s/%s-%016llx", t->root, fph, (unsigned long long)p->layout_hash);
+    else
+        snprintf(t->ns_dir, sizeof t->ns_dir, "%s/%s", t->root, fph);
 
     int rc;
     int e = mkdir_p(t->ns_dir);
@@ -845,7 +849,7 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
                         "systems refuse it); use direct = AUTO or OFF", t->ns_dir);
         goto fail;
     }
-    rc = kvo__file_manifest_ensure(t->ns_dir, p->plan);
+    rc = kvo__file_manifest_ensure(t->ns_dir, p->plan, p->layout_hash);
     if (rc) goto fail;
     t->tmpfile = probe_tmpfile(t);
 
