@@ -1184,3 +1184,23 @@ KVO_TEST(round_trip_engine_transfer_file) {
     free(dst);
     kvo_plan_destroy(plan);
 }
+
+KVO_TEST(quota_max_files) {
+    kvo_plan *plan = make_plan("ft-maxf", 3000);
+    kvo_file_tier_params p = params(subdir("maxf"), plan);
+    p.max_files = 3;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    kvo_chunk_key keys[8];
+    for (int i = 0; i < 8; i++) {
+        keys[i] = key_n((uint64_t)i + 800, (uint32_t)(i % 2));
+        write_keys(t, plan, &keys[i], 1);
+    }
+    kvo_file_tier_stats s;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+    ASSERT_LE_U64(s.files, 3);
+    ASSERT_EQ_U64(s.evictions, 8 - s.files);
+    ASSERT_EQ_INT(read_key(t, plan, &keys[7], true), 0);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}

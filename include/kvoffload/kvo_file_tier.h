@@ -106,6 +106,11 @@ typedef struct kvo_file_tier_params {
                                       (each file adds a 4 KiB header, not
                                       counted); >= the largest slot_bytes */
     kvo_policy_kind policy;        /* eviction policy; default LRU */
+    uint64_t max_files;            /* index capacity (files kept); 0 = quota /
+                                      smallest slot.  The index is allocated
+                                      at create (~100 bytes per entry): cap it
+                                      for huge quotas of small chunks; files
+                                      beyond it are evicted like bytes */
     kvo_file_fsync_policy fsync;   /* default KVO_FILE_FSYNC_NONE */
     kvo_file_io_kind io;           /* default AUTO */
     kvo_file_direct_mode direct;   /* default AUTO */

@@ -857,6 +857,7 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     sp.plan = p->plan;
     sp.capacity_bytes = p->quota_bytes;
     sp.policy = p->policy;
+    sp.max_entries = p->max_files;
     rc = kvo_store_create(&sp, &t->index);
     if (rc) {
         kvo__error_prefix(rc, "file tier quota index");
@@ -874,6 +875,7 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     }
     sp.capacity_bytes = ap.bytes;
     sp.policy = KVO_POLICY_LRU;
+    sp.max_entries = 0;
     rc = kvo_store_create(&sp, &t->stage_index);
     if (rc) {
         kvo__error_prefix(rc, "file tier staging index");
