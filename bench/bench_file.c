@@ -244,12 +244,15 @@ static int rebuild(const kvo_bench_out *o, const char *dir, uint64_t files) {
     kvo_file_tier_stats st;
     kvo_file_tier_get_stats(t, &st);
     kvo_file_tier_destroy(t);
-    double per = st.scanned_files ? dt / (double)st.scanned_files : 0;
+    double scan = (double)st.scan_ns * 1e-9;
+    double per = st.scanned_files ? scan / (double)st.scanned_files : 0;
     char name[96];
     snprintf(name, sizeof name, "file.index_rebuild.%llu_files", (unsigned long long)st.scanned_files);
-    kvo_bench_report(o, name, dt * 1e3, "ms", NULL, 0);
-    snprintf(name, sizeof name, "file.index_rebuild.per_file");
-    kvo_bench_report(o, name, per * 1e6, "us", "readdir_only_us", files ? bare / (double)files * 1e6 : 0);
+    kvo_bench_report(o, name, scan * 1e3, "ms", NULL, 0);
+    kvo_bench_report(o, "file.index_rebuild.per_file", per * 1e6, "us", "readdir_only_us",
+                     files ? bare / (double)files * 1e6 : 0);
+    /* the whole create: probes, manifest, staging memory pre-faulted, scan */
+    kvo_bench_report(o, "file.create_with_rebuild", dt * 1e3, "ms", NULL, 0);
     rm_rf(ns);
     kvo_plan_destroy(plan);
     return 0;

@@ -722,8 +722,58 @@ static bool stale_tmp(kvo_file_tier *t, int dfd, const char *name) {
     return time(NULL) - st.st_mtime > 3600; /* another host's writer: give it an hour */
 }
 
+/* Scratch of the scan: keys of one directory are adopted in batches (one
+ * store call per batch instead of two per file). */
+enum { SCAN_BATCH = 256, SCAN_EVICT_CAP = SCAN_BATCH * 64 };
+typedef struct scan_scratch {
+    kvo_chunk_key keys[SCAN_BATCH];
+    uint8_t need[SCAN_BATCH];
+    kvo_slot slots[SCAN_BATCH];
+    kvo_chunk_key ev[SCAN_EVICT_CAP];
+    kvo_slot evs[SCAN_EVICT_CAP];
+    size_t n;
+} scan_scratch;
+
+static void scan_flush(kvo_file_tier *t, scan_scratch *sc) {
+    if (sc->n == 0) return;
+    size_t nev = 0;
+    int rc = kvo_store_prepare_store(t->index, sc->keys, sc->n, sc->need, sc->slots, sc->ev, sc->evs,
+                                     SCAN_EVICT_CAP, &nev);
+    if (rc == 0) {
+        unlink_evicted(t, sc->ev, nev);
+        t->st.evictions -= nev; /* counted by unlink_evicted; these are scan removals */
+        t->st.scan_removed += nev;
+        size_t m = 0;
+        for (size_t i = 0; i < sc->n; i++)
+            if (sc->need[i]) sc->keys[m++] = sc->keys[i];
+        if (m) kvo_store_complete_store(t->index, sc->keys, m, true);
+        t->st.scanned_files += m;
+        sc->n = 0;
+        return;
+    }
+    /* The batch does not fit as a whole (quota below it): one by one, so
+     * that the newest of them evict the older ones. */
+    char path[KVO__FILE_PATH_MAX];
+    for (size_t i = 0; i < sc->n; i++) {
+        size_t one = 0;
+        if (adopt_key(t, &sc->keys[i], &one) != 0) {
+            key_path(t, &sc->keys[i], path);
+            kvo__file_remove_any(path);
+            t->st.scan_removed++;
+            continue;
+        }
+        t->st.scanned_files++;
+        t->st.scan_removed += one;
+        t->st.evictions -= one;
+    }
+    sc->n = 0;
+}
+
 static int scan_namespace(kvo_file_tier *t) {
     uint64_t t0 = kvo__now_ns();
+    scan_scratch *sc = kvo__malloc(sizeof *sc);
+    if (!sc) return kvo__error(KVO_ENOMEM, "file tier: scan scratch");
+    sc->n = 0;
     for (int b = 0; b < 256; b++) {
         char dir[KVO__FILE_PATH_MAX];
         snprintf(dir, sizeof dir, "%s/%02x", t->ns_dir, b);
@@ -742,28 +792,21 @@ static int scan_namespace(kvo_file_tier *t) {
             }
             kvo_chunk_key k;
             if (kvo__file_parse_name(name, &k) != 0) continue; /* not ours: leave it */
-            char sub[3];
-            kvo__file_subdir(&k, sub);
-            char path[KVO__FILE_PATH_MAX];
-            snprintf(path, sizeof path, "%s/%s", dir, name);
-            if (strtol(sub, NULL, 16) != b || !group_of(t, &k) || e->d_type == DT_DIR) {
+            if ((int)(k.hash.lo & 0xff) != b || !group_of(t, &k) || e->d_type == DT_DIR) {
                 /* misplaced, a group this layout does not offload, or a directory */
+                char path[KVO__FILE_PATH_MAX];
+                snprintf(path, sizeof path, "%s/%s", dir, name);
                 kvo__file_remove_any(path);
                 t->st.scan_removed++;
                 continue;
             }
-            size_t nev = 0;
-            if (adopt_key(t, &k, &nev) != 0) {
-                kvo__file_remove_any(path);
-                t->st.scan_removed++;
-                continue;
-            }
-            t->st.scanned_files++;
-            t->st.scan_removed += nev;
-            t->st.evictions -= nev; /* counted by unlink_evicted; these are scan removals */
+            sc->keys[sc->n++] = k;
+            if (sc->n == SCAN_BATCH) scan_flush(t, sc);
         }
         closedir(d);
+        scan_flush(t, sc);
     }
+    kvo__free(sc);
     t->st.scan_ns = kvo__now_ns() - t0;
     return 0;
 }
