@@ -1204,3 +1204,36 @@ KVO_TEST(quota_max_files) {
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
+
+/* After a restart the eviction order follows the files' age, not directory
+ * order: with room for three, the three most recently used files stay. */
+KVO_TEST(restart_keeps_newest) {
+    kvo_plan *plan = make_plan("ft-age", 4000);
+    const kvo_group_plan *g = kvo_plan_group(plan, 0);
+    kvo_file_tier_params p = params(subdir("age"), plan);
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    enum { N = 8 };
+    kvo_chunk_key keys[N];
+    for (int i = 0; i < N; i++) keys[i] = key_n((uint64_t)i * 31 + 5, 0);
+    write_keys(t, plan, keys, N);
+    /* ages: a permutation, so that directory order cannot give the answer */
+    static const int age_rank[N] = {5, 0, 7, 2, 6, 1, 4, 3}; /* higher = newer */
+    time_t now = time(NULL);
+    for (int i = 0; i < N; i++) {
+        char path[KVO__FILE_PATH_MAX];
+        ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &keys[i], path, sizeof path));
+        struct timespec ts[2] = {{now - 1000 + age_rank[i] * 10, 0}, {now - 1000 + age_rank[i] * 10, 0}};
+        ASSERT_EQ_INT(utimensat(AT_FDCWD, path, ts, 0), 0);
+    }
+    kvo_file_tier_destroy(t);
+    p.quota_bytes = 3 * g->slot_bytes;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    uint8_t st[N];
+    ASSERT_OK(kvo_file_tier_lookup(t, keys, N, st));
+    for (int i = 0; i < N; i++)
+        if ((st[i] == KVO_READY) != (age_rank[i] >= N - 3))
+            FAILF("key %d (age rank %d): state %d", i, age_rank[i], st[i]);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}

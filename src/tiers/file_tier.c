@@ -722,8 +722,21 @@ static bool stale_tmp(kvo_file_tier *t, int dfd, const char *name) {
     return time(NULL) - st.st_mtime > 3600; /* another host's writer: give it an hour */
 }
 
-/* Scratch of the scan: keys of one directory are adopted in batches (one
- * store call per batch instead of two per file). */
+/* The scan collects every chunk file's key and last use (the later of its
+ * access and modification times: with relatime the access time moves at
+ * least daily), sorts by it, and adopts oldest first in batches (one store
+ * call per batch instead of two per file), so that the eviction order after
+ * a restart follows the files' age rather than directory order. */
+typedef struct scan_item {
+    kvo_chunk_key key;
+    int64_t used;
+} scan_item;
+
+static int scan_item_cmp(const void *a, const void *b) {
+    const scan_item *x = a, *y = b;
+    return (x->used > y->used) - (x->used < y->used);
+}
+
 enum { SCAN_BATCH = 256, SCAN_EVICT_CAP = SCAN_BATCH * 64 };
 typedef struct scan_scratch {
     kvo_chunk_key keys[SCAN_BATCH];
@@ -774,7 +787,10 @@ static int scan_namespace(kvo_file_tier *t) {
     scan_scratch *sc = kvo__malloc(sizeof *sc);
     if (!sc) return kvo__error(KVO_ENOMEM, "file tier: scan scratch");
     sc->n = 0;
-    for (int b = 0; b < 256; b++) {
+    scan_item *items = NULL;
+    size_t n_items = 0, cap_items = 0;
+    int rc = 0;
+    for (int b = 0; b < 256 && rc == 0; b++) {
         char dir[KVO__FILE_PATH_MAX];
         snprintf(dir, sizeof dir, "%s/%02x", t->ns_dir, b);
         DIR *d = opendir(dir);
@@ -792,7 +808,11 @@ static int scan_namespace(kvo_file_tier *t) {
             }
             kvo_chunk_key k;
             if (kvo__file_parse_name(name, &k) != 0) continue; /* not ours: leave it */
-            if ((int)(k.hash.lo & 0xff) != b || !group_of(t, &k) || e->d_type == DT_DIR) {
+            struct stat st;
+            bool is_dir = e->d_type == DT_DIR;
+            bool have_st = fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+            if (have_st) is_dir = S_ISDIR(st.st_mode);
+            if ((int)(k.hash.lo & 0xff) != b || !group_of(t, &k) || is_dir) {
                 /* misplaced, a group this layout does not offload, or a directory */
                 char path[KVO__FILE_PATH_MAX];
                 snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -800,15 +820,35 @@ static int scan_namespace(kvo_file_tier *t) {
                 t->st.scan_removed++;
                 continue;
             }
-            sc->keys[sc->n++] = k;
-            if (sc->n == SCAN_BATCH) scan_flush(t, sc);
+            if (!have_st) continue; /* vanished meanwhile */
+            if (n_items == cap_items) {
+                size_t ncap = cap_items ? 2 * cap_items : 1024;
+                scan_item *n = kvo__realloc(items, ncap * sizeof *n);
+                if (!n) {
+                    rc = kvo__error(KVO_ENOMEM, "file tier: scan of %zu files", n_items);
+                    break;
+                }
+                items = n;
+                cap_items = ncap;
+            }
+            items[n_items].key = k;
+            items[n_items].used = st.st_atime > st.st_mtime ? (int64_t)st.st_atime : (int64_t)st.st_mtime;
+            n_items++;
         }
         closedir(d);
+    }
+    if (rc == 0) {
+        qsort(items, n_items, sizeof *items, scan_item_cmp);
+        for (size_t i = 0; i < n_items; i++) {
+            sc->keys[sc->n++] = items[i].key;
+            if (sc->n == SCAN_BATCH) scan_flush(t, sc);
+        }
         scan_flush(t, sc);
     }
+    kvo__free(items);
     kvo__free(sc);
     t->st.scan_ns = kvo__now_ns() - t0;
-    return 0;
+    return rc;
 }
 
 /* ------------------------------------------------------------- create -- */
