@@ -40,9 +40,11 @@
  *    checksum.  A file that fails is unlinked (only if it is still the same
  *    inode: another process may have replaced it with a good one), counted,
  *    dropped from the index, and reported as KVO_ECORRUPT: a miss.
- *  - Startup scan: names only (no header reads), one readdir per fan-out
- *    directory; stale temporaries of dead writers are removed; files beyond
- *    the quota are evicted.  Hits on a restarted process follow.
+ *  - Startup scan: one readdir per fan-out directory and one fstatat per
+ *    file (no header reads: bad files are found on first read); keys are
+ *    adopted oldest first (by last use), so files beyond the quota are
+ *    evicted in age order; stale temporaries of dead writers are removed.
+ *    Hits on a restarted process follow.
  *
  * Bounded resources: ops are allocated on demand and kept on a free list (the
  * steady state allocates nothing); staging memory is fixed at create
