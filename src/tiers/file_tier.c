@@ -840,7 +840,7 @@ static int scan_namespace(kvo_file_tier *t) {
         closedir(d);
     }
     if (rc == 0) {
-        qsort(items, n_items, sizeof *items, scan_item_cmp);
+        if (n_items > 1) qsort(items, n_items, sizeof *items, scan_item_cmp);
         for (size_t i = 0; i < n_items; i++) {
             sc->keys[sc->n++] = items[i].key;
             if (sc->n == SCAN_BATCH) scan_flush(t, sc);
