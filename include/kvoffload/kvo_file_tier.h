@@ -104,7 +104,12 @@ typedef struct kvo_file_tier_params {
     const kvo_plan *plan;          /* required; must outlive the tier */
     uint64_t quota_bytes;          /* required: bytes of payload slots kept
                                       (each file adds a 4 KiB header, not
-                                      counted); >= the largest slot_bytes */
+                                      counted); >= the largest slot_bytes.
+                                      Clamped at create (with a log line) to
+                                      what the file system can hold: free
+                                      space + this namespace's files, less
+                                      headers and 5 %; stats.quota_bytes
+                                      tells the quota in force */
     kvo_policy_kind policy;        /* eviction policy; default LRU */
     uint64_t max_files;            /* index capacity (files kept); 0 = quota /
                                       smallest slot.  The index is allocated
@@ -256,7 +261,7 @@ int kvo_file_tier_touch(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
 int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
 
 typedef struct kvo_file_tier_stats {
-    uint64_t quota_bytes;
+    uint64_t quota_bytes;       /* in force (after the clamp at create) */
     uint64_t bytes_used;        /* payload slot bytes of indexed files */
     uint64_t files;             /* indexed files */
     uint64_t scanned_files;     /* files adopted by the scan at create */

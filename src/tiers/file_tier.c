@@ -65,6 +65,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -82,6 +83,7 @@ struct kvo_file_tier {
     char ns_dir[KVO__FILE_PATH_MAX];
     const kvo_plan *plan;
     kvo_store *index;
+    uint64_t quota;               /* quota_bytes, clamped to the file system */
     bool direct;
     bool tmpfile;                 /* O_TMPFILE + linkat works here */
     bool uring;
@@ -784,15 +786,14 @@ static void scan_flush(kvo_file_tier *t, scan_scratch *sc) {
     sc->n = 0;
 }
 
-static int scan_namespace(kvo_file_tier *t) {
-    uint64_t t0 = kvo__now_ns();
-    scan_scratch *sc = kvo__malloc(sizeof *sc);
-    if (!sc) return kvo__error(KVO_ENOMEM, "file tier: scan scratch");
-    sc->n = 0;
+/* The directory walk: stale temporaries and misplaced files are removed;
+ * every chunk file's key and last use are collected, and the bytes they
+ * occupy summed (for the quota clamp). */
+static int scan_collect(kvo_file_tier *t, scan_item **out, size_t *n_out, uint64_t *disk_bytes) {
     scan_item *items = NULL;
     size_t n_items = 0, cap_items = 0;
-    int rc = 0;
-    for (int b = 0; b < 256 && rc == 0; b++) {
+    uint64_t bytes = 0;
+    for (int b = 0; b < 256; b++) {
         char dir[KVO__FILE_PATH_MAX];
         snprintf(dir, sizeof dir, "%s/%02x", t->ns_dir, b);
         DIR *d = opendir(dir);
@@ -827,8 +828,9 @@ static int scan_namespace(kvo_file_tier *t) {
                 size_t ncap = cap_items ? 2 * cap_items : 1024;
                 scan_item *n = kvo__realloc(items, ncap * sizeof *n);
                 if (!n) {
-                    rc = kvo__error(KVO_ENOMEM, "file tier: scan of %zu files", n_items);
-                    break;
+                    closedir(d);
+                    kvo__free(items);
+                    return kvo__error(KVO_ENOMEM, "file tier: scan of %zu files", n_items);
                 }
                 items = n;
                 cap_items = ncap;
@@ -836,21 +838,49 @@ static int scan_namespace(kvo_file_tier *t) {
             items[n_items].key = k;
             items[n_items].used = st.st_atime > st.st_mtime ? (int64_t)st.st_atime : (int64_t)st.st_mtime;
             n_items++;
+            bytes += (uint64_t)st.st_blocks * 512u;
         }
         closedir(d);
     }
-    if (rc == 0) {
-        if (n_items > 1) qsort(items, n_items, sizeof *items, scan_item_cmp);
-        for (size_t i = 0; i < n_items; i++) {
-            sc->keys[sc->n++] = items[i].key;
-            if (sc->n == SCAN_BATCH) scan_flush(t, sc);
-        }
-        scan_flush(t, sc);
+    *out = items;
+    *n_out = n_items;
+    *disk_bytes = bytes;
+    return 0;
+}
+
+/* Adopt the collected files into the index, oldest first. */
+static int scan_adopt(kvo_file_tier *t, scan_item *items, size_t n_items) {
+    scan_scratch *sc = kvo__malloc(sizeof *sc);
+    if (!sc) return kvo__error(KVO_ENOMEM, "file tier: scan scratch");
+    sc->n = 0;
+    if (n_items > 1) qsort(items, n_items, sizeof *items, scan_item_cmp);
+    for (size_t i = 0; i < n_items; i++) {
+        sc->keys[sc->n++] = items[i].key;
+        if (sc->n == SCAN_BATCH) scan_flush(t, sc);
     }
-    kvo__free(items);
+    scan_flush(t, sc);
     kvo__free(sc);
-    t->st.scan_ns = kvo__now_ns() - t0;
-    return rc;
+    return 0;
+}
+
+/* The quota the file system can actually hold: free space plus what this
+ * namespace's files occupy, less the 4 KiB header per file and a margin.  A
+ * quota above it would, once the disk is full, drop every new write with
+ * ENOSPC instead of evicting old files. */
+static uint64_t clamp_quota(kvo_file_tier *t, uint64_t quota, uint64_t ours, uint64_t max_slot) {
+    struct statvfs vfs;
+    if (statvfs(t->ns_dir, &vfs) != 0 || vfs.f_frsize == 0) return quota;
+    uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    uint64_t room = avail + ours;
+    if (room / 2 > UINT64_MAX / 64) return quota;
+    /* payload share of a file, and 5 % for metadata and other writers */
+    uint64_t fit = (uint64_t)((double)room * 0.95 * (double)max_slot / (double)(max_slot + KVO_FILE_HEADER_BYTES));
+    if (fit >= quota) return quota;
+    uint64_t q = fit < max_slot ? max_slot : fit;
+    fprintf(stderr, "kvoffload file tier: %s: quota %llu bytes is more than the file system can hold (%llu free + "
+            "%llu in this namespace); using %llu\n", t->ns_dir, (unsigned long long)quota,
+            (unsigned long long)avail, (unsigned long long)ours, (unsigned long long)q);
+    return q;
 }
 
 /* ------------------------------------------------------------- create -- */
@@ -895,6 +925,8 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     if (strlen(p->root) > KVO__FILE_PATH_MAX - 200)
         return kvo__error(KVO_EINVAL, "file tier: root path too long (%zu bytes)", strlen(p->root));
 
+    scan_item *items = NULL;
+    size_t n_items = 0;
     kvo_file_tier *t = kvo__calloc(1, sizeof *t);
     if (!t) return kvo__error(KVO_ENOMEM, "file tier: out of memory");
     t->p = *p;
@@ -938,9 +970,18 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     if (rc) goto fail;
     t->tmpfile = probe_tmpfile(t);
 
+    /* Walk the namespace first: what it holds decides, with the free space,
+     * how large the quota can really be. */
+    uint64_t t_scan = kvo__now_ns(), ours = 0;
+    if (p->scan) {
+        rc = scan_collect(t, &items, &n_items, &ours);
+        if (rc) goto fail;
+    }
+    t->st.scan_ns = kvo__now_ns() - t_scan;
+    t->quota = clamp_quota(t, p->quota_bytes, ours, max_slot);
     kvo_store_params sp = kvo_store_default_params();
     sp.plan = p->plan;
-    sp.capacity_bytes = p->quota_bytes;
+    sp.capacity_bytes = t->quota;
     sp.policy = p->policy;
     sp.max_entries = p->max_files;
     rc = kvo_store_create(&sp, &t->index);
@@ -972,9 +1013,13 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
         goto fail;
     }
     if (p->scan) {
-        rc = scan_namespace(t);
+        t_scan = kvo__now_ns();
+        rc = scan_adopt(t, items, n_items);
         if (rc) goto fail;
+        t->st.scan_ns += kvo__now_ns() - t_scan;
     }
+    kvo__free(items);
+    items = NULL;
 
     if (p->io != KVO_FILE_IO_THREADS) {
 #if KVO_HAVE_URING
@@ -1013,6 +1058,7 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     *out = t;
     return 0;
 fail:
+    kvo__free(items);
     tier_free(t);
     return rc;
 }
@@ -1337,7 +1383,7 @@ int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
     if (kvo_store_get_stats(t->stage_index, &sst) == 0) out->staging_bytes = sst.bytes_used;
     out->write_latency_ns = t->lat_ewma_ns;
     pthread_mutex_unlock(&t->mu);
-    out->quota_bytes = t->p.quota_bytes;
+    out->quota_bytes = t->quota;
     out->bytes_used = ss.bytes_used;
     out->files = ss.entries - ss.pending;
     return 0;
