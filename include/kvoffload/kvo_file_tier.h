@@ -17,13 +17,14 @@
  *  - Writes go to an unnamed file (O_TMPFILE) linked in by name when whole,
  *    or where the file system lacks that, to a temporary file (O_EXCL, name
  *    with host, pid and counter) renamed into place: a reader sees a complete
- *    file or none, also after a SIGKILL or a crash.  Every read verifies header, size, key,
- *    geometry and checksum; a file that fails is counted, removed and reported
- *    as a miss: its bytes are never delivered as valid.
+ *    file or none, also after a SIGKILL or a crash.  Every read verifies
+ *    header, size, key, geometry and checksum; a file that fails is counted,
+ *    removed and reported as a miss: its bytes are never delivered as valid.
  *  - A byte quota, kept with a kvo_store (capacity = quota) whose slots are
  *    only accounting; its eviction policies (LRU, ARC, S3-FIFO) choose the
  *    files to delete.  At create the namespace is scanned and the index
- *    rebuilt, so a restarted process hits the chunks written before.
+ *    rebuilt (oldest files first), so a restarted process hits the chunks
+ *    written before.
  *
  * Tiering (the caller's choice, typically the connector's)
  *  - write-through: call kvo_file_tier_write right after storing a chunk in
@@ -50,8 +51,8 @@
  *
  * Sharing between processes
  *  - Several processes (on one machine, or on a shared file system) may use
- *    one root.  Concurrent writers of one key are safe (rename is atomic; the
- *    last one wins, and both wrote the same bytes).  A file removed by another
+ *    one root.  Concurrent writers of one key are safe (the name appears
+ *    atomically; both wrote the same bytes).  A file removed by another
  *    process during a read gives either a miss or the right bytes (the read
  *    goes through an open descriptor).  Each process keeps its own index and
  *    quota; with params.shared set, an index miss also probes the file system
@@ -59,8 +60,10 @@
  *
  * Thread rule: every function may be called from any thread, concurrently,
  * except kvo_file_tier_destroy (no other call in progress on that tier).  No
- * lock is held while calling user code (there is none) or doing file I/O on
- * the caller's thread.
+ * lock is held while calling user code (there is none) or doing file I/O.
+ * On the caller's thread, write does a memcpy into staging and unlinks the
+ * files its evictions chose; lookup with params.shared may stat; nothing else
+ * touches the disk.
  */
 #ifndef KVOFFLOAD_KVO_FILE_TIER_H
 #define KVOFFLOAD_KVO_FILE_TIER_H
@@ -77,7 +80,8 @@ extern "C" {
 #define KVO_FILE_HEADER_BYTES 4096u
 
 typedef enum kvo_file_io_kind {
-    KVO_FILE_IO_AUTO = 0,     /* io_uring when built and working, else threads */
+    KVO_FILE_IO_AUTO = 0,     /* io_uring for reads when built and working,
+                                 else threads; writes always use threads */
     KVO_FILE_IO_URING = 1,    /* io_uring or fail at create (KVO_ENOTSUP) */
     KVO_FILE_IO_THREADS = 2   /* a pool of threads doing pread/pwrite */
 } kvo_file_io_kind;
@@ -91,8 +95,8 @@ typedef enum kvo_file_direct_mode {
 typedef enum kvo_file_fsync_policy {
     KVO_FILE_FSYNC_NONE = 0,  /* no fsync: a power loss may lose recent files
                                  (never yields a torn file that verifies) */
-    KVO_FILE_FSYNC_DATA = 1,  /* fdatasync each file before its rename */
-    KVO_FILE_FSYNC_FULL = 2   /* fdatasync file, rename, fsync the directory */
+    KVO_FILE_FSYNC_DATA = 1,  /* fdatasync each file before it gets its name */
+    KVO_FILE_FSYNC_FULL = 2   /* fdatasync, name it, fsync the directory */
 } kvo_file_fsync_policy;
 
 /** "auto"/"uring"/"threads"; "none"/"data"/"full". */
@@ -157,28 +161,33 @@ kvo_file_tier_params kvo_file_tier_default_params(void);
 typedef struct kvo_file_tier kvo_file_tier;
 
 /** Create a tier: make root and the namespace directory, write or check the
- *  manifest, probe O_DIRECT and io_uring, scan the namespace (when
- *  params.scan) and start the I/O workers.  Files found beyond the quota are
- *  evicted (deleted); stale temporary files of dead writers are removed.
+ *  manifest, probe O_DIRECT, O_TMPFILE and io_uring, scan the namespace (when
+ *  params.scan), clamp the quota to the file system, map and pre-fault the
+ *  staging memory and start the I/O workers.  Files found beyond the quota
+ *  are evicted (deleted, oldest first); stale temporary files of dead writers
+ *  are removed.
  *  *out owned by the caller (kvo_file_tier_destroy).
  *  Errors: KVO_EINVAL (NULL, no root or plan, quota below the largest slot:
  *  message names the group and sizes), KVO_EIO (root or namespace not
  *  creatable or not writable: message names the path and the system error),
- *  KVO_ESTATE (the namespace's manifest has another format version or
- *  fingerprint), KVO_ENOTSUP (io or direct forced ON but unavailable),
- *  KVO_ENOMEM. */
+ *  KVO_ESTATE (the namespace's manifest has another format version,
+ *  fingerprint or layout hash), KVO_ENOTSUP (io or direct forced ON but
+ *  unavailable), KVO_ENOMEM (staging memory, index). */
 int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out);
 
-/** Wait for queued writes to finish (reads are canceled: their completions
- *  are discarded), stop the workers and free everything.  Files stay.  The
- *  caller guarantees no other call on t is in progress or follows.  NULL is a
- *  no-op. */
+/** Wait for queued writes to finish, cancel queued reads (their completions
+ *  are discarded; their destinations are not written), let running reads
+ *  finish into their destinations, stop the workers and free everything
+ *  (staging memory included).  Files stay.  When this returns, no read
+ *  touches a destination any more.  The caller guarantees no other call on t
+ *  is in progress or follows.  NULL is a no-op. */
 void kvo_file_tier_destroy(kvo_file_tier *t);
 
 /** The namespace directory (root/<fingerprint hex>[-<layout hash>]); valid
  *  while t lives. */
 const char *kvo_file_tier_dir(const kvo_file_tier *t);
-/** Backend in use: "io_uring" or "threads". */
+/** Backend in use: "io_uring" (reads on a ring, writes on the thread pool)
+ *  or "threads". */
 const char *kvo_file_tier_backend(const kvo_file_tier *t);
 /** Whether O_DIRECT is in use. */
 bool kvo_file_tier_direct(const kvo_file_tier *t);
@@ -194,7 +203,8 @@ int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n, 
  *  of key i (canonical slot format); they are copied into staging memory
  *  before this returns, so the caller may reuse srcs at once.  results[i]
  *  (may be NULL) receives per key: 0 queued; KVO_EEXIST already stored or
- *  being written (skipped); KVO_EAGAIN dropped by back-pressure; KVO_ENOSPC
+ *  being written (skipped); KVO_EAGAIN dropped by back-pressure (queue
+ *  bound, staging memory full, latency limit); KVO_ENOSPC
  *  the quota cannot make room (everything else pinned or being written);
  *  KVO_EINVAL bad key.  user_data[i] (may be NULL) is returned in the
  *  write's completion when params.write_completions is set.
@@ -206,14 +216,15 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
                         const uint64_t *user_data, int *results, size_t *n_queued);
 
 /** Queue reads of n chunks into dsts[i], which must have room for the group's
- *  slot_bytes (the payload is read with its padding; for O_DIRECT without a
- *  bounce copy dsts[i] should be 4096-aligned).  dsts[i] must stay valid and
- *  untouched until the read's completion is polled.  Only a completion with
- *  result 0 means dsts[i] holds the chunk's bytes; on any error its contents
- *  are unspecified.  results[i] (may be NULL): 0 queued (one completion will
- *  follow), KVO_ENOTFOUND not indexed (with params.shared: and no file
- *  either) (no completion), KVO_EAGAIN a write is
- *  pending (no completion), KVO_EINVAL bad key or dst (no completion).
+ *  slot_bytes (the payload is read with its zero padding; 4096-aligned
+ *  destinations are read with O_DIRECT when it is in use, others buffered).
+ *  dsts[i] must stay valid and untouched until the read's completion is
+ *  polled (or destroy returned).  Only a completion with result 0 means
+ *  dsts[i] holds the chunk's bytes; on any error its contents are
+ *  unspecified.  results[i] (may be NULL), no completion unless 0:
+ *  0 queued (exactly one completion will follow); KVO_ENOTFOUND not indexed
+ *  (with params.shared: and no file either); KVO_EAGAIN a write of it is
+ *  pending; KVO_EINVAL bad key or NULL dst.
  *  Completion results: 0 ok; KVO_ENOTFOUND the file vanished (removed by
  *  another process); KVO_ECORRUPT the file failed verification (it was
  *  removed, counted; a miss); KVO_EIO read error; KVO_ECANCELED at destroy.
@@ -249,8 +260,10 @@ int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms);
  *  drains it.  Owned by the tier; valid until destroy. */
 int kvo_file_tier_event_fd(const kvo_file_tier *t);
 
-/** Wait until every write queued before this call has finished (written or
- *  dropped).  timeout_ms -1 = forever.  0 or KVO_ETIMEDOUT. */
+/** Wait until no write is queued or running (so every write queued before
+ *  this call has finished: written or dropped).  With writers on other
+ *  threads this may wait for their writes too.  timeout_ms -1 = forever.
+ *  0 or KVO_ETIMEDOUT. */
 int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms);
 
 /** Mark keys as used now (eviction recency).  Absent keys are ignored. */
@@ -280,7 +293,7 @@ typedef struct kvo_file_tier_stats {
     uint64_t corrupt_removed;   /* files that failed verification (removed) */
     uint64_t evictions;         /* files deleted for the quota */
     uint64_t pending_writes;    /* queued or running now */
-    uint64_t staging_bytes;     /* staging memory allocated */
+    uint64_t staging_bytes;     /* staging memory holding queued writes now */
     uint64_t write_latency_ns;  /* moving average */
 } kvo_file_tier_stats;
 
