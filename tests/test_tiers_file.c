@@ -1269,3 +1269,27 @@ KVO_TEST(restart_keeps_newest) {
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
+
+KVO_TEST(fsync_policies) {
+    kvo_plan *plan = make_plan("ft-fsync", 5000);
+    for (int pol = KVO_FILE_FSYNC_NONE; pol <= KVO_FILE_FSYNC_FULL; pol++) {
+        char name[32];
+        snprintf(name, sizeof name, "fsync%d", pol);
+        kvo_file_tier_params p = params(subdir(name), plan);
+        p.fsync = (kvo_file_fsync_policy)pol;
+        kvo_file_tier *t = NULL;
+        ASSERT_OK(kvo_file_tier_create(&p, &t));
+        kvo_chunk_key k[2] = {key_n(1, 0), key_n(2, 1)};
+        write_keys(t, plan, k, 2);
+        ASSERT_EQ_INT(read_key(t, plan, &k[0], true), 0);
+        ASSERT_EQ_INT(read_key(t, plan, &k[1], false), 0);
+        kvo_file_tier_destroy(t);
+    }
+    ASSERT_EQ_STR(kvo_file_fsync_name(KVO_FILE_FSYNC_FULL), "full");
+    ASSERT_EQ_STR(kvo_file_io_name(KVO_FILE_IO_THREADS), "threads");
+    kvo_file_tier_params bad = params(subdir("badp"), plan);
+    bad.fsync = (kvo_file_fsync_policy)7;
+    kvo_file_tier *t = NULL;
+    ASSERT_ERR(kvo_file_tier_create(&bad, &t), KVO_EINVAL);
+    kvo_plan_destroy(plan);
+}
