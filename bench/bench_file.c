@@ -1,8 +1,10 @@
 /* `kvoffload bench file`: file-tier write and read bandwidth for chunks of
  * 256 KiB to 8 MiB against the raw bandwidth of the same file system measured
  * in the same run (plain O_DIRECT sequential writes and reads of the same
- * total bytes in pieces of the chunk size, one file, one thread), and the
- * index rebuild time at startup against a bare readdir of the same tree.
+ * total bytes in pieces of the chunk size, one file, one thread), writes
+ * again once the quota is full (each evicts an old chunk, whose file is
+ * recycled), and the index rebuild time at startup against a bare readdir
+ * of the same tree.
  *
  *   kvoffload bench file [--json] [--dir DIR] [--total-mib N] [--sizes K,K..]
  *                        [--rebuild-files N] [--io auto|uring|threads] [--depth N]
@@ -99,7 +101,7 @@ static int raw_bw(const char *dir, uint64_t total, uint64_t piece, bool *direct,
 static uint32_t g_depth = 0; /* --depth: queue depth / threads; 0 = defaults */
 
 static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t total, uint64_t chunk, bool *direct, double *wbw,
-                   double *rbw, const char **backend) {
+                   double *rbw, double *cbw, const char **backend) {
     kvo_plan *plan = bench_plan(chunk);
     if (!plan) return -1;
     const kvo_group_plan *g = kvo_plan_group(plan, 0);
@@ -180,6 +182,21 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t total, uint64_
     if (written != n || ok != n)
         fprintf(stderr, "bench file: %llu of %llu chunks written, %llu read back\n", (unsigned long long)written,
                 (unsigned long long)n, (unsigned long long)ok);
+    /* churn: the quota is full, every new chunk evicts an old one (whose file
+     * is recycled) */
+    t0 = kvo_bench_now();
+    for (uint64_t i = 0; i < n; i++) {
+        kvo_chunk_key k = bkey(n + i);
+        const void *s = src;
+        for (;;) {
+            int r = 0;
+            kvo_file_tier_write(t, &k, &s, 1, NULL, &r, NULL);
+            if (r != KVO_EAGAIN) break;
+            usleep(50);
+        }
+    }
+    kvo_file_tier_flush(t, -1);
+    *cbw = (double)(n * chunk) / (kvo_bench_now() - t0);
     for (int i = 0; i < DEPTH; i++) free(dst[i]);
     free(src);
     char ns[4096];
@@ -325,14 +342,14 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
         uint64_t chunk = sizes[s];
         uint64_t tot = total < 4 * chunk ? 4 * chunk : total;
         bool rdirect = false, tdirect = false;
-        double rw = 0, rr = 0, tw = 0, tr = 0;
+        double rw = 0, rr = 0, tw = 0, tr = 0, tc = 0;
         const char *backend = "?";
         /* raw, tier, raw, tier: the best of two each, so that the noise of a
          * shared disk and the order do not favour one side */
         for (int rep = 0; rep < 2; rep++) {
-            double a = 0, b = 0, c = 0, d = 0;
+            double a = 0, b = 0, c = 0, d = 0, e = 0;
             if (raw_bw(work, tot, chunk, &rdirect, &a, &b) ||
-                tier_bw(work, io, tot, chunk, &tdirect, &c, &d, &backend)) {
+                tier_bw(work, io, tot, chunk, &tdirect, &c, &d, &e, &backend)) {
                 fprintf(stderr, "kvoffload bench file: failed at %llu KiB chunks\n", (unsigned long long)(chunk >> 10));
                 rc = KVO_EXIT_FAIL;
                 break;
@@ -341,6 +358,7 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
             if (b > rr) rr = b;
             if (c > tw) tw = c;
             if (d > tr) tr = d;
+            if (e > tc) tc = e;
         }
         if (rc) break;
         char name[128];
@@ -350,6 +368,9 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
         snprintf(name, sizeof name, "file.read.%lluKiB.%s%s", (unsigned long long)(chunk >> 10), backend,
                  tdirect ? ".direct" : ".buffered");
         kvo_bench_report(o, name, tr / 1e9, "GB/s", rdirect ? "raw_odirect_read" : "raw_buffered_read", rr / 1e9);
+        snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.%s%s", (unsigned long long)(chunk >> 10), backend,
+                 tdirect ? ".direct" : ".buffered");
+        kvo_bench_report(o, name, tc / 1e9, "GB/s", rdirect ? "raw_odirect_write" : "raw_buffered_write", rw / 1e9);
     }
     if (rc == 0 && rebuild_files > 0 && rebuild(o, work, rebuild_files) != 0) rc = KVO_EXIT_FAIL;
     rm_rf(work);

@@ -644,7 +644,28 @@ KVO_TEST(quota_eviction) {
     ASSERT_EQ_INT(st, KVO_READY);
     ASSERT_OK(kvo_file_tier_lookup(t, &keys[0], 1, &st));
     ASSERT_EQ_INT(st, KVO_MISS);
+    /* once full, writes overwrite evicted files in place; the bytes are
+     * still exactly right */
+    ASSERT_GT_U64(s.recycled_files, 0);
+    for (int i = 0; i < 12; i++) {
+        ASSERT_OK(kvo_file_tier_lookup(t, &keys[i], 1, &st));
+        if (st == KVO_READY) ASSERT_EQ_INT(read_key(t, plan, &keys[i], i % 2 == 0), 0);
+    }
+    char ns[KVO__FILE_PATH_MAX];
+    snprintf(ns, sizeof ns, "%s", kvo_file_tier_dir(t));
     kvo_file_tier_destroy(t);
+    /* files kept for recycling are gone with the tier */
+    int tmps = 0;
+    for (int b = 0; b < 256; b++) {
+        char dirp[KVO__FILE_PATH_MAX + 8];
+        snprintf(dirp, sizeof dirp, "%s/%02x", ns, b);
+        DIR *d = opendir(dirp);
+        if (!d) continue;
+        struct dirent *e;
+        while ((e = readdir(d))) tmps += strncmp(e->d_name, ".tmp.", 5) == 0;
+        closedir(d);
+    }
+    ASSERT_EQ_INT(tmps, 0);
 
     /* a restart with a smaller quota evicts down to it */
     p.quota_bytes = 2 * g->slot_bytes;

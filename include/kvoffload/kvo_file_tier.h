@@ -291,7 +291,9 @@ typedef struct kvo_file_tier_stats {
     uint64_t dropped_io;        /* EIO and other write errors */
     uint64_t read_errors;       /* EIO on read */
     uint64_t corrupt_removed;   /* files that failed verification (removed) */
-    uint64_t evictions;         /* files deleted for the quota */
+    uint64_t evictions;         /* files evicted for the quota */
+    uint64_t recycled_files;    /* writes that overwrote an evicted file in
+                                   place instead of creating one */
     uint64_t pending_writes;    /* queued or running now */
     uint64_t staging_bytes;     /* staging memory holding queued writes now */
     uint64_t write_latency_ns;  /* moving average */

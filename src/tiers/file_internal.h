@@ -96,6 +96,7 @@ struct kvo__fop {
     /* read: destination and whether O_DIRECT is used for it */
     unsigned char *dst;
     bool direct;
+    bool recycled;            /* write: overwriting a recycled file */
     /* I/O state */
     int fd;
     struct iovec iov[2];

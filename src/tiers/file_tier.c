@@ -29,6 +29,11 @@
  *    into place.  Optional fdatasync before, directory fsync after.  Then
  *    complete_store(ok) or, on any failure, remove the temporary file and
  *    complete_store(fail) with a counter and a rate-limited log line.
+ *  - Recycling: when the quota is full, each write evicts a file; the evicted
+ *    file is renamed to a temporary name and a later write of the same size
+ *    overwrites it in place and renames it (no inode or block allocation:
+ *    measured several times faster than creating files on ext4).  Off in
+ *    shared mode, where another process may be reading the evicted file.
  *  - Backends: writes always run on a pool of io_threads threads (a write is
  *    bound by creating a file: open, block allocation, link, which io_uring
  *    would only hand to its own workers, and measured best with 2-4 in
@@ -88,6 +93,8 @@ struct kvo_file_tier {
     bool tmpfile;                 /* O_TMPFILE + linkat works here */
     bool uring;
     uint32_t hostid;
+    uint32_t nonce;               /* per process: tells our temps from those of
+                                     an earlier process with the same pid */
     long pid;
     atomic_uint tmp_counter;
 
@@ -109,11 +116,32 @@ struct kvo_file_tier {
     uint32_t n_threads;
     void *uring_state;
 
+    /* Recycling: files of evicted chunks, renamed to temporary names, are
+     * overwritten in place by later writes of the same size (no inode or
+     * block allocation: several times faster on ext4 once the quota is
+     * full).  Only when no other process uses the root (!params.shared). */
+    struct recycled { char rel[64]; uint64_t file_bytes; } *pool;
+    uint32_t pool_len, pool_reserved, pool_cap;
+
     kvo_file_tier_stats st;       /* counters; gauges filled at get_stats */
     uint64_t lat_ewma_ns;
     uint64_t last_log_ns[LOG_KINDS];
     uint64_t suppressed[LOG_KINDS];
 };
+
+/* A per-process random number in temporary names (see stale_tmp). */
+static uint32_t process_nonce(void) {
+    static atomic_uint nonce;
+    unsigned v = atomic_load(&nonce);
+    if (v) return v;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seed[3] = {(uint64_t)ts.tv_nsec, (uint64_t)ts.tv_sec, (uint64_t)getpid()};
+    unsigned n = (unsigned)XXH3_64bits(seed, sizeof seed) | 1u;
+    unsigned expect = 0;
+    atomic_compare_exchange_strong(&nonce, &expect, n);
+    return atomic_load(&nonce);
+}
 
 /* Test hook (process-wide). */
 static atomic_int g_inject_err;
@@ -286,10 +314,55 @@ static void push_completion_locked(kvo_file_tier *t, const kvo__fop *op, uint64_
     }
 }
 
+/* Keep an evicted file for reuse if the pool has room: rename it to a
+ * temporary name in its directory.  Returns true when kept. */
+static bool recycle_file(kvo_file_tier *t, const kvo_chunk_key *k, const char *path) {
+    if (t->p.shared || t->pool_cap == 0) return false;
+    const kvo_group_plan *g = group_of(t, k);
+    if (!g) return false;
+    pthread_mutex_lock(&t->mu);
+    bool room = t->pool_len + t->pool_reserved < t->pool_cap;
+    if (room) t->pool_reserved++;
+    pthread_mutex_unlock(&t->mu);
+    if (!room) return false;
+    char sub[3], rel[64], full[KVO__FILE_PATH_MAX];
+    kvo__file_subdir(k, sub);
+    snprintf(rel, sizeof rel, "%s/%s%08x.%ld.%08x.%u", sub, KVO__FILE_TMP_PREFIX, t->hostid, t->pid, t->nonce,
+             atomic_fetch_add(&t->tmp_counter, 1));
+    snprintf(full, sizeof full, "%s/%s", t->ns_dir, rel);
+    bool ok = rename(path, full) == 0;
+    pthread_mutex_lock(&t->mu);
+    t->pool_reserved--;
+    if (ok) {
+        struct recycled *r = &t->pool[t->pool_len++];
+        memcpy(r->rel, rel, sizeof r->rel);
+        r->file_bytes = stage_size(g);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return ok;
+}
+
+/* Take a recycled file of exactly file_bytes (its path into out), if any. */
+static bool recycled_take(kvo_file_tier *t, uint64_t file_bytes, char *out, size_t cap) {
+    bool got = false;
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t i = t->pool_len; i-- > 0;) {
+        if (t->pool[i].file_bytes != file_bytes) continue;
+        snprintf(out, cap, "%s/%s", t->ns_dir, t->pool[i].rel);
+        t->pool[i] = t->pool[--t->pool_len];
+        got = true;
+        break;
+    }
+    if (got) t->st.recycled_files++;
+    pthread_mutex_unlock(&t->mu);
+    return got;
+}
+
 static void unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t n) {
     char path[KVO__FILE_PATH_MAX];
     for (size_t i = 0; i < n; i++) {
         key_path(t, &ev[i], path);
+        if (recycle_file(t, &ev[i], path)) continue;
         if (unlink(path) != 0 && errno != ENOENT && errno != EISDIR) kvo__file_remove_any(path);
     }
     if (n) {
@@ -371,9 +444,19 @@ int kvo__fop_begin(kvo_file_tier *t, kvo__fop *op) {
         kvo__file_hdr_encode(&h, op->hdr);
         char sub[3];
         kvo__file_subdir(&op->key, sub);
-        snprintf(op->tmp, sizeof op->tmp, "%s/%s/%s%08x.%ld.%u", t->ns_dir, sub, KVO__FILE_TMP_PREFIX, t->hostid,
-                 t->pid, atomic_fetch_add(&t->tmp_counter, 1));
-        if (t->tmpfile) {
+        snprintf(op->tmp, sizeof op->tmp, "%s/%s/%s%08x.%ld.%08x.%u", t->ns_dir, sub, KVO__FILE_TMP_PREFIX,
+                 t->hostid, t->pid, t->nonce, atomic_fetch_add(&t->tmp_counter, 1));
+        op->recycled = false;
+        if (recycled_take(t, stage_size(g), op->tmp, sizeof op->tmp)) {
+            /* overwrite an evicted file of the same size in place (no
+             * O_TRUNC: its blocks stay allocated), then rename it */
+            op->fd = open(op->tmp, O_WRONLY | O_CLOEXEC | (t->direct ? O_DIRECT : 0));
+            if (op->fd >= 0) op->recycled = true;
+            else unlink(op->tmp);
+        }
+        if (op->recycled) {
+            /* nothing more to open */
+        } else if (t->tmpfile) {
             /* an unnamed file in the fan-out directory, linked in when whole */
             snprintf(op->tmp, sizeof op->tmp, "%s/%s", t->ns_dir, sub);
             op->fd = open_retry_mkdir(t, &op->key, op->tmp, O_TMPFILE | O_WRONLY | O_CLOEXEC | (t->direct ? O_DIRECT : 0));
@@ -549,7 +632,8 @@ void kvo__fop_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
         if (io_res < 0) e = (int)-io_res;
         else if ((uint64_t)io_res < op->io_bytes) e = ENOSPC;
         if (!e && t->p.fsync != KVO_FILE_FSYNC_NONE && fdatasync(op->fd) != 0) e = errno;
-        if (!e && t->tmpfile) {
+        bool linked = t->tmpfile && !op->recycled;
+        if (!e && linked) {
             char proc[64];
             snprintf(proc, sizeof proc, "/proc/self/fd/%d", op->fd);
             /* EEXIST: another writer linked the same key first (same bytes) */
@@ -557,7 +641,15 @@ void kvo__fop_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
         }
         if (op->fd >= 0 && close(op->fd) != 0 && !e) e = errno;
         op->fd = -1;
-        if (!e && !t->tmpfile && rename(op->tmp, op->path) != 0) e = errno;
+        if (!e && !linked && rename(op->tmp, op->path) != 0) {
+            e = errno;
+            if (e == ENOENT && op->recycled) { /* the key's directory does not exist yet */
+                char sub[3], dir[KVO__FILE_PATH_MAX];
+                kvo__file_subdir(&op->key, sub);
+                snprintf(dir, sizeof dir, "%s/%s", t->ns_dir, sub);
+                if ((mkdir(dir, 0755) == 0 || errno == EEXIST) && rename(op->tmp, op->path) == 0) e = 0;
+            }
+        }
         if (!e && t->p.fsync == KVO_FILE_FSYNC_FULL) fsync_dir(op->path);
         if (e) {
             if (op->tmp[0]) unlink(op->tmp);
@@ -714,16 +806,22 @@ static bool probe_tmpfile(kvo_file_tier *t) {
 
 /* --------------------------------------------------------------- scan -- */
 
+/* Is a temporary file (.tmp.<host>.<pid>.<nonce>.<counter>) left by a
+ * writer that is gone?  On this host: its process no longer exists, or it is
+ * our pid with another process's nonce (pid reuse, e.g. pid 1 in containers).
+ * A live process's temporaries (writes in flight, recycled files) are never
+ * touched.  Another host's (shared file system): older than an hour. */
 static bool stale_tmp(kvo_file_tier *t, int dfd, const char *name) {
-    unsigned host = 0;
+    unsigned host = 0, nonce = 0, ctr = 0;
     long pid = 0;
-    unsigned ctr = 0;
-    if (sscanf(name + strlen(KVO__FILE_TMP_PREFIX), "%8x.%ld.%u", &host, &pid, &ctr) == 3 && host == t->hostid &&
-        pid != t->pid && pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)
-        return true;
+    int got = sscanf(name + strlen(KVO__FILE_TMP_PREFIX), "%8x.%ld.%8x.%u", &host, &pid, &nonce, &ctr);
+    if (got == 4 && host == t->hostid && pid > 0) {
+        if (pid == t->pid) return nonce != t->nonce;
+        return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    }
     struct stat st;
     if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
-    return time(NULL) - st.st_mtime > 3600; /* another host's writer: give it an hour */
+    return time(NULL) - st.st_mtime > 3600;
 }
 
 /* The scan collects every chunk file's key and last use (the later of its
@@ -894,6 +992,12 @@ static void tier_free(kvo_file_tier *t) {
     }
     kvo_store_destroy(t->stage_index);
     kvo_arena_destroy(t->stage_arena);
+    for (uint32_t i = 0; i < t->pool_len; i++) {
+        char path[KVO__FILE_PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", t->ns_dir, t->pool[i].rel);
+        unlink(path);
+    }
+    kvo__free(t->pool);
     kvo__free(t->cq);
     kvo__free(t->threads);
     if (t->efd >= 0) close(t->efd);
@@ -943,6 +1047,18 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     t->hostid = (uint32_t)XXH3_64bits(host, strlen(host));
+    t->nonce = process_nonce();
+    t->pool_cap = t->p.shared ? 0 : t->p.max_pending_writes;
+    if (t->pool_cap) {
+        t->pool = kvo__calloc(t->pool_cap, sizeof *t->pool);
+        if (!t->pool) {
+            pthread_mutex_destroy(&t->mu);
+            pthread_cond_destroy(&t->work_cv);
+            pthread_cond_destroy(&t->done_cv);
+            kvo__free(t);
+            return kvo__error(KVO_ENOMEM, "file tier: recycling pool");
+        }
+    }
     kvo__strlcpy(t->root, p->root, sizeof t->root);
     t->p.root = t->root;
     char fph[33];
