@@ -1314,3 +1314,23 @@ KVO_TEST(fsync_policies) {
     ASSERT_ERR(kvo_file_tier_create(&bad, &t), KVO_EINVAL);
     kvo_plan_destroy(plan);
 }
+
+KVO_TEST(temp_stale_rule) {
+    char old[1100], fresh[1100], other[1100];
+    snprintf(old, sizeof old, "%s", subdir(".tmp.0badc0de.12345.00000001.1"));
+    snprintf(fresh, sizeof fresh, "%s", subdir(".tmp.0badc0de.12345.00000001.2"));
+    snprintf(other, sizeof other, "%s", subdir("notatemp"));
+    const char *paths[3] = {old, fresh, other};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(paths[i], "w");
+        ASSERT_NOT_NULL(f);
+        fclose(f);
+    }
+    struct timespec ts[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+    ASSERT_EQ_INT(utimensat(AT_FDCWD, old, ts, 0), 0);
+    /* another host's writer (host id 0badc0de): judged by age */
+    ASSERT_EQ_INT(kvo_file_temp_stale(old), 1);
+    ASSERT_EQ_INT(kvo_file_temp_stale(fresh), 0);
+    ASSERT_ERR(kvo_file_temp_stale(other), KVO_EINVAL);
+    ASSERT_ERR(kvo_file_temp_stale(NULL), KVO_EINVAL);
+}

@@ -338,6 +338,13 @@ int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info
  *  KVO_ERANGE if it does not fit. */
 int kvo_file_chunk_path(const char *ns_dir, const kvo_chunk_key *key, char *out, size_t cap);
 
+/** Whether a temporary file in a namespace (a ".tmp.*" name) belongs to a
+ *  writer that is gone: on this host, its process no longer exists (or its pid
+ *  was reused by another process); written on another host, older than an
+ *  hour.  1 stale, 0 in use, or KVO_EINVAL (not a temporary name), KVO_EIO.
+ *  The tier removes stale ones at create; for fsck.  Any thread. */
+int kvo_file_temp_stale(const char *path);
+
 /** Test hook: make the next `count` file writes fail with errno `err` (e.g.
  *  ENOSPC, EIO) as if the file system returned it; count 0 clears.  Process-
  *  wide; for tests of failure handling. */

@@ -811,17 +811,50 @@ static bool probe_tmpfile(kvo_file_tier *t) {
  * our pid with another process's nonce (pid reuse, e.g. pid 1 in containers).
  * A live process's temporaries (writes in flight, recycled files) are never
  * touched.  Another host's (shared file system): older than an hour. */
-static bool stale_tmp(kvo_file_tier *t, int dfd, const char *name) {
+static bool stale_tmp_rule(uint32_t my_host, long my_pid, uint32_t my_nonce, int dfd, const char *name) {
     unsigned host = 0, nonce = 0, ctr = 0;
     long pid = 0;
     int got = sscanf(name + strlen(KVO__FILE_TMP_PREFIX), "%8x.%ld.%8x.%u", &host, &pid, &nonce, &ctr);
-    if (got == 4 && host == t->hostid && pid > 0) {
-        if (pid == t->pid) return nonce != t->nonce;
+    if (got == 4 && host == my_host && pid > 0) {
+        if (pid == my_pid) return nonce != my_nonce;
         return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
     }
     struct stat st;
     if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
     return time(NULL) - st.st_mtime > 3600;
+}
+
+static bool stale_tmp(kvo_file_tier *t, int dfd, const char *name) {
+    return stale_tmp_rule(t->hostid, t->pid, t->nonce, dfd, name);
+}
+
+static uint32_t host_id(void) {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    return (uint32_t)XXH3_64bits(host, strlen(host));
+}
+
+int kvo_file_temp_stale(const char *path) {
+    if (!path) return kvo__error(KVO_EINVAL, "kvo_file_temp_stale: NULL path");
+    const char *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    if (strncmp(name, KVO__FILE_TMP_PREFIX, strlen(KVO__FILE_TMP_PREFIX)) != 0)
+        return kvo__error(KVO_EINVAL, "%s: not a temporary file name (.tmp.*)", path);
+    char dir[KVO__FILE_PATH_MAX];
+    if (slash) {
+        size_t n = (size_t)(slash - path);
+        if (n >= sizeof dir) return kvo__error(KVO_ERANGE, "%s: path too long", path);
+        memcpy(dir, path, n);
+        dir[n] = 0;
+        if (n == 0) snprintf(dir, sizeof dir, "/");
+    } else {
+        snprintf(dir, sizeof dir, ".");
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return kvo__error(KVO_EIO, "%s: %s", dir, strerror(errno));
+    bool stale = stale_tmp_rule(host_id(), (long)getpid(), process_nonce(), dfd, name);
+    close(dfd);
+    return stale ? 1 : 0;
 }
 
 /* The scan collects every chunk file's key and last use (the later of its
@@ -1044,9 +1077,7 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     pthread_cond_init(&t->work_cv, NULL);
     pthread_cond_init(&t->done_cv, NULL);
     t->pid = (long)getpid();
-    char host[256] = {0};
-    gethostname(host, sizeof host - 1);
-    t->hostid = (uint32_t)XXH3_64bits(host, strlen(host));
+    t->hostid = host_id();
     t->nonce = process_nonce();
     t->pool_cap = t->p.shared ? 0 : t->p.max_pending_writes;
     if (t->pool_cap) {

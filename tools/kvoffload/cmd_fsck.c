@@ -5,9 +5,11 @@
  * manifest (format version, model, fingerprint, the plan's groups), then
  * every chunk file fully verified (header, header checksum, size, name vs key,
  * fingerprint vs manifest, geometry vs the manifest's plan, payload checksum).
- * Bad files are listed, and removed with --repair.  Temporary files older
- * than an hour (left by a killed writer) count as problems too; younger ones
- * may belong to a live writer and are only counted.  Files whose names are
+ * Bad files are listed, and removed with --repair.  Temporary files of
+ * writers that are gone (kvo_file_temp_stale: dead process on this host, or
+ * another host's older than an hour) count as problems too; the others
+ * belong to live writers (writes in flight, recycled files) and are only
+ * counted.  Files whose names are
  * not chunk names are counted as unknown and never touched.
  *
  * Exit status: 0 clean; 1 problems found (with --repair: found and removed);
@@ -189,7 +191,7 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
             struct stat st;
             if (lstat(path, &st) != 0) continue; /* vanished */
             if (!strncmp(name, ".tmp.", 5)) {
-                if (time(NULL) - st.st_mtime > 3600) {
+                if (kvo_file_temp_stale(path) == 1) {
                     tmp_stale++;
                     bad_file(c, bad, path, "stale temporary file (a writer died)");
                 } else {
