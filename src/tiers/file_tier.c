@@ -1079,7 +1079,8 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     t->pid = (long)getpid();
     t->hostid = host_id();
     t->nonce = process_nonce();
-    t->pool_cap = t->p.shared ? 0 : t->p.max_pending_writes;
+    /* a few files beyond the quota, so that queued writes find one */
+    t->pool_cap = t->p.shared ? 0 : (t->p.max_pending_writes < 16 ? t->p.max_pending_writes : 16);
     if (t->pool_cap) {
         t->pool = kvo__calloc(t->pool_cap, sizeof *t->pool);
         if (!t->pool) {
