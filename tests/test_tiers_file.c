@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <dirent.h>
@@ -199,6 +200,11 @@ static void round_trip(kvo_file_io_kind io, kvo_file_direct_mode direct) {
 KVO_TEST(round_trip_threads) { round_trip(KVO_FILE_IO_THREADS, KVO_FILE_DIRECT_AUTO); }
 KVO_TEST(round_trip_uring) { round_trip(KVO_FILE_IO_URING, KVO_FILE_DIRECT_AUTO); }
 KVO_TEST(round_trip_buffered) { round_trip(KVO_FILE_IO_AUTO, KVO_FILE_DIRECT_OFF); }
+KVO_TEST(round_trip_named_temps) {
+    atomic_store(&kvo__file_test_no_tmpfile, 1);
+    round_trip(KVO_FILE_IO_THREADS, KVO_FILE_DIRECT_AUTO);
+    atomic_store(&kvo__file_test_no_tmpfile, 0);
+}
 
 KVO_TEST(restart_persistence) {
     kvo_plan *plan = make_plan("ft-restart", 3000);
@@ -366,7 +372,8 @@ KVO_TEST(corruption_found_after_restart) {
 
 /* A child process writes in a loop and is killed with SIGKILL; nothing that
  * it left may load with wrong bytes, and its temporary files are cleaned. */
-KVO_TEST(sigkill_during_writes) {
+static void sigkill_during_writes(bool named_temps) {
+    atomic_store(&kvo__file_test_no_tmpfile, named_temps);
     kvo_plan *plan = make_plan("ft-kill", 20000);
     char root[1024], started[1024];
     snprintf(root, sizeof root, "%s", subdir("kill"));
@@ -432,10 +439,16 @@ KVO_TEST(sigkill_during_writes) {
     ASSERT_EQ_INT(tmps, 0);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
+    atomic_store(&kvo__file_test_no_tmpfile, 0);
 }
+
+KVO_TEST(sigkill_during_writes) { sigkill_during_writes(false); }
+KVO_TEST(sigkill_during_writes_named_temps) { sigkill_during_writes(true); }
 
 static void check_nospace(kvo_file_tier *t, const kvo_plan *plan, int expect_some_ok) {
     const kvo_group_plan *g = kvo_plan_group(plan, 0);
+    kvo_file_tier_stats s0;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &s0));
     unsigned char *buf = malloc(g->chunk_bytes);
     for (uint64_t i = 0; i < 40; i++) {
         kvo_chunk_key k = key_n(i + 7000, 0);
@@ -447,10 +460,11 @@ static void check_nospace(kvo_file_tier *t, const kvo_plan *plan, int expect_som
     free(buf);
     kvo_file_tier_stats s;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
-    ASSERT_GT_U64(s.dropped_nospace, 0);
-    ASSERT_EQ_U64(s.writes + s.dropped_nospace + s.dropped_io, 40);
-    ASSERT_EQ_U64(s.files, s.writes);
-    if (expect_some_ok) ASSERT_GT_U64(s.writes, 0);
+    uint64_t writes = s.writes - s0.writes, nospace = s.dropped_nospace - s0.dropped_nospace;
+    ASSERT_GT_U64(nospace, 0);
+    ASSERT_EQ_U64(writes + nospace + s.dropped_io - s0.dropped_io, 40);
+    ASSERT_EQ_U64(s.files, s0.files + writes);
+    if (expect_some_ok) ASSERT_GT_U64(writes, 0);
     /* what was written reads back; what was dropped is a miss */
     uint64_t ok = 0;
     for (uint64_t i = 0; i < 40; i++) {
@@ -462,7 +476,7 @@ static void check_nospace(kvo_file_tier *t, const kvo_plan *plan, int expect_som
             ok++;
         }
     }
-    ASSERT_EQ_U64(ok, s.writes);
+    ASSERT_EQ_U64(ok, writes);
 }
 
 KVO_TEST(enospc_injected) {
@@ -506,7 +520,36 @@ KVO_TEST(enospc_small_tmpfs) {
     int rc = kvo_file_tier_create(&p, &t);
     if (rc == 0) {
         /* O_DIRECT on tmpfs depends on the kernel (6.6+ has it): probed, whatever it is */
-        check_nospace(t, plan, 1);
+        /* a quota above what the file system holds is clamped: old files are
+         * evicted instead of new writes failing */
+        kvo_file_tier_stats s;
+        ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+        ASSERT_LT_U64(s.quota_bytes, 256 * 1024);
+        const kvo_group_plan *g = kvo_plan_group(plan, 0);
+        kvo_chunk_key keys[12];
+        for (int i = 0; i < 12; i++) {
+            keys[i] = key_n((uint64_t)i + 90000, 0);
+            write_keys(t, plan, &keys[i], 1);
+        }
+        ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+        ASSERT_GT_U64(s.evictions, 0);
+        ASSERT_EQ_U64(s.dropped_nospace, 0);
+        ASSERT_EQ_INT(read_key(t, plan, &keys[11], true), 0);
+        /* another writer fills the disk (after this tier emptied itself, so
+         * that no eviction can make room): writes fail with ENOSPC, dropped */
+        ASSERT_OK(kvo_file_tier_remove(t, keys, 12));
+        char ballast[1100];
+        snprintf(ballast, sizeof ballast, "%s/ballast", mnt);
+        int fd = open(ballast, O_WRONLY | O_CREAT, 0644);
+        ASSERT_TRUE(fd >= 0);
+        char *junk = calloc(1, 4096);
+        while (write(fd, junk, 4096) == 4096) {
+        }
+        close(fd);
+        free(junk);
+        (void)g;
+        check_nospace(t, plan, 0);
+        unlink(ballast);
         kvo_file_tier_destroy(t);
     }
     umount2(mnt, MNT_DETACH);
@@ -601,7 +644,28 @@ KVO_TEST(quota_eviction) {
     ASSERT_EQ_INT(st, KVO_READY);
     ASSERT_OK(kvo_file_tier_lookup(t, &keys[0], 1, &st));
     ASSERT_EQ_INT(st, KVO_MISS);
+    /* once full, writes overwrite evicted files in place; the bytes are
+     * still exactly right */
+    ASSERT_GT_U64(s.recycled_files, 0);
+    for (int i = 0; i < 12; i++) {
+        ASSERT_OK(kvo_file_tier_lookup(t, &keys[i], 1, &st));
+        if (st == KVO_READY) ASSERT_EQ_INT(read_key(t, plan, &keys[i], i % 2 == 0), 0);
+    }
+    char ns[KVO__FILE_PATH_MAX];
+    snprintf(ns, sizeof ns, "%s", kvo_file_tier_dir(t));
     kvo_file_tier_destroy(t);
+    /* files kept for recycling are gone with the tier */
+    int tmps = 0;
+    for (int b = 0; b < 256; b++) {
+        char dirp[KVO__FILE_PATH_MAX + 8];
+        snprintf(dirp, sizeof dirp, "%s/%02x", ns, b);
+        DIR *d = opendir(dirp);
+        if (!d) continue;
+        struct dirent *e;
+        while ((e = readdir(d))) tmps += strncmp(e->d_name, ".tmp.", 5) == 0;
+        closedir(d);
+    }
+    ASSERT_EQ_INT(tmps, 0);
 
     /* a restart with a smaller quota evicts down to it */
     p.quota_bytes = 2 * g->slot_bytes;
@@ -859,4 +923,414 @@ KVO_TEST(quota_mixed_sizes) {
     free(ks);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
+}
+
+/* Staging memory is shared by the groups: idle buffers of one group are given
+ * back when another group needs room. */
+KVO_TEST(staging_shared_between_groups) {
+    kvo_plan *plan = make_plan("ft-stage", 20000);
+    const kvo_group_plan *g0 = kvo_plan_group(plan, 0), *g1 = kvo_plan_group(plan, 1);
+    kvo_file_tier_params p = params(subdir("stage"), plan);
+    p.max_staging_bytes = 2 * (g0->slot_bytes + KVO_FILE_HEADER_BYTES);
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    kvo_chunk_key a[2] = {key_n(1, 0), key_n(2, 0)};
+    write_keys(t, plan, a, 2);
+    kvo_chunk_key b[3] = {key_n(3, 1), key_n(4, 1), key_n(5, 1)};
+    for (int i = 0; i < 3; i++) {
+        unsigned char *buf = malloc(g1->chunk_bytes);
+        fill_key(buf, g1->chunk_bytes, &b[i]);
+        const void *src = buf;
+        int r = 1;
+        ASSERT_OK(kvo_file_tier_write(t, &b[i], &src, 1, NULL, &r, NULL));
+        ASSERT_EQ_INT(r, 0);
+        free(buf);
+        ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    }
+    kvo_file_tier_stats s;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+    ASSERT_EQ_U64(s.dropped_backpressure, 0);
+    ASSERT_LE_U64(s.staging_bytes, p.max_staging_bytes);
+    ASSERT_EQ_INT(read_key(t, plan, &b[2], true), 0);
+    write_keys(t, plan, (kvo_chunk_key[]){key_n(6, 0)}, 1);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* While recent writes took longer than write_latency_limit_ms, new writes
+ * are dropped (as long as one is still queued) instead of piling up. */
+KVO_TEST(backpressure_latency) {
+    kvo_plan *plan = make_plan("ft-lat", 5000);
+    const kvo_group_plan *g = kvo_plan_group(plan, 0);
+    kvo_file_tier_params p = params(subdir("lat"), plan);
+    p.write_latency_limit_ms = 2;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    atomic_store(&kvo__file_test_write_delay_us, 20000);
+    unsigned char *buf = calloc(1, g->chunk_bytes);
+    const void *src = buf;
+    kvo_chunk_key k[4] = {key_n(1, 0), key_n(2, 0), key_n(3, 0), key_n(4, 0)};
+    int r = 1;
+    ASSERT_OK(kvo_file_tier_write(t, &k[0], &src, 1, NULL, &r, NULL));
+    ASSERT_EQ_INT(r, 0);
+    ASSERT_OK(kvo_file_tier_flush(t, 20000)); /* latency now ~20 ms */
+    ASSERT_OK(kvo_file_tier_write(t, &k[1], &src, 1, NULL, &r, NULL));
+    ASSERT_EQ_INT(r, 0); /* nothing queued: admitted */
+    ASSERT_OK(kvo_file_tier_write(t, &k[2], &src, 1, NULL, &r, NULL));
+    ASSERT_EQ_INT(r, KVO_EAGAIN); /* k[1] still queued and writes are slow */
+    atomic_store(&kvo__file_test_write_delay_us, 0);
+    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    kvo_file_tier_stats s;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+    ASSERT_EQ_U64(s.dropped_backpressure, 1);
+    ASSERT_GT_U64(s.write_latency_ns, 2000000);
+    ASSERT_EQ_U64(s.writes, 2);
+    free(buf);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* Several threads write, read, look up, touch and remove on one tier with a
+ * quota small enough to evict all the time (and ThreadSanitizer watching):
+ * every successful read has exactly the key's bytes, nothing is corrupt, the
+ * quota holds. */
+typedef struct conc_ctx {
+    kvo_file_tier *t;
+    const kvo_plan *plan;
+    int id;
+    int failures;
+    uint64_t reads_ok;
+} conc_ctx;
+
+static uint64_t conc_rand(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+static void *conc_writer(void *arg) {
+    conc_ctx *c = arg;
+    uint64_t seed = (uint64_t)c->id * 977 + 1;
+    const kvo_group_plan *g0 = kvo_plan_group(c->plan, 0);
+    unsigned char *buf = malloc(g0->chunk_bytes);
+    for (int i = 0; i < 150; i++) {
+        kvo_chunk_key k = key_n(conc_rand(&seed) % 40, (uint32_t)(conc_rand(&seed) % 2));
+        const kvo_group_plan *g = kvo_plan_group(c->plan, k.group);
+        fill_key(buf, g->chunk_bytes, &k);
+        const void *src = buf;
+        int r = 0;
+        if (kvo_file_tier_write(c->t, &k, &src, 1, NULL, &r, NULL)) c->failures++;
+        if (r != 0 && r != KVO_EEXIST && r != KVO_EAGAIN && r != KVO_ENOSPC) c->failures++;
+        if (i % 10 == 0) {
+            uint8_t st;
+            kvo_file_tier_lookup(c->t, &k, 1, &st);
+            kvo_file_tier_touch(c->t, &k, 1);
+        }
+        if (i % 37 == 0) kvo_file_tier_remove(c->t, &k, 1); /* may be busy: fine */
+    }
+    free(buf);
+    return NULL;
+}
+
+static void *conc_reader(void *arg) {
+    conc_ctx *c = arg;
+    uint64_t seed = 4242;
+    const kvo_group_plan *g0 = kvo_plan_group(c->plan, 0);
+    unsigned char *dst = aligned_buf(g0->slot_bytes);
+    unsigned char *want = malloc(g0->chunk_bytes);
+    for (int i = 0; i < 200; i++) {
+        kvo_chunk_key k = key_n(conc_rand(&seed) % 40, (uint32_t)(conc_rand(&seed) % 2));
+        void *d = dst;
+        int r = 0;
+        if (kvo_file_tier_read(c->t, &k, &d, 1, NULL, &r, NULL)) c->failures++;
+        if (r != 0) continue; /* miss or pending */
+        kvo_file_completion comp;
+        size_t got = 0;
+        while (!got) {
+            kvo_file_tier_wait(c->t, 1000);
+            got = kvo_file_tier_poll(c->t, &comp, 1);
+        }
+        if (comp.result == 0) {
+            const kvo_group_plan *g = kvo_plan_group(c->plan, k.group);
+            fill_key(want, g->chunk_bytes, &k);
+            if (memcmp(dst, want, g->chunk_bytes) != 0) c->failures++;
+            c->reads_ok++;
+        } else if (comp.result != KVO_ENOTFOUND) {
+            c->failures++; /* never corrupt, never an I/O error */
+        }
+    }
+    free(want);
+    free(dst);
+    return NULL;
+}
+
+KVO_TEST(concurrent_threads) {
+    kvo_plan *plan = make_plan("ft-conc", 6000);
+    const kvo_group_plan *g0 = kvo_plan_group(plan, 0);
+    kvo_file_tier_params p = params(subdir("conc"), plan);
+    p.quota_bytes = 12 * g0->slot_bytes;
+    p.io_threads = 3;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    enum { NW = 3 };
+    pthread_t th[NW + 1];
+    conc_ctx ctx[NW + 1];
+    for (int i = 0; i <= NW; i++) {
+        ctx[i] = (conc_ctx){t, plan, i, 0, 0};
+        ASSERT_EQ_INT(pthread_create(&th[i], NULL, i < NW ? conc_writer : conc_reader, &ctx[i]), 0);
+    }
+    for (int i = 0; i <= NW; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i <= NW; i++) ASSERT_EQ_INT(ctx[i].failures, 0);
+    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    kvo_file_tier_stats s;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+    ASSERT_LE_U64(s.bytes_used, p.quota_bytes);
+    ASSERT_EQ_U64(s.corrupt_removed, 0);
+    ASSERT_GT_U64(s.writes, 0);
+    ASSERT_GT_U64(s.evictions, 0);
+    /* every indexed key reads back right after all that churn */
+    for (uint64_t i = 0; i < 40; i++)
+        for (uint32_t gi = 0; gi < 2; gi++) {
+            kvo_chunk_key k = key_n(i, gi);
+            uint8_t st;
+            ASSERT_OK(kvo_file_tier_lookup(t, &k, 1, &st));
+            if (st == KVO_READY) ASSERT_EQ_INT(read_key(t, plan, &k, true), 0);
+        }
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* Engine blocks -> transfer -> host slot -> file; restart; file -> host slot
+ * -> transfer -> other engine blocks: byte-exact, nothing else touched.  The
+ * tier is namespaced by the engine's slot layout hash too. */
+static void xfer_wait(kvo_transfer *x, uint64_t job) {
+    ASSERT_OK(kvo_transfer_wait(x, &job, 1, -1));
+    kvo_xfer_result r;
+    size_t n = 0;
+    ASSERT_OK(kvo_transfer_poll(x, &r, 1, &n));
+    ASSERT_EQ_U64(n, 1);
+    ASSERT_EQ_INT(r.status, 0);
+}
+
+static int wait_read(kvo_file_tier *t) {
+    kvo_file_completion c;
+    size_t got = 0;
+    while (!got) {
+        kvo_file_tier_wait(t, 5000);
+        got = kvo_file_tier_poll(t, &c, 1);
+    }
+    return c.result;
+}
+
+KVO_TEST(round_trip_engine_transfer_file) {
+    kvo_plan *plan = make_plan("ft-xfer", 5000);
+    const kvo_group_plan *gf = kvo_plan_group(plan, 0), *gs = kvo_plan_group(plan, 1);
+    enum { NB = 8 };
+    /* engine memory: group 0 as two per-layer tensors, group 1 as one */
+    uint64_t bytes0 = NB * gf->page_bytes, bytes1 = NB * gs->page_bytes;
+    unsigned char *src = malloc(2 * bytes0 + bytes1), *dst = malloc(2 * bytes0 + bytes1);
+    for (uint64_t i = 0; i < 2 * bytes0 + bytes1; i++) src[i] = (unsigned char)(kvo_test_rand() >> 56);
+    memset(dst, 0xab, 2 * bytes0 + bytes1);
+    kvo_segment seg_src[3] = {{0, src, NB, gf->page_bytes, gf->page_bytes},
+                              {0, src + bytes0, NB, gf->page_bytes, gf->page_bytes},
+                              {1, src + 2 * bytes0, NB, gs->page_bytes, gs->page_bytes}};
+    kvo_segment seg_dst[3] = {{0, dst, NB, gf->page_bytes, gf->page_bytes},
+                              {0, dst + bytes0, NB, gf->page_bytes, gf->page_bytes},
+                              {1, dst + 2 * bytes0, NB, gs->page_bytes, gs->page_bytes}};
+    kvo_transfer_params xp = kvo_transfer_default_params();
+    xp.plan = plan;
+    kvo_transfer *x1 = NULL, *x2 = NULL;
+    ASSERT_OK(kvo_transfer_create(&xp, &x1));
+    ASSERT_OK(kvo_transfer_create(&xp, &x2));
+    ASSERT_OK(kvo_transfer_set_layout(x1, seg_src, 3));
+    ASSERT_OK(kvo_transfer_set_layout(x2, seg_dst, 3));
+    uint64_t lh = 0;
+    ASSERT_OK(kvo_transfer_layout_hash(x1, &lh));
+
+    /* store: group 0 blocks {1,2}, group 1 blocks {6,7} into host slots */
+    unsigned char *slot0 = aligned_buf(gf->slot_bytes), *slot1 = aligned_buf(gs->slot_bytes);
+    uint64_t b0[2] = {1, 2}, b1[2] = {6, 7};
+    kvo_xfer_op ops[2] = {{0, 0, 2, b0, slot0, gf->slot_bytes}, {1, 0, 2, b1, slot1, gs->slot_bytes}};
+    uint64_t job = 0;
+    ASSERT_OK(kvo_transfer_submit(x1, KVO_XFER_STORE, ops, 2, &job));
+    xfer_wait(x1, job);
+
+    kvo_file_tier_params p = params(subdir("xfer"), plan);
+    p.layout_hash = lh;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    char lhx[17];
+    snprintf(lhx, sizeof lhx, "%016llx", (unsigned long long)lh);
+    ASSERT_CONTAINS(kvo_file_tier_dir(t), lhx);
+    kvo_chunk_key keys[2] = {key_n(77, 0), key_n(78, 1)};
+    const void *srcs[2] = {slot0, slot1};
+    int res[2];
+    ASSERT_OK(kvo_file_tier_write(t, keys, srcs, 2, NULL, res, NULL));
+    ASSERT_EQ_INT(res[0], 0);
+    ASSERT_EQ_INT(res[1], 0);
+    memset(slot0, 0x11, gf->slot_bytes); /* the tier copied: reuse at once */
+    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    kvo_file_tier_destroy(t);
+
+    /* another slot layout sees nothing of it */
+    kvo_file_tier_params p2 = p;
+    p2.layout_hash = lh ^ 1;
+    ASSERT_OK(kvo_file_tier_create(&p2, &t));
+    uint8_t st[2];
+    ASSERT_OK(kvo_file_tier_lookup(t, keys, 2, st));
+    ASSERT_EQ_INT(st[0], KVO_MISS);
+    kvo_file_tier_destroy(t);
+
+    /* restart; file -> fresh host slots -> the other engine's blocks */
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    ASSERT_OK(kvo_file_tier_lookup(t, keys, 2, st));
+    ASSERT_EQ_INT(st[0], KVO_READY);
+    ASSERT_EQ_INT(st[1], KVO_READY);
+    unsigned char *in0 = aligned_buf(gf->slot_bytes), *in1 = aligned_buf(gs->slot_bytes);
+    void *dsts[2] = {in0, in1};
+    ASSERT_OK(kvo_file_tier_read(t, keys, dsts, 2, NULL, res, NULL));
+    ASSERT_EQ_INT(res[0], 0);
+    ASSERT_EQ_INT(wait_read(t), 0);
+    ASSERT_EQ_INT(wait_read(t), 0);
+    uint64_t d0[2] = {5, 3}, d1[2] = {0, 4};
+    kvo_xfer_op lops[2] = {{0, 0, 2, d0, in0, gf->slot_bytes}, {1, 0, 2, d1, in1, gs->slot_bytes}};
+    ASSERT_OK(kvo_transfer_submit(x2, KVO_XFER_LOAD, lops, 2, &job));
+    xfer_wait(x2, job);
+    /* every target page equals its source page; every other byte untouched */
+    for (int s = 0; s < 3; s++) {
+        const kvo_segment *a = &seg_src[s], *b = &seg_dst[s];
+        const uint64_t *from = s < 2 ? b0 : b1, *to = s < 2 ? d0 : d1;
+        for (uint64_t blk = 0; blk < NB; blk++) {
+            const unsigned char *got = (const unsigned char *)b->base + blk * b->block_stride;
+            int k = blk == to[0] ? 0 : blk == to[1] ? 1 : -1;
+            if (k >= 0) {
+                ASSERT_MEM_EQ(got, (const unsigned char *)a->base + from[k] * a->block_stride, a->page_bytes);
+            } else {
+                for (uint64_t i = 0; i < b->page_bytes; i++)
+                    if (got[i] != 0xab) FAILF("segment %d block %llu byte %llu was touched", s,
+                                              (unsigned long long)blk, (unsigned long long)i);
+            }
+        }
+    }
+    /* a file copied into another slot layout's namespace does not load there */
+    char from[KVO__FILE_PATH_MAX], to[KVO__FILE_PATH_MAX];
+    ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &keys[1], from, sizeof from));
+    kvo_file_tier_destroy(t);
+    ASSERT_OK(kvo_file_tier_create(&p2, &t));
+    ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &keys[1], to, sizeof to));
+    kvo_file_tier_destroy(t);
+    char cmd[3 * KVO__FILE_PATH_MAX];
+    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\" && cp '%s' '%s'", to, from, to);
+    ASSERT_EQ_INT(kvo_test_run(cmd, NULL), 0);
+    ASSERT_OK(kvo_file_tier_create(&p2, &t));
+    ASSERT_EQ_INT(read_key(t, plan, &keys[1], true), KVO_ECORRUPT);
+    kvo_file_tier_stats fs;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &fs));
+    ASSERT_EQ_U64(fs.corrupt_removed, 1);
+    kvo_file_tier_destroy(t);
+    kvo_transfer_destroy(x1);
+    kvo_transfer_destroy(x2);
+    free(in0);
+    free(in1);
+    free(slot0);
+    free(slot1);
+    free(src);
+    free(dst);
+    kvo_plan_destroy(plan);
+}
+
+KVO_TEST(quota_max_files) {
+    kvo_plan *plan = make_plan("ft-maxf", 3000);
+    kvo_file_tier_params p = params(subdir("maxf"), plan);
+    p.max_files = 3;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    kvo_chunk_key keys[8];
+    for (int i = 0; i < 8; i++) {
+        keys[i] = key_n((uint64_t)i + 800, (uint32_t)(i % 2));
+        write_keys(t, plan, &keys[i], 1);
+    }
+    kvo_file_tier_stats s;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+    ASSERT_LE_U64(s.files, 3);
+    ASSERT_EQ_U64(s.evictions, 8 - s.files);
+    ASSERT_EQ_INT(read_key(t, plan, &keys[7], true), 0);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* After a restart the eviction order follows the files' age, not directory
+ * order: with room for three, the three most recently used files stay. */
+KVO_TEST(restart_keeps_newest) {
+    kvo_plan *plan = make_plan("ft-age", 4000);
+    const kvo_group_plan *g = kvo_plan_group(plan, 0);
+    kvo_file_tier_params p = params(subdir("age"), plan);
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    enum { N = 8 };
+    kvo_chunk_key keys[N];
+    for (int i = 0; i < N; i++) keys[i] = key_n((uint64_t)i * 31 + 5, 0);
+    write_keys(t, plan, keys, N);
+    /* ages: a permutation, so that directory order cannot give the answer */
+    static const int age_rank[N] = {5, 0, 7, 2, 6, 1, 4, 3}; /* higher = newer */
+    time_t now = time(NULL);
+    for (int i = 0; i < N; i++) {
+        char path[KVO__FILE_PATH_MAX];
+        ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &keys[i], path, sizeof path));
+        struct timespec ts[2] = {{now - 1000 + age_rank[i] * 10, 0}, {now - 1000 + age_rank[i] * 10, 0}};
+        ASSERT_EQ_INT(utimensat(AT_FDCWD, path, ts, 0), 0);
+    }
+    kvo_file_tier_destroy(t);
+    p.quota_bytes = 3 * g->slot_bytes;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    uint8_t st[N];
+    ASSERT_OK(kvo_file_tier_lookup(t, keys, N, st));
+    for (int i = 0; i < N; i++)
+        if ((st[i] == KVO_READY) != (age_rank[i] >= N - 3))
+            FAILF("key %d (age rank %d): state %d", i, age_rank[i], st[i]);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+KVO_TEST(fsync_policies) {
+    kvo_plan *plan = make_plan("ft-fsync", 5000);
+    for (int pol = KVO_FILE_FSYNC_NONE; pol <= KVO_FILE_FSYNC_FULL; pol++) {
+        char name[32];
+        snprintf(name, sizeof name, "fsync%d", pol);
+        kvo_file_tier_params p = params(subdir(name), plan);
+        p.fsync = (kvo_file_fsync_policy)pol;
+        kvo_file_tier *t = NULL;
+        ASSERT_OK(kvo_file_tier_create(&p, &t));
+        kvo_chunk_key k[2] = {key_n(1, 0), key_n(2, 1)};
+        write_keys(t, plan, k, 2);
+        ASSERT_EQ_INT(read_key(t, plan, &k[0], true), 0);
+        ASSERT_EQ_INT(read_key(t, plan, &k[1], false), 0);
+        kvo_file_tier_destroy(t);
+    }
+    ASSERT_EQ_STR(kvo_file_fsync_name(KVO_FILE_FSYNC_FULL), "full");
+    ASSERT_EQ_STR(kvo_file_io_name(KVO_FILE_IO_THREADS), "threads");
+    kvo_file_tier_params bad = params(subdir("badp"), plan);
+    bad.fsync = (kvo_file_fsync_policy)7;
+    kvo_file_tier *t = NULL;
+    ASSERT_ERR(kvo_file_tier_create(&bad, &t), KVO_EINVAL);
+    kvo_plan_destroy(plan);
+}
+
+KVO_TEST(temp_stale_rule) {
+    char old[1100], fresh[1100], other[1100];
+    snprintf(old, sizeof old, "%s", subdir(".tmp.0badc0de.12345.00000001.1"));
+    snprintf(fresh, sizeof fresh, "%s", subdir(".tmp.0badc0de.12345.00000001.2"));
+    snprintf(other, sizeof other, "%s", subdir("notatemp"));
+    const char *paths[3] = {old, fresh, other};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(paths[i], "w");
+        ASSERT_NOT_NULL(f);
+        fclose(f);
+    }
+    struct timespec ts[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+    ASSERT_EQ_INT(utimensat(AT_FDCWD, old, ts, 0), 0);
+    /* another host's writer (host id 0badc0de): judged by age */
+    ASSERT_EQ_INT(kvo_file_temp_stale(old), 1);
+    ASSERT_EQ_INT(kvo_file_temp_stale(fresh), 0);
+    ASSERT_ERR(kvo_file_temp_stale(other), KVO_EINVAL);
+    ASSERT_ERR(kvo_file_temp_stale(NULL), KVO_EINVAL);
 }

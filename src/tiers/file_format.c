@@ -4,8 +4,12 @@
  * readable specification; this file is its implementation.
  *
  * Layout
- *   root/<fingerprint: 32 hex>/manifest.json
- *   root/<fingerprint>/<xx>/<hash: 32 hex>-g<group>.kvc
+ *   root/<namespace>/manifest.json
+ *   root/<namespace>/<xx>/<hash: 32 hex>-g<group>.kvc
+ * where namespace is the plan fingerprint (32 hex), followed by
+ * "-<layout hash: 16 hex>" when the tier was given the engine's slot layout
+ * hash (kvo_transfer_layout_hash: engines whose segment lists differ store
+ * different bytes for one plan),
  * where xx is the low byte of hash.lo in hex (256 fan-out directories, made
  * on first use) and the hash is printed hi then lo (kvo_u128_hex).
  *
@@ -28,7 +32,7 @@
  *   112  created, ns since the epoch (information only)  u64
  *   120  group name, NUL padded    64
  *   184  model name, NUL padded    64
- *   248  reserved (0)              8
+ *   248  layout hash (0: not given) u64
  *   256  XXH3-64 of bytes 0..255   u64
  * A file is exactly 4096 + slot_bytes bytes; the padding after the payload
  * is zero.  The header checksum makes a torn or overwritten header fail on
@@ -72,8 +76,8 @@ static uint64_t get64(const unsigned char *p) {
     return v;
 }
 
-void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, const kvo_group_plan *g, const kvo_chunk_key *key,
-                        uint64_t payload_xxh3) {
+void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_hash, const kvo_group_plan *g,
+                        const kvo_chunk_key *key, uint64_t payload_xxh3) {
     memset(h, 0, sizeof *h);
     h->version = KVO_FILE_FORMAT_VERSION;
     h->header_bytes = KVO_FILE_HEADER_BYTES;
@@ -89,6 +93,7 @@ void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, const kvo_group_
     h->chunk_bytes = g->chunk_bytes;
     h->slot_bytes = g->slot_bytes;
     h->payload_xxh3 = payload_xxh3;
+    h->layout_hash = layout_hash;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     h->created_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
@@ -119,6 +124,7 @@ void kvo__file_hdr_encode(const kvo__file_hdr *h, void *buf) {
     put64(p + 112, h->created_ns);
     memcpy(p + 120, h->group_name, strnlen(h->group_name, 63));
     memcpy(p + 184, h->model_name, strnlen(h->model_name, 63));
+    put64(p + 248, h->layout_hash);
     put64(p + 256, XXH3_64bits(p, 256));
 }
 
@@ -154,6 +160,7 @@ int kvo__file_hdr_decode(const void *buf, size_t len, kvo__file_hdr *h) {
     h->slot_bytes = get64(p + 96);
     h->payload_xxh3 = get64(p + 104);
     h->created_ns = get64(p + 112);
+    h->layout_hash = get64(p + 248);
     memcpy(h->group_name, p + 120, 63);
     memcpy(h->model_name, p + 184, 63);
     if (h->header_bytes != KVO_FILE_HEADER_BYTES)
@@ -196,6 +203,13 @@ int kvo__file_hdr_check(const kvo__file_hdr *h, const kvo_plan *plan, const kvo_
                           (unsigned long long)h->chunk_bytes, g->layers, (unsigned long long)g->blocks_per_chunk,
                           (unsigned long long)g->page_bytes, (unsigned long long)g->tokens_per_chunk,
                           (unsigned long long)g->chunk_bytes);
+    return 0;
+}
+
+int kvo__file_hdr_check_layout(const kvo__file_hdr *h, uint64_t layout_hash) {
+    if (h->layout_hash != layout_hash)
+        return kvo__error(KVO_ECORRUPT, "file was written for engine slot layout %016llx, this tier uses %016llx",
+                          (unsigned long long)h->layout_hash, (unsigned long long)layout_hash);
     return 0;
 }
 
@@ -275,6 +289,7 @@ static void fill_info(kvo_file_chunk_info *info, const kvo__file_hdr *h, uint64_
     info->slot_bytes = h->slot_bytes;
     info->payload_xxh3 = h->payload_xxh3;
     info->created_unix_ns = h->created_ns;
+    info->layout_hash = h->layout_hash;
     info->file_bytes = size;
 }
 
@@ -300,14 +315,14 @@ int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info
     rc = kvo__file_hdr_decode(hb, (size_t)r, &h);
     if (rc == 0 && (size_t)r < KVO_FILE_HEADER_BYTES)
         rc = kvo__error(KVO_ECORRUPT, "truncated header (%zd of %u bytes)", r, KVO_FILE_HEADER_BYTES);
-    if (rc) { kvo__error_prefix(rc, "%s: ", path); goto out; }
+    if (rc) { kvo__error_prefix(rc, "%s", path); goto out; }
     if (info) fill_info(info, &h, (uint64_t)st.st_size);
     kvo_chunk_key named;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     bool have_name = kvo__file_parse_name(base, &named) == 0;
     rc = kvo__file_hdr_check(&h, plan, have_name ? &named : NULL);
-    if (rc) { kvo__error_prefix(rc, "%s: ", path); goto out; }
+    if (rc) { kvo__error_prefix(rc, "%s", path); goto out; }
     uint64_t want = KVO_FILE_HEADER_BYTES + h.slot_bytes;
     if ((uint64_t)st.st_size != want) {
         rc = kvo__error(KVO_ECORRUPT, "%s: %s: %lld bytes, header says %llu", path,
@@ -348,7 +363,8 @@ int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key_o
 
 /* ---------------------------------------------------------- manifest -- */
 
-int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint32_t *version, char **plan_json) {
+int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint64_t *layout_hash, uint32_t *version,
+                            char **plan_json) {
     char path[KVO__FILE_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", ns_dir, KVO__FILE_MANIFEST);
     json_error_t jerr;
@@ -374,6 +390,10 @@ int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint32_t 
         else v.lo = (v.lo << 4) | (uint64_t)d;
     }
     if (fingerprint) *fingerprint = v;
+    if (layout_hash) {
+        const char *lh = json_string_value(json_object_get(root, "layout_hash"));
+        *layout_hash = lh ? strtoull(lh, NULL, 16) : 0;
+    }
     if (version) *version = (uint32_t)json_integer_value(ver);
     if (plan_json) {
         json_t *pl = json_object_get(root, "plan");
@@ -384,22 +404,23 @@ out:
     return rc;
 }
 
-int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan) {
+int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash) {
     kvo_u128 fp = kvo_plan_fingerprint(plan), have;
+    uint64_t have_lh = 0;
     uint32_t ver = 0;
     char fph[33];
     kvo_u128_hex(fp, fph);
-    int rc = kvo__file_manifest_read(ns_dir, &have, &ver, NULL);
+    int rc = kvo__file_manifest_read(ns_dir, &have, &have_lh, &ver, NULL);
     if (rc == 0) {
         if (ver != KVO_FILE_FORMAT_VERSION)
             return kvo__error(KVO_ESTATE, "%s/%s: format version %u, this build writes version %u: use another "
                               "root or remove the namespace", ns_dir, KVO__FILE_MANIFEST, ver, KVO_FILE_FORMAT_VERSION);
-        if (have.lo != fp.lo || have.hi != fp.hi)
-            return kvo__error(KVO_ESTATE, "%s/%s: manifest is for another layout fingerprint than %s", ns_dir,
-                              KVO__FILE_MANIFEST, fph);
+        if (have.lo != fp.lo || have.hi != fp.hi || have_lh != layout_hash)
+            return kvo__error(KVO_ESTATE, "%s/%s: manifest is for another layout (fingerprint, slot layout hash) "
+                              "than %s / %016llx", ns_dir, KVO__FILE_MANIFEST, fph, (unsigned long long)layout_hash);
         return 0;
     }
-    if (rc != KVO_ENOTFOUND) return kvo__error_prefix(KVO_ESTATE, "unusable namespace: ");
+    if (rc != KVO_ENOTFOUND) return kvo__error_prefix(KVO_ESTATE, "unusable namespace");
 
     char *plan_json = NULL;
     rc = kvo_plan_to_json(plan, &plan_json);
@@ -411,6 +432,11 @@ int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan) {
     json_object_set_new(root, "format", json_string(KVO__FILE_FORMAT_NAME));
     json_object_set_new(root, "format_version", json_integer(KVO_FILE_FORMAT_VERSION));
     json_object_set_new(root, "fingerprint", json_string(fph));
+    if (layout_hash) {
+        char lh[17];
+        snprintf(lh, sizeof lh, "%016llx", (unsigned long long)layout_hash);
+        json_object_set_new(root, "layout_hash", json_string(lh));
+    }
     json_object_set_new(root, "model", json_string(kvo_model_name(kvo_plan_model(plan))));
     json_object_set_new(root, "header_bytes", json_integer(KVO_FILE_HEADER_BYTES));
     json_object_set_new(root, "layout", json_string("<xx>/<hash hex>-g<group>.kvc, xx = low byte of hash.lo; "
@@ -456,9 +482,9 @@ int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan) {
         return kvo__error(KVO_EIO, "%s: cannot create: %s", path, strerror(e));
     }
     unlink(tmp);
-    rc = kvo__file_manifest_read(ns_dir, &have, &ver, NULL);
+    rc = kvo__file_manifest_read(ns_dir, &have, &have_lh, &ver, NULL);
     if (rc) return rc;
-    if (have.lo != fp.lo || have.hi != fp.hi || ver != KVO_FILE_FORMAT_VERSION)
+    if (have.lo != fp.lo || have.hi != fp.hi || have_lh != layout_hash || ver != KVO_FILE_FORMAT_VERSION)
         return kvo__error(KVO_ESTATE, "%s: manifest written concurrently for another layout", path);
     return 0;
 }

@@ -41,13 +41,14 @@ typedef struct kvo__file_hdr {
     uint64_t slot_bytes;
     uint64_t payload_xxh3;
     uint64_t created_ns;
+    uint64_t layout_hash;     /* engine slot layout (0: not given) */
     char group_name[KVO_NAME_MAX];
     char model_name[KVO_NAME_MAX];
 } kvo__file_hdr;
 
 /* Fill a header for a group's chunk (payload checksum given). */
-void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, const kvo_group_plan *g, const kvo_chunk_key *key,
-                        uint64_t payload_xxh3);
+void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_hash, const kvo_group_plan *g,
+                        const kvo_chunk_key *key, uint64_t payload_xxh3);
 /* Encode into KVO_FILE_HEADER_BYTES bytes (zero padded, header checksum). */
 void kvo__file_hdr_encode(const kvo__file_hdr *h, void *buf);
 /* Decode and check magic, version, header checksum.  KVO_ECORRUPT with a
@@ -57,6 +58,8 @@ int kvo__file_hdr_decode(const void *buf, size_t len, kvo__file_hdr *h);
  * fingerprint and the group's geometry (plan may be NULL: only internal
  * consistency).  KVO_ECORRUPT with a message. */
 int kvo__file_hdr_check(const kvo__file_hdr *h, const kvo_plan *plan, const kvo_chunk_key *expect);
+/* The layout hash must match too (tier reads; not the plan-less checks). */
+int kvo__file_hdr_check_layout(const kvo__file_hdr *h, uint64_t layout_hash);
 
 /* Parse a chunk file name "<32 hex>-g<group>.kvc".  0 or KVO_EINVAL. */
 int kvo__file_parse_name(const char *name, kvo_chunk_key *key);
@@ -66,9 +69,11 @@ void kvo__file_name(const kvo_chunk_key *key, char *out, size_t cap);
 void kvo__file_subdir(const kvo_chunk_key *key, char out[3]);
 
 /* Manifest: write if absent, else check.  KVO_EIO / KVO_ESTATE. */
-int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan);
-/* Read a manifest's fingerprint and format version (for fsck). */
-int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint32_t *version, char **plan_json);
+int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash);
+/* Read a manifest's fingerprint, layout hash (0 when absent) and format
+ * version. */
+int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint64_t *layout_hash, uint32_t *version,
+                            char **plan_json);
 
 /* Remove a path whatever it is (file, or directory tree).  0 or -errno. */
 int kvo__file_remove_any(const char *path);
@@ -91,6 +96,7 @@ struct kvo__fop {
     /* read: destination and whether O_DIRECT is used for it */
     unsigned char *dst;
     bool direct;
+    bool recycled;            /* write: overwriting a recycled file */
     /* I/O state */
     int fd;
     struct iovec iov[2];
@@ -119,12 +125,20 @@ void kvo__fop_read_verdict(kvo_file_tier *t, kvo__fop *op, int rc);
 int64_t kvo__fop_io_continue(kvo__fop *op, uint64_t done);
 /* Run the whole op synchronously (threads backend; uring fallback). */
 void kvo__fop_run_sync(kvo_file_tier *t, kvo__fop *op);
-/* Take the next queued op (reads first); blocks while none and the tier is
- * open; NULL when shutting down with nothing queued.  With wait=false returns
- * NULL at once when nothing is queued. */
-kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait);
+/* Take the next queued op of the given kinds (a mask of KVO__FOP_READ and
+ * KVO__FOP_WRITE; reads first); blocks while none and the tier is open; NULL
+ * when shutting down with nothing queued.  With wait=false returns NULL at
+ * once when nothing is queued. */
+kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds);
 
-/* True once destroy began and nothing is queued (backend exit condition). */
+/* Test hook: nonzero makes tiers created afterwards use named temporary
+ * files and rename instead of O_TMPFILE + linkat. */
+extern atomic_int kvo__file_test_no_tmpfile;
+/* Test hook: microseconds each file write sleeps before its data (a slow
+ * disk, for the latency back-pressure test). */
+extern atomic_int kvo__file_test_write_delay_us;
+
+/* True once destroy began and no read is queued (ring exit condition). */
 bool kvo__file_tier_closing(kvo_file_tier *t);
 
 #if KVO_HAVE_URING

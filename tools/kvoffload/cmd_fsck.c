@@ -1,13 +1,15 @@
 /* `kvoffload fsck DIR [--repair] [--json]`: check a file-tier directory.
  *
- * DIR is a file-tier root (its namespaces are the subdirectories with a
- * manifest.json) or one namespace directory.  For every namespace: the
+ * DIR is a file-tier root (its namespaces are the subdirectories named
+ * <fingerprint>[-<layout hash>]) or one namespace directory.  For every namespace: the
  * manifest (format version, model, fingerprint, the plan's groups), then
  * every chunk file fully verified (header, header checksum, size, name vs key,
  * fingerprint vs manifest, geometry vs the manifest's plan, payload checksum).
- * Bad files are listed, and removed with --repair.  Temporary files older
- * than an hour (left by a killed writer) count as problems too; younger ones
- * may belong to a live writer and are only counted.  Files whose names are
+ * Bad files are listed, and removed with --repair.  Temporary files of
+ * writers that are gone (kvo_file_temp_stale: dead process on this host, or
+ * another host's older than an hour) count as problems too; the others
+ * belong to live writers (writes in flight, recycled files) and are only
+ * counted.  Files whose names are
  * not chunk names are counted as unknown and never touched.
  *
  * Exit status: 0 clean; 1 problems found (with --repair: found and removed);
@@ -37,6 +39,7 @@ typedef struct fsck_group {
 typedef struct fsck_ctx {
     bool repair, json;
     uint64_t problems;
+    uint64_t ns_bad;      /* bad files of the namespace being checked */
     json_t *out;  /* array of namespace objects (json mode) */
 } fsck_ctx;
 
@@ -64,11 +67,17 @@ static bool remove_any(const char *path) {
     return errno == ENOENT;
 }
 
-static bool is_hex32(const char *s) {
-    if (strlen(s) != 32) return false;
-    for (int i = 0; i < 32; i++)
+static bool is_hex(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
         if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
     return true;
+}
+
+/* A namespace directory name: <fingerprint: 32 hex>[-<layout hash: 16 hex>]. */
+static bool is_ns_name(const char *s) {
+    size_t n = strlen(s);
+    if (n == 32) return is_hex(s, 32);
+    return n == 49 && is_hex(s, 32) && s[32] == '-' && is_hex(s + 33, 16);
 }
 
 static uint64_t jnum(json_t *o, const char *k) {
@@ -80,6 +89,7 @@ static uint64_t jnum(json_t *o, const char *k) {
 static void bad_file(fsck_ctx *c, json_t *bad, const char *path, const char *why) {
     bool removed = c->repair && remove_any(path);
     c->problems++;
+    c->ns_bad++;
     if (c->json) {
         json_t *b = json_object();
         json_object_set_new(b, "path", json_string(path));
@@ -97,9 +107,11 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
     json_t *bad = json_array();
     uint64_t files = 0, bytes = 0, tmp_live = 0, tmp_stale = 0, unknown = 0;
     char path[4096], fp_hex[33] = "", model[KVO_NAME_MAX] = "?";
+    uint64_t layout_hash = 0;
     long long version = -1;
     const char *base = strrchr(ns, '/');
     base = base ? base + 1 : ns;
+    c->ns_bad = 0;
 
     if (!c->json) printf("namespace %s\n", ns);
     snprintf(path, sizeof path, "%s/manifest.json", ns);
@@ -121,6 +133,8 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
     } else {
         const char *fp = json_string_value(json_object_get(man, "fingerprint"));
         if (fp) snprintf(fp_hex, sizeof fp_hex, "%s", fp);
+        const char *lh = json_string_value(json_object_get(man, "layout_hash"));
+        if (lh) layout_hash = strtoull(lh, NULL, 16);
         const char *m = json_string_value(json_object_get(man, "model"));
         if (m) snprintf(model, sizeof model, "%s", m);
         version = (long long)jnum(man, "format_version");
@@ -147,15 +161,22 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
             snprintf(why, sizeof why, "format version %lld; this build reads %u", version, KVO_FILE_FORMAT_VERSION);
             bad_file(c, bad, path, why);
         }
-        if (strcmp(fp_hex, base) != 0 && is_hex32(base)) {
+        char want_name[64];
+        if (layout_hash) snprintf(want_name, sizeof want_name, "%s-%016llx", fp_hex, (unsigned long long)layout_hash);
+        else snprintf(want_name, sizeof want_name, "%s", fp_hex);
+        if (strcmp(want_name, base) != 0 && is_ns_name(base)) {
             char why[160];
-            snprintf(why, sizeof why, "manifest fingerprint %s does not match the directory name", fp_hex);
+            snprintf(why, sizeof why, "manifest (fingerprint, layout hash) says %s, not the directory's name", want_name);
             c->problems++;
             if (!c->json) printf("  BAD %s: %s\n", path, why);
         }
         json_decref(man);
     }
-    if (!c->json) printf("  model %s  fingerprint %s  format %lld\n", model, fp_hex[0] ? fp_hex : "?", version);
+    if (!c->json) {
+        printf("  model %s  fingerprint %s  format %lld", model, fp_hex[0] ? fp_hex : "?", version);
+        if (layout_hash) printf("  slot layout %016llx", (unsigned long long)layout_hash);
+        printf("\n");
+    }
 
     for (int b = 0; b < 256; b++) {
         char dir[4096];
@@ -170,7 +191,7 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
             struct stat st;
             if (lstat(path, &st) != 0) continue; /* vanished */
             if (!strncmp(name, ".tmp.", 5)) {
-                if (time(NULL) - st.st_mtime > 3600) {
+                if (kvo_file_temp_stale(path) == 1) {
                     tmp_stale++;
                     bad_file(c, bad, path, "stale temporary file (a writer died)");
                 } else {
@@ -202,6 +223,9 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
             fsck_group *G = info.key.group < KVO_MAX_GROUPS ? &groups[info.key.group] : NULL;
             if (fp_hex[0] && strcmp(kfp, fp_hex) != 0)
                 snprintf(why, sizeof why, "belongs to layout %s, not this namespace's %s", kfp, fp_hex);
+            else if (fp_hex[0] && info.layout_hash != layout_hash)
+                snprintf(why, sizeof why, "written for engine slot layout %016llx, this namespace is for %016llx",
+                         (unsigned long long)info.layout_hash, (unsigned long long)layout_hash);
             else if ((info.key.hash.lo & 0xff) != (uint64_t)b)
                 snprintf(why, sizeof why, "misplaced: belongs in subdirectory %02x",
                          (unsigned)(info.key.hash.lo & 0xff));
@@ -238,6 +262,11 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
         json_object_set_new(o, "dir", json_string(ns));
         json_object_set_new(o, "fingerprint", json_string(fp_hex));
         json_object_set_new(o, "model", json_string(model));
+        if (layout_hash) {
+            char lh[17];
+            snprintf(lh, sizeof lh, "%016llx", (unsigned long long)layout_hash);
+            json_object_set_new(o, "layout_hash", json_string(lh));
+        }
         json_object_set_new(o, "format_version", json_integer(version));
         json_t *ga = json_array();
         for (int i = 0; i < KVO_MAX_GROUPS; i++) {
@@ -265,7 +294,7 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
                    (unsigned long long)groups[i].bytes);
         }
         printf("  files %llu (%llu bytes), bad %zu, temporary %llu in progress + %llu stale, unknown %llu\n",
-               (unsigned long long)files, (unsigned long long)bytes, json_array_size(bad),
+               (unsigned long long)files, (unsigned long long)bytes, (size_t)c->ns_bad,
                (unsigned long long)tmp_live, (unsigned long long)tmp_stale, (unsigned long long)unknown);
         json_decref(bad);
     }
@@ -310,7 +339,7 @@ int kvo_cmd_fsck(int argc, char **argv) {
         char **names = NULL;
         size_t cap = 0;
         while (d && (e = readdir(d)) != NULL) {
-            if (!is_hex32(e->d_name)) continue;
+            if (!is_ns_name(e->d_name)) continue;
             if (n_ns == cap) {
                 cap = cap ? 2 * cap : 8;
                 names = realloc(names, cap * sizeof *names);

@@ -3,19 +3,21 @@
  * when it works at run time: kvo__file_uring_start probes the kernel and
  * fails cleanly so that the tier falls back to its thread pool).
  *
- * One thread owns the ring.  It takes queued ops (reads first), runs their
- * begin phase (open, header, checksum) itself, submits the data transfer as
- * one readv/writev per op, up to `depth` in flight, and runs the end phase
- * (verify, fsync, rename, close) when the completion arrives.  New work wakes
- * the thread through an eventfd that the ring itself reads (an IORING_OP_READ
- * re-armed after each wake), so the thread sleeps in one place:
- * io_uring_wait_cqe.  A short transfer (rare on regular files) is finished
- * synchronously.  At shutdown the thread drains queued writes, waits for
- * everything in flight, and exits.
+ * One thread owns the ring and serves the tier's reads (writes go to the
+ * thread pool: they are bound by file creation, see file_tier.c).  It takes
+ * queued reads, runs their begin phase (open, fstat) itself, submits the data
+ * transfer as one readv per op (header + payload straight into the caller's
+ * buffer), up to `depth` in flight, and runs the end phase (verify, close)
+ * when the completion arrives.  New work wakes the thread through an eventfd
+ * that the ring itself reads (an IORING_OP_READ re-armed after each wake), so
+ * the thread sleeps in one place: io_uring_wait_cqe.  A short transfer (rare
+ * on regular files) is finished synchronously.  At shutdown the thread waits
+ * for everything in flight and exits.  The write path below (writev) is kept
+ * so that the ring can serve writes too if that ever measures better.
  *
- * Why one thread: the data transfers are asynchronous in the kernel, and the
- * per-op CPU work (a checksum at ~50 GB/s, a few metadata syscalls) is small
- * next to the transfer; the caller's thread already made the staging copy.
+ * Why one thread: the transfers are asynchronous in the kernel, and the
+ * per-op CPU work (a checksum at ~50 GB/s, open/fstat/close) is small next to
+ * the transfer.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -54,7 +56,7 @@ static void *ring_main(void *arg) {
     arm_kick(u);
     for (;;) {
         while (inflight < u->depth) {
-            kvo__fop *op = kvo__fop_next(t, false);
+            kvo__fop *op = kvo__fop_next(t, false, KVO__FOP_READ);
             if (!op) break;
             int rc = kvo__fop_begin(t, op);
             if (rc != 0) {
