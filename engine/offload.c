@@ -252,7 +252,12 @@ int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *prm, kvo_eng_conn
         fp.root = c->p.file_dir;
         fp.plan = c->plan;
         fp.quota_bytes = c->p.file_bytes;
-        rc = kvo_file_tier_create(&fp, &c->ft);
+        /* Engines whose segment lists differ store different slot bytes for
+         * one plan: keep their files apart. */
+        size_t nseg = 0;
+        const kvo_segment *sg = kvo_eng_segments(e, &nseg);
+        rc = kvo_layout_hash(c->plan, sg, nseg, &fp.layout_hash);
+        if (!rc) rc = kvo_file_tier_create(&fp, &c->ft);
         if (rc) {
             rc = kvo__eng_lib_error(rc, "offload: file tier");
             goto fail;

@@ -796,6 +796,19 @@ KVO_TEST(layout_change_fails_only_affected_jobs) {
     ASSERT_OK(kvo_transfer_set_layout(S.t, N.segs, N.n));
     ASSERT_OK(kvo_transfer_layout_hash(S.t, &h1));
     ASSERT_EQ_U64(h0, h1); /* same pages in the same order: same slot bytes */
+    /* the engine-free computation agrees, and tells page lists apart */
+    uint64_t h2;
+    ASSERT_OK(kvo_layout_hash(S.p, N.segs, N.n, &h2));
+    ASSERT_EQ_U64(h2, h1);
+    kvo_segment dsegs[64];
+    ASSERT_LE_U64(N.n, 64);
+    memcpy(dsegs, N.segs, N.n * sizeof *dsegs);
+    for (size_t i = 0; i < N.n; i++)
+        if (dsegs[i].group == 0) { dsegs[i].page_bytes += 1; break; }
+    ASSERT_OK(kvo_layout_hash(S.p, dsegs, N.n, &h2));
+    ASSERT_NE_U64(h2, h1);
+    dsegs[0].group = 999;
+    ASSERT_ERR(kvo_layout_hash(S.p, dsegs, N.n, &h2), KVO_EINVAL);
     kvo__transfer_pause(S.t, false);
     ASSERT_OK(kvo_transfer_wait(S.t, ids, 2, -1));
     kvo_xfer_result r[4];

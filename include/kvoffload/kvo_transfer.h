@@ -189,6 +189,11 @@ int kvo_transfer_slot_offset(const kvo_transfer *t, uint32_t group, uint32_t seg
  *  layout. */
 int kvo_transfer_layout_hash(const kvo_transfer *t, uint64_t *out);
 
+/** The same hash computed from a segment list without a transfer engine (no
+ *  validation beyond group ids), e.g. to namespace a file tier created before
+ *  the layout is registered.  Pure; any thread.  Errors: KVO_EINVAL. */
+int kvo_layout_hash(const kvo_plan *plan, const kvo_segment *segs, size_t n, uint64_t *out);
+
 typedef struct kvo_transfer_stats {
     uint64_t jobs_submitted, jobs_ok, jobs_failed, jobs_canceled;
     uint64_t jobs_queued;       /* unfinished now (waiting, ready or running) */

@@ -111,6 +111,35 @@ void kvo__xlayout_free(kvo__xlayout *l) {
     kvo__free(l);
 }
 
+/* The slot-layout hash: per offloaded group (in id order), its id, its
+ * segment count and its segments' page_bytes in the caller's order.  Nothing
+ * else (addresses, strides, block counts) changes the slot bytes.  O(groups *
+ * segments), both small. */
+uint64_t kvo__segments_hash(const kvo_plan *plan, const kvo_segment *segs, size_t n) {
+    XXH64_state_t st;
+    XXH64_reset(&st, 0x6b766f2d6c61796fULL);
+    for (size_t g = 0; g < kvo_plan_num_groups(plan); g++) {
+        if (!kvo_plan_group(plan, g)->offloaded) continue;
+        uint64_t hdr[2] = {g, 0};
+        for (size_t i = 0; i < n; i++) hdr[1] += segs[i].group == g;
+        XXH64_update(&st, hdr, sizeof hdr);
+        for (size_t i = 0; i < n; i++)
+            if (segs[i].group == g) XXH64_update(&st, &segs[i].page_bytes, sizeof(uint64_t));
+    }
+    return XXH64_digest(&st);
+}
+
+int kvo_layout_hash(const kvo_plan *plan, const kvo_segment *segs, size_t n, uint64_t *out) {
+    if (!plan || !out || (n && !segs))
+        return kvo__error(KVO_EINVAL, "kvo_layout_hash: plan, out (and segs when n > 0) must not be NULL");
+    for (size_t i = 0; i < n; i++)
+        if (segs[i].group >= kvo_plan_num_groups(plan))
+            return kvo__error(KVO_EINVAL, "kvo_layout_hash: segment %zu names group %u; the plan has %zu groups", i,
+                              segs[i].group, kvo_plan_num_groups(plan));
+    *out = kvo__segments_hash(plan, segs, n);
+    return 0;
+}
+
 int kvo__xlayout_build(const kvo_plan *plan, const kvo__xfer_device_ops *dev, void *dev_state,
                        const kvo_segment *segs, size_t n, kvo__xlayout **out) {
     size_t ng = kvo_plan_num_groups(plan);
@@ -278,17 +307,7 @@ int kvo__xlayout_build(const kvo_plan *plan, const kvo__xfer_device_ops *dev, vo
     }
 
     /* What decides slot bytes: per offloaded group, the pages in order. */
-    XXH64_state_t st;
-    XXH64_reset(&st, 0x6b766f2d6c61796fULL);
-    for (size_t g = 0; g < ng; g++) {
-        const kvo_group_plan *gp = kvo_plan_group(plan, g);
-        if (!gp->offloaded) continue;
-        uint64_t hdr[2] = {g, l->groups[g].n_segs};
-        XXH64_update(&st, hdr, sizeof hdr);
-        for (uint32_t k = 0; k < l->groups[g].n_segs; k++)
-            XXH64_update(&st, &l->segs[l->groups[g].first_seg + k].page, sizeof(uint64_t));
-    }
-    l->hash = XXH64_digest(&st);
+    l->hash = kvo__segments_hash(plan, segs, n);
     *out = l;
     return 0;
 }

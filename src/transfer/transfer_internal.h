@@ -61,6 +61,7 @@ static inline uint64_t kvo__xpart_bytes(uint64_t page, uint32_t parts) {
 
 /* Validate segs against the plan (and the device's reachability check) and
  * build a layout with refs = 1.  Errors as kvo_transfer_set_layout. */
+uint64_t kvo__segments_hash(const kvo_plan *plan, const kvo_segment *segs, size_t n);
 int kvo__xlayout_build(const kvo_plan *plan, const kvo__xfer_device_ops *dev, void *dev_state,
                        const kvo_segment *segs, size_t n, kvo__xlayout **out);
 void kvo__xlayout_free(kvo__xlayout *l);
