@@ -1,8 +1,445 @@
-/* kvoffload connector: request-level lookup, load and store.
- * (Filled in by the connector work; see issue "The engine connector".) */
+/*
+ * kvoffload connector: what an inference engine's scheduler and workers call
+ * to reuse KV-cache prefixes across requests through the offload tiers.
+ *
+ * One kvo_connector serves one engine instance (one plan, one engine KV
+ * layout).  It owns a host arena + kvo_store (the host tier) and a
+ * kvo_transfer engine; a kvo_file_tier may be attached behind the host tier.
+ *
+ * Request lifecycle (vLLM-like scheduler/worker split; both halves may run in
+ * different threads of one process):
+ *
+ *   add_request(id, prompt tokens or unit hashes, salt)
+ *     -> lookup(id, local_tokens)          scheduler: how many prompt tokens
+ *                                          can be loaded instead of computed?
+ *                                          KVO_HIT / KVO_HIT_NONE /
+ *                                          KVO_HIT_PENDING (ask again later)
+ *     -> load(id, tokens, block tables)    after the engine allocated blocks:
+ *                                          issues the copies (async)
+ *     -> poll()                            worker: KVO_COMPLETION_LOAD tells
+ *                                          which tokens are now computed
+ *     -> append_tokens / update(computed, block tables)   every step: stores
+ *                                          chunks as they become complete
+ *     -> finish(id)                        final stores; blocks may be freed
+ *                                          once KVO_COMPLETION_RELEASED is
+ *                                          polled (or wait_request returns)
+ *   preempt(id) / abort(id) at any point: pending copies are canceled or
+ *   waited for, so the engine may free the request's blocks on return.
+ *
+ * Positions.  Token positions count from the start of the sequence.  A
+ * "boundary" b means: KV for tokens [0, b) is present, token b is computed
+ * next.  Hits are always boundaries that are multiples of
+ * kvo_connector_step() (the lcm of every group's tokens_per_block), so every
+ * group's block at b starts empty; hits are below the prompt length (the last
+ * prompt token is always computed, the engine needs its logits).
+ *
+ * Block tables.  For each group, an array indexed by block index from token 0
+ * (block i of group g covers tokens [i*tpb_g, (i+1)*tpb_g)) giving the engine
+ * block id, or KVO_NO_BLOCK where the engine holds none (a sliding group's
+ * blocks that left the window, state snapshots it did not keep).  For a state
+ * group, block i holds the recurrent state after token (i+1)*tpb_g.  The
+ * connector copies what it needs at each call; the arrays are not kept.
+ *
+ * Lookup agreement (docs/lookup.md): full groups need every chunk of the
+ * prefix; sliding groups only the chunks covering the last `window` tokens
+ * before the boundary; state groups the state at the boundary; the boundary
+ * is lowered until every group agrees.  kvo_agree() is the pure function.
+ *
+ * Non-cacheable groups are never offloaded.  The KV a non-cacheable group
+ * holds for tokens before a boundary cannot in general be rebuilt by the
+ * engine without recomputing from token 0 (its KV at a token depends on its
+ * own KV at earlier tokens through the layer stack), so by default such a
+ * group disables hits (conservative, always correct).  An engine that knows a
+ * non-cacheable group carries nothing across a step-aligned boundary (a
+ * scratch or compressor buffer that is refilled from the tokens after the
+ * boundary) names it in params.scratch_groups; it then never limits hits.
+ *
+ * Thread rule: every function may be called from any thread.  One internal
+ * lock protects the request table; it is never held while waiting for copies
+ * (wait_blocks, wait_request, preempt, abort, destroy block without it) and
+ * never while calling user code (there are no callbacks).  Calls on one
+ * request id are meant to come in lifecycle order; a call out of order fails
+ * with KVO_ESTATE for that request only.  Errors concern the one request
+ * named; other requests are unaffected.
+ */
 #ifndef KVOFFLOAD_KVO_CONNECTOR_H
 #define KVOFFLOAD_KVO_CONNECTOR_H
+
 #include "kvo_store.h"
 #include "kvo_transfer.h"
 #include "kvo_file_tier.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Declared again here so that this header does not depend on the file-tier
+ * header's contents (identical typedefs are allowed in C11). */
+typedef struct kvo_file_tier kvo_file_tier;
+
+/** Block table entry for a block the engine does not hold. */
+#define KVO_NO_BLOCK UINT64_MAX
+
+/* ------------------------------------------------------ lookup agreement -- */
+
+/** Per-chunk states given to kvo_agree: KVO_MISS, KVO_READY, KVO_PENDING
+ *  (kvo_lookup_state), or KVO_CHUNK_LOCAL: the chunk's tokens are already in
+ *  the engine's blocks (counts as READY, nothing to load). */
+#define KVO_CHUNK_LOCAL 3
+
+/** What limited (or decided) an agreement. */
+typedef enum kvo_agree_reason {
+    KVO_AGREE_OK = 0,          /* every group agreed at the candidate maximum */
+    KVO_AGREE_LOWERED = 1,     /* some group lowered the boundary */
+    KVO_AGREE_TOO_SHORT = 2,   /* agreement below min_hit_tokens: no hit */
+    KVO_AGREE_NONCACHEABLE = 3,/* a non-cacheable, non-scratch group: no hit */
+    KVO_AGREE_NO_PROMPT = 4    /* prompt shorter than one step + 1 token */
+} kvo_agree_reason;
+
+/** Input of kvo_agree.  Arrays have one entry per plan group. */
+typedef struct kvo_agree_input {
+    const kvo_plan *plan;
+    uint64_t n_tokens;        /* prompt tokens; the boundary is <= n_tokens - 1 */
+    uint64_t local_tokens;    /* tokens already computed in the engine (a
+                                 multiple of the step); the hit is >= this */
+    uint64_t min_hit_tokens;  /* a hit adding fewer than this many tokens
+                                 beyond local_tokens counts as none; 0 = the
+                                 largest tokens_per_chunk over offloaded
+                                 groups (a hit shorter than a chunk counts as
+                                 none) */
+    uint64_t scratch_groups;  /* bit g set: non-cacheable group g is scratch
+                                 and does not limit hits */
+    /* Per group: chunk states (chunk c covers tokens [c*T_g, (c+1)*T_g));
+     * chunks at index >= n_chunks[g] are MISS.  NULL entries / NULL arrays
+     * for groups that are not offloaded. */
+    const uint8_t *const *chunk_states;
+    const size_t *n_chunks;
+} kvo_agree_input;
+
+typedef struct kvo_agree_result {
+    uint64_t tokens;          /* agreed boundary counting PENDING as MISS
+                                 (>= local_tokens; == local_tokens: no hit) */
+    uint64_t tokens_if_pending; /* agreed boundary counting PENDING as READY */
+    int32_t limiting_group;   /* group that lowered the boundary last, -1 none */
+    kvo_agree_reason reason;
+    uint32_t rounds;          /* lowering rounds used (for tests/diagnostics) */
+} kvo_agree_result;
+
+/** The hit step of a plan: lcm of every group's tokens_per_block (including
+ *  groups that are not offloaded).  0 on overflow (then no hit is possible). */
+uint64_t kvo_agree_step(const kvo_plan *plan);
+
+/** The lookup agreement rule as a pure function (docs/lookup.md).  Returns the
+ *  largest boundary b with local_tokens <= b <= n_tokens - 1, b a multiple of
+ *  the step, and every offloaded group able to serve b from chunks that are
+ *  READY or LOCAL; b = local_tokens when none, or when b - local_tokens <
+ *  min_hit_tokens.
+ *  Pure, thread-safe.  Errors: KVO_EINVAL (NULL plan/out, NULL states for an
+ *  offloaded group with n_chunks > 0, local_tokens not a multiple of the
+ *  step). */
+int kvo_agree(const kvo_agree_input *in, kvo_agree_result *out);
+
+/* ------------------------------------------------------------- connector -- */
+
+typedef enum kvo_sliding_store {
+    /* Store every complete chunk of sliding groups: any later boundary can
+     * hit.  Default. */
+    KVO_SLIDING_STORE_ALL = 0,
+    /* Store only the chunks that cover the window before checkpoint
+     * positions: multiples of checkpoint_interval (when not 0), the best
+     * boundaries for the prompt (and the prompt minus its last token), and the
+     * end of the request at finish (from the blocks the engine still holds). */
+    KVO_SLIDING_STORE_CHECKPOINTS = 1
+} kvo_sliding_store;
+
+typedef struct kvo_connector_params {
+    const kvo_plan *plan;         /* required; must outlive the connector */
+    /* Host tier */
+    uint64_t host_bytes;          /* arena bytes; required, >= the largest slot */
+    kvo_policy_kind policy;       /* eviction policy; default LRU */
+    uint32_t admit_after;         /* kvo_store_params.admit_after; default 0 */
+    uint32_t event_capacity;      /* store events kept for drain_events;
+                                     default 4096; 0 = no events */
+    bool huge_pages, lock_memory; /* kvo_arena_params; default false */
+    bool prefault;                /* default true */
+    const char *shm_path;         /* NULL (default) or a shared-memory file */
+    /* Transfer engine */
+    uint32_t transfer_threads;    /* default 2 */
+    uint32_t max_queued_jobs;     /* default 4096 */
+    int nontemporal;              /* -1 auto (default), 0, 1 */
+    /* Keys: namespace = kvo_keys_namespace(fingerprint, salt || request
+     * cache_salt) */
+    const void *salt;             /* copied; may be NULL when salt_len is 0 */
+    size_t salt_len;
+    /* Lookup */
+    uint64_t min_hit_tokens;      /* 0 (default): the largest tokens_per_chunk */
+    uint64_t scratch_groups;      /* bit g: non-cacheable group g is scratch */
+    /* Store */
+    kvo_sliding_store sliding_store; /* default ALL */
+    uint64_t checkpoint_interval; /* CHECKPOINTS: tokens, a multiple of the
+                                     step; 0 = no periodic checkpoints */
+    bool verify_checksums;        /* keep an XXH3-64 of every host chunk and
+                                     verify loads (a mismatch fails the load);
+                                     costs one read pass per store and load;
+                                     default false */
+    /* File tier (optional): created and destroyed by the caller, must
+     * outlive the connector; chunks are written through to it after the host
+     * store completes, and host misses are looked up and read from it. */
+    kvo_file_tier *file_tier;
+    uint32_t max_requests;        /* request table size; default 4096 */
+} kvo_connector_params;
+
+kvo_connector_params kvo_connector_default_params(void);
+
+typedef struct kvo_connector kvo_connector;
+
+/** Create a connector: arena, store and transfer engine.  *out owned by the
+ *  caller (kvo_connector_destroy).  Errors: KVO_EINVAL (no plan, host_bytes
+ *  below the largest slot, checkpoint_interval not a multiple of the step,
+ *  scratch_groups naming a cacheable group: the message names group and
+ *  numbers), KVO_ENOMEM, and the arena's / transfer engine's errors. */
+int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out);
+
+/** Cancel queued copies, wait for running ones, free everything.  The caller
+ *  guarantees no other call on c is in progress or follows.  NULL: no-op. */
+void kvo_connector_destroy(kvo_connector *c);
+
+/** Register (replace) the engine's KV layout (see kvo_transfer_set_layout).
+ *  Must be called before the first load or store.  Errors as
+ *  kvo_transfer_set_layout. */
+int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n);
+
+/** The plan's hit step (kvo_agree_step). */
+uint64_t kvo_connector_step(const kvo_connector *c);
+
+/** The parts, for statistics and advanced use; owned by the connector. */
+kvo_store *kvo_connector_store(kvo_connector *c);
+kvo_transfer *kvo_connector_transfer(kvo_connector *c);
+kvo_arena *kvo_connector_arena(kvo_connector *c);
+
+/* -------------------------------------------------------------- requests -- */
+
+typedef struct kvo_request_desc {
+    uint64_t id;                    /* engine's request id; unique while live */
+    /* Either the prompt's token ids ... */
+    const uint32_t *tokens;         /* copied (only partial-unit tail kept) */
+    size_t n_tokens;
+    /* ... or the engine's own chained hashes of the prompt's complete units
+     * of tokens_per_hash tokens (then tokens must be NULL); the connector
+     * mixes them with its namespace.  prompt_tokens gives the prompt length
+     * (>= n_units * tokens_per_hash, < (n_units + 1) * tokens_per_hash). */
+    const kvo_u128 *unit_hashes;
+    size_t n_units;
+    uint64_t prompt_tokens;
+    /* Per-tenant cache salt, mixed into the namespace (copied; may be NULL). */
+    const void *cache_salt;
+    size_t cache_salt_len;
+    /* Bytes appended to every hash unit: adapter id, multimodal content hash
+     * (copied; may be NULL). */
+    const void *extra;
+    size_t extra_len;
+} kvo_request_desc;
+
+/** Register a request.  Errors: KVO_EINVAL (NULL, both or neither of tokens /
+ *  unit_hashes, empty prompt, inconsistent prompt_tokens), KVO_EEXIST (id
+ *  live), KVO_ENOSPC (max_requests live), KVO_ENOMEM. */
+int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d);
+
+/** Append generated (or further prompt) tokens to the request's sequence, so
+ *  that their chunks can be stored.  Only in token mode.  Errors:
+ *  KVO_ENOTFOUND, KVO_ESTATE (hash mode, finished), KVO_ENOMEM. */
+int kvo_connector_append_tokens(kvo_connector *c, uint64_t id, const uint32_t *tokens, size_t n);
+/** Hash mode: append unit hashes; n_tokens_total is the new sequence length. */
+int kvo_connector_append_unit_hashes(kvo_connector *c, uint64_t id, const kvo_u128 *units, size_t n,
+                                     uint64_t n_tokens_total);
+
+typedef enum kvo_hit_status {
+    KVO_HIT_NONE = 0,     /* nothing to load: compute from local_tokens */
+    KVO_HIT = 1,          /* tokens [local_tokens, tokens) can be loaded */
+    KVO_HIT_PENDING = 2   /* chunks being stored would give a longer hit:
+                             ask again later (tokens is the hit available now) */
+} kvo_hit_status;
+
+typedef struct kvo_lookup_result {
+    kvo_hit_status status;
+    uint64_t tokens;            /* boundary available now (>= local_tokens) */
+    uint64_t tokens_if_pending; /* boundary once in-flight stores land */
+    uint64_t local_tokens;      /* as passed */
+    uint64_t tokens_host;       /* of [local, tokens): tokens all of whose
+                                   chunks are in host memory */
+    uint64_t tokens_file;       /* ... that need at least one file-tier chunk */
+    int32_t limiting_group;     /* kvo_agree_result.limiting_group */
+    kvo_agree_reason reason;
+} kvo_lookup_result;
+
+/** How many tokens of the request's current sequence (the prompt, or after a
+ *  preemption everything appended so far) can be loaded, agreed by every
+ *  group.  local_tokens: the prefix the engine already holds (its own prefix
+ *  cache hit), a multiple of the step.  A hit (status KVO_HIT) pins its
+ *  chunks until load(), the next lookup, update, preempt, finish or abort, so that
+ *  the load cannot miss.  A PENDING result pins nothing.  A hit on chunks
+ *  that only the file tier holds starts reading them into host slots at once
+ *  (file -> host); a load issued before the reads finish waits for them (its
+ *  completion comes later; a failed read fails the load with tokens_valid =
+ *  local_tokens and nothing written).
+ *  Errors: KVO_ENOTFOUND (id), KVO_ESTATE (a load of the request in flight,
+ *  or finished), KVO_EINVAL (local_tokens not a multiple of the step or beyond
+ *  the sequence). */
+int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, kvo_lookup_result *out);
+
+/** One group's engine block table. */
+typedef struct kvo_block_table {
+    const uint64_t *blocks;   /* block ids by block index from token 0 */
+    size_t n;
+} kvo_block_table;
+
+/** Load the last lookup's hit: tokens [local_tokens, tokens) into the engine
+ *  blocks of tables (n_tables = the plan's group count; entries of groups that
+ *  are not offloaded are ignored).  tokens must be the lookup's tokens
+ *  (load everything) or its local_tokens (decline: unpin, nothing loaded).
+ *  Which blocks are written: full groups every block in [local, tokens);
+ *  sliding groups the blocks in [max(local, tokens - window), tokens); state
+ *  groups the one block holding the state at `tokens`.  The copies run
+ *  asynchronously; a KVO_COMPLETION_LOAD from poll reports the outcome, and
+ *  until then the engine must not read or write those blocks.
+ *  Errors (nothing issued, the request keeps its pins): KVO_ENOTFOUND,
+ *  KVO_ESTATE (no hit pinned by a lookup, no layout), KVO_EINVAL (tokens not
+ *  the lookup's, a table shorter than the tokens, KVO_NO_BLOCK where a block
+ *  is to be written, n_tables wrong), KVO_EAGAIN (transfer queue full: retry). */
+int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo_block_table *tables,
+                       size_t n_tables);
+
+/** The engine has written KV for tokens [0, computed_tokens) into the blocks of
+ *  tables (computed_tokens never decreases, except after preempt).  Stores
+ *  every chunk that became complete (and is wanted: see sliding_store) and
+ *  whose blocks the table holds; chunks already stored are skipped.  A hit
+ *  pinned by lookup and not loaded is released (the engine computes).  Stores
+ *  that would need to evict pinned or pending data are skipped and counted.
+ *  The engine must not modify or free a block in such a store before
+ *  wait_blocks / wait_request / a RELEASED completion says so.
+ *  Errors: KVO_ENOTFOUND, KVO_ESTATE (a load in flight, finished, no layout),
+ *  KVO_EINVAL (computed beyond the sequence, tables shorter than
+ *  computed_tokens, n_tables wrong). */
+int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
+                         size_t n_tables);
+
+/** A block reference for wait_blocks. */
+typedef struct kvo_block_ref {
+    uint32_t group;
+    uint64_t block;
+} kvo_block_ref;
+
+/** Block until no store in flight reads any of these engine blocks, so the
+ *  engine may free or overwrite them (sliding blocks leaving the window, a
+ *  state block updated in place, blocks of a finished request).  Does not
+ *  hold the connector lock while waiting.  Errors: KVO_EINVAL. */
+int kvo_connector_wait_blocks(kvo_connector *c, const kvo_block_ref *blocks, size_t n);
+
+/** Block until every copy of the request has finished (stores and loads). */
+int kvo_connector_wait_request(kvo_connector *c, uint64_t id);
+
+/** The request is done: store the chunks completed by computed_tokens and
+ *  the final checkpoint chunks (sliding CHECKPOINTS policy) from tables (may
+ *  be NULL: no final stores), unpin anything pinned, and retire the request
+ *  once its copies finish (read kvo_connector_request_stats before: a retired
+ *  request is unknown).  *busy
+ *  (may be NULL) = true when stores are still in flight: free the request's
+ *  blocks only after the KVO_COMPLETION_RELEASED for it (or wait_request);
+ *  false: free at once (no RELEASED completion follows).  Errors:
+ *  KVO_ENOTFOUND, KVO_EINVAL (tables). */
+int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
+                         size_t n_tables, bool *busy);
+
+/** Preemption: the engine is about to free the request's blocks and will
+ *  compute it again later.  Queued copies are canceled, running ones waited
+ *  for; a load in flight (or waiting for file reads) is dropped and no
+ *  KVO_COMPLETION_LOAD follows for it; pins are released, computed tokens
+ *  reset to 0; the token sequence is kept, and the request may be looked up
+ *  again.  Blocks may be freed on return (file reads still running land in
+ *  host slots, never in engine blocks).  Errors: KVO_ENOTFOUND. */
+int kvo_connector_preempt(kvo_connector *c, uint64_t id);
+
+/** Abort: like preempt, then the request is removed (no completion follows).
+ *  Blocks may be freed on return.  Errors: KVO_ENOTFOUND. */
+int kvo_connector_abort(kvo_connector *c, uint64_t id);
+
+typedef enum kvo_completion_type {
+    KVO_COMPLETION_LOAD = 1,     /* a load finished (ok or not) */
+    KVO_COMPLETION_RELEASED = 2  /* a finished request's stores are done: its
+                                    blocks may be freed */
+} kvo_completion_type;
+
+typedef struct kvo_completion {
+    uint64_t request;
+    uint32_t type;           /* kvo_completion_type */
+    int status;              /* 0, or the failure (KVO_ECORRUPT, KVO_EIO,
+                                KVO_ECANCELED...) */
+    uint64_t tokens_valid;   /* LOAD: tokens [0, tokens_valid) are computed
+                                (the hit on success; local_tokens on failure:
+                                everything loaded must be recomputed) */
+    uint64_t n_invalid_blocks; /* LOAD failure: blocks written by the failed
+                                  load (kvo_connector_invalid_blocks) */
+} kvo_completion;
+
+/** Process finished copies (completes stores, verifies and completes loads,
+ *  writes stored chunks through to the file tier, finishes file reads and
+ *  submits the loads that waited for them) and move up to cap completions for
+ *  the engine to out; returns the count.  Call every step (or when event_fd
+ *  is readable).  With a file tier, the connector consumes all of the tier's
+ *  completions (leave its write_completions off). */
+size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap);
+
+/** A file descriptor readable when poll may have work (the transfer engine's
+ *  eventfd; with a file tier, also watch kvo_file_tier_event_fd).  Owned by
+ *  the connector. */
+int kvo_connector_event_fd(const kvo_connector *c);
+
+/** The engine blocks of group that the request's last failed load wrote
+ *  (their contents are not valid KV).  Writes up to cap, *n = total.
+ *  Errors: KVO_ENOTFOUND, KVO_EINVAL. */
+int kvo_connector_invalid_blocks(kvo_connector *c, uint64_t id, uint32_t group, uint64_t *out, size_t cap,
+                                 size_t *n);
+
+/* ------------------------------------------------------------- reporting -- */
+
+typedef struct kvo_request_stats {
+    uint64_t prompt_tokens;
+    uint64_t tokens;              /* sequence length now */
+    uint64_t lookups, pending_lookups;
+    uint64_t local_tokens;        /* engine's own prefix at the last load */
+    uint64_t tokens_loaded;       /* valid loaded tokens (all loads) */
+    uint64_t tokens_loaded_host;  /* of which all chunks came from host */
+    uint64_t tokens_loaded_file;  /* of which some chunk came from a file */
+    uint64_t tokens_computed;     /* prompt tokens the engine computed */
+    uint64_t bytes_loaded, bytes_stored;
+    uint64_t chunks_loaded, chunks_stored;
+    uint64_t stores_skipped;      /* no room (pinned/pending) or queue full */
+    uint64_t load_failures;
+} kvo_request_stats;
+
+/** Statistics of a live (or finished, not yet retired) request.
+ *  Errors: KVO_ENOTFOUND. */
+int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out);
+
+typedef struct kvo_connector_stats {
+    uint64_t requests_added, requests_live, requests_finished;
+    uint64_t lookups, lookup_hits, lookup_pending, lookup_tokens, hit_tokens;
+    uint64_t loads, load_failures, checksum_failures;
+    uint64_t tokens_loaded, tokens_loaded_host, tokens_loaded_file;
+    uint64_t bytes_loaded, bytes_stored;
+    uint64_t chunks_stored, chunks_loaded;
+    uint64_t stores_skipped_nospace, stores_skipped_queue, stores_failed;
+    uint64_t file_writes, file_reads, file_read_failures;
+    kvo_store_stats host;
+} kvo_connector_stats;
+
+int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
+
+/** Events for an external router or index: the host store's stored /
+ *  evicted / removed events (kvo_store_drain_events).  Returns the count. */
+size_t kvo_connector_drain_events(kvo_connector *c, kvo_store_event *out, size_t cap, uint64_t *dropped);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -63,7 +63,7 @@ static int kvo__parse_group(json_t *jg, size_t i, kvo_model *m) {
     snprintf(where, sizeof where, "groups[%zu]", i);
     if (!json_is_object(jg)) return kvo__error(KVO_EINVAL, "%s: must be an object", where);
     kvo_group_desc g = kvo_group_desc_default();
-    const char *name, *kind;
+    const char *name = NULL, *kind = NULL;
     int rc = kvo__get_string(jg, "name", where, &name);
     if (rc) return rc;
     if (kvo__strlcpy(g.name, name, sizeof g.name) || !name[0])
@@ -74,7 +74,7 @@ static int kvo__parse_group(json_t *jg, size_t i, kvo_model *m) {
     else if (strcmp(kind, "sliding") == 0) g.kind = KVO_GROUP_SLIDING;
     else if (strcmp(kind, "state") == 0) g.kind = KVO_GROUP_STATE;
     else return kvo__error(KVO_EINVAL, "%s: field 'kind' is '%s', must be full, sliding or state", where, kind);
-    uint64_t tpb, layers, page, window = 0;
+    uint64_t tpb = 0, layers = 0, page = 0, window = 0;
     if ((rc = kvo__get_uint(jg, "tokens_per_block", 1, KVO_MAX_TOKENS_PER_CHUNK, 1, where, &tpb))) return rc;
     if ((rc = kvo__get_uint(jg, "layers", 1, UINT32_MAX, 1, where, &layers))) return rc;
     if ((rc = kvo__get_uint(jg, "page_bytes", 1, UINT64_C(1) << 62, 1, where, &page))) return rc;
@@ -98,8 +98,8 @@ int kvo_model_from_json(const char *text, size_t len, const char *source, kvo_mo
         return kvo__error(KVO_EPARSE, "%s:%d:%d: malformed JSON: %s", src, jerr.line, jerr.column, jerr.text);
     int rc;
     kvo_model *m = NULL;
-    const char *fmt, *name;
-    uint64_t tph;
+    const char *fmt = NULL, *name = NULL;
+    uint64_t tph = 0;
     json_t *groups;
     if (!json_is_object(root)) { rc = kvo__error(KVO_EINVAL, "top level must be an object"); goto out; }
     if ((rc = kvo__get_string(root, "format", "model", &fmt))) goto out;

@@ -69,7 +69,7 @@ static int kvo__min_bpc(const kvo_model *m, const kvo_group_desc *g, uint64_t *o
 
 /* Fill in derived fields for a chosen blocks_per_chunk; validate. */
 static int kvo__derive(const kvo_model *m, kvo_group_plan *gp, uint64_t bpc, const char *how) {
-    uint64_t min_bpc, tpc, bytes;
+    uint64_t min_bpc = 0, tpc = 0, bytes = 0;
     int rc = kvo__min_bpc(m, &m->groups[gp->id], &min_bpc);
     if (rc) return rc;
     if (bpc == 0)
@@ -212,7 +212,7 @@ int kvo_plan_create(const kvo_model *m, const kvo_plan_params *params, kvo_plan 
         gp->draft = g->draft;
         if (!g->cacheable) continue;
         char how[96];
-        uint64_t bpc, min_bpc;
+        uint64_t bpc = 0, min_bpc = 0;
         if ((rc = kvo__min_bpc(m, g, &min_bpc))) break;
         if (ovr[i]) {
             bpc = ovr[i];

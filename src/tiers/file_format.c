@@ -1,0 +1,508 @@
+/*
+ * The file tier's on-disk format: chunk file names, the 4096-byte header,
+ * verification, and the namespace manifest.  docs/file-format.md is the
+ * readable specification; this file is its implementation.
+ *
+ * Layout
+ *   root/<namespace>/manifest.json
+ *   root/<namespace>/<xx>/<hash: 32 hex>-g<group>.kvc
+ * where namespace is the plan fingerprint (32 hex), followed by
+ * "-<layout hash: 16 hex>" when the tier was given the engine's slot layout
+ * hash (kvo_transfer_layout_hash: engines whose segment lists differ store
+ * different bytes for one plan),
+ * where xx is the low byte of hash.lo in hex (256 fan-out directories, made
+ * on first use) and the hash is printed hi then lo (kvo_u128_hex).
+ *
+ * Header (little-endian, offsets in bytes; the rest of the 4096 bytes is 0):
+ *     0  magic "KVOCHUNK"          8
+ *     8  format version (1)        u32
+ *    12  header bytes (4096)       u32
+ *    16  fingerprint lo, hi        u64 u64
+ *    32  key hash lo, hi           u64 u64
+ *    48  group id                  u32
+ *    52  group kind                u32
+ *    56  tokens_per_block          u32
+ *    60  layers                    u32
+ *    64  page_bytes                u64
+ *    72  blocks_per_chunk          u64
+ *    80  tokens_per_chunk          u64
+ *    88  chunk_bytes (payload)     u64
+ *    96  slot_bytes (payload + padding on disk) u64
+ *   104  XXH3-64 of the payload's chunk_bytes (seed 0)  u64
+ *   112  created, ns since the epoch (information only)  u64
+ *   120  group name, NUL padded    64
+ *   184  model name, NUL padded    64
+ *   248  layout hash (0: not given) u64
+ *   256  XXH3-64 of bytes 0..255   u64
+ * A file is exactly 4096 + slot_bytes bytes; the padding after the payload
+ * is zero.  The header checksum makes a torn or overwritten header fail on
+ * its own; the payload checksum catches everything else.  The fingerprint
+ * and geometry fields catch a file copied into the wrong namespace, or one
+ * written by a build with a different plan under a colliding name.
+ *
+ * Why one file per chunk: a rename makes a chunk appear atomically, removal
+ * is one unlink, concurrent processes need no shared allocator, and a
+ * restart rebuilds the index from names alone (no header reads).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <xxhash.h>
+
+#include "tiers/file_internal.h"
+
+static void put32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static uint64_t get64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_hash, const kvo_group_plan *g,
+                        const kvo_chunk_key *key, uint64_t payload_xxh3) {
+    memset(h, 0, sizeof *h);
+    h->version = KVO_FILE_FORMAT_VERSION;
+    h->header_bytes = KVO_FILE_HEADER_BYTES;
+    h->fingerprint = kvo_plan_fingerprint(plan);
+    h->key = *key;
+    h->key.reserved = 0;
+    h->kind = (uint32_t)g->kind;
+    h->tokens_per_block = g->tokens_per_block;
+    h->layers = g->layers;
+    h->page_bytes = g->page_bytes;
+    h->blocks_per_chunk = g->blocks_per_chunk;
+    h->tokens_per_chunk = g->tokens_per_chunk;
+    h->chunk_bytes = g->chunk_bytes;
+    h->slot_bytes = g->slot_bytes;
+    h->payload_xxh3 = payload_xxh3;
+    h->layout_hash = layout_hash;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    h->created_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    kvo__strlcpy(h->group_name, g->name, sizeof h->group_name);
+    kvo__strlcpy(h->model_name, kvo_model_name(kvo_plan_model(plan)), sizeof h->model_name);
+}
+
+void kvo__file_hdr_encode(const kvo__file_hdr *h, void *buf) {
+    unsigned char *p = buf;
+    memset(p, 0, KVO_FILE_HEADER_BYTES);
+    memcpy(p, KVO__FILE_MAGIC, 8);
+    put32(p + 8, h->version);
+    put32(p + 12, h->header_bytes);
+    put64(p + 16, h->fingerprint.lo);
+    put64(p + 24, h->fingerprint.hi);
+    put64(p + 32, h->key.hash.lo);
+    put64(p + 40, h->key.hash.hi);
+    put32(p + 48, h->key.group);
+    put32(p + 52, h->kind);
+    put32(p + 56, h->tokens_per_block);
+    put32(p + 60, h->layers);
+    put64(p + 64, h->page_bytes);
+    put64(p + 72, h->blocks_per_chunk);
+    put64(p + 80, h->tokens_per_chunk);
+    put64(p + 88, h->chunk_bytes);
+    put64(p + 96, h->slot_bytes);
+    put64(p + 104, h->payload_xxh3);
+    put64(p + 112, h->created_ns);
+    memcpy(p + 120, h->group_name, strnlen(h->group_name, 63));
+    memcpy(p + 184, h->model_name, strnlen(h->model_name, 63));
+    put64(p + 248, h->layout_hash);
+    put64(p + 256, XXH3_64bits(p, 256));
+}
+
+int kvo__file_hdr_decode(const void *buf, size_t len, kvo__file_hdr *h) {
+    const unsigned char *p = buf;
+    if (len < KVO__FILE_HDR_USED)
+        return kvo__error(KVO_ECORRUPT, "file shorter than its header (%zu bytes, need %u)", len,
+                          KVO_FILE_HEADER_BYTES);
+    if (memcmp(p, KVO__FILE_MAGIC, 8) != 0)
+        return kvo__error(KVO_ECORRUPT, "foreign format: no \"KVOCHUNK\" magic at offset 0");
+    memset(h, 0, sizeof *h);
+    h->version = get32(p + 8);
+    if (h->version != KVO_FILE_FORMAT_VERSION)
+        return kvo__error(KVO_ECORRUPT, "format version %u, this build reads version %u", h->version,
+                          KVO_FILE_FORMAT_VERSION);
+    uint64_t want = get64(p + 256), got = XXH3_64bits(p, 256);
+    if (want != got)
+        return kvo__error(KVO_ECORRUPT, "header checksum mismatch (stored %016llx, computed %016llx): torn or "
+                          "damaged header", (unsigned long long)want, (unsigned long long)got);
+    h->header_bytes = get32(p + 12);
+    h->fingerprint.lo = get64(p + 16);
+    h->fingerprint.hi = get64(p + 24);
+    h->key.hash.lo = get64(p + 32);
+    h->key.hash.hi = get64(p + 40);
+    h->key.group = get32(p + 48);
+    h->kind = get32(p + 52);
+    h->tokens_per_block = get32(p + 56);
+    h->layers = get32(p + 60);
+    h->page_bytes = get64(p + 64);
+    h->blocks_per_chunk = get64(p + 72);
+    h->tokens_per_chunk = get64(p + 80);
+    h->chunk_bytes = get64(p + 88);
+    h->slot_bytes = get64(p + 96);
+    h->payload_xxh3 = get64(p + 104);
+    h->created_ns = get64(p + 112);
+    h->layout_hash = get64(p + 248);
+    memcpy(h->group_name, p + 120, 63);
+    memcpy(h->model_name, p + 184, 63);
+    if (h->header_bytes != KVO_FILE_HEADER_BYTES)
+        return kvo__error(KVO_ECORRUPT, "header size %u, expected %u", h->header_bytes, KVO_FILE_HEADER_BYTES);
+    if (h->chunk_bytes == 0 || h->slot_bytes < h->chunk_bytes || h->slot_bytes % KVO_SLOT_ALIGN != 0 ||
+        h->slot_bytes - h->chunk_bytes >= KVO_SLOT_ALIGN)
+        return kvo__error(KVO_ECORRUPT, "inconsistent payload sizes: chunk_bytes %llu, slot_bytes %llu",
+                          (unsigned long long)h->chunk_bytes, (unsigned long long)h->slot_bytes);
+    return 0;
+}
+
+int kvo__file_hdr_check(const kvo__file_hdr *h, const kvo_plan *plan, const kvo_chunk_key *expect) {
+    if (expect && !kvo_chunk_key_eq(&h->key, expect)) {
+        char a[33], b[33];
+        kvo_u128_hex(h->key.hash, a);
+        kvo_u128_hex(expect->hash, b);
+        return kvo__error(KVO_ECORRUPT, "file holds key %s group %u, its name says %s group %u", a, h->key.group,
+                          b, expect->group);
+    }
+    if (!plan) return 0;
+    kvo_u128 fp = kvo_plan_fingerprint(plan);
+    if (fp.lo != h->fingerprint.lo || fp.hi != h->fingerprint.hi) {
+        char a[33], b[33];
+        kvo_u128_hex(h->fingerprint, a);
+        kvo_u128_hex(fp, b);
+        return kvo__error(KVO_ECORRUPT, "file belongs to layout %s, this namespace is %s", a, b);
+    }
+    const kvo_group_plan *g = kvo_plan_group(plan, h->key.group);
+    if (!g || !g->offloaded)
+        return kvo__error(KVO_ECORRUPT, "file names group %u, which this plan does not offload", h->key.group);
+    if (h->kind != (uint32_t)g->kind || h->tokens_per_block != g->tokens_per_block || h->layers != g->layers ||
+        h->page_bytes != g->page_bytes || h->blocks_per_chunk != g->blocks_per_chunk ||
+        h->tokens_per_chunk != g->tokens_per_chunk || h->chunk_bytes != g->chunk_bytes ||
+        h->slot_bytes != g->slot_bytes)
+        return kvo__error(KVO_ECORRUPT,
+                          "wrong geometry for group '%s': file has %u layers x %llu blocks x %llu page bytes "
+                          "(%llu tokens/chunk, chunk %llu bytes), plan has %u x %llu x %llu (%llu, %llu)",
+                          g->name, h->layers, (unsigned long long)h->blocks_per_chunk,
+                          (unsigned long long)h->page_bytes, (unsigned long long)h->tokens_per_chunk,
+                          (unsigned long long)h->chunk_bytes, g->layers, (unsigned long long)g->blocks_per_chunk,
+                          (unsigned long long)g->page_bytes, (unsigned long long)g->tokens_per_chunk,
+                          (unsigned long long)g->chunk_bytes);
+    return 0;
+}
+
+int kvo__file_hdr_check_layout(const kvo__file_hdr *h, uint64_t layout_hash) {
+    if (h->layout_hash != layout_hash)
+        return kvo__error(KVO_ECORRUPT, "file was written for engine slot layout %016llx, this tier uses %016llx",
+                          (unsigned long long)h->layout_hash, (unsigned long long)layout_hash);
+    return 0;
+}
+
+/* ------------------------------------------------------------- names -- */
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+int kvo__file_parse_name(const char *name, kvo_chunk_key *key) {
+    /* <32 hex>-g<digits>.kvc */
+    uint64_t hi = 0, lo = 0;
+    for (int i = 0; i < 32; i++) {
+        int v = hexval(name[i]);
+        if (v < 0) return KVO_EINVAL;
+        if (i < 16) hi = (hi << 4) | (uint64_t)v;
+        else lo = (lo << 4) | (uint64_t)v;
+    }
+    if (name[32] != '-' || name[33] != 'g') return KVO_EINVAL;
+    const char *p = name + 34;
+    uint64_t g = 0;
+    int nd = 0;
+    while (*p >= '0' && *p <= '9' && nd < 10) { g = g * 10 + (uint64_t)(*p - '0'); p++; nd++; }
+    if (nd == 0 || g >= KVO_MAX_GROUPS || strcmp(p, KVO__FILE_SUFFIX) != 0) return KVO_EINVAL;
+    if (nd > 1 && name[34] == '0') return KVO_EINVAL; /* one spelling per key */
+    key->hash.hi = hi;
+    key->hash.lo = lo;
+    key->group = (uint32_t)g;
+    key->reserved = 0;
+    return 0;
+}
+
+void kvo__file_name(const kvo_chunk_key *key, char *out, size_t cap) {
+    char hex[33];
+    kvo_u128_hex(key->hash, hex);
+    snprintf(out, cap, "%s-g%u%s", hex, key->group, KVO__FILE_SUFFIX);
+}
+
+void kvo__file_subdir(const kvo_chunk_key *key, char out[3]) {
+    static const char digits[] = "0123456789abcdef";
+    unsigned b = (unsigned)(key->hash.lo & 0xff);
+    out[0] = digits[b >> 4];
+    out[1] = digits[b & 15];
+    out[2] = 0;
+}
+
+int kvo_file_chunk_path(const char *ns_dir, const kvo_chunk_key *key, char *out, size_t cap) {
+    if (!ns_dir || !key || !out) return kvo__error(KVO_EINVAL, "kvo_file_chunk_path: NULL argument");
+    char sub[3], name[64];
+    kvo__file_subdir(key, sub);
+    kvo__file_name(key, name, sizeof name);
+    int n = snprintf(out, cap, "%s/%s/%s", ns_dir, sub, name);
+    if (n < 0 || (size_t)n >= cap)
+        return kvo__error(KVO_ERANGE, "chunk path under '%s' needs %d bytes, buffer has %zu", ns_dir, n + 1, cap);
+    return 0;
+}
+
+/* ------------------------------------------------------------ verify -- */
+
+static void fill_info(kvo_file_chunk_info *info, const kvo__file_hdr *h, uint64_t size) {
+    memset(info, 0, sizeof *info);
+    info->key = h->key;
+    info->fingerprint = h->fingerprint;
+    info->format_version = h->version;
+    info->kind = h->kind;
+    memcpy(info->group_name, h->group_name, sizeof info->group_name);
+    memcpy(info->model_name, h->model_name, sizeof info->model_name);
+    info->group_name[KVO_NAME_MAX - 1] = info->model_name[KVO_NAME_MAX - 1] = 0;
+    info->tokens_per_block = h->tokens_per_block;
+    info->layers = h->layers;
+    info->page_bytes = h->page_bytes;
+    info->blocks_per_chunk = h->blocks_per_chunk;
+    info->tokens_per_chunk = h->tokens_per_chunk;
+    info->chunk_bytes = h->chunk_bytes;
+    info->slot_bytes = h->slot_bytes;
+    info->payload_xxh3 = h->payload_xxh3;
+    info->created_unix_ns = h->created_ns;
+    info->layout_hash = h->layout_hash;
+    info->file_bytes = size;
+}
+
+int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info) {
+    if (!path) return kvo__error(KVO_EINVAL, "kvo_file_inspect: NULL path");
+    if (info) memset(info, 0, sizeof *info);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT) return kvo__error(KVO_ENOTFOUND, "%s: no such file", path);
+        return kvo__error(KVO_EIO, "%s: cannot open: %s", path, strerror(e));
+    }
+    int rc = 0;
+    unsigned char *buf = NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0) { rc = kvo__error(KVO_EIO, "%s: fstat: %s", path, strerror(errno)); goto out; }
+    if (!S_ISREG(st.st_mode)) { rc = kvo__error(KVO_ECORRUPT, "%s: not a regular file", path); goto out; }
+    if (st.st_size == 0) { rc = kvo__error(KVO_ECORRUPT, "%s: zero-length file", path); goto out; }
+    unsigned char hb[KVO_FILE_HEADER_BYTES];
+    ssize_t r = pread(fd, hb, sizeof hb, 0);
+    if (r < 0) { rc = kvo__error(KVO_EIO, "%s: read: %s", path, strerror(errno)); goto out; }
+    kvo__file_hdr h;
+    rc = kvo__file_hdr_decode(hb, (size_t)r, &h);
+    if (rc == 0 && (size_t)r < KVO_FILE_HEADER_BYTES)
+        rc = kvo__error(KVO_ECORRUPT, "truncated header (%zd of %u bytes)", r, KVO_FILE_HEADER_BYTES);
+    if (rc) { kvo__error_prefix(rc, "%s", path); goto out; }
+    if (info) fill_info(info, &h, (uint64_t)st.st_size);
+    kvo_chunk_key named;
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    bool have_name = kvo__file_parse_name(base, &named) == 0;
+    rc = kvo__file_hdr_check(&h, plan, have_name ? &named : NULL);
+    if (rc) { kvo__error_prefix(rc, "%s", path); goto out; }
+    uint64_t want = KVO_FILE_HEADER_BYTES + h.slot_bytes;
+    if ((uint64_t)st.st_size != want) {
+        rc = kvo__error(KVO_ECORRUPT, "%s: %s: %lld bytes, header says %llu", path,
+                        (uint64_t)st.st_size < want ? "truncated" : "too long", (long long)st.st_size,
+                        (unsigned long long)want);
+        goto out;
+    }
+    buf = kvo__malloc(h.chunk_bytes);
+    if (!buf) { rc = kvo__error(KVO_ENOMEM, "%s: cannot allocate %llu bytes", path, (unsigned long long)h.chunk_bytes); goto out; }
+    uint64_t done = 0;
+    while (done < h.chunk_bytes) {
+        r = pread(fd, buf + done, h.chunk_bytes - done, (off_t)(KVO_FILE_HEADER_BYTES + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { rc = kvo__error(KVO_EIO, "%s: read: %s", path, strerror(errno)); goto out; }
+        if (r == 0) { rc = kvo__error(KVO_ECORRUPT, "%s: truncated while reading", path); goto out; }
+        done += (uint64_t)r;
+    }
+    uint64_t sum = XXH3_64bits(buf, h.chunk_bytes);
+    if (sum != h.payload_xxh3) {
+        rc = kvo__error(KVO_ECORRUPT, "%s: payload checksum mismatch (stored %016llx, computed %016llx)", path,
+                        (unsigned long long)h.payload_xxh3, (unsigned long long)sum);
+        goto out;
+    }
+out:
+    kvo__free(buf);
+    close(fd);
+    return rc;
+}
+
+int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key_out, uint64_t *payload_bytes) {
+    kvo_file_chunk_info info;
+    int rc = kvo_file_inspect(path, plan, &info);
+    if (rc) return rc;
+    if (key_out) *key_out = info.key;
+    if (payload_bytes) *payload_bytes = info.chunk_bytes;
+    return 0;
+}
+
+/* ---------------------------------------------------------- manifest -- */
+
+int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint64_t *layout_hash, uint32_t *version,
+                            char **plan_json) {
+    char path[KVO__FILE_PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", ns_dir, KVO__FILE_MANIFEST);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) {
+        if (access(path, F_OK) != 0) return kvo__error(KVO_ENOTFOUND, "%s: no manifest", path);
+        return kvo__error(KVO_EPARSE, "%s: line %d: %s", path, jerr.line, jerr.text);
+    }
+    int rc = 0;
+    const char *fmt = json_string_value(json_object_get(root, "format"));
+    json_t *ver = json_object_get(root, "format_version");
+    const char *fp = json_string_value(json_object_get(root, "fingerprint"));
+    if (!fmt || strcmp(fmt, KVO__FILE_FORMAT_NAME) != 0 || !json_is_integer(ver) || !fp || strlen(fp) != 32) {
+        rc = kvo__error(KVO_EPARSE, "%s: not a kvoffload-file manifest (fields format, format_version, "
+                        "fingerprint)", path);
+        goto out;
+    }
+    kvo_u128 v = {0, 0};
+    for (int i = 0; i < 32; i++) {
+        int d = hexval(fp[i]);
+        if (d < 0) { rc = kvo__error(KVO_EPARSE, "%s: fingerprint is not 32 hex digits", path); goto out; }
+        if (i < 16) v.hi = (v.hi << 4) | (uint64_t)d;
+        else v.lo = (v.lo << 4) | (uint64_t)d;
+    }
+    if (fingerprint) *fingerprint = v;
+    if (layout_hash) {
+        const char *lh = json_string_value(json_object_get(root, "layout_hash"));
+        *layout_hash = lh ? strtoull(lh, NULL, 16) : 0;
+    }
+    if (version) *version = (uint32_t)json_integer_value(ver);
+    if (plan_json) {
+        json_t *pl = json_object_get(root, "plan");
+        *plan_json = pl ? json_dumps(pl, JSON_INDENT(2)) : NULL;
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
+int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash) {
+    kvo_u128 fp = kvo_plan_fingerprint(plan), have;
+    uint64_t have_lh = 0;
+    uint32_t ver = 0;
+    char fph[33];
+    kvo_u128_hex(fp, fph);
+    int rc = kvo__file_manifest_read(ns_dir, &have, &have_lh, &ver, NULL);
+    if (rc == 0) {
+        if (ver != KVO_FILE_FORMAT_VERSION)
+            return kvo__error(KVO_ESTATE, "%s/%s: format version %u, this build writes version %u: use another "
+                              "root or remove the namespace", ns_dir, KVO__FILE_MANIFEST, ver, KVO_FILE_FORMAT_VERSION);
+        if (have.lo != fp.lo || have.hi != fp.hi || have_lh != layout_hash)
+            return kvo__error(KVO_ESTATE, "%s/%s: manifest is for another layout (fingerprint, slot layout hash) "
+                              "than %s / %016llx", ns_dir, KVO__FILE_MANIFEST, fph, (unsigned long long)layout_hash);
+        return 0;
+    }
+    if (rc != KVO_ENOTFOUND) return kvo__error_prefix(KVO_ESTATE, "unusable namespace");
+
+    char *plan_json = NULL;
+    rc = kvo_plan_to_json(plan, &plan_json);
+    if (rc) return rc;
+    json_error_t jerr;
+    json_t *pl = json_loads(plan_json, 0, &jerr);
+    kvo_free(plan_json);
+    json_t *root = json_object();
+    json_object_set_new(root, "format", json_string(KVO__FILE_FORMAT_NAME));
+    json_object_set_new(root, "format_version", json_integer(KVO_FILE_FORMAT_VERSION));
+    json_object_set_new(root, "fingerprint", json_string(fph));
+    if (layout_hash) {
+        char lh[17];
+        snprintf(lh, sizeof lh, "%016llx", (unsigned long long)layout_hash);
+        json_object_set_new(root, "layout_hash", json_string(lh));
+    }
+    json_object_set_new(root, "model", json_string(kvo_model_name(kvo_plan_model(plan))));
+    json_object_set_new(root, "header_bytes", json_integer(KVO_FILE_HEADER_BYTES));
+    json_object_set_new(root, "layout", json_string("<xx>/<hash hex>-g<group>.kvc, xx = low byte of hash.lo; "
+                                                    "see docs/file-format.md"));
+    if (pl) json_object_set_new(root, "plan", pl);
+    char *text = json_dumps(root, JSON_INDENT(2));
+    json_decref(root);
+    if (!text) return kvo__error(KVO_ENOMEM, "cannot format the manifest");
+
+    char tmp[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX];
+    static atomic_uint counter;
+    snprintf(tmp, sizeof tmp, "%s/%smanifest.%ld.%u", ns_dir, KVO__FILE_TMP_PREFIX, (long)getpid(),
+             atomic_fetch_add(&counter, 1));
+    snprintf(path, sizeof path, "%s/%s", ns_dir, KVO__FILE_MANIFEST);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        free(text);
+        return kvo__error(KVO_EIO, "%s: cannot create: %s (is the root writable?)", tmp, strerror(e));
+    }
+    size_t len = strlen(text), off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            free(text);
+            return kvo__error(KVO_EIO, "%s: write: %s", tmp, strerror(e));
+        }
+        off += (size_t)w;
+    }
+    (void)write(fd, "\n", 1);
+    free(text);
+    fsync(fd);
+    close(fd);
+    /* link(2) instead of rename: if another process made the manifest in the
+     * meantime, keep theirs (then check it). */
+    if (link(tmp, path) != 0 && errno != EEXIST) {
+        int e = errno;
+        unlink(tmp);
+        return kvo__error(KVO_EIO, "%s: cannot create: %s", path, strerror(e));
+    }
+    unlink(tmp);
+    rc = kvo__file_manifest_read(ns_dir, &have, &have_lh, &ver, NULL);
+    if (rc) return rc;
+    if (have.lo != fp.lo || have.hi != fp.hi || have_lh != layout_hash || ver != KVO_FILE_FORMAT_VERSION)
+        return kvo__error(KVO_ESTATE, "%s: manifest written concurrently for another layout", path);
+    return 0;
+}
+
+/* ------------------------------------------------------------ remove -- */
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path) != 0 && errno != ENOENT ? -1 : 0;
+}
+
+int kvo__file_remove_any(const char *path) {
+    if (unlink(path) == 0) return 0;
+    int e = errno;
+    if (e == ENOENT) return -ENOENT;
+    if (e == EISDIR || e == EPERM) {
+        if (nftw(path, rm_cb, 8, FTW_DEPTH | FTW_PHYS) == 0) return 0;
+        return -errno;
+    }
+    return -e;
+}

@@ -1,0 +1,75 @@
+/*
+ * The transfer engine's device interface: how bytes move between engine
+ * memory and host slots.
+ *
+ * The core (transfer.c) decides *what* to copy: it validates layouts and ops,
+ * orders jobs, splits them into work units and merges adjacent pieces.  A
+ * device decides *how* a piece is copied.  The engine side of a piece is
+ * device memory (the engine's KV tensors); the slot side is always host
+ * memory (for a CUDA device, pinned host memory).
+ *
+ * Contract, per worker thread:
+ *     worker_init -> { copy* ; unit_end }* -> worker_fini
+ * copy() may be asynchronous (a CUDA device enqueues on the worker's stream);
+ * unit_end() returns only when every copy issued since the previous unit_end
+ * is complete and visible to other threads (the host device issues an sfence
+ * after streaming stores; a CUDA device synchronises its stream), and reports
+ * the first failure.  copy() is never called with zero bytes.
+ *
+ * Adding a device: define `const kvo__xfer_device_ops kvo__xfer_device_cuda`
+ * in its own file (e.g. src/transfer/cuda/device_cuda.c, built by the
+ * KVO_WITH_CUDA option); kvo__xfer_device_find (device.c) already refers to
+ * it weakly, so the core and the public header stay unchanged, and users
+ * select it with kvo_transfer_params.device = "cuda".  A device for another
+ * kind of memory adds one weak reference there.  tests/test_transfer_device.c
+ * plugs in a "test" device this way (memcpy copies, injected DMA errors).
+ * A CUDA device would enqueue cudaMemcpyAsync (or one batched call) per copy
+ * on a per-worker stream and synchronise it in unit_end; slots are pinned
+ * host memory (the store's arena); check_engine_range would ask
+ * cudaPointerGetAttributes that a segment is device memory.
+ */
+#ifndef KVO_TRANSFER_DEVICE_H
+#define KVO_TRANSFER_DEVICE_H
+
+#include "core/internal.h"
+
+typedef struct kvo__xfer_device_config {
+    int nontemporal;     /* kvo_transfer_params.nontemporal: -1 auto, 0 never, 1 always */
+    int index;           /* kvo_transfer_params.device_index */
+} kvo__xfer_device_config;
+
+typedef struct kvo__xfer_device_ops {
+    const char *name;
+    /* Open a device: *state receives its state.  Errors: KVO_ENOTSUP (no such
+     * device index), KVO_ENOMEM, KVO_EIO, with a message. */
+    int (*open)(const kvo__xfer_device_config *cfg, void **state);
+    void (*close)(void *state);
+    /* Layout registration: can this device reach [base, base + bytes) as
+     * engine memory?  0 or KVO_ELAYOUT with a message (the caller prefixes the
+     * group and segment).  NULL = anything goes. */
+    int (*check_engine_range)(void *state, const void *base, uint64_t bytes);
+    /* Per worker thread context. */
+    int (*worker_init)(void *state, uint32_t worker, void **wctx);
+    void (*worker_fini)(void *state, void *wctx);
+    /* Copy bytes (> 0) from src to dst.  STORE: src is engine memory, dst a
+     * slot; LOAD: the reverse. */
+    void (*copy)(void *wctx, int dir, void *dst, const void *src, uint64_t bytes);
+    /* Optional hint (NULL = none): the next copy will read from src (bytes
+     * long); called before the current piece is copied. */
+    void (*prefetch)(void *wctx, const void *src, uint64_t bytes);
+    /* Complete every copy since the last unit_end; 0 or a KVO_E* code. */
+    int (*unit_end)(void *wctx);
+    /* Static strings for stats: the copy routine in use, and whether it
+     * streams. */
+    const char *(*copy_kind)(void *state);
+    bool (*nontemporal)(void *state);
+} kvo__xfer_device_ops;
+
+/* The device called name (NULL = "host"), or NULL when not built in. */
+const kvo__xfer_device_ops *kvo__xfer_device_find(const char *name);
+/* The names of the devices built in, comma-separated (for messages). */
+const char *kvo__xfer_device_names(void);
+
+extern const kvo__xfer_device_ops kvo__xfer_device_host;
+
+#endif

@@ -1,0 +1,390 @@
+/*
+ * `kvoffload demo`: the reference engine runs a Mooncake-derived multi-turn
+ * workload twice, once recomputing every prompt (no reuse at all) and once
+ * with prefix reuse through the kvoffload connector (host tier + file tier)
+ * under memory pressure, and checks that every generated token and the final
+ * logits match bit for bit.  Exit 0 on a match, 1 on any difference or
+ * failure, 2 on bad usage.
+ */
+#include <errno.h>
+#include <ftw.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "kvo_engine.h"
+#include "kvo_engine_offload.h"
+
+static void kvo__demo_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvoffload demo [options]\n\n"
+            "Runs the reference engine (a small hybrid transformer, random weights) on a\n"
+            "multi-turn workload from the Mooncake trace twice: recomputing everything, and\n"
+            "with KV offloading to host memory and files under memory pressure; prints\n"
+            "tokens computed vs loaded, hit rate, TTFT, throughput, bytes moved, and whether\n"
+            "every generated token and the final logits matched bit for bit.\n\n"
+            "  --shape NAME       engine shape: single, hybrid, hybrid-state (default), tiny-blocks\n"
+            "  --requests N       requests to run (default 48)\n"
+            "  --trace FILE       Mooncake JSONL trace (default: the bundled data/mooncake_sample.jsonl;\n"
+            "                     synthetic conversations when none is found)\n"
+            "  --block-tokens N   tokens per 512-token trace block (default 16)\n"
+            "  --max-blocks N     prompt cap in trace blocks (default 48)\n"
+            "  --max-new N        tokens generated per request at most (default 4)\n"
+            "  --engine-tokens N  engine KV budget in tokens (default: twice the longest request)\n"
+            "  --chunk-tokens N   offload chunk size in tokens (default 64)\n"
+            "  --host-mib N       host tier size (default 4)\n"
+            "  --file-mib N       file tier size (default 64; 0 = no file tier)\n"
+            "  --file-dir DIR     file tier directory (default: a temporary directory, removed after)\n"
+            "  --concurrency N    requests running at once (default 4)\n"
+            "  --evict-every N    also force engine-cache eviction after every N requests (default 0)\n"
+            "  --hash-tokens N    the model's hash unit in tokens (default 16; e.g. 64 puts tiny-blocks'\n"
+            "                     4-token group under a 64-token hash)\n"
+            "  --seed N           weights seed (default 1234)\n"
+            "  --json             print the figures as one JSON object\n"
+            "  --quiet            no progress on stderr\n"
+            "Exit status: 0 outputs matched, 1 a difference or a failure, 2 bad usage.\n");
+}
+
+typedef struct kvo__demo_prog {
+    const char *label;
+    bool quiet;
+    double last;
+} kvo__demo_prog;
+
+static double kvo__demo_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void kvo__demo_progress(void *ctx, size_t done, size_t total) {
+    kvo__demo_prog *p = ctx;
+    if (p->quiet) return;
+    double now = kvo__demo_now();
+    if (done != total && now - p->last < 1.0) return;
+    p->last = now;
+    fprintf(stderr, "  %s: %zu/%zu requests\n", p->label, done, total);
+}
+
+typedef struct kvo__demo_sum {
+    uint64_t computed, local, loaded, loaded_file, failures, gen, bytes_loaded, bytes_stored;
+    double wall, ttft_mean, ttft_p50, ttft_p99;
+} kvo__demo_sum;
+
+static int kvo__cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void kvo__demo_summarize(const kvo_eng_result *r, size_t n, double wall, kvo__demo_sum *s) {
+    memset(s, 0, sizeof *s);
+    s->wall = wall;
+    double *t = malloc((n ? n : 1) * sizeof *t);
+    for (size_t i = 0; i < n; i++) {
+        s->computed += r[i].tokens_computed;
+        s->local += r[i].tokens_local;
+        s->loaded += r[i].tokens_loaded;
+        s->loaded_file += r[i].tokens_loaded_file;
+        s->failures += r[i].load_failures;
+        s->gen += r[i].n_gen;
+        s->bytes_loaded += r[i].bytes_loaded;
+        s->bytes_stored += r[i].bytes_stored;
+        if (t) t[i] = r[i].ttft_s;
+        s->ttft_mean += r[i].ttft_s / (double)n;
+    }
+    if (t && n) {
+        qsort(t, n, sizeof *t, kvo__cmp_dbl);
+        s->ttft_p50 = t[(n - 1) / 2];
+        size_t k = (size_t)ceil(0.99 * (double)n);
+        s->ttft_p99 = t[k ? k - 1 : 0];
+    }
+    free(t);
+}
+
+static int kvo__rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* The bundled sample: next to the working directory or the executable. */
+static const char *kvo__find_sample(char *buf, size_t cap) {
+    static const char *rel = "data/mooncake_sample.jsonl";
+    if (access(rel, R_OK) == 0) return rel;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return NULL;
+    *slash = 0;
+    static const char *ups[] = {"/", "/../", "/../../", "/../share/kvoffload/"};
+    for (size_t i = 0; i < sizeof ups / sizeof ups[0]; i++) {
+        char cand[PATH_MAX + 64];
+        snprintf(cand, sizeof cand, "%s%s%s", exe, ups[i], rel);
+        if (access(cand, R_OK) == 0) {
+            char real[PATH_MAX];
+            snprintf(buf, cap, "%s", realpath(cand, real) ? real : cand);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+static int kvo__demo_fail(const char *what) {
+    fprintf(stderr, "kvoffload demo: %s: %s\n", what, kvo_eng_last_error());
+    return KVO_EXIT_FAIL;
+}
+
+int kvo_cmd_demo(int argc, char **argv) {
+    const char *shape = "hybrid-state", *trace = NULL, *file_dir = NULL;
+    uint64_t requests = 48, block_tokens = 16, max_blocks = 48, max_new = 4, engine_tokens = 0, chunk = 64,
+             host_mib = 4, file_mib = 64, conc = 4, evict_every = 0, seed = 1234, hash_tokens = 0;
+    bool json = false, quiet = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            kvo__demo_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--quiet")) quiet = true;
+        else if (!strcmp(a, "--shape") && v) shape = argv[++i];
+        else if (!strcmp(a, "--trace") && v) trace = argv[++i];
+        else if (!strcmp(a, "--file-dir") && v) file_dir = argv[++i];
+        else if (!strcmp(a, "--requests")) rc = kvo_cli_parse_u64(a, v, 1, 100000, &requests), i++;
+        else if (!strcmp(a, "--block-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 512, &block_tokens), i++;
+        else if (!strcmp(a, "--max-blocks")) rc = kvo_cli_parse_u64(a, v, 1, 4096, &max_blocks), i++;
+        else if (!strcmp(a, "--max-new")) rc = kvo_cli_parse_u64(a, v, 1, 4096, &max_new), i++;
+        else if (!strcmp(a, "--engine-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 1u << 24, &engine_tokens), i++;
+        else if (!strcmp(a, "--chunk-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 1u << 20, &chunk), i++;
+        else if (!strcmp(a, "--host-mib")) rc = kvo_cli_parse_u64(a, v, 1, 1u << 20, &host_mib), i++;
+        else if (!strcmp(a, "--file-mib")) rc = kvo_cli_parse_u64(a, v, 0, 1u << 24, &file_mib), i++;
+        else if (!strcmp(a, "--concurrency")) rc = kvo_cli_parse_u64(a, v, 1, 1024, &conc), i++;
+        else if (!strcmp(a, "--evict-every")) rc = kvo_cli_parse_u64(a, v, 0, 1u << 20, &evict_every), i++;
+        else if (!strcmp(a, "--seed")) rc = kvo_cli_parse_u64(a, v, 0, UINT64_MAX, &seed), i++;
+        else if (!strcmp(a, "--hash-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 1u << 16, &hash_tokens), i++;
+        else {
+            fprintf(stderr, "kvoffload demo: unknown or incomplete option '%s' (kvoffload demo --help)\n", a);
+            return KVO_EXIT_USAGE;
+        }
+        if (rc) return rc;
+    }
+    kvo_eng_config cfg;
+    if (kvo_eng_shape_config(shape, &cfg)) {
+        fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
+        return KVO_EXIT_USAGE;
+    }
+    cfg.seed = seed;
+    if (hash_tokens) cfg.tokens_per_hash = (uint32_t)hash_tokens;
+
+    /* workload */
+    char sample_buf[PATH_MAX + 64];
+    if (!trace) trace = kvo__find_sample(sample_buf, sizeof sample_buf);
+    kvo_eng_workload_params wp = kvo_eng_workload_default_params();
+    wp.trace_path = trace;
+    wp.max_requests = requests;
+    wp.tokens_per_trace_block = (uint32_t)block_tokens;
+    wp.max_trace_blocks = (uint32_t)max_blocks;
+    wp.max_new_tokens = (uint32_t)max_new;
+    wp.vocab = cfg.vocab;
+    kvo_eng_workload *w = NULL;
+    int rc = kvo_eng_workload_load(&wp, &w);
+    if (rc) {
+        fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
+        return kvo_cli_exit_code(rc);
+    }
+    uint64_t longest = (uint64_t)w->max_prompt + w->max_new;
+    cfg.max_seq = (uint32_t)(longest + 16);
+    cfg.budget_tokens = engine_tokens ? engine_tokens : 2 * longest + chunk;
+
+    kvo_eng *base_e = NULL, *off_e = NULL;
+    kvo_eng_conn *conn = NULL;
+    kvo_eng_result *ra = calloc(w->n, sizeof *ra), *rb = calloc(w->n, sizeof *rb);
+    char tmpdir[PATH_MAX] = "";
+    int exit_code = KVO_EXIT_FAIL;
+    if (!ra || !rb) {
+        fprintf(stderr, "kvoffload demo: out of memory\n");
+        goto out;
+    }
+    if (kvo_eng_create(&cfg, &base_e) || kvo_eng_create(&cfg, &off_e)) {
+        rc = kvo__demo_fail("engine");
+        goto out;
+    }
+    if (file_mib && !file_dir) {
+        const char *t = getenv("TMPDIR");
+        snprintf(tmpdir, sizeof tmpdir, "%s/kvoffload-demo-XXXXXX", t && *t ? t : "/tmp");
+        if (!mkdtemp(tmpdir)) {
+            fprintf(stderr, "kvoffload demo: cannot create a temporary directory in %s: %s (use --file-dir)\n",
+                    t && *t ? t : "/tmp", strerror(errno));
+            tmpdir[0] = 0;
+            goto out;
+        }
+        file_dir = tmpdir;
+    }
+    kvo_eng_conn_params cp = kvo_eng_conn_default_params();
+    cp.chunk_tokens = chunk;
+    cp.host_bytes = host_mib << 20;
+    cp.file_dir = file_mib ? file_dir : NULL;
+    cp.file_bytes = file_mib << 20;
+    if (kvo_eng_conn_create(off_e, &cp, &conn)) {
+        fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
+        exit_code = KVO_EXIT_USAGE;
+        goto out;
+    }
+
+    /* header */
+    const kvo_eng_config *c = kvo_eng_get_config(off_e);
+    if (!json) {
+        uint32_t layers = 0;
+        printf("kvoffload demo: reference engine '%s': ", c->shape);
+        for (uint32_t g = 0; g < c->n_groups; g++) {
+            const kvo_eng_group_cfg *gc = &c->groups[g];
+            layers += gc->layers;
+            const char *kind = gc->kind == KVO_GROUP_FULL ? "full attention"
+                               : gc->kind == KVO_GROUP_SLIDING ? "sliding-window attention"
+                                                               : "recurrent state";
+            printf("%s%s (%s", g ? ", " : "", gc->name, kind);
+            if (gc->kind == KVO_GROUP_SLIDING) printf(" %u", gc->window);
+            printf(", %u-token blocks, %u layer%s)", gc->tokens_per_block, gc->layers, gc->layers > 1 ? "s" : "");
+        }
+        printf("\n  %u layers, d_model %u, vocab %u, %.2fM fp32 parameters (random, seed %llu); "
+               "%.0f KV bytes per token\n",
+               layers, c->d_model, c->vocab, (double)kvo_eng_param_count(off_e) / 1e6, (unsigned long long)c->seed,
+               (double)kvo_eng_kv_bytes(off_e, 1u << 20) / (double)(1u << 20));
+        printf("workload: %zu requests from %s: %llu prompt tokens (longest %u), up to %u new tokens each\n", w->n,
+               w->source, (unsigned long long)w->prompt_tokens, w->max_prompt, w->max_new);
+        printf("engine KV budget: %llu tokens; offload: %llu-token chunks, host tier %llu MiB",
+               (unsigned long long)c->budget_tokens, (unsigned long long)kvo_eng_conn_chunk_tokens(conn),
+               (unsigned long long)host_mib);
+        if (file_mib) printf(", file tier %llu MiB in %s", (unsigned long long)file_mib, file_dir);
+        printf("\n\n");
+        fflush(stdout);
+    }
+
+    /* run 1: recompute everything */
+    kvo__demo_prog pa = {"run 1/2 (recompute)", quiet, 0};
+    kvo_eng_run_params p = kvo_eng_run_default_params();
+    p.max_running = (uint32_t)conc;
+    p.prefix_cache = false;
+    p.on_done = kvo__demo_progress;
+    p.on_done_ctx = &pa;
+    double t0 = kvo__demo_now();
+    if ((rc = kvo_eng_run(base_e, w->reqs, w->n, &p, ra)) != 0) {
+        (void)kvo__demo_fail("run 1 (recompute)");
+        if (rc == KVO_ENOSPC || rc == KVO_EINVAL) exit_code = KVO_EXIT_USAGE; /* budget too small */
+        goto out;
+    }
+    double wall_a = kvo__demo_now() - t0;
+
+    /* run 2: engine prefix cache + offloading */
+    kvo__demo_prog pb = {"run 2/2 (offload)", quiet, 0};
+    p.prefix_cache = true;
+    p.offload = kvo_eng_conn_offload(conn);
+    p.release_align = (uint32_t)kvo_eng_conn_chunk_tokens(conn);
+    p.evict_every = (uint32_t)evict_every;
+    p.on_done_ctx = &pb;
+    t0 = kvo__demo_now();
+    if (kvo_eng_run(off_e, w->reqs, w->n, &p, rb)) {
+        rc = kvo__demo_fail("run 2 (offload)");
+        goto out;
+    }
+    double wall_b = kvo__demo_now() - t0;
+
+    kvo__demo_sum sa, sb;
+    kvo__demo_summarize(ra, w->n, wall_a, &sa);
+    kvo__demo_summarize(rb, w->n, wall_b, &sb);
+    kvo_connector_stats cs;
+    memset(&cs, 0, sizeof cs);
+    (void)kvo_connector_get_stats(kvo_eng_conn_connector(conn), &cs);
+    kvo_eng_stats es;
+    kvo_eng_get_stats(off_e, &es);
+    char why[256];
+    size_t diff = kvo_eng_results_compare(ra, rb, w->n, c->vocab, why, sizeof why);
+    uint64_t P = w->prompt_tokens, gen = sa.gen;
+    double hit = P ? (double)(sb.local + sb.loaded) / (double)P : 0;
+    uint64_t loaded_host = sb.loaded - sb.loaded_file;
+
+    if (json) {
+        printf("{\"shape\":\"%s\",\"params\":%llu,\"requests\":%zu,\"prompt_tokens\":%llu,\"generated_tokens\":%llu,"
+               "\"engine_budget_tokens\":%llu,\"chunk_tokens\":%llu,\"host_mib\":%llu,\"file_mib\":%llu,",
+               c->shape, (unsigned long long)kvo_eng_param_count(off_e), w->n, (unsigned long long)P,
+               (unsigned long long)gen, (unsigned long long)c->budget_tokens,
+               (unsigned long long)kvo_eng_conn_chunk_tokens(conn), (unsigned long long)host_mib,
+               (unsigned long long)file_mib);
+        const kvo__demo_sum *ss[2] = {&sa, &sb};
+        const char *names[2] = {"recompute", "offload"};
+        for (int k = 0; k < 2; k++) {
+            const kvo__demo_sum *s = ss[k];
+            printf("\"%s\":{\"tokens_computed\":%llu,\"tokens_engine_cache\":%llu,\"tokens_loaded_host\":%llu,"
+                   "\"tokens_loaded_file\":%llu,\"load_failures\":%llu,\"ttft_mean_ms\":%.3f,\"ttft_p50_ms\":%.3f,"
+                   "\"ttft_p99_ms\":%.3f,\"wall_s\":%.3f,\"tokens_per_s\":%.1f,\"bytes_loaded\":%llu,"
+                   "\"bytes_stored\":%llu},",
+                   names[k], (unsigned long long)s->computed, (unsigned long long)s->local,
+                   (unsigned long long)(s->loaded - s->loaded_file), (unsigned long long)s->loaded_file,
+                   (unsigned long long)s->failures, s->ttft_mean * 1e3, s->ttft_p50 * 1e3, s->ttft_p99 * 1e3, s->wall,
+                   s->wall > 0 ? (double)(P + gen) / s->wall : 0, (unsigned long long)s->bytes_loaded,
+                   (unsigned long long)s->bytes_stored);
+        }
+        printf("\"hit_rate\":%.4f,\"engine_block_evictions\":%llu,\"connector_call_errors\":%llu,"
+               "\"stores_skipped\":%llu,\"match\":%s",
+               hit, (unsigned long long)es.block_evictions, (unsigned long long)kvo_eng_conn_hook_errors(conn),
+               (unsigned long long)(cs.stores_skipped_nospace + cs.stores_skipped_queue), diff ? "false" : "true");
+        if (diff) printf(",\"difference\":\"%s\"", why);
+        printf("}\n");
+    } else {
+        printf("%-34s %16s %16s\n", "", "recompute", "offload");
+        printf("%-34s %16zu %16zu\n", "requests", w->n, w->n);
+        printf("%-34s %16llu %16llu\n", "prompt tokens computed", (unsigned long long)sa.computed,
+               (unsigned long long)sb.computed);
+        printf("%-34s %16llu %16llu\n", "  reused from engine blocks", (unsigned long long)sa.local,
+               (unsigned long long)sb.local);
+        printf("%-34s %16llu %16llu\n", "  loaded from host tier", (unsigned long long)(sa.loaded - sa.loaded_file),
+               (unsigned long long)loaded_host);
+        printf("%-34s %16llu %16llu\n", "  loaded from file tier", (unsigned long long)sa.loaded_file,
+               (unsigned long long)sb.loaded_file);
+        printf("%-34s %15.1f%% %15.1f%%\n", "hit rate (prompt tokens reused)", 0.0, 100.0 * hit);
+        printf("%-34s %16.2f %16.2f\n", "TTFT mean (ms)", sa.ttft_mean * 1e3, sb.ttft_mean * 1e3);
+        printf("%-34s %16.2f %16.2f\n", "TTFT p50 (ms)", sa.ttft_p50 * 1e3, sb.ttft_p50 * 1e3);
+        printf("%-34s %16.2f %16.2f\n", "TTFT p99 (ms)", sa.ttft_p99 * 1e3, sb.ttft_p99 * 1e3);
+        printf("%-34s %16.0f %16.0f\n", "throughput (tokens/s)", wall_a > 0 ? (double)(P + gen) / wall_a : 0,
+               wall_b > 0 ? (double)(P + gen) / wall_b : 0);
+        printf("%-34s %16.2f %16.2f\n", "wall time (s)", wall_a, wall_b);
+        printf("%-34s %16s %16.2f\n", "bytes loaded (MiB)", "-", (double)sb.bytes_loaded / 1048576.0);
+        printf("%-34s %16s %16.2f\n", "bytes stored (MiB)", "-", (double)sb.bytes_stored / 1048576.0);
+        printf("%-34s %16s %16llu\n", "loads failed -> recomputed", "-", (unsigned long long)sb.failures);
+        printf("%-34s %16s %16llu\n", "engine blocks evicted", "-", (unsigned long long)es.block_evictions);
+        printf("%-34s %16s %16llu\n", "host tier evictions", "-", (unsigned long long)cs.host.evictions);
+        printf("%-34s %16s %16llu\n", "stores skipped (no room)", "-",
+               (unsigned long long)(cs.stores_skipped_nospace + cs.stores_skipped_queue));
+        if (kvo_eng_conn_hook_errors(conn))
+            printf("%-34s %16s %16llu\n", "connector calls failed", "-",
+                   (unsigned long long)kvo_eng_conn_hook_errors(conn));
+        printf("\n");
+        if (diff)
+            printf("verdict: MISMATCH: %s\n", why);
+        else
+            printf("verdict: MATCH: all %llu generated tokens of %zu requests and every request's final logits "
+                   "(%u floats) are bit-identical with and without offloading\n",
+                   (unsigned long long)gen, w->n, c->vocab);
+    }
+    exit_code = diff ? KVO_EXIT_FAIL : KVO_EXIT_OK;
+out:
+    (void)rc;
+    kvo_eng_conn_destroy(conn);
+    kvo_eng_destroy(base_e);
+    kvo_eng_destroy(off_e);
+    if (ra) kvo_eng_results_free(ra, w->n);
+    if (rb) kvo_eng_results_free(rb, w->n);
+    free(ra);
+    free(rb);
+    kvo_eng_workload_free(w);
+    if (tmpdir[0]) nftw(tmpdir, kvo__rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    return exit_code;
+}
