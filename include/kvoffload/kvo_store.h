@@ -52,7 +52,10 @@ typedef struct kvo_store_params {
     kvo_policy_kind policy;     /* default LRU */
     uint32_t admit_after;       /* store a chunk only once it was looked up this
                                    many times (0 or 1: always); default 0 */
-    uint64_t max_entries;       /* index capacity; 0 = capacity / smallest slot */
+    uint64_t max_entries;       /* most entries held; 0 = as many as slots fit
+                                   (capacity / smallest slot).  A smaller value
+                                   bounds the index; stores then evict to free
+                                   entries as well as bytes */
     uint32_t event_capacity;    /* events kept until drained; 0 = no events.
                                    When full, the oldest are dropped and counted */
     uint64_t segment_bytes;     /* 0 = automatic (recommended): the segment size
@@ -63,9 +66,12 @@ kvo_store_params kvo_store_default_params(void);
 
 typedef struct kvo_store kvo_store;
 
-/** Create a store.  *out owned by the caller (kvo_store_destroy).
- *  Errors: KVO_EINVAL (no plan, capacity below the largest slot: message names
- *  the group and sizes), KVO_ENOMEM. */
+/** Create a store.  *out owned by the caller (kvo_store_destroy).  All memory
+ *  is allocated here: about 80 bytes per entry (max_entries; twice that with
+ *  ARC or S3-FIFO, whose ghost keys take entries too) plus 8 bytes per slot.
+ *  Errors: KVO_EINVAL (no plan, a plan that offloads nothing, capacity below
+ *  the largest slot: message names the group and sizes, a bad policy or
+ *  segment_bytes), KVO_ERANGE (over 2^30 entries), KVO_ENOMEM. */
 int kvo_store_create(const kvo_store_params *p, kvo_store **out);
 /** Destroy; the caller guarantees no call is in progress.  NULL is a no-op. */
 void kvo_store_destroy(kvo_store *s);
@@ -103,7 +109,8 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
  *  with evicted_cap 0 when the caller does not need them (the events still
  *  record evictions).  Beyond the bytes it needs, one call evicts at most, per
  *  segment it needs, a walk budget (32 segments, at most 1/16 of the store)
- *  plus one segment (kvo_store_stats.segment_bytes).  All arrays are caller-owned; n_evicted may be NULL.
+ *  plus one segment (kvo_store_stats.segment_bytes).  All arrays are
+ *  caller-owned; n_evicted may be NULL.
  *  All-or-nothing: KVO_ENOSPC (nothing changed; message says how many bytes
  *  were needed and how many are pinned or pending), KVO_EINVAL (NULL, n 0,
  *  bad group, duplicate key in the batch), KVO_ERANGE (evicted buffer too
@@ -145,7 +152,7 @@ typedef struct kvo_store_entry {
 } kvo_store_entry;
 /** Iterate in chunks: start with *cursor = 0; fills up to cap entries, sets
  *  *n; *cursor = 0 after the last.  Concurrent changes may be missed or seen
- *  twice, never crash. */
+ *  twice, never crash.  Errors: KVO_EINVAL (NULL, cap 0). */
 int kvo_store_scan(kvo_store *s, uint64_t *cursor, kvo_store_entry *out, size_t cap, size_t *n);
 /** One key's entry without counting a lookup or changing recency.
  *  Errors: KVO_EINVAL (NULL, bad group), KVO_ENOTFOUND (absent). */
@@ -162,8 +169,9 @@ typedef struct kvo_store_event {
     kvo_chunk_key key;
 } kvo_store_event;
 
-/** Move up to cap pending events to out (oldest first); returns the count.
- *  *dropped (may be NULL) receives how many were dropped since the last drain. */
+/** Move up to cap pending events to out (oldest first); returns the count
+ *  (0 for a NULL store or out).  *dropped (may be NULL) receives how many
+ *  were dropped since the last drain and resets that count. */
 size_t kvo_store_drain_events(kvo_store *s, kvo_store_event *out, size_t cap, uint64_t *dropped);
 
 typedef struct kvo_store_group_stats {
@@ -177,7 +185,9 @@ typedef struct kvo_store_group_stats {
 typedef struct kvo_store_stats {
     uint64_t capacity_bytes;
     uint64_t bytes_used;      /* slot bytes held by entries */
-    uint64_t bytes_reserved;  /* allocator overhead (fragmentation), if any */
+    uint64_t bytes_reserved;  /* bytes no slot can use: the tails of segments
+                                 (segment_bytes mod slot size) and of the
+                                 capacity (capacity mod segment_bytes) */
     uint64_t entries, pinned, pending;
     uint64_t hits, misses, pending_hits;
     uint64_t stores, store_skipped_present, store_not_admitted, rejected_stores;

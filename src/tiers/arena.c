@@ -46,14 +46,24 @@ kvo_arena_params kvo_arena_default_params(void) {
     return p;
 }
 
-static void kvo__prefault(void *base, uint64_t len) {
+/* Fault every page in.  MADV_POPULATE_WRITE (Linux 5.14) never changes the
+ * contents.  The fallback writes to private anonymous memory, which nobody
+ * else can see yet; a shared file may already be in use by another process,
+ * so there it only reads (a read fault allocates shmem pages too), never
+ * rewriting a byte another process may be writing. */
+static void kvo__prefault(void *base, uint64_t len, bool shared) {
 #ifdef MADV_POPULATE_WRITE
     if (madvise(base, len, MADV_POPULATE_WRITE) == 0) return;
 #endif
     volatile unsigned char *p = base;
     long pg = sysconf(_SC_PAGESIZE);
     if (pg <= 0) pg = 4096;
-    for (uint64_t off = 0; off < len; off += (uint64_t)pg) p[off] = p[off];
+    unsigned sum = 0;
+    for (uint64_t off = 0; off < len; off += (uint64_t)pg) {
+        if (shared) sum += p[off];
+        else p[off] = 0;
+    }
+    (void)sum;
 }
 
 int kvo_arena_create(const kvo_arena_params *p, kvo_arena **out) {
@@ -138,7 +148,7 @@ int kvo_arena_create(const kvo_arena_params *p, kvo_arena **out) {
     }
     a->base = base;
     a->map_len = len;
-    if (p->prefault) kvo__prefault(base, len);
+    if (p->prefault) kvo__prefault(base, len, p->shm_path != NULL);
     if (p->lock) {
         if (mlock(base, (size_t)len) != 0) {
             rc = kvo__error(KVO_ENOTSUP,
