@@ -59,13 +59,15 @@ static void compare_all(kvo_store *s) {
     }
 }
 
-static void run_model(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_bytes, int steps, uint64_t min_evict) {
+static void run_model_x(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_bytes, int steps, uint64_t min_evict,
+                        size_t evcap, uint64_t max_entries) {
     kvo_plan *p = st_plan(NG, PAGES);
     kvo_store_params sp = kvo_store_default_params();
     sp.plan = p;
     sp.capacity_bytes = capacity;
     sp.policy = pol;
     sp.segment_bytes = seg_bytes;
+    sp.max_entries = max_entries;
     kvo_store *s = NULL;
     ASSERT_OK(kvo_store_create(&sp, &s));
     for (size_t i = 0; i < NK; i++) {
@@ -76,7 +78,7 @@ static void run_model(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_bytes
     kvo_chunk_key keys[32], ev[2048];
     kvo_slot slots[32], evs[2048];
     uint8_t need[32], st[32];
-    uint64_t n_ok = 0, n_nospc = 0, n_evict = 0;
+    uint64_t n_ok = 0, n_nospc = 0, n_evict = 0, n_range = 0;
     for (int step = 0; step < steps; step++) {
         int op = (int)(kvo_test_rand() % 100);
         size_t n;
@@ -89,9 +91,14 @@ static void run_model(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_bytes
             n = pick(idx, 8, -1, true);
             for (size_t i = 0; i < n; i++) keys[i] = M[idx[i]].key;
             size_t nev = 0;
-            int rc = kvo_store_prepare_store(s, keys, n, need, slots, ev, evs, 2048, &nev);
+            int rc = kvo_store_prepare_store(s, keys, n, need, slots, ev, evs, evcap, &nev);
             if (rc == KVO_ENOSPC) {
                 n_nospc++;
+            } else if (rc == KVO_ERANGE) {
+                /* too many evictions for the caller's buffer: nothing changed
+                 * (compare_all below checks), the count says how many */
+                if (nev <= evcap) FAILF("ERANGE with n_evicted %zu <= cap %zu", nev, evcap);
+                n_range++;
             } else {
                 ASSERT_OK(rc);
                 n_ok++;
@@ -190,10 +197,16 @@ static void run_model(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_bytes
     ASSERT_GE_U64(n_evict, min_evict);
     ASSERT_GT_U64(n_nospc, 0);
     if (getenv("KVO_TEST_VERBOSE"))
-        printf("ok %llu nospc %llu evicted %llu reclaims %llu\n", (unsigned long long)n_ok,
-               (unsigned long long)n_nospc, (unsigned long long)n_evict, (unsigned long long)kvo__store_reclaims(s));
+        printf("ok %llu nospc %llu erange %llu evicted %llu reclaims %llu\n", (unsigned long long)n_ok,
+               (unsigned long long)n_nospc, (unsigned long long)n_range, (unsigned long long)n_evict,
+               (unsigned long long)kvo__store_reclaims(s));
+    if (evcap < 8) ASSERT_GT_U64(n_range, 0);
     kvo_store_destroy(s);
     kvo_plan_destroy(p);
+}
+
+static void run_model(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_bytes, int steps, uint64_t min_evict) {
+    run_model_x(pol, capacity, seg_bytes, steps, min_evict, 2048, 0);
 }
 
 KVO_TEST(random_lru) { run_model(KVO_POLICY_LRU, 400 * 4096, 0, 4000, 200); }
@@ -204,3 +217,8 @@ KVO_TEST(random_lru_big_segments) { run_model(KVO_POLICY_LRU, 400 * 4096, 60 * 4
 KVO_TEST(random_s3fifo_big_segments) { run_model(KVO_POLICY_S3FIFO, 400 * 4096, 60 * 4096, 4000, 200); }
 /* a tiny store: mostly ENOSPC, all-or-nothing under pressure */
 KVO_TEST(random_arc_tiny) { run_model(KVO_POLICY_ARC, 41 * 4096, 0, 3000, 0); }
+/* small evicted[] buffers (ERANGE, nothing changed) and a bounded entry count */
+KVO_TEST(random_arc_small_evict_buffer_and_max_entries) {
+    run_model_x(KVO_POLICY_ARC, 400 * 4096, 0, 3000, 50, 3, 60);
+}
+KVO_TEST(random_s3fifo_max_entries) { run_model_x(KVO_POLICY_S3FIFO, 400 * 4096, 0, 3000, 50, 2048, 40); }
