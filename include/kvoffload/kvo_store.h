@@ -108,7 +108,7 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
  *  before the slots are reused; evicted and evicted_slots may both be NULL
  *  with evicted_cap 0 when the caller does not need them (the events still
  *  record evictions).  Beyond the bytes it needs, one call evicts at most, per
- *  segment it needs, a walk budget (32 segments, at most 1/16 of the store)
+ *  segment it needs, a walk budget (32 segments, at most 1/32 of the store)
  *  plus one segment (kvo_store_stats.segment_bytes).  All arrays are
  *  caller-owned; n_evicted may be NULL.
  *  All-or-nothing: KVO_ENOSPC (nothing changed; message says how many bytes

@@ -25,7 +25,7 @@
  *    (reused by that class's next stores) and, when it empties a segment,
  *    a whole segment any class can take.  A class whose entries are far from
  *    the victim end is a class with too little space: once the walk has
- *    taken a budget of bytes (32 segments, at most 1/16 of the store) and the
+ *    taken a budget of bytes (32 segments, at most 1/32 of the store) and the
  *    class still lacks room, the victim's whole segment is reclaimed (its
  *    other entries evicted; only if none is pinned or pending).  And when a
  *    class needs a segment while another holds four segments' worth of free

@@ -505,11 +505,11 @@ static void kvo__plan_victim(kvo_store *s, kvo__plan *pl, uint32_t e) {
  * reclaims a whole segment for a class that lacks room.  Victims taken in
  * policy order cost no hits (the policy chose them) and their slots are
  * reused by their own classes' next stores; a reclaim evicts the segment's
- * other entries out of order.  32 segments (at most 1/16 of the store) keeps
+ * other entries out of order.  32 segments (at most 1/32 of the store) keeps
  * hit rates within 1 % of an ideal unsegmented LRU in tests/test_store_frag.c
  * while the transient over-eviction stays small. */
 static uint64_t kvo__walk_budget(const kvo_store *s) {
-    uint64_t w = 32 * s->sl.seg_bytes, cap = s->params.capacity_bytes / 16;
+    uint64_t w = 32 * s->sl.seg_bytes, cap = s->params.capacity_bytes / 32;
     if (w > cap) w = cap;
     return w > s->sl.seg_bytes ? w : s->sl.seg_bytes;
 }
