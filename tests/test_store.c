@@ -333,6 +333,14 @@ KVO_TEST(bad_input_changes_nothing) {
     ASSERT_EQ_U64(a.hits, b.hits);
     ASSERT_EQ_U64(a.misses, b.misses);
     ASSERT_EQ_U64(a.stores, b.stores);
+    /* a duplicate in complete_store: EINVAL, the key stays PENDING */
+    ASSERT_OK(kvo_store_prepare_store(s, &k[2], 1, need, sl, NULL, NULL, 0, NULL));
+    kvo_chunk_key dup2[2] = {k[2], k[2]};
+    ASSERT_ERR(kvo_store_complete_store(s, dup2, 2, true), KVO_EINVAL);
+    ASSERT_CONTAINS(kvo_last_error(), "repeats");
+    ASSERT_EQ_INT(st_state(s, k[2]), KVO_PENDING);
+    st_check(s);
+    ASSERT_OK(kvo_store_complete_store(s, &k[2], 1, false));
     /* create errors */
     kvo_store_params sp = kvo_store_default_params();
     kvo_store *s2 = NULL;

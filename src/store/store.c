@@ -806,26 +806,35 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
     kvo__lock(s);
     rc = kvo__scratch(s, n);
     if (rc) goto out;
-    size_t da, db;
-    if (kvo__find_dup(s, keys, n, &da, &db)) {
-        rc = kvo__error(KVO_EINVAL, "%s: key %zu repeats key %zu", fn, db, da);
-        goto out;
-    }
+    /* every key must name a PENDING entry; duplicates are caught by marking
+     * the entries (no set needed: all keys are present) */
     kvo__pipe pp;
     kvo__pipe_init(&pp, keys, n);
-    for (size_t i = 0; i < n; i++) {
+    size_t i;
+    for (i = 0; i < n; i++) {
         uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
         if (e == KVO__NIL || s->ent[e].state != KVO__E_PENDING) {
             rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is %s, not PENDING (it was not prepared, or "
                             "was already completed)", fn, i, keys[i].group,
                             e == KVO__NIL || s->ent[e].state == KVO__E_GHOST ? "absent" : "READY");
-            goto out;
+            break;
         }
+        if (s->ent[e].flags & KVO__F_BATCH) {
+            rc = kvo__error(KVO_EINVAL, "%s: key %zu repeats an earlier key of the batch (group %u)", fn, i,
+                            keys[i].group);
+            break;
+        }
+        s->ent[e].flags |= KVO__F_BATCH;
         s->sc_ent[i] = e;
     }
-    for (size_t i = 0; i < n; i++) {
+    if (rc) {
+        while (i > 0) s->ent[s->sc_ent[--i]].flags &= (uint8_t)~KVO__F_BATCH;
+        goto out;
+    }
+    for (i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         kvo__entry *x = &s->ent[e];
+        x->flags &= (uint8_t)~KVO__F_BATCH;
         if (ok) {
             x->state = KVO__E_READY;
             s->pending--;
@@ -1091,6 +1100,8 @@ int kvo__store_check(kvo_store *s) {
             if (x->slot != KVO__NIL) return kvo__error(KVO_ECORRUPT, "check: ghost %u holds a slot", e);
             continue;
         }
+        if (x->flags & (KVO__F_BATCH | KVO__F_VICTIM | KVO__F_PROTECT))
+            return kvo__error(KVO_ECORRUPT, "check: entry %u keeps call-time flags 0x%x", e, x->flags);
         resident++;
         bytes += s->group_slot[x->key.group];
         if (x->slot == KVO__NIL || s->sl.slot_entry[x->slot] != e)
