@@ -46,10 +46,11 @@
  * prices coarse segments (slack per class, collateral of a reclaim).  With
  * capacity >= 40 * max_slot * nclass the first two terms are at most a few
  * per cent.  Measured (tests/test_store_frag.c, a full store after three
- * turnovers, sampled after every request): at least 97 % of the bytes hold
- * chunks for the deepseek-v4-flash-like and glm-5.3-flash-like plans
- * (automatic and block_size plans, LRU/ARC/S3-FIFO), 98.5-99.6 % on average,
- * and hit rates within 1 % of an ideal LRU that has no slot structure.
+ * turnovers, sampled after every request): at least 96 % of the bytes hold
+ * chunks at every sample for the deepseek-v4-flash-like and
+ * glm-5.3-flash-like plans (automatic and block_size plans, LRU/ARC/S3-FIFO;
+ * 97-99.6 % typical minimum), 98-99.7 % on average, and hit rates within 1 %
+ * of an ideal LRU that has no slot structure.
  * Feasibility (whether evicting everything evictable could make room) is
  * exact and O(classes): per class, the segments that keep a busy entry
  * (pinned/pending/protected) and the busy entries in them are counted.

@@ -2,7 +2,7 @@
  * The chunk store: index + slots + eviction policy + admission + events, under
  * one mutex.
  *
- * Layout.  Entries live in one preallocated pool (kvo__entry, ~64 bytes):
+ * Layout.  Entries live in one preallocated pool (kvo__entry, 64 bytes):
  * resident entries (PENDING or READY, each holding one slot) and ghosts
  * (keys the ARC / S3-FIFO policies remember after eviction, no slot).  The
  * pool holds max_entries residents + ghost_cap ghosts, so it never runs out;
@@ -26,10 +26,13 @@
  *     O(classes) (kvo__slots_feasible): ENOSPC here changes nothing;
  *  3. protect the batch's READY keys (out of the policy queues, busy);
  *  4. plan: take victims from the policy and simulate the slot frees until
- *     every class has room (a segment's worth of victims without success
- *     reclaims the victim's whole segment); the plan is guaranteed to succeed
- *     by 2, so the only failure left is an evicted[] buffer that is too small
- *     (ERANGE), undone by putting the victims back in reverse order;
+ *     every class has room (after a walk budget without success the
+ *     victim's whole segment is reclaimed; a class with four segments of
+ *     spare slots gives up its emptiest partial segment first: see
+ *     slots.c); the plan is guaranteed to succeed by 2, so the only failure
+ *     left is an evicted[] buffer that is too small (ERANGE), undone by
+ *     putting the victims back in reverse order (exact for victims taken
+ *     from the victim end; reclaimed ones go back to the victim end);
  *  5. commit: free the victims' slots (ghosts or gone), allocate slots in key
  *     order, mark new entries PENDING, unprotect (the batch's present keys
  *     count as used).
