@@ -22,6 +22,10 @@
  *
  * Space: the fraction of a full glm-5.3-flash-like store's bytes that hold
  * chunks under a mixed workload, against the capacity.
+ *
+ * Policies: prefix hit rates of LRU, ARC and S3-FIFO replaying the Mooncake
+ * trace (shared/traces, 512-token blocks) at 10k and 30k blocks, against an
+ * infinite cache on the same trace.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -321,16 +325,184 @@ static int bs_space(const kvo_bench_out *o) {
     return 0;
 }
 
+/* ------------------------------------------------------------ trace -- */
+
+/* The Mooncake trace (shared/traces): per request, the prefix-chained ids of
+ * its 512-token blocks.  Replayed through a store of one group with one slot
+ * per block: a request's prefix hits are its leading READY blocks; then every
+ * block of the request is stored (present ones count as used).  The limit is
+ * an infinite cache's prefix hit rate over the same trace in the same run. */
+typedef struct bs_trace {
+    uint64_t *ids;
+    size_t *start; /* request r: ids[start[r] .. start[r+1]) */
+    size_t nreq, nids;
+} bs_trace;
+
+static int bs_trace_load(const char *path, bs_trace *t) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t cap_ids = 1 << 17, cap_req = 1 << 12;
+    t->ids = malloc(cap_ids * sizeof *t->ids);
+    t->start = malloc((cap_req + 1) * sizeof *t->start);
+    t->nreq = t->nids = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    while (t->ids && t->start && getline(&line, &lcap, f) > 0) {
+        char *p = strstr(line, "\"hash_ids\"");
+        if (!p || !(p = strchr(p, '['))) continue;
+        if (t->nreq + 1 >= cap_req) {
+            cap_req *= 2;
+            size_t *ns = realloc(t->start, (cap_req + 1) * sizeof *ns);
+            if (!ns) break;
+            t->start = ns;
+        }
+        t->start[t->nreq] = t->nids;
+        p++;
+        for (;;) {
+            while (*p == ' ' || *p == ',') p++;
+            if (*p < '0' || *p > '9') break;
+            if (t->nids == cap_ids) {
+                cap_ids *= 2;
+                uint64_t *ni = realloc(t->ids, cap_ids * sizeof *ni);
+                if (!ni) break;
+                t->ids = ni;
+            }
+            t->ids[t->nids++] = strtoull(p, &p, 10);
+        }
+        t->nreq++;
+    }
+    free(line);
+    fclose(f);
+    if (!t->ids || !t->start || t->nreq == 0) return -1;
+    t->start[t->nreq] = t->nids;
+    return 0;
+}
+
+/* Prefix hit rate of an infinite cache: a block hits when it was seen before
+ * and every block before it in the request hit. */
+static double bs_trace_infinite(const bs_trace *t) {
+    uint64_t n = 1;
+    while (n < t->nids * 2) n <<= 1;
+    uint64_t *set = malloc(n * sizeof *set);
+    if (!set) return 0;
+    memset(set, 0xFF, n * sizeof *set);
+    uint64_t hits = 0;
+    for (size_t r = 0; r < t->nreq; r++) {
+        bool prefix = true;
+        for (size_t i = t->start[r]; i < t->start[r + 1]; i++) {
+            uint64_t id = t->ids[i], h = bs_mix(id) & (n - 1);
+            bool found = false;
+            while (set[h] != UINT64_MAX) {
+                if (set[h] == id) { found = true; break; }
+                h = (h + 1) & (n - 1);
+            }
+            if (!found) set[h] = id;
+            prefix = prefix && found;
+            hits += prefix;
+        }
+    }
+    free(set);
+    return (double)hits / (double)t->nids;
+}
+
+static double bs_trace_replay(const bs_trace *t, kvo_policy_kind pol, uint64_t blocks, int *rc_out) {
+    kvo_plan *p = bs_plan();
+    kvo_store_params sp = kvo_store_default_params();
+    sp.plan = p;
+    sp.capacity_bytes = blocks * 4096;
+    sp.policy = pol;
+    kvo_store *s = NULL;
+    int rc = p ? kvo_store_create(&sp, &s) : KVO_EINVAL;
+    size_t maxn = 0;
+    for (size_t r = 0; r < t->nreq; r++)
+        if (t->start[r + 1] - t->start[r] > maxn) maxn = t->start[r + 1] - t->start[r];
+    kvo_chunk_key *keys = malloc((maxn + 1) * sizeof *keys);
+    kvo_chunk_key *todo = malloc((maxn + 1) * sizeof *todo);
+    uint8_t *st = malloc(maxn + 1), *need = malloc(maxn + 1);
+    kvo_slot *sl = malloc((maxn + 1) * sizeof *sl);
+    uint64_t hits = 0;
+    if (!keys || !todo || !st || !need || !sl) rc = rc ? rc : KVO_ENOMEM;
+    for (size_t r = 0; !rc && r < t->nreq; r++) {
+        size_t n = t->start[r + 1] - t->start[r];
+        if (!n) continue;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t id = t->ids[t->start[r] + i];
+            keys[i].hash.lo = bs_mix(id);
+            keys[i].hash.hi = id;
+            keys[i].group = 0;
+            keys[i].reserved = 0;
+        }
+        if ((rc = kvo_store_lookup(s, keys, n, st))) break;
+        size_t h = 0;
+        while (h < n && st[h] == KVO_READY) h++;
+        hits += h;
+        if ((rc = kvo_store_prepare_store(s, keys, n, need, sl, NULL, NULL, 0, NULL))) break;
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) if (need[i]) todo[m++] = keys[i];
+        if (m && (rc = kvo_store_complete_store(s, todo, m, true))) break;
+    }
+    free(keys);
+    free(todo);
+    free(st);
+    free(need);
+    free(sl);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+    *rc_out = rc;
+    return (double)hits / (double)t->nids;
+}
+
+static int bs_trace_bench(const kvo_bench_out *o, const char *path) {
+    static const char *const tries[] = {"../shared/traces/mooncake_synthetic_trace.jsonl",
+                                        "shared/traces/mooncake_synthetic_trace.jsonl",
+                                        "../../shared/traces/mooncake_synthetic_trace.jsonl"};
+    bs_trace t;
+    memset(&t, 0, sizeof t);
+    int loaded = -1;
+    if (path) loaded = bs_trace_load(path, &t);
+    for (size_t i = 0; !path && loaded && i < sizeof tries / sizeof tries[0]; i++) loaded = bs_trace_load(tries[i], &t);
+    if (loaded) {
+        free(t.ids);
+        free(t.start);
+        if (path) {
+            fprintf(stderr, "kvoffload bench store: cannot read the trace '%s'\n", path);
+            return KVO_EXIT_FAIL;
+        }
+        if (!o->json) printf("  (Mooncake trace not found: pass --trace PATH for the policy hit rates)\n");
+        return 0;
+    }
+    double inf = bs_trace_infinite(&t);
+    static const uint64_t caps[] = {10000, 30000};
+    static const kvo_policy_kind pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO};
+    int rc = 0;
+    for (size_t c = 0; c < 2 && !rc; c++)
+        for (size_t k = 0; k < 3 && !rc; k++) {
+            double hr = bs_trace_replay(&t, pols[k], caps[c], &rc);
+            if (rc) break;
+            char name[96];
+            snprintf(name, sizeof name, "store.trace_prefix_hit_rate_%s_%llublocks", kvo_policy_name(pols[k]),
+                     (unsigned long long)caps[c]);
+            kvo_bench_report(o, name, 100 * hr, "%", "infinite_cache", 100 * inf);
+        }
+    free(t.ids);
+    free(t.start);
+    return rc ? kvo_cli_fail("bench store", rc) : 0;
+}
+
 int kvo_bench_store(int argc, char **argv, const kvo_bench_out *o) {
     uint64_t nkeys = 1000000, ms = 300;
+    const char *trace = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: kvoffload bench store [--json] [--keys N] [--ms MILLISECONDS]\n"
-                   "  index lookup/store/touch throughput on N keys (default 1000000) vs random-read ceiling,\n"
-                   "  prefix hashing vs raw XXH3-128, and space use of a full GLM-like store.\n");
+            printf("usage: kvoffload bench store [--json] [--keys N] [--ms MILLISECONDS] [--trace PATH]\n"
+                   "  index lookup/store/touch throughput on N keys (default 1000000) vs the index memory\n"
+                   "  ceiling, prefix hashing vs raw XXH3-128, space use of a full GLM-like store, and the\n"
+                   "  policies' prefix hit rates on the Mooncake trace (default ../shared/traces/...).\n");
             return KVO_EXIT_OK;
         } else if (!strcmp(argv[i], "--keys") && i + 1 < argc) {
             if (kvo_cli_parse_u64("--keys", argv[++i], 1024, UINT64_C(1) << 28, &nkeys)) return KVO_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--trace") && i + 1 < argc) {
+            trace = argv[++i];
         } else if (!strcmp(argv[i], "--ms") && i + 1 < argc) {
             if (kvo_cli_parse_u64("--ms", argv[++i], 10, 60000, &ms)) return KVO_EXIT_USAGE;
         } else {
@@ -343,5 +515,7 @@ int kvo_bench_store(int argc, char **argv, const kvo_bench_out *o) {
     if (rc) return rc;
     rc = bs_hash(o, sec);
     if (rc) return rc;
-    return bs_space(o);
+    rc = bs_space(o);
+    if (rc) return rc;
+    return bs_trace_bench(o, trace);
 }
