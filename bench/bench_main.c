@@ -46,6 +46,8 @@ int kvo_cmd_bench(int argc, char **argv) {
     char *sub_argv[64];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) o.json = true;
+        else if (which && sub_argc < 63 && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")))
+            sub_argv[sub_argc++] = argv[i]; /* the benchmark's own help */
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: kvoffload bench <name> [--json] [options]\n\nbenchmarks:\n");
             for (size_t b = 0; b < sizeof kvo__benches / sizeof kvo__benches[0]; b++)
