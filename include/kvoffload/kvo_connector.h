@@ -152,6 +152,25 @@ typedef enum kvo_sliding_store {
     KVO_SLIDING_STORE_CHECKPOINTS = 1
 } kvo_sliding_store;
 
+/** How chunks reach the file tier (when one is attached). */
+typedef enum kvo_file_mode {
+    /* Every chunk stored in the host tier is also written to the file tier
+     * once its host store completes (poll).  The file tier holds everything
+     * the host holds (up to its quota and back-pressure); costs one file
+     * write per stored chunk.  Default. */
+    KVO_FILE_WRITE_THROUGH = 0,
+    /* A chunk is written to the file tier only when the host tier evicts it
+     * (and the file tier does not hold it yet): the file tier holds what no
+     * longer fits in host memory, and chunks that live and die in the host
+     * tier cost no disk traffic.  The write is queued (the tier copies the
+     * bytes into its staging memory) before the evicted slot is reused, on
+     * the thread of the call that evicts (update, finish, lookup).  Chunks
+     * still in host memory reach files only through
+     * kvo_connector_flush_to_file, or at destroy when
+     * file_persist_on_destroy is set. */
+    KVO_FILE_WRITE_BACK = 1
+} kvo_file_mode;
+
 typedef struct kvo_connector_params {
     const kvo_plan *plan;         /* required; must outlive the connector */
     /* Host tier */
@@ -183,9 +202,19 @@ typedef struct kvo_connector_params {
                                      costs one read pass per store and load;
                                      default false */
     /* File tier (optional): created and destroyed by the caller, must
-     * outlive the connector; chunks are written through to it after the host
-     * store completes, and host misses are looked up and read from it. */
+     * outlive the connector; chunks reach it as file_mode says, and host
+     * misses are looked up and read from it.  Writes the tier drops
+     * (back-pressure, quota, a full disk) are counted, never an error. */
     kvo_file_tier *file_tier;
+    kvo_file_mode file_mode;      /* default KVO_FILE_WRITE_THROUGH */
+    bool file_persist_on_destroy; /* WRITE_BACK only: kvo_connector_destroy
+                                     first writes the host tier's READY
+                                     chunks that the file tier lacks
+                                     (kvo_connector_flush_to_file, no
+                                     timeout), so a restarted engine finds
+                                     them; default true.  Costs the time to
+                                     write up to host_bytes to the file
+                                     system at destroy */
     uint32_t max_requests;        /* request table size; default 4096 */
 } kvo_connector_params;
 
@@ -200,8 +229,11 @@ typedef struct kvo_connector kvo_connector;
  *  numbers), KVO_ENOMEM, and the arena's / transfer engine's errors. */
 int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out);
 
-/** Cancel queued copies, wait for running ones, free everything.  The caller
- *  guarantees no other call on c is in progress or follows.  NULL: no-op. */
+/** Cancel queued copies, wait for running ones, free everything.  In
+ *  write-back mode with file_persist_on_destroy, first persist the host
+ *  tier's READY chunks (completed stores included) to the file tier (see
+ *  kvo_connector_flush_to_file).  The caller guarantees no other call on c
+ *  is in progress or follows.  NULL: no-op. */
 void kvo_connector_destroy(kvo_connector *c);
 
 /** Register (replace) the engine's KV layout (see kvo_transfer_set_layout).
@@ -382,7 +414,8 @@ typedef struct kvo_completion {
 } kvo_completion;
 
 /** Process finished copies (completes stores, verifies and completes loads,
- *  writes stored chunks through to the file tier, finishes file reads and
+ *  writes stored chunks through to the file tier in write-through mode,
+ *  finishes file reads and
  *  submits the loads that waited for them) and move up to cap completions for
  *  the engine to out; returns the count.  Call every step (or when event_fd
  *  is readable).  With a file tier, the connector consumes all of the tier's
@@ -430,10 +463,35 @@ typedef struct kvo_connector_stats {
     uint64_t chunks_stored, chunks_loaded;
     uint64_t stores_skipped_nospace, stores_skipped_queue, stores_failed;
     uint64_t file_writes, file_reads, file_read_failures;
+    uint64_t file_writebacks;     /* of file_writes: chunks queued when the
+                                     host tier evicted them (WRITE_BACK) */
+    uint64_t file_writes_skipped; /* the file tier held (or was writing)
+                                     the chunk already */
+    uint64_t file_writes_dropped; /* refused by the file tier when queued:
+                                     back-pressure or quota (failures of
+                                     queued writes, e.g. ENOSPC, are in the
+                                     tier's own statistics) */
     kvo_store_stats host;
 } kvo_connector_stats;
 
 int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
+
+/** Write the host tier's READY chunks that the file tier does not hold yet
+ *  (lookup first: chunks it holds or is writing are skipped, never
+ *  rewritten), then wait until the file tier's queued writes have finished.
+ *  For write-back mode before a planned restart (or at destroy, see
+ *  file_persist_on_destroy); in write-through mode it writes what
+ *  back-pressure dropped.  When the tier pushes back (queue or staging
+ *  memory full), waits for its queue to drain and retries those chunks (a
+ *  few times; chunks still refused are counted in file_writes_dropped).
+ *  Chunks stored or evicted concurrently may be missed or seen twice
+ *  (harmless).  The connector lock is released while waiting; other calls
+ *  may run meanwhile.  timeout_ms bounds the whole call (-1: none).
+ *  *n_queued (may be NULL): chunks queued by this call.
+ *  Errors: KVO_EINVAL (NULL c), KVO_ESTATE (no file tier), KVO_ETIMEDOUT
+ *  (the writes did not finish in time; they continue), KVO_ECLOSED (the
+ *  tier is shutting down). */
+int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_queued);
 
 /** Events for an external router or index: the host store's stored /
  *  evicted / removed events (kvo_store_drain_events).  Returns the count. */

@@ -21,6 +21,20 @@
  *    that read it and the newest such job id: wait_blocks waits for every
  *    in-flight store job up to that id, which covers every store reading the
  *    block (exact, and bounded by the in-flight job count).
+ *  - File tier modes.  Write-through: a store job's chunks are handed to the
+ *    file tier when its result is polled.  Write-back: every host
+ *    prepare_store goes through kvo__prepare_store, which receives the
+ *    evicted keys and their old slots and hands the READY chunks the file
+ *    tier lacks (file lookup first) to kvo_file_tier_write before returning.
+ *    That is safe because the evicted slots keep their bytes until the
+ *    caller writes the new slots (a transfer job submitted, or a file read
+ *    queued, only after kvo__prepare_store returns) and the tier copies the
+ *    bytes into its own staging memory before kvo_file_tier_write returns.
+ *    The evicted-key buffer grows when the store answers KVO_ERANGE (the
+ *    count it needed) and is kept: no allocation per call once warm.
+ *    READY host slots only change under mu (prepare_store, remove), so
+ *    flush_to_file copies them under mu without pinning.  Writes the tier
+ *    refuses are counted (file_writes_dropped), never an error.
  *
  * Invariants
  *  - A hit pinned by lookup is exactly the chunks that load will read; pins
@@ -38,6 +52,7 @@
  * and must never block the scheduler except where the engine asks it to
  * (wait_blocks, wait_request, preempt, abort).
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -158,6 +173,10 @@ struct kvo_connector {
     /* verify_checksums: XXH3-64 per 4 KiB slot start */
     uint64_t *sums;
     size_t n_sums;
+    /* write-back: what prepare_store evicts (grown on KVO_ERANGE) */
+    kvo_chunk_key *ev_keys;
+    kvo_slot *ev_slots;
+    size_t ev_cap;
     uint32_t inject_load_fail, inject_store_fail;
     kvo_connector_stats st;
 };
@@ -290,6 +309,77 @@ static uint64_t kvo__slot_sum(kvo_connector *c, const kvo_chunk_key *k, kvo_slot
     return XXH3_64bits(kvo__slot_ptr(c, s), gp->chunk_bytes);
 }
 
+/* Hand n host chunks (keys[i] READY in host slot slots[i]) to the file
+ * tier, which copies them before returning.  lookup: ask the tier first and
+ * skip the chunks it holds or is writing (not counted as drops).  res[i]
+ * (may be NULL): 0 queued, KVO_EEXIST held already, or why it was dropped
+ * (KVO_EAGAIN back-pressure, KVO_ENOSPC quota, KVO_ECLOSED).  Counts
+ * file_writes and file_writes_skipped; returns how many were dropped (the
+ * caller counts them: a retry may still queue them).  Caller holds mu. */
+static size_t kvo__file_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n,
+                            bool lookup, int *res) {
+    enum { B = 64 };
+    kvo_chunk_key wk[B];
+    const void *srcs[B];
+    uint8_t st[B];
+    int wr[B];
+    size_t idx[B], dropped = 0;
+    for (size_t i = 0; i < n; i += B) {
+        size_t b = n - i < B ? n - i : B, m = 0, nq = 0;
+        if (lookup && kvo_file_tier_lookup(c->file, keys + i, b, st) != 0) memset(st, KVO_MISS, b);
+        for (size_t k = 0; k < b; k++) {
+            if (lookup && st[k] != KVO_MISS) {
+                c->st.file_writes_skipped++;
+                if (res) res[i + k] = KVO_EEXIST;
+                continue;
+            }
+            wk[m] = keys[i + k];
+            srcs[m] = kvo__slot_ptr(c, slots[i + k]);
+            wr[m] = KVO_EINVAL;
+            idx[m++] = i + k;
+        }
+        if (m == 0) continue;
+        int rc = kvo_file_tier_write(c->file, wk, srcs, m, NULL, wr, &nq);
+        c->st.file_writes += nq;
+        for (size_t k = 0; k < m; k++) {
+            int r = rc ? rc : wr[k];
+            if (r == KVO_EEXIST) c->st.file_writes_skipped++;
+            else if (r != 0) dropped++;
+            if (res) res[idx[k]] = r;
+        }
+    }
+    return dropped;
+}
+
+/* kvo_store_prepare_store on the host store; in write-back mode the READY
+ * chunks it evicts are handed to the file tier before this returns (their
+ * slots still hold their bytes: the caller writes the new slots later).
+ * Caller holds mu. */
+static int kvo__prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_t n, uint8_t *need,
+                              kvo_slot *slots) {
+    if (!c->file || c->p.file_mode != KVO_FILE_WRITE_BACK)
+        return kvo_store_prepare_store(c->store, keys, n, need, slots, NULL, NULL, 0, NULL);
+    for (;;) {
+        size_t nev = 0;
+        int rc = kvo_store_prepare_store(c->store, keys, n, need, slots, c->ev_keys, c->ev_slots, c->ev_cap, &nev);
+        if (rc == KVO_ERANGE && nev > c->ev_cap) {
+            size_t cap = c->ev_cap, cap2 = c->ev_cap;
+            if (kvo__grow((void **)&c->ev_keys, &cap, nev, sizeof *c->ev_keys) ||
+                kvo__grow((void **)&c->ev_slots, &cap2, nev, sizeof *c->ev_slots))
+                return KVO_ENOMEM;
+            c->ev_cap = cap < cap2 ? cap : cap2;
+            continue;
+        }
+        if (rc) return rc;
+        if (nev) {
+            size_t q0 = c->st.file_writes;
+            c->st.file_writes_dropped += kvo__file_put(c, c->ev_keys, c->ev_slots, nev, true, NULL);
+            c->st.file_writebacks += c->st.file_writes - q0;
+        }
+        return 0;
+    }
+}
+
 /* Token range [*lo, *hi) of chunk ch of group g needed to serve boundary b
  * above local L (see agree.c); empty when *lo >= *hi.  Block aligned. */
 static void kvo__need_range(const kvo_group_plan *gp, uint64_t ch, uint64_t L, uint64_t b, uint64_t *lo,
@@ -321,6 +411,8 @@ kvo_connector_params kvo_connector_default_params(void) {
     p.nontemporal = -1;
     p.sliding_store = KVO_SLIDING_STORE_ALL;
     p.max_requests = 4096;
+    p.file_mode = KVO_FILE_WRITE_THROUGH;
+    p.file_persist_on_destroy = true;
     return p;
 }
 
@@ -360,6 +452,10 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     if (p->sliding_store != KVO_SLIDING_STORE_ALL && p->sliding_store != KVO_SLIDING_STORE_CHECKPOINTS)
         return kvo__error(KVO_EINVAL, "kvo_connector_create: sliding_store %d is not ALL (0) or CHECKPOINTS (1)",
                           (int)p->sliding_store);
+    if (p->file_mode != KVO_FILE_WRITE_THROUGH && p->file_mode != KVO_FILE_WRITE_BACK)
+        return kvo__error(KVO_EINVAL,
+                          "kvo_connector_create: file_mode %d is not WRITE_THROUGH (0) or WRITE_BACK (1)",
+                          (int)p->file_mode);
 
     kvo_connector *c = kvo__calloc(1, sizeof *c);
     if (!c) return kvo__error(KVO_ENOMEM, "kvo_connector_create: out of memory");
@@ -430,6 +526,8 @@ fail:
     return rc;
 }
 
+static void kvo__process_results(kvo_connector *c);
+
 /* Wait until every file-tier read into the arena has completed (the tier
  * outlives the connector; its reads must not land in unmapped memory). */
 static void kvo__drain_reads(kvo_connector *c) {
@@ -451,6 +549,13 @@ void kvo_connector_destroy(kvo_connector *c) {
     if (!c) return;
     if (c->xfer) {
         kvo_transfer_close(c->xfer); /* queued jobs cancel, running ones finish */
+        if (c->file && c->store && c->jobs.e && c->p.file_mode == KVO_FILE_WRITE_BACK &&
+            c->p.file_persist_on_destroy) {
+            kvo__lock(c);
+            kvo__process_results(c); /* finished stores become READY */
+            kvo__unlock(c);
+            (void)kvo_connector_flush_to_file(c, -1, NULL);
+        }
         kvo_transfer_destroy(c->xfer);
     }
     kvo__drain_reads(c);
@@ -482,6 +587,8 @@ void kvo_connector_destroy(kvo_connector *c) {
     kvo__free(c->s_fkeys);
     kvo__free(c->s_fidx);
     kvo__free(c->sums);
+    kvo__free(c->ev_keys);
+    kvo__free(c->ev_slots);
     kvo__free(c->salt);
     pthread_mutex_destroy(&c->mu);
     kvo__free(c);
@@ -789,7 +896,7 @@ static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
     void **dsts = (void **)(slots + nf);
     uint64_t *ud = (uint64_t *)(dsts + nf);
     int *res = (int *)(ud + nf);
-    rc = kvo_store_prepare_store(c->store, c->s_fkeys, nf, c->s_fst, slots, NULL, NULL, 0, NULL);
+    rc = kvo__prepare_store(c, c->s_fkeys, nf, c->s_fst, slots);
     if (rc) {
         kvo__free(slots);
         return rc == KVO_ENOMEM ? rc : KVO__NOFILE;
@@ -1264,12 +1371,11 @@ static void kvo__batch_add(kvo_connector *c, kvo__req *r, size_t g, uint64_t ch,
  * arrays.  Best effort: chunks that cannot be stored are counted. */
 static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, size_t n) {
     if (n == 0) return;
-    int rc = kvo_store_prepare_store(c->store, c->s_keys, n, c->s_u8, c->s_slots, NULL, NULL, 0, NULL);
+    int rc = kvo__prepare_store(c, c->s_keys, n, c->s_u8, c->s_slots);
     if (rc == KVO_ENOSPC && n > 1) {
         /* all-or-nothing failed: try one by one, skipping those that do not fit */
         for (size_t i = 0; i < n; i++) {
-            int r1 = kvo_store_prepare_store(c->store, &c->s_keys[i], 1, &c->s_u8[i], &c->s_slots[i], NULL, NULL,
-                                             0, NULL);
+            int r1 = kvo__prepare_store(c, &c->s_keys[i], 1, &c->s_u8[i], &c->s_slots[i]);
             if (r1) {
                 c->s_u8[i] = 0;
                 c->st.stores_skipped_nospace++;
@@ -1592,15 +1698,8 @@ static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_
                 c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] = kvo__slot_sum(c, &j->keys[i], j->slots[i]);
         c->st.chunks_stored += j->n_keys;
         c->st.bytes_stored += res->bytes;
-        if (c->file) { /* write-through: the tier copies the bytes before returning */
-            const void *srcs[64];
-            for (size_t i = 0; i < j->n_keys; i += 64) {
-                size_t m = j->n_keys - i < 64 ? j->n_keys - i : 64, nq = 0;
-                for (size_t k = 0; k < m; k++) srcs[k] = kvo__slot_ptr(c, j->slots[i + k]);
-                if (kvo_file_tier_write(c->file, j->keys + i, srcs, m, NULL, NULL, &nq) == 0)
-                    c->st.file_writes += nq;
-            }
-        }
+        if (c->file && c->p.file_mode == KVO_FILE_WRITE_THROUGH) /* the tier copies before returning */
+            c->st.file_writes_dropped += kvo__file_put(c, j->keys, j->slots, j->n_keys, false, NULL);
         if (r) {
             r->st.chunks_stored += j->n_keys;
             r->st.bytes_stored += res->bytes;
@@ -1810,6 +1909,87 @@ int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out) {
     *out = c->st;
     kvo__unlock(c);
     return kvo_store_get_stats(c->store, &out->host);
+}
+
+/* ------------------------------------------------------ file persistence -- */
+
+/* Milliseconds left until deadline (ns, 0 = none: -1). */
+static int kvo__ms_left(uint64_t deadline) {
+    if (!deadline) return -1;
+    uint64_t now = kvo__now_ns();
+    if (now >= deadline) return 0;
+    uint64_t ms = (deadline - now + 999999u) / 1000000u;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_queued) {
+    if (n_queued) *n_queued = 0;
+    if (!c) return kvo__error(KVO_EINVAL, "kvo_connector_flush_to_file: c must not be NULL");
+    if (!c->file)
+        return kvo__error(KVO_ESTATE, "kvo_connector_flush_to_file: no file tier attached (params.file_tier)");
+    enum { B = 64, RETRIES = 3 };
+    uint64_t deadline = timeout_ms < 0 ? 0 : kvo__now_ns() + (uint64_t)timeout_ms * 1000000u + 1;
+    kvo_store_entry ents[B];
+    kvo_chunk_key keys[B];
+    kvo_slot slots[B];
+    int res[B];
+    uint64_t cursor = 0, queued = 0;
+    int rc = 0;
+    do {
+        size_t n = 0, m = 0;
+        kvo__lock(c);
+        rc = kvo_store_scan(c->store, &cursor, ents, B, &n);
+        for (size_t i = 0; i < n && !rc; i++)
+            if (ents[i].state == KVO_READY) {
+                keys[m] = ents[i].key;
+                slots[m++] = ents[i].slot;
+            }
+        for (int attempt = 0; !rc && m; attempt++) {
+            uint64_t q0 = c->st.file_writes;
+            size_t dropped = kvo__file_put(c, keys, slots, m, true, res), k = 0;
+            queued += c->st.file_writes - q0;
+            for (size_t i = 0; i < m; i++) {
+                if (res[i] == KVO_ECLOSED) rc = KVO_ECLOSED;
+                if (res[i] != KVO_EAGAIN) continue;
+                keys[k] = keys[i];
+                slots[k++] = slots[i];
+            }
+            if (rc || k == 0 || attempt == RETRIES) {
+                c->st.file_writes_dropped += dropped;
+                break;
+            }
+            /* back-pressure: let the tier's queue drain, then retry what it
+             * refused if it is still in host memory at the same slot */
+            c->st.file_writes_dropped += dropped - k;
+            kvo__unlock(c);
+            int w = kvo_file_tier_flush(c->file, kvo__ms_left(deadline));
+            kvo__lock(c);
+            if (w) {
+                c->st.file_writes_dropped += k;
+                rc = w;
+                break;
+            }
+            m = 0;
+            for (size_t i = 0; i < k; i++) {
+                kvo_store_entry e;
+                if (kvo_store_peek(c->store, &keys[i], &e) == 0 && e.state == KVO_READY &&
+                    e.slot.offset == slots[i].offset) {
+                    keys[m] = keys[i];
+                    slots[m++] = e.slot;
+                }
+            }
+        }
+        kvo__unlock(c);
+    } while (!rc && cursor);
+    if (!rc) rc = kvo_file_tier_flush(c->file, kvo__ms_left(deadline));
+    if (n_queued) *n_queued = queued;
+    if (rc == KVO_ETIMEDOUT)
+        return kvo__error(KVO_ETIMEDOUT,
+                          "kvo_connector_flush_to_file: file writes not finished after %d ms (%llu chunks queued "
+                          "by this call; they continue)",
+                          timeout_ms, (unsigned long long)queued);
+    if (rc == KVO_ECLOSED) return kvo__error(KVO_ECLOSED, "kvo_connector_flush_to_file: the file tier is closing");
+    return rc;
 }
 
 size_t kvo_connector_drain_events(kvo_connector *c, kvo_store_event *out, size_t cap, uint64_t *dropped) {
