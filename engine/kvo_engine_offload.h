@@ -22,6 +22,9 @@ typedef struct kvo_eng_conn_params {
     uint64_t host_bytes;       /* host tier bytes; required */
     const char *file_dir;      /* file tier root; NULL = no file tier */
     uint64_t file_bytes;       /* file tier quota; required with file_dir */
+    kvo_file_mode file_mode;   /* write-through (default) or write-back
+                                  (kvo_connector_params.file_mode; write-back
+                                  persists host chunks at destroy) */
     bool verify_checksums;     /* connector verifies host chunks on load */
     uint32_t transfer_threads; /* default 2 */
     uint32_t fail_every_load;  /* tests: report every k-th completed load as
@@ -43,7 +46,9 @@ const kvo_plan *kvo_eng_conn_plan(const kvo_eng_conn *c);
 kvo_connector *kvo_eng_conn_connector(kvo_eng_conn *c);
 /** The largest tokens_per_chunk of the plan: use as release_align. */
 uint64_t kvo_eng_conn_chunk_tokens(const kvo_eng_conn *c);
-/** Wait until file-tier writes are on disk (before a restart).  0 or error. */
+/** Wait until file-tier writes are on disk (before a restart); in write-back
+ *  mode first write the host tier's chunks the file tier lacks
+ *  (kvo_connector_flush_to_file).  0 or error. */
 int kvo_eng_conn_flush(kvo_eng_conn *c);
 /** Hook calls that failed (stores, waits) and were tolerated. */
 uint64_t kvo_eng_conn_hook_errors(const kvo_eng_conn *c);

@@ -267,6 +267,7 @@ int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *prm, kvo_eng_conn
     cp.plan = c->plan;
     cp.host_bytes = c->p.host_bytes;
     cp.file_tier = c->ft;
+    cp.file_mode = c->p.file_mode;
     cp.verify_checksums = c->p.verify_checksums;
     if (c->p.transfer_threads) cp.transfer_threads = c->p.transfer_threads;
     rc = kvo_connector_create(&cp, &c->conn);
@@ -322,6 +323,7 @@ uint64_t kvo_eng_conn_chunk_tokens(const kvo_eng_conn *c) {
 int kvo_eng_conn_flush(kvo_eng_conn *c) {
     if (!c->ft) return 0;
     kvo__drain(c);
-    int rc = kvo_file_tier_flush(c->ft, 60000);
+    int rc = c->p.file_mode == KVO_FILE_WRITE_BACK ? kvo_connector_flush_to_file(c->conn, 60000, NULL)
+                                                   : kvo_file_tier_flush(c->ft, 60000);
     return rc ? kvo__eng_lib_error(rc, "offload: file tier flush") : 0;
 }

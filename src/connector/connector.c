@@ -359,18 +359,23 @@ static int kvo__prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_
                               kvo_slot *slots) {
     if (!c->file || c->p.file_mode != KVO_FILE_WRITE_BACK)
         return kvo_store_prepare_store(c->store, keys, n, need, slots, NULL, NULL, 0, NULL);
+    size_t want = 64; /* buffers must exist: with NULL ones the store evicts without reporting */
     for (;;) {
+        if (c->ev_cap < want) {
+            size_t cap = c->ev_cap, cap2 = c->ev_cap;
+            if (kvo__grow((void **)&c->ev_keys, &cap, want, sizeof *c->ev_keys) ||
+                kvo__grow((void **)&c->ev_slots, &cap2, want, sizeof *c->ev_slots))
+                return KVO_ENOMEM;
+            c->ev_cap = cap < cap2 ? cap : cap2;
+        }
         size_t nev = 0;
         int rc = kvo_store_prepare_store(c->store, keys, n, need, slots, c->ev_keys, c->ev_slots, c->ev_cap, &nev);
         if (rc == KVO_ERANGE && nev > c->ev_cap) {
-            size_t cap = c->ev_cap, cap2 = c->ev_cap;
-            if (kvo__grow((void **)&c->ev_keys, &cap, nev, sizeof *c->ev_keys) ||
-                kvo__grow((void **)&c->ev_slots, &cap2, nev, sizeof *c->ev_slots))
-                return KVO_ENOMEM;
-            c->ev_cap = cap < cap2 ? cap : cap2;
+            want = nev;
             continue;
         }
         if (rc) return rc;
+        assert(nev <= c->ev_cap);
         if (nev) {
             size_t q0 = c->st.file_writes;
             c->st.file_writes_dropped += kvo__file_put(c, c->ev_keys, c->ev_slots, nev, true, NULL);
@@ -1937,6 +1942,11 @@ int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_qu
     int rc = 0;
     do {
         size_t n = 0, m = 0;
+        if (queued) { /* pace: one batch in the tier's queue at a time, so that
+                         the tier's back-pressure does not refuse the next */
+            rc = kvo_file_tier_flush(c->file, kvo__ms_left(deadline));
+            if (rc) break;
+        }
         kvo__lock(c);
         rc = kvo_store_scan(c->store, &cursor, ents, B, &n);
         for (size_t i = 0; i < n && !rc; i++)

@@ -40,6 +40,8 @@ static void kvo__demo_usage(FILE *f) {
             "  --host-mib N       host tier size (default 4)\n"
             "  --file-mib N       file tier size (default 64; 0 = no file tier)\n"
             "  --file-dir DIR     file tier directory (default: a temporary directory, removed after)\n"
+            "  --file-mode M      through (default): every stored chunk is also written to a file;\n"
+            "                     back: a chunk is written only when the host tier evicts it\n"
             "  --concurrency N    requests running at once (default 4)\n"
             "  --evict-every N    also force engine-cache eviction after every N requests (default 0)\n"
             "  --hash-tokens N    the model's hash unit in tokens (default 16; e.g. 64 puts tiny-blocks'\n"
@@ -147,6 +149,7 @@ int kvo_cmd_demo(int argc, char **argv) {
     uint64_t requests = 48, block_tokens = 16, max_blocks = 48, max_new = 4, engine_tokens = 0, chunk = 64,
              host_mib = 4, file_mib = 64, conc = 4, evict_every = 0, seed = 1234, hash_tokens = 0;
     bool json = false, quiet = false;
+    kvo_file_mode file_mode = KVO_FILE_WRITE_THROUGH;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
@@ -158,6 +161,10 @@ int kvo_cmd_demo(int argc, char **argv) {
         else if (!strcmp(a, "--shape") && v) shape = argv[++i];
         else if (!strcmp(a, "--trace") && v) trace = argv[++i];
         else if (!strcmp(a, "--file-dir") && v) file_dir = argv[++i];
+        else if (!strcmp(a, "--file-mode") && v && (!strcmp(v, "through") || !strcmp(v, "back"))) {
+            file_mode = !strcmp(v, "back") ? KVO_FILE_WRITE_BACK : KVO_FILE_WRITE_THROUGH;
+            i++;
+        }
         else if (!strcmp(a, "--requests")) rc = kvo_cli_parse_u64(a, v, 1, 100000, &requests), i++;
         else if (!strcmp(a, "--block-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 512, &block_tokens), i++;
         else if (!strcmp(a, "--max-blocks")) rc = kvo_cli_parse_u64(a, v, 1, 4096, &max_blocks), i++;
@@ -233,6 +240,7 @@ int kvo_cmd_demo(int argc, char **argv) {
     cp.host_bytes = host_mib << 20;
     cp.file_dir = file_mib ? file_dir : NULL;
     cp.file_bytes = file_mib << 20;
+    cp.file_mode = file_mode;
     if (kvo_eng_conn_create(off_e, &cp, &conn)) {
         fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
         exit_code = KVO_EXIT_USAGE;
@@ -263,7 +271,9 @@ int kvo_cmd_demo(int argc, char **argv) {
         printf("engine KV budget: %llu tokens; offload: %llu-token chunks, host tier %llu MiB",
                (unsigned long long)c->budget_tokens, (unsigned long long)kvo_eng_conn_chunk_tokens(conn),
                (unsigned long long)host_mib);
-        if (file_mib) printf(", file tier %llu MiB in %s", (unsigned long long)file_mib, file_dir);
+        if (file_mib)
+            printf(", file tier %llu MiB (write-%s) in %s", (unsigned long long)file_mib,
+                   file_mode == KVO_FILE_WRITE_BACK ? "back" : "through", file_dir);
         printf("\n\n");
         fflush(stdout);
     }
@@ -313,11 +323,13 @@ int kvo_cmd_demo(int argc, char **argv) {
 
     if (json) {
         printf("{\"shape\":\"%s\",\"params\":%llu,\"requests\":%zu,\"prompt_tokens\":%llu,\"generated_tokens\":%llu,"
-               "\"engine_budget_tokens\":%llu,\"chunk_tokens\":%llu,\"host_mib\":%llu,\"file_mib\":%llu,",
+               "\"engine_budget_tokens\":%llu,\"chunk_tokens\":%llu,\"host_mib\":%llu,\"file_mib\":%llu,"
+               "\"file_mode\":\"%s\",\"file_writes\":%llu,\"file_writes_dropped\":%llu,",
                c->shape, (unsigned long long)kvo_eng_param_count(off_e), w->n, (unsigned long long)P,
                (unsigned long long)gen, (unsigned long long)c->budget_tokens,
                (unsigned long long)kvo_eng_conn_chunk_tokens(conn), (unsigned long long)host_mib,
-               (unsigned long long)file_mib);
+               (unsigned long long)file_mib, file_mode == KVO_FILE_WRITE_BACK ? "back" : "through",
+               (unsigned long long)cs.file_writes, (unsigned long long)cs.file_writes_dropped);
         const kvo__demo_sum *ss[2] = {&sa, &sb};
         const char *names[2] = {"recompute", "offload"};
         for (int k = 0; k < 2; k++) {
@@ -361,6 +373,11 @@ int kvo_cmd_demo(int argc, char **argv) {
         printf("%-34s %16s %16llu\n", "loads failed -> recomputed", "-", (unsigned long long)sb.failures);
         printf("%-34s %16s %16llu\n", "engine blocks evicted", "-", (unsigned long long)es.block_evictions);
         printf("%-34s %16s %16llu\n", "host tier evictions", "-", (unsigned long long)cs.host.evictions);
+        if (file_mib) {
+            printf("%-34s %16s %16llu\n", "file tier writes", "-", (unsigned long long)cs.file_writes);
+            printf("%-34s %16s %16llu\n", "file writes dropped", "-",
+                   (unsigned long long)cs.file_writes_dropped);
+        }
         printf("%-34s %16s %16llu\n", "stores skipped (no room)", "-",
                (unsigned long long)(cs.stores_skipped_nospace + cs.stores_skipped_queue));
         if (kvo_eng_conn_hook_errors(conn))
