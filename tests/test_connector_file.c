@@ -1,10 +1,13 @@
 /*
  * The connector with a file tier behind the host tier: write-through of
- * stored chunks, lookups that hit files when the host misses (file -> host ->
+ * stored chunks, write-back on host eviction (only evicted chunks reach
+ * files; explicit flush and persistence at destroy; back-pressure drops
+ * counted), lookups that hit files when the host misses (file -> host ->
  * engine), mixed host/file hits, a restart that hits yesterday's files,
  * corrupt files that fail the load (never loaded), and preemption while file
  * reads run.
  */
+#include <errno.h>
 #include <ftw.h>
 #include <unistd.h>
 
@@ -29,12 +32,22 @@ static kvo_file_tier *make_tier(const kvo_plan *p, const char *root) {
     return t;
 }
 
-static void make_sim(sim *s, kvo_plan *p, kvo_file_tier *t) {
+/* A connector in file_mode with host_bytes (0: the sim's default) and
+ * file_persist_on_destroy = persist. */
+static void make_sim_mode(sim *s, kvo_plan *p, kvo_file_tier *t, kvo_file_mode mode, uint64_t host_bytes,
+                          bool persist) {
     kvo_connector_params cp = kvo_connector_default_params();
     cp.file_tier = t;
     cp.verify_checksums = true;
+    cp.file_mode = mode;
+    cp.host_bytes = host_bytes;
+    cp.file_persist_on_destroy = persist;
     sim_init(s, p, &cp, 512);
     s->keep_plan = true;
+}
+
+static void make_sim(sim *s, kvo_plan *p, kvo_file_tier *t) {
+    make_sim_mode(s, p, t, KVO_FILE_WRITE_THROUGH, 0, true);
 }
 
 static void fill(uint32_t *t, size_t n, uint32_t salt) {
@@ -256,5 +269,251 @@ KVO_TEST(preempt_while_file_reads_run) {
     }
     sim_destroy(&s);
     kvo_file_tier_destroy(t);
+    kvo_plan_destroy(p);
+}
+
+/* ----------------------------------------------------------- write-back -- */
+
+static kvo_file_tier_stats tier_stats(kvo_file_tier *t) {
+    kvo_file_tier_stats ts;
+    ASSERT_OK(kvo_file_tier_flush(t, -1));
+    ASSERT_OK(kvo_file_tier_get_stats(t, &ts));
+    return ts;
+}
+
+static kvo_connector_stats conn_stats(sim *s) {
+    kvo_connector_stats st;
+    ASSERT_OK(kvo_connector_get_stats(s->c, &st));
+    return st;
+}
+
+/* Slot bytes that the chunks of an n-token prompt take in the host tier. */
+static uint64_t prompt_bytes(const kvo_plan *p, uint64_t n) {
+    uint64_t b = 0;
+    for (size_t g = 0; g < kvo_plan_num_groups(p); g++) {
+        const kvo_group_plan *gp = kvo_plan_group(p, g);
+        if (gp->offloaded) b += n / gp->tokens_per_chunk * gp->slot_bytes;
+    }
+    return b;
+}
+
+static uint8_t file_state(kvo_file_tier *t, const kvo_chunk_key *k) {
+    uint8_t st = 0xff;
+    ASSERT_OK(kvo_file_tier_lookup(t, k, 1, &st));
+    return st;
+}
+
+/* The keys of every chunk in the host tier (READY). */
+static size_t host_keys(sim *s, kvo_chunk_key *out, size_t cap) {
+    kvo_store_entry ents[64];
+    uint64_t cur = 0;
+    size_t m = 0;
+    do {
+        size_t n = 0;
+        ASSERT_OK(kvo_store_scan(kvo_connector_store(s->c), &cur, ents, 64, &n));
+        for (size_t i = 0; i < n && m < cap; i++)
+            if (ents[i].state == KVO_READY) out[m++] = ents[i].key;
+    } while (cur);
+    return m;
+}
+
+/* Write-back: nothing reaches the files until the host evicts; then exactly
+ * the evicted chunks do, and a lookup that misses the host loads them from
+ * the files byte-exact.  Destroy without persistence writes nothing more. */
+KVO_TEST(writeback_only_on_host_eviction) {
+    char root[1024];
+    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
+    kvo_plan *p = plan2();
+    kvo_file_tier *t = make_tier(p, root);
+    sim s;
+    make_sim_mode(&s, p, t, KVO_FILE_WRITE_BACK, 3 * prompt_bytes(p, 400), false);
+    uint32_t tok[8][400];
+    fill(tok[0], 400, 100);
+    store_prompt(&s, t, 1, tok[0], 400);
+    kvo_connector_stats st = conn_stats(&s);
+    ASSERT_GT_U64(st.chunks_stored, 0);
+    ASSERT_EQ_U64(st.host.evictions, 0);
+    ASSERT_EQ_U64(st.file_writes, 0);
+    ASSERT_EQ_U64(tier_stats(t).writes, 0);
+    kvo_chunk_key a[256];
+    size_t na = host_keys(&s, a, 256);
+    ASSERT_EQ_U64(na, st.chunks_stored);
+    /* more prompts until every chunk of the first left the host */
+    size_t k = 1;
+    for (; k < 8; k++) {
+        fill(tok[k], 400, 100 + (uint32_t)k * 7);
+        store_prompt(&s, t, 1 + k, tok[k], 400);
+        size_t left = 0;
+        for (size_t i = 0; i < na; i++) {
+            kvo_store_entry e;
+            left += kvo_store_peek(kvo_connector_store(s.c), &a[i], &e) == 0;
+        }
+        if (left == 0) break;
+    }
+    ASSERT_LT_U64(k, 8);
+    st = conn_stats(&s);
+    kvo_file_tier_stats ts = tier_stats(t);
+    ASSERT_GT_U64(st.host.evictions, 0);
+    ASSERT_EQ_U64(st.file_writes, st.file_writebacks);
+    ASSERT_EQ_U64(st.file_writes, st.host.evictions); /* every eviction written once */
+    ASSERT_EQ_U64(st.file_writes_dropped, 0);
+    ASSERT_EQ_U64(ts.writes, st.file_writes);
+    for (size_t i = 0; i < na; i++) ASSERT_EQ_INT(file_state(t, &a[i]), KVO_READY);
+    /* chunks never evicted were never written */
+    kvo_chunk_key h[512];
+    size_t nh = host_keys(&s, h, 512);
+    ASSERT_GT_U64(nh, 0);
+    for (size_t i = 0; i < nh; i++) ASSERT_EQ_INT(file_state(t, &h[i]), KVO_MISS);
+    /* the first prompt comes back from the files, byte-exact */
+    sim_req r;
+    kvo_lookup_result lr;
+    kvo_completion cp = load_prompt(&s, &r, 50, tok[0], 400, &lr);
+    ASSERT_EQ_U64(lr.tokens, 384);
+    ASSERT_EQ_U64(lr.tokens_file, 384);
+    ASSERT_EQ_INT(cp.status, 0);
+    ASSERT_EQ_U64(cp.tokens_valid, 384);
+    check_blocks(&s, &r, 384);
+    ASSERT_OK(kvo_connector_abort(s.c, 50));
+    sim_req_free(&s, &r);
+    /* reading them back evicted other chunks: written back too, and the
+     * chunks read from files are not written again when evicted */
+    st = conn_stats(&s);
+    uint64_t before = tier_stats(t).writes;
+    ASSERT_EQ_U64(before, st.file_writes);
+    sim_destroy(&s); /* no persistence asked: nothing more is written */
+    ASSERT_EQ_U64(tier_stats(t).writes, before);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(p);
+}
+
+/* Explicit flush and persistence at destroy, never rewriting what the files
+ * hold; a restart hits what the host tier held. */
+KVO_TEST(writeback_flush_persist_restart) {
+    char root[1024];
+    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
+    kvo_plan *p = plan2();
+    kvo_file_tier *t = make_tier(p, root);
+    sim s;
+    make_sim_mode(&s, p, t, KVO_FILE_WRITE_BACK, 0, true);
+    uint32_t ta[400], tb[400];
+    fill(ta, 400, 200);
+    fill(tb, 400, 300);
+    store_prompt(&s, t, 1, ta, 400);
+    kvo_connector_stats st = conn_stats(&s);
+    uint64_t na = st.chunks_stored;
+    ASSERT_EQ_U64(st.file_writes, 0);
+    uint64_t nq = 99;
+    ASSERT_OK(kvo_connector_flush_to_file(s.c, -1, &nq));
+    ASSERT_EQ_U64(nq, na);
+    ASSERT_EQ_U64(tier_stats(t).writes, na);
+    ASSERT_OK(kvo_connector_flush_to_file(s.c, 10000, &nq)); /* all held: nothing rewritten */
+    ASSERT_EQ_U64(nq, 0);
+    st = conn_stats(&s);
+    ASSERT_GE_U64(st.file_writes_skipped, na);
+    ASSERT_EQ_U64(st.file_writebacks, 0);
+    store_prompt(&s, t, 2, tb, 400);
+    uint64_t nb = conn_stats(&s).chunks_stored - na;
+    ASSERT_EQ_U64(tier_stats(t).writes, na);
+    sim_destroy(&s); /* persists the second prompt's chunks only */
+    ASSERT_EQ_U64(tier_stats(t).writes, na + nb);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(p);
+
+    p = plan2();
+    t = make_tier(p, root);
+    make_sim_mode(&s, p, t, KVO_FILE_WRITE_BACK, 0, true);
+    sim_req r;
+    kvo_lookup_result lr;
+    kvo_completion cp = load_prompt(&s, &r, 3, tb, 400, &lr);
+    ASSERT_EQ_U64(lr.tokens, 384);
+    ASSERT_EQ_U64(lr.tokens_file, 384);
+    ASSERT_EQ_INT(cp.status, 0);
+    check_blocks(&s, &r, 384);
+    ASSERT_OK(kvo_connector_abort(s.c, 3));
+    sim_req_free(&s, &r);
+    sim_destroy(&s); /* what it holds came from the files: nothing written */
+    ASSERT_EQ_U64(tier_stats(t).writes, 0);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(p);
+}
+
+/* A tier that can take one write at a time: evictions it refuses are
+ * counted as dropped, never an error; injected ENOSPC neither.  Every chunk
+ * handed over is accounted for (queued, dropped). */
+KVO_TEST(writeback_backpressure_counted) {
+    char root[1024];
+    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
+    kvo_plan *p = plan2();
+    kvo_file_tier_params fp = kvo_file_tier_default_params();
+    fp.root = root;
+    fp.plan = p;
+    fp.quota_bytes = 32ull << 20;
+    fp.max_pending_writes = 1;
+    fp.io_threads = 1;
+    fp.log_interval_s = 3600;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&fp, &t));
+    sim s;
+    make_sim_mode(&s, p, t, KVO_FILE_WRITE_BACK, 2 * prompt_bytes(p, 400), false);
+    uint32_t tok[400];
+    kvo_connector_stats st;
+    uint32_t k = 0;
+    for (; k < 40; k++) {
+        fill(tok, 400, 500 + k * 11);
+        store_prompt(&s, t, 1 + k, tok, 400);
+        st = conn_stats(&s);
+        if (st.file_writes_dropped > 0 && st.file_writes >= 4) break;
+    }
+    ASSERT_LT_U64(k, 40);
+    kvo_file_tier_stats ts = tier_stats(t);
+    ASSERT_EQ_U64(st.file_writes_dropped, ts.dropped_backpressure + ts.dropped_quota);
+    ASSERT_EQ_U64(st.file_writes, ts.writes + ts.dropped_nospace + ts.dropped_io);
+    ASSERT_EQ_U64(st.file_writes + st.file_writes_dropped + st.file_writes_skipped, st.host.evictions);
+    /* a full disk: the writes fail in the tier, counted there */
+    kvo_file_tier_inject_write_error(ENOSPC, 2);
+    uint64_t q0 = st.file_writes;
+    for (; k < 80 && st.file_writes < q0 + 2; k++) {
+        fill(tok, 400, 500 + k * 11);
+        store_prompt(&s, t, 1 + k, tok, 400);
+        st = conn_stats(&s);
+    }
+    kvo_file_tier_inject_write_error(0, 0);
+    ASSERT_GE_U64(st.file_writes, q0 + 2);
+    ts = tier_stats(t);
+    ASSERT_EQ_U64(ts.dropped_nospace, 2);
+    ASSERT_EQ_U64(st.file_writes, ts.writes + ts.dropped_nospace + ts.dropped_io);
+    /* the connector still works: the last prompt hits the host */
+    sim_req r;
+    kvo_lookup_result lr;
+    kvo_completion cp = load_prompt(&s, &r, 1000, tok, 400, &lr);
+    ASSERT_EQ_INT(cp.status, 0);
+    check_blocks(&s, &r, 384);
+    ASSERT_OK(kvo_connector_abort(s.c, 1000));
+    sim_req_free(&s, &r);
+    /* an explicit flush paces itself through the one-write queue */
+    uint64_t nq = 0;
+    ASSERT_OK(kvo_connector_flush_to_file(s.c, -1, &nq));
+    ASSERT_GT_U64(nq, 0);
+    kvo_chunk_key h[512];
+    size_t nh = host_keys(&s, h, 512);
+    for (size_t i = 0; i < nh; i++) ASSERT_EQ_INT(file_state(t, &h[i]), KVO_READY);
+    sim_destroy(&s);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(p);
+}
+
+KVO_TEST(file_mode_rejects_bad_value) {
+    kvo_plan *p = plan2();
+    kvo_connector_params cp = kvo_connector_default_params();
+    cp.plan = p;
+    cp.host_bytes = 1u << 20;
+    cp.file_mode = (kvo_file_mode)7;
+    kvo_connector *c = NULL;
+    ASSERT_ERR(kvo_connector_create(&cp, &c), KVO_EINVAL);
+    ASSERT_CONTAINS(kvo_last_error(), "file_mode");
+    cp.file_mode = KVO_FILE_WRITE_BACK;
+    ASSERT_OK(kvo_connector_create(&cp, &c)); /* no tier: the mode is unused */
+    ASSERT_ERR(kvo_connector_flush_to_file(c, 0, NULL), KVO_ESTATE);
+    kvo_connector_destroy(c);
     kvo_plan_destroy(p);
 }

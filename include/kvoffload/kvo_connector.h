@@ -481,9 +481,11 @@ int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
  *  rewritten), then wait until the file tier's queued writes have finished.
  *  For write-back mode before a planned restart (or at destroy, see
  *  file_persist_on_destroy); in write-through mode it writes what
- *  back-pressure dropped.  When the tier pushes back (queue or staging
- *  memory full), waits for its queue to drain and retries those chunks (a
- *  few times; chunks still refused are counted in file_writes_dropped).
+ *  back-pressure dropped.  Paced: waits for the tier's queue to drain
+ *  between batches; chunks the tier still refuses (queue or staging memory
+ *  full) are retried after another drain as long as each attempt queues
+ *  some; chunks refused right after a drain are counted in
+ *  file_writes_dropped.
  *  Chunks stored or evicted concurrently may be missed or seen twice
  *  (harmless).  The connector lock is released while waiting; other calls
  *  may run meanwhile.  timeout_ms bounds the whole call (-1: none).

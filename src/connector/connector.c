@@ -1932,7 +1932,7 @@ int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_qu
     if (!c) return kvo__error(KVO_EINVAL, "kvo_connector_flush_to_file: c must not be NULL");
     if (!c->file)
         return kvo__error(KVO_ESTATE, "kvo_connector_flush_to_file: no file tier attached (params.file_tier)");
-    enum { B = 64, RETRIES = 3 };
+    enum { B = 64 };
     uint64_t deadline = timeout_ms < 0 ? 0 : kvo__now_ns() + (uint64_t)timeout_ms * 1000000u + 1;
     kvo_store_entry ents[B];
     kvo_chunk_key keys[B];
@@ -1957,14 +1957,17 @@ int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_qu
         for (int attempt = 0; !rc && m; attempt++) {
             uint64_t q0 = c->st.file_writes;
             size_t dropped = kvo__file_put(c, keys, slots, m, true, res), k = 0;
-            queued += c->st.file_writes - q0;
+            uint64_t progress = c->st.file_writes - q0;
+            queued += progress;
             for (size_t i = 0; i < m; i++) {
                 if (res[i] == KVO_ECLOSED) rc = KVO_ECLOSED;
                 if (res[i] != KVO_EAGAIN) continue;
                 keys[k] = keys[i];
                 slots[k++] = slots[i];
             }
-            if (rc || k == 0 || attempt == RETRIES) {
+            /* after a drained queue, an attempt that queues nothing is a
+             * real refusal (staging, quota): give up on those chunks */
+            if (rc || k == 0 || (attempt > 0 && progress == 0)) {
                 c->st.file_writes_dropped += dropped;
                 break;
             }
