@@ -39,15 +39,20 @@ static kvo_eng_workload *mk_workload(size_t n) {
     return w;
 }
 
-static kvo_eng_conn *mk_conn(kvo_eng *e, uint64_t host, const char *dir, uint64_t file) {
+static kvo_eng_conn *mk_conn_mode(kvo_eng *e, uint64_t host, const char *dir, uint64_t file, kvo_file_mode mode) {
     kvo_eng_conn_params cp = kvo_eng_conn_default_params();
     cp.chunk_tokens = 64;
     cp.host_bytes = host;
     cp.file_dir = dir;
     cp.file_bytes = file;
+    cp.file_mode = mode;
     kvo_eng_conn *c = NULL;
     ENG_OK(kvo_eng_conn_create(e, &cp, &c));
     return c;
+}
+
+static kvo_eng_conn *mk_conn(kvo_eng *e, uint64_t host, const char *dir, uint64_t file) {
+    return mk_conn_mode(e, host, dir, file, KVO_FILE_WRITE_THROUGH);
 }
 
 static kvo_eng_result *run(kvo_eng *e, const kvo_eng_workload *w, kvo_eng_conn *c, uint32_t evict_every,
@@ -263,6 +268,44 @@ KVO_TEST(restart_hits_file_tier) {
     kvo_eng_workload_free(w);
 }
 
+/* Write-back: a host tier too small for the workload writes its evictions
+ * to files; the output stays bit-identical, the files serve hits, and after
+ * a restart (host chunks persisted at destroy) so do they. */
+KVO_TEST(write_back_exact_and_restart) {
+    const char *dir = kvo_test_tmpdir();
+    kvo_eng_workload *w = mk_workload(10);
+    kvo_eng_result *a = baseline("hybrid-state", w);
+    kvo_eng *e = mk_engine("hybrid-state", 1024);
+    kvo_eng_conn *c = mk_conn_mode(e, 64u << 10, dir, 64u << 20, KVO_FILE_WRITE_BACK);
+    kvo_eng_result *b = run(e, w, c, 1, 2);
+    assert_same(a, b, w->n);
+    sums s = sum(b, w->n);
+    ASSERT_GT_U64(s.loaded, 0);
+    ASSERT_EQ_U64(s.failures, 0);
+    kvo_connector_stats cs;
+    ASSERT_OK(kvo_connector_get_stats(kvo_eng_conn_connector(c), &cs));
+    ASSERT_GT_U64(cs.host.evictions, 0);
+    ASSERT_GT_U64(cs.file_writebacks, 0);
+    ASSERT_EQ_U64(cs.file_writes, cs.file_writebacks);
+    ASSERT_LE_U64(cs.file_writes, cs.host.evictions);
+    ASSERT_EQ_U64(kvo_eng_conn_hook_errors(c), 0);
+    kvo_eng_conn_destroy(c);
+    kvo_eng_destroy(e);
+    e = mk_engine("hybrid-state", 1024);
+    c = mk_conn_mode(e, 16u << 20, dir, 64u << 20, KVO_FILE_WRITE_BACK);
+    kvo_eng_result *b2 = run(e, w, c, 1, 1);
+    assert_same(a, b2, w->n);
+    s = sum(b2, w->n);
+    ASSERT_GT_U64(s.file, 0);
+    ASSERT_EQ_U64(s.failures, 0);
+    drop(a, w->n);
+    drop(b, w->n);
+    drop(b2, w->n);
+    kvo_eng_conn_destroy(c);
+    kvo_eng_destroy(e);
+    kvo_eng_workload_free(w);
+}
+
 /* The demo command end to end (small): exit 0 and the MATCH verdict. */
 KVO_TEST(demo_command) {
     char *out = NULL;
@@ -292,6 +335,22 @@ KVO_TEST(demo_json_and_usage) {
     ASSERT_EQ_U64(json_integer_value(json_object_get(o, "requests")), 4);
     ASSERT_NOT_NULL(json_object_get(json_object_get(o, "offload"), "ttft_p99_ms"));
     json_decref(o);
+    free(out);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && '%s' demo --requests 4 --max-blocks 8 --quiet --json --host-mib 1 --file-mode back "
+             "--file-dir '%s'",
+             KVO_SOURCE_DIR, KVO_CLI_PATH, kvo_test_tmpdir());
+    rc = kvo_test_run(cmd, &out);
+    if (rc != 0) FAILF("demo --file-mode back exited %d: %s", rc, out ? out : "");
+    o = json_loads(out, 0, &err);
+    if (!o) FAILF("demo --json is not JSON (%s): %s", err.text, out);
+    ASSERT_TRUE(json_is_true(json_object_get(o, "match")));
+    ASSERT_EQ_STR(json_string_value(json_object_get(o, "file_mode")), "back");
+    json_decref(o);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' demo --file-mode sideways 2>&1", KVO_CLI_PATH);
+    ASSERT_EQ_INT(kvo_test_run(cmd, &out), 2);
+    ASSERT_CONTAINS(out, "--file-mode");
     free(out);
     snprintf(cmd, sizeof cmd, "'%s' demo --shape nope 2>&1", KVO_CLI_PATH);
     ASSERT_EQ_INT(kvo_test_run(cmd, &out), 2);
