@@ -20,13 +20,14 @@ static kvo_plan *plan2(void) {
     return sim_plan("file-two", 16, gs, 2);
 }
 
-static kvo_file_tier *make_tier(const kvo_plan *p, const char *root) {
+static kvo_file_tier *make_tier(const kvo_plan *p, const char *root, uint32_t max_pending_writes) {
     kvo_file_tier_params fp = kvo_file_tier_default_params();
     fp.root = root;
     fp.plan = p;
     fp.quota_bytes = 32ull << 20;
     fp.max_staging_bytes = 8ull << 20;
     fp.log_interval_s = 3600;
+    if (max_pending_writes) fp.max_pending_writes = max_pending_writes;
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&fp, &t));
     return t;
@@ -44,10 +45,6 @@ static void make_sim_mode(sim *s, kvo_plan *p, kvo_file_tier *t, kvo_file_mode m
     cp.file_persist_on_destroy = persist;
     sim_init(s, p, &cp, 512);
     s->keep_plan = true;
-}
-
-static void make_sim(sim *s, kvo_plan *p, kvo_file_tier *t) {
-    make_sim_mode(s, p, t, KVO_FILE_WRITE_THROUGH, 0, true);
 }
 
 static void fill(uint32_t *t, size_t n, uint32_t salt) {
@@ -100,75 +97,103 @@ static void check_blocks(sim *s, sim_req *r, uint64_t b) {
                 FAILF("group %zu block index %llu differs", g, (unsigned long long)i);
 }
 
-KVO_TEST(host_miss_hits_file_then_restart) {
+/* Slot bytes that the chunks of an n-token prompt take in the host tier. */
+static uint64_t prompt_bytes(const kvo_plan *p, uint64_t n) {
+    uint64_t b = 0;
+    for (size_t g = 0; g < kvo_plan_num_groups(p); g++) {
+        const kvo_group_plan *gp = kvo_plan_group(p, g);
+        if (gp->offloaded) b += n / gp->tokens_per_chunk * gp->slot_bytes;
+    }
+    return b;
+}
+
+/* One test setup: plan2, a tier under <tmp>/tier (max_pending_writes: 0 =
+ * the default), a connector in mode with a host tier of host_prompts times
+ * a 400-token prompt's chunks (0: the sim's default, 8 MiB). */
+typedef struct fx {
     char root[1024];
-    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
-    kvo_plan *p = plan2();
-    kvo_file_tier *t = make_tier(p, root);
+    kvo_plan *p;
+    kvo_file_tier *t;
     sim s;
-    make_sim(&s, p, t);
-    uint32_t tok[400];
-    fill(tok, 400, 1);
-    store_prompt(&s, t, 1, tok, 400);
-    kvo_connector_stats st;
-    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
-    ASSERT_EQ_U64(st.file_writes, st.chunks_stored);
-    /* the host forgets everything: the files serve the hit */
-    kvo_store_clear(kvo_connector_store(s.c));
+} fx;
+
+static void fx_open(fx *f, uint32_t max_pending_writes, kvo_file_mode mode, uint32_t host_prompts, bool persist) {
+    snprintf(f->root, sizeof f->root, "%s/tier", kvo_test_tmpdir());
+    f->p = plan2();
+    f->t = make_tier(f->p, f->root, max_pending_writes);
+    make_sim_mode(&f->s, f->p, f->t, mode, host_prompts * prompt_bytes(f->p, 400), persist);
+}
+
+static void fx_close(fx *f) {
+    sim_destroy(&f->s);
+    kvo_file_tier_destroy(f->t);
+    kvo_plan_destroy(f->p);
+}
+
+/* Load the 400 tokens tok through request id: a 384-token hit, byte-exact,
+ * from_file of its tokens from files (UINT64_MAX: any); then abort it. */
+static kvo_lookup_result expect_hit(sim *s, uint64_t id, const uint32_t *tok, uint64_t from_file) {
     sim_req r;
     kvo_lookup_result lr;
-    kvo_completion cp = load_prompt(&s, &r, 2, tok, 400, &lr);
+    kvo_completion cp = load_prompt(s, &r, id, tok, 400, &lr);
+    ASSERT_EQ_U64(lr.tokens, 384);
+    if (from_file != UINT64_MAX) ASSERT_EQ_U64(lr.tokens_file, from_file);
+    ASSERT_EQ_U64(lr.tokens_file + lr.tokens_host, 384);
+    ASSERT_EQ_INT(cp.status, 0);
+    ASSERT_EQ_U64(cp.tokens_valid, 384);
+    check_blocks(s, &r, 384);
+    ASSERT_OK(kvo_connector_abort(s->c, id));
+    sim_req_free(s, &r);
+    return lr;
+}
+
+KVO_TEST(host_miss_hits_file_then_restart) {
+    fx f;
+    fx_open(&f, 0, KVO_FILE_WRITE_THROUGH, 0, true);
+    uint32_t tok[400];
+    fill(tok, 400, 1);
+    store_prompt(&f.s, f.t, 1, tok, 400);
+    kvo_connector_stats st;
+    ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
+    ASSERT_EQ_U64(st.file_writes, st.chunks_stored);
+    /* the host forgets everything: the files serve the hit */
+    kvo_store_clear(kvo_connector_store(f.s.c));
+    sim_req r;
+    kvo_lookup_result lr;
+    kvo_completion cp = load_prompt(&f.s, &r, 2, tok, 400, &lr);
     ASSERT_EQ_U64(lr.tokens, 384);
     ASSERT_EQ_U64(lr.tokens_file, 384);
     ASSERT_EQ_U64(lr.tokens_host, 0);
     ASSERT_EQ_INT(cp.status, 0);
     ASSERT_EQ_U64(cp.tokens_valid, 384);
-    check_blocks(&s, &r, 384);
+    check_blocks(&f.s, &r, 384);
     kvo_request_stats rs;
-    ASSERT_OK(kvo_connector_request_stats(s.c, 2, &rs));
+    ASSERT_OK(kvo_connector_request_stats(f.s.c, 2, &rs));
     ASSERT_EQ_U64(rs.tokens_loaded_file, 384);
-    ASSERT_OK(kvo_connector_abort(s.c, 2));
-    sim_req_free(&s, &r);
+    ASSERT_OK(kvo_connector_abort(f.s.c, 2));
+    sim_req_free(&f.s, &r);
     /* the chunks are in host memory again (promoted): a mixed hit after
      * dropping a few of them */
     kvo_store_entry ents[64];
     uint64_t cur = 0;
     size_t n = 0;
-    ASSERT_OK(kvo_store_scan(kvo_connector_store(s.c), &cur, ents, 64, &n));
+    ASSERT_OK(kvo_store_scan(kvo_connector_store(f.s.c), &cur, ents, 64, &n));
     ASSERT_GT_U64(n, 4);
     for (size_t i = 0; i < n; i++)
-        if (ents[i].key.group == 0 && i % 3 == 0) ASSERT_OK(kvo_store_remove(kvo_connector_store(s.c), &ents[i].key, 1));
-    cp = load_prompt(&s, &r, 3, tok, 400, &lr);
-    ASSERT_EQ_U64(lr.tokens, 384);
+        if (ents[i].key.group == 0 && i % 3 == 0) ASSERT_OK(kvo_store_remove(kvo_connector_store(f.s.c), &ents[i].key, 1));
+    lr = expect_hit(&f.s, 3, tok, UINT64_MAX);
     ASSERT_GT_U64(lr.tokens_file, 0);
     ASSERT_GT_U64(lr.tokens_host, 0);
-    ASSERT_EQ_U64(lr.tokens_file + lr.tokens_host, 384);
-    ASSERT_EQ_INT(cp.status, 0);
-    check_blocks(&s, &r, 384);
-    ASSERT_OK(kvo_connector_abort(s.c, 3));
-    sim_req_free(&s, &r);
-    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
+    ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
     ASSERT_EQ_U64(st.host.pinned, 0);
     ASSERT_EQ_U64(st.host.pending, 0);
     ASSERT_GT_U64(st.file_reads, 0);
-    sim_destroy(&s);
-    kvo_file_tier_destroy(t);
-    kvo_plan_destroy(p);
+    fx_close(&f);
 
     /* restart: a new process-like setup on the same directory */
-    p = plan2();
-    t = make_tier(p, root);
-    make_sim(&s, p, t);
-    cp = load_prompt(&s, &r, 4, tok, 400, &lr);
-    ASSERT_EQ_U64(lr.tokens, 384);
-    ASSERT_EQ_U64(lr.tokens_file, 384);
-    ASSERT_EQ_INT(cp.status, 0);
-    check_blocks(&s, &r, 384);
-    ASSERT_OK(kvo_connector_abort(s.c, 4));
-    sim_req_free(&s, &r);
-    sim_destroy(&s);
-    kvo_file_tier_destroy(t);
-    kvo_plan_destroy(p);
+    fx_open(&f, 0, KVO_FILE_WRITE_THROUGH, 0, true);
+    expect_hit(&f.s, 4, tok, 384);
+    fx_close(&f);
 }
 
 static int corrupt_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -185,54 +210,44 @@ static int corrupt_one(const char *path, const struct stat *sb, int flag, struct
 }
 
 KVO_TEST(corrupt_files_fail_the_load) {
-    char root[1024];
-    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
-    kvo_plan *p = plan2();
-    kvo_file_tier *t = make_tier(p, root);
-    sim s;
-    make_sim(&s, p, t);
+    fx f;
+    fx_open(&f, 0, KVO_FILE_WRITE_THROUGH, 0, true);
     uint32_t tok[400];
     fill(tok, 400, 2);
-    store_prompt(&s, t, 1, tok, 400);
-    kvo_store_clear(kvo_connector_store(s.c));
-    ASSERT_EQ_INT(nftw(root, corrupt_one, 16, FTW_PHYS), 0);
+    store_prompt(&f.s, f.t, 1, tok, 400);
+    kvo_store_clear(kvo_connector_store(f.s.c));
+    ASSERT_EQ_INT(nftw(f.root, corrupt_one, 16, FTW_PHYS), 0);
     sim_req r;
     kvo_lookup_result lr;
-    kvo_completion cp = load_prompt(&s, &r, 2, tok, 400, &lr);
+    kvo_completion cp = load_prompt(&f.s, &r, 2, tok, 400, &lr);
     ASSERT_NE_INT(cp.status, 0);
     ASSERT_EQ_U64(cp.tokens_valid, 0);
     ASSERT_EQ_U64(cp.n_invalid_blocks, 0); /* nothing was copied into the engine */
     kvo_connector_stats st;
-    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
+    ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
     ASSERT_GT_U64(st.file_read_failures, 0);
     ASSERT_EQ_U64(st.host.pinned, 0);
     ASSERT_EQ_U64(st.host.pending, 0);
     /* the bad files are gone: the next lookup misses */
-    ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
+    ASSERT_OK(kvo_connector_lookup(f.s.c, 2, 0, &lr));
     ASSERT_EQ_INT(lr.status, KVO_HIT_NONE);
-    ASSERT_OK(kvo_connector_abort(s.c, 2));
-    sim_req_free(&s, &r);
-    sim_destroy(&s);
-    kvo_file_tier_destroy(t);
-    kvo_plan_destroy(p);
+    ASSERT_OK(kvo_connector_abort(f.s.c, 2));
+    sim_req_free(&f.s, &r);
+    fx_close(&f);
 }
 
 KVO_TEST(preempt_while_file_reads_run) {
-    char root[1024];
-    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
-    kvo_plan *p = plan2();
-    kvo_file_tier *t = make_tier(p, root);
-    sim s;
-    make_sim(&s, p, t);
+    fx f;
+    fx_open(&f, 0, KVO_FILE_WRITE_THROUGH, 0, true);
     uint32_t tok[400];
     fill(tok, 400, 3);
-    store_prompt(&s, t, 1, tok, 400);
+    store_prompt(&f.s, f.t, 1, tok, 400);
     for (int round = 0; round < 5; round++) {
-        kvo_store_clear(kvo_connector_store(s.c));
+        kvo_store_clear(kvo_connector_store(f.s.c));
         uint64_t id = 10 + (uint64_t)round;
-        ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = 400}));
+        ASSERT_OK(kvo_connector_add_request(f.s.c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = 400}));
         kvo_lookup_result lr;
-        ASSERT_OK(kvo_connector_lookup(s.c, id, 0, &lr));
+        ASSERT_OK(kvo_connector_lookup(f.s.c, id, 0, &lr));
         ASSERT_EQ_INT(lr.status, KVO_HIT);
         if (round % 2) {
             /* the load waits for the reads; preempt before they land */
@@ -240,36 +255,34 @@ KVO_TEST(preempt_while_file_reads_run) {
             sim_req_init(&r, id);
             sim_req_tokens(&r, tok, 400);
             for (size_t g = 0; g < 2; g++) {
-                sim_table_len(&s, &r, g, 24);
-                for (int i = 0; i < 24; i++) r.tab[g][i] = sim_alloc(&s, g);
+                sim_table_len(&f.s, &r, g, 24);
+                for (int i = 0; i < 24; i++) r.tab[g][i] = sim_alloc(&f.s, g);
             }
             kvo_block_table tb[2];
-            sim_tables(&s, &r, tb);
-            ASSERT_OK(kvo_connector_load(s.c, id, lr.tokens, tb, 2));
-            ASSERT_OK(kvo_connector_preempt(s.c, id));
-            sim_req_free(&s, &r);
+            sim_tables(&f.s, &r, tb);
+            ASSERT_OK(kvo_connector_load(f.s.c, id, lr.tokens, tb, 2));
+            ASSERT_OK(kvo_connector_preempt(f.s.c, id));
+            sim_req_free(&f.s, &r);
         } else {
-            ASSERT_OK(kvo_connector_abort(s.c, id));
+            ASSERT_OK(kvo_connector_abort(f.s.c, id));
         }
         /* let the orphaned reads finish */
         for (int spin = 0; spin < 100000; spin++) {
             kvo_completion cps[8];
-            size_t n = kvo_connector_poll(s.c, cps, 8);
+            size_t n = kvo_connector_poll(f.s.c, cps, 8);
             for (size_t i = 0; i < n; i++) ASSERT_NE_U64(cps[i].request, id);
             kvo_store_stats hs;
-            ASSERT_OK(kvo_store_get_stats(kvo_connector_store(s.c), &hs));
+            ASSERT_OK(kvo_store_get_stats(kvo_connector_store(f.s.c), &hs));
             if (hs.pending == 0) break;
             usleep(100);
         }
         kvo_store_stats hs;
-        ASSERT_OK(kvo_store_get_stats(kvo_connector_store(s.c), &hs));
+        ASSERT_OK(kvo_store_get_stats(kvo_connector_store(f.s.c), &hs));
         ASSERT_EQ_U64(hs.pending, 0);
         ASSERT_EQ_U64(hs.pinned, 0);
-        if (round % 2) ASSERT_OK(kvo_connector_abort(s.c, id));
+        if (round % 2) ASSERT_OK(kvo_connector_abort(f.s.c, id));
     }
-    sim_destroy(&s);
-    kvo_file_tier_destroy(t);
-    kvo_plan_destroy(p);
+    fx_close(&f);
 }
 
 /* ----------------------------------------------------------- write-back -- */
@@ -285,16 +298,6 @@ static kvo_connector_stats conn_stats(sim *s) {
     kvo_connector_stats st;
     ASSERT_OK(kvo_connector_get_stats(s->c, &st));
     return st;
-}
-
-/* Slot bytes that the chunks of an n-token prompt take in the host tier. */
-static uint64_t prompt_bytes(const kvo_plan *p, uint64_t n) {
-    uint64_t b = 0;
-    for (size_t g = 0; g < kvo_plan_num_groups(p); g++) {
-        const kvo_group_plan *gp = kvo_plan_group(p, g);
-        if (gp->offloaded) b += n / gp->tokens_per_chunk * gp->slot_bytes;
-    }
-    return b;
 }
 
 static uint8_t file_state(kvo_file_tier *t, const kvo_chunk_key *k) {
@@ -321,151 +324,110 @@ static size_t host_keys(sim *s, kvo_chunk_key *out, size_t cap) {
  * the evicted chunks do, and a lookup that misses the host loads them from
  * the files byte-exact.  Destroy without persistence writes nothing more. */
 KVO_TEST(writeback_only_on_host_eviction) {
-    char root[1024];
-    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
-    kvo_plan *p = plan2();
-    kvo_file_tier *t = make_tier(p, root);
-    sim s;
-    make_sim_mode(&s, p, t, KVO_FILE_WRITE_BACK, 3 * prompt_bytes(p, 400), false);
+    fx f;
+    fx_open(&f, 0, KVO_FILE_WRITE_BACK, 3, false);
     uint32_t tok[8][400];
     fill(tok[0], 400, 100);
-    store_prompt(&s, t, 1, tok[0], 400);
-    kvo_connector_stats st = conn_stats(&s);
+    store_prompt(&f.s, f.t, 1, tok[0], 400);
+    kvo_connector_stats st = conn_stats(&f.s);
     ASSERT_GT_U64(st.chunks_stored, 0);
     ASSERT_EQ_U64(st.host.evictions, 0);
     ASSERT_EQ_U64(st.file_writes, 0);
-    ASSERT_EQ_U64(tier_stats(t).writes, 0);
+    ASSERT_EQ_U64(tier_stats(f.t).writes, 0);
     kvo_chunk_key a[256];
-    size_t na = host_keys(&s, a, 256);
+    size_t na = host_keys(&f.s, a, 256);
     ASSERT_EQ_U64(na, st.chunks_stored);
     /* more prompts until every chunk of the first left the host */
     size_t k = 1;
     for (; k < 8; k++) {
         fill(tok[k], 400, 100 + (uint32_t)k * 7);
-        store_prompt(&s, t, 1 + k, tok[k], 400);
+        store_prompt(&f.s, f.t, 1 + k, tok[k], 400);
         size_t left = 0;
         for (size_t i = 0; i < na; i++) {
             kvo_store_entry e;
-            left += kvo_store_peek(kvo_connector_store(s.c), &a[i], &e) == 0;
+            left += kvo_store_peek(kvo_connector_store(f.s.c), &a[i], &e) == 0;
         }
         if (left == 0) break;
     }
     ASSERT_LT_U64(k, 8);
-    st = conn_stats(&s);
-    kvo_file_tier_stats ts = tier_stats(t);
+    st = conn_stats(&f.s);
+    kvo_file_tier_stats ts = tier_stats(f.t);
     ASSERT_GT_U64(st.host.evictions, 0);
     ASSERT_EQ_U64(st.file_writes, st.file_writebacks);
     ASSERT_EQ_U64(st.file_writes, st.host.evictions); /* every eviction written once */
     ASSERT_EQ_U64(st.file_writes_dropped, 0);
     ASSERT_EQ_U64(ts.writes, st.file_writes);
-    for (size_t i = 0; i < na; i++) ASSERT_EQ_INT(file_state(t, &a[i]), KVO_READY);
+    for (size_t i = 0; i < na; i++) ASSERT_EQ_INT(file_state(f.t, &a[i]), KVO_READY);
     /* chunks never evicted were never written */
     kvo_chunk_key h[512];
-    size_t nh = host_keys(&s, h, 512);
+    size_t nh = host_keys(&f.s, h, 512);
     ASSERT_GT_U64(nh, 0);
-    for (size_t i = 0; i < nh; i++) ASSERT_EQ_INT(file_state(t, &h[i]), KVO_MISS);
-    /* the first prompt comes back from the files, byte-exact */
-    sim_req r;
-    kvo_lookup_result lr;
-    kvo_completion cp = load_prompt(&s, &r, 50, tok[0], 400, &lr);
-    ASSERT_EQ_U64(lr.tokens, 384);
-    ASSERT_EQ_U64(lr.tokens_file, 384);
-    ASSERT_EQ_INT(cp.status, 0);
-    ASSERT_EQ_U64(cp.tokens_valid, 384);
-    check_blocks(&s, &r, 384);
-    ASSERT_OK(kvo_connector_abort(s.c, 50));
-    sim_req_free(&s, &r);
-    /* reading them back evicted other chunks: written back too, and the
-     * chunks read from files are not written again when evicted */
-    st = conn_stats(&s);
-    uint64_t before = tier_stats(t).writes;
-    ASSERT_EQ_U64(before, st.file_writes);
-    sim_destroy(&s); /* no persistence asked: nothing more is written */
-    ASSERT_EQ_U64(tier_stats(t).writes, before);
-    kvo_file_tier_destroy(t);
-    kvo_plan_destroy(p);
+    for (size_t i = 0; i < nh; i++) ASSERT_EQ_INT(file_state(f.t, &h[i]), KVO_MISS);
+    /* the first prompt comes back from the files, byte-exact; reading it
+     * evicts other chunks, written back too */
+    expect_hit(&f.s, 50, tok[0], 384);
+    uint64_t before = tier_stats(f.t).writes;
+    ASSERT_EQ_U64(before, conn_stats(&f.s).file_writes);
+    sim_destroy(&f.s); /* no persistence asked: nothing more is written */
+    ASSERT_EQ_U64(tier_stats(f.t).writes, before);
+    kvo_file_tier_destroy(f.t);
+    kvo_plan_destroy(f.p);
 }
 
 /* Explicit flush and persistence at destroy, never rewriting what the files
  * hold; a restart hits what the host tier held. */
 KVO_TEST(writeback_flush_persist_restart) {
-    char root[1024];
-    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
-    kvo_plan *p = plan2();
-    kvo_file_tier *t = make_tier(p, root);
-    sim s;
-    make_sim_mode(&s, p, t, KVO_FILE_WRITE_BACK, 0, true);
+    fx f;
+    fx_open(&f, 0, KVO_FILE_WRITE_BACK, 0, true);
     uint32_t ta[400], tb[400];
     fill(ta, 400, 200);
     fill(tb, 400, 300);
-    store_prompt(&s, t, 1, ta, 400);
-    kvo_connector_stats st = conn_stats(&s);
+    store_prompt(&f.s, f.t, 1, ta, 400);
+    kvo_connector_stats st = conn_stats(&f.s);
     uint64_t na = st.chunks_stored;
     ASSERT_EQ_U64(st.file_writes, 0);
     uint64_t nq = 99;
-    ASSERT_OK(kvo_connector_flush_to_file(s.c, -1, &nq));
+    ASSERT_OK(kvo_connector_flush_to_file(f.s.c, -1, &nq));
     ASSERT_EQ_U64(nq, na);
-    ASSERT_EQ_U64(tier_stats(t).writes, na);
-    ASSERT_OK(kvo_connector_flush_to_file(s.c, 10000, &nq)); /* all held: nothing rewritten */
+    ASSERT_EQ_U64(tier_stats(f.t).writes, na);
+    ASSERT_OK(kvo_connector_flush_to_file(f.s.c, 10000, &nq)); /* all held: nothing rewritten */
     ASSERT_EQ_U64(nq, 0);
-    st = conn_stats(&s);
+    st = conn_stats(&f.s);
     ASSERT_GE_U64(st.file_writes_skipped, na);
     ASSERT_EQ_U64(st.file_writebacks, 0);
-    store_prompt(&s, t, 2, tb, 400);
-    uint64_t nb = conn_stats(&s).chunks_stored - na;
-    ASSERT_EQ_U64(tier_stats(t).writes, na);
-    sim_destroy(&s); /* persists the second prompt's chunks only */
-    ASSERT_EQ_U64(tier_stats(t).writes, na + nb);
-    kvo_file_tier_destroy(t);
-    kvo_plan_destroy(p);
+    store_prompt(&f.s, f.t, 2, tb, 400);
+    uint64_t nb = conn_stats(&f.s).chunks_stored - na;
+    ASSERT_EQ_U64(tier_stats(f.t).writes, na);
+    sim_destroy(&f.s); /* persists the second prompt's chunks only */
+    ASSERT_EQ_U64(tier_stats(f.t).writes, na + nb);
+    kvo_file_tier_destroy(f.t);
+    kvo_plan_destroy(f.p);
 
-    p = plan2();
-    t = make_tier(p, root);
-    make_sim_mode(&s, p, t, KVO_FILE_WRITE_BACK, 0, true);
-    sim_req r;
-    kvo_lookup_result lr;
-    kvo_completion cp = load_prompt(&s, &r, 3, tb, 400, &lr);
-    ASSERT_EQ_U64(lr.tokens, 384);
-    ASSERT_EQ_U64(lr.tokens_file, 384);
-    ASSERT_EQ_INT(cp.status, 0);
-    check_blocks(&s, &r, 384);
-    ASSERT_OK(kvo_connector_abort(s.c, 3));
-    sim_req_free(&s, &r);
-    sim_destroy(&s); /* what it holds came from the files: nothing written */
-    ASSERT_EQ_U64(tier_stats(t).writes, 0);
-    kvo_file_tier_destroy(t);
-    kvo_plan_destroy(p);
+    fx_open(&f, 0, KVO_FILE_WRITE_BACK, 0, true);
+    expect_hit(&f.s, 3, tb, 384);
+    sim_destroy(&f.s); /* what it holds came from the files: nothing written */
+    ASSERT_EQ_U64(tier_stats(f.t).writes, 0);
+    kvo_file_tier_destroy(f.t);
+    kvo_plan_destroy(f.p);
 }
 
 /* A tier that can take one write at a time: evictions it refuses are
  * counted as dropped, never an error; injected ENOSPC neither.  Every chunk
  * handed over is accounted for (queued, dropped). */
 KVO_TEST(writeback_backpressure_counted) {
-    char root[1024];
-    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
-    kvo_plan *p = plan2();
-    kvo_file_tier_params fp = kvo_file_tier_default_params();
-    fp.root = root;
-    fp.plan = p;
-    fp.quota_bytes = 32ull << 20;
-    fp.max_pending_writes = 1;
-    fp.io_threads = 1;
-    fp.log_interval_s = 3600;
-    kvo_file_tier *t = NULL;
-    ASSERT_OK(kvo_file_tier_create(&fp, &t));
-    sim s;
-    make_sim_mode(&s, p, t, KVO_FILE_WRITE_BACK, 2 * prompt_bytes(p, 400), false);
+    fx f;
+    fx_open(&f, 1, KVO_FILE_WRITE_BACK, 2, false);
     uint32_t tok[400];
     kvo_connector_stats st;
     uint32_t k = 0;
     for (; k < 40; k++) {
         fill(tok, 400, 500 + k * 11);
-        store_prompt(&s, t, 1 + k, tok, 400);
-        st = conn_stats(&s);
+        store_prompt(&f.s, f.t, 1 + k, tok, 400);
+        st = conn_stats(&f.s);
         if (st.file_writes_dropped > 0 && st.file_writes >= 4) break;
     }
     ASSERT_LT_U64(k, 40);
-    kvo_file_tier_stats ts = tier_stats(t);
+    kvo_file_tier_stats ts = tier_stats(f.t);
     ASSERT_EQ_U64(st.file_writes_dropped, ts.dropped_backpressure + ts.dropped_quota);
     ASSERT_EQ_U64(st.file_writes, ts.writes + ts.dropped_nospace + ts.dropped_io);
     ASSERT_EQ_U64(st.file_writes + st.file_writes_dropped + st.file_writes_skipped, st.host.evictions);
@@ -474,32 +436,24 @@ KVO_TEST(writeback_backpressure_counted) {
     uint64_t q0 = st.file_writes;
     for (; k < 80 && st.file_writes < q0 + 2; k++) {
         fill(tok, 400, 500 + k * 11);
-        store_prompt(&s, t, 1 + k, tok, 400);
-        st = conn_stats(&s);
+        store_prompt(&f.s, f.t, 1 + k, tok, 400);
+        st = conn_stats(&f.s);
     }
     kvo_file_tier_inject_write_error(0, 0);
     ASSERT_GE_U64(st.file_writes, q0 + 2);
-    ts = tier_stats(t);
+    ts = tier_stats(f.t);
     ASSERT_EQ_U64(ts.dropped_nospace, 2);
     ASSERT_EQ_U64(st.file_writes, ts.writes + ts.dropped_nospace + ts.dropped_io);
     /* the connector still works: the last prompt hits the host */
-    sim_req r;
-    kvo_lookup_result lr;
-    kvo_completion cp = load_prompt(&s, &r, 1000, tok, 400, &lr);
-    ASSERT_EQ_INT(cp.status, 0);
-    check_blocks(&s, &r, 384);
-    ASSERT_OK(kvo_connector_abort(s.c, 1000));
-    sim_req_free(&s, &r);
+    expect_hit(&f.s, 1000, tok, UINT64_MAX);
     /* an explicit flush paces itself through the one-write queue */
     uint64_t nq = 0;
-    ASSERT_OK(kvo_connector_flush_to_file(s.c, -1, &nq));
+    ASSERT_OK(kvo_connector_flush_to_file(f.s.c, -1, &nq));
     ASSERT_GT_U64(nq, 0);
     kvo_chunk_key h[512];
-    size_t nh = host_keys(&s, h, 512);
-    for (size_t i = 0; i < nh; i++) ASSERT_EQ_INT(file_state(t, &h[i]), KVO_READY);
-    sim_destroy(&s);
-    kvo_file_tier_destroy(t);
-    kvo_plan_destroy(p);
+    size_t nh = host_keys(&f.s, h, 512);
+    for (size_t i = 0; i < nh; i++) ASSERT_EQ_INT(file_state(f.t, &h[i]), KVO_READY);
+    fx_close(&f);
 }
 
 KVO_TEST(file_mode_rejects_bad_value) {

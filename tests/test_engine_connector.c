@@ -241,58 +241,40 @@ KVO_TEST(corrupted_host_tier) {
 }
 
 /* A restart between two runs: the second connector starts with an empty
- * host tier on the same file directory and hits the file tier. */
-KVO_TEST(restart_hits_file_tier) {
+ * host tier on the same file directory and hits the file tier.
+ * Write-through: the first run's host tier is large, every stored chunk is
+ * written, and an explicit flush precedes the restart.  Write-back: the
+ * first run's host tier is too small for the workload, its evictions are
+ * written to files (and serve hits), and destroy persists what the host
+ * tier still holds.  The output stays bit-identical throughout. */
+static void check_restart(kvo_file_mode mode, uint64_t host_first) {
     const char *dir = kvo_test_tmpdir();
     kvo_eng_workload *w = mk_workload(10);
     kvo_eng_result *a = baseline("hybrid-state", w);
     kvo_eng *e = mk_engine("hybrid-state", 1024);
-    kvo_eng_conn *c = mk_conn(e, 16u << 20, dir, 64u << 20);
-    kvo_eng_result *b = run(e, w, c, 0, 3);
+    kvo_eng_conn *c = mk_conn_mode(e, host_first, dir, 64u << 20, mode);
+    kvo_eng_result *b = run(e, w, c, mode == KVO_FILE_WRITE_BACK, 3);
     assert_same(a, b, w->n);
-    ENG_OK(kvo_eng_conn_flush(c));
+    sums s = sum(b, w->n);
+    ASSERT_EQ_U64(s.failures, 0);
+    ASSERT_EQ_U64(kvo_eng_conn_hook_errors(c), 0);
+    kvo_connector_stats cs;
+    ASSERT_OK(kvo_connector_get_stats(kvo_eng_conn_connector(c), &cs));
+    if (mode == KVO_FILE_WRITE_BACK) {
+        ASSERT_GT_U64(s.loaded, 0);
+        ASSERT_GT_U64(cs.host.evictions, 0);
+        ASSERT_GT_U64(cs.file_writebacks, 0);
+        ASSERT_EQ_U64(cs.file_writes, cs.file_writebacks);
+        ASSERT_LE_U64(cs.file_writes, cs.host.evictions);
+    } else {
+        ASSERT_EQ_U64(cs.file_writebacks, 0);
+        ENG_OK(kvo_eng_conn_flush(c));
+    }
     kvo_eng_conn_destroy(c);
     kvo_eng_destroy(e);
     /* "restart": new engine, new connector, same directory */
     e = mk_engine("hybrid-state", 1024);
-    c = mk_conn(e, 16u << 20, dir, 64u << 20);
-    kvo_eng_result *b2 = run(e, w, c, 1, 1);
-    assert_same(a, b2, w->n);
-    sums s = sum(b2, w->n);
-    ASSERT_GT_U64(s.file, 0);
-    drop(a, w->n);
-    drop(b, w->n);
-    drop(b2, w->n);
-    kvo_eng_conn_destroy(c);
-    kvo_eng_destroy(e);
-    kvo_eng_workload_free(w);
-}
-
-/* Write-back: a host tier too small for the workload writes its evictions
- * to files; the output stays bit-identical, the files serve hits, and after
- * a restart (host chunks persisted at destroy) so do they. */
-KVO_TEST(write_back_exact_and_restart) {
-    const char *dir = kvo_test_tmpdir();
-    kvo_eng_workload *w = mk_workload(10);
-    kvo_eng_result *a = baseline("hybrid-state", w);
-    kvo_eng *e = mk_engine("hybrid-state", 1024);
-    kvo_eng_conn *c = mk_conn_mode(e, 64u << 10, dir, 64u << 20, KVO_FILE_WRITE_BACK);
-    kvo_eng_result *b = run(e, w, c, 1, 2);
-    assert_same(a, b, w->n);
-    sums s = sum(b, w->n);
-    ASSERT_GT_U64(s.loaded, 0);
-    ASSERT_EQ_U64(s.failures, 0);
-    kvo_connector_stats cs;
-    ASSERT_OK(kvo_connector_get_stats(kvo_eng_conn_connector(c), &cs));
-    ASSERT_GT_U64(cs.host.evictions, 0);
-    ASSERT_GT_U64(cs.file_writebacks, 0);
-    ASSERT_EQ_U64(cs.file_writes, cs.file_writebacks);
-    ASSERT_LE_U64(cs.file_writes, cs.host.evictions);
-    ASSERT_EQ_U64(kvo_eng_conn_hook_errors(c), 0);
-    kvo_eng_conn_destroy(c);
-    kvo_eng_destroy(e);
-    e = mk_engine("hybrid-state", 1024);
-    c = mk_conn_mode(e, 16u << 20, dir, 64u << 20, KVO_FILE_WRITE_BACK);
+    c = mk_conn_mode(e, 16u << 20, dir, 64u << 20, mode);
     kvo_eng_result *b2 = run(e, w, c, 1, 1);
     assert_same(a, b2, w->n);
     s = sum(b2, w->n);
@@ -305,6 +287,9 @@ KVO_TEST(write_back_exact_and_restart) {
     kvo_eng_destroy(e);
     kvo_eng_workload_free(w);
 }
+
+KVO_TEST(restart_hits_file_tier) { check_restart(KVO_FILE_WRITE_THROUGH, 16u << 20); }
+KVO_TEST(write_back_exact_and_restart) { check_restart(KVO_FILE_WRITE_BACK, 64u << 10); }
 
 /* The demo command end to end (small): exit 0 and the MATCH verdict. */
 KVO_TEST(demo_command) {
