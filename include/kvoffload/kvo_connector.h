@@ -164,7 +164,9 @@ typedef enum kvo_file_mode {
      * longer fits in host memory, and chunks that live and die in the host
      * tier cost no disk traffic.  The write is queued (the tier copies the
      * bytes into its staging memory) before the evicted slot is reused, on
-     * the thread of the call that evicts (update, finish, lookup).  Chunks
+     * the thread of the call that evicts (update, finish, lookup), after a
+     * file-tier lookup (with a shared tier: one stat per evicted chunk the
+     * index lacks).  Chunks
      * still in host memory reach files only through
      * kvo_connector_flush_to_file, or at destroy when
      * file_persist_on_destroy is set. */

@@ -1307,9 +1307,10 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
                     t->lat_ewma_ns > (uint64_t)t->p.write_latency_limit_ms * 1000000u;
         if (t->pending_writes >= t->p.max_pending_writes || slow) {
             t->st.dropped_backpressure++;
+            uint64_t queued = t->pending_writes, lat = t->lat_ewma_ns; /* read under the lock */
             pthread_mutex_unlock(&t->mu);
             tier_log(t, LOG_BACKPRESSURE, "%s: writes fall behind (%llu queued, latency %.1f ms): dropping stores",
-                     t->ns_dir, (unsigned long long)t->pending_writes, t->lat_ewma_ns / 1e6);
+                     t->ns_dir, (unsigned long long)queued, lat / 1e6);
             r = KVO_EAGAIN;
             goto next;
         }
