@@ -180,8 +180,9 @@ KVO_TEST(host_miss_hits_file_then_restart) {
     size_t n = 0;
     ASSERT_OK(kvo_store_scan(kvo_connector_store(f.s.c), &cur, ents, 64, &n));
     ASSERT_GT_U64(n, 4);
+    kvo_store *hs = kvo_connector_store(f.s.c);
     for (size_t i = 0; i < n; i++)
-        if (ents[i].key.group == 0 && i % 3 == 0) ASSERT_OK(kvo_store_remove(kvo_connector_store(f.s.c), &ents[i].key, 1));
+        if (ents[i].key.group == 0 && i % 3 == 0) ASSERT_OK(kvo_store_remove(hs, &ents[i].key, 1));
     lr = expect_hit(&f.s, 3, tok, UINT64_MAX);
     ASSERT_GT_U64(lr.tokens_file, 0);
     ASSERT_GT_U64(lr.tokens_host, 0);
@@ -454,6 +455,44 @@ KVO_TEST(writeback_backpressure_counted) {
     kvo_chunk_key h[512];
     size_t nh = host_keys(&f.s, h, 512);
     for (size_t i = 0; i < nh; i++) ASSERT_EQ_INT(file_state(f.t, &h[i]), KVO_READY);
+    fx_close(&f);
+}
+
+/* With verify_checksums, a host chunk whose bytes changed after it was
+ * stored is never written back (a file would checksum the wrong bytes as
+ * valid): counted, and the prompt misses instead of loading garbage. */
+KVO_TEST(writeback_skips_corrupt_host_chunks) {
+    fx f;
+    fx_open(&f, 0, KVO_FILE_WRITE_BACK, 3, false);
+    uint32_t tok[8][400];
+    fill(tok[0], 400, 900);
+    store_prompt(&f.s, f.t, 1, tok[0], 400);
+    kvo_chunk_key a[256];
+    size_t na = host_keys(&f.s, a, 256);
+    ASSERT_GT_U64(na, 0);
+    unsigned char *base = kvo_arena_base(kvo_connector_arena(f.s.c));
+    for (size_t i = 0; i < na; i++) {
+        kvo_store_entry e;
+        ASSERT_OK(kvo_store_peek(kvo_connector_store(f.s.c), &a[i], &e));
+        base[e.slot.offset + 5] ^= 0x41;
+    }
+    size_t k = 1;
+    for (; k < 8 && conn_stats(&f.s).checksum_failures < na; k++) {
+        fill(tok[k], 400, 900 + (uint32_t)k * 3);
+        store_prompt(&f.s, f.t, 1 + k, tok[k], 400);
+    }
+    ASSERT_LT_U64(k, 8);
+    fill(tok[k], 400, 900 + (uint32_t)k * 3); /* one more: evicts intact chunks too */
+    store_prompt(&f.s, f.t, 1 + k, tok[k], 400);
+    kvo_connector_stats st = conn_stats(&f.s);
+    ASSERT_EQ_U64(st.checksum_failures, na);
+    ASSERT_GT_U64(st.file_writebacks, 0);
+    for (size_t i = 0; i < na; i++) ASSERT_EQ_INT(file_state(f.t, &a[i]), KVO_MISS);
+    ASSERT_OK(kvo_connector_add_request(f.s.c, &(kvo_request_desc){.id = 99, .tokens = tok[0], .n_tokens = 400}));
+    kvo_lookup_result lr;
+    ASSERT_OK(kvo_connector_lookup(f.s.c, 99, 0, &lr));
+    ASSERT_EQ_INT(lr.status, KVO_HIT_NONE);
+    ASSERT_OK(kvo_connector_abort(f.s.c, 99));
     fx_close(&f);
 }
 

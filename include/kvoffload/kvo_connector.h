@@ -200,9 +200,11 @@ typedef struct kvo_connector_params {
     uint64_t checkpoint_interval; /* CHECKPOINTS: tokens, a multiple of the
                                      step; 0 = no periodic checkpoints */
     bool verify_checksums;        /* keep an XXH3-64 of every host chunk and
-                                     verify loads (a mismatch fails the load);
-                                     costs one read pass per store and load;
-                                     default false */
+                                     verify loads (a mismatch fails the load)
+                                     and chunks before they are written to
+                                     the file tier (a mismatch is not
+                                     written); costs one read pass per store,
+                                     load and file write; default false */
     /* File tier (optional): created and destroyed by the caller, must
      * outlive the connector; chunks reach it as file_mode says, and host
      * misses are looked up and read from it.  Writes the tier drops

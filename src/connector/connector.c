@@ -311,8 +311,11 @@ static uint64_t kvo__slot_sum(kvo_connector *c, const kvo_chunk_key *k, kvo_slot
 
 /* Hand n host chunks (keys[i] READY in host slot slots[i]) to the file
  * tier, which copies them before returning.  lookup: ask the tier first and
- * skip the chunks it holds or is writing (not counted as drops).  res[i]
- * (may be NULL): 0 queued, KVO_EEXIST held already, or why it was dropped
+ * skip the chunks it holds or is writing (not counted as drops).  With
+ * verify_checksums, a chunk whose host bytes no longer match their checksum
+ * is never written (a file would give it a valid checksum of its own):
+ * counted in checksum_failures, res KVO_ECORRUPT.  res[i] (may be NULL): 0
+ * queued, KVO_EEXIST held already, KVO_ECORRUPT, or why it was dropped
  * (KVO_EAGAIN back-pressure, KVO_ENOSPC quota, KVO_ECLOSED).  Counts
  * file_writes and file_writes_skipped; returns how many were dropped (the
  * caller counts them: a retry may still queue them).  Caller holds mu. */
@@ -331,6 +334,12 @@ static size_t kvo__file_put(kvo_connector *c, const kvo_chunk_key *keys, const k
             if (lookup && st[k] != KVO_MISS) {
                 c->st.file_writes_skipped++;
                 if (res) res[i + k] = KVO_EEXIST;
+                continue;
+            }
+            if (c->sums &&
+                c->sums[slots[i + k].offset / KVO_SLOT_ALIGN] != kvo__slot_sum(c, &keys[i + k], slots[i + k])) {
+                c->st.checksum_failures++;
+                if (res) res[i + k] = KVO_ECORRUPT;
                 continue;
             }
             wk[m] = keys[i + k];
