@@ -322,36 +322,50 @@ static size_t host_keys(sim *s, kvo_chunk_key *out, size_t cap) {
     return m;
 }
 
+/* Write-back with a host tier of three prompts and no persistence; store
+ * prompt tok[0] (tokens from salt) and put its keys (all in the host tier)
+ * into a; returns their count. */
+static size_t writeback_first(fx *f, uint32_t (*tok)[400], uint32_t salt, kvo_chunk_key *a, size_t cap) {
+    fx_open(f, 0, KVO_FILE_WRITE_BACK, 3, false);
+    fill(tok[0], 400, salt);
+    store_prompt(&f->s, f->t, 1, tok[0], 400);
+    return host_keys(&f->s, a, cap);
+}
+
+/* Store prompts tok[k] (k = 1, 2, ...; tokens from salt) until none of the
+ * na keys a is in the host tier any more, and one more (which evicts other
+ * chunks too); returns the number of prompts stored. */
+static size_t evict_keys(fx *f, uint32_t (*tok)[400], uint32_t salt, const kvo_chunk_key *a, size_t na) {
+    size_t left = na, k = 1;
+    for (bool more = true; k < 8 && more; k++) {
+        more = left > 0; /* the round after the last key left is the extra one */
+        fill(tok[k], 400, salt + (uint32_t)k * 7);
+        store_prompt(&f->s, f->t, 1 + k, tok[k], 400);
+        left = 0;
+        for (size_t i = 0; i < na; i++) {
+            kvo_store_entry e;
+            left += kvo_store_peek(kvo_connector_store(f->s.c), &a[i], &e) == 0;
+        }
+    }
+    ASSERT_EQ_U64(left, 0);
+    return k;
+}
+
 /* Write-back: nothing reaches the files until the host evicts; then exactly
  * the evicted chunks do, and a lookup that misses the host loads them from
  * the files byte-exact.  Destroy without persistence writes nothing more. */
 KVO_TEST(writeback_only_on_host_eviction) {
     fx f;
-    fx_open(&f, 0, KVO_FILE_WRITE_BACK, 3, false);
     uint32_t tok[8][400];
-    fill(tok[0], 400, 100);
-    store_prompt(&f.s, f.t, 1, tok[0], 400);
+    kvo_chunk_key a[256];
+    size_t na = writeback_first(&f, tok, 100, a, 256);
     kvo_connector_stats st = conn_stats(&f.s);
     ASSERT_GT_U64(st.chunks_stored, 0);
+    ASSERT_EQ_U64(na, st.chunks_stored);
     ASSERT_EQ_U64(st.host.evictions, 0);
     ASSERT_EQ_U64(st.file_writes, 0);
     ASSERT_EQ_U64(tier_stats(f.t).writes, 0);
-    kvo_chunk_key a[256];
-    size_t na = host_keys(&f.s, a, 256);
-    ASSERT_EQ_U64(na, st.chunks_stored);
-    /* more prompts until every chunk of the first left the host */
-    size_t k = 1;
-    for (; k < 8; k++) {
-        fill(tok[k], 400, 100 + (uint32_t)k * 7);
-        store_prompt(&f.s, f.t, 1 + k, tok[k], 400);
-        size_t left = 0;
-        for (size_t i = 0; i < na; i++) {
-            kvo_store_entry e;
-            left += kvo_store_peek(kvo_connector_store(f.s.c), &a[i], &e) == 0;
-        }
-        if (left == 0) break;
-    }
-    ASSERT_LT_U64(k, 8);
+    evict_keys(&f, tok, 100, a, na); /* every chunk of the first left the host */
     st = conn_stats(&f.s);
     kvo_file_tier_stats ts = tier_stats(f.t);
     ASSERT_GT_U64(st.host.evictions, 0);
@@ -463,12 +477,9 @@ KVO_TEST(writeback_backpressure_counted) {
  * valid): counted, and the prompt misses instead of loading garbage. */
 KVO_TEST(writeback_skips_corrupt_host_chunks) {
     fx f;
-    fx_open(&f, 0, KVO_FILE_WRITE_BACK, 3, false);
     uint32_t tok[8][400];
-    fill(tok[0], 400, 900);
-    store_prompt(&f.s, f.t, 1, tok[0], 400);
     kvo_chunk_key a[256];
-    size_t na = host_keys(&f.s, a, 256);
+    size_t na = writeback_first(&f, tok, 900, a, 256);
     ASSERT_GT_U64(na, 0);
     unsigned char *base = kvo_arena_base(kvo_connector_arena(f.s.c));
     for (size_t i = 0; i < na; i++) {
@@ -476,14 +487,7 @@ KVO_TEST(writeback_skips_corrupt_host_chunks) {
         ASSERT_OK(kvo_store_peek(kvo_connector_store(f.s.c), &a[i], &e));
         base[e.slot.offset + 5] ^= 0x41;
     }
-    size_t k = 1;
-    for (; k < 8 && conn_stats(&f.s).checksum_failures < na; k++) {
-        fill(tok[k], 400, 900 + (uint32_t)k * 3);
-        store_prompt(&f.s, f.t, 1 + k, tok[k], 400);
-    }
-    ASSERT_LT_U64(k, 8);
-    fill(tok[k], 400, 900 + (uint32_t)k * 3); /* one more: evicts intact chunks too */
-    store_prompt(&f.s, f.t, 1 + k, tok[k], 400);
+    evict_keys(&f, tok, 900, a, na);
     kvo_connector_stats st = conn_stats(&f.s);
     ASSERT_EQ_U64(st.checksum_failures, na);
     ASSERT_GT_U64(st.file_writebacks, 0);
