@@ -19,6 +19,8 @@ foreach(src ${KVO_TEST_SOURCES})
   endif()
   add_dependencies(${exe} kvoffload_cli)
   string(REGEX REPLACE "^test_" "" suite ${exe})
+  # Test names are read from the source: re-configure when it changes.
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${src})
   file(STRINGS ${src} decls REGEX "^KVO_TEST\\([A-Za-z0-9_]+\\)")
   foreach(decl ${decls})
     string(REGEX REPLACE "^KVO_TEST\\(([A-Za-z0-9_]+)\\).*" "\\1" name "${decl}")
