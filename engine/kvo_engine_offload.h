@@ -46,9 +46,11 @@ const kvo_plan *kvo_eng_conn_plan(const kvo_eng_conn *c);
 kvo_connector *kvo_eng_conn_connector(kvo_eng_conn *c);
 /** The largest tokens_per_chunk of the plan: use as release_align. */
 uint64_t kvo_eng_conn_chunk_tokens(const kvo_eng_conn *c);
-/** Wait until file-tier writes are on disk (before a restart); in write-back
- *  mode first write the host tier's chunks the file tier lacks
- *  (kvo_connector_flush_to_file).  0 or error. */
+/** Settle every store (poll until no host-tier entry is PENDING, so each
+ *  stored chunk is complete and checksummed), then, with a file tier, wait
+ *  until file-tier writes are on disk (before a restart); in write-back mode
+ *  first write the host tier's chunks the file tier lacks
+ *  (kvo_connector_flush_to_file).  0 or error (KVO_ETIMEDOUT after 60 s). */
 int kvo_eng_conn_flush(kvo_eng_conn *c);
 /** Hook calls that failed (stores, waits) and were tolerated. */
 uint64_t kvo_eng_conn_hook_errors(const kvo_eng_conn *c);

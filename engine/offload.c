@@ -22,6 +22,8 @@
  * highest computed count reported); the engine runs a handful of requests at
  * once, so records live in a short array searched linearly.
  */
+#include <poll.h>
+
 #include "engine_internal.h"
 #include "kvo_engine_offload.h"
 
@@ -321,8 +323,20 @@ uint64_t kvo_eng_conn_chunk_tokens(const kvo_eng_conn *c) {
 }
 
 int kvo_eng_conn_flush(kvo_eng_conn *c) {
+    /* Settle every store: a store is complete (and checksummed) only once
+     * its transfer result was polled, so poll until the host tier holds no
+     * PENDING entry (bounded: 60 s). */
+    for (int waited_ms = 0;; waited_ms += 10) {
+        kvo__drain(c);
+        kvo_connector_stats st;
+        int rc = kvo_connector_get_stats(c->conn, &st);
+        if (rc) return kvo__eng_lib_error(rc, "offload: flush");
+        if (st.host.pending == 0) break;
+        if (waited_ms >= 60000) return kvo__eng_error(KVO_ETIMEDOUT, "offload: stores still in flight after 60 s");
+        struct pollfd pfd = {kvo_connector_event_fd(c->conn), POLLIN, 0};
+        (void)poll(&pfd, 1, 10);
+    }
     if (!c->ft) return 0;
-    kvo__drain(c);
     int rc = c->p.file_mode == KVO_FILE_WRITE_BACK ? kvo_connector_flush_to_file(c->conn, 60000, NULL)
                                                    : kvo_file_tier_flush(c->ft, 60000);
     return rc ? kvo__eng_lib_error(rc, "offload: file tier flush") : 0;
