@@ -197,53 +197,40 @@ static int kvo__grow(void **p, size_t *cap, size_t need, size_t elem) {
     return 0;
 }
 
+/* Arrays that share one capacity, grown together (a failed grow leaves the
+ * capacity as it was; arrays already grown are merely larger). */
+typedef struct kvo__arr {
+    void **p;
+    size_t elem;
+} kvo__arr;
+
+static int kvo__grow_all(size_t *cap, size_t need, const kvo__arr *a, size_t n, const char *what) {
+    if (need <= *cap) return 0;
+    size_t ncap = *cap ? *cap : 64;
+    while (ncap < need) ncap *= 2;
+    for (size_t i = 0; i < n; i++) {
+        void *np = kvo__realloc(*a[i].p, ncap * a[i].elem);
+        if (!np) return kvo__error(KVO_ENOMEM, "connector: out of memory for %zu %s", ncap, what);
+        *a[i].p = np;
+    }
+    *cap = ncap;
+    return 0;
+}
+
 /* Scratch arrays for n chunk entries. */
 static int kvo__scratch(kvo_connector *c, size_t n) {
-    if (n <= c->s_cap) return 0;
-    size_t ncap = c->s_cap ? c->s_cap : 64;
-    while (ncap < n) ncap *= 2;
-    kvo_chunk_key *k = kvo__realloc(c->s_keys, ncap * sizeof *k);
-    if (!k) goto oom;
-    c->s_keys = k;
-    uint8_t *u = kvo__realloc(c->s_u8, ncap);
-    if (!u) goto oom;
-    c->s_u8 = u;
-    kvo_slot *s = kvo__realloc(c->s_slots, ncap * sizeof *s);
-    if (!s) goto oom;
-    c->s_slots = s;
-    uint32_t *g = kvo__realloc(c->s_grp, ncap * sizeof *g);
-    if (!g) goto oom;
-    c->s_grp = g;
-    uint64_t *ch = kvo__realloc(c->s_chunk, ncap * sizeof *ch);
-    if (!ch) goto oom;
-    c->s_chunk = ch;
-    uint8_t *tr = kvo__realloc(c->s_tier, ncap);
-    if (!tr) goto oom;
-    c->s_tier = tr;
-    c->s_cap = ncap;
-    return 0;
-oom:
-    return kvo__error(KVO_ENOMEM, "connector: out of memory for %zu chunk entries", ncap);
+    const kvo__arr a[] = {{(void **)&c->s_keys, sizeof *c->s_keys},   {(void **)&c->s_u8, sizeof *c->s_u8},
+                          {(void **)&c->s_slots, sizeof *c->s_slots}, {(void **)&c->s_grp, sizeof *c->s_grp},
+                          {(void **)&c->s_chunk, sizeof *c->s_chunk}, {(void **)&c->s_tier, sizeof *c->s_tier}};
+    return kvo__grow_all(&c->s_cap, n, a, sizeof a / sizeof a[0], "chunk entries");
 }
 
 /* Scratch for n file-tier lookups. */
 static int kvo__fscratch(kvo_connector *c, size_t n) {
-    if (n <= c->s_fcap) return 0;
-    size_t ncap = c->s_fcap ? c->s_fcap : 64;
-    while (ncap < n) ncap *= 2;
-    kvo_chunk_key *k = kvo__realloc(c->s_fkeys, ncap * sizeof *k);
-    if (!k) goto oom;
-    c->s_fkeys = k;
-    uint8_t *u = kvo__realloc(c->s_fst, ncap);
-    if (!u) goto oom;
-    c->s_fst = u;
-    size_t *ix = kvo__realloc(c->s_fidx, ncap * sizeof *ix);
-    if (!ix) goto oom;
-    c->s_fidx = ix;
-    c->s_fcap = ncap;
-    return 0;
-oom:
-    return kvo__error(KVO_ENOMEM, "connector: out of memory for %zu file lookups", ncap);
+    const kvo__arr a[] = {{(void **)&c->s_fkeys, sizeof *c->s_fkeys},
+                          {(void **)&c->s_fst, sizeof *c->s_fst},
+                          {(void **)&c->s_fidx, sizeof *c->s_fidx}};
+    return kvo__grow_all(&c->s_fcap, n, a, sizeof a / sizeof a[0], "file lookups");
 }
 
 static kvo__req *kvo__req_get(kvo_connector *c, uint64_t id) {
@@ -370,13 +357,9 @@ static int kvo__prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_
         return kvo_store_prepare_store(c->store, keys, n, need, slots, NULL, NULL, 0, NULL);
     size_t want = 64; /* buffers must exist: with NULL ones the store evicts without reporting */
     for (;;) {
-        if (c->ev_cap < want) {
-            size_t cap = c->ev_cap, cap2 = c->ev_cap;
-            if (kvo__grow((void **)&c->ev_keys, &cap, want, sizeof *c->ev_keys) ||
-                kvo__grow((void **)&c->ev_slots, &cap2, want, sizeof *c->ev_slots))
-                return KVO_ENOMEM;
-            c->ev_cap = cap < cap2 ? cap : cap2;
-        }
+        const kvo__arr ev[] = {{(void **)&c->ev_keys, sizeof *c->ev_keys},
+                               {(void **)&c->ev_slots, sizeof *c->ev_slots}};
+        if (kvo__grow_all(&c->ev_cap, want, ev, 2, "evicted chunks")) return KVO_ENOMEM;
         size_t nev = 0;
         int rc = kvo_store_prepare_store(c->store, keys, n, need, slots, c->ev_keys, c->ev_slots, c->ev_cap, &nev);
         if (rc == KVO_ERANGE && nev > c->ev_cap) {
