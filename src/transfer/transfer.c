@@ -449,6 +449,13 @@ static void kvo__xfail_matching(kvo_transfer *t, uint64_t mask, int status, kvo_
 
 /* ----------------------------------------------------------- workers -- */
 
+/* Copy len bytes between a slot and engine memory in j's direction. */
+static inline void kvo__xcopy(kvo_transfer *t, const kvo__xjob *j, void *wctx, unsigned char *slot, uintptr_t eng,
+                              uint64_t len) {
+    if (j->dir == KVO_XFER_STORE) t->dev->copy(wctx, j->dir, slot, (const void *)eng, len);
+    else t->dev->copy(wctx, j->dir, (void *)eng, slot, len);
+}
+
 static int kvo__xrun_unit(kvo_transfer *t, kvo__xjob *j, uint64_t u, void *wctx, uint64_t *bytes,
                           uint64_t *copies) {
     size_t lo = 0, hi = j->n_ops;
@@ -472,9 +479,7 @@ static int kvo__xrun_unit(kvo_transfer *t, kvo__xjob *j, uint64_t u, void *wctx,
             len = seg->page - off < plen ? seg->page - off : plen;
             unsigned char *sl = op->slot + G->blocks_per_chunk * seg->slot_prefix +
                                 (op->first_block + b) * seg->page + off;
-            unsigned char *en = (unsigned char *)(seg->base + (uintptr_t)(op->blocks[b] * seg->stride)) + off;
-            if (j->dir == KVO_XFER_STORE) t->dev->copy(wctx, j->dir, sl, en, len);
-            else t->dev->copy(wctx, j->dir, en, sl, len);
+            kvo__xcopy(t, j, wctx, sl, seg->base + (uintptr_t)(op->blocks[b] * seg->stride) + off, len);
         }
         *bytes = len;
         *copies = len != 0;
@@ -498,8 +503,7 @@ static int kvo__xrun_unit(kvo_transfer *t, kvo__xjob *j, uint64_t u, void *wctx,
                 t->dev->prefetch(wctx, j->dir == KVO_XFER_STORE ? (const void *)eng
                                                                  : (const void *)(slot + (i - b0) * seg->page),
                                  seg->page);
-            if (j->dir == KVO_XFER_STORE) t->dev->copy(wctx, j->dir, run_slot, (const void *)run_eng, run_len);
-            else t->dev->copy(wctx, j->dir, (void *)run_eng, run_slot, run_len);
+            kvo__xcopy(t, j, wctx, run_slot, run_eng, run_len);
             n++;
             total += run_len;
         }
@@ -508,8 +512,7 @@ static int kvo__xrun_unit(kvo_transfer *t, kvo__xjob *j, uint64_t u, void *wctx,
         run_len = seg->page;
     }
     if (run_len) {
-        if (j->dir == KVO_XFER_STORE) t->dev->copy(wctx, j->dir, run_slot, (const void *)run_eng, run_len);
-        else t->dev->copy(wctx, j->dir, (void *)run_eng, run_slot, run_len);
+        kvo__xcopy(t, j, wctx, run_slot, run_eng, run_len);
         n++;
         total += run_len;
     }
