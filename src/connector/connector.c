@@ -1688,11 +1688,13 @@ static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_
         c->inject_store_fail--;
         ok = false;
     }
+    /* Checksums are taken while the slots are still PENDING, at the first
+     * poll after the copy: nothing can pin, evict or rewrite them yet. */
+    if (ok && c->sums)
+        for (size_t i = 0; i < j->n_keys; i++)
+            c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] = kvo__slot_sum(c, &j->keys[i], j->slots[i]);
     (void)kvo_store_complete_store(c->store, j->keys, j->n_keys, ok);
     if (ok) {
-        if (c->sums)
-            for (size_t i = 0; i < j->n_keys; i++)
-                c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] = kvo__slot_sum(c, &j->keys[i], j->slots[i]);
         c->st.chunks_stored += j->n_keys;
         c->st.bytes_stored += res->bytes;
         if (c->file && c->p.file_mode == KVO_FILE_WRITE_THROUGH) /* the tier copies before returning */
@@ -1801,13 +1803,11 @@ static void kvo__finish_read(kvo_connector *c, const kvo_file_completion *fc) {
     kvo__read *rd = e->p;
     kvo__map_del(&c->reads, e);
     bool ok = fc->result == 0;
+    if (ok && c->sums) /* still PENDING, as for stores */
+        c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__slot_sum(c, &rd->key, rd->slot);
     (void)kvo_store_complete_store(c->store, &rd->key, 1, ok);
-    if (ok) {
-        c->st.file_reads++;
-        if (c->sums) c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__slot_sum(c, &rd->key, rd->slot);
-    } else {
-        c->st.file_read_failures++;
-    }
+    if (ok) c->st.file_reads++;
+    else c->st.file_read_failures++;
     kvo__req *r = kvo__req_get(c, rd->req);
     if (r && r->gen == rd->gen && r->hit_pinned && rd->item < r->n_hit &&
         kvo_chunk_key_eq(&r->hit[rd->item].key, &rd->key)) {
