@@ -752,6 +752,27 @@ KVO_TEST(bad_input_fails_one_request_only) {
     sim_destroy(&s);
 }
 
+/* A token count whose unit hashes could not be held in memory (their byte
+ * count overflows size_t) fails before any token is read, and leaves the
+ * request as it was. */
+KVO_TEST(huge_token_count_fails_cleanly) {
+    sim s;
+    sim_init(&s, two_group_plan(), NULL, 512);
+    uint32_t tok[40];
+    fill_tokens(tok, 40, 3);
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 1, .tokens = tok, .n_tokens = 40}));
+    ASSERT_ERR(kvo_connector_append_tokens(s.c, 1, tok, SIZE_MAX), KVO_ENOMEM);
+    ASSERT_ERR(kvo_connector_append_tokens(s.c, 1, tok, SIZE_MAX / 2), KVO_ENOMEM);
+    kvo_request_stats rs;
+    ASSERT_OK(kvo_connector_request_stats(s.c, 1, &rs));
+    ASSERT_EQ_U64(rs.tokens, 40);
+    ASSERT_OK(kvo_connector_append_tokens(s.c, 1, tok, 8));
+    ASSERT_OK(kvo_connector_request_stats(s.c, 1, &rs));
+    ASSERT_EQ_U64(rs.tokens, 48);
+    ASSERT_OK(kvo_connector_abort(s.c, 1));
+    sim_destroy(&s);
+}
+
 KVO_TEST(create_errors) {
     kvo_connector *c = NULL;
     kvo_connector_params p = kvo_connector_default_params();

@@ -189,7 +189,9 @@ static void kvo__unlock(kvo_connector *c) { pthread_mutex_unlock(&c->mu); }
 static int kvo__grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return 0;
     size_t ncap = *cap ? *cap : 16;
-    while (ncap < need) ncap *= 2;
+    while (ncap < need && ncap <= SIZE_MAX / 2 / elem) ncap *= 2;
+    if (ncap < need) /* ncap * elem would overflow */
+        return kvo__error(KVO_ENOMEM, "connector: out of memory (%zu entries of %zu bytes)", need, elem);
     void *np = kvo__realloc(*p, ncap * elem);
     if (!np) return kvo__error(KVO_ENOMEM, "connector: out of memory (%zu x %zu bytes)", ncap, elem);
     *p = np;
@@ -206,8 +208,12 @@ typedef struct kvo__arr {
 
 static int kvo__grow_all(size_t *cap, size_t need, const kvo__arr *a, size_t n, const char *what) {
     if (need <= *cap) return 0;
-    size_t ncap = *cap ? *cap : 64;
-    while (ncap < need) ncap *= 2;
+    size_t ncap = *cap ? *cap : 64, elem = 1;
+    for (size_t i = 0; i < n; i++)
+        if (a[i].elem > elem) elem = a[i].elem;
+    while (ncap < need && ncap <= SIZE_MAX / 2 / elem) ncap *= 2;
+    if (ncap < need) /* ncap * elem would overflow */
+        return kvo__error(KVO_ENOMEM, "connector: out of memory for %zu %s", need, what);
     for (size_t i = 0; i < n; i++) {
         void *np = kvo__realloc(*a[i].p, ncap * a[i].elem);
         if (!np) return kvo__error(KVO_ENOMEM, "connector: out of memory for %zu %s", ncap, what);
