@@ -773,6 +773,92 @@ KVO_TEST(huge_token_count_fails_cleanly) {
     sim_destroy(&s);
 }
 
+/* Allocation failures while a request stores and another loads: every call
+ * fails cleanly (0 or KVO_ENOMEM), an accepted load always completes, loaded
+ * bytes are exact, and nothing stays pinned or pending (leaks: ASan). */
+static long cfa_count, cfa_fail_at;
+static void *cfa_malloc(size_t n, void *ctx) {
+    (void)ctx;
+    return __atomic_fetch_add(&cfa_count, 1, __ATOMIC_SEQ_CST) == cfa_fail_at ? NULL : malloc(n);
+}
+static void *cfa_calloc(size_t n, size_t sz, void *ctx) {
+    (void)ctx;
+    return __atomic_fetch_add(&cfa_count, 1, __ATOMIC_SEQ_CST) == cfa_fail_at ? NULL : calloc(n, sz);
+}
+static void *cfa_realloc(void *p, size_t n, void *ctx) {
+    (void)ctx;
+    return __atomic_fetch_add(&cfa_count, 1, __ATOMIC_SEQ_CST) == cfa_fail_at ? NULL : realloc(p, n);
+}
+static void cfa_free(void *p, void *ctx) {
+    (void)ctx;
+    free(p);
+}
+
+static bool ok_or_nomem(int rc) {
+    if (rc != 0 && rc != KVO_ENOMEM) FAILF("expected 0 or KVO_ENOMEM, got %d (%s)", rc, kvo_error_name(rc));
+    return rc == 0;
+}
+
+KVO_TEST(allocation_failures_are_clean) {
+    uint32_t tok[400];
+    fill_tokens(tok, 400, 9);
+    kvo_allocator fa = {cfa_malloc, cfa_calloc, cfa_realloc, cfa_free, NULL};
+    bool done = false;
+    for (long k = 0; k < 400 && !done; k++) {
+        sim s;
+        sim_init(&s, two_group_plan(), NULL, 512);
+        cfa_count = 0;
+        cfa_fail_at = k;
+        ASSERT_OK(kvo_set_allocator(&fa));
+        sim_req a, b;
+        sim_req_init(&a, 1);
+        sim_req_tokens(&a, tok, 400);
+        sim_req_init(&b, 2);
+        sim_req_tokens(&b, tok, 400);
+        if (ok_or_nomem(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 1, .tokens = tok, .n_tokens = 400}))) {
+            sim_compute(&s, &a, 400);
+            kvo_block_table t[SIM_MAXG];
+            sim_tables(&s, &a, t);
+            (void)ok_or_nomem(kvo_connector_update(s.c, 1, 400, t, s.ng));
+            sim_drain(&s);
+            bool busy = false;
+            if (!ok_or_nomem(kvo_connector_finish(s.c, 1, 400, t, s.ng, &busy))) ASSERT_OK(kvo_connector_abort(s.c, 1));
+            else if (busy) (void)sim_wait_completion(&s, 1, KVO_COMPLETION_RELEASED);
+        }
+        sim_drain(&s);
+        bool loaded = false;
+        if (ok_or_nomem(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 2, .tokens = tok, .n_tokens = 400}))) {
+            kvo_lookup_result lr;
+            if (ok_or_nomem(kvo_connector_lookup(s.c, 2, 0, &lr)) && lr.status == KVO_HIT) {
+                alloc_for_load(&s, &b, 0, lr.tokens);
+                kvo_block_table t[SIM_MAXG];
+                sim_tables(&s, &b, t);
+                if (ok_or_nomem(kvo_connector_load(s.c, 2, lr.tokens, t, s.ng))) {
+                    kvo_completion cp = sim_wait_completion(&s, 2, KVO_COMPLETION_LOAD);
+                    if (cp.status == 0) {
+                        check_loaded(&s, &b, lr.tokens);
+                        loaded = true;
+                    } else {
+                        ASSERT_EQ_U64(cp.tokens_valid, 0);
+                    }
+                }
+            }
+            ASSERT_OK(kvo_connector_abort(s.c, 2));
+        }
+        sim_drain(&s);
+        done = loaded && __atomic_load_n(&cfa_count, __ATOMIC_SEQ_CST) <= k; /* nothing failed */
+        ASSERT_OK(kvo_set_allocator(NULL));
+        kvo_connector_stats st;
+        ASSERT_OK(kvo_connector_get_stats(s.c, &st));
+        ASSERT_EQ_U64(st.host.pinned, 0);
+        ASSERT_EQ_U64(st.host.pending, 0);
+        sim_req_free(&s, &a);
+        sim_req_free(&s, &b);
+        sim_destroy(&s);
+    }
+    ASSERT_TRUE(done);
+}
+
 KVO_TEST(create_errors) {
     kvo_connector *c = NULL;
     kvo_connector_params p = kvo_connector_default_params();

@@ -42,6 +42,10 @@
  *    polled (or at preempt/abort/finish/next lookup if no load was issued).
  *  - A chunk is stored only from blocks that hold its complete tokens
  *    (computed >= chunk end) and whose keys are known (units >= chunk end).
+ *  - Every completion owed to the engine has room in the ring: each request
+ *    LOADING (owes its LOAD completion) or FINISHED (owes RELEASED) counts
+ *    in cq_owed, and load / finish reserve cq_n + cq_owed + 1 entries before
+ *    they accept, so a completion is never lost to a failed allocation.
  *  - A load completion reports tokens_valid = the hit only if the copy
  *    succeeded (and, with verify_checksums, every slot matched its stored
  *    checksum); otherwise local_tokens: nothing loaded is ever counted as
@@ -155,6 +159,7 @@ struct kvo_connector {
     /* completions for the engine (ring) */
     kvo_completion *cq;
     size_t cq_head, cq_n, cq_cap;
+    size_t cq_owed; /* completions still to come: requests LOADING or FINISHED */
     /* scratch, guarded by mu */
     kvo_chunk_key *s_keys;
     uint8_t *s_u8;
@@ -262,7 +267,15 @@ static void kvo__req_free(kvo__req *r) {
     kvo__free(r);
 }
 
+/* Change r's state, keeping cq_owed = requests LOADING or FINISHED. */
+static void kvo__req_set_state(kvo_connector *c, kvo__req *r, int state) {
+    c->cq_owed -= r->state != REQ_ACTIVE;
+    c->cq_owed += state != REQ_ACTIVE;
+    r->state = state;
+}
+
 static void kvo__req_remove(kvo_connector *c, kvo__req *r) {
+    kvo__req_set_state(c, r, REQ_ACTIVE); /* what it owed is emitted or dropped */
     kvo__map_entry *e = kvo__map_get(&c->reqs, r->id);
     if (e) kvo__map_del(&c->reqs, e);
     c->st.requests_live--;
@@ -277,9 +290,11 @@ static void kvo__req_drop_job(kvo__req *r, uint64_t job) {
         }
 }
 
-static int kvo__emit(kvo_connector *c, const kvo_completion *cp) {
-    if (c->cq_n == c->cq_cap) {
-        size_t ncap = c->cq_cap ? c->cq_cap * 2 : 64;
+/* Room in the completion ring for `need` entries. */
+static int kvo__cq_reserve(kvo_connector *c, size_t need) {
+    if (need > c->cq_cap) {
+        size_t ncap = c->cq_cap ? c->cq_cap : 64;
+        while (ncap < need) ncap *= 2;
         kvo_completion *nq = kvo__malloc(ncap * sizeof *nq);
         if (!nq) return kvo__error(KVO_ENOMEM, "connector: out of memory for completions");
         for (size_t i = 0; i < c->cq_n; i++) nq[i] = c->cq[(c->cq_head + i) % c->cq_cap];
@@ -288,9 +303,19 @@ static int kvo__emit(kvo_connector *c, const kvo_completion *cp) {
         c->cq_cap = ncap;
         c->cq_head = 0;
     }
+    return 0;
+}
+
+/* Room for every completion owed plus one more (call before accepting a
+ * load or a finish). */
+static int kvo__cq_reserve_owed(kvo_connector *c) { return kvo__cq_reserve(c, c->cq_n + c->cq_owed + 1); }
+
+/* Queue a completion; room was reserved when it became owed. */
+static void kvo__emit(kvo_connector *c, const kvo_completion *cp) {
+    assert(c->cq_n < c->cq_cap);
+    if (c->cq_n == c->cq_cap && kvo__cq_reserve(c, c->cq_n + 1)) return; /* not reached */
     c->cq[(c->cq_head + c->cq_n) % c->cq_cap] = *cp;
     c->cq_n++;
-    return 0;
 }
 
 static uint64_t kvo__block_key(uint32_t group, uint64_t block) { return (block << 6) | group; }
@@ -1216,8 +1241,8 @@ static void kvo__fail_load_now(kvo_connector *c, kvo__req *r, int status) {
     r->st.load_failures++;
     c->st.load_failures++;
     kvo__unpin_hit(c, r);
-    r->state = REQ_ACTIVE;
-    (void)kvo__emit(c, &cp);
+    kvo__req_set_state(c, r, REQ_ACTIVE);
+    kvo__emit(c, &cp);
 }
 
 /* Submit a prepared load job (every item pinned). */
@@ -1227,7 +1252,7 @@ static int kvo__submit_load(kvo_connector *c, kvo__req *r, kvo__job *j) {
     if (rc) return rc;
     kvo__job_register(c, r, j);
     r->load_job = j->id;
-    r->state = REQ_LOADING;
+    kvo__req_set_state(c, r, REQ_LOADING);
     r->hit_pinned = false; /* the job owns the pins now */
     r->n_hit = 0;
     return 0;
@@ -1257,6 +1282,7 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
                         (unsigned long long)id);
     else
         rc = kvo__check_tables(c, id, tables, n_tables, tokens);
+    if (!rc) rc = kvo__cq_reserve_owed(c); /* room for its completion */
     if (rc) {
         kvo__unlock(c);
         return rc;
@@ -1328,7 +1354,7 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
     c->st.loads++;
     if (r->file_pending) { /* wait for the file reads; poll submits */
         r->deferred = j;
-        r->state = REQ_LOADING;
+        kvo__req_set_state(c, r, REQ_LOADING);
     } else if (r->file_status) {
         kvo__job_free(j);
         kvo__fail_load_now(c, r, r->file_status);
@@ -1599,7 +1625,7 @@ static int kvo__preempt(kvo_connector *c, uint64_t id, bool remove) {
         r->load_job = 0;
     }
     r->gen++; /* results of older copies no longer reach the engine */
-    if (r->state == REQ_LOADING) r->state = REQ_ACTIVE;
+    if (r->state == REQ_LOADING) kvo__req_set_state(c, r, REQ_ACTIVE);
     uint64_t *ids = NULL;
     size_t n = 0;
     int rc = kvo__req_job_ids(r, &ids, &n);
@@ -1644,6 +1670,7 @@ int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t computed_tokens
         rc = kvo__error(KVO_ESTATE, "request %llu: already finished", (unsigned long long)id);
     else if (tables)
         rc = kvo__check_update(c, r, id, computed_tokens, tables, n_tables);
+    if (!rc) rc = kvo__cq_reserve_owed(c); /* room for RELEASED */
     if (rc) {
         kvo__unlock(c);
         return rc;
@@ -1677,7 +1704,7 @@ int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t computed_tokens
             }
         }
     }
-    r->state = REQ_FINISHED;
+    kvo__req_set_state(c, r, REQ_FINISHED);
     c->st.requests_finished++;
     bool b = r->n_jobs > 0;
     if (!b) kvo__req_remove(c, r);
@@ -1737,7 +1764,7 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
             }
     if (!r || r->gen != j->gen || r->load_job != j->id) return; /* preempted or aborted */
     r->load_job = 0;
-    r->state = REQ_ACTIVE;
+    kvo__req_set_state(c, r, REQ_ACTIVE);
     kvo_completion cp;
     memset(&cp, 0, sizeof cp);
     cp.request = r->id;
@@ -1770,7 +1797,7 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         }
         cp.n_invalid_blocks = j->n_blocks;
     }
-    (void)kvo__emit(c, &cp);
+    kvo__emit(c, &cp);
 }
 
 static void kvo__process_results(kvo_connector *c) {
@@ -1794,7 +1821,7 @@ static void kvo__process_results(kvo_connector *c) {
                 memset(&cp, 0, sizeof cp);
                 cp.request = r->id;
                 cp.type = KVO_COMPLETION_RELEASED;
-                (void)kvo__emit(c, &cp);
+                kvo__emit(c, &cp);
                 kvo__req_remove(c, r);
             }
             kvo__job_free(j);
