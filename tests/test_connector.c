@@ -13,6 +13,7 @@
 
 #include "connector/connector_internal.h"
 #include "connector_sim.h"
+#include "transfer/transfer_internal.h"
 
 /* ------------------------------------------------------- expectations -- */
 
@@ -857,6 +858,39 @@ KVO_TEST(allocation_failures_are_clean) {
         sim_destroy(&s);
     }
     ASSERT_TRUE(done);
+}
+
+/* Abort that runs out of memory while copies are in flight fails with
+ * KVO_ENOMEM and changes nothing: the request is still there, and a retry
+ * waits for its copies. */
+KVO_TEST(abort_out_of_memory_changes_nothing) {
+    sim s;
+    sim_init(&s, two_group_plan(), NULL, 512);
+    uint32_t tok[400];
+    fill_tokens(tok, 400, 10);
+    sim_req a;
+    kvo__transfer_pause(kvo_connector_transfer(s.c), true); /* the store stays in flight */
+    prefill(&s, &a, 1, tok, 400, false);
+    kvo_transfer_stats ts;
+    ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s.c), &ts));
+    ASSERT_GT_U64(ts.jobs_queued, 0);
+    kvo_allocator fa = {cfa_malloc, cfa_calloc, cfa_realloc, cfa_free, NULL};
+    cfa_count = 0;
+    cfa_fail_at = 0;
+    ASSERT_OK(kvo_set_allocator(&fa));
+    int rc = kvo_connector_abort(s.c, 1);
+    ASSERT_OK(kvo_set_allocator(NULL));
+    ASSERT_ERR(rc, KVO_ENOMEM);
+    kvo_request_stats rs;
+    ASSERT_OK(kvo_connector_request_stats(s.c, 1, &rs));
+    kvo__transfer_pause(kvo_connector_transfer(s.c), false);
+    ASSERT_OK(kvo_connector_abort(s.c, 1));
+    ASSERT_ERR(kvo_connector_request_stats(s.c, 1, &rs), KVO_ENOTFOUND);
+    ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s.c), &ts));
+    ASSERT_EQ_U64(ts.jobs_queued, 0);
+    sim_drain(&s);
+    sim_req_free(&s, &a);
+    sim_destroy(&s);
 }
 
 KVO_TEST(create_errors) {

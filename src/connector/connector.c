@@ -1614,6 +1614,15 @@ static int kvo__preempt(kvo_connector *c, uint64_t id, bool remove) {
         kvo__unlock(c);
         return kvo__req_missing(id);
     }
+    /* The copies to wait for (the load's too, should cancel find it
+     * running); taken first so that running out of memory changes nothing. */
+    uint64_t *ids = NULL;
+    size_t n = 0;
+    int rc = kvo__req_job_ids(r, &ids, &n);
+    if (rc) {
+        kvo__unlock(c);
+        return rc;
+    }
     if (r->deferred) { /* a load still waiting for file reads: never submitted */
         kvo__job_free(r->deferred);
         r->deferred = NULL;
@@ -1626,11 +1635,8 @@ static int kvo__preempt(kvo_connector *c, uint64_t id, bool remove) {
     }
     r->gen++; /* results of older copies no longer reach the engine */
     if (r->state == REQ_LOADING) kvo__req_set_state(c, r, REQ_ACTIVE);
-    uint64_t *ids = NULL;
-    size_t n = 0;
-    int rc = kvo__req_job_ids(r, &ids, &n);
     kvo__unlock(c);
-    if (!rc && n) rc = kvo_transfer_wait(c->xfer, ids, n, -1);
+    if (n) rc = kvo_transfer_wait(c->xfer, ids, n, -1);
     kvo__free(ids);
     kvo__lock(c);
     r = kvo__req_get(c, id);
