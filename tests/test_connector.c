@@ -893,6 +893,41 @@ KVO_TEST(abort_out_of_memory_changes_nothing) {
     sim_destroy(&s);
 }
 
+/* A failed load lists its blocks as invalid even when memory is short when
+ * it completes: the list's room is taken when the load is accepted. */
+KVO_TEST(failed_load_lists_invalid_blocks_without_allocating) {
+    sim s;
+    sim_init(&s, two_group_plan(), NULL, 512);
+    uint32_t tok[400];
+    fill_tokens(tok, 400, 11);
+    sim_req a, b;
+    prefill(&s, &a, 1, tok, 400, true);
+    ASSERT_OK(kvo_connector_abort(s.c, 1));
+    sim_req_free(&s, &a);
+    kvo__connector_inject_failures(s.c, 1, 0);
+    uint64_t hit;
+    lookup_and_load(&s, &b, 2, tok, 400, &hit);
+    kvo_allocator fa = {cfa_malloc, cfa_calloc, cfa_realloc, cfa_free, NULL};
+    cfa_count = 0;
+    cfa_fail_at = 0; /* the first allocation after the load was accepted fails */
+    ASSERT_OK(kvo_set_allocator(&fa));
+    kvo_completion cp = sim_wait_completion(&s, 2, KVO_COMPLETION_LOAD);
+    ASSERT_OK(kvo_set_allocator(NULL));
+    ASSERT_EQ_INT(cp.status, KVO_EIO);
+    ASSERT_GT_U64(cp.n_invalid_blocks, 0);
+    uint64_t ids[64];
+    size_t n = 0, tot = 0;
+    for (uint32_t g = 0; g < 2; g++) {
+        ASSERT_OK(kvo_connector_invalid_blocks(s.c, 2, g, ids, 64, &n));
+        tot += n;
+    }
+    ASSERT_EQ_U64(tot, cp.n_invalid_blocks);
+    ASSERT_OK(kvo_connector_abort(s.c, 2));
+    sim_drain(&s);
+    sim_req_free(&s, &b);
+    sim_destroy(&s);
+}
+
 KVO_TEST(create_errors) {
     kvo_connector *c = NULL;
     kvo_connector_params p = kvo_connector_default_params();

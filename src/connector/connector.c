@@ -117,9 +117,9 @@ typedef struct kvo__req {
     size_t file_pending;
     int file_status;
     kvo__job *deferred;
-    /* blocks written by the last failed load */
+    /* blocks written by the last failed load (room reserved by load) */
     kvo_block_ref *invalid;
-    size_t n_invalid;
+    size_t n_invalid, cap_invalid;
     kvo_request_stats st;
 } kvo__req;
 
@@ -1308,6 +1308,8 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
             }
         nblocks += nb;
     }
+    /* room to list the blocks as invalid should the load fail */
+    if ((rc = kvo__grow((void **)&r->invalid, &r->cap_invalid, nblocks, sizeof *r->invalid))) goto out;
     kvo__job *j = kvo__calloc(1, sizeof *j + nh * (sizeof(kvo_chunk_key) + sizeof(kvo_slot) + sizeof(kvo_xfer_op)) +
                                      nblocks * (sizeof(kvo_block_ref) + sizeof(uint64_t)));
     if (!j) {
@@ -1795,12 +1797,9 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         cp.tokens_valid = j->local;
         r->st.load_failures++;
         c->st.load_failures++;
-        kvo_block_ref *nv = kvo__realloc(r->invalid, (j->n_blocks + 1) * sizeof *nv);
-        if (nv) {
-            r->invalid = nv;
-            memcpy(nv, j->blocks, j->n_blocks * sizeof *nv);
-            r->n_invalid = j->n_blocks;
-        }
+        assert(j->n_blocks <= r->cap_invalid);
+        if (j->n_blocks) memcpy(r->invalid, j->blocks, j->n_blocks * sizeof *r->invalid);
+        r->n_invalid = j->n_blocks;
         cp.n_invalid_blocks = j->n_blocks;
     }
     kvo__emit(c, &cp);
