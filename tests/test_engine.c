@@ -1,49 +1,13 @@
 /* The reference engine alone: determinism regardless of batch composition
  * and step split, engine prefix-cache reuse and recompute after eviction give
  * bit-identical tokens and logits, for every shape. */
-#include <stdlib.h>
-
-#include "kvo_engine.h"
-#include "kvo_test.h"
-
-#define ENG_OK(expr) do { int rc_ = (expr); if (rc_ != 0) \
-    FAILF("%s returned %d (%s): %s", #expr, rc_, kvo_error_name(rc_), kvo_eng_last_error()); } while (0)
-
-static kvo_eng *mk_engine(const char *shape, uint64_t budget) {
-    kvo_eng_config c;
-    ENG_OK(kvo_eng_shape_config(shape, &c));
-    c.budget_tokens = budget;
-    c.max_seq = 1024;
-    c.d_model = 32; /* small and fast under sanitizers */
-    c.n_heads = 2;
-    c.d_ff = 64;
-    kvo_eng *e = NULL;
-    ENG_OK(kvo_eng_create(&c, &e));
-    return e;
-}
-
-static kvo_eng_workload *mk_workload(size_t n, uint32_t tptb) {
-    kvo_eng_workload_params wp = kvo_eng_workload_default_params();
-    wp.trace_path = NULL; /* synthetic conversations */
-    wp.max_requests = n;
-    wp.tokens_per_trace_block = tptb;
-    wp.max_new_tokens = 3;
-    kvo_eng_workload *w = NULL;
-    ENG_OK(kvo_eng_workload_load(&wp, &w));
-    return w;
-}
+#include "engine_test.h"
 
 static kvo_eng_result *run(kvo_eng *e, const kvo_eng_workload *w, const kvo_eng_run_params *p) {
     kvo_eng_result *res = calloc(w->n, sizeof *res);
     ASSERT_NOT_NULL(res);
     ENG_OK(kvo_eng_run(e, w->reqs, w->n, p, res));
     return res;
-}
-
-static void assert_same(const kvo_eng_result *a, const kvo_eng_result *b, size_t n) {
-    char why[256];
-    size_t d = kvo_eng_results_compare(a, b, n, 512, why, sizeof why);
-    if (d) FAILF("runs differ: %s", why);
 }
 
 static uint64_t sum_local(const kvo_eng_result *r, size_t n) {
@@ -81,12 +45,9 @@ static void check_shape(const char *shape) {
     assert_same(a, c, w->n);
     ASSERT_EQ_U64(sum_local(c, w->n), 0); /* everything recomputed after eviction */
 
-    kvo_eng_results_free(a, w->n);
-    kvo_eng_results_free(b, w->n);
-    kvo_eng_results_free(c, w->n);
-    free(a);
-    free(b);
-    free(c);
+    drop(a, w->n);
+    drop(b, w->n);
+    drop(c, w->n);
     kvo_eng_destroy(e);
     kvo_eng_workload_free(w);
 }
@@ -113,10 +74,8 @@ KVO_TEST(pressure_evicts) {
     kvo_eng_stats st;
     kvo_eng_get_stats(e, &st);
     ASSERT_GT_U64(st.block_evictions, 0);
-    kvo_eng_results_free(a, w->n);
-    kvo_eng_results_free(b, w->n);
-    free(a);
-    free(b);
+    drop(a, w->n);
+    drop(b, w->n);
     kvo_eng_destroy(e);
     kvo_eng_workload_free(w);
 }
@@ -219,12 +178,9 @@ KVO_TEST(corruption_detected) {
     for (size_t i = 0; i < w->n; i++) local += c[i].tokens_local;
     ASSERT_GT_U64(local, 0);
     ASSERT_NE_U64(kvo_eng_results_compare(a, c, w->n, 512, NULL, 0), 0);
-    kvo_eng_results_free(a, w->n);
-    kvo_eng_results_free(b, w->n);
-    kvo_eng_results_free(c, w->n);
-    free(a);
-    free(b);
-    free(c);
+    drop(a, w->n);
+    drop(b, w->n);
+    drop(c, w->n);
     kvo_eng_destroy(e);
     kvo_eng_workload_free(w);
 }

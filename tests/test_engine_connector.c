@@ -3,41 +3,9 @@
  * with forced eviction of engine blocks between turns, partial hits, failed
  * loads (injected and corrupted) and a restart that hits the file tier. */
 #include <jansson.h>
-#include <stdlib.h>
 
-#include "kvo_engine.h"
+#include "engine_test.h"
 #include "kvo_engine_offload.h"
-#include "kvo_test.h"
-
-#define ENG_OK(expr) do { int rc_ = (expr); if (rc_ != 0) \
-    FAILF("%s returned %d (%s): %s", #expr, rc_, kvo_error_name(rc_), kvo_eng_last_error()); } while (0)
-
-static uint32_t g_hash_tokens; /* 0: the shape's hash unit */
-
-static kvo_eng *mk_engine(const char *shape, uint64_t budget) {
-    kvo_eng_config c;
-    ENG_OK(kvo_eng_shape_config(shape, &c));
-    if (g_hash_tokens) c.tokens_per_hash = g_hash_tokens;
-    c.budget_tokens = budget;
-    c.max_seq = 1024;
-    c.d_model = 32; /* small and fast under sanitizers */
-    c.n_heads = 2;
-    c.d_ff = 64;
-    kvo_eng *e = NULL;
-    ENG_OK(kvo_eng_create(&c, &e));
-    return e;
-}
-
-static kvo_eng_workload *mk_workload(size_t n) {
-    kvo_eng_workload_params wp = kvo_eng_workload_default_params();
-    wp.trace_path = NULL; /* synthetic multi-turn conversations */
-    wp.max_requests = n;
-    wp.tokens_per_trace_block = 6;
-    wp.max_new_tokens = 3;
-    kvo_eng_workload *w = NULL;
-    ENG_OK(kvo_eng_workload_load(&wp, &w));
-    return w;
-}
 
 static kvo_eng_conn *mk_conn_mode(kvo_eng *e, uint64_t host, const char *dir, uint64_t file, kvo_file_mode mode) {
     kvo_eng_conn_params cp = kvo_eng_conn_default_params();
@@ -79,11 +47,6 @@ static kvo_eng_result *baseline(const char *shape, const kvo_eng_workload *w) {
     return r;
 }
 
-static void assert_same(const kvo_eng_result *a, const kvo_eng_result *b, size_t n) {
-    char why[256];
-    if (kvo_eng_results_compare(a, b, n, 512, why, sizeof why)) FAILF("runs differ: %s", why);
-}
-
 typedef struct sums {
     uint64_t local, loaded, file, failures, computed;
 } sums;
@@ -101,15 +64,10 @@ static sums sum(const kvo_eng_result *r, size_t n) {
     return s;
 }
 
-static void drop(kvo_eng_result *r, size_t n) {
-    kvo_eng_results_free(r, n);
-    free(r);
-}
-
 /* Forced eviction of every cached engine block after each request: every
  * reused prefix comes back through the connector. */
 static void check_shape(const char *shape) {
-    kvo_eng_workload *w = mk_workload(10);
+    kvo_eng_workload *w = mk_workload(10, 6);
     kvo_eng_result *a = baseline(shape, w);
     kvo_eng *e = mk_engine(shape, 1024);
     kvo_eng_conn *c = mk_conn(e, 16u << 20, NULL, 0);
@@ -140,7 +98,7 @@ KVO_TEST(exact_tiny_blocks_hash64) {
 /* Engine cache and connector together, a tight engine budget (eviction by
  * pressure) and a host tier too small for everything. */
 KVO_TEST(pressure_mixed_reuse) {
-    kvo_eng_workload *w = mk_workload(10);
+    kvo_eng_workload *w = mk_workload(10, 6);
     kvo_eng_result *a = baseline("hybrid-state", w);
     kvo_eng *e = mk_engine("hybrid-state", ((w->max_prompt + w->max_new) / 64 + 4) * 64);
     kvo_eng_conn *c = mk_conn(e, 512u << 10, NULL, 0);
@@ -188,7 +146,7 @@ KVO_TEST(partial_hit) {
 
 /* Every other completed load reported as failed: the engine recomputes. */
 KVO_TEST(injected_load_failures) {
-    kvo_eng_workload *w = mk_workload(10);
+    kvo_eng_workload *w = mk_workload(10, 6);
     kvo_eng_result *a = baseline("hybrid-state", w);
     kvo_eng *e = mk_engine("hybrid-state", 1024);
     kvo_eng_conn_params cp = kvo_eng_conn_default_params();
@@ -211,7 +169,7 @@ KVO_TEST(injected_load_failures) {
 /* Corrupted host memory with checksums on: the connector fails the loads,
  * the engine recomputes, the output is unchanged. */
 KVO_TEST(corrupted_host_tier) {
-    kvo_eng_workload *w = mk_workload(10);
+    kvo_eng_workload *w = mk_workload(10, 6);
     kvo_eng_result *a = baseline("hybrid", w);
     kvo_eng *e = mk_engine("hybrid", 1024);
     kvo_eng_conn_params cp = kvo_eng_conn_default_params();
@@ -249,7 +207,7 @@ KVO_TEST(corrupted_host_tier) {
  * tier still holds.  The output stays bit-identical throughout. */
 static void check_restart(kvo_file_mode mode, uint64_t host_first) {
     const char *dir = kvo_test_tmpdir();
-    kvo_eng_workload *w = mk_workload(10);
+    kvo_eng_workload *w = mk_workload(10, 6);
     kvo_eng_result *a = baseline("hybrid-state", w);
     kvo_eng *e = mk_engine("hybrid-state", 1024);
     kvo_eng_conn *c = mk_conn_mode(e, host_first, dir, 64u << 20, mode);
