@@ -204,7 +204,9 @@ typedef struct kvo_connector_params {
                                      and chunks before they are written to
                                      the file tier (a mismatch is not
                                      written); costs one read pass per store,
-                                     load and file write; default false */
+                                     load and file write (a write-through
+                                     write shares its store's); default
+                                     false */
     /* File tier (optional): created and destroyed by the caller, must
      * outlive the connector; chunks reach it as file_mode says, and host
      * misses are looked up and read from it.  Writes the tier drops

@@ -329,16 +329,17 @@ static uint64_t kvo__slot_sum(kvo_connector *c, const kvo_chunk_key *k, kvo_slot
 
 /* Hand n host chunks (keys[i] READY in host slot slots[i]) to the file
  * tier, which copies them before returning.  lookup: ask the tier first and
- * skip the chunks it holds or is writing (not counted as drops).  With
- * verify_checksums, a chunk whose host bytes no longer match their checksum
- * is never written (a file would give it a valid checksum of its own):
- * counted in checksum_failures, res KVO_ECORRUPT.  res[i] (may be NULL): 0
+ * skip the chunks it holds or is writing (not counted as drops).  verify
+ * (with verify_checksums; false only where the checksums were just taken
+ * from these bytes under mu): a chunk whose host bytes no longer match their
+ * checksum is never written (a file would give it a valid checksum of its
+ * own): counted in checksum_failures, res KVO_ECORRUPT.  res[i] (may be NULL): 0
  * queued, KVO_EEXIST held already, KVO_ECORRUPT, or why it was dropped
  * (KVO_EAGAIN back-pressure, KVO_ENOSPC quota, KVO_ECLOSED).  Counts
  * file_writes and file_writes_skipped; returns how many were dropped (the
  * caller counts them: a retry may still queue them).  Caller holds mu. */
 static size_t kvo__file_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n,
-                            bool lookup, int *res) {
+                            bool lookup, bool verify, int *res) {
     enum { B = 64 };
     kvo_chunk_key wk[B];
     const void *srcs[B];
@@ -354,7 +355,7 @@ static size_t kvo__file_put(kvo_connector *c, const kvo_chunk_key *keys, const k
                 if (res) res[i + k] = KVO_EEXIST;
                 continue;
             }
-            if (c->sums &&
+            if (verify && c->sums &&
                 c->sums[slots[i + k].offset / KVO_SLOT_ALIGN] != kvo__slot_sum(c, &keys[i + k], slots[i + k])) {
                 c->st.checksum_failures++;
                 if (res) res[i + k] = KVO_ECORRUPT;
@@ -401,7 +402,7 @@ static int kvo__prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_
         assert(nev <= c->ev_cap);
         if (nev) {
             size_t q0 = c->st.file_writes;
-            c->st.file_writes_dropped += kvo__file_put(c, c->ev_keys, c->ev_slots, nev, true, NULL);
+            c->st.file_writes_dropped += kvo__file_put(c, c->ev_keys, c->ev_slots, nev, true, true, NULL);
             c->st.file_writebacks += c->st.file_writes - q0;
         }
         return 0;
@@ -1738,8 +1739,10 @@ static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_
     if (ok) {
         c->st.chunks_stored += j->n_keys;
         c->st.bytes_stored += res->bytes;
-        if (c->file && c->p.file_mode == KVO_FILE_WRITE_THROUGH) /* the tier copies before returning */
-            c->st.file_writes_dropped += kvo__file_put(c, j->keys, j->slots, j->n_keys, false, NULL);
+        /* the tier copies before returning; no second checksum pass: the
+         * sums were taken from these bytes just above */
+        if (c->file && c->p.file_mode == KVO_FILE_WRITE_THROUGH)
+            c->st.file_writes_dropped += kvo__file_put(c, j->keys, j->slots, j->n_keys, false, false, NULL);
         if (r) {
             r->st.chunks_stored += j->n_keys;
             r->st.bytes_stored += res->bytes;
@@ -1986,7 +1989,7 @@ int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_qu
             }
         for (int attempt = 0; !rc && m; attempt++) {
             uint64_t q0 = c->st.file_writes;
-            size_t dropped = kvo__file_put(c, keys, slots, m, true, res), k = 0;
+            size_t dropped = kvo__file_put(c, keys, slots, m, true, true, res), k = 0;
             uint64_t progress = c->st.file_writes - q0;
             queued += progress;
             for (size_t i = 0; i < m; i++) {
