@@ -13,6 +13,7 @@
 
 #include "connector/connector_internal.h"
 #include "connector_sim.h"
+#include "fail_alloc.h"
 #include "transfer/transfer_internal.h"
 
 /* ------------------------------------------------------- expectations -- */
@@ -315,6 +316,15 @@ static void prefill(sim *s, sim_req *r, uint64_t id, const uint32_t *tok, size_t
     if (poll_stores) sim_drain(s);
 }
 
+/* Store tok[0, n) through request 1, then drop that request: the host tier
+ * holds its chunks and nothing else refers to them. */
+static void store_prefix(sim *s, const uint32_t *tok, size_t n) {
+    sim_req a;
+    prefill(s, &a, 1, tok, n, true);
+    ASSERT_OK(kvo_connector_abort(s->c, 1));
+    sim_req_free(s, &a);
+}
+
 KVO_TEST(pending_means_ask_again_later) {
     sim s;
     sim_init(&s, two_group_plan(), NULL, 512);
@@ -377,10 +387,8 @@ KVO_TEST(injected_load_failure_gives_invalid_blocks) {
     sim_init(&s, two_group_plan(), NULL, 512);
     uint32_t tok[400];
     fill_tokens(tok, 400, 2);
-    sim_req a, b;
-    prefill(&s, &a, 1, tok, 400, true);
-    ASSERT_OK(kvo_connector_abort(s.c, 1));
-    sim_req_free(&s, &a);
+    sim_req b;
+    store_prefix(&s, tok, 400);
     kvo__connector_inject_failures(s.c, 1, 0);
     uint64_t hit;
     lookup_and_load(&s, &b, 2, tok, 400, &hit);
@@ -438,10 +446,8 @@ KVO_TEST(corrupt_slot_is_detected_never_loaded) {
     sim_init(&s, two_group_plan(), &cp, 512);
     uint32_t tok[400];
     fill_tokens(tok, 400, 3);
-    sim_req a, b;
-    prefill(&s, &a, 1, tok, 400, true);
-    ASSERT_OK(kvo_connector_abort(s.c, 1));
-    sim_req_free(&s, &a);
+    sim_req b;
+    store_prefix(&s, tok, 400);
     /* flip one byte in one stored chunk of the full group */
     kvo_store *st = kvo_connector_store(s.c);
     kvo_store_entry ents[256];
@@ -521,10 +527,8 @@ KVO_TEST(preemption_mid_load) {
     sim_init(&s, two_group_plan(), NULL, 512);
     uint32_t tok[400];
     fill_tokens(tok, 400, 4);
-    sim_req a, b;
-    prefill(&s, &a, 1, tok, 400, true);
-    ASSERT_OK(kvo_connector_abort(s.c, 1));
-    sim_req_free(&s, &a);
+    sim_req b;
+    store_prefix(&s, tok, 400);
     uint64_t hit;
     lookup_and_load(&s, &b, 2, tok, 400, &hit);
     ASSERT_OK(kvo_connector_preempt(s.c, 2)); /* blocks may be freed now */
@@ -560,10 +564,8 @@ KVO_TEST(local_prefix_loads_only_the_rest) {
     sim_init(&s, two_group_plan(), NULL, 512);
     uint32_t tok[400];
     fill_tokens(tok, 400, 5);
-    sim_req a, b;
-    prefill(&s, &a, 1, tok, 400, true);
-    ASSERT_OK(kvo_connector_abort(s.c, 1));
-    sim_req_free(&s, &a);
+    sim_req b;
+    store_prefix(&s, tok, 400);
     /* the engine holds tokens [0, 48) (its own prefix cache), in blocks marked
      * 0x77; L = 48 is mid-chunk for the full group (32-token chunks) */
     sim_req_init(&b, 2);
@@ -777,24 +779,6 @@ KVO_TEST(huge_token_count_fails_cleanly) {
 /* Allocation failures while a request stores and another loads: every call
  * fails cleanly (0 or KVO_ENOMEM), an accepted load always completes, loaded
  * bytes are exact, and nothing stays pinned or pending (leaks: ASan). */
-static long cfa_count, cfa_fail_at;
-static void *cfa_malloc(size_t n, void *ctx) {
-    (void)ctx;
-    return __atomic_fetch_add(&cfa_count, 1, __ATOMIC_SEQ_CST) == cfa_fail_at ? NULL : malloc(n);
-}
-static void *cfa_calloc(size_t n, size_t sz, void *ctx) {
-    (void)ctx;
-    return __atomic_fetch_add(&cfa_count, 1, __ATOMIC_SEQ_CST) == cfa_fail_at ? NULL : calloc(n, sz);
-}
-static void *cfa_realloc(void *p, size_t n, void *ctx) {
-    (void)ctx;
-    return __atomic_fetch_add(&cfa_count, 1, __ATOMIC_SEQ_CST) == cfa_fail_at ? NULL : realloc(p, n);
-}
-static void cfa_free(void *p, void *ctx) {
-    (void)ctx;
-    free(p);
-}
-
 static bool ok_or_nomem(int rc) {
     if (rc != 0 && rc != KVO_ENOMEM) FAILF("expected 0 or KVO_ENOMEM, got %d (%s)", rc, kvo_error_name(rc));
     return rc == 0;
@@ -803,14 +787,12 @@ static bool ok_or_nomem(int rc) {
 KVO_TEST(allocation_failures_are_clean) {
     uint32_t tok[400];
     fill_tokens(tok, 400, 9);
-    kvo_allocator fa = {cfa_malloc, cfa_calloc, cfa_realloc, cfa_free, NULL};
     bool done = false;
     for (long k = 0; k < 400 && !done; k++) {
         sim s;
+        fa_install(-1); /* before the connector exists, as kvo_set_allocator requires */
         sim_init(&s, two_group_plan(), NULL, 512);
-        cfa_count = 0;
-        cfa_fail_at = k;
-        ASSERT_OK(kvo_set_allocator(&fa));
+        fa_arm(k);
         sim_req a, b;
         sim_req_init(&a, 1);
         sim_req_tokens(&a, tok, 400);
@@ -847,8 +829,8 @@ KVO_TEST(allocation_failures_are_clean) {
             ASSERT_OK(kvo_connector_abort(s.c, 2));
         }
         sim_drain(&s);
-        done = loaded && __atomic_load_n(&cfa_count, __ATOMIC_SEQ_CST) <= k; /* nothing failed */
-        ASSERT_OK(kvo_set_allocator(NULL));
+        done = loaded && fa_allocations() <= k; /* nothing failed */
+        fa_arm(-1);
         kvo_connector_stats st;
         ASSERT_OK(kvo_connector_get_stats(s.c, &st));
         ASSERT_EQ_U64(st.host.pinned, 0);
@@ -856,6 +838,7 @@ KVO_TEST(allocation_failures_are_clean) {
         sim_req_free(&s, &a);
         sim_req_free(&s, &b);
         sim_destroy(&s);
+        ASSERT_OK(kvo_set_allocator(NULL));
     }
     ASSERT_TRUE(done);
 }
@@ -865,6 +848,7 @@ KVO_TEST(allocation_failures_are_clean) {
  * waits for its copies. */
 KVO_TEST(abort_out_of_memory_changes_nothing) {
     sim s;
+    fa_install(-1);
     sim_init(&s, two_group_plan(), NULL, 512);
     uint32_t tok[400];
     fill_tokens(tok, 400, 10);
@@ -874,12 +858,9 @@ KVO_TEST(abort_out_of_memory_changes_nothing) {
     kvo_transfer_stats ts;
     ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s.c), &ts));
     ASSERT_GT_U64(ts.jobs_queued, 0);
-    kvo_allocator fa = {cfa_malloc, cfa_calloc, cfa_realloc, cfa_free, NULL};
-    cfa_count = 0;
-    cfa_fail_at = 0;
-    ASSERT_OK(kvo_set_allocator(&fa));
+    fa_arm(0);
     int rc = kvo_connector_abort(s.c, 1);
-    ASSERT_OK(kvo_set_allocator(NULL));
+    fa_arm(-1);
     ASSERT_ERR(rc, KVO_ENOMEM);
     kvo_request_stats rs;
     ASSERT_OK(kvo_connector_request_stats(s.c, 1, &rs));
@@ -891,28 +872,25 @@ KVO_TEST(abort_out_of_memory_changes_nothing) {
     sim_drain(&s);
     sim_req_free(&s, &a);
     sim_destroy(&s);
+    ASSERT_OK(kvo_set_allocator(NULL));
 }
 
 /* A failed load lists its blocks as invalid even when memory is short when
  * it completes: the list's room is taken when the load is accepted. */
 KVO_TEST(failed_load_lists_invalid_blocks_without_allocating) {
     sim s;
+    fa_install(-1);
     sim_init(&s, two_group_plan(), NULL, 512);
     uint32_t tok[400];
     fill_tokens(tok, 400, 11);
-    sim_req a, b;
-    prefill(&s, &a, 1, tok, 400, true);
-    ASSERT_OK(kvo_connector_abort(s.c, 1));
-    sim_req_free(&s, &a);
+    sim_req b;
+    store_prefix(&s, tok, 400);
     kvo__connector_inject_failures(s.c, 1, 0);
     uint64_t hit;
     lookup_and_load(&s, &b, 2, tok, 400, &hit);
-    kvo_allocator fa = {cfa_malloc, cfa_calloc, cfa_realloc, cfa_free, NULL};
-    cfa_count = 0;
-    cfa_fail_at = 0; /* the first allocation after the load was accepted fails */
-    ASSERT_OK(kvo_set_allocator(&fa));
+    fa_arm(0); /* the first allocation after the load was accepted fails */
     kvo_completion cp = sim_wait_completion(&s, 2, KVO_COMPLETION_LOAD);
-    ASSERT_OK(kvo_set_allocator(NULL));
+    fa_arm(-1);
     ASSERT_EQ_INT(cp.status, KVO_EIO);
     ASSERT_GT_U64(cp.n_invalid_blocks, 0);
     uint64_t ids[64];
@@ -926,6 +904,7 @@ KVO_TEST(failed_load_lists_invalid_blocks_without_allocating) {
     sim_drain(&s);
     sim_req_free(&s, &b);
     sim_destroy(&s);
+    ASSERT_OK(kvo_set_allocator(NULL));
 }
 
 KVO_TEST(create_errors) {
@@ -1094,10 +1073,8 @@ KVO_TEST(stores_skip_rather_than_evict_pinned) {
     uint32_t tok[400], other[400];
     fill_tokens(tok, 400, 20);
     fill_tokens(other, 400, 21);
-    sim_req a, b, c2;
-    prefill(&s, &a, 1, tok, 400, true); /* 12 + 25 = 37 chunks */
-    ASSERT_OK(kvo_connector_abort(s.c, 1));
-    sim_req_free(&s, &a);
+    sim_req b, c2;
+    store_prefix(&s, tok, 400); /* 12 + 25 = 37 chunks */
     /* pin the hit (15 chunks), then store another 37 chunks */
     sim_req_init(&b, 2);
     sim_req_tokens(&b, tok, 400);

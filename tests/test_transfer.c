@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "fail_alloc.h"
 #include "kvo_test.h"
 #include "transfer/transfer_internal.h"
 
@@ -1196,24 +1197,6 @@ KVO_TEST(roundtrip_presets_real_geometry) {
 
 /* ------------------------------------------------ allocation failures -- */
 
-static long fa_count, fa_fail_at;
-static void *fa_malloc(size_t n, void *ctx) {
-    (void)ctx;
-    return __atomic_fetch_add(&fa_count, 1, __ATOMIC_SEQ_CST) == fa_fail_at ? NULL : malloc(n);
-}
-static void *fa_calloc(size_t n, size_t s, void *ctx) {
-    (void)ctx;
-    return __atomic_fetch_add(&fa_count, 1, __ATOMIC_SEQ_CST) == fa_fail_at ? NULL : calloc(n, s);
-}
-static void *fa_realloc(void *p, size_t n, void *ctx) {
-    (void)ctx;
-    return __atomic_fetch_add(&fa_count, 1, __ATOMIC_SEQ_CST) == fa_fail_at ? NULL : realloc(p, n);
-}
-static void fa_free(void *p, void *ctx) {
-    (void)ctx;
-    free(p);
-}
-
 KVO_TEST(allocation_failures_are_clean) {
     /* Fail the k-th allocation for k = 0, 1, ...: every call fails cleanly
      * with KVO_ENOMEM (no leak: ASan) or the whole round trip succeeds. */
@@ -1225,12 +1208,9 @@ KVO_TEST(allocation_failures_are_clean) {
     unsigned char *slot = malloc(gp->slot_bytes);
     uint64_t blk[3] = {7, 2, 9};
     kvo_xfer_op op = {0, 0, 3, blk, slot, gp->slot_bytes};
-    kvo_allocator fa = {fa_malloc, fa_calloc, fa_realloc, fa_free, NULL};
     bool done = false;
     for (long k = 0; k < 1000 && !done; k++) {
-        fa_count = 0;
-        fa_fail_at = k;
-        ASSERT_OK(kvo_set_allocator(&fa));
+        fa_install(k);
         kvo_transfer_params tp = kvo_transfer_default_params();
         tp.plan = p;
         tp.threads = 2;
@@ -1248,7 +1228,7 @@ KVO_TEST(allocation_failures_are_clean) {
             ASSERT_EQ_U64(n, 2);
             ASSERT_EQ_INT(r[0].status, 0);
             ASSERT_EQ_INT(r[1].status, 0);
-            done = __atomic_load_n(&fa_count, __ATOMIC_SEQ_CST) <= k; /* no allocation failed */
+            done = fa_allocations() <= k; /* no allocation failed */
         } else {
             ASSERT_EQ_INT(rc, KVO_ENOMEM);
         }
