@@ -419,6 +419,22 @@ static inline uint64_t kvo__pipe_step(const kvo_store *s, kvo__pipe *p, const kv
     return p->h[i & 15];
 }
 
+/* Resolve a batch into s->sc_ent (grown to n): each key's resident entry
+ * (PENDING or READY), or NIL for an absent key or a ghost.  Changes nothing
+ * else; the calls that change entries check the resolved batch first, so a
+ * refused batch leaves the store as it was. */
+static int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
+    int rc = kvo__scratch(s, n);
+    if (rc) return rc;
+    kvo__pipe pp;
+    kvo__pipe_init(&pp, keys, n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
+        s->sc_ent[i] = e != KVO__NIL && s->ent[e].state != KVO__E_GHOST ? e : KVO__NIL;
+    }
+    return 0;
+}
+
 int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *states) {
     int rc = kvo__check_batch(s, keys, n, states, "kvo_store_lookup");
     if (rc) return rc;
@@ -581,7 +597,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
     if (evicted_cap && (!evicted || !evicted_slots))
         return kvo__error(KVO_EINVAL, "%s: evicted_cap %zu with a NULL evicted array", fn, evicted_cap);
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
     size_t da, db;
     if (kvo__find_dup(s, keys, n, &da, &db)) {
@@ -589,17 +605,12 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
                         da, keys[db].group);
         goto out;
     }
-    /* 1. resolve */
+    /* 1. classify the resolved keys */
     kvo__plan pl;
     memset(&pl, 0, sizeof pl);
     uint64_t n_new = 0, bytes_new = 0, n_not_admitted = 0, n_present = 0;
-    kvo__pipe pp;
-    kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
-        bool present = e != KVO__NIL && s->ent[e].state != KVO__E_GHOST;
-        s->sc_ent[i] = present ? e : KVO__NIL;
-        if (present) {
+        if (s->sc_ent[i] != KVO__NIL) {
             n_present++;
             continue;
         }
@@ -807,19 +818,16 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
     int rc = kvo__check_batch(s, keys, n, keys, fn);
     if (rc) return rc;
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
     /* every key must name a PENDING entry; duplicates are caught by marking
      * the entries (no set needed: all keys are present) */
-    kvo__pipe pp;
-    kvo__pipe_init(&pp, keys, n);
     size_t i;
     for (i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
+        uint32_t e = s->sc_ent[i];
         if (e == KVO__NIL || s->ent[e].state != KVO__E_PENDING) {
             rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is %s, not PENDING (it was not prepared, or "
-                            "was already completed)", fn, i, keys[i].group,
-                            e == KVO__NIL || s->ent[e].state == KVO__E_GHOST ? "absent" : "READY");
+                            "was already completed)", fn, i, keys[i].group, e == KVO__NIL ? "absent" : "READY");
             break;
         }
         if (s->ent[e].flags & KVO__F_BATCH) {
@@ -828,7 +836,6 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
             break;
         }
         s->ent[e].flags |= KVO__F_BATCH;
-        s->sc_ent[i] = e;
     }
     if (rc) {
         while (i > 0) s->ent[s->sc_ent[--i]].flags &= (uint8_t)~KVO__F_BATCH;
@@ -861,13 +868,11 @@ int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kv
     int rc = kvo__check_batch(s, keys, n, slots, fn);
     if (rc) return rc;
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
-    kvo__pipe pp;
-    kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
-        if (e == KVO__NIL || s->ent[e].state == KVO__E_GHOST) {
+        uint32_t e = s->sc_ent[i];
+        if (e == KVO__NIL) {
             rc = kvo__error(KVO_ENOTFOUND, "%s: key %zu (group %u) is not stored (evicted or never stored)", fn, i,
                             keys[i].group);
             goto out;
@@ -877,7 +882,6 @@ int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kv
                             "complete_store", fn, i, keys[i].group);
             goto out;
         }
-        s->sc_ent[i] = e;
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
@@ -900,21 +904,17 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__check_batch(s, keys, n, keys, fn);
     if (rc) return rc;
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
     /* count per entry so a key given twice needs two pins */
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find(s, &keys[i]);
+        uint32_t e = s->sc_ent[i];
         if (e == KVO__NIL || s->ent[e].state != KVO__E_READY || s->ent[e].pins == 0) {
             rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is not pinned", fn, i, keys[i].group);
-            goto undo;
+            while (i > 0) s->ent[s->sc_ent[--i]].pins++; /* undo the tentative unpins */
+            goto out;
         }
         s->ent[e].pins--; /* tentatively */
-        s->sc_ent[i] = e;
-        continue;
-    undo:
-        while (i > 0) s->ent[s->sc_ent[--i]].pins++;
-        goto out;
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
@@ -953,17 +953,15 @@ int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__check_batch(s, keys, n, keys, fn);
     if (rc) return rc;
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find(s, &keys[i]);
-        if (e != KVO__NIL && s->ent[e].state == KVO__E_GHOST) e = KVO__NIL;
+        uint32_t e = s->sc_ent[i];
         if (e != KVO__NIL && (s->ent[e].state == KVO__E_PENDING || s->ent[e].pins)) {
             rc = kvo__error(KVO_EBUSY, "%s: key %zu (group %u) is %s; nothing removed", fn, i, keys[i].group,
                             s->ent[e].pins ? "pinned by a load" : "being written");
             goto out;
         }
-        s->sc_ent[i] = e;
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
