@@ -717,10 +717,19 @@ kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds) {
     }
 }
 
-static void enqueue(kvo_file_tier *t, kvo__fop *op) {
+/* Fill in an op's request and queue it for the workers (or the ring). */
+static void enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_chunk_key *k, const kvo_group_plan *g,
+                    uint64_t user_data, bool report) {
+    op->kind = kind;
+    op->key = *k;
+    op->key.reserved = 0;
+    op->g = g;
+    op->user_data = user_data;
+    op->report = report;
     op->next = NULL;
     op->t_queued = kvo__now_ns();
     pthread_mutex_lock(&t->mu);
+    if (report) t->inflight_reports++;
     kvo__fop **head = op->kind == KVO__FOP_READ ? &t->rq_head : &t->wq_head;
     kvo__fop **tail = op->kind == KVO__FOP_READ ? &t->rq_tail : &t->wq_tail;
     if (*tail) (*tail)->next = op;
@@ -1283,19 +1292,28 @@ int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) 
 
 /* ------------------------------------------------------------- write -- */
 
+/* Key i of a write or read batch: its group, or NULL with *r set to
+ * KVO_EINVAL (and the message) when the plan does not offload it or its
+ * buffer (the op's `what`) is NULL. */
+static const kvo_group_plan *batch_item(kvo_file_tier *t, const kvo_chunk_key *keys, size_t i, const void *buf,
+                                        const char *op, const char *what, int *r) {
+    const kvo_group_plan *g = group_of(t, &keys[i]);
+    *r = 0;
+    if (g && buf) return g;
+    *r = kvo__error(KVO_EINVAL, "file tier %s: key %zu: %s%s", op, i, !g ? "group not offloaded by the plan" : "NULL ",
+                    !g ? "" : what);
+    return NULL;
+}
+
 int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                         const uint64_t *user_data, int *results, size_t *n_queued) {
     if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_file_tier_write: NULL argument");
     size_t queued = 0;
     int ret = 0;
     for (size_t i = 0; i < n; i++) {
-        const kvo_group_plan *g = group_of(t, &keys[i]);
-        int r = 0;
-        if (!g || !srcs[i]) {
-            r = kvo__error(KVO_EINVAL, "file tier write: key %zu: %s", i,
-                           !g ? "group not offloaded by the plan" : "NULL source");
-            goto next;
-        }
+        int r;
+        const kvo_group_plan *g = batch_item(t, keys, i, srcs[i], "write", "source", &r);
+        if (!g) goto next;
         /* 1. back-pressure: queue bound and latency (under the lock). */
         pthread_mutex_lock(&t->mu);
         if (t->closing) {
@@ -1307,10 +1325,10 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
                     t->lat_ewma_ns > (uint64_t)t->p.write_latency_limit_ms * 1000000u;
         if (t->pending_writes >= t->p.max_pending_writes || slow) {
             t->st.dropped_backpressure++;
-            uint64_t queued = t->pending_writes, lat = t->lat_ewma_ns; /* read under the lock */
+            uint64_t behind = t->pending_writes, lat = t->lat_ewma_ns; /* read under the lock */
             pthread_mutex_unlock(&t->mu);
             tier_log(t, LOG_BACKPRESSURE, "%s: writes fall behind (%llu queued, latency %.1f ms): dropping stores",
-                     t->ns_dir, (unsigned long long)queued, lat / 1e6);
+                     t->ns_dir, (unsigned long long)behind, lat / 1e6);
             r = KVO_EAGAIN;
             goto next;
         }
@@ -1365,19 +1383,8 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
             r = KVO_EAGAIN;
             goto next;
         }
-        op->kind = KVO__FOP_WRITE;
-        op->key = keys[i];
-        op->key.reserved = 0;
-        op->g = g;
         op->stage = stage;
-        op->user_data = user_data ? user_data[i] : 0;
-        op->report = t->p.write_completions;
-        if (op->report) {
-            pthread_mutex_lock(&t->mu);
-            t->inflight_reports++;
-            pthread_mutex_unlock(&t->mu);
-        }
-        enqueue(t, op);
+        enqueue(t, op, KVO__FOP_WRITE, &keys[i], g, user_data ? user_data[i] : 0, t->p.write_completions);
         queued++;
     next:
         if (results) results[i] = r;
@@ -1394,13 +1401,9 @@ int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const 
     size_t queued = 0;
     int ret = 0;
     for (size_t i = 0; i < n; i++) {
-        const kvo_group_plan *g = group_of(t, &keys[i]);
-        int r = 0;
-        if (!g || !dsts[i]) {
-            r = kvo__error(KVO_EINVAL, "file tier read: key %zu: %s", i,
-                           !g ? "group not offloaded by the plan" : "NULL destination");
-            goto next;
-        }
+        int r;
+        const kvo_group_plan *g = batch_item(t, keys, i, dsts[i], "read", "destination", &r);
+        if (!g) goto next;
         pthread_mutex_lock(&t->mu);
         bool closing = t->closing;
         pthread_mutex_unlock(&t->mu);
@@ -1427,18 +1430,9 @@ int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const 
             r = kvo__error(KVO_ENOMEM, "file tier read: out of memory");
             goto next;
         }
-        op->kind = KVO__FOP_READ;
-        op->key = keys[i];
-        op->key.reserved = 0;
-        op->g = g;
         op->dst = dsts[i];
         op->direct = t->direct && ((uintptr_t)dsts[i] % KVO_FILE_HEADER_BYTES) == 0;
-        op->user_data = user_data ? user_data[i] : 0;
-        op->report = true;
-        pthread_mutex_lock(&t->mu);
-        t->inflight_reports++;
-        pthread_mutex_unlock(&t->mu);
-        enqueue(t, op);
+        enqueue(t, op, KVO__FOP_READ, &keys[i], g, user_data ? user_data[i] : 0, true);
         queued++;
     next:
         if (results) results[i] = r;
