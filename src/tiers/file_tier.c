@@ -1178,6 +1178,13 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     kvo__free(items);
     items = NULL;
 
+    /* Everything that can fail comes before the ring thread starts, except
+     * the worker threads, whose failure path stops the ring. */
+    t->threads = kvo__calloc(t->p.io_threads, sizeof(pthread_t));
+    if (!t->threads) {
+        rc = kvo__error(KVO_ENOMEM, "file tier: threads");
+        goto fail;
+    }
     if (p->io != KVO_FILE_IO_THREADS) {
 #if KVO_HAVE_URING
         rc = kvo__file_uring_start(t, t->p.queue_depth, &t->uring_state);
@@ -1190,27 +1197,20 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
         }
 #endif
     }
-    {
-        t->threads = kvo__calloc(t->p.io_threads, sizeof(pthread_t));
-        if (!t->threads) {
-            rc = kvo__error(KVO_ENOMEM, "file tier: threads");
+    for (uint32_t i = 0; i < t->p.io_threads; i++) {
+        if (pthread_create(&t->threads[i], NULL, worker_main, t) != 0) {
+            pthread_mutex_lock(&t->mu);
+            t->closing = true;
+            pthread_cond_broadcast(&t->work_cv);
+            pthread_mutex_unlock(&t->mu);
+            for (uint32_t j = 0; j < i; j++) pthread_join(t->threads[j], NULL);
+#if KVO_HAVE_URING
+            if (t->uring) kvo__file_uring_stop(t, t->uring_state);
+#endif
+            rc = kvo__error(KVO_ENOMEM, "file tier: cannot start I/O thread %u", i);
             goto fail;
         }
-        for (uint32_t i = 0; i < t->p.io_threads; i++) {
-            if (pthread_create(&t->threads[i], NULL, worker_main, t) != 0) {
-                pthread_mutex_lock(&t->mu);
-                t->closing = true;
-                pthread_cond_broadcast(&t->work_cv);
-                pthread_mutex_unlock(&t->mu);
-                for (uint32_t j = 0; j < i; j++) pthread_join(t->threads[j], NULL);
-#if KVO_HAVE_URING
-                if (t->uring) kvo__file_uring_stop(t, t->uring_state);
-#endif
-                rc = kvo__error(KVO_ENOMEM, "file tier: cannot start I/O thread %u", i);
-                goto fail;
-            }
-            t->n_threads++;
-        }
+        t->n_threads++;
     }
     *out = t;
     return 0;
