@@ -231,7 +231,6 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     uint64_t cls_bytes[KVO__MAX_CLASSES];
     double cls_w[KVO__MAX_CLASSES];
     uint32_t ncls = 0;
-    uint64_t minb = UINT64_MAX;
     for (size_t g = 0; g < ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(plan, g);
         s->group_cls[g] = 0xFF;
@@ -246,7 +245,6 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
         cls_w[c] += (double)gp->slot_bytes / (double)(gp->tokens_per_chunk ? gp->tokens_per_chunk : 1);
         s->group_cls[g] = (uint8_t)c;
         s->group_slot[g] = gp->slot_bytes;
-        if (gp->slot_bytes < minb) minb = gp->slot_bytes;
     }
     int rc = kvo__slots_init(&s->sl, p->capacity_bytes, cls_bytes, cls_w, ncls, p->segment_bytes);
     if (rc) goto fail;
@@ -300,7 +298,6 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
         rc = kvo__error(KVO_ENOMEM, "kvo_store_create: pthread_mutex_init failed");
         goto fail;
     }
-    (void)minb;
     *out = s;
     return 0;
 fail:
@@ -583,6 +580,25 @@ static uint32_t kvo__compact_pick(kvo_store *s, const kvo__plan *pl) {
     return best;
 }
 
+/* prepare_store's scratch: sc_ent[i] is a present key's entry, NIL for a key
+ * to store, or this marker for a key the admission sketch turned away. */
+#define KVO__NOT_ADMITTED (KVO__NIL - 1)
+
+/* A present key of the batch that prepare_store protects (or, storing
+ * nothing, counts as used): READY and not pinned (pinned is busy already). */
+static inline bool kvo__protectable(const kvo_store *s, uint32_t e) {
+    return e < KVO__NOT_ADMITTED && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0;
+}
+
+/* Undo the protection of a present batch key (commit or rollback): it
+ * rejoins the policy queues, as a use.  No-op for other sc_ent values. */
+static inline void kvo__unprotect(kvo_store *s, uint32_t e) {
+    if (e >= KVO__NOT_ADMITTED || !(s->ent[e].flags & KVO__F_PROTECT)) return;
+    s->ent[e].flags &= (uint8_t)~KVO__F_PROTECT;
+    kvo__busy(s, e, -1);
+    s->pol->reinsert(s, e);
+}
+
 static inline bool kvo__plan_done(const kvo__plan *pl) {
     return pl->segs_needed <= pl->nfree && pl->entries_short <= 0;
 }
@@ -616,7 +632,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         }
         if (s->cms && kvo__cms_get(s, &keys[i]) < s->params.admit_after) {
             n_not_admitted++;
-            s->sc_ent[i] = KVO__NIL - 1; /* marker: not admitted */
+            s->sc_ent[i] = KVO__NOT_ADMITTED;
             continue;
         }
         pl.demand[s->group_cls[keys[i].group]]++;
@@ -628,7 +644,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         uint64_t busy_extra = 0;
         for (size_t i = 0; i < n; i++) {
             uint32_t e = s->sc_ent[i];
-            if (e < KVO__NIL - 1 && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0) {
+            if (kvo__protectable(s, e)) {
                 kvo__busy(s, e, +1);
                 busy_extra++;
             }
@@ -638,7 +654,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         if (!ok) {
             for (size_t i = 0; i < n; i++) {
                 uint32_t e = s->sc_ent[i];
-                if (e < KVO__NIL - 1 && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0) kvo__busy(s, e, -1);
+                if (kvo__protectable(s, e)) kvo__busy(s, e, -1);
             }
             s->rejected_stores++;
             uint64_t pinned_b = 0;
@@ -656,7 +672,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         /* 3. protect: out of the policy queues (busy already counted) */
         for (size_t i = 0; i < n; i++) {
             uint32_t e = s->sc_ent[i];
-            if (e < KVO__NIL - 1 && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0) {
+            if (kvo__protectable(s, e)) {
                 s->pol->remove(s, e);
                 s->ent[e].flags |= KVO__F_PROTECT;
             }
@@ -665,7 +681,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         /* nothing to write: present READY keys just count as used */
         for (size_t i = 0; i < n; i++) {
             uint32_t e = s->sc_ent[i];
-            if (e < KVO__NIL - 1 && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0) s->pol->hit(s, e);
+            if (kvo__protectable(s, e)) s->pol->hit(s, e);
         }
     }
     /* 4. plan victims */
@@ -778,13 +794,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
             need[i] = 0;
             slots[i].offset = 0;
             slots[i].bytes = 0;
-            if (e == KVO__NIL - 1) continue;
-            kvo__entry *x = &s->ent[e];
-            if (x->flags & KVO__F_PROTECT) {
-                x->flags &= (uint8_t)~KVO__F_PROTECT;
-                kvo__busy(s, e, -1);
-                s->pol->reinsert(s, e);
-            }
+            kvo__unprotect(s, e);
         }
     }
     s->store_skipped_present += n_present;
@@ -799,14 +809,7 @@ rollback:
         s->sl.seg_planned[kvo__slot_seg(&s->sl, s->ent[v].slot)] = 0;
         s->pol->untake(s, v);
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t e = s->sc_ent[i];
-        if (e < KVO__NIL - 1 && (s->ent[e].flags & KVO__F_PROTECT)) {
-            s->ent[e].flags &= (uint8_t)~KVO__F_PROTECT;
-            kvo__busy(s, e, -1);
-            s->pol->reinsert(s, e);
-        }
-    }
+    for (size_t i = 0; i < n; i++) kvo__unprotect(s, s->sc_ent[i]);
     s->rejected_stores++;
 out:
     kvo__unlock(s);
