@@ -1516,16 +1516,16 @@ int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms) {
 
 int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
     if (!t || !out) return kvo__error(KVO_EINVAL, "kvo_file_tier_get_stats: NULL argument");
-    kvo_store_stats ss;
+    kvo_store_stats ss, sst;
     int rc = kvo_store_get_stats(t->index, &ss);
     if (rc) return rc;
+    bool have_sst = kvo_store_get_stats(t->stage_index, &sst) == 0; /* not under mu: see Locking */
     pthread_mutex_lock(&t->mu);
     *out = t->st;
     out->pending_writes = t->pending_writes;
-    kvo_store_stats sst;
-    if (kvo_store_get_stats(t->stage_index, &sst) == 0) out->staging_bytes = sst.bytes_used;
     out->write_latency_ns = t->lat_ewma_ns;
     pthread_mutex_unlock(&t->mu);
+    if (have_sst) out->staging_bytes = sst.bytes_used;
     out->quota_bytes = t->quota;
     out->bytes_used = ss.bytes_used;
     out->files = ss.entries - ss.pending;
