@@ -462,6 +462,16 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
     return 0;
 }
 
+/* A resident entry as the public kvo_store_entry (peek, scan). */
+static void kvo__entry_out(const kvo_store *s, uint32_t e, kvo_store_entry *out) {
+    const kvo__entry *x = &s->ent[e];
+    out->key = x->key;
+    out->slot.offset = x->offset;
+    out->slot.bytes = s->group_slot[x->key.group];
+    out->state = x->state == KVO__E_READY ? KVO_READY : KVO_PENDING;
+    out->pins = x->pins;
+}
+
 int kvo_store_peek(kvo_store *s, const kvo_chunk_key *key, kvo_store_entry *out) {
     int rc = kvo__check_batch(s, key, 1, out, "kvo_store_peek");
     if (rc) return rc;
@@ -471,12 +481,7 @@ int kvo_store_peek(kvo_store *s, const kvo_chunk_key *key, kvo_store_entry *out)
         kvo__unlock(s);
         return kvo__error(KVO_ENOTFOUND, "kvo_store_peek: key of group %u is not stored", key->group);
     }
-    kvo__entry *x = &s->ent[e];
-    out->key = x->key;
-    out->slot.offset = x->offset;
-    out->slot.bytes = s->group_slot[x->key.group];
-    out->state = x->state == KVO__E_READY ? KVO_READY : KVO_PENDING;
-    out->pins = x->pins;
+    kvo__entry_out(s, e, out);
     kvo__unlock(s);
     return 0;
 }
@@ -1003,14 +1008,8 @@ int kvo_store_scan(kvo_store *s, uint64_t *cursor, kvo_store_entry *out, size_t 
     uint64_t i = *cursor;
     size_t w = 0;
     for (; i < s->pool_cap && w < cap; i++) {
-        kvo__entry *x = &s->ent[i];
-        if (x->state != KVO__E_READY && x->state != KVO__E_PENDING) continue;
-        out[w].key = x->key;
-        out[w].slot.offset = x->offset;
-        out[w].slot.bytes = s->group_slot[x->key.group];
-        out[w].state = x->state == KVO__E_READY ? KVO_READY : KVO_PENDING;
-        out[w].pins = x->pins;
-        w++;
+        uint8_t st = s->ent[i].state;
+        if (st == KVO__E_READY || st == KVO__E_PENDING) kvo__entry_out(s, (uint32_t)i, &out[w++]);
     }
     /* skip to the next live entry so that *cursor = 0 means done */
     while (i < s->pool_cap && s->ent[i].state != KVO__E_READY && s->ent[i].state != KVO__E_PENDING) i++;
