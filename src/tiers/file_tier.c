@@ -286,20 +286,26 @@ static void stage_release(kvo_file_tier *t, const kvo_chunk_key *k) {
     kvo_store_complete_store(t->stage_index, k, 1, false);
 }
 
+/* Room in the completion queue for one more reported op, taken when the op
+ * is queued (with mu held): cq_len + inflight_reports <= cq_cap always, so
+ * a finishing op never needs memory to report, and an op that was queued
+ * always produces its completion.  KVO_ENOMEM (no message) when the queue
+ * cannot grow. */
+static int reserve_completion_locked(kvo_file_tier *t) {
+    if (t->cq_len + t->inflight_reports < t->cq_cap) return 0;
+    size_t ncap = t->cq_cap ? t->cq_cap * 2 : 64;
+    kvo_file_completion *n = kvo__malloc(ncap * sizeof *n);
+    if (!n) return KVO_ENOMEM;
+    for (size_t i = 0; i < t->cq_len; i++) n[i] = t->cq[(t->cq_head + i) % t->cq_cap];
+    kvo__free(t->cq);
+    t->cq = n;
+    t->cq_cap = ncap;
+    t->cq_head = 0;
+    return 0;
+}
+
 static void push_completion_locked(kvo_file_tier *t, const kvo__fop *op, uint64_t bytes) {
-    if (t->cq_len == t->cq_cap) {
-        size_t ncap = t->cq_cap ? t->cq_cap * 2 : 64;
-        kvo_file_completion *n = kvo__malloc(ncap * sizeof *n);
-        if (!n) {
-            /* Cannot report: the op still finished; count it as lost. */
-            return;
-        }
-        for (size_t i = 0; i < t->cq_len; i++) n[i] = t->cq[(t->cq_head + i) % t->cq_cap];
-        kvo__free(t->cq);
-        t->cq = n;
-        t->cq_cap = ncap;
-        t->cq_head = 0;
-    }
+    assert(t->cq_len < t->cq_cap); /* reserved at enqueue */
     kvo_file_completion *c = &t->cq[(t->cq_head + t->cq_len) % t->cq_cap];
     c->user_data = op->user_data;
     c->key = op->key;
@@ -717,9 +723,11 @@ kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds) {
     }
 }
 
-/* Fill in an op's request and queue it for the workers (or the ring). */
-static void enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_chunk_key *k, const kvo_group_plan *g,
-                    uint64_t user_data, bool report) {
+/* Fill in an op's request and queue it for the workers (or the ring).
+ * KVO_ENOMEM (no message) when no completion can be reserved for a reported
+ * op: the op goes back to the free list, nothing is queued. */
+static int enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_chunk_key *k, const kvo_group_plan *g,
+                   uint64_t user_data, bool report) {
     op->kind = kind;
     op->key = *k;
     op->key.reserved = 0;
@@ -729,7 +737,14 @@ static void enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_chu
     op->next = NULL;
     op->t_queued = kvo__now_ns();
     pthread_mutex_lock(&t->mu);
-    if (report) t->inflight_reports++;
+    if (report) {
+        if (reserve_completion_locked(t)) {
+            op_put_locked(t, op);
+            pthread_mutex_unlock(&t->mu);
+            return KVO_ENOMEM;
+        }
+        t->inflight_reports++;
+    }
     kvo__fop **head = op->kind == KVO__FOP_READ ? &t->rq_head : &t->wq_head;
     kvo__fop **tail = op->kind == KVO__FOP_READ ? &t->rq_tail : &t->wq_tail;
     if (*tail) (*tail)->next = op;
@@ -741,6 +756,7 @@ static void enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_chu
 #if KVO_HAVE_URING
     if (ring) kvo__file_uring_kick(t->uring_state);
 #endif
+    return 0;
 }
 
 static void *worker_main(void *arg) {
@@ -1372,7 +1388,9 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
         memcpy(stage, srcs[i], g->chunk_bytes);
         if (g->slot_bytes > g->chunk_bytes) memset(stage + g->chunk_bytes, 0, g->slot_bytes - g->chunk_bytes);
         kvo__fop *op = op_get(t);
-        if (!op) {
+        if (op) op->stage = stage;
+        if (!op || enqueue(t, op, KVO__FOP_WRITE, &keys[i], g, user_data ? user_data[i] : 0,
+                           t->p.write_completions) != 0) {
             kvo_store_complete_store(t->index, &keys[i], 1, false);
             stage_release(t, &keys[i]);
             pthread_mutex_lock(&t->mu);
@@ -1383,8 +1401,6 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
             r = KVO_EAGAIN;
             goto next;
         }
-        op->stage = stage;
-        enqueue(t, op, KVO__FOP_WRITE, &keys[i], g, user_data ? user_data[i] : 0, t->p.write_completions);
         queued++;
     next:
         if (results) results[i] = r;
@@ -1425,14 +1441,15 @@ int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const 
             goto next;
         }
         kvo__fop *op = op_get(t);
-        if (!op) {
+        if (op) {
+            op->dst = dsts[i];
+            op->direct = t->direct && ((uintptr_t)dsts[i] % KVO_FILE_HEADER_BYTES) == 0;
+        }
+        if (!op || enqueue(t, op, KVO__FOP_READ, &keys[i], g, user_data ? user_data[i] : 0, true) != 0) {
             kvo_store_complete_load(t->index, &keys[i], 1);
             r = kvo__error(KVO_ENOMEM, "file tier read: out of memory");
             goto next;
         }
-        op->dst = dsts[i];
-        op->direct = t->direct && ((uintptr_t)dsts[i] % KVO_FILE_HEADER_BYTES) == 0;
-        enqueue(t, op, KVO__FOP_READ, &keys[i], g, user_data ? user_data[i] : 0, true);
         queued++;
     next:
         if (results) results[i] = r;
