@@ -59,6 +59,17 @@ static kvo_chunk_key bkey(uint64_t i) {
     return k;
 }
 
+/* Queue one chunk write; on back-pressure wait `us` and retry (the benchmark
+ * waits instead of dropping). */
+static void write_wait(kvo_file_tier *t, const kvo_chunk_key *k, const void *src, unsigned us) {
+    for (;;) {
+        int r = 0;
+        kvo_file_tier_write(t, k, &src, 1, NULL, &r, NULL);
+        if (r != KVO_EAGAIN) return;
+        usleep(us);
+    }
+}
+
 /* Raw O_DIRECT sequential write then read of total bytes in `piece` pieces.
  * Returns 0 and bandwidths in bytes/s, or -1. */
 static int raw_bw(const char *dir, uint64_t total, uint64_t piece, bool *direct, double *wbw, double *rbw) {
@@ -134,14 +145,8 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t total, uint64_
     double t0 = kvo_bench_now();
     for (uint64_t i = 0; i < n; i++) {
         kvo_chunk_key k = bkey(i);
-        const void *s = src;
         src[0] = (unsigned char)i;
-        for (;;) {
-            int r = 0;
-            kvo_file_tier_write(t, &k, &s, 1, NULL, &r, NULL);
-            if (r != KVO_EAGAIN) break;
-            usleep(50); /* back-pressure: the benchmark waits instead of dropping */
-        }
+        write_wait(t, &k, src, 50);
     }
     kvo_file_tier_flush(t, -1);
     *wbw = (double)(n * chunk) / (kvo_bench_now() - t0);
@@ -187,13 +192,7 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t total, uint64_
     t0 = kvo_bench_now();
     for (uint64_t i = 0; i < n; i++) {
         kvo_chunk_key k = bkey(n + i);
-        const void *s = src;
-        for (;;) {
-            int r = 0;
-            kvo_file_tier_write(t, &k, &s, 1, NULL, &r, NULL);
-            if (r != KVO_EAGAIN) break;
-            usleep(50);
-        }
+        write_wait(t, &k, src, 50);
     }
     kvo_file_tier_flush(t, -1);
     *cbw = (double)(n * chunk) / (kvo_bench_now() - t0);
@@ -242,13 +241,7 @@ static int rebuild(const kvo_bench_out *o, const char *dir, uint64_t files) {
     memset(buf, 1, sizeof buf);
     for (uint64_t i = 0; i < files; i++) {
         kvo_chunk_key k = bkey(i);
-        const void *s = buf;
-        for (;;) {
-            int r = 0;
-            kvo_file_tier_write(t, &k, &s, 1, NULL, &r, NULL);
-            if (r != KVO_EAGAIN) break;
-            usleep(100);
-        }
+        write_wait(t, &k, buf, 100);
     }
     kvo_file_tier_flush(t, -1);
     char ns[4096];

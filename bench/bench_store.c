@@ -1,5 +1,5 @@
 /*
- * `kvoffload bench store [--json] [--keys N] [--seconds S]`
+ * `kvoffload bench store [--json] [--keys N] [--ms MILLISECONDS] [--trace PATH]`
  *
  * Store index throughput on N keys (default 1 M), single thread:
  *   - lookup (READY keys, batches of 64, random order),

@@ -360,6 +360,38 @@ KVO_TEST(bad_input_changes_nothing) {
     kvo_plan_destroy(p);
 }
 
+/* A refused complete_load (a key given more times than it is pinned, or a
+ * key not pinned after pinned ones) undoes its tentative unpins. */
+KVO_TEST(refused_complete_load_keeps_pins) {
+    static const uint64_t pg[] = {4096};
+    kvo_plan *p = st_plan(1, pg);
+    kvo_store *s = st_store(p, 16 * 4096, KVO_POLICY_LRU);
+    kvo_chunk_key k[3] = {st_key(0, 1), st_key(0, 2), st_key(0, 3)};
+    st_put(s, k, 3);
+    kvo_slot sl[2];
+    kvo_chunk_key ld[2] = {k[0], k[1]};
+    ASSERT_OK(kvo_store_prepare_load(s, ld, 2, sl));
+    kvo_chunk_key twice[3] = {k[1], k[0], k[0]};
+    ASSERT_ERR(kvo_store_complete_load(s, twice, 3), KVO_ESTATE);
+    kvo_chunk_key unpinned[3] = {k[0], k[1], k[2]};
+    ASSERT_ERR(kvo_store_complete_load(s, unpinned, 3), KVO_ESTATE);
+    kvo_store_entry e;
+    for (int i = 0; i < 2; i++) {
+        ASSERT_OK(kvo_store_peek(s, &k[i], &e));
+        ASSERT_EQ_U64(e.pins, 1);
+    }
+    kvo_store_stats st;
+    ASSERT_OK(kvo_store_get_stats(s, &st));
+    ASSERT_EQ_U64(st.pinned, 2);
+    st_check(s);
+    ASSERT_OK(kvo_store_complete_load(s, ld, 2));
+    ASSERT_OK(kvo_store_peek(s, &k[0], &e));
+    ASSERT_EQ_U64(e.pins, 0);
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
 KVO_TEST(touch_remove_clear_scan_events) {
     kvo_plan *p;
     kvo_store *s = small4(&p, KVO_POLICY_LRU);

@@ -835,6 +835,8 @@ KVO_TEST(fsck_cli) {
     write_keys(t, plan, keys, 6);
     char path[2][KVO__FILE_PATH_MAX];
     for (int i = 0; i < 2; i++) ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &keys[i], path[i], KVO__FILE_PATH_MAX));
+    char ns[KVO__FILE_PATH_MAX];
+    snprintf(ns, sizeof ns, "%s", kvo_file_tier_dir(t));
     kvo_file_tier_destroy(t);
 
     char cmd[2048], *out = NULL;
@@ -864,6 +866,20 @@ KVO_TEST(fsck_cli) {
     ASSERT_EQ_INT(kvo_test_run(cmd, &out), 0);
     ASSERT_CONTAINS(out, "files 4");
     free(out);
+
+    /* a namespace directory whose name is not its manifest's: a problem,
+     * listed in the JSON output too, and the manifest is kept by --repair */
+    char moved[KVO__FILE_PATH_MAX + 64];
+    snprintf(moved, sizeof moved, "%s/0123456789abcdef0123456789abcdef", root);
+    ASSERT_EQ_INT(rename(ns, moved), 0);
+    snprintf(cmd, sizeof cmd, "%s fsck %s --json --repair", KVO_CLI_PATH, root);
+    ASSERT_EQ_INT(kvo_test_run(cmd, &out), 1);
+    ASSERT_CONTAINS(out, "\"problems\": 1");
+    ASSERT_CONTAINS(out, "not the directory's name");
+    free(out);
+    char man[KVO__FILE_PATH_MAX + 96];
+    snprintf(man, sizeof man, "%s/manifest.json", moved);
+    ASSERT_EQ_INT(stat(man, &st), 0);
 
     snprintf(cmd, sizeof cmd, "%s fsck 2>/dev/null", KVO_CLI_PATH);
     ASSERT_EQ_INT(kvo_test_run(cmd, &out), 2);

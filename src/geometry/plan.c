@@ -103,13 +103,11 @@ static int kvo__derive(const kvo_model *m, kvo_group_plan *gp, uint64_t bpc, con
     return 0;
 }
 
-static uint64_t kvo__auto_bpc(const kvo_model *m, const kvo_group_desc *g, uint64_t min_bpc, uint64_t target) {
-    uint64_t step_bytes, k = 1;
-    if (!kvo__mul_u64(min_bpc, g->page_bytes, &step_bytes) &&
-        !kvo__mul_u64(step_bytes, g->layers, &step_bytes) && step_bytes < target)
-        while (k < (UINT64_C(1) << 40) && step_bytes * k < target) k *= 2;
+static uint64_t kvo__auto_bpc(const kvo_group_desc *g, uint64_t min_bpc, uint64_t target) {
+    uint64_t step_bytes, k = 1, bytes;
+    if (!kvo__mul_u64(min_bpc, g->page_bytes, &step_bytes) && !kvo__mul_u64(step_bytes, g->layers, &step_bytes))
+        while (k < (UINT64_C(1) << 40) && !kvo__mul_u64(step_bytes, k, &bytes) && bytes < target) k *= 2;
     uint64_t kmax = KVO_MAX_TOKENS_PER_CHUNK / ((uint64_t)min_bpc * g->tokens_per_block);
-    (void)m;
     while (k > 1 && k > kmax) k /= 2;
     return min_bpc * k;
 }
@@ -237,7 +235,7 @@ int kvo_plan_create(const kvo_model *m, const kvo_plan_params *params, kvo_plan 
             bpc = prm->blocks_per_chunk;
             snprintf(how, sizeof how, "blocks_per_chunk %llu", (unsigned long long)bpc);
         } else {
-            bpc = kvo__auto_bpc(m, g, min_bpc, target);
+            bpc = kvo__auto_bpc(g, min_bpc, target);
             snprintf(how, sizeof how, "the automatic plan (%llu blocks)", (unsigned long long)bpc);
         }
         rc = kvo__derive(m, gp, bpc, how);

@@ -231,7 +231,6 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     uint64_t cls_bytes[KVO__MAX_CLASSES];
     double cls_w[KVO__MAX_CLASSES];
     uint32_t ncls = 0;
-    uint64_t minb = UINT64_MAX;
     for (size_t g = 0; g < ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(plan, g);
         s->group_cls[g] = 0xFF;
@@ -246,7 +245,6 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
         cls_w[c] += (double)gp->slot_bytes / (double)(gp->tokens_per_chunk ? gp->tokens_per_chunk : 1);
         s->group_cls[g] = (uint8_t)c;
         s->group_slot[g] = gp->slot_bytes;
-        if (gp->slot_bytes < minb) minb = gp->slot_bytes;
     }
     int rc = kvo__slots_init(&s->sl, p->capacity_bytes, cls_bytes, cls_w, ncls, p->segment_bytes);
     if (rc) goto fail;
@@ -300,7 +298,6 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
         rc = kvo__error(KVO_ENOMEM, "kvo_store_create: pthread_mutex_init failed");
         goto fail;
     }
-    (void)minb;
     *out = s;
     return 0;
 fail:
@@ -419,6 +416,22 @@ static inline uint64_t kvo__pipe_step(const kvo_store *s, kvo__pipe *p, const kv
     return p->h[i & 15];
 }
 
+/* Resolve a batch into s->sc_ent (grown to n): each key's resident entry
+ * (PENDING or READY), or NIL for an absent key or a ghost.  Changes nothing
+ * else; the calls that change entries check the resolved batch first, so a
+ * refused batch leaves the store as it was. */
+static int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
+    int rc = kvo__scratch(s, n);
+    if (rc) return rc;
+    kvo__pipe pp;
+    kvo__pipe_init(&pp, keys, n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
+        s->sc_ent[i] = e != KVO__NIL && s->ent[e].state != KVO__E_GHOST ? e : KVO__NIL;
+    }
+    return 0;
+}
+
 int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *states) {
     int rc = kvo__check_batch(s, keys, n, states, "kvo_store_lookup");
     if (rc) return rc;
@@ -449,6 +462,16 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
     return 0;
 }
 
+/* A resident entry as the public kvo_store_entry (peek, scan). */
+static void kvo__entry_out(const kvo_store *s, uint32_t e, kvo_store_entry *out) {
+    const kvo__entry *x = &s->ent[e];
+    out->key = x->key;
+    out->slot.offset = x->offset;
+    out->slot.bytes = s->group_slot[x->key.group];
+    out->state = x->state == KVO__E_READY ? KVO_READY : KVO_PENDING;
+    out->pins = x->pins;
+}
+
 int kvo_store_peek(kvo_store *s, const kvo_chunk_key *key, kvo_store_entry *out) {
     int rc = kvo__check_batch(s, key, 1, out, "kvo_store_peek");
     if (rc) return rc;
@@ -458,12 +481,7 @@ int kvo_store_peek(kvo_store *s, const kvo_chunk_key *key, kvo_store_entry *out)
         kvo__unlock(s);
         return kvo__error(KVO_ENOTFOUND, "kvo_store_peek: key of group %u is not stored", key->group);
     }
-    kvo__entry *x = &s->ent[e];
-    out->key = x->key;
-    out->slot.offset = x->offset;
-    out->slot.bytes = s->group_slot[x->key.group];
-    out->state = x->state == KVO__E_READY ? KVO_READY : KVO_PENDING;
-    out->pins = x->pins;
+    kvo__entry_out(s, e, out);
     kvo__unlock(s);
     return 0;
 }
@@ -567,6 +585,25 @@ static uint32_t kvo__compact_pick(kvo_store *s, const kvo__plan *pl) {
     return best;
 }
 
+/* prepare_store's scratch: sc_ent[i] is a present key's entry, NIL for a key
+ * to store, or this marker for a key the admission sketch turned away. */
+#define KVO__NOT_ADMITTED (KVO__NIL - 1)
+
+/* A present key of the batch that prepare_store protects (or, storing
+ * nothing, counts as used): READY and not pinned (pinned is busy already). */
+static inline bool kvo__protectable(const kvo_store *s, uint32_t e) {
+    return e < KVO__NOT_ADMITTED && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0;
+}
+
+/* Undo the protection of a present batch key (commit or rollback): it
+ * rejoins the policy queues, as a use.  No-op for other sc_ent values. */
+static inline void kvo__unprotect(kvo_store *s, uint32_t e) {
+    if (e >= KVO__NOT_ADMITTED || !(s->ent[e].flags & KVO__F_PROTECT)) return;
+    s->ent[e].flags &= (uint8_t)~KVO__F_PROTECT;
+    kvo__busy(s, e, -1);
+    s->pol->reinsert(s, e);
+}
+
 static inline bool kvo__plan_done(const kvo__plan *pl) {
     return pl->segs_needed <= pl->nfree && pl->entries_short <= 0;
 }
@@ -581,7 +618,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
     if (evicted_cap && (!evicted || !evicted_slots))
         return kvo__error(KVO_EINVAL, "%s: evicted_cap %zu with a NULL evicted array", fn, evicted_cap);
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
     size_t da, db;
     if (kvo__find_dup(s, keys, n, &da, &db)) {
@@ -589,23 +626,18 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
                         da, keys[db].group);
         goto out;
     }
-    /* 1. resolve */
+    /* 1. classify the resolved keys */
     kvo__plan pl;
     memset(&pl, 0, sizeof pl);
     uint64_t n_new = 0, bytes_new = 0, n_not_admitted = 0, n_present = 0;
-    kvo__pipe pp;
-    kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
-        bool present = e != KVO__NIL && s->ent[e].state != KVO__E_GHOST;
-        s->sc_ent[i] = present ? e : KVO__NIL;
-        if (present) {
+        if (s->sc_ent[i] != KVO__NIL) {
             n_present++;
             continue;
         }
         if (s->cms && kvo__cms_get(s, &keys[i]) < s->params.admit_after) {
             n_not_admitted++;
-            s->sc_ent[i] = KVO__NIL - 1; /* marker: not admitted */
+            s->sc_ent[i] = KVO__NOT_ADMITTED;
             continue;
         }
         pl.demand[s->group_cls[keys[i].group]]++;
@@ -617,7 +649,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         uint64_t busy_extra = 0;
         for (size_t i = 0; i < n; i++) {
             uint32_t e = s->sc_ent[i];
-            if (e < KVO__NIL - 1 && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0) {
+            if (kvo__protectable(s, e)) {
                 kvo__busy(s, e, +1);
                 busy_extra++;
             }
@@ -627,7 +659,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         if (!ok) {
             for (size_t i = 0; i < n; i++) {
                 uint32_t e = s->sc_ent[i];
-                if (e < KVO__NIL - 1 && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0) kvo__busy(s, e, -1);
+                if (kvo__protectable(s, e)) kvo__busy(s, e, -1);
             }
             s->rejected_stores++;
             uint64_t pinned_b = 0;
@@ -645,7 +677,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         /* 3. protect: out of the policy queues (busy already counted) */
         for (size_t i = 0; i < n; i++) {
             uint32_t e = s->sc_ent[i];
-            if (e < KVO__NIL - 1 && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0) {
+            if (kvo__protectable(s, e)) {
                 s->pol->remove(s, e);
                 s->ent[e].flags |= KVO__F_PROTECT;
             }
@@ -654,7 +686,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         /* nothing to write: present READY keys just count as used */
         for (size_t i = 0; i < n; i++) {
             uint32_t e = s->sc_ent[i];
-            if (e < KVO__NIL - 1 && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0) s->pol->hit(s, e);
+            if (kvo__protectable(s, e)) s->pol->hit(s, e);
         }
     }
     /* 4. plan victims */
@@ -767,13 +799,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
             need[i] = 0;
             slots[i].offset = 0;
             slots[i].bytes = 0;
-            if (e == KVO__NIL - 1) continue;
-            kvo__entry *x = &s->ent[e];
-            if (x->flags & KVO__F_PROTECT) {
-                x->flags &= (uint8_t)~KVO__F_PROTECT;
-                kvo__busy(s, e, -1);
-                s->pol->reinsert(s, e);
-            }
+            kvo__unprotect(s, e);
         }
     }
     s->store_skipped_present += n_present;
@@ -788,14 +814,7 @@ rollback:
         s->sl.seg_planned[kvo__slot_seg(&s->sl, s->ent[v].slot)] = 0;
         s->pol->untake(s, v);
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t e = s->sc_ent[i];
-        if (e < KVO__NIL - 1 && (s->ent[e].flags & KVO__F_PROTECT)) {
-            s->ent[e].flags &= (uint8_t)~KVO__F_PROTECT;
-            kvo__busy(s, e, -1);
-            s->pol->reinsert(s, e);
-        }
-    }
+    for (size_t i = 0; i < n; i++) kvo__unprotect(s, s->sc_ent[i]);
     s->rejected_stores++;
 out:
     kvo__unlock(s);
@@ -807,19 +826,16 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
     int rc = kvo__check_batch(s, keys, n, keys, fn);
     if (rc) return rc;
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
     /* every key must name a PENDING entry; duplicates are caught by marking
      * the entries (no set needed: all keys are present) */
-    kvo__pipe pp;
-    kvo__pipe_init(&pp, keys, n);
     size_t i;
     for (i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
+        uint32_t e = s->sc_ent[i];
         if (e == KVO__NIL || s->ent[e].state != KVO__E_PENDING) {
             rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is %s, not PENDING (it was not prepared, or "
-                            "was already completed)", fn, i, keys[i].group,
-                            e == KVO__NIL || s->ent[e].state == KVO__E_GHOST ? "absent" : "READY");
+                            "was already completed)", fn, i, keys[i].group, e == KVO__NIL ? "absent" : "READY");
             break;
         }
         if (s->ent[e].flags & KVO__F_BATCH) {
@@ -828,7 +844,6 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
             break;
         }
         s->ent[e].flags |= KVO__F_BATCH;
-        s->sc_ent[i] = e;
     }
     if (rc) {
         while (i > 0) s->ent[s->sc_ent[--i]].flags &= (uint8_t)~KVO__F_BATCH;
@@ -861,13 +876,11 @@ int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kv
     int rc = kvo__check_batch(s, keys, n, slots, fn);
     if (rc) return rc;
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
-    kvo__pipe pp;
-    kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
-        if (e == KVO__NIL || s->ent[e].state == KVO__E_GHOST) {
+        uint32_t e = s->sc_ent[i];
+        if (e == KVO__NIL) {
             rc = kvo__error(KVO_ENOTFOUND, "%s: key %zu (group %u) is not stored (evicted or never stored)", fn, i,
                             keys[i].group);
             goto out;
@@ -877,7 +890,6 @@ int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kv
                             "complete_store", fn, i, keys[i].group);
             goto out;
         }
-        s->sc_ent[i] = e;
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
@@ -900,21 +912,17 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__check_batch(s, keys, n, keys, fn);
     if (rc) return rc;
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
     /* count per entry so a key given twice needs two pins */
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find(s, &keys[i]);
+        uint32_t e = s->sc_ent[i];
         if (e == KVO__NIL || s->ent[e].state != KVO__E_READY || s->ent[e].pins == 0) {
             rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is not pinned", fn, i, keys[i].group);
-            goto undo;
+            while (i > 0) s->ent[s->sc_ent[--i]].pins++; /* undo the tentative unpins */
+            goto out;
         }
         s->ent[e].pins--; /* tentatively */
-        s->sc_ent[i] = e;
-        continue;
-    undo:
-        while (i > 0) s->ent[s->sc_ent[--i]].pins++;
-        goto out;
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
@@ -953,17 +961,15 @@ int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__check_batch(s, keys, n, keys, fn);
     if (rc) return rc;
     kvo__lock(s);
-    rc = kvo__scratch(s, n);
+    rc = kvo__resolve(s, keys, n);
     if (rc) goto out;
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find(s, &keys[i]);
-        if (e != KVO__NIL && s->ent[e].state == KVO__E_GHOST) e = KVO__NIL;
+        uint32_t e = s->sc_ent[i];
         if (e != KVO__NIL && (s->ent[e].state == KVO__E_PENDING || s->ent[e].pins)) {
             rc = kvo__error(KVO_EBUSY, "%s: key %zu (group %u) is %s; nothing removed", fn, i, keys[i].group,
                             s->ent[e].pins ? "pinned by a load" : "being written");
             goto out;
         }
-        s->sc_ent[i] = e;
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
@@ -1002,14 +1008,8 @@ int kvo_store_scan(kvo_store *s, uint64_t *cursor, kvo_store_entry *out, size_t 
     uint64_t i = *cursor;
     size_t w = 0;
     for (; i < s->pool_cap && w < cap; i++) {
-        kvo__entry *x = &s->ent[i];
-        if (x->state != KVO__E_READY && x->state != KVO__E_PENDING) continue;
-        out[w].key = x->key;
-        out[w].slot.offset = x->offset;
-        out[w].slot.bytes = s->group_slot[x->key.group];
-        out[w].state = x->state == KVO__E_READY ? KVO_READY : KVO_PENDING;
-        out[w].pins = x->pins;
-        w++;
+        uint8_t st = s->ent[i].state;
+        if (st == KVO__E_READY || st == KVO__E_PENDING) kvo__entry_out(s, (uint32_t)i, &out[w++]);
     }
     /* skip to the next live entry so that *cursor = 0 means done */
     while (i < s->pool_cap && s->ent[i].state != KVO__E_READY && s->ent[i].state != KVO__E_PENDING) i++;

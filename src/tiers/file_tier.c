@@ -286,20 +286,26 @@ static void stage_release(kvo_file_tier *t, const kvo_chunk_key *k) {
     kvo_store_complete_store(t->stage_index, k, 1, false);
 }
 
+/* Room in the completion queue for one more reported op, taken when the op
+ * is queued (with mu held): cq_len + inflight_reports <= cq_cap always, so
+ * a finishing op never needs memory to report, and an op that was queued
+ * always produces its completion.  KVO_ENOMEM (no message) when the queue
+ * cannot grow. */
+static int reserve_completion_locked(kvo_file_tier *t) {
+    if (t->cq_len + t->inflight_reports < t->cq_cap) return 0;
+    size_t ncap = t->cq_cap ? t->cq_cap * 2 : 64;
+    kvo_file_completion *n = kvo__malloc(ncap * sizeof *n);
+    if (!n) return KVO_ENOMEM;
+    for (size_t i = 0; i < t->cq_len; i++) n[i] = t->cq[(t->cq_head + i) % t->cq_cap];
+    kvo__free(t->cq);
+    t->cq = n;
+    t->cq_cap = ncap;
+    t->cq_head = 0;
+    return 0;
+}
+
 static void push_completion_locked(kvo_file_tier *t, const kvo__fop *op, uint64_t bytes) {
-    if (t->cq_len == t->cq_cap) {
-        size_t ncap = t->cq_cap ? t->cq_cap * 2 : 64;
-        kvo_file_completion *n = kvo__malloc(ncap * sizeof *n);
-        if (!n) {
-            /* Cannot report: the op still finished; count it as lost. */
-            return;
-        }
-        for (size_t i = 0; i < t->cq_len; i++) n[i] = t->cq[(t->cq_head + i) % t->cq_cap];
-        kvo__free(t->cq);
-        t->cq = n;
-        t->cq_cap = ncap;
-        t->cq_head = 0;
-    }
+    assert(t->cq_len < t->cq_cap); /* reserved at enqueue */
     kvo_file_completion *c = &t->cq[(t->cq_head + t->cq_len) % t->cq_cap];
     c->user_data = op->user_data;
     c->key = op->key;
@@ -717,10 +723,28 @@ kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds) {
     }
 }
 
-static void enqueue(kvo_file_tier *t, kvo__fop *op) {
+/* Fill in an op's request and queue it for the workers (or the ring).
+ * KVO_ENOMEM (no message) when no completion can be reserved for a reported
+ * op: the op goes back to the free list, nothing is queued. */
+static int enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_chunk_key *k, const kvo_group_plan *g,
+                   uint64_t user_data, bool report) {
+    op->kind = kind;
+    op->key = *k;
+    op->key.reserved = 0;
+    op->g = g;
+    op->user_data = user_data;
+    op->report = report;
     op->next = NULL;
     op->t_queued = kvo__now_ns();
     pthread_mutex_lock(&t->mu);
+    if (report) {
+        if (reserve_completion_locked(t)) {
+            op_put_locked(t, op);
+            pthread_mutex_unlock(&t->mu);
+            return KVO_ENOMEM;
+        }
+        t->inflight_reports++;
+    }
     kvo__fop **head = op->kind == KVO__FOP_READ ? &t->rq_head : &t->wq_head;
     kvo__fop **tail = op->kind == KVO__FOP_READ ? &t->rq_tail : &t->wq_tail;
     if (*tail) (*tail)->next = op;
@@ -732,6 +756,7 @@ static void enqueue(kvo_file_tier *t, kvo__fop *op) {
 #if KVO_HAVE_URING
     if (ring) kvo__file_uring_kick(t->uring_state);
 #endif
+    return 0;
 }
 
 static void *worker_main(void *arg) {
@@ -1169,6 +1194,13 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     kvo__free(items);
     items = NULL;
 
+    /* Everything that can fail comes before the ring thread starts, except
+     * the worker threads, whose failure path stops the ring. */
+    t->threads = kvo__calloc(t->p.io_threads, sizeof(pthread_t));
+    if (!t->threads) {
+        rc = kvo__error(KVO_ENOMEM, "file tier: threads");
+        goto fail;
+    }
     if (p->io != KVO_FILE_IO_THREADS) {
 #if KVO_HAVE_URING
         rc = kvo__file_uring_start(t, t->p.queue_depth, &t->uring_state);
@@ -1181,27 +1213,20 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
         }
 #endif
     }
-    {
-        t->threads = kvo__calloc(t->p.io_threads, sizeof(pthread_t));
-        if (!t->threads) {
-            rc = kvo__error(KVO_ENOMEM, "file tier: threads");
+    for (uint32_t i = 0; i < t->p.io_threads; i++) {
+        if (pthread_create(&t->threads[i], NULL, worker_main, t) != 0) {
+            pthread_mutex_lock(&t->mu);
+            t->closing = true;
+            pthread_cond_broadcast(&t->work_cv);
+            pthread_mutex_unlock(&t->mu);
+            for (uint32_t j = 0; j < i; j++) pthread_join(t->threads[j], NULL);
+#if KVO_HAVE_URING
+            if (t->uring) kvo__file_uring_stop(t, t->uring_state);
+#endif
+            rc = kvo__error(KVO_ENOMEM, "file tier: cannot start I/O thread %u", i);
             goto fail;
         }
-        for (uint32_t i = 0; i < t->p.io_threads; i++) {
-            if (pthread_create(&t->threads[i], NULL, worker_main, t) != 0) {
-                pthread_mutex_lock(&t->mu);
-                t->closing = true;
-                pthread_cond_broadcast(&t->work_cv);
-                pthread_mutex_unlock(&t->mu);
-                for (uint32_t j = 0; j < i; j++) pthread_join(t->threads[j], NULL);
-#if KVO_HAVE_URING
-                if (t->uring) kvo__file_uring_stop(t, t->uring_state);
-#endif
-                rc = kvo__error(KVO_ENOMEM, "file tier: cannot start I/O thread %u", i);
-                goto fail;
-            }
-            t->n_threads++;
-        }
+        t->n_threads++;
     }
     *out = t;
     return 0;
@@ -1283,19 +1308,28 @@ int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) 
 
 /* ------------------------------------------------------------- write -- */
 
+/* Key i of a write or read batch: its group, or NULL with *r set to
+ * KVO_EINVAL (and the message) when the plan does not offload it or its
+ * buffer (the op's `what`) is NULL. */
+static const kvo_group_plan *batch_item(kvo_file_tier *t, const kvo_chunk_key *keys, size_t i, const void *buf,
+                                        const char *op, const char *what, int *r) {
+    const kvo_group_plan *g = group_of(t, &keys[i]);
+    *r = 0;
+    if (g && buf) return g;
+    *r = kvo__error(KVO_EINVAL, "file tier %s: key %zu: %s%s", op, i, !g ? "group not offloaded by the plan" : "NULL ",
+                    !g ? "" : what);
+    return NULL;
+}
+
 int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                         const uint64_t *user_data, int *results, size_t *n_queued) {
     if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_file_tier_write: NULL argument");
     size_t queued = 0;
     int ret = 0;
     for (size_t i = 0; i < n; i++) {
-        const kvo_group_plan *g = group_of(t, &keys[i]);
-        int r = 0;
-        if (!g || !srcs[i]) {
-            r = kvo__error(KVO_EINVAL, "file tier write: key %zu: %s", i,
-                           !g ? "group not offloaded by the plan" : "NULL source");
-            goto next;
-        }
+        int r;
+        const kvo_group_plan *g = batch_item(t, keys, i, srcs[i], "write", "source", &r);
+        if (!g) goto next;
         /* 1. back-pressure: queue bound and latency (under the lock). */
         pthread_mutex_lock(&t->mu);
         if (t->closing) {
@@ -1307,10 +1341,10 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
                     t->lat_ewma_ns > (uint64_t)t->p.write_latency_limit_ms * 1000000u;
         if (t->pending_writes >= t->p.max_pending_writes || slow) {
             t->st.dropped_backpressure++;
-            uint64_t queued = t->pending_writes, lat = t->lat_ewma_ns; /* read under the lock */
+            uint64_t behind = t->pending_writes, lat = t->lat_ewma_ns; /* read under the lock */
             pthread_mutex_unlock(&t->mu);
             tier_log(t, LOG_BACKPRESSURE, "%s: writes fall behind (%llu queued, latency %.1f ms): dropping stores",
-                     t->ns_dir, (unsigned long long)queued, lat / 1e6);
+                     t->ns_dir, (unsigned long long)behind, lat / 1e6);
             r = KVO_EAGAIN;
             goto next;
         }
@@ -1354,7 +1388,9 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
         memcpy(stage, srcs[i], g->chunk_bytes);
         if (g->slot_bytes > g->chunk_bytes) memset(stage + g->chunk_bytes, 0, g->slot_bytes - g->chunk_bytes);
         kvo__fop *op = op_get(t);
-        if (!op) {
+        if (op) op->stage = stage;
+        if (!op || enqueue(t, op, KVO__FOP_WRITE, &keys[i], g, user_data ? user_data[i] : 0,
+                           t->p.write_completions) != 0) {
             kvo_store_complete_store(t->index, &keys[i], 1, false);
             stage_release(t, &keys[i]);
             pthread_mutex_lock(&t->mu);
@@ -1365,19 +1401,6 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
             r = KVO_EAGAIN;
             goto next;
         }
-        op->kind = KVO__FOP_WRITE;
-        op->key = keys[i];
-        op->key.reserved = 0;
-        op->g = g;
-        op->stage = stage;
-        op->user_data = user_data ? user_data[i] : 0;
-        op->report = t->p.write_completions;
-        if (op->report) {
-            pthread_mutex_lock(&t->mu);
-            t->inflight_reports++;
-            pthread_mutex_unlock(&t->mu);
-        }
-        enqueue(t, op);
         queued++;
     next:
         if (results) results[i] = r;
@@ -1394,13 +1417,9 @@ int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const 
     size_t queued = 0;
     int ret = 0;
     for (size_t i = 0; i < n; i++) {
-        const kvo_group_plan *g = group_of(t, &keys[i]);
-        int r = 0;
-        if (!g || !dsts[i]) {
-            r = kvo__error(KVO_EINVAL, "file tier read: key %zu: %s", i,
-                           !g ? "group not offloaded by the plan" : "NULL destination");
-            goto next;
-        }
+        int r;
+        const kvo_group_plan *g = batch_item(t, keys, i, dsts[i], "read", "destination", &r);
+        if (!g) goto next;
         pthread_mutex_lock(&t->mu);
         bool closing = t->closing;
         pthread_mutex_unlock(&t->mu);
@@ -1422,23 +1441,15 @@ int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const 
             goto next;
         }
         kvo__fop *op = op_get(t);
-        if (!op) {
+        if (op) {
+            op->dst = dsts[i];
+            op->direct = t->direct && ((uintptr_t)dsts[i] % KVO_FILE_HEADER_BYTES) == 0;
+        }
+        if (!op || enqueue(t, op, KVO__FOP_READ, &keys[i], g, user_data ? user_data[i] : 0, true) != 0) {
             kvo_store_complete_load(t->index, &keys[i], 1);
             r = kvo__error(KVO_ENOMEM, "file tier read: out of memory");
             goto next;
         }
-        op->kind = KVO__FOP_READ;
-        op->key = keys[i];
-        op->key.reserved = 0;
-        op->g = g;
-        op->dst = dsts[i];
-        op->direct = t->direct && ((uintptr_t)dsts[i] % KVO_FILE_HEADER_BYTES) == 0;
-        op->user_data = user_data ? user_data[i] : 0;
-        op->report = true;
-        pthread_mutex_lock(&t->mu);
-        t->inflight_reports++;
-        pthread_mutex_unlock(&t->mu);
-        enqueue(t, op);
         queued++;
     next:
         if (results) results[i] = r;
@@ -1522,16 +1533,16 @@ int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms) {
 
 int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
     if (!t || !out) return kvo__error(KVO_EINVAL, "kvo_file_tier_get_stats: NULL argument");
-    kvo_store_stats ss;
+    kvo_store_stats ss, sst;
     int rc = kvo_store_get_stats(t->index, &ss);
     if (rc) return rc;
+    bool have_sst = kvo_store_get_stats(t->stage_index, &sst) == 0; /* not under mu: see Locking */
     pthread_mutex_lock(&t->mu);
     *out = t->st;
     out->pending_writes = t->pending_writes;
-    kvo_store_stats sst;
-    if (kvo_store_get_stats(t->stage_index, &sst) == 0) out->staging_bytes = sst.bytes_used;
     out->write_latency_ns = t->lat_ewma_ns;
     pthread_mutex_unlock(&t->mu);
+    if (have_sst) out->staging_bytes = sst.bytes_used;
     out->quota_bytes = t->quota;
     out->bytes_used = ss.bytes_used;
     out->files = ss.entries - ss.pending;

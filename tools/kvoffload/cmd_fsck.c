@@ -85,9 +85,9 @@ static uint64_t jnum(json_t *o, const char *k) {
     return json_is_integer(v) ? (uint64_t)json_integer_value(v) : 0;
 }
 
-/* Record a bad file; remove it with --repair. */
-static void bad_file(fsck_ctx *c, json_t *bad, const char *path, const char *why) {
-    bool removed = c->repair && remove_any(path);
+/* Record a problem with a file; with --repair remove it if `removable`. */
+static void report_bad(fsck_ctx *c, json_t *bad, const char *path, const char *why, bool removable) {
+    bool removed = removable && c->repair && remove_any(path);
     c->problems++;
     c->ns_bad++;
     if (c->json) {
@@ -99,6 +99,11 @@ static void bad_file(fsck_ctx *c, json_t *bad, const char *path, const char *why
     } else {
         printf("  BAD %s: %s%s\n", path, why, removed ? " (removed)" : "");
     }
+}
+
+/* Record a bad file; remove it with --repair. */
+static void bad_file(fsck_ctx *c, json_t *bad, const char *path, const char *why) {
+    report_bad(c, bad, path, why, true);
 }
 
 static int fsck_namespace(fsck_ctx *c, const char *ns) {
@@ -120,16 +125,7 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
     if (!man) {
         char why[512];
         snprintf(why, sizeof why, "manifest unreadable: %s (line %d)", jerr.text, jerr.line);
-        c->problems++;
-        if (c->json) {
-            json_t *b = json_object();
-            json_object_set_new(b, "path", json_string(path));
-            json_object_set_new(b, "error", json_string(why));
-            json_object_set_new(b, "removed", json_false());
-            json_array_append_new(bad, b);
-        } else {
-            printf("  BAD %s: %s\n", path, why);
-        }
+        report_bad(c, bad, path, why, false);
     } else {
         const char *fp = json_string_value(json_object_get(man, "fingerprint"));
         if (fp) snprintf(fp_hex, sizeof fp_hex, "%s", fp);
@@ -167,8 +163,7 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
         if (strcmp(want_name, base) != 0 && is_ns_name(base)) {
             char why[160];
             snprintf(why, sizeof why, "manifest (fingerprint, layout hash) says %s, not the directory's name", want_name);
-            c->problems++;
-            if (!c->json) printf("  BAD %s: %s\n", path, why);
+            report_bad(c, bad, path, why, false);
         }
         json_decref(man);
     }

@@ -100,8 +100,7 @@ static void *ring_main(void *arg) {
             int64_t res = cqe->res;
             if (res > 0 && (uint64_t)res < op->io_bytes) res = kvo__fop_io_continue(op, (uint64_t)res);
             inflight--;
-            if (op->kind == KVO__FOP_WRITE) kvo__fop_end(t, op, res);
-            else kvo__fop_end(t, op, res);
+            kvo__fop_end(t, op, res);
         }
         io_uring_cq_advance(&u->ring, seen);
     }
