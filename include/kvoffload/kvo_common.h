@@ -24,6 +24,18 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+/* KVO_API marks every public declaration: exported from the shared library,
+ * which hides everything else (-fvisibility=hidden).  KVO_STATIC (defined by
+ * the static target and its consumers through CMake/pkg-config) makes it a
+ * plain declaration. */
+#ifndef KVO_API
+#if defined(__GNUC__) && !defined(KVO_STATIC)
+#define KVO_API __attribute__((visibility("default")))
+#else
+#define KVO_API
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -34,9 +46,9 @@ extern "C" {
 #define KVO_VERSION_STRING "0.1.0"
 
 /** The library's version string, e.g. "0.1.0".  Static storage; any thread. */
-const char *kvo_version(void);
+KVO_API const char *kvo_version(void);
 /** The version as one integer: major*10000 + minor*100 + patch. */
-int kvo_version_number(void);
+KVO_API int kvo_version_number(void);
 
 /*
  * The one error table.  Values are stable; new codes are appended.
@@ -70,14 +82,14 @@ enum kvo_error {
 
 /** Short description of an error code.  Static storage; never NULL; any thread.
  *  Unknown codes give "unknown error". */
-const char *kvo_strerror(int err);
+KVO_API const char *kvo_strerror(int err);
 /** Symbolic name of an error code ("KVO_EINVAL"); "KVO_E?" when unknown. */
-const char *kvo_error_name(int err);
+KVO_API const char *kvo_error_name(int err);
 
 /** Detailed message for the most recent failure of a kvo_ call on the calling
  *  thread ("" if none).  Thread-local storage, valid until the next kvo_ call on
  *  this thread that fails.  Never NULL. */
-const char *kvo_last_error(void);
+KVO_API const char *kvo_last_error(void);
 
 /*
  * Replaceable allocator.  Every allocation the library makes goes through these
@@ -95,7 +107,7 @@ typedef struct kvo_allocator {
 } kvo_allocator;
 /** Install allocator hooks.  All four functions must be set, or pass NULL to
  *  restore the C library's.  Returns KVO_EINVAL if some but not all are set. */
-int kvo_set_allocator(const kvo_allocator *a);
+KVO_API int kvo_set_allocator(const kvo_allocator *a);
 
 /** A 128-bit value (hash, fingerprint).  lo/hi as XXH3-128's low64/high64. */
 typedef struct kvo_u128 {
@@ -105,7 +117,7 @@ typedef struct kvo_u128 {
 
 /** Format a 128-bit value as 32 lowercase hex digits (hi then lo) + NUL.
  *  out must hold at least 33 bytes. */
-void kvo_u128_hex(kvo_u128 v, char out[33]);
+KVO_API void kvo_u128_hex(kvo_u128 v, char out[33]);
 
 #ifdef __cplusplus
 }

@@ -127,7 +127,7 @@ typedef struct kvo_agree_result {
 
 /** The hit step of a plan: lcm of every group's tokens_per_block (including
  *  groups that are not offloaded).  0 on overflow (then no hit is possible). */
-uint64_t kvo_agree_step(const kvo_plan *plan);
+KVO_API uint64_t kvo_agree_step(const kvo_plan *plan);
 
 /** The lookup agreement rule as a pure function (docs/lookup.md).  Returns the
  *  largest boundary b with local_tokens <= b <= n_tokens - 1, b a multiple of
@@ -137,7 +137,7 @@ uint64_t kvo_agree_step(const kvo_plan *plan);
  *  Pure, thread-safe.  Errors: KVO_EINVAL (NULL plan/out, NULL states for an
  *  offloaded group with n_chunks > 0, local_tokens not a multiple of the
  *  step). */
-int kvo_agree(const kvo_agree_input *in, kvo_agree_result *out);
+KVO_API int kvo_agree(const kvo_agree_input *in, kvo_agree_result *out);
 
 /* ------------------------------------------------------------- connector -- */
 
@@ -224,7 +224,7 @@ typedef struct kvo_connector_params {
     uint32_t max_requests;        /* request table size; default 4096 */
 } kvo_connector_params;
 
-kvo_connector_params kvo_connector_default_params(void);
+KVO_API kvo_connector_params kvo_connector_default_params(void);
 
 typedef struct kvo_connector kvo_connector;
 
@@ -233,27 +233,27 @@ typedef struct kvo_connector kvo_connector;
  *  below the largest slot, checkpoint_interval not a multiple of the step,
  *  scratch_groups naming a cacheable group: the message names group and
  *  numbers), KVO_ENOMEM, and the arena's / transfer engine's errors. */
-int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out);
+KVO_API int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out);
 
 /** Cancel queued copies, wait for running ones, free everything.  In
  *  write-back mode with file_persist_on_destroy, first persist the host
  *  tier's READY chunks (completed stores included) to the file tier (see
  *  kvo_connector_flush_to_file).  The caller guarantees no other call on c
  *  is in progress or follows.  NULL: no-op. */
-void kvo_connector_destroy(kvo_connector *c);
+KVO_API void kvo_connector_destroy(kvo_connector *c);
 
 /** Register (replace) the engine's KV layout (see kvo_transfer_set_layout).
  *  Must be called before the first load or store.  Errors as
  *  kvo_transfer_set_layout. */
-int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n);
+KVO_API int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n);
 
 /** The plan's hit step (kvo_agree_step). */
-uint64_t kvo_connector_step(const kvo_connector *c);
+KVO_API uint64_t kvo_connector_step(const kvo_connector *c);
 
 /** The parts, for statistics and advanced use; owned by the connector. */
-kvo_store *kvo_connector_store(kvo_connector *c);
-kvo_transfer *kvo_connector_transfer(kvo_connector *c);
-kvo_arena *kvo_connector_arena(kvo_connector *c);
+KVO_API kvo_store *kvo_connector_store(kvo_connector *c);
+KVO_API kvo_transfer *kvo_connector_transfer(kvo_connector *c);
+KVO_API kvo_arena *kvo_connector_arena(kvo_connector *c);
 
 /* -------------------------------------------------------------- requests -- */
 
@@ -281,14 +281,14 @@ typedef struct kvo_request_desc {
 /** Register a request.  Errors: KVO_EINVAL (NULL, both or neither of tokens /
  *  unit_hashes, empty prompt, inconsistent prompt_tokens), KVO_EEXIST (id
  *  live), KVO_ENOSPC (max_requests live), KVO_ENOMEM. */
-int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d);
+KVO_API int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d);
 
 /** Append generated (or further prompt) tokens to the request's sequence, so
  *  that their chunks can be stored.  Only in token mode.  Errors:
  *  KVO_ENOTFOUND, KVO_ESTATE (hash mode, finished), KVO_ENOMEM. */
-int kvo_connector_append_tokens(kvo_connector *c, uint64_t id, const uint32_t *tokens, size_t n);
+KVO_API int kvo_connector_append_tokens(kvo_connector *c, uint64_t id, const uint32_t *tokens, size_t n);
 /** Hash mode: append unit hashes; n_tokens_total is the new sequence length. */
-int kvo_connector_append_unit_hashes(kvo_connector *c, uint64_t id, const kvo_u128 *units, size_t n,
+KVO_API int kvo_connector_append_unit_hashes(kvo_connector *c, uint64_t id, const kvo_u128 *units, size_t n,
                                      uint64_t n_tokens_total);
 
 typedef enum kvo_hit_status {
@@ -323,7 +323,7 @@ typedef struct kvo_lookup_result {
  *  Errors: KVO_ENOTFOUND (id), KVO_ESTATE (a load of the request in flight,
  *  or finished), KVO_EINVAL (local_tokens not a multiple of the step or beyond
  *  the sequence). */
-int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, kvo_lookup_result *out);
+KVO_API int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, kvo_lookup_result *out);
 
 /** One group's engine block table. */
 typedef struct kvo_block_table {
@@ -344,7 +344,7 @@ typedef struct kvo_block_table {
  *  KVO_ESTATE (no hit pinned by a lookup, no layout), KVO_EINVAL (tokens not
  *  the lookup's, a table shorter than the tokens, KVO_NO_BLOCK where a block
  *  is to be written, n_tables wrong), KVO_EAGAIN (transfer queue full: retry). */
-int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo_block_table *tables,
+KVO_API int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo_block_table *tables,
                        size_t n_tables);
 
 /** The engine has written KV for tokens [0, computed_tokens) into the blocks of
@@ -358,7 +358,7 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
  *  Errors: KVO_ENOTFOUND, KVO_ESTATE (a load in flight, finished, no layout),
  *  KVO_EINVAL (computed beyond the sequence, tables shorter than
  *  computed_tokens, n_tables wrong). */
-int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
+KVO_API int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
                          size_t n_tables);
 
 /** A block reference for wait_blocks. */
@@ -371,10 +371,10 @@ typedef struct kvo_block_ref {
  *  engine may free or overwrite them (sliding blocks leaving the window, a
  *  state block updated in place, blocks of a finished request).  Does not
  *  hold the connector lock while waiting.  Errors: KVO_EINVAL. */
-int kvo_connector_wait_blocks(kvo_connector *c, const kvo_block_ref *blocks, size_t n);
+KVO_API int kvo_connector_wait_blocks(kvo_connector *c, const kvo_block_ref *blocks, size_t n);
 
 /** Block until every copy of the request has finished (stores and loads). */
-int kvo_connector_wait_request(kvo_connector *c, uint64_t id);
+KVO_API int kvo_connector_wait_request(kvo_connector *c, uint64_t id);
 
 /** The request is done: store the chunks completed by computed_tokens and
  *  the final checkpoint chunks (sliding CHECKPOINTS policy) from tables (may
@@ -385,7 +385,7 @@ int kvo_connector_wait_request(kvo_connector *c, uint64_t id);
  *  blocks only after the KVO_COMPLETION_RELEASED for it (or wait_request);
  *  false: free at once (no RELEASED completion follows).  Errors:
  *  KVO_ENOTFOUND, KVO_EINVAL (tables). */
-int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
+KVO_API int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
                          size_t n_tables, bool *busy);
 
 /** Preemption: the engine is about to free the request's blocks and will
@@ -395,11 +395,11 @@ int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t computed_tokens
  *  reset to 0; the token sequence is kept, and the request may be looked up
  *  again.  Blocks may be freed on return (file reads still running land in
  *  host slots, never in engine blocks).  Errors: KVO_ENOTFOUND. */
-int kvo_connector_preempt(kvo_connector *c, uint64_t id);
+KVO_API int kvo_connector_preempt(kvo_connector *c, uint64_t id);
 
 /** Abort: like preempt, then the request is removed (no completion follows).
  *  Blocks may be freed on return.  Errors: KVO_ENOTFOUND. */
-int kvo_connector_abort(kvo_connector *c, uint64_t id);
+KVO_API int kvo_connector_abort(kvo_connector *c, uint64_t id);
 
 typedef enum kvo_completion_type {
     KVO_COMPLETION_LOAD = 1,     /* a load finished (ok or not) */
@@ -426,17 +426,17 @@ typedef struct kvo_completion {
  *  the engine to out; returns the count.  Call every step (or when event_fd
  *  is readable).  With a file tier, the connector consumes all of the tier's
  *  completions (leave its write_completions off). */
-size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap);
+KVO_API size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap);
 
 /** A file descriptor readable when poll may have work (the transfer engine's
  *  eventfd; with a file tier, also watch kvo_file_tier_event_fd).  Owned by
  *  the connector. */
-int kvo_connector_event_fd(const kvo_connector *c);
+KVO_API int kvo_connector_event_fd(const kvo_connector *c);
 
 /** The engine blocks of group that the request's last failed load wrote
  *  (their contents are not valid KV).  Writes up to cap, *n = total.
  *  Errors: KVO_ENOTFOUND, KVO_EINVAL. */
-int kvo_connector_invalid_blocks(kvo_connector *c, uint64_t id, uint32_t group, uint64_t *out, size_t cap,
+KVO_API int kvo_connector_invalid_blocks(kvo_connector *c, uint64_t id, uint32_t group, uint64_t *out, size_t cap,
                                  size_t *n);
 
 /* ------------------------------------------------------------- reporting -- */
@@ -458,7 +458,7 @@ typedef struct kvo_request_stats {
 
 /** Statistics of a live (or finished, not yet retired) request.
  *  Errors: KVO_ENOTFOUND. */
-int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out);
+KVO_API int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out);
 
 typedef struct kvo_connector_stats {
     uint64_t requests_added, requests_live, requests_finished;
@@ -480,7 +480,7 @@ typedef struct kvo_connector_stats {
     kvo_store_stats host;
 } kvo_connector_stats;
 
-int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
+KVO_API int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
 
 /** Write the host tier's READY chunks that the file tier does not hold yet
  *  (lookup first: chunks it holds or is writing are skipped, never
@@ -499,11 +499,11 @@ int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
  *  Errors: KVO_EINVAL (NULL c), KVO_ESTATE (no file tier), KVO_ETIMEDOUT
  *  (the writes did not finish in time; they continue), KVO_ECLOSED (the
  *  tier is shutting down). */
-int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_queued);
+KVO_API int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_queued);
 
 /** Events for an external router or index: the host store's stored /
  *  evicted / removed events (kvo_store_drain_events).  Returns the count. */
-size_t kvo_connector_drain_events(kvo_connector *c, kvo_store_event *out, size_t cap, uint64_t *dropped);
+KVO_API size_t kvo_connector_drain_events(kvo_connector *c, kvo_store_event *out, size_t cap, uint64_t *dropped);
 
 #ifdef __cplusplus
 }

@@ -100,8 +100,8 @@ typedef enum kvo_file_fsync_policy {
 } kvo_file_fsync_policy;
 
 /** "auto"/"uring"/"threads"; "none"/"data"/"full". */
-const char *kvo_file_io_name(kvo_file_io_kind k);
-const char *kvo_file_fsync_name(kvo_file_fsync_policy p);
+KVO_API const char *kvo_file_io_name(kvo_file_io_kind k);
+KVO_API const char *kvo_file_fsync_name(kvo_file_fsync_policy p);
 
 typedef struct kvo_file_tier_params {
     const char *root;              /* required; created if missing (copied) */
@@ -156,7 +156,7 @@ typedef struct kvo_file_tier_params {
                                       and every file records and checks it */
 } kvo_file_tier_params;
 
-kvo_file_tier_params kvo_file_tier_default_params(void);
+KVO_API kvo_file_tier_params kvo_file_tier_default_params(void);
 
 typedef struct kvo_file_tier kvo_file_tier;
 
@@ -173,7 +173,7 @@ typedef struct kvo_file_tier kvo_file_tier;
  *  KVO_ESTATE (the namespace's manifest has another format version,
  *  fingerprint or layout hash), KVO_ENOTSUP (io or direct forced ON but
  *  unavailable), KVO_ENOMEM (staging memory, index). */
-int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out);
+KVO_API int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out);
 
 /** Wait for queued writes to finish, cancel queued reads (their completions
  *  are discarded; their destinations are not written), let running reads
@@ -181,23 +181,23 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out);
  *  (staging memory included).  Files stay.  When this returns, no read
  *  touches a destination any more.  The caller guarantees no other call on t
  *  is in progress or follows.  NULL is a no-op. */
-void kvo_file_tier_destroy(kvo_file_tier *t);
+KVO_API void kvo_file_tier_destroy(kvo_file_tier *t);
 
 /** The namespace directory (root/<fingerprint hex>[-<layout hash>]); valid
  *  while t lives. */
-const char *kvo_file_tier_dir(const kvo_file_tier *t);
+KVO_API const char *kvo_file_tier_dir(const kvo_file_tier *t);
 /** Backend in use: "io_uring" (reads on a ring, writes on the thread pool)
  *  or "threads". */
-const char *kvo_file_tier_backend(const kvo_file_tier *t);
+KVO_API const char *kvo_file_tier_backend(const kvo_file_tier *t);
 /** Whether O_DIRECT is in use. */
-bool kvo_file_tier_direct(const kvo_file_tier *t);
+KVO_API bool kvo_file_tier_direct(const kvo_file_tier *t);
 
 /** Per key: KVO_READY (a file is indexed: a read will very probably hit),
  *  KVO_PENDING (a write of it is queued or running: not readable yet) or
  *  KVO_MISS, into states[i].  Counts hits and misses.  With params.shared, a
  *  miss in the index checks the file system and adopts a file found there.
  *  Errors: KVO_EINVAL (NULL with n > 0, group not offloaded). */
-int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n, uint8_t *states);
+KVO_API int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n, uint8_t *states);
 
 /** Queue writes of n chunks.  srcs[i] points to the group's chunk_bytes bytes
  *  of key i (canonical slot format); they are copied into staging memory
@@ -212,7 +212,7 @@ int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n, 
  *  Returns 0 when every key was handled (even if some were dropped: see
  *  results and stats), KVO_EINVAL for NULL arguments (nothing queued),
  *  KVO_ECLOSED after destroy began. */
-int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
+KVO_API int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                         const uint64_t *user_data, int *results, size_t *n_queued);
 
 /** Queue reads of n chunks into dsts[i], which must have room for the group's
@@ -229,7 +229,7 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
  *  another process); KVO_ECORRUPT the file failed verification (it was
  *  removed, counted; a miss); KVO_EIO read error; KVO_ECANCELED at destroy.
  *  Returns 0, KVO_EINVAL (NULL arguments), KVO_ECLOSED. */
-int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const *dsts, size_t n,
+KVO_API int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const *dsts, size_t n,
                        const uint64_t *user_data, int *results, size_t *n_queued);
 
 typedef enum kvo_file_op_kind {
@@ -249,29 +249,29 @@ typedef struct kvo_file_completion {
 
 /** Move up to cap finished completions to out (oldest first); returns the
  *  count (0 when none).  Never blocks. */
-size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap);
+KVO_API size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap);
 
 /** Block until a completion is waiting or timeout_ms passes (-1: forever,
  *  but returns KVO_ENOTFOUND at once if no read or reported write is in
  *  flight).  0, KVO_ETIMEDOUT, KVO_ENOTFOUND. */
-int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms);
+KVO_API int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms);
 
 /** An eventfd (EFD_NONBLOCK) that is readable while completions wait; poll
  *  drains it.  Owned by the tier; valid until destroy. */
-int kvo_file_tier_event_fd(const kvo_file_tier *t);
+KVO_API int kvo_file_tier_event_fd(const kvo_file_tier *t);
 
 /** Wait until no write is queued or running (so every write queued before
  *  this call has finished: written or dropped).  With writers on other
  *  threads this may wait for their writes too.  timeout_ms -1 = forever.
  *  0 or KVO_ETIMEDOUT. */
-int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms);
+KVO_API int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms);
 
 /** Mark keys as used now (eviction recency).  Absent keys are ignored. */
-int kvo_file_tier_touch(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
+KVO_API int kvo_file_tier_touch(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
 
 /** Delete the files of keys (absent keys ignored).  KVO_EBUSY if one is being
  *  written or read (nothing removed). */
-int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
+KVO_API int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
 
 typedef struct kvo_file_tier_stats {
     uint64_t quota_bytes;       /* in force (after the clamp at create) */
@@ -299,7 +299,7 @@ typedef struct kvo_file_tier_stats {
     uint64_t write_latency_ns;  /* moving average */
 } kvo_file_tier_stats;
 
-int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out);
+KVO_API int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out);
 
 /* ------------------------------------------------------------- checking -- */
 
@@ -308,7 +308,7 @@ int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out);
  *  *payload_bytes (either may be NULL).  Errors: KVO_ECORRUPT with a message
  *  saying what is wrong (magic, version, size, checksum, geometry...),
  *  KVO_ENOTFOUND, KVO_EIO.  For fsck and tests; any thread. */
-int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key, uint64_t *payload_bytes);
+KVO_API int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key, uint64_t *payload_bytes);
 
 /** What a chunk file's header says (see docs/file-format.md). */
 typedef struct kvo_file_chunk_info {
@@ -332,23 +332,23 @@ typedef struct kvo_file_chunk_info {
  *  header decoded: checksum, size, key or geometry) also what the header says
  *  into *info (may be NULL); info->format_version is 0 when the header itself
  *  could not be decoded.  Same errors; any thread. */
-int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info);
+KVO_API int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info);
 
 /** The path of key's file under a namespace directory into out (cap bytes).
  *  KVO_ERANGE if it does not fit. */
-int kvo_file_chunk_path(const char *ns_dir, const kvo_chunk_key *key, char *out, size_t cap);
+KVO_API int kvo_file_chunk_path(const char *ns_dir, const kvo_chunk_key *key, char *out, size_t cap);
 
 /** Whether a temporary file in a namespace (a ".tmp.*" name) belongs to a
  *  writer that is gone: on this host, its process no longer exists (or its pid
  *  was reused by another process); written on another host, older than an
  *  hour.  1 stale, 0 in use, or KVO_EINVAL (not a temporary name), KVO_EIO.
  *  The tier removes stale ones at create; for fsck.  Any thread. */
-int kvo_file_temp_stale(const char *path);
+KVO_API int kvo_file_temp_stale(const char *path);
 
 /** Test hook: make the next `count` file writes fail with errno `err` (e.g.
  *  ENOSPC, EIO) as if the file system returned it; count 0 clears.  Process-
  *  wide; for tests of failure handling. */
-void kvo_file_tier_inject_write_error(int err, uint32_t count);
+KVO_API void kvo_file_tier_inject_write_error(int err, uint32_t count);
 
 #ifdef __cplusplus
 }

@@ -45,7 +45,7 @@ typedef enum kvo_group_kind {
 } kvo_group_kind;
 
 /** "full", "sliding", "state"; "?" for an unknown value. */
-const char *kvo_group_kind_name(kvo_group_kind k);
+KVO_API const char *kvo_group_kind_name(kvo_group_kind k);
 
 /** One KV-cache group as the engine has it. */
 typedef struct kvo_group_desc {
@@ -60,7 +60,7 @@ typedef struct kvo_group_desc {
 } kvo_group_desc;
 
 /** A group with defaults: kind full, cacheable, not draft, zero sizes. */
-kvo_group_desc kvo_group_desc_default(void);
+KVO_API kvo_group_desc kvo_group_desc_default(void);
 
 /* ---------------------------------------------------------------- model -- */
 
@@ -74,34 +74,34 @@ typedef struct kvo_model kvo_model;
  *  *out receives a new model owned by the caller (kvo_model_destroy).
  *  Errors: KVO_EINVAL (NULL, empty or long name, zero tokens_per_hash),
  *  KVO_ENOMEM. */
-int kvo_model_create(const char *name, uint32_t tokens_per_hash, kvo_model **out);
+KVO_API int kvo_model_create(const char *name, uint32_t tokens_per_hash, kvo_model **out);
 
 /** Append a group (copied); its id is the previous group count.  The group is
  *  validated: names unique and 1..63 bytes, sizes >= 1, window >= 1 for sliding
  *  and 0 otherwise.  Errors: KVO_EINVAL naming the group and field, KVO_ERANGE
  *  when more than KVO_MAX_GROUPS groups. */
-int kvo_model_add_group(kvo_model *m, const kvo_group_desc *g);
+KVO_API int kvo_model_add_group(kvo_model *m, const kvo_group_desc *g);
 
 /** Parse a model in the kvoffload-model/1 JSON format (see docs/model-format.md)
  *  from len bytes of text.  Errors: KVO_EPARSE (malformed JSON: message gives
  *  line and column), KVO_EINVAL (missing field, wrong type, bad value: message
  *  names the field and the group), KVO_ERANGE (numbers out of range),
  *  KVO_ENOMEM.  source names the input in messages (a path; may be NULL). */
-int kvo_model_from_json(const char *text, size_t len, const char *source, kvo_model **out);
+KVO_API int kvo_model_from_json(const char *text, size_t len, const char *source, kvo_model **out);
 
 /** Load a kvoffload-model/1 JSON file.  Errors as kvo_model_from_json, plus
  *  KVO_EIO when the file cannot be read. */
-int kvo_model_load_file(const char *path, kvo_model **out);
+KVO_API int kvo_model_load_file(const char *path, kvo_model **out);
 
 /** Built-in presets, with the same names as the files in shared/models.
  *  kvo_model_preset_name(i) for i < kvo_model_preset_count() lists them. */
-size_t kvo_model_preset_count(void);
-const char *kvo_model_preset_name(size_t i);
+KVO_API size_t kvo_model_preset_count(void);
+KVO_API const char *kvo_model_preset_name(size_t i);
 /** Create a preset model.  Errors: KVO_ENOTFOUND (message lists the presets). */
-int kvo_model_preset(const char *name, kvo_model **out);
+KVO_API int kvo_model_preset(const char *name, kvo_model **out);
 
 /** Load by preset name, or else as a file path.  Errors as both. */
-int kvo_model_open(const char *preset_or_path, kvo_model **out);
+KVO_API int kvo_model_open(const char *preset_or_path, kvo_model **out);
 
 /** Import a Hugging Face config.json (text): num_hidden_layers,
  *  num_key_value_heads, head_dim (or hidden_size / num_attention_heads),
@@ -109,26 +109,26 @@ int kvo_model_open(const char *preset_or_path, kvo_model **out);
  *  sliding layers exist, one sliding group; page_bytes = 2 * kv_heads *
  *  head_dim * dtype_bytes * tokens_per_block.  Errors: KVO_EPARSE, KVO_EINVAL
  *  naming the missing field, KVO_ENOTSUP for layouts it cannot express. */
-int kvo_model_from_hf_config(const char *text, size_t len, const char *name,
+KVO_API int kvo_model_from_hf_config(const char *text, size_t len, const char *name,
                              uint32_t tokens_per_block, uint32_t tokens_per_hash,
                              kvo_model **out);
 
 /** Serialise a model as kvoffload-model/1 JSON.  *out is a NUL-terminated
  *  string allocated with the library allocator: free with kvo_free(). */
-int kvo_model_to_json(const kvo_model *m, char **out);
+KVO_API int kvo_model_to_json(const kvo_model *m, char **out);
 
-void kvo_model_destroy(kvo_model *m);
-kvo_model *kvo_model_clone(const kvo_model *m); /* NULL on ENOMEM */
-const char *kvo_model_name(const kvo_model *m);
-uint32_t kvo_model_tokens_per_hash(const kvo_model *m);
-size_t kvo_model_num_groups(const kvo_model *m);
+KVO_API void kvo_model_destroy(kvo_model *m);
+KVO_API kvo_model *kvo_model_clone(const kvo_model *m); /* NULL on ENOMEM */
+KVO_API const char *kvo_model_name(const kvo_model *m);
+KVO_API uint32_t kvo_model_tokens_per_hash(const kvo_model *m);
+KVO_API size_t kvo_model_num_groups(const kvo_model *m);
 /** Group i (< num_groups), or NULL.  Valid while the model lives. */
-const kvo_group_desc *kvo_model_group(const kvo_model *m, size_t i);
+KVO_API const kvo_group_desc *kvo_model_group(const kvo_model *m, size_t i);
 /** Id of the group named name, or KVO_ENOTFOUND. */
-int kvo_model_find_group(const kvo_model *m, const char *name);
+KVO_API int kvo_model_find_group(const kvo_model *m, const char *name);
 
 /** Free memory the library returned to the caller (strings from *_to_json). */
-void kvo_free(void *p);
+KVO_API void kvo_free(void *p);
 
 /* ----------------------------------------------------------------- plan -- */
 
@@ -158,7 +158,7 @@ typedef struct kvo_plan_params {
     uint32_t tp_size;
 } kvo_plan_params;
 
-kvo_plan_params kvo_plan_default_params(void);
+KVO_API kvo_plan_params kvo_plan_default_params(void);
 
 /** The derived chunk geometry of one group. */
 typedef struct kvo_group_plan {
@@ -190,27 +190,27 @@ typedef struct kvo_plan kvo_plan;
  *  unknown group or zero; a block_size not divisible by a group's
  *  tokens_per_block or by tokens_per_hash; a chunk smaller than the hash unit),
  *  KVO_ERANGE (spans over 2^31 tokens or bytes over 2^63), KVO_ENOMEM. */
-int kvo_plan_create(const kvo_model *m, const kvo_plan_params *params, kvo_plan **out);
-void kvo_plan_destroy(kvo_plan *p);
+KVO_API int kvo_plan_create(const kvo_model *m, const kvo_plan_params *params, kvo_plan **out);
+KVO_API void kvo_plan_destroy(kvo_plan *p);
 
-const kvo_model *kvo_plan_model(const kvo_plan *p);
-size_t kvo_plan_num_groups(const kvo_plan *p);
+KVO_API const kvo_model *kvo_plan_model(const kvo_plan *p);
+KVO_API size_t kvo_plan_num_groups(const kvo_plan *p);
 /** Group i's plan (i < num_groups) or NULL.  Valid while the plan lives. */
-const kvo_group_plan *kvo_plan_group(const kvo_plan *p, size_t i);
-uint32_t kvo_plan_tokens_per_hash(const kvo_plan *p);
+KVO_API const kvo_group_plan *kvo_plan_group(const kvo_plan *p, size_t i);
+KVO_API uint32_t kvo_plan_tokens_per_hash(const kvo_plan *p);
 /** Stable XXH3-128 hash of everything that changes stored bytes: model name,
  *  tokens_per_hash, every group's name, kind, tokens_per_block, layers,
  *  page_bytes, window, cacheable, draft and derived chunking, dtype and tp
  *  rank/size when given.  Not: notes, JSON formatting, or how the chunking was
  *  asked for (block_size vs blocks_per_chunk giving the same plan). */
-kvo_u128 kvo_plan_fingerprint(const kvo_plan *p);
+KVO_API kvo_u128 kvo_plan_fingerprint(const kvo_plan *p);
 /** The largest slot_bytes over offloaded groups. */
-uint64_t kvo_plan_max_slot_bytes(const kvo_plan *p);
+KVO_API uint64_t kvo_plan_max_slot_bytes(const kvo_plan *p);
 /** Re-check every invariant above.  0 or KVO_EINVAL with a message. */
-int kvo_plan_check(const kvo_plan *p);
+KVO_API int kvo_plan_check(const kvo_plan *p);
 /** The plan as JSON (model, tokens_per_hash, fingerprint, groups[]).  *out
  *  allocated by the library: kvo_free(). */
-int kvo_plan_to_json(const kvo_plan *p, char **out);
+KVO_API int kvo_plan_to_json(const kvo_plan *p, char **out);
 
 #ifdef __cplusplus
 }

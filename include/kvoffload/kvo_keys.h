@@ -36,13 +36,13 @@ static inline bool kvo_chunk_key_eq(const kvo_chunk_key *a, const kvo_chunk_key 
 
 /** The namespace seed from a plan's fingerprint and an optional user salt
  *  (tenant, cache salt).  salt may be NULL when salt_len is 0. */
-kvo_u128 kvo_keys_namespace(kvo_u128 fingerprint, const void *salt, size_t salt_len);
+KVO_API kvo_u128 kvo_keys_namespace(kvo_u128 fingerprint, const void *salt, size_t salt_len);
 
 /** Hash one unit: XXH3-128(parent.lo LE64 || parent.hi LE64 || n_tokens
  *  token ids as LE32 || extra bytes).  For engines that feed tokens one unit at
  *  a time.  tokens may be NULL when n_tokens is 0; extra may be NULL when
  *  extra_len is 0 (no error reporting: a pure function). */
-kvo_u128 kvo_hash_unit(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens, const void *extra,
+KVO_API kvo_u128 kvo_hash_unit(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens, const void *extra,
                        size_t extra_len);
 
 /** Hash n_tokens / tokens_per_hash complete units of tokens, chained from
@@ -52,14 +52,14 @@ kvo_u128 kvo_hash_unit(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens,
  *  (adapter id, multimodal content hash).  *n_out = units written.
  *  Errors: KVO_EINVAL (NULL pointers, tokens_per_hash 0), KVO_ERANGE (cap too
  *  small: nothing written). */
-int kvo_hash_tokens(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens, uint32_t tokens_per_hash,
+KVO_API int kvo_hash_tokens(kvo_u128 parent, const uint32_t *tokens, size_t n_tokens, uint32_t tokens_per_hash,
                     const void *extra, size_t extra_len, kvo_u128 *out, size_t cap, size_t *n_out);
 
 /** Chunk keys of group g for a prefix of n_units unit hashes: key c =
  *  (units[(c+1)*hashes_per_chunk - 1], g).  Writes min(cap, n_units /
  *  hashes_per_chunk) keys; returns how many complete chunks exist (may exceed
  *  cap).  A group that is not offloaded has no keys (returns 0). */
-size_t kvo_chunk_keys(const kvo_group_plan *g, const kvo_u128 *units, size_t n_units, kvo_chunk_key *out,
+KVO_API size_t kvo_chunk_keys(const kvo_group_plan *g, const kvo_u128 *units, size_t n_units, kvo_chunk_key *out,
                       size_t cap);
 
 /** A 64-bit digest of a chunk key (hash.lo mixed with the group id), for

@@ -42,9 +42,9 @@ typedef enum kvo_policy_kind {
 } kvo_policy_kind;
 
 /** "lru", "arc", "s3fifo". */
-const char *kvo_policy_name(kvo_policy_kind k);
+KVO_API const char *kvo_policy_name(kvo_policy_kind k);
 /** Parse a policy name.  Errors: KVO_EINVAL listing the names. */
-int kvo_policy_parse(const char *name, kvo_policy_kind *out);
+KVO_API int kvo_policy_parse(const char *name, kvo_policy_kind *out);
 
 typedef struct kvo_store_params {
     const kvo_plan *plan;       /* required; must outlive the store */
@@ -62,7 +62,7 @@ typedef struct kvo_store_params {
                                    that wastes least for this plan and capacity */
 } kvo_store_params;
 
-kvo_store_params kvo_store_default_params(void);
+KVO_API kvo_store_params kvo_store_default_params(void);
 
 typedef struct kvo_store kvo_store;
 
@@ -72,13 +72,13 @@ typedef struct kvo_store kvo_store;
  *  Errors: KVO_EINVAL (no plan, a plan that offloads nothing, capacity below
  *  the largest slot: message names the group and sizes, a bad policy or
  *  segment_bytes), KVO_ERANGE (over 2^30 entries), KVO_ENOMEM. */
-int kvo_store_create(const kvo_store_params *p, kvo_store **out);
+KVO_API int kvo_store_create(const kvo_store_params *p, kvo_store **out);
 /** Destroy; the caller guarantees no call is in progress.  NULL is a no-op. */
-void kvo_store_destroy(kvo_store *s);
+KVO_API void kvo_store_destroy(kvo_store *s);
 /** The plan the store was created with (borrowed). */
-const kvo_plan *kvo_store_plan(const kvo_store *s);
+KVO_API const kvo_plan *kvo_store_plan(const kvo_store *s);
 /** capacity_bytes as given. */
-uint64_t kvo_store_capacity(const kvo_store *s);
+KVO_API uint64_t kvo_store_capacity(const kvo_store *s);
 
 typedef enum kvo_lookup_state {
     KVO_MISS = 0,
@@ -96,7 +96,7 @@ typedef struct kvo_slot {
  *  Counts hits/misses, feeds admission counters; does not change recency (use
  *  touch).  Errors: KVO_EINVAL (NULL, n 0, unknown or non-offloaded group id;
  *  nothing counted). */
-int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *states);
+KVO_API int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *states);
 
 /** Reserve slots for a batch about to be written.  For each key: need[i] = 1
  *  and slots[i] set when the key must be written (it becomes PENDING); need[i]
@@ -115,7 +115,7 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
  *  were needed and how many are pinned or pending), KVO_EINVAL (NULL, n 0,
  *  bad group, duplicate key in the batch), KVO_ERANGE (evicted buffer too
  *  small: nothing changed, *n_evicted = the count that was needed). */
-int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots,
+KVO_API int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots,
                             kvo_chunk_key *evicted, kvo_slot *evicted_slots, size_t evicted_cap,
                             size_t *n_evicted);
 
@@ -123,25 +123,25 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
  *  !ok -> the entries are removed and their slots freed (REMOVED events).
  *  Every key must be PENDING (else KVO_ESTATE, nothing changed); duplicate keys
  *  -> KVO_EINVAL. */
-int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, bool ok);
+KVO_API int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, bool ok);
 
 /** Pin READY keys for reading and return their slots (slots[i] for keys[i];
  *  a key given twice is pinned twice).  A pinned entry counts as used when it
  *  is unpinned.  Any key not READY -> KVO_ENOTFOUND (absent) or KVO_EAGAIN
  *  (PENDING), nothing pinned. */
-int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kvo_slot *slots);
+KVO_API int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kvo_slot *slots);
 /** Unpin keys pinned by prepare_load.  KVO_ESTATE if one is not pinned. */
-int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n);
+KVO_API int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n);
 
 /** Mark keys as used now (recency/frequency).  Absent and PENDING keys are
  *  ignored (bad group ids are still KVO_EINVAL). */
-int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n);
+KVO_API int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n);
 /** Remove READY unpinned keys (absent ones ignored).  KVO_EBUSY if one is
  *  pinned or pending (nothing removed). */
-int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n);
+KVO_API int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n);
 /** Remove every READY unpinned entry (REMOVED events); returns how many
  *  remain (pinned/pending).  Work proportional to the entries. */
-size_t kvo_store_clear(kvo_store *s);
+KVO_API size_t kvo_store_clear(kvo_store *s);
 
 /** One entry as seen by iteration. */
 typedef struct kvo_store_entry {
@@ -153,10 +153,10 @@ typedef struct kvo_store_entry {
 /** Iterate in chunks: start with *cursor = 0; fills up to cap entries, sets
  *  *n; *cursor = 0 after the last.  Concurrent changes may be missed or seen
  *  twice, never crash.  Errors: KVO_EINVAL (NULL, cap 0). */
-int kvo_store_scan(kvo_store *s, uint64_t *cursor, kvo_store_entry *out, size_t cap, size_t *n);
+KVO_API int kvo_store_scan(kvo_store *s, uint64_t *cursor, kvo_store_entry *out, size_t cap, size_t *n);
 /** One key's entry without counting a lookup or changing recency.
  *  Errors: KVO_EINVAL (NULL, bad group), KVO_ENOTFOUND (absent). */
-int kvo_store_peek(kvo_store *s, const kvo_chunk_key *key, kvo_store_entry *out);
+KVO_API int kvo_store_peek(kvo_store *s, const kvo_chunk_key *key, kvo_store_entry *out);
 
 typedef enum kvo_store_event_type {
     KVO_EVENT_STORED = 1,   /* became READY */
@@ -172,7 +172,7 @@ typedef struct kvo_store_event {
 /** Move up to cap pending events to out (oldest first); returns the count
  *  (0 for a NULL store or out).  *dropped (may be NULL) receives how many
  *  were dropped since the last drain and resets that count. */
-size_t kvo_store_drain_events(kvo_store *s, kvo_store_event *out, size_t cap, uint64_t *dropped);
+KVO_API size_t kvo_store_drain_events(kvo_store *s, kvo_store_event *out, size_t cap, uint64_t *dropped);
 
 typedef struct kvo_store_group_stats {
     uint64_t chunks;          /* entries of this group (any state) */
@@ -199,7 +199,7 @@ typedef struct kvo_store_stats {
 } kvo_store_stats;
 
 /** A consistent snapshot of the counters.  Errors: KVO_EINVAL (NULL). */
-int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out);
+KVO_API int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out);
 
 /* ---------------------------------------------------------------- arena -- */
 
@@ -218,7 +218,7 @@ typedef struct kvo_arena_params {
                                 falling back to normal pages */
 } kvo_arena_params;
 
-kvo_arena_params kvo_arena_default_params(void);
+KVO_API kvo_arena_params kvo_arena_default_params(void);
 
 typedef struct kvo_arena kvo_arena;
 /** Map the region once (never grown, never moved).  *out owned by the caller.
@@ -226,17 +226,17 @@ typedef struct kvo_arena kvo_arena;
  *  is safe from any thread.  Errors: KVO_EINVAL (NULL, bytes 0, shm file of
  *  another size), KVO_ENOMEM (mmap failed, message says how much),
  *  KVO_EIO (shm file), KVO_ENOTSUP (lock/huge pages refused when required). */
-int kvo_arena_create(const kvo_arena_params *p, kvo_arena **out);
+KVO_API int kvo_arena_create(const kvo_arena_params *p, kvo_arena **out);
 /** Unmap (and unlink when asked).  NULL is a no-op.  Slot pointers die here. */
-void kvo_arena_destroy(kvo_arena *a);
+KVO_API void kvo_arena_destroy(kvo_arena *a);
 /** Whether the region got huge pages (MAP_HUGETLB) / is mlocked. */
-bool kvo_arena_huge(const kvo_arena *a);
-bool kvo_arena_locked(const kvo_arena *a);
+KVO_API bool kvo_arena_huge(const kvo_arena *a);
+KVO_API bool kvo_arena_locked(const kvo_arena *a);
 /** Base address (64-byte aligned at least; 4096 in practice) and size. */
-void *kvo_arena_base(const kvo_arena *a);
-uint64_t kvo_arena_size(const kvo_arena *a);
+KVO_API void *kvo_arena_base(const kvo_arena *a);
+KVO_API uint64_t kvo_arena_size(const kvo_arena *a);
 /** Address of a slot: base + slot.offset, or NULL if it does not fit. */
-void *kvo_arena_slot(const kvo_arena *a, kvo_slot slot);
+KVO_API void *kvo_arena_slot(const kvo_arena *a, kvo_slot slot);
 
 #ifdef __cplusplus
 }

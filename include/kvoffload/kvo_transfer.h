@@ -91,7 +91,7 @@ typedef struct kvo_transfer_params {
     int device_index;         /* which device of that kind; default 0 */
 } kvo_transfer_params;
 
-kvo_transfer_params kvo_transfer_default_params(void);
+KVO_API kvo_transfer_params kvo_transfer_default_params(void);
 
 typedef struct kvo_transfer kvo_transfer;
 
@@ -100,18 +100,18 @@ typedef struct kvo_transfer kvo_transfer;
  *  (kvo_transfer_destroy).  Errors: KVO_EINVAL (no plan, threads out of
  *  range), KVO_ENOTSUP (device not built in), KVO_ENOMEM, KVO_EIO (eventfd or
  *  thread creation failed). */
-int kvo_transfer_create(const kvo_transfer_params *p, kvo_transfer **out);
+KVO_API int kvo_transfer_create(const kvo_transfer_params *p, kvo_transfer **out);
 
 /** Shut down: later submits fail with KVO_ECLOSED; queued jobs finish with
  *  KVO_ECANCELED; waits for running jobs.  Results stay pollable; poll, wait,
  *  cancel and the event fd keep working.  Idempotent.  Must not race with
  *  kvo_transfer_destroy. */
-void kvo_transfer_close(kvo_transfer *t);
+KVO_API void kvo_transfer_close(kvo_transfer *t);
 
 /** Close, join the workers, free everything (results not polled are lost,
  *  the event fd is closed).  The caller guarantees no other call on t is in
  *  progress or follows.  NULL is a no-op. */
-void kvo_transfer_destroy(kvo_transfer *t);
+KVO_API void kvo_transfer_destroy(kvo_transfer *t);
 
 /** Register (replace) the engine layout; the segments are copied.  Validated
  *  against the plan: every offloaded group needs segments whose pages add up
@@ -126,7 +126,7 @@ void kvo_transfer_destroy(kvo_transfer *t);
  *  ones at once, running ones after the pieces already in flight (copied on
  *  the old layout; the call waits for them, so the caller may free old
  *  tensors when it returns).  Jobs of unchanged groups are unaffected. */
-int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n);
+KVO_API int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n);
 
 /** Submit one job of n ops in one direction.  Ops are validated now (group
  *  offloaded and in the layout, block ids < num_blocks, blocks within the
@@ -149,7 +149,7 @@ int kvo_transfer_set_layout(kvo_transfer *t, const kvo_segment *segs, size_t n);
  *  *job_id receives a positive id (increasing).  Errors: KVO_EINVAL,
  *  KVO_EAGAIN (max_queued_jobs unfinished or unpolled), KVO_ECLOSED
  *  (closed), KVO_ESTATE (no layout), KVO_ENOMEM. */
-int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n, uint64_t *job_id);
+KVO_API int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n, uint64_t *job_id);
 
 typedef struct kvo_xfer_result {
     uint64_t job_id;
@@ -161,25 +161,25 @@ typedef struct kvo_xfer_result {
 
 /** Move up to cap finished results to out, oldest first; *n receives the
  *  count (0 when none).  Errors: KVO_EINVAL (NULL). */
-int kvo_transfer_poll(kvo_transfer *t, kvo_xfer_result *out, size_t cap, size_t *n);
+KVO_API int kvo_transfer_poll(kvo_transfer *t, kvo_xfer_result *out, size_t cap, size_t *n);
 /** An eventfd (non-blocking) that is readable while finished results are
  *  waiting to be polled; polling them all makes it unreadable again.  Owned by
  *  the engine; do not close or read it. */
-int kvo_transfer_event_fd(const kvo_transfer *t);
+KVO_API int kvo_transfer_event_fd(const kvo_transfer *t);
 /** Cancel a job that has not started (queued or waiting for earlier jobs):
  *  0 (its result reports KVO_ECANCELED), KVO_EBUSY (running or finished),
  *  KVO_ENOTFOUND (no such id). */
-int kvo_transfer_cancel(kvo_transfer *t, uint64_t job_id);
+KVO_API int kvo_transfer_cancel(kvo_transfer *t, uint64_t job_id);
 /** Wait until the given jobs have finished (their results stay pollable;
  *  jobs whose results were already polled count as finished).
  *  timeout_ns < 0: forever.  Errors: KVO_ETIMEDOUT, KVO_ENOTFOUND (an id never
  *  returned by submit). */
-int kvo_transfer_wait(kvo_transfer *t, const uint64_t *job_ids, size_t n, int64_t timeout_ns);
+KVO_API int kvo_transfer_wait(kvo_transfer *t, const uint64_t *job_ids, size_t n, int64_t timeout_ns);
 
 /** Segment-major byte offset of (segment index within its group, block within
  *  chunk) in a slot; for tiers and tests.  KVO_EINVAL if out of range,
  *  KVO_ESTATE without a layout. */
-int kvo_transfer_slot_offset(const kvo_transfer *t, uint32_t group, uint32_t seg_in_group, uint32_t block,
+KVO_API int kvo_transfer_slot_offset(const kvo_transfer *t, uint32_t group, uint32_t seg_in_group, uint32_t block,
                              uint64_t *offset);
 
 /** A 64-bit hash of what decides slot bytes in the current layout: per
@@ -187,12 +187,12 @@ int kvo_transfer_slot_offset(const kvo_transfer *t, uint32_t group, uint32_t seg
  *  or block counts).  Tiers shared by engines with different layouts should
  *  namespace by it next to the plan fingerprint.  KVO_ESTATE without a
  *  layout. */
-int kvo_transfer_layout_hash(const kvo_transfer *t, uint64_t *out);
+KVO_API int kvo_transfer_layout_hash(const kvo_transfer *t, uint64_t *out);
 
 /** The same hash computed from a segment list without a transfer engine (no
  *  validation beyond group ids), e.g. to namespace a file tier created before
  *  the layout is registered.  Pure; any thread.  Errors: KVO_EINVAL. */
-int kvo_layout_hash(const kvo_plan *plan, const kvo_segment *segs, size_t n, uint64_t *out);
+KVO_API int kvo_layout_hash(const kvo_plan *plan, const kvo_segment *segs, size_t n, uint64_t *out);
 
 typedef struct kvo_transfer_stats {
     uint64_t jobs_submitted, jobs_ok, jobs_failed, jobs_canceled;
@@ -206,7 +206,7 @@ typedef struct kvo_transfer_stats {
     const char *device;         /* "host", ... (static) */
 } kvo_transfer_stats;
 
-int kvo_transfer_get_stats(kvo_transfer *t, kvo_transfer_stats *out);
+KVO_API int kvo_transfer_get_stats(kvo_transfer *t, kvo_transfer_stats *out);
 
 #ifdef __cplusplus
 }

@@ -191,49 +191,12 @@ struct kvo_connector {
 static void kvo__lock(kvo_connector *c) { pthread_mutex_lock(&c->mu); }
 static void kvo__unlock(kvo_connector *c) { pthread_mutex_unlock(&c->mu); }
 
-static int kvo__grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return 0;
-    size_t ncap = *cap ? *cap : 16;
-    while (ncap < need && ncap <= SIZE_MAX / 2 / elem) ncap *= 2;
-    if (ncap < need) /* ncap * elem would overflow */
-        return kvo__error(KVO_ENOMEM, "connector: out of memory (%zu entries of %zu bytes)", need, elem);
-    void *np = kvo__realloc(*p, ncap * elem);
-    if (!np) return kvo__error(KVO_ENOMEM, "connector: out of memory (%zu x %zu bytes)", ncap, elem);
-    *p = np;
-    *cap = ncap;
-    return 0;
-}
-
-/* Arrays that share one capacity, grown together (a failed grow leaves the
- * capacity as it was; arrays already grown are merely larger). */
-typedef struct kvo__arr {
-    void **p;
-    size_t elem;
-} kvo__arr;
-
-static int kvo__grow_all(size_t *cap, size_t need, const kvo__arr *a, size_t n, const char *what) {
-    if (need <= *cap) return 0;
-    size_t ncap = *cap ? *cap : 64, elem = 1;
-    for (size_t i = 0; i < n; i++)
-        if (a[i].elem > elem) elem = a[i].elem;
-    while (ncap < need && ncap <= SIZE_MAX / 2 / elem) ncap *= 2;
-    if (ncap < need) /* ncap * elem would overflow */
-        return kvo__error(KVO_ENOMEM, "connector: out of memory for %zu %s", need, what);
-    for (size_t i = 0; i < n; i++) {
-        void *np = kvo__realloc(*a[i].p, ncap * a[i].elem);
-        if (!np) return kvo__error(KVO_ENOMEM, "connector: out of memory for %zu %s", ncap, what);
-        *a[i].p = np;
-    }
-    *cap = ncap;
-    return 0;
-}
-
 /* Scratch arrays for n chunk entries. */
 static int kvo__scratch(kvo_connector *c, size_t n) {
     const kvo__arr a[] = {{(void **)&c->s_keys, sizeof *c->s_keys},   {(void **)&c->s_u8, sizeof *c->s_u8},
                           {(void **)&c->s_slots, sizeof *c->s_slots}, {(void **)&c->s_grp, sizeof *c->s_grp},
                           {(void **)&c->s_chunk, sizeof *c->s_chunk}, {(void **)&c->s_tier, sizeof *c->s_tier}};
-    return kvo__grow_all(&c->s_cap, n, a, sizeof a / sizeof a[0], "chunk entries");
+    return kvo__grow_all(&c->s_cap, n, a, sizeof a / sizeof a[0], 64, "connector: chunk entries");
 }
 
 /* Scratch for n file-tier lookups. */
@@ -241,7 +204,7 @@ static int kvo__fscratch(kvo_connector *c, size_t n) {
     const kvo__arr a[] = {{(void **)&c->s_fkeys, sizeof *c->s_fkeys},
                           {(void **)&c->s_fst, sizeof *c->s_fst},
                           {(void **)&c->s_fidx, sizeof *c->s_fidx}};
-    return kvo__grow_all(&c->s_fcap, n, a, sizeof a / sizeof a[0], "file lookups");
+    return kvo__grow_all(&c->s_fcap, n, a, sizeof a / sizeof a[0], 64, "connector: file lookups");
 }
 
 static kvo__req *kvo__req_get(kvo_connector *c, uint64_t id) {
@@ -391,7 +354,7 @@ static int kvo__prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_
     for (;;) {
         const kvo__arr ev[] = {{(void **)&c->ev_keys, sizeof *c->ev_keys},
                                {(void **)&c->ev_slots, sizeof *c->ev_slots}};
-        if (kvo__grow_all(&c->ev_cap, want, ev, 2, "evicted chunks")) return KVO_ENOMEM;
+        if (kvo__grow_all(&c->ev_cap, want, ev, 2, 64, "connector: evicted chunks")) return KVO_ENOMEM;
         size_t nev = 0;
         int rc = kvo_store_prepare_store(c->store, keys, n, need, slots, c->ev_keys, c->ev_slots, c->ev_cap, &nev);
         if (rc == KVO_ERANGE && nev > c->ev_cap) {
@@ -648,7 +611,7 @@ void kvo__connector_inject_failures(kvo_connector *c, uint32_t loads, uint32_t s
 /* ------------------------------------------------------------- tokens -- */
 
 static int kvo__push_units(kvo__req *r, size_t n) {
-    return kvo__grow((void **)&r->units, &r->cap_units, r->n_units + n, sizeof *r->units);
+    return kvo__grow((void **)&r->units, &r->cap_units, r->n_units + n, sizeof *r->units, 16, "connector");
 }
 
 static int kvo__append_tokens_locked(kvo_connector *c, kvo__req *r, const uint32_t *tokens, size_t n) {
@@ -694,7 +657,7 @@ static uint64_t kvo__best_boundary(kvo_connector *c, uint64_t x) {
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
         if (gp->offloaded && x / gp->tokens_per_chunk > maxc) maxc = x / gp->tokens_per_chunk;
     }
-    if (kvo__grow((void **)&c->ones, &c->ones_cap, maxc + 1, 1)) return 0;
+    if (kvo__grow((void **)&c->ones, &c->ones_cap, maxc + 1, 1, 16, "connector")) return 0;
     memset(c->ones, KVO_READY, c->ones_cap);
     const uint8_t *ptr[KVO_MAX_GROUPS];
     size_t n[KVO_MAX_GROUPS];
@@ -1083,7 +1046,7 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
             uint64_t lo, hi;
             kvo__need_range(gp, ch, L, b, &lo, &hi);
             if (lo >= hi) continue;
-            if ((rc = kvo__grow((void **)&r->hit, &r->cap_hit, nh + 1, sizeof *r->hit))) return rc;
+            if ((rc = kvo__grow((void **)&r->hit, &r->cap_hit, nh + 1, sizeof *r->hit, 16, "connector"))) return rc;
             kvo__hit_item *it = &r->hit[nh++];
             kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &it->key, 1);
             it->chunk = ch;
@@ -1206,7 +1169,7 @@ static int kvo__check_tables(kvo_connector *c, uint64_t id, const kvo_block_tabl
 }
 
 static int kvo__ops_cap(kvo_connector *c, size_t n) {
-    return kvo__grow((void **)&c->s_ops, &c->s_ops_cap, n, sizeof *c->s_ops);
+    return kvo__grow((void **)&c->s_ops, &c->s_ops_cap, n, sizeof *c->s_ops, 16, "connector");
 }
 
 /* Make room, before a submit, for tracking one more job of r reading or
@@ -1214,7 +1177,7 @@ static int kvo__ops_cap(kvo_connector *c, size_t n) {
 static int kvo__job_reserve(kvo_connector *c, kvo__req *r, size_t n_blocks) {
     int rc = kvo__map_reserve(&c->jobs, 1);
     if (!rc) rc = kvo__map_reserve(&c->blocks, n_blocks);
-    if (!rc) rc = kvo__grow((void **)&r->jobs, &r->cap_jobs, r->n_jobs + 1, sizeof *r->jobs);
+    if (!rc) rc = kvo__grow((void **)&r->jobs, &r->cap_jobs, r->n_jobs + 1, sizeof *r->jobs, 16, "connector");
     return rc;
 }
 
@@ -1310,7 +1273,7 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
         nblocks += nb;
     }
     /* room to list the blocks as invalid should the load fail */
-    if ((rc = kvo__grow((void **)&r->invalid, &r->cap_invalid, nblocks, sizeof *r->invalid))) goto out;
+    if ((rc = kvo__grow((void **)&r->invalid, &r->cap_invalid, nblocks, sizeof *r->invalid, 16, "connector"))) goto out;
     kvo__job *j = kvo__calloc(1, sizeof *j + nh * (sizeof(kvo_chunk_key) + sizeof(kvo_slot) + sizeof(kvo_xfer_op)) +
                                      nblocks * (sizeof(kvo_block_ref) + sizeof(uint64_t)));
     if (!j) {

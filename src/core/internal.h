@@ -63,6 +63,19 @@ static inline uint64_t kvo__div_ceil_u64(uint64_t a, uint64_t b) {
     return a / b + (a % b != 0);
 }
 
+/* Grow the heap array *p (elements of elem bytes, capacity *cap) to hold at
+ * least need elements, doubling from `initial` (16 when 0).  0, or KVO_ENOMEM
+ * with a message naming `what`; on failure *p and *cap are unchanged. */
+int kvo__grow(void **p, size_t *cap, size_t need, size_t elem, size_t initial, const char *what);
+
+/* Several arrays sharing one capacity, grown together.  On failure *cap is
+ * unchanged; arrays already reallocated are merely larger. */
+typedef struct kvo__arr {
+    void **p;
+    size_t elem;
+} kvo__arr;
+int kvo__grow_all(size_t *cap, size_t need, const kvo__arr *a, size_t n, size_t initial, const char *what);
+
 /* Copy a string into a fixed buffer, always NUL-terminated; returns 0 or
  * KVO_ERANGE if it did not fit (truncated copy made). */
 int kvo__strlcpy(char *dst, const char *src, size_t cap);
