@@ -1,6 +1,81 @@
-/* Internal declarations of the connector layer (also used by its tests). */
+/*
+ * Internal declarations of the connector layer (also used by its tests).
+ *
+ * The connector is split by job, one file each:
+ *   create.c     create / destroy / layout, accessors, statistics
+ *   request.c    the request table, token and unit hashing, shared scratch
+ *   lookup.c     lookup: chunk states, agreement, pinning the hit, file reads
+ *   load.c       load: building and submitting the load job
+ *   store.c      update: choosing, reserving and submitting store batches
+ *   lifecycle.c  wait_blocks / wait_request / preempt / abort / finish
+ *   poll.c       the completion ring, transfer results, file-read results
+ *   persist.c    file-tier hand-off: write-through, write-back, flush
+ * agree.c (the hit agreement) and map.c (the hash map) are helpers.
+ * Functions shared between these files are named kvo__conn_* and declared
+ * below; everything else is static.  Unless a comment says otherwise, a
+ * kvo__conn_* function expects the caller to hold c->mu.
+ *
+ * The design of the whole layer.  The engine connector: request bookkeeping on top of the keys, the host
+ * store, the transfer engine (and optionally the file tier).
+ *
+ * Layout
+ *  - One mutex protects everything below; it is held for bookkeeping and for
+ *    calls into the store, the transfer engine's submit/poll/cancel and the
+ *    file tier's queueing calls (library code that never blocks for long and
+ *    never calls back), and released around every wait for copies.
+ *  - Requests live in a hash table by id.  Each keeps its chained unit
+ *    hashes (16 bytes per tokens_per_hash tokens), the partial unit's tokens,
+ *    how far each group has been considered for storing (next_chunk), the hit
+ *    its last lookup pinned, and the ids of its copies in flight.
+ *  - Jobs (one transfer job per load, one per update that stores something)
+ *    live in a hash table by job id.  A job record owns the chunk keys it
+ *    completes or unpins when its result is polled, so a request may be
+ *    preempted or aborted while its copies are in flight: the results are
+ *    still processed, only the engine notification is dropped (a generation
+ *    number tells stale loads apart).
+ *  - The block map counts, per (group, engine block), the store jobs in flight
+ *    that read it and the newest such job id: wait_blocks waits for every
+ *    in-flight store job up to that id, which covers every store reading the
+ *    block (exact, and bounded by the in-flight job count).
+ *  - File tier modes.  Write-through: a store job's chunks are handed to the
+ *    file tier when its result is polled.  Write-back: every host
+ *    prepare_store goes through kvo__prepare_store, which receives the
+ *    evicted keys and their old slots and hands the READY chunks the file
+ *    tier lacks (file lookup first) to kvo_file_tier_write before returning.
+ *    That is safe because the evicted slots keep their bytes until the
+ *    caller writes the new slots (a transfer job submitted, or a file read
+ *    queued, only after kvo__prepare_store returns) and the tier copies the
+ *    bytes into its own staging memory before kvo_file_tier_write returns.
+ *    The evicted-key buffer grows when the store answers KVO_ERANGE (the
+ *    count it needed) and is kept: no allocation per call once warm.
+ *    READY host slots only change under mu (prepare_store, remove), so
+ *    flush_to_file copies them under mu without pinning.  Writes the tier
+ *    refuses are counted (file_writes_dropped), never an error.
+ *
+ * Invariants
+ *  - A hit pinned by lookup is exactly the chunks that load will read; pins
+ *    move into the load's job record and are released when its result is
+ *    polled (or at preempt/abort/finish/next lookup if no load was issued).
+ *  - A chunk is stored only from blocks that hold its complete tokens
+ *    (computed >= chunk end) and whose keys are known (units >= chunk end).
+ *  - Every completion owed to the engine has room in the ring: each request
+ *    LOADING (owes its LOAD completion) or FINISHED (owes RELEASED) counts
+ *    in cq_owed, and load / finish reserve cq_n + cq_owed + 1 entries before
+ *    they accept, so a completion is never lost to a failed allocation.
+ *  - A load completion reports tokens_valid = the hit only if the copy
+ *    succeeded (and, with verify_checksums, every slot matched its stored
+ *    checksum); otherwise local_tokens: nothing loaded is ever counted as
+ *    computed.
+ *
+ * Why this shape: the engine already owns block allocation and scheduling;
+ * the connector only needs ids and block tables at the moments data moves,
+ * and must never block the scheduler except where the engine asks it to
+ * (wait_blocks, wait_request, preempt, abort).
+ */
 #ifndef KVO_CONNECTOR_INTERNAL_H
 #define KVO_CONNECTOR_INTERNAL_H
+
+#include <pthread.h>
 
 #include "core/internal.h"
 
@@ -31,7 +106,216 @@ void kvo__map_del(kvo__map *m, kvo__map_entry *e);
 /* Grow so that `extra` more inserts cannot fail (nor grow). */
 int kvo__map_reserve(kvo__map *m, size_t extra);
 
-/* ---- test hooks (connector.c) ---- */
+/* ---- the connector's records (see the design above) ---- */
+enum { REQ_ACTIVE = 0, REQ_LOADING = 1, REQ_FINISHED = 2 };
+enum { TIER_HOST = 0, TIER_FILE = 1 };
+
+typedef struct kvo__hit_item {
+    kvo_chunk_key key;
+    kvo_slot slot;
+    uint64_t chunk;
+    uint8_t tier;    /* where the data came from: TIER_HOST / TIER_FILE */
+    uint8_t pinned;  /* pinned in the host store */
+} kvo__hit_item;
+
+/* A file-tier read into a host slot (PENDING in the host store until done). */
+typedef struct kvo__read {
+    kvo_chunk_key key;
+    kvo_slot slot;
+    uint64_t req;
+    uint32_t gen;
+    size_t item;
+} kvo__read;
+
+typedef struct kvo__job kvo__job;
+
+typedef struct kvo__req {
+    uint64_t id;
+    int state;
+    uint32_t gen;
+    bool hash_mode;
+    kvo_u128 ns;
+    uint8_t *extra;
+    size_t extra_len;
+    kvo_u128 *units;
+    size_t n_units, cap_units;
+    uint32_t *tail;
+    size_t n_tail;
+    uint64_t prompt_tokens, n_tokens, computed;
+    uint64_t ckpt[2];
+    size_t n_ckpt;
+    uint64_t next_chunk[KVO_MAX_GROUPS];
+    /* the hit pinned by the last lookup */
+    bool hit_pinned;
+    uint64_t hit_tokens, hit_local, hit_host_tokens, hit_file_tokens;
+    kvo__hit_item *hit;
+    size_t n_hit, cap_hit;
+    /* copies in flight */
+    uint64_t *jobs;
+    size_t n_jobs, cap_jobs;
+    uint64_t load_job;
+    /* file-tier reads of the pinned hit still running, their first error,
+     * and a load waiting for them */
+    size_t file_pending;
+    int file_status;
+    kvo__job *deferred;
+    /* blocks written by the last failed load (room reserved by load) */
+    kvo_block_ref *invalid;
+    size_t n_invalid, cap_invalid;
+    kvo_request_stats st;
+} kvo__req;
+
+struct kvo__job {
+    uint64_t id;
+    uint64_t req;
+    uint32_t gen;
+    uint8_t dir;
+    size_t n_keys;
+    kvo_chunk_key *keys;
+    kvo_slot *slots;
+    size_t n_blocks;
+    kvo_block_ref *blocks;
+    /* loads: the ops with their own copy of the engine block ids, so that a
+     * load waiting for file reads can be submitted later */
+    kvo_xfer_op *ops;
+    uint64_t *eblk;
+    uint64_t tokens, local, host_tokens, file_tokens;
+};
+
+struct kvo_connector {
+    kvo_connector_params p;
+    uint8_t *salt;
+    const kvo_plan *plan;
+    size_t ng;
+    uint64_t step, min_hit;
+    kvo_u128 fingerprint;
+    kvo_arena *arena;
+    uint8_t *arena_base;
+    kvo_store *store;
+    kvo_transfer *xfer;
+    kvo_file_tier *file;
+    pthread_mutex_t mu;
+    bool layout_set;
+    kvo__map reqs, jobs, blocks, reads;
+    uint64_t next_read;
+    /* completions for the engine (ring) */
+    kvo_completion *cq;
+    size_t cq_head, cq_n, cq_cap;
+    size_t cq_owed; /* completions still to come: requests LOADING or FINISHED */
+    /* scratch, guarded by mu */
+    kvo_chunk_key *s_keys;
+    uint8_t *s_u8;
+    kvo_slot *s_slots;
+    uint32_t *s_grp;
+    uint64_t *s_chunk;
+    size_t s_cap;
+    kvo_xfer_op *s_ops;
+    size_t s_ops_cap;
+    uint8_t *ones;
+    size_t ones_cap;
+    uint8_t *s_tier, *s_fst;
+    kvo_chunk_key *s_fkeys;
+    size_t *s_fidx;
+    size_t s_fcap;
+    /* verify_checksums: XXH3-64 per 4 KiB slot start */
+    uint64_t *sums;
+    size_t n_sums;
+    /* write-back: what prepare_store evicts (grown on KVO_ERANGE) */
+    kvo_chunk_key *ev_keys;
+    kvo_slot *ev_slots;
+    size_t ev_cap;
+    uint32_t inject_load_fail, inject_store_fail;
+    kvo_connector_stats st;
+};
+
+/* ---- small helpers shared by every file ---- */
+static inline void kvo__conn_lock(kvo_connector *c) { pthread_mutex_lock(&c->mu); }
+static inline void kvo__conn_unlock(kvo_connector *c) { pthread_mutex_unlock(&c->mu); }
+
+/* The live request with this id, or NULL. */
+static inline kvo__req *kvo__conn_req_get(kvo_connector *c, uint64_t id) {
+    kvo__map_entry *e = kvo__map_get(&c->reqs, id);
+    return e ? e->p : NULL;
+}
+
+/* Key of (group, engine block) in the block map. */
+static inline uint64_t kvo__conn_block_key(uint32_t group, uint64_t block) { return (block << 6) | group; }
+
+static inline void *kvo__conn_slot_ptr(kvo_connector *c, kvo_slot s) { return c->arena_base + s.offset; }
+
+/* ---- request.c: request table, scratch ---- */
+/* Scratch arrays (s_keys, s_u8, s_slots, s_grp, s_chunk, s_tier) for n
+ * chunk entries. */
+int kvo__conn_scratch(kvo_connector *c, size_t n);
+/* Sets and returns KVO_ENOTFOUND naming id. */
+int kvo__conn_req_missing(uint64_t id);
+void kvo__conn_job_free(kvo__job *j);
+void kvo__conn_req_free(kvo__req *r);
+/* Change r's state, keeping cq_owed = requests LOADING or FINISHED. */
+void kvo__conn_req_set_state(kvo_connector *c, kvo__req *r, int state);
+/* Drop r from the table and free it (what it owed is emitted or dropped). */
+void kvo__conn_req_remove(kvo_connector *c, kvo__req *r);
+/* The best boundary <= x for a sequence whose chunks within x are all
+ * present (checkpoint policy); 0 when none or out of memory. */
+uint64_t kvo__conn_best_boundary(kvo_connector *c, uint64_t x);
+
+/* ---- lookup.c ---- */
+/* Token range [*lo, *hi) of chunk ch needed to serve boundary b above
+ * local L; empty when *lo >= *hi. */
+void kvo__conn_need_range(const kvo_group_plan *gp, uint64_t ch, uint64_t L, uint64_t b, uint64_t *lo,
+                          uint64_t *hi);
+/* Release the hit pinned by r's last lookup; its running file reads become
+ * orphans. */
+void kvo__conn_unpin_hit(kvo_connector *c, kvo__req *r);
+
+/* ---- load.c ---- */
+/* Check that n_tables block tables cover `tokens` tokens of every offloaded
+ * group (KVO_EINVAL naming the group otherwise). */
+int kvo__conn_check_tables(kvo_connector *c, uint64_t id, const kvo_block_table *tables, size_t n_tables,
+                           uint64_t tokens);
+/* Room for tracking one more job of r over n_blocks engine blocks, so that
+ * kvo__conn_job_register cannot fail. */
+int kvo__conn_job_reserve(kvo_connector *c, kvo__req *r, size_t n_blocks);
+void kvo__conn_job_register(kvo_connector *c, kvo__req *r, kvo__job *j);
+/* Emit a failed LOAD completion for a load that never reached the transfer
+ * engine, unpin the hit, back to ACTIVE. */
+void kvo__conn_fail_load_now(kvo_connector *c, kvo__req *r, int status);
+/* Submit a prepared load job (every item pinned); 0 or an error (nothing
+ * changed). */
+int kvo__conn_submit_load(kvo_connector *c, kvo__req *r, kvo__job *j);
+
+/* ---- store.c ---- */
+/* The checks of update (also used by finish with tables). */
+int kvo__conn_check_update(kvo_connector *c, kvo__req *r, uint64_t id, uint64_t computed,
+                           const kvo_block_table *tables, size_t n_tables);
+/* Store every newly complete chunk of r (up to computed tokens). */
+void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed);
+/* Store the end-of-request checkpoint of r (sliding_store CHECKPOINTS). */
+void kvo__conn_store_final_checkpoint(kvo_connector *c, kvo__req *r, const kvo_block_table *tables,
+                                      uint64_t computed);
+
+/* ---- poll.c ---- */
+/* Room in the completion ring for every completion owed plus one more
+ * (call before accepting a load or a finish). */
+int kvo__conn_cq_reserve_owed(kvo_connector *c);
+/* Queue a completion; room was reserved when it became owed. */
+void kvo__conn_emit(kvo_connector *c, const kvo_completion *cp);
+/* Consume every finished transfer job. */
+void kvo__conn_process_results(kvo_connector *c);
+
+/* ---- persist.c ---- */
+/* XXH3-64 of the chunk in slot s (verify_checksums). */
+uint64_t kvo__conn_slot_sum(kvo_connector *c, const kvo_chunk_key *k, kvo_slot s);
+/* Hand n READY host chunks to the file tier; returns how many were dropped
+ * (see persist.c). */
+size_t kvo__conn_file_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n,
+                          bool lookup, bool verify, int *res);
+/* kvo_store_prepare_store on the host store, handing evicted READY chunks to
+ * the file tier in write-back mode. */
+int kvo__conn_prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_t n, uint8_t *need,
+                            kvo_slot *slots);
+
+/* ---- test hooks (create.c) ---- */
 /* The next n load jobs of c complete as failed (KVO_EIO) whatever the copy
  * did; the next n store jobs likewise when stores is true. */
 void kvo__connector_inject_failures(kvo_connector *c, uint32_t loads, uint32_t stores);

@@ -1,0 +1,413 @@
+/*
+ * lookup: how many tokens of a request the host store (and the file tier)
+ * can serve above what the engine holds locally.
+ *
+ * Phases (kvo__lookup_once): list the chunk keys above local_tokens and ask
+ * the host store, then the file tier for the host misses; let agree.c pick
+ * the longest boundary every group supports; list the chunks that boundary
+ * needs (the hit); pin the host ones and start file reads into freshly
+ * reserved host slots for the file ones.  A pin that races with an eviction
+ * retries the whole lookup (bounded); a file read that cannot start retries
+ * without the file tier.  The hit stays pinned until load (which takes the
+ * pins over), the next lookup, update, preempt, abort or finish.
+ *
+ * Locks: the public call holds c->mu throughout; the store and the file
+ * tier are only asked to queue, never to wait.
+ */
+#include <stdlib.h>
+
+#include "connector/connector_internal.h"
+
+/* Scratch for n file-tier lookups. */
+static int kvo__fscratch(kvo_connector *c, size_t n) {
+    const kvo__arr a[] = {{(void **)&c->s_fkeys, sizeof *c->s_fkeys},
+                          {(void **)&c->s_fst, sizeof *c->s_fst},
+                          {(void **)&c->s_fidx, sizeof *c->s_fidx}};
+    return kvo__grow_all(&c->s_fcap, n, a, sizeof a / sizeof a[0], 64, "connector: file lookups");
+}
+
+/* Token range [*lo, *hi) of chunk ch of group g needed to serve boundary b
+ * above local L (see agree.c); empty when *lo >= *hi.  Block aligned. */
+void kvo__conn_need_range(const kvo_group_plan *gp, uint64_t ch, uint64_t L, uint64_t b, uint64_t *lo,
+                     uint64_t *hi) {
+    uint64_t T = gp->tokens_per_chunk, cs = ch * T, ce = cs + T, from = L;
+    *lo = *hi = 0;
+    if (b <= L) return;
+    if (gp->kind == KVO_GROUP_SLIDING) {
+        uint64_t w = b > gp->window ? b - gp->window : 0;
+        w = w / gp->tokens_per_block * gp->tokens_per_block;
+        if (w > from) from = w;
+    } else if (gp->kind == KVO_GROUP_STATE) {
+        from = b - gp->tokens_per_block;
+    }
+    *lo = from > cs ? from : cs;
+    *hi = b < ce ? b : ce;
+}
+
+/* Release the hit pinned by the last lookup (pinned host entries), and make
+ * file reads still running for it orphans (their completion then only
+ * finishes the host entry). */
+void kvo__conn_unpin_hit(kvo_connector *c, kvo__req *r) {
+    if (!r->hit_pinned) return;
+    size_t n = 0;
+    if (kvo__conn_scratch(c, r->n_hit) == 0) {
+        for (size_t i = 0; i < r->n_hit; i++)
+            if (r->hit[i].pinned) c->s_keys[n++] = r->hit[i].key;
+        if (n) (void)kvo_store_complete_load(c->store, c->s_keys, n);
+    }
+    r->hit_pinned = false;
+    r->n_hit = 0;
+    r->file_pending = 0;
+    r->file_status = 0;
+    r->gen++;
+}
+
+#define KVO__NOFILE 1 /* internal: retry the lookup without the file tier */
+
+static int kvo__cmp_range(const void *a, const void *b) {
+    const uint64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Tokens of [L, b) covered by the need ranges of the hit's file items. */
+static uint64_t kvo__file_tokens(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b) {
+    size_t nf = 0;
+    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == TIER_FILE;
+    if (!nf) return 0;
+    uint64_t *rg = kvo__malloc(nf * 2 * sizeof *rg);
+    if (!rg) return b - L; /* conservative */
+    size_t k = 0;
+    for (size_t i = 0; i < r->n_hit; i++) {
+        if (r->hit[i].tier != TIER_FILE) continue;
+        kvo__conn_need_range(kvo_plan_group(c->plan, r->hit[i].key.group), r->hit[i].chunk, L, b, &rg[2 * k],
+                        &rg[2 * k + 1]);
+        k++;
+    }
+    qsort(rg, nf, 2 * sizeof *rg, kvo__cmp_range);
+    uint64_t tot = 0, cs = rg[0], ce = rg[1];
+    for (size_t i = 1; i < nf; i++) {
+        if (rg[2 * i] <= ce) {
+            if (rg[2 * i + 1] > ce) ce = rg[2 * i + 1];
+        } else {
+            tot += ce - cs;
+            cs = rg[2 * i];
+            ce = rg[2 * i + 1];
+        }
+    }
+    tot += ce - cs;
+    kvo__free(rg);
+    return tot;
+}
+
+/* Start reading the hit's file items into host slots (reserved PENDING in
+ * the host store).  0, KVO__NOFILE (could not: everything undone), or an
+ * error. */
+static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
+    size_t nf = 0;
+    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == TIER_FILE;
+    if (!nf) return 0;
+    int rc = kvo__fscratch(c, nf);
+    if (rc) return rc;
+    size_t k = 0;
+    for (size_t i = 0; i < r->n_hit; i++)
+        if (r->hit[i].tier == TIER_FILE) {
+            c->s_fkeys[k] = r->hit[i].key;
+            c->s_fidx[k++] = i;
+        }
+    /* reserve host slots: every key must need writing (absent in host) */
+    kvo_slot *slots = kvo__malloc(nf * (sizeof(kvo_slot) + sizeof(void *) + sizeof(uint64_t) + sizeof(int)));
+    if (!slots) return kvo__error(KVO_ENOMEM, "connector: out of memory");
+    void **dsts = (void **)(slots + nf);
+    uint64_t *ud = (uint64_t *)(dsts + nf);
+    int *res = (int *)(ud + nf);
+    rc = kvo__conn_prepare_store(c, c->s_fkeys, nf, c->s_fst, slots);
+    if (rc) {
+        kvo__free(slots);
+        return rc == KVO_ENOMEM ? rc : KVO__NOFILE;
+    }
+    bool all = true;
+    for (size_t i = 0; i < nf; i++) all &= c->s_fst[i] == 1;
+    if (!all) { /* raced: some key appeared in host meanwhile */
+        for (size_t i = 0; i < nf; i++)
+            if (c->s_fst[i]) (void)kvo_store_complete_store(c->store, &c->s_fkeys[i], 1, false);
+        kvo__free(slots);
+        return KVO__NOFILE;
+    }
+    for (size_t i = 0; i < nf; i++) {
+        dsts[i] = kvo__conn_slot_ptr(c, slots[i]);
+        ud[i] = ++c->next_read;
+        r->hit[c->s_fidx[i]].slot = slots[i];
+    }
+    size_t nq = 0;
+    rc = kvo_file_tier_read(c->file, c->s_fkeys, dsts, nf, ud, res, &nq);
+    if (rc) {
+        (void)kvo_store_complete_store(c->store, c->s_fkeys, nf, false);
+        kvo__free(slots);
+        return KVO__NOFILE;
+    }
+    bool failed = false;
+    for (size_t i = 0; i < nf; i++) {
+        if (res[i] != 0) {
+            (void)kvo_store_complete_store(c->store, &c->s_fkeys[i], 1, false);
+            c->st.file_read_failures++;
+            failed = true;
+            continue;
+        }
+        kvo__read *rd = kvo__malloc(sizeof *rd);
+        kvo__map_entry *e = NULL;
+        if (!rd || kvo__map_put(&c->reads, ud[i], &e) < 0) {
+            /* cannot track: the read still lands in the slot, so the slot
+             * must stay reserved; it is lost until clear (counted) */
+            kvo__free(rd);
+            c->st.file_read_failures++;
+            failed = true;
+            continue;
+        }
+        rd->key = c->s_fkeys[i];
+        rd->slot = slots[i];
+        rd->req = r->id;
+        rd->gen = r->gen;
+        rd->item = c->s_fidx[i];
+        e->p = rd;
+        r->file_pending++;
+    }
+    kvo__free(slots);
+    if (failed) {
+        /* the queued reads finish as orphans (gen bumped by unpin) */
+        return KVO__NOFILE;
+    }
+    return 0;
+}
+
+/* Phase 1: the chunk states of r above local L, per group g at
+ * c->s_u8 + off[g] (ncs[g] chunks; LOCAL below L, else the host store's
+ * state), with c->s_tier TIER_HOST; keys of the non-local chunks in s_keys
+ * (their group and chunk in s_grp / s_chunk), *nk of them. */
+static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *off, size_t *ncs, size_t *nk) {
+    uint64_t N = r->n_tokens;
+    uint64_t S = c->step;
+    uint64_t bmax = N ? (N - 1) / S * S : 0;
+    size_t total = 0;
+    for (size_t g = 0; g < c->ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        off[g] = total;
+        ncs[g] = 0;
+        if (!gp->offloaded || bmax <= L) continue;
+        uint64_t nc = r->n_units / gp->hashes_per_chunk;
+        uint64_t need = kvo__div_ceil_u64(bmax, gp->tokens_per_chunk);
+        ncs[g] = (size_t)(nc < need ? nc : need);
+        total += ncs[g];
+    }
+    int rc = kvo__conn_scratch(c, total + 1);
+    if (rc) return rc;
+    /* keys of the non-local chunks, states LOCAL below L */
+    *nk = 0;
+    for (size_t g = 0; g < c->ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        uint8_t *st = c->s_u8 + off[g];
+        for (size_t ch = 0; ch < ncs[g]; ch++) {
+            c->s_tier[off[g] + ch] = TIER_HOST;
+            if ((ch + 1) * gp->tokens_per_chunk <= L) {
+                st[ch] = KVO_CHUNK_LOCAL;
+                continue;
+            }
+            kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &c->s_keys[*nk], 1);
+            c->s_grp[*nk] = (uint32_t)g;
+            c->s_chunk[*nk] = ch;
+            (*nk)++;
+        }
+    }
+    return 0;
+}
+
+/* Phase 2: ask the host store for the nk keys of phase 1, then (use_file)
+ * the file tier for the host misses; file hits get TIER_FILE. */
+static int kvo__lookup_tiers(kvo_connector *c, const size_t *off, size_t nk, bool use_file) {
+    uint8_t *hs = (uint8_t *)c->s_slots; /* s_cap * 16 bytes >= nk */
+    int rc = kvo_store_lookup(c->store, c->s_keys, nk, hs);
+    if (rc) return rc;
+    size_t nmiss = 0;
+    for (size_t i = 0; i < nk; i++) {
+        c->s_u8[off[c->s_grp[i]] + c->s_chunk[i]] = hs[i];
+        nmiss += hs[i] == KVO_MISS;
+    }
+    if (!use_file || !c->file || !nmiss) return 0;
+    if ((rc = kvo__fscratch(c, nmiss))) return rc;
+    size_t m = 0;
+    for (size_t i = 0; i < nk; i++)
+        if (hs[i] == KVO_MISS) {
+            c->s_fkeys[m] = c->s_keys[i];
+            c->s_fidx[m++] = off[c->s_grp[i]] + c->s_chunk[i];
+        }
+    if (kvo_file_tier_lookup(c->file, c->s_fkeys, m, c->s_fst) == 0)
+        for (size_t i = 0; i < m; i++) {
+            if (c->s_fst[i] == KVO_MISS) continue;
+            c->s_u8[c->s_fidx[i]] = c->s_fst[i];
+            c->s_tier[c->s_fidx[i]] = TIER_FILE;
+        }
+    return 0;
+}
+
+/* Phase 3: the boundary every group agrees on, into out.  *b: the boundary
+ * to load, 0 when there is nothing to pin (no hit, or a pending one). */
+static int kvo__agree_hit(kvo_connector *c, kvo__req *r, uint64_t L, const size_t *off, size_t *ncs,
+                          kvo_lookup_result *out, uint64_t *b) {
+    const uint8_t *ptr[KVO_MAX_GROUPS];
+    for (size_t g = 0; g < c->ng; g++) ptr[g] = c->s_u8 + off[g];
+    kvo_agree_input in;
+    memset(&in, 0, sizeof in);
+    in.plan = c->plan;
+    in.n_tokens = r->n_tokens;
+    in.local_tokens = L;
+    in.min_hit_tokens = c->min_hit;
+    in.scratch_groups = c->p.scratch_groups;
+    in.chunk_states = ptr;
+    in.n_chunks = ncs;
+    kvo_agree_result ar;
+    int rc = kvo_agree(&in, &ar);
+    if (rc) return rc;
+    memset(out, 0, sizeof *out);
+    out->local_tokens = L;
+    out->tokens = ar.tokens;
+    out->tokens_if_pending = ar.tokens_if_pending;
+    out->limiting_group = ar.limiting_group;
+    out->reason = ar.reason;
+    *b = 0;
+    if (ar.tokens_if_pending > ar.tokens) out->status = KVO_HIT_PENDING;
+    else if (ar.tokens <= L) out->status = KVO_HIT_NONE;
+    else *b = ar.tokens;
+    return 0;
+}
+
+/* Phase 4: list in r->hit the chunks the load of boundary b will read
+ * (*nh of them), each with the tier phase 2 found it in. */
+static int kvo__hit_build(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b, const size_t *off,
+                          const size_t *ncs, size_t *nh) {
+    *nh = 0;
+    for (size_t g = 0; g < c->ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        if (!gp->offloaded) continue;
+        for (size_t ch = 0; ch < ncs[g]; ch++) {
+            uint64_t lo, hi;
+            kvo__conn_need_range(gp, ch, L, b, &lo, &hi);
+            if (lo >= hi) continue;
+            int rc = kvo__grow((void **)&r->hit, &r->cap_hit, *nh + 1, sizeof *r->hit, 16, "connector");
+            if (rc) return rc;
+            kvo__hit_item *it = &r->hit[(*nh)++];
+            kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &it->key, 1);
+            it->chunk = ch;
+            it->tier = c->s_tier[off[g] + ch];
+            it->pinned = 0;
+            memset(&it->slot, 0, sizeof it->slot);
+        }
+    }
+    return 0;
+}
+
+/* Phase 5: pin the hit's host items (*nhost of them); KVO_EAGAIN when one
+ * was evicted since phase 2. */
+static int kvo__hit_pin(kvo_connector *c, kvo__req *r, size_t nh, size_t *nhost) {
+    int rc = kvo__conn_scratch(c, nh + 1);
+    if (rc) return rc;
+    *nhost = 0;
+    for (size_t i = 0; i < nh; i++)
+        if (r->hit[i].tier == TIER_HOST) {
+            c->s_keys[*nhost] = r->hit[i].key;
+            c->s_chunk[(*nhost)++] = i;
+        }
+    if (!*nhost) return 0;
+    rc = kvo_store_prepare_load(c->store, c->s_keys, *nhost, c->s_slots);
+    if (rc == KVO_ENOTFOUND || rc == KVO_EAGAIN) return KVO_EAGAIN;
+    if (rc) return rc;
+    for (size_t i = 0; i < *nhost; i++) {
+        kvo__hit_item *it = &r->hit[c->s_chunk[i]];
+        it->slot = c->s_slots[i];
+        it->pinned = 1;
+    }
+    (void)kvo_store_touch(c->store, c->s_keys, *nhost);
+    return 0;
+}
+
+/* One lookup attempt; returns 0, KVO_EAGAIN (pin raced with an eviction:
+ * retry), KVO__NOFILE (retry without the file tier) or an error. */
+static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_lookup_result *out, bool use_file) {
+    size_t off[KVO_MAX_GROUPS], ncs[KVO_MAX_GROUPS], nk = 0, nh = 0, nhost = 0;
+    uint64_t b = 0;
+    int rc = kvo__host_states(c, r, L, off, ncs, &nk);
+    if (!rc && nk) rc = kvo__lookup_tiers(c, off, nk, use_file);
+    if (!rc) rc = kvo__agree_hit(c, r, L, off, ncs, out, &b);
+    if (rc || !b) return rc;
+    if ((rc = kvo__hit_build(c, r, L, b, off, ncs, &nh))) return rc;
+    if ((rc = kvo__hit_pin(c, r, nh, &nhost))) return rc;
+    r->n_hit = nh;
+    r->hit_pinned = true;
+    r->hit_tokens = b;
+    r->hit_local = L;
+    r->file_pending = 0;
+    r->file_status = 0;
+    if (nhost < nh) {
+        rc = kvo__start_file_reads(c, r);
+        if (rc) {
+            kvo__conn_unpin_hit(c, r);
+            return rc;
+        }
+        (void)kvo_file_tier_touch(c->file, c->s_fkeys, nh - nhost); /* recency only */
+    }
+    r->hit_file_tokens = kvo__file_tokens(c, r, L, b);
+    r->hit_host_tokens = b - L - r->hit_file_tokens;
+    out->status = KVO_HIT;
+    out->tokens_host = r->hit_host_tokens;
+    out->tokens_file = r->hit_file_tokens;
+    return 0;
+}
+
+int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, kvo_lookup_result *out) {
+    if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_lookup: c and out must not be NULL");
+    kvo__conn_lock(c);
+    kvo__req *r = kvo__conn_req_get(c, id);
+    int rc = 0;
+    if (!r) rc = kvo__conn_req_missing(id);
+    else if (r->state != REQ_ACTIVE)
+        rc = kvo__error(KVO_ESTATE, "request %llu: lookup while %s", (unsigned long long)id,
+                        r->state == REQ_LOADING ? "a load is in flight" : "finished");
+    else if (local_tokens % c->step || local_tokens > r->n_tokens)
+        rc = kvo__error(KVO_EINVAL,
+                        "request %llu: local_tokens %llu must be a multiple of the hit step %llu and at most "
+                        "the %llu tokens of the request",
+                        (unsigned long long)id, (unsigned long long)local_tokens, (unsigned long long)c->step,
+                        (unsigned long long)r->n_tokens);
+    if (rc) {
+        kvo__conn_unlock(c);
+        return rc;
+    }
+    kvo__conn_unpin_hit(c, r);
+    bool use_file = true;
+    for (int attempt = 0; attempt < 6; attempt++) {
+        rc = kvo__lookup_once(c, r, local_tokens, out, use_file);
+        if (rc == KVO__NOFILE) {
+            use_file = false;
+            continue;
+        }
+        if (rc != KVO_EAGAIN) break;
+    }
+    if (rc == KVO_EAGAIN || rc == KVO__NOFILE) { /* kept racing with evictions: report no hit */
+        memset(out, 0, sizeof *out);
+        out->local_tokens = out->tokens = out->tokens_if_pending = local_tokens;
+        out->limiting_group = -1;
+        rc = 0;
+    }
+    if (!rc) {
+        r->st.lookups++;
+        c->st.lookups++;
+        c->st.lookup_tokens += r->n_tokens;
+        if (out->status == KVO_HIT_PENDING) {
+            r->st.pending_lookups++;
+            c->st.lookup_pending++;
+        } else if (out->status == KVO_HIT) {
+            c->st.lookup_hits++;
+            c->st.hit_tokens += out->tokens - local_tokens;
+        }
+    }
+    kvo__conn_unlock(c);
+    return rc;
+}

@@ -1,0 +1,252 @@
+/*
+ * The completion ring and result processing.
+ *
+ * Completions owed to the engine (a LOAD for each request LOADING, a
+ * RELEASED for each FINISHED) have room reserved in the ring before they
+ * become owed, so emitting never allocates.  poll consumes the file tier's
+ * read completions (finishing host entries, submitting deferred loads),
+ * then the transfer engine's results: store jobs complete their host
+ * entries (taking checksums while still PENDING, handing write-through
+ * chunks to the file tier), load jobs unpin and report, checked against
+ * the request's generation so that preempted or aborted requests get no
+ * notification.
+ *
+ * Locks: everything under c->mu; the tier's and the engine's poll calls
+ * never block.
+ */
+#include "connector/connector_internal.h"
+
+static void kvo__req_drop_job(kvo__req *r, uint64_t job) {
+    for (size_t i = 0; i < r->n_jobs; i++)
+        if (r->jobs[i] == job) {
+            r->jobs[i] = r->jobs[--r->n_jobs];
+            return;
+        }
+}
+
+/* Room in the completion ring for `need` entries. */
+static int kvo__cq_reserve(kvo_connector *c, size_t need) {
+    if (need > c->cq_cap) {
+        size_t ncap = c->cq_cap ? c->cq_cap : 64;
+        while (ncap < need) ncap *= 2;
+        kvo_completion *nq = kvo__malloc(ncap * sizeof *nq);
+        if (!nq) return kvo__error(KVO_ENOMEM, "connector: out of memory for completions");
+        for (size_t i = 0; i < c->cq_n; i++) nq[i] = c->cq[(c->cq_head + i) % c->cq_cap];
+        kvo__free(c->cq);
+        c->cq = nq;
+        c->cq_cap = ncap;
+        c->cq_head = 0;
+    }
+    return 0;
+}
+
+/* Room for every completion owed plus one more (call before accepting a
+ * load or a finish). */
+int kvo__conn_cq_reserve_owed(kvo_connector *c) { return kvo__cq_reserve(c, c->cq_n + c->cq_owed + 1); }
+
+/* Queue a completion; room was reserved when it became owed. */
+void kvo__conn_emit(kvo_connector *c, const kvo_completion *cp) {
+    assert(c->cq_n < c->cq_cap);
+    if (c->cq_n == c->cq_cap && kvo__cq_reserve(c, c->cq_n + 1)) return; /* not reached */
+    c->cq[(c->cq_head + c->cq_n) % c->cq_cap] = *cp;
+    c->cq_n++;
+}
+
+static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_result *res, kvo__req *r) {
+    bool ok = res->status == 0;
+    if (ok && c->inject_store_fail) {
+        c->inject_store_fail--;
+        ok = false;
+    }
+    /* Checksums are taken while the slots are still PENDING, at the first
+     * poll after the copy: nothing can pin, evict or rewrite them yet. */
+    if (ok && c->sums)
+        for (size_t i = 0; i < j->n_keys; i++)
+            c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] = kvo__conn_slot_sum(c, &j->keys[i], j->slots[i]);
+    (void)kvo_store_complete_store(c->store, j->keys, j->n_keys, ok);
+    if (ok) {
+        c->st.chunks_stored += j->n_keys;
+        c->st.bytes_stored += res->bytes;
+        /* the tier copies before returning; no second checksum pass: the
+         * sums were taken from these bytes just above */
+        if (c->file && c->p.file_mode == KVO_FILE_WRITE_THROUGH)
+            c->st.file_writes_dropped += kvo__conn_file_put(c, j->keys, j->slots, j->n_keys, false, false, NULL);
+        if (r) {
+            r->st.chunks_stored += j->n_keys;
+            r->st.bytes_stored += res->bytes;
+        }
+    } else {
+        c->st.stores_failed += j->n_keys;
+    }
+    for (size_t i = 0; i < j->n_blocks; i++) {
+        kvo__map_entry *e = kvo__map_get(&c->blocks, kvo__conn_block_key(j->blocks[i].group, j->blocks[i].block));
+        if (e && --e->a == 0) kvo__map_del(&c->blocks, e);
+    }
+}
+
+static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_result *res, kvo__req *r) {
+    int status = res->status;
+    if (status == 0 && c->inject_load_fail) {
+        c->inject_load_fail--;
+        status = KVO_EIO;
+    }
+    (void)kvo_store_complete_load(c->store, j->keys, j->n_keys);
+    if (status == 0 && c->sums)
+        for (size_t i = 0; i < j->n_keys; i++)
+            if (c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] != kvo__conn_slot_sum(c, &j->keys[i], j->slots[i])) {
+                /* a corrupt chunk must not be hit again: drop its entry
+                 * (fails with KVO_EBUSY if another load pinned it; that
+                 * load's own check catches it) */
+                status = KVO_ECORRUPT;
+                c->st.checksum_failures++;
+                (void)kvo_store_remove(c->store, &j->keys[i], 1);
+            }
+    if (!r || r->gen != j->gen || r->load_job != j->id) return; /* preempted or aborted */
+    r->load_job = 0;
+    kvo__conn_req_set_state(c, r, REQ_ACTIVE);
+    kvo_completion cp;
+    memset(&cp, 0, sizeof cp);
+    cp.request = r->id;
+    cp.type = KVO_COMPLETION_LOAD;
+    cp.status = status;
+    r->n_invalid = 0;
+    if (status == 0) {
+        uint64_t t = j->tokens - j->local;
+        cp.tokens_valid = j->tokens;
+        if (j->tokens > r->computed) r->computed = j->tokens;
+        r->st.tokens_loaded += t;
+        r->st.tokens_loaded_host += j->host_tokens;
+        r->st.tokens_loaded_file += j->file_tokens;
+        r->st.bytes_loaded += res->bytes;
+        r->st.chunks_loaded += j->n_keys;
+        c->st.tokens_loaded += t;
+        c->st.tokens_loaded_host += j->host_tokens;
+        c->st.tokens_loaded_file += j->file_tokens;
+        c->st.bytes_loaded += res->bytes;
+        c->st.chunks_loaded += j->n_keys;
+    } else {
+        cp.tokens_valid = j->local;
+        r->st.load_failures++;
+        c->st.load_failures++;
+        assert(j->n_blocks <= r->cap_invalid);
+        if (j->n_blocks) memcpy(r->invalid, j->blocks, j->n_blocks * sizeof *r->invalid);
+        r->n_invalid = j->n_blocks;
+        cp.n_invalid_blocks = j->n_blocks;
+    }
+    kvo__conn_emit(c, &cp);
+}
+
+void kvo__conn_process_results(kvo_connector *c) {
+    kvo_xfer_result res[64];
+    for (;;) {
+        size_t n = 0;
+        if (kvo_transfer_poll(c->xfer, res, 64, &n) || n == 0) break;
+        for (size_t i = 0; i < n; i++) {
+            kvo__map_entry *e = kvo__map_get(&c->jobs, res[i].job_id);
+            if (!e) continue;
+            kvo__job *j = e->p;
+            kvo__map_del(&c->jobs, e);
+            kvo__req *r = kvo__conn_req_get(c, j->req);
+            if (r) kvo__req_drop_job(r, j->id);
+            if (j->dir == KVO_XFER_STORE)
+                kvo__finish_store_job(c, j, &res[i], r);
+            else
+                kvo__finish_load_job(c, j, &res[i], r);
+            if (r && r->state == REQ_FINISHED && r->n_jobs == 0) {
+                kvo_completion cp;
+                memset(&cp, 0, sizeof cp);
+                cp.request = r->id;
+                cp.type = KVO_COMPLETION_RELEASED;
+                kvo__conn_emit(c, &cp);
+                kvo__conn_req_remove(c, r);
+            }
+            kvo__conn_job_free(j);
+        }
+    }
+}
+
+/* A file read into a host slot finished. */
+static void kvo__finish_read(kvo_connector *c, const kvo_file_completion *fc) {
+    kvo__map_entry *e = kvo__map_get(&c->reads, fc->user_data);
+    if (!e) return;
+    kvo__read *rd = e->p;
+    kvo__map_del(&c->reads, e);
+    bool ok = fc->result == 0;
+    if (ok && c->sums) /* still PENDING, as for stores */
+        c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__conn_slot_sum(c, &rd->key, rd->slot);
+    (void)kvo_store_complete_store(c->store, &rd->key, 1, ok);
+    if (ok) c->st.file_reads++;
+    else c->st.file_read_failures++;
+    kvo__req *r = kvo__conn_req_get(c, rd->req);
+    if (r && r->gen == rd->gen && r->hit_pinned && rd->item < r->n_hit &&
+        kvo_chunk_key_eq(&r->hit[rd->item].key, &rd->key)) {
+        kvo__hit_item *it = &r->hit[rd->item];
+        if (ok) {
+            kvo_slot sl;
+            if (kvo_store_prepare_load(c->store, &rd->key, 1, &sl) == 0 && sl.offset == rd->slot.offset)
+                it->pinned = 1;
+            else
+                ok = false;
+        }
+        if (!ok && !r->file_status) r->file_status = fc->result ? fc->result : KVO_EIO;
+        if (r->file_pending) r->file_pending--;
+        if (r->file_pending == 0 && r->deferred) {
+            kvo__job *j = r->deferred;
+            r->deferred = NULL;
+            if (r->file_status) {
+                kvo__conn_job_free(j);
+                kvo__conn_fail_load_now(c, r, r->file_status);
+            } else if (kvo__conn_submit_load(c, r, j)) {
+                kvo__conn_job_free(j);
+                kvo__conn_fail_load_now(c, r, KVO_EAGAIN);
+            }
+        }
+    }
+    kvo__free(rd);
+}
+
+size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap) {
+    if (!c) return 0;
+    kvo__conn_lock(c);
+    if (c->file) { /* the connector consumes the tier's completions */
+        kvo_file_completion fc[32];
+        size_t n;
+        while ((n = kvo_file_tier_poll(c->file, fc, 32)) > 0)
+            for (size_t i = 0; i < n; i++)
+                if (fc[i].op == KVO_FILE_OP_READ) kvo__finish_read(c, &fc[i]);
+    }
+    kvo__conn_process_results(c);
+    size_t n = 0;
+    while (out && n < cap && c->cq_n) {
+        out[n++] = c->cq[c->cq_head];
+        c->cq_head = (c->cq_head + 1) % c->cq_cap;
+        c->cq_n--;
+    }
+    kvo__conn_unlock(c);
+    return n;
+}
+
+int kvo_connector_event_fd(const kvo_connector *c) { return c ? kvo_transfer_event_fd(c->xfer) : -1; }
+
+int kvo_connector_invalid_blocks(kvo_connector *c, uint64_t id, uint32_t group, uint64_t *out, size_t cap,
+                                 size_t *n) {
+    if (!c || !n || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_connector_invalid_blocks: NULL argument");
+    if (group >= c->ng)
+        return kvo__error(KVO_EINVAL, "kvo_connector_invalid_blocks: group %u out of range (%zu groups)", group,
+                          c->ng);
+    kvo__conn_lock(c);
+    kvo__req *r = kvo__conn_req_get(c, id);
+    int rc = 0;
+    if (!r) rc = kvo__conn_req_missing(id);
+    else {
+        size_t k = 0;
+        for (size_t i = 0; i < r->n_invalid; i++)
+            if (r->invalid[i].group == group) {
+                if (k < cap) out[k] = r->invalid[i].block;
+                k++;
+            }
+        *n = k;
+    }
+    kvo__conn_unlock(c);
+    return rc;
+}

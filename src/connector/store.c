@@ -1,0 +1,215 @@
+/*
+ * update (and finish's last stores): store every chunk that became complete
+ * since the last call, from the engine's blocks into host slots.
+ *
+ * Per group, chunks [next_chunk, min(computed, units known)) are candidates;
+ * with sliding_store CHECKPOINTS a sliding group keeps only the chunks a
+ * checkpoint needs.  A candidate is stored only if the table holds all its
+ * blocks.  The batch is reserved in the host store all-or-nothing, else
+ * one by one (chunks that do not fit are counted, never an error), then
+ * submitted as one transfer job; its blocks are counted in the block map so
+ * that wait_blocks can find it.
+ *
+ * Locks: under c->mu; the scratch arrays (s_*) are guarded by it.
+ */
+#include "connector/connector_internal.h"
+
+static int kvo__ops_cap(kvo_connector *c, size_t n) {
+    return kvo__grow((void **)&c->s_ops, &c->s_ops_cap, n, sizeof *c->s_ops, 16, "connector");
+}
+
+static bool kvo__ckpt_wants(const kvo_connector *c, const kvo__req *r, const kvo_group_plan *gp, uint64_t ch) {
+    uint64_t T = gp->tokens_per_chunk, cs = ch * T, lim = cs + T + gp->window; /* q in (cs, lim) */
+    uint64_t I = c->p.checkpoint_interval;
+    if (I) {
+        uint64_t q = (lim - 1) / I * I;
+        if (q > cs && q >= I) return true;
+    }
+    for (size_t i = 0; i < r->n_ckpt; i++)
+        if (r->ckpt[i] > cs && r->ckpt[i] < lim) return true;
+    return false;
+}
+
+/* Add chunk ch of group g to the store batch at index *n if its blocks are
+ * all held by the table. */
+static void kvo__batch_add(kvo_connector *c, kvo__req *r, size_t g, uint64_t ch, const kvo_block_table *t,
+                           size_t *n) {
+    const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+    uint64_t first = ch * gp->blocks_per_chunk;
+    if (first + gp->blocks_per_chunk > t->n) return;
+    for (uint64_t k = 0; k < gp->blocks_per_chunk; k++)
+        if (t->blocks[first + k] == KVO_NO_BLOCK) return;
+    kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &c->s_keys[*n], 1);
+    c->s_grp[*n] = (uint32_t)g;
+    c->s_chunk[*n] = ch;
+    (*n)++;
+}
+
+/* Reserve, copy and track a batch of n candidate chunks in the scratch
+ * arrays.  Best effort: chunks that cannot be stored are counted. */
+static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, size_t n) {
+    if (n == 0) return;
+    int rc = kvo__conn_prepare_store(c, c->s_keys, n, c->s_u8, c->s_slots);
+    if (rc == KVO_ENOSPC && n > 1) {
+        /* all-or-nothing failed: try one by one, skipping those that do not fit */
+        for (size_t i = 0; i < n; i++) {
+            int r1 = kvo__conn_prepare_store(c, &c->s_keys[i], 1, &c->s_u8[i], &c->s_slots[i]);
+            if (r1) {
+                c->s_u8[i] = 0;
+                c->st.stores_skipped_nospace++;
+                r->st.stores_skipped++;
+            }
+        }
+        rc = 0;
+    } else if (rc) {
+        c->st.stores_skipped_nospace += n;
+        r->st.stores_skipped += n;
+        return;
+    }
+    size_t m = 0, nblocks = 0;
+    if (kvo__ops_cap(c, n)) {
+        /* cannot build ops: undo the reservations */
+        for (size_t i = 0; i < n; i++)
+            if (c->s_u8[i]) (void)kvo_store_complete_store(c->store, &c->s_keys[i], 1, false);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!c->s_u8[i]) continue;
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, c->s_grp[i]);
+        kvo_xfer_op *op = &c->s_ops[m];
+        op->group = c->s_grp[i];
+        op->first_block = 0;
+        op->n_blocks = (uint32_t)gp->blocks_per_chunk;
+        op->engine_blocks = tables[c->s_grp[i]].blocks + c->s_chunk[i] * gp->blocks_per_chunk;
+        op->slot = kvo__conn_slot_ptr(c, c->s_slots[i]);
+        op->slot_bytes = c->s_slots[i].bytes;
+        c->s_keys[m] = c->s_keys[i];
+        c->s_slots[m] = c->s_slots[i];
+        nblocks += gp->blocks_per_chunk;
+        m++;
+    }
+    if (m == 0) return;
+    kvo__job *j = kvo__calloc(1, sizeof *j + m * (sizeof(kvo_chunk_key) + sizeof(kvo_slot)) +
+                                     nblocks * sizeof(kvo_block_ref));
+    if (j) {
+        j->keys = (kvo_chunk_key *)(j + 1);
+        j->slots = (kvo_slot *)(j->keys + m);
+        j->blocks = (kvo_block_ref *)(j->slots + m);
+        j->n_keys = m;
+        size_t bi = 0;
+        for (size_t i = 0; i < m; i++) {
+            j->keys[i] = c->s_keys[i];
+            j->slots[i] = c->s_slots[i];
+            for (uint32_t k = 0; k < c->s_ops[i].n_blocks; k++)
+                j->blocks[bi++] = (kvo_block_ref){c->s_ops[i].group, c->s_ops[i].engine_blocks[k]};
+        }
+        j->n_blocks = bi;
+        j->req = r->id;
+        j->gen = r->gen;
+        j->dir = KVO_XFER_STORE;
+        rc = kvo__conn_job_reserve(c, r, bi);
+        if (!rc) rc = kvo_transfer_submit(c->xfer, KVO_XFER_STORE, c->s_ops, m, &j->id);
+    } else {
+        rc = KVO_ENOMEM;
+    }
+    if (rc) {
+        (void)kvo_store_complete_store(c->store, c->s_keys, m, false);
+        c->st.stores_skipped_queue += m;
+        r->st.stores_skipped += m;
+        kvo__conn_job_free(j);
+        return;
+    }
+    kvo__conn_job_register(c, r, j);
+    for (size_t i = 0; i < j->n_blocks; i++) {
+        kvo__map_entry *e = NULL;
+        int prc = kvo__map_put(&c->blocks, kvo__conn_block_key(j->blocks[i].group, j->blocks[i].block), &e);
+        assert(prc >= 0); /* room reserved */
+        (void)prc;
+        e->a++;
+        e->b = j->id;
+    }
+}
+
+/* Store every newly complete chunk (up to computed tokens). */
+void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed) {
+    size_t total = 0;
+    uint64_t end[KVO_MAX_GROUPS];
+    for (size_t g = 0; g < c->ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        end[g] = 0;
+        if (!gp->offloaded) continue;
+        uint64_t a = computed / gp->tokens_per_chunk, b = r->n_units / gp->hashes_per_chunk;
+        end[g] = a < b ? a : b;
+        if (end[g] > r->next_chunk[g]) total += end[g] - r->next_chunk[g];
+    }
+    if (total == 0 || kvo__conn_scratch(c, total)) return;
+    size_t n = 0;
+    for (size_t g = 0; g < c->ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        if (!gp->offloaded) continue;
+        bool ckpt = gp->kind == KVO_GROUP_SLIDING && c->p.sliding_store == KVO_SLIDING_STORE_CHECKPOINTS;
+        for (uint64_t ch = r->next_chunk[g]; ch < end[g]; ch++) {
+            if (ckpt && !kvo__ckpt_wants(c, r, gp, ch)) continue;
+            kvo__batch_add(c, r, g, ch, &tables[g], &n);
+        }
+        if (end[g] > r->next_chunk[g]) r->next_chunk[g] = end[g];
+    }
+    kvo__store_batch(c, r, tables, n);
+}
+
+/* Store the end-of-request checkpoint of r with sliding_store CHECKPOINTS:
+ * the window before the best boundary of the tokens computed so far. */
+void kvo__conn_store_final_checkpoint(kvo_connector *c, kvo__req *r, const kvo_block_table *tables,
+                                      uint64_t computed) {
+    uint64_t q = kvo__conn_best_boundary(c, computed);
+    size_t total = 0;
+    for (size_t g = 0; g < c->ng && q; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        if (gp->offloaded && gp->kind == KVO_GROUP_SLIDING)
+            total += gp->window / gp->tokens_per_chunk + 2;
+    }
+    if (total && kvo__conn_scratch(c, total) == 0) {
+        size_t n = 0;
+        for (size_t g = 0; g < c->ng; g++) {
+            const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+            if (!gp->offloaded || gp->kind != KVO_GROUP_SLIDING) continue;
+            uint64_t T = gp->tokens_per_chunk;
+            uint64_t lo = (q > gp->window ? q - gp->window : 0) / T, hi = kvo__div_ceil_u64(q, T);
+            uint64_t lim = r->n_units / gp->hashes_per_chunk;
+            for (uint64_t ch = lo; ch < hi && ch < lim && (ch + 1) * T <= computed; ch++)
+                kvo__batch_add(c, r, g, ch, &tables[g], &n);
+        }
+        kvo__store_batch(c, r, tables, n);
+    }
+}
+
+int kvo__conn_check_update(kvo_connector *c, kvo__req *r, uint64_t id, uint64_t computed,
+                      const kvo_block_table *tables, size_t n_tables) {
+    if (!r) return kvo__conn_req_missing(id);
+    if (r->state == REQ_LOADING)
+        return kvo__error(KVO_ESTATE, "request %llu: update while its load is in flight (poll the completion first)",
+                          (unsigned long long)id);
+    if (r->state == REQ_FINISHED) return kvo__error(KVO_ESTATE, "request %llu: finished", (unsigned long long)id);
+    if (!c->layout_set)
+        return kvo__error(KVO_ESTATE, "request %llu: no engine layout registered (kvo_connector_set_layout)",
+                          (unsigned long long)id);
+    if (computed > r->n_tokens)
+        return kvo__error(KVO_EINVAL, "request %llu: computed_tokens %llu beyond the %llu tokens appended",
+                          (unsigned long long)id, (unsigned long long)computed, (unsigned long long)r->n_tokens);
+    return kvo__conn_check_tables(c, id, tables, n_tables, computed);
+}
+
+int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
+                         size_t n_tables) {
+    if (!c) return kvo__error(KVO_EINVAL, "kvo_connector_update: c must not be NULL");
+    kvo__conn_lock(c);
+    kvo__req *r = kvo__conn_req_get(c, id);
+    int rc = kvo__conn_check_update(c, r, id, computed_tokens, tables, n_tables);
+    if (!rc) {
+        kvo__conn_unpin_hit(c, r); /* computing instead of loading: the hit is not needed */
+        if (computed_tokens > r->computed) r->computed = computed_tokens;
+        kvo__conn_issue_stores(c, r, tables, computed_tokens);
+    }
+    kvo__conn_unlock(c);
+    return rc;
+}
