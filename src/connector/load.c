@@ -83,6 +83,87 @@ int kvo__conn_submit_load(kvo_connector *c, kvo__req *r, kvo__job *j) {
     return 0;
 }
 
+/* Group plan of hit item it, and the engine blocks [*first, *first + *nb)
+ * the load of r's hit writes for it. */
+static const kvo_group_plan *kvo__item_blocks(kvo_connector *c, const kvo__req *r, const kvo__hit_item *it,
+                                              uint64_t *first, uint64_t *nb) {
+    const kvo_group_plan *gp = kvo_plan_group(c->plan, it->key.group);
+    uint64_t lo, hi;
+    kvo__conn_need_range(gp, it->chunk, r->hit_local, r->hit_tokens, &lo, &hi);
+    *first = lo / gp->tokens_per_block;
+    *nb = (hi - lo) / gp->tokens_per_block;
+    return gp;
+}
+
+/* Every block the load of r's hit writes must be given (not KVO_NO_BLOCK);
+ * *nblocks: how many it writes. */
+static int kvo__check_hit_blocks(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, size_t *nblocks) {
+    *nblocks = 0;
+    for (size_t i = 0; i < r->n_hit; i++) {
+        const kvo__hit_item *it = &r->hit[i];
+        uint64_t first, nb;
+        const kvo_group_plan *gp = kvo__item_blocks(c, r, it, &first, &nb);
+        uint64_t tpb = gp->tokens_per_block;
+        const uint64_t *blk = tables[it->key.group].blocks + first;
+        for (uint64_t k = 0; k < nb; k++)
+            if (blk[k] == KVO_NO_BLOCK)
+                return kvo__error(KVO_EINVAL,
+                                  "request %llu: group '%s': block %llu (tokens %llu..%llu) is KVO_NO_BLOCK but "
+                                  "must be loaded",
+                                  (unsigned long long)r->id, gp->name, (unsigned long long)(first + k),
+                                  (unsigned long long)((first + k) * tpb),
+                                  (unsigned long long)((first + k + 1) * tpb));
+        *nblocks += nb;
+    }
+    return 0;
+}
+
+/* The load job of r's hit (nblocks engine blocks): one allocation holding
+ * the ops, keys, slots and its own copy of the engine block ids.  NULL when
+ * out of memory. */
+static kvo__job *kvo__build_load_job(kvo_connector *c, kvo__req *r, const kvo_block_table *tables,
+                                     size_t nblocks) {
+    size_t nh = r->n_hit;
+    kvo__job *j = kvo__calloc(1, sizeof *j + nh * (sizeof(kvo_chunk_key) + sizeof(kvo_slot) + sizeof(kvo_xfer_op)) +
+                                     nblocks * (sizeof(kvo_block_ref) + sizeof(uint64_t)));
+    if (!j) return NULL;
+    j->ops = (kvo_xfer_op *)(j + 1);
+    j->keys = (kvo_chunk_key *)(j->ops + nh);
+    j->slots = (kvo_slot *)(j->keys + nh);
+    j->eblk = (uint64_t *)(j->slots + nh);
+    j->blocks = (kvo_block_ref *)(j->eblk + nblocks);
+    j->n_keys = nh;
+    size_t bi = 0;
+    for (size_t i = 0; i < nh; i++) {
+        kvo__hit_item *it = &r->hit[i];
+        uint64_t first, nb;
+        const kvo_group_plan *gp = kvo__item_blocks(c, r, it, &first, &nb);
+        kvo_xfer_op *op = &j->ops[i];
+        op->group = it->key.group;
+        op->first_block = (uint32_t)(first - it->chunk * gp->blocks_per_chunk);
+        op->n_blocks = (uint32_t)nb;
+        op->engine_blocks = &j->eblk[bi];
+        op->slot = kvo__conn_slot_ptr(c, it->slot); /* file items: slot reserved at lookup */
+        op->slot_bytes = it->slot.bytes;
+        for (uint64_t k = 0; k < nb; k++) {
+            j->eblk[bi] = tables[it->key.group].blocks[first + k];
+            j->blocks[bi] = (kvo_block_ref){it->key.group, j->eblk[bi]};
+            bi++;
+        }
+        j->keys[i] = it->key;
+        j->slots[i] = it->slot;
+    }
+    j->n_blocks = bi;
+    j->req = r->id;
+    j->gen = r->gen;
+    j->dir = KVO_XFER_LOAD;
+    j->tokens = r->hit_tokens;
+    j->local = r->hit_local;
+    j->host_tokens = r->hit_host_tokens;
+    j->file_tokens = r->hit_file_tokens;
+    return j;
+}
+
 int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo_block_table *tables,
                        size_t n_tables) {
     if (!c) return kvo__error(KVO_EINVAL, "kvo_connector_load: c must not be NULL");
@@ -108,76 +189,17 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
     else
         rc = kvo__conn_check_tables(c, id, tables, n_tables, tokens);
     if (!rc) rc = kvo__conn_cq_reserve_owed(c); /* room for its completion */
+    size_t nblocks = 0;
+    if (!rc) rc = kvo__check_hit_blocks(c, r, tables, &nblocks);
+    /* room to list the blocks as invalid should the load fail */
+    if (!rc) rc = kvo__grow((void **)&r->invalid, &r->cap_invalid, nblocks, sizeof *r->invalid, 16, "connector");
+    kvo__job *j = rc ? NULL : kvo__build_load_job(c, r, tables, nblocks);
+    if (!rc && !j) rc = kvo__error(KVO_ENOMEM, "request %llu: out of memory", (unsigned long long)id);
     if (rc) {
         kvo__conn_unlock(c);
         return rc;
     }
-    uint64_t L = r->hit_local, b = r->hit_tokens;
-    size_t nh = r->n_hit, nblocks = 0;
-    for (size_t i = 0; i < nh; i++) {
-        kvo__hit_item *it = &r->hit[i];
-        const kvo_group_plan *gp = kvo_plan_group(c->plan, it->key.group);
-        uint64_t lo, hi;
-        kvo__conn_need_range(gp, it->chunk, L, b, &lo, &hi);
-        uint64_t tpb = gp->tokens_per_block, first = lo / tpb, nb = (hi - lo) / tpb;
-        const uint64_t *blk = tables[it->key.group].blocks + first;
-        for (uint64_t k = 0; k < nb; k++)
-            if (blk[k] == KVO_NO_BLOCK) {
-                rc = kvo__error(KVO_EINVAL,
-                                "request %llu: group '%s': block %llu (tokens %llu..%llu) is KVO_NO_BLOCK but "
-                                "must be loaded",
-                                (unsigned long long)id, gp->name, (unsigned long long)(first + k),
-                                (unsigned long long)((first + k) * tpb),
-                                (unsigned long long)((first + k + 1) * tpb));
-                goto out;
-            }
-        nblocks += nb;
-    }
-    /* room to list the blocks as invalid should the load fail */
-    if ((rc = kvo__grow((void **)&r->invalid, &r->cap_invalid, nblocks, sizeof *r->invalid, 16, "connector"))) goto out;
-    kvo__job *j = kvo__calloc(1, sizeof *j + nh * (sizeof(kvo_chunk_key) + sizeof(kvo_slot) + sizeof(kvo_xfer_op)) +
-                                     nblocks * (sizeof(kvo_block_ref) + sizeof(uint64_t)));
-    if (!j) {
-        rc = kvo__error(KVO_ENOMEM, "request %llu: out of memory", (unsigned long long)id);
-        goto out;
-    }
-    j->ops = (kvo_xfer_op *)(j + 1);
-    j->keys = (kvo_chunk_key *)(j->ops + nh);
-    j->slots = (kvo_slot *)(j->keys + nh);
-    j->eblk = (uint64_t *)(j->slots + nh);
-    j->blocks = (kvo_block_ref *)(j->eblk + nblocks);
-    j->n_keys = nh;
-    size_t bi = 0;
-    for (size_t i = 0; i < nh; i++) {
-        kvo__hit_item *it = &r->hit[i];
-        const kvo_group_plan *gp = kvo_plan_group(c->plan, it->key.group);
-        uint64_t lo, hi;
-        kvo__conn_need_range(gp, it->chunk, L, b, &lo, &hi);
-        uint64_t tpb = gp->tokens_per_block, first = lo / tpb, nb = (hi - lo) / tpb;
-        kvo_xfer_op *op = &j->ops[i];
-        op->group = it->key.group;
-        op->first_block = (uint32_t)(first - it->chunk * gp->blocks_per_chunk);
-        op->n_blocks = (uint32_t)nb;
-        op->engine_blocks = &j->eblk[bi];
-        op->slot = kvo__conn_slot_ptr(c, it->slot); /* file items: slot reserved at lookup */
-        op->slot_bytes = it->slot.bytes;
-        for (uint64_t k = 0; k < nb; k++) {
-            j->eblk[bi] = tables[it->key.group].blocks[first + k];
-            j->blocks[bi] = (kvo_block_ref){it->key.group, j->eblk[bi]};
-            bi++;
-        }
-        j->keys[i] = it->key;
-        j->slots[i] = it->slot;
-    }
-    j->n_blocks = bi;
-    j->req = id;
-    j->gen = r->gen;
-    j->dir = KVO_XFER_LOAD;
-    j->tokens = b;
-    j->local = L;
-    j->host_tokens = r->hit_host_tokens;
-    j->file_tokens = r->hit_file_tokens;
-    r->st.local_tokens = L;
+    r->st.local_tokens = r->hit_local;
     c->st.loads++;
     if (r->file_pending) { /* wait for the file reads; poll submits */
         r->deferred = j;
@@ -189,7 +211,6 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
         kvo__conn_job_free(j);
         c->st.loads--;
     }
-out:
     kvo__conn_unlock(c);
     return rc;
 }
