@@ -6,8 +6,8 @@
  * A request keeps its chained unit hashes: tokens are hashed tokens_per_hash
  * at a time (the partial unit waits in tail); engine-given unit hashes are
  * mixed into the request's namespace (fingerprint + connector salt +
- * request salt) instead.  Hashing and allocation happen before mu is taken
- * where possible; the table insert and the appends run under c->mu.
+ * request salt) instead.  add_request allocates the record before taking
+ * c->mu; hashing, the table insert and the appends run under c->mu.
  * With sliding_store CHECKPOINTS, add_request records the best boundaries
  * of the prompt (and of prompt - 1), the checkpoints store.c keeps.
  */
