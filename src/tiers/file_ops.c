@@ -51,6 +51,17 @@ static int open_retry_mkdir(kvo_file_tier *t, const kvo_chunk_key *k, const char
     return fd;
 }
 
+/* The whole file as one iov pair: the 4096-byte header, then the payload
+ * slot (staging for a write, the caller's destination for a read). */
+static void set_iov(kvo__fop *op, unsigned char *payload, const kvo_group_plan *g) {
+    op->iov[0].iov_base = op->hdr;
+    op->iov[0].iov_len = KVO_FILE_HEADER_BYTES;
+    op->iov[1].iov_base = payload;
+    op->iov[1].iov_len = g->slot_bytes;
+    op->iovcnt = 2;
+    op->io_bytes = kvo__file_stage_size(g);
+}
+
 /* Begin a write: header into op->hdr, the file opened (a recycled file, an
  * unnamed O_TMPFILE file, or a named temporary), iov = header + staging.
  * 0 or -errno. */
@@ -89,12 +100,7 @@ static int write_begin(kvo_file_tier *t, kvo__fop *op, const kvo_group_plan *g) 
     if (inj) return -inj;
     int delay = atomic_load(&kvo__file_test_write_delay_us);
     if (delay > 0) usleep((useconds_t)delay);
-    op->iov[0].iov_base = op->hdr;
-    op->iov[0].iov_len = KVO_FILE_HEADER_BYTES;
-    op->iov[1].iov_base = op->stage;
-    op->iov[1].iov_len = g->slot_bytes;
-    op->iovcnt = 2;
-    op->io_bytes = kvo__file_stage_size(g);
+    set_iov(op, op->stage, g);
     return 0;
 }
 
@@ -123,12 +129,7 @@ static int read_begin(kvo__fop *op, const kvo_group_plan *g) {
                    (unsigned long long)kvo__file_stage_size(g));
         return KVO_ECORRUPT;
     }
-    op->iov[0].iov_base = op->hdr;
-    op->iov[0].iov_len = KVO_FILE_HEADER_BYTES;
-    op->iov[1].iov_base = op->dst;
-    op->iov[1].iov_len = g->slot_bytes;
-    op->iovcnt = 2;
-    op->io_bytes = kvo__file_stage_size(g);
+    set_iov(op, op->dst, g);
     return 0;
 }
 
