@@ -345,6 +345,68 @@ KVO_API int kvo_file_chunk_path(const char *ns_dir, const kvo_chunk_key *key, ch
  *  The tier removes stale ones at create; for fsck.  Any thread. */
 KVO_API int kvo_file_temp_stale(const char *path);
 
+/* ---------------------------------------------------------- walking -- */
+
+typedef enum kvo_file_walk_kind {
+    KVO_FILE_WALK_CHUNK = 1,  /* a chunk file name ("<32 hex>-g<group>.kvc"):
+                                 key parsed from the name */
+    KVO_FILE_WALK_TEMP = 2,   /* a temporary file (".tmp.*"): a write in
+                                 progress, a recycled file or a dead writer's
+                                 leftover (see kvo_file_temp_stale) */
+    KVO_FILE_WALK_OTHER = 3   /* any other name: not the tier's */
+} kvo_file_walk_kind;
+
+/** Stat every entry (lstat: links are not followed) and fill the stat
+ *  fields of kvo_file_walk_entry. */
+#define KVO_FILE_WALK_STAT 1u
+
+/** One entry of a fan-out directory, as kvo_file_walk shows it.  Every
+ *  pointer and the descriptor are valid only during the callback. */
+typedef struct kvo_file_walk_entry {
+    const char *path;         /* ns_dir/<xx>/<name> */
+    const char *name;         /* the file name */
+    int dir_fd;               /* the fan-out directory, open: for *at() calls
+                                 (do not close it) */
+    uint32_t subdir;          /* the fan-out directory, 0..255 (<xx> in hex) */
+    uint32_t kind;            /* kvo_file_walk_kind */
+    kvo_chunk_key key;        /* KVO_FILE_WALK_CHUNK: parsed from the name
+                                 (a file in the wrong subdirectory has
+                                 key.hash.lo & 0xff != subdir); else zero */
+    bool have_stat;           /* KVO_FILE_WALK_STAT given and the lstat
+                                 worked (false: the entry vanished meanwhile) */
+    bool is_dir;              /* a directory (from the stat when have_stat,
+                                 else from the directory entry's type) */
+    bool is_regular;          /* a regular file (have_stat only) */
+    uint64_t file_bytes;      /* size (have_stat only) */
+    uint64_t disk_bytes;      /* blocks it occupies, in bytes (have_stat only) */
+    int64_t last_used_s;      /* the later of access and modification time,
+                                 seconds since the epoch (have_stat only) */
+} kvo_file_walk_entry;
+
+/** Called once per entry; return 0 to go on, anything else to stop the walk
+ *  (kvo_file_walk then returns that value). */
+typedef int (*kvo_file_walk_fn)(const kvo_file_walk_entry *e, void *ctx);
+
+/** Visit every entry of a namespace directory's 256 fan-out directories
+ *  (ns_dir/00 .. ns_dir/ff, in that order; within one, in directory order;
+ *  "." and ".." left out; missing fan-out directories skipped), classified by
+ *  name (chunk file with its parsed key and group, temporary file, other),
+ *  with lstat data when flags has KVO_FILE_WALK_STAT.  One readdir per
+ *  fan-out directory and, with the flag, one fstatat per entry: no header is
+ *  read (kvo_file_inspect does that).  The tier's startup scan, fsck and the
+ *  benchmarks use it.
+ *  The callback may remove or rename the entry it is given (entries added or
+ *  removed during the walk may or may not be visited); it must not close
+ *  e->dir_fd.  ctx is passed through untouched.
+ *  Thread rules: any thread; the walk holds no lock of any tier while it
+ *  calls fn (fn may call any kvoffload function); tiers may write to the
+ *  namespace meanwhile.
+ *  Errors: KVO_EINVAL (NULL ns_dir or fn, flags unknown), KVO_ERANGE (ns_dir
+ *  too long for a chunk path), KVO_EIO (ns_dir cannot be opened as a
+ *  directory: the message names it and the system error); else fn's nonzero
+ *  return, or 0. */
+KVO_API int kvo_file_walk(const char *ns_dir, uint32_t flags, kvo_file_walk_fn fn, void *ctx);
+
 /** Test hook: make the next `count` file writes fail with errno `err` (e.g.
  *  ENOSPC, EIO) as if the file system returned it; count 0 clears.  Process-
  *  wide; for tests of failure handling. */

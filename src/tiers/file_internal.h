@@ -1,6 +1,16 @@
 /*
- * File tier internals shared by file_format.c, file_tier.c and the I/O
- * backends (file_threads in file_tier.c, uring/file_uring.c).
+ * File tier internals shared by its source files (one job each):
+ *   file_format.c   names, header, verification, manifest (the format)
+ *   file_tier.c     the public API: params, create/destroy, write, read,
+ *                   lookup, completions, stats; logging
+ *   file_ops.c      the phases of one operation (begin, I/O, end, verdict)
+ *   file_workers.c  op free list, queues, completion ring, worker threads
+ *   file_quota.c    the quota index: reserve, adopt, evict, recycling
+ *   file_probe.c    create-time probes: O_DIRECT, O_TMPFILE, quota clamp
+ *   file_scan.c     the namespace walker (kvo_file_walk) and startup scan
+ *   uring/file_uring.c  the io_uring read backend
+ * The struct and the lock rule are below; each file's essay says what it
+ * owns.
  */
 #ifndef KVO_TIERS_FILE_INTERNAL_H
 #define KVO_TIERS_FILE_INTERNAL_H
@@ -130,6 +140,137 @@ void kvo__fop_run_sync(kvo_file_tier *t, kvo__fop *op);
  * when shutting down with nothing queued.  With wait=false returns NULL at
  * once when nothing is queued. */
 kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds);
+
+/* The tier object.  Locking (the rule every file_*.c follows): one mutex,
+ * mu, guards the queues, the free list, the recycling pool, counters (st,
+ * lat_ewma_ns, pending_writes, inflight_reports), completions and the log
+ * rate limits; it is never held during file I/O or while calling the stores
+ * (index, stage_index: each has its own lock).  Workers wait on work_cv;
+ * flush and wait on done_cv.  Fields above mu are set at create and read
+ * only afterwards. */
+enum { KVO__FLOG_NOSPC, KVO__FLOG_IO, KVO__FLOG_CORRUPT, KVO__FLOG_BACKPRESSURE, KVO__FLOG_KINDS };
+
+typedef struct kvo__recycled {
+    char rel[64];             /* "<xx>/.tmp.<...>" under ns_dir */
+    uint64_t file_bytes;
+} kvo__recycled;
+
+struct kvo_file_tier {
+    kvo_file_tier_params p;
+    char root[KVO__FILE_PATH_MAX];
+    char ns_dir[KVO__FILE_PATH_MAX];
+    const kvo_plan *plan;
+    kvo_store *index;
+    uint64_t quota;               /* quota_bytes, clamped to the file system */
+    bool direct;
+    bool tmpfile;                 /* O_TMPFILE + linkat works here */
+    bool uring;
+    uint32_t hostid;
+    uint32_t nonce;               /* per process: tells our temps from those of
+                                     an earlier process with the same pid */
+    long pid;
+    atomic_uint tmp_counter;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;
+    pthread_cond_t done_cv;
+    kvo__fop *rq_head, *rq_tail;  /* reads: served first */
+    kvo__fop *wq_head, *wq_tail;
+    kvo__fop *free_ops;
+    kvo_arena *stage_arena;       /* staging memory: allocated once, pre-faulted */
+    kvo_store *stage_index;       /* its slots: one per queued write */
+    uint64_t pending_writes;
+    uint64_t inflight_reports;    /* ops that will produce a completion */
+    kvo_file_completion *cq;
+    size_t cq_cap, cq_head, cq_len;
+    int efd;
+    bool closing;
+    pthread_t *threads;
+    uint32_t n_threads;
+    void *uring_state;
+
+    /* Recycling: files of evicted chunks, renamed to temporary names, are
+     * overwritten in place by later writes of the same size (no inode or
+     * block allocation: several times faster on ext4 once the quota is
+     * full).  Only when no other process uses the root (!params.shared). */
+    kvo__recycled *pool;
+    uint32_t pool_len, pool_reserved, pool_cap;
+
+    kvo_file_tier_stats st;       /* counters; gauges filled at get_stats */
+    uint64_t lat_ewma_ns;
+    uint64_t last_log_ns[KVO__FLOG_KINDS];
+    uint64_t suppressed[KVO__FLOG_KINDS];
+};
+
+/* --- small helpers (file_tier.c) --- */
+/* A rate-limited line on stderr (at most one per log_interval_s per kind). */
+void kvo__file_log(kvo_file_tier *t, int kind, const char *fmt, ...) KVO__PRINTF(3, 4);
+/* The key's file path under the namespace (out: KVO__FILE_PATH_MAX bytes). */
+void kvo__file_key_path(const kvo_file_tier *t, const kvo_chunk_key *k, char *out);
+/* The key's group when the plan offloads it, else NULL. */
+const kvo_group_plan *kvo__file_group_of(const kvo_file_tier *t, const kvo_chunk_key *k);
+/* Bytes of a group's file: header + slot. */
+static inline uint64_t kvo__file_stage_size(const kvo_group_plan *g) { return KVO_FILE_HEADER_BYTES + g->slot_bytes; }
+/* Give a write's staging slot back (not under mu). */
+static inline void kvo__file_stage_release(kvo_file_tier *t, const kvo_chunk_key *k) {
+    kvo_store_complete_store(t->stage_index, k, 1, false);
+}
+/* Test hook: the errno the next file write fails with (0: none). */
+int kvo__file_take_injected(void);
+
+/* --- quota index and recycling (file_quota.c) --- */
+/* Reserve quota for one key (prepare_store), deleting or recycling the files
+ * of the keys it evicts.  *need as in kvo_store_prepare_store; *n_evicted
+ * (may be NULL) counts the evicted files. */
+int kvo__file_reserve_key(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *need, size_t *n_evicted);
+/* Put a key known to have a file into the index as READY. */
+int kvo__file_adopt_key(kvo_file_tier *t, const kvo_chunk_key *k, size_t *evicted_out);
+/* Delete (or keep for recycling) the files of n evicted keys; counts them. */
+void kvo__file_unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t n);
+/* Take a recycled file of exactly file_bytes (its path into out), if any. */
+bool kvo__file_recycled_take(kvo_file_tier *t, uint64_t file_bytes, char *out, size_t cap);
+/* Shared mode: does a complete-looking file for k exist? */
+bool kvo__file_probe_key(kvo_file_tier *t, const kvo_chunk_key *k, const kvo_group_plan *g);
+
+/* --- queues, completions, workers (file_workers.c) --- */
+/* An op from the free list or the heap (hdr 4096-aligned); NULL: no memory. */
+kvo__fop *kvo__fop_get(kvo_file_tier *t);
+/* Fill in an op's request and queue it; KVO_ENOMEM (no message, op freed)
+ * when no completion can be reserved for a reported op. */
+int kvo__fop_enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_chunk_key *k, const kvo_group_plan *g,
+                     uint64_t user_data, bool report);
+/* Hand a finished op back: index, stats, staging, completion, free list. */
+void kvo__fop_finish(kvo_file_tier *t, kvo__fop *op);
+/* Start the I/O backends (ring, then threads); KVO_E* with a message. */
+int kvo__file_workers_start(kvo_file_tier *t);
+/* Cancel queued reads, stop the ring and join the threads. */
+void kvo__file_workers_stop(kvo_file_tier *t);
+
+/* --- create-time probes (file_probe.c) --- */
+/* mkdir -p; 0 or -errno. */
+int kvo__file_mkdir_p(const char *path);
+/* O_DIRECT with a real write + read (also the writability check): 0 and
+ * *ok, or KVO_EIO / KVO_ENOMEM. */
+int kvo__file_probe_direct(kvo_file_tier *t, bool *ok);
+/* O_TMPFILE + linkat through /proc work in the namespace directory? */
+bool kvo__file_probe_tmpfile(kvo_file_tier *t);
+/* The quota the file system can hold (free space + ours, less headers). */
+uint64_t kvo__file_clamp_quota(kvo_file_tier *t, uint64_t quota, uint64_t ours, uint64_t max_slot);
+/* This host's id and this process's nonce (in temporary names). */
+uint32_t kvo__file_host_id(void);
+uint32_t kvo__file_process_nonce(void);
+
+/* --- startup scan (file_scan.c) --- */
+/* One chunk file found by the scan: its key and last use. */
+typedef struct kvo__scan_item {
+    kvo_chunk_key key;
+    int64_t used;
+} kvo__scan_item;
+/* Walk the namespace: remove stale temporaries and misplaced files; collect
+ * chunk files and the bytes they occupy.  *out owned by the caller. */
+int kvo__file_scan_collect(kvo_file_tier *t, kvo__scan_item **out, size_t *n_out, uint64_t *disk_bytes);
+/* Adopt collected files into the index, oldest first (sorts items). */
+int kvo__file_scan_adopt(kvo_file_tier *t, kvo__scan_item *items, size_t n_items);
 
 /* Test hook: nonzero makes tiers created afterwards use named temporary
  * files and rename instead of O_TMPFILE + linkat. */

@@ -12,6 +12,10 @@
  * counted.  Files whose names are
  * not chunk names are counted as unknown and never touched.
  *
+ * The fan-out directories are walked with kvo_file_walk (the walk the tier's
+ * startup scan uses), one lstat per entry; every chunk-shaped name is then
+ * verified in full with kvo_file_inspect.
+ *
  * Exit status: 0 clean; 1 problems found (with --repair: found and removed);
  * 2 usage, or DIR is not a file-tier directory.
  */
@@ -106,194 +110,226 @@ static void bad_file(fsck_ctx *c, json_t *bad, const char *path, const char *why
     report_bad(c, bad, path, why, true);
 }
 
-static int fsck_namespace(fsck_ctx *c, const char *ns) {
+/* One namespace being checked. */
+typedef struct fsck_ns {
+    fsck_ctx *c;
     fsck_group groups[KVO_MAX_GROUPS];
-    memset(groups, 0, sizeof groups);
-    json_t *bad = json_array();
-    uint64_t files = 0, bytes = 0, tmp_live = 0, tmp_stale = 0, unknown = 0;
-    char path[4096], fp_hex[33] = "", model[KVO_NAME_MAX] = "?";
-    uint64_t layout_hash = 0;
-    long long version = -1;
-    const char *base = strrchr(ns, '/');
-    base = base ? base + 1 : ns;
-    c->ns_bad = 0;
+    json_t *bad;
+    uint64_t files, bytes, tmp_live, tmp_stale, unknown;
+    char fp_hex[33], model[KVO_NAME_MAX];
+    uint64_t layout_hash;
+    long long version;
+} fsck_ns;
 
-    if (!c->json) printf("namespace %s\n", ns);
+/* The manifest: format version, fingerprint, layout hash, model and the
+ * plan's offloaded groups (their geometry), checked against the directory's
+ * name (base). */
+static void fsck_manifest(fsck_ns *n, const char *ns, const char *base) {
+    fsck_ctx *c = n->c;
+    char path[4096];
     snprintf(path, sizeof path, "%s/manifest.json", ns);
     json_error_t jerr;
     json_t *man = json_load_file(path, 0, &jerr);
     if (!man) {
         char why[512];
         snprintf(why, sizeof why, "manifest unreadable: %s (line %d)", jerr.text, jerr.line);
-        report_bad(c, bad, path, why, false);
-    } else {
-        const char *fp = json_string_value(json_object_get(man, "fingerprint"));
-        if (fp) snprintf(fp_hex, sizeof fp_hex, "%s", fp);
-        const char *lh = json_string_value(json_object_get(man, "layout_hash"));
-        if (lh) layout_hash = strtoull(lh, NULL, 16);
-        const char *m = json_string_value(json_object_get(man, "model"));
-        if (m) snprintf(model, sizeof model, "%s", m);
-        version = (long long)jnum(man, "format_version");
-        json_t *gs = json_object_get(json_object_get(man, "plan"), "groups");
-        size_t gi;
-        json_t *g;
-        json_array_foreach(gs, gi, g) {
-            if (gi >= KVO_MAX_GROUPS) break;
-            if (!json_is_true(json_object_get(g, "offloaded"))) continue;
-            fsck_group *G = &groups[gi];
-            G->known = true;
-            const char *n = json_string_value(json_object_get(g, "name"));
-            snprintf(G->name, sizeof G->name, "%s", n ? n : "?");
-            G->chunk_bytes = jnum(g, "chunk_bytes");
-            G->slot_bytes = jnum(g, "slot_bytes");
-            G->blocks_per_chunk = jnum(g, "blocks_per_chunk");
-            G->tokens_per_chunk = jnum(g, "tokens_per_chunk");
-            G->tokens_per_block = jnum(g, "tokens_per_block");
-            G->layers = jnum(g, "layers");
-            G->page_bytes = jnum(g, "page_bytes");
-        }
-        if (version != KVO_FILE_FORMAT_VERSION) {
-            char why[128];
-            snprintf(why, sizeof why, "format version %lld; this build reads %u", version, KVO_FILE_FORMAT_VERSION);
-            bad_file(c, bad, path, why);
-        }
-        char want_name[64];
-        if (layout_hash) snprintf(want_name, sizeof want_name, "%s-%016llx", fp_hex, (unsigned long long)layout_hash);
-        else snprintf(want_name, sizeof want_name, "%s", fp_hex);
-        if (strcmp(want_name, base) != 0 && is_ns_name(base)) {
-            char why[160];
-            snprintf(why, sizeof why, "manifest (fingerprint, layout hash) says %s, not the directory's name", want_name);
-            report_bad(c, bad, path, why, false);
-        }
-        json_decref(man);
+        report_bad(c, n->bad, path, why, false);
+        return;
     }
-    if (!c->json) {
-        printf("  model %s  fingerprint %s  format %lld", model, fp_hex[0] ? fp_hex : "?", version);
-        if (layout_hash) printf("  slot layout %016llx", (unsigned long long)layout_hash);
-        printf("\n");
+    const char *fp = json_string_value(json_object_get(man, "fingerprint"));
+    if (fp) snprintf(n->fp_hex, sizeof n->fp_hex, "%s", fp);
+    const char *lh = json_string_value(json_object_get(man, "layout_hash"));
+    if (lh) n->layout_hash = strtoull(lh, NULL, 16);
+    const char *m = json_string_value(json_object_get(man, "model"));
+    if (m) snprintf(n->model, sizeof n->model, "%s", m);
+    n->version = (long long)jnum(man, "format_version");
+    json_t *gs = json_object_get(json_object_get(man, "plan"), "groups");
+    size_t gi;
+    json_t *g;
+    json_array_foreach(gs, gi, g) {
+        if (gi >= KVO_MAX_GROUPS) break;
+        if (!json_is_true(json_object_get(g, "offloaded"))) continue;
+        fsck_group *G = &n->groups[gi];
+        G->known = true;
+        const char *gn = json_string_value(json_object_get(g, "name"));
+        snprintf(G->name, sizeof G->name, "%s", gn ? gn : "?");
+        G->chunk_bytes = jnum(g, "chunk_bytes");
+        G->slot_bytes = jnum(g, "slot_bytes");
+        G->blocks_per_chunk = jnum(g, "blocks_per_chunk");
+        G->tokens_per_chunk = jnum(g, "tokens_per_chunk");
+        G->tokens_per_block = jnum(g, "tokens_per_block");
+        G->layers = jnum(g, "layers");
+        G->page_bytes = jnum(g, "page_bytes");
     }
+    if (n->version != KVO_FILE_FORMAT_VERSION) {
+        char why[128];
+        snprintf(why, sizeof why, "format version %lld; this build reads %u", n->version, KVO_FILE_FORMAT_VERSION);
+        bad_file(c, n->bad, path, why);
+    }
+    char want_name[64];
+    if (n->layout_hash)
+        snprintf(want_name, sizeof want_name, "%s-%016llx", n->fp_hex, (unsigned long long)n->layout_hash);
+    else snprintf(want_name, sizeof want_name, "%s", n->fp_hex);
+    if (strcmp(want_name, base) != 0 && is_ns_name(base)) {
+        char why[160];
+        snprintf(why, sizeof why, "manifest (fingerprint, layout hash) says %s, not the directory's name", want_name);
+        report_bad(c, n->bad, path, why, false);
+    }
+    json_decref(man);
+}
 
-    for (int b = 0; b < 256; b++) {
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s/%02x", ns, b);
-        DIR *d = opendir(dir);
-        if (!d) continue;
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            const char *name = e->d_name;
-            if (!strcmp(name, ".") || !strcmp(name, "..")) continue;
-            snprintf(path, sizeof path, "%s/%s", dir, name);
-            struct stat st;
-            if (lstat(path, &st) != 0) continue; /* vanished */
-            if (!strncmp(name, ".tmp.", 5)) {
-                if (kvo_file_temp_stale(path) == 1) {
-                    tmp_stale++;
-                    bad_file(c, bad, path, "stale temporary file (a writer died)");
-                } else {
-                    tmp_live++;
-                }
-                continue;
-            }
-            size_t len = strlen(name);
-            if (len < 38 || strcmp(name + len - 4, ".kvc") != 0 || name[32] != '-' || name[33] != 'g') {
-                unknown++;
-                continue;
-            }
-            if (S_ISDIR(st.st_mode)) {
-                bad_file(c, bad, path, "a directory where a chunk file should be");
-                continue;
-            }
-            kvo_file_chunk_info info;
-            int rc = kvo_file_inspect(path, NULL, &info);
-            if (rc) {
-                const char *why = kvo_last_error();
-                size_t pl = strlen(path);
-                if (!strncmp(why, path, pl) && why[pl] == ':') why += pl + 2;
-                bad_file(c, bad, path, why);
-                continue;
-            }
-            char why[512] = "";
-            char kfp[33];
-            kvo_u128_hex(info.fingerprint, kfp);
-            fsck_group *G = info.key.group < KVO_MAX_GROUPS ? &groups[info.key.group] : NULL;
-            if (fp_hex[0] && strcmp(kfp, fp_hex) != 0)
-                snprintf(why, sizeof why, "belongs to layout %s, not this namespace's %s", kfp, fp_hex);
-            else if (fp_hex[0] && info.layout_hash != layout_hash)
-                snprintf(why, sizeof why, "written for engine slot layout %016llx, this namespace is for %016llx",
-                         (unsigned long long)info.layout_hash, (unsigned long long)layout_hash);
-            else if ((info.key.hash.lo & 0xff) != (uint64_t)b)
-                snprintf(why, sizeof why, "misplaced: belongs in subdirectory %02x",
-                         (unsigned)(info.key.hash.lo & 0xff));
-            else if (fp_hex[0] && (!G || !G->known))
-                snprintf(why, sizeof why, "group %u is not offloaded by the manifest's plan", info.key.group);
-            else if (G && G->known &&
-                     (G->chunk_bytes != info.chunk_bytes || G->slot_bytes != info.slot_bytes ||
-                      G->blocks_per_chunk != info.blocks_per_chunk || G->tokens_per_chunk != info.tokens_per_chunk ||
-                      G->tokens_per_block != info.tokens_per_block || G->layers != info.layers ||
-                      G->page_bytes != info.page_bytes))
-                snprintf(why, sizeof why,
-                         "wrong geometry for group '%s': file has %u layers x %llu blocks x %llu page bytes, "
-                         "manifest %llu x %llu x %llu", G->name, info.layers,
-                         (unsigned long long)info.blocks_per_chunk, (unsigned long long)info.page_bytes,
-                         (unsigned long long)G->layers, (unsigned long long)G->blocks_per_chunk,
-                         (unsigned long long)G->page_bytes);
-            if (why[0]) {
-                bad_file(c, bad, path, why);
-                continue;
-            }
-            if (G) {
-                if (!G->known && !G->name[0]) snprintf(G->name, sizeof G->name, "%s", info.group_name);
-                G->chunks++;
-                G->bytes += info.file_bytes;
-            }
-            files++;
-            bytes += info.file_bytes;
-        }
-        closedir(d);
-    }
+/* Why a chunk file whose header verified does not belong here ("" when it
+ * does): fingerprint, layout hash, fan-out directory, group, geometry. */
+static void fsck_mismatch(const fsck_ns *n, const kvo_file_chunk_info *info, uint32_t subdir, char *why, size_t cap) {
+    char kfp[33];
+    kvo_u128_hex(info->fingerprint, kfp);
+    const fsck_group *G = info->key.group < KVO_MAX_GROUPS ? &n->groups[info->key.group] : NULL;
+    why[0] = 0;
+    if (n->fp_hex[0] && strcmp(kfp, n->fp_hex) != 0)
+        snprintf(why, cap, "belongs to layout %s, not this namespace's %s", kfp, n->fp_hex);
+    else if (n->fp_hex[0] && info->layout_hash != n->layout_hash)
+        snprintf(why, cap, "written for engine slot layout %016llx, this namespace is for %016llx",
+                 (unsigned long long)info->layout_hash, (unsigned long long)n->layout_hash);
+    else if ((info->key.hash.lo & 0xff) != (uint64_t)subdir)
+        snprintf(why, cap, "misplaced: belongs in subdirectory %02x", (unsigned)(info->key.hash.lo & 0xff));
+    else if (n->fp_hex[0] && (!G || !G->known))
+        snprintf(why, cap, "group %u is not offloaded by the manifest's plan", info->key.group);
+    else if (G && G->known &&
+             (G->chunk_bytes != info->chunk_bytes || G->slot_bytes != info->slot_bytes ||
+              G->blocks_per_chunk != info->blocks_per_chunk || G->tokens_per_chunk != info->tokens_per_chunk ||
+              G->tokens_per_block != info->tokens_per_block || G->layers != info->layers ||
+              G->page_bytes != info->page_bytes))
+        snprintf(why, cap,
+                 "wrong geometry for group '%s': file has %u layers x %llu blocks x %llu page bytes, "
+                 "manifest %llu x %llu x %llu", G->name, info->layers,
+                 (unsigned long long)info->blocks_per_chunk, (unsigned long long)info->page_bytes,
+                 (unsigned long long)G->layers, (unsigned long long)G->blocks_per_chunk,
+                 (unsigned long long)G->page_bytes);
+}
 
+/* A name shaped like a chunk file's (<32>-g<..>.kvc), even if not one the
+ * tier would parse: such files are verified, everything else is unknown. */
+static bool chunk_shaped(const char *name) {
+    size_t len = strlen(name);
+    return len >= 38 && strcmp(name + len - 4, ".kvc") == 0 && name[32] == '-' && name[33] == 'g';
+}
+
+/* kvo_file_walk callback: one entry of a fan-out directory. */
+static int fsck_visit(const kvo_file_walk_entry *e, void *arg) {
+    fsck_ns *n = arg;
+    fsck_ctx *c = n->c;
+    if (!e->have_stat) return 0; /* vanished */
+    if (e->kind == KVO_FILE_WALK_TEMP) {
+        if (kvo_file_temp_stale(e->path) == 1) {
+            n->tmp_stale++;
+            bad_file(c, n->bad, e->path, "stale temporary file (a writer died)");
+        } else {
+            n->tmp_live++;
+        }
+        return 0;
+    }
+    if (e->kind != KVO_FILE_WALK_CHUNK && !chunk_shaped(e->name)) {
+        n->unknown++;
+        return 0;
+    }
+    if (e->is_dir) {
+        bad_file(c, n->bad, e->path, "a directory where a chunk file should be");
+        return 0;
+    }
+    kvo_file_chunk_info info;
+    if (kvo_file_inspect(e->path, NULL, &info)) {
+        const char *why = kvo_last_error();
+        size_t pl = strlen(e->path);
+        if (!strncmp(why, e->path, pl) && why[pl] == ':') why += pl + 2;
+        bad_file(c, n->bad, e->path, why);
+        return 0;
+    }
+    char why[512];
+    fsck_mismatch(n, &info, e->subdir, why, sizeof why);
+    if (why[0]) {
+        bad_file(c, n->bad, e->path, why);
+        return 0;
+    }
+    fsck_group *G = info.key.group < KVO_MAX_GROUPS ? &n->groups[info.key.group] : NULL;
+    if (G) {
+        if (!G->known && !G->name[0]) snprintf(G->name, sizeof G->name, "%s", info.group_name);
+        G->chunks++;
+        G->bytes += info.file_bytes;
+    }
+    n->files++;
+    n->bytes += info.file_bytes;
+    return 0;
+}
+
+/* The namespace's summary: a JSON object appended to c->out, or text. */
+static void fsck_summary(fsck_ns *n, const char *ns) {
+    fsck_ctx *c = n->c;
     if (c->json) {
         json_t *o = json_object();
         json_object_set_new(o, "dir", json_string(ns));
-        json_object_set_new(o, "fingerprint", json_string(fp_hex));
-        json_object_set_new(o, "model", json_string(model));
-        if (layout_hash) {
+        json_object_set_new(o, "fingerprint", json_string(n->fp_hex));
+        json_object_set_new(o, "model", json_string(n->model));
+        if (n->layout_hash) {
             char lh[17];
-            snprintf(lh, sizeof lh, "%016llx", (unsigned long long)layout_hash);
+            snprintf(lh, sizeof lh, "%016llx", (unsigned long long)n->layout_hash);
             json_object_set_new(o, "layout_hash", json_string(lh));
         }
-        json_object_set_new(o, "format_version", json_integer(version));
+        json_object_set_new(o, "format_version", json_integer(n->version));
         json_t *ga = json_array();
         for (int i = 0; i < KVO_MAX_GROUPS; i++) {
-            if (!groups[i].known && !groups[i].chunks) continue;
+            if (!n->groups[i].known && !n->groups[i].chunks) continue;
             json_t *g = json_object();
             json_object_set_new(g, "group", json_integer(i));
-            json_object_set_new(g, "name", json_string(groups[i].name));
-            json_object_set_new(g, "chunks", json_integer((json_int_t)groups[i].chunks));
-            json_object_set_new(g, "bytes", json_integer((json_int_t)groups[i].bytes));
+            json_object_set_new(g, "name", json_string(n->groups[i].name));
+            json_object_set_new(g, "chunks", json_integer((json_int_t)n->groups[i].chunks));
+            json_object_set_new(g, "bytes", json_integer((json_int_t)n->groups[i].bytes));
             json_array_append_new(ga, g);
         }
         json_object_set_new(o, "groups", ga);
-        json_object_set_new(o, "files", json_integer((json_int_t)files));
-        json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
-        json_object_set_new(o, "temporary_in_progress", json_integer((json_int_t)tmp_live));
-        json_object_set_new(o, "temporary_stale", json_integer((json_int_t)tmp_stale));
-        json_object_set_new(o, "unknown_files", json_integer((json_int_t)unknown));
-        json_object_set_new(o, "bad", bad);
+        json_object_set_new(o, "files", json_integer((json_int_t)n->files));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)n->bytes));
+        json_object_set_new(o, "temporary_in_progress", json_integer((json_int_t)n->tmp_live));
+        json_object_set_new(o, "temporary_stale", json_integer((json_int_t)n->tmp_stale));
+        json_object_set_new(o, "unknown_files", json_integer((json_int_t)n->unknown));
+        json_object_set_new(o, "bad", n->bad);
         json_array_append_new(c->out, o);
-    } else {
-        printf("  %-6s %-16s %10s %16s\n", "group", "name", "chunks", "bytes");
-        for (int i = 0; i < KVO_MAX_GROUPS; i++) {
-            if (!groups[i].known && !groups[i].chunks) continue;
-            printf("  %-6d %-16s %10llu %16llu\n", i, groups[i].name, (unsigned long long)groups[i].chunks,
-                   (unsigned long long)groups[i].bytes);
-        }
-        printf("  files %llu (%llu bytes), bad %zu, temporary %llu in progress + %llu stale, unknown %llu\n",
-               (unsigned long long)files, (unsigned long long)bytes, (size_t)c->ns_bad,
-               (unsigned long long)tmp_live, (unsigned long long)tmp_stale, (unsigned long long)unknown);
-        json_decref(bad);
+        return;
     }
-    return 0;
+    printf("  %-6s %-16s %10s %16s\n", "group", "name", "chunks", "bytes");
+    for (int i = 0; i < KVO_MAX_GROUPS; i++) {
+        if (!n->groups[i].known && !n->groups[i].chunks) continue;
+        printf("  %-6d %-16s %10llu %16llu\n", i, n->groups[i].name, (unsigned long long)n->groups[i].chunks,
+               (unsigned long long)n->groups[i].bytes);
+    }
+    printf("  files %llu (%llu bytes), bad %zu, temporary %llu in progress + %llu stale, unknown %llu\n",
+           (unsigned long long)n->files, (unsigned long long)n->bytes, (size_t)c->ns_bad,
+           (unsigned long long)n->tmp_live, (unsigned long long)n->tmp_stale, (unsigned long long)n->unknown);
+    json_decref(n->bad);
+}
+
+static int fsck_namespace(fsck_ctx *c, const char *ns) {
+    fsck_ns ns_state;
+    fsck_ns *n = &ns_state;
+    memset(n, 0, sizeof *n);
+    n->c = c;
+    n->bad = json_array();
+    n->version = -1;
+    snprintf(n->model, sizeof n->model, "?");
+    const char *base = strrchr(ns, '/');
+    base = base ? base + 1 : ns;
+    c->ns_bad = 0;
+
+    if (!c->json) printf("namespace %s\n", ns);
+    fsck_manifest(n, ns, base);
+    if (!c->json) {
+        printf("  model %s  fingerprint %s  format %lld", n->model, n->fp_hex[0] ? n->fp_hex : "?", n->version);
+        if (n->layout_hash) printf("  slot layout %016llx", (unsigned long long)n->layout_hash);
+        printf("\n");
+    }
+    int rc = kvo_file_walk(ns, KVO_FILE_WALK_STAT, fsck_visit, n);
+    if (rc) fprintf(stderr, "kvoffload fsck: %s\n", kvo_last_error());
+    fsck_summary(n, ns);
+    return rc;
 }
 
 int kvo_cmd_fsck(int argc, char **argv) {

@@ -4,7 +4,7 @@
  * fails cleanly so that the tier falls back to its thread pool).
  *
  * One thread owns the ring and serves the tier's reads (writes go to the
- * thread pool: they are bound by file creation, see file_tier.c).  It takes
+ * thread pool: they are bound by file creation, see file_workers.c).  It takes
  * queued reads, runs their begin phase (open, fstat) itself, submits the data
  * transfer as one readv per op (header + payload straight into the caller's
  * buffer), up to `depth` in flight, and runs the end phase (verify, close)

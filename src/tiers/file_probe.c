@@ -1,0 +1,146 @@
+/*
+ * The file tier's create-time probes: what the directory and the file system
+ * can do, decided once in kvo_file_tier_create.
+ *
+ * What it owns
+ *  - mkdir -p of the namespace directory;
+ *  - the O_DIRECT probe (a real 4 KiB write and read in the namespace: some
+ *    file systems accept the flag at open and fail at I/O), which is also the
+ *    writability check;
+ *  - the O_TMPFILE + linkat probe (with the real flags, in the namespace):
+ *    when it works, a killed writer leaves nothing behind and a write needs
+ *    one directory operation less; otherwise named temporaries and rename;
+ *  - the quota clamp to what the file system can hold;
+ *  - the host id and the per-process nonce written into temporary names
+ *    (file_scan.c tells a dead writer's temporaries by them);
+ *  - the test hooks that change what the probes decide.
+ *
+ * Lock rules: none; everything here runs before the tier's workers start
+ * (the nonce is a process-wide atomic, set once).
+ *
+ * Invariants: a probe leaves no file behind (its files carry the temporary
+ * prefix with this host and pid, so even a crash mid-probe leaves only what
+ * the scan removes as stale).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "tiers/file_internal.h"
+
+/* A per-process random number in temporary names (file_scan.c tells stale temporaries by it). */
+uint32_t kvo__file_process_nonce(void) {
+    static atomic_uint nonce;
+    unsigned v = atomic_load(&nonce);
+    if (v) return v;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seed[3] = {(uint64_t)ts.tv_nsec, (uint64_t)ts.tv_sec, (uint64_t)getpid()};
+    unsigned n = (unsigned)XXH3_64bits(seed, sizeof seed) | 1u;
+    unsigned expect = 0;
+    atomic_compare_exchange_strong(&nonce, &expect, n);
+    return atomic_load(&nonce);
+}
+
+int kvo__file_mkdir_p(const char *path) {
+    char buf[KVO__FILE_PATH_MAX];
+    if (kvo__strlcpy(buf, path, sizeof buf)) return -ENAMETOOLONG;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -errno;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -errno;
+    struct stat st;
+    if (stat(buf, &st) != 0) return -errno;
+    if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
+    return 0;
+}
+
+/* Probe O_DIRECT with a real write and read in the namespace directory.  Also
+ * the writability check.  Returns 0 and sets *ok, or KVO_EIO. */
+int kvo__file_probe_direct(kvo_file_tier *t, bool *ok) {
+    char path[KVO__FILE_PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s%08x.%ld.probe", t->ns_dir, KVO__FILE_TMP_PREFIX, t->hostid, t->pid);
+    *ok = false;
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return kvo__error(KVO_EIO, "file tier directory '%s' is not writable: %s", t->ns_dir, strerror(errno));
+    close(fd);
+    if (t->p.direct == KVO_FILE_DIRECT_OFF) {
+        unlink(path);
+        return 0;
+    }
+    void *buf = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) {
+        unlink(path);
+        return kvo__error(KVO_ENOMEM, "probe buffer");
+    }
+    memset(buf, 0x5a, 4096);
+    fd = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
+    if (fd >= 0) {
+        if (pwrite(fd, buf, 4096, 0) == 4096 && pread(fd, buf, 4096, 0) == 4096 &&
+            ((unsigned char *)buf)[4095] == 0x5a)
+            *ok = true;
+        close(fd);
+    }
+    munmap(buf, 4096);
+    unlink(path);
+    return 0;
+}
+
+/* Can files be written unnamed (O_TMPFILE) and linked in by name (linkat
+ * through /proc)?  Then a killed writer leaves nothing behind at all and a
+ * write needs one directory operation less.  Otherwise: named temporary files
+ * and rename.  Probed with the real flags, in the namespace directory. */
+atomic_int kvo__file_test_no_tmpfile;
+atomic_int kvo__file_test_write_delay_us;
+
+bool kvo__file_probe_tmpfile(kvo_file_tier *t) {
+    if (atomic_load(&kvo__file_test_no_tmpfile)) return false;
+    int fd = open(t->ns_dir, O_TMPFILE | O_WRONLY | O_CLOEXEC | (t->direct ? O_DIRECT : 0), 0644);
+    if (fd < 0) return false;
+    char proc[64], path[KVO__FILE_PATH_MAX];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    snprintf(path, sizeof path, "%s/%s%08x.%ld.link", t->ns_dir, KVO__FILE_TMP_PREFIX, t->hostid, t->pid);
+    unlink(path);
+    bool ok = linkat(AT_FDCWD, proc, AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0;
+    if (ok) unlink(path);
+    close(fd);
+    return ok;
+}
+
+uint32_t kvo__file_host_id(void) {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    return (uint32_t)XXH3_64bits(host, strlen(host));
+}
+
+/* The quota the file system can actually hold: free space plus what this
+ * namespace's files occupy, less the 4 KiB header per file and a margin.  A
+ * quota above it would, once the disk is full, drop every new write with
+ * ENOSPC instead of evicting old files. */
+uint64_t kvo__file_clamp_quota(kvo_file_tier *t, uint64_t quota, uint64_t ours, uint64_t max_slot) {
+    struct statvfs vfs;
+    if (statvfs(t->ns_dir, &vfs) != 0 || vfs.f_frsize == 0) return quota;
+    uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    uint64_t room = avail + ours;
+    if (room / 2 > UINT64_MAX / 64) return quota;
+    /* payload share of a file, and 5 % for metadata and other writers */
+    uint64_t fit = (uint64_t)((double)room * 0.95 * (double)max_slot / (double)(max_slot + KVO_FILE_HEADER_BYTES));
+    if (fit >= quota) return quota;
+    uint64_t q = fit < max_slot ? max_slot : fit;
+    fprintf(stderr, "kvoffload file tier: %s: quota %llu bytes is more than the file system can hold (%llu free + "
+            "%llu in this namespace); using %llu\n", t->ns_dir, (unsigned long long)quota,
+            (unsigned long long)avail, (unsigned long long)ours, (unsigned long long)q);
+    return q;
+}
+
