@@ -222,6 +222,28 @@ static inline void kvo__list_unlink(kvo_store *s, kvo__list *l, uint32_t e) {
 }
 static inline void kvo__list_init(kvo__list *l) { l->head = l->tail = KVO__NIL; l->n = 0; }
 
+/* ------------------------------------------ shared by the store's files -- */
+/* store.c: the pieces prepare_store and the stats share with the rest. */
+static inline void kvo__store_lock(kvo_store *s) { pthread_mutex_lock(&s->mu); }
+static inline void kvo__store_unlock(kvo_store *s) { pthread_mutex_unlock(&s->mu); }
+/* Busy transitions: an entry leaves/enters the evictable set. */
+static inline void kvo__busy(kvo_store *s, uint32_t e, int d) { kvo__slots_busy(&s->sl, s->ent[e].slot, d); }
+/* Validate a batch's arguments and keys (message names fn). */
+int kvo__check_batch(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn);
+/* Resolve a batch into s->sc_ent (grown to n): each key's resident entry
+ * (PENDING or READY), or NIL for an absent key or a ghost.  Lock held. */
+int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n);
+/* Admission sketch estimate for k (s->cms must exist). */
+unsigned kvo__cms_get(const kvo_store *s, const kvo_chunk_key *k);
+/* Append an event to the ring (dropping the oldest when full). */
+void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *k);
+/* A fresh pool entry for key k, in the index. */
+uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k);
+/* Release a resident entry's slot and accounting (not the policy queues). */
+void kvo__resident_release(kvo_store *s, uint32_t e);
+/* Remove a resident entry entirely (remove, clear, failed store). */
+void kvo__resident_drop(kvo_store *s, uint32_t e, uint32_t evtype);
+
 /* Ghosts: drop one (remove from index, free the pool entry). */
 void kvo__ghost_drop(kvo_store *s, uint32_t e);
 
