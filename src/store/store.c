@@ -37,12 +37,9 @@
 /* ------------------------------------------------------------- helpers -- */
 
 const char *kvo_policy_name(kvo_policy_kind k) {
-    switch (k) {
-    case KVO_POLICY_LRU: return "lru";
-    case KVO_POLICY_ARC: return "arc";
-    case KVO_POLICY_S3FIFO: return "s3fifo";
-    }
-    return "?";
+    static const char *const names[] = {[KVO_POLICY_LRU] = "lru", [KVO_POLICY_ARC] = "arc",
+                                        [KVO_POLICY_S3FIFO] = "s3fifo"};
+    return (unsigned)k < sizeof names / sizeof names[0] && names[k] ? names[k] : "?";
 }
 
 int kvo_policy_parse(const char *name, kvo_policy_kind *out) {
@@ -358,6 +355,22 @@ static inline uint64_t kvo__pipe_step(const kvo_store *s, kvo__pipe *p, const kv
     return p->h[i & 15];
 }
 
+/* Key i's entry (ghosts included), advancing the pipeline. */
+static inline uint32_t kvo__pipe_find(kvo_store *s, kvo__pipe *p, const kvo_chunk_key *keys, size_t n, size_t i) {
+    return kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, p, keys, n, i));
+}
+
+/* Preamble of the calls that only probe: check the batch, lock, start the
+ * pipeline.  0 with the lock held, or an error without it. */
+static int kvo__pipe_begin(kvo_store *s, kvo__pipe *p, const kvo_chunk_key *keys, size_t n, const void *out,
+                           const char *fn) {
+    int rc = kvo__check_batch(s, keys, n, out, fn);
+    if (rc) return rc;
+    kvo__store_lock(s);
+    kvo__pipe_init(p, keys, n);
+    return 0;
+}
+
 /* Resolve a batch into s->sc_ent (grown to n): each key's resident entry
  * (PENDING or READY), or NIL for an absent key or a ghost.  Changes nothing
  * else; the calls that change entries check the resolved batch first, so a
@@ -368,20 +381,27 @@ int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     kvo__pipe pp;
     kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
+        uint32_t e = kvo__pipe_find(s, &pp, keys, n, i);
         s->sc_ent[i] = e != KVO__NIL && s->ent[e].state != KVO__E_GHOST ? e : KVO__NIL;
     }
     return 0;
 }
 
-int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *states) {
-    int rc = kvo__check_batch(s, keys, n, states, "kvo_store_lookup");
+int kvo__batch_begin(kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn) {
+    int rc = kvo__check_batch(s, keys, n, out, fn);
     if (rc) return rc;
     kvo__store_lock(s);
+    rc = kvo__resolve(s, keys, n);
+    if (rc) kvo__store_unlock(s);
+    return rc;
+}
+
+int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *states) {
     kvo__pipe pp;
-    kvo__pipe_init(&pp, keys, n);
+    int rc = kvo__pipe_begin(s, &pp, keys, n, states, "kvo_store_lookup");
+    if (rc) return rc;
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
+        uint32_t e = kvo__pipe_find(s, &pp, keys, n, i);
         uint32_t g = keys[i].group;
         uint8_t st = KVO_MISS;
         if (e != KVO__NIL) {
@@ -431,11 +451,8 @@ int kvo_store_peek(kvo_store *s, const kvo_chunk_key *key, kvo_store_entry *out)
 
 int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kvo_slot *slots) {
     static const char fn[] = "kvo_store_prepare_load";
-    int rc = kvo__check_batch(s, keys, n, slots, fn);
+    int rc = kvo__batch_begin(s, keys, n, slots, fn);
     if (rc) return rc;
-    kvo__store_lock(s);
-    rc = kvo__resolve(s, keys, n);
-    if (rc) goto out;
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         if (e == KVO__NIL) {
@@ -465,24 +482,27 @@ out:
     return rc;
 }
 
-int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
-    static const char fn[] = "kvo_store_complete_load";
-    int rc = kvo__check_batch(s, keys, n, keys, fn);
-    if (rc) return rc;
-    kvo__store_lock(s);
-    rc = kvo__resolve(s, keys, n);
-    if (rc) goto out;
-    /* count per entry so a key given twice needs two pins */
+/* Unpin every key once, tentatively: all or nothing (a key given twice
+ * needs two pins, hence counting per entry).  Lock held. */
+static int kvo__unpin_batch(kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *fn) {
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         if (e == KVO__NIL || s->ent[e].state != KVO__E_READY || s->ent[e].pins == 0) {
-            rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is not pinned", fn, i, keys[i].group);
+            int rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is not pinned", fn, i, keys[i].group);
             while (i > 0) s->ent[s->sc_ent[--i]].pins++; /* undo the tentative unpins */
-            goto out;
+            return rc;
         }
-        s->ent[e].pins--; /* tentatively */
+        s->ent[e].pins--;
     }
-    for (size_t i = 0; i < n; i++) {
+    return 0;
+}
+
+int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
+    static const char fn[] = "kvo_store_complete_load";
+    int rc = kvo__batch_begin(s, keys, n, keys, fn);
+    if (rc) return rc;
+    rc = kvo__unpin_batch(s, keys, n, fn);
+    for (size_t i = 0; i < n && !rc; i++) {
         uint32_t e = s->sc_ent[i];
         kvo__entry *x = &s->ent[e];
         if (x->pins == 0 && !(x->flags & KVO__F_BATCH)) {
@@ -492,8 +512,7 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
             s->pol->reinsert(s, e);
         }
     }
-    for (size_t i = 0; i < n; i++) s->ent[s->sc_ent[i]].flags &= (uint8_t)~KVO__F_BATCH;
-out:
+    for (size_t i = 0; i < n && !rc; i++) s->ent[s->sc_ent[i]].flags &= (uint8_t)~KVO__F_BATCH;
     kvo__store_unlock(s);
     return rc;
 }
@@ -501,13 +520,11 @@ out:
 /* ------------------------------------------------------ touch, remove -- */
 
 int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
-    int rc = kvo__check_batch(s, keys, n, keys, "kvo_store_touch");
-    if (rc) return rc;
-    kvo__store_lock(s);
     kvo__pipe pp;
-    kvo__pipe_init(&pp, keys, n);
+    int rc = kvo__pipe_begin(s, &pp, keys, n, keys, "kvo_store_touch");
+    if (rc) return rc;
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__index_find_h(s, &keys[i], kvo__pipe_step(s, &pp, keys, n, i));
+        uint32_t e = kvo__pipe_find(s, &pp, keys, n, i);
         if (e != KVO__NIL && s->ent[e].q != KVO__Q_NONE && s->ent[e].state == KVO__E_READY) s->pol->hit(s, e);
     }
     kvo__store_unlock(s);
@@ -516,11 +533,8 @@ int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
 
 int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     static const char fn[] = "kvo_store_remove";
-    int rc = kvo__check_batch(s, keys, n, keys, fn);
+    int rc = kvo__batch_begin(s, keys, n, keys, fn);
     if (rc) return rc;
-    kvo__store_lock(s);
-    rc = kvo__resolve(s, keys, n);
-    if (rc) goto out;
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         if (e != KVO__NIL && (s->ent[e].state == KVO__E_PENDING || s->ent[e].pins)) {

@@ -169,141 +169,127 @@ static inline bool kvo__plan_done(const kvo__plan *pl) {
     return pl->segs_needed <= pl->nfree && pl->entries_short <= 0;
 }
 
-int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots,
-                            kvo_chunk_key *evicted, kvo_slot *evicted_slots, size_t evicted_cap,
-                            size_t *n_evicted) {
-    static const char fn[] = "kvo_store_prepare_store";
-    int rc = kvo__check_batch(s, keys, n, need, fn);
+/* What resolution found in a batch. */
+typedef struct kvo__batch {
+    uint64_t n_new, bytes_new, n_not_admitted, n_present;
+} kvo__batch;
+
+/* Validation: arguments, keys, no key twice; resolves the batch into
+ * s->sc_ent.  Lock held; changes nothing the caller can see. */
+static int kvo__ps_validate(kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *fn) {
+    int rc = kvo__resolve(s, keys, n);
     if (rc) return rc;
-    if (!slots) return kvo__error(KVO_EINVAL, "%s: NULL slots", fn);
-    if (evicted_cap && (!evicted || !evicted_slots))
-        return kvo__error(KVO_EINVAL, "%s: evicted_cap %zu with a NULL evicted array", fn, evicted_cap);
-    kvo__store_lock(s);
-    rc = kvo__resolve(s, keys, n);
-    if (rc) goto out;
     size_t da, db;
-    if (kvo__find_dup(s, keys, n, &da, &db)) {
-        rc = kvo__error(KVO_EINVAL, "%s: key %zu repeats key %zu (group %u); a batch names each chunk once", fn, db,
-                        da, keys[db].group);
-        goto out;
-    }
-    /* 1. classify the resolved keys */
-    kvo__plan pl;
-    memset(&pl, 0, sizeof pl);
-    uint64_t n_new = 0, bytes_new = 0, n_not_admitted = 0, n_present = 0;
+    if (kvo__find_dup(s, keys, n, &da, &db))
+        return kvo__error(KVO_EINVAL, "%s: key %zu repeats key %zu (group %u); a batch names each chunk once", fn,
+                          db, da, keys[db].group);
+    return 0;
+}
+
+/* Resolution, step 1: classify the resolved keys (present, turned away by
+ * admission, or new: counted in pl->demand per class). */
+static void kvo__ps_classify(kvo_store *s, const kvo_chunk_key *keys, size_t n, kvo__plan *pl, kvo__batch *b) {
     for (size_t i = 0; i < n; i++) {
         if (s->sc_ent[i] != KVO__NIL) {
-            n_present++;
+            b->n_present++;
             continue;
         }
         if (s->cms && kvo__cms_get(s, &keys[i]) < s->params.admit_after) {
-            n_not_admitted++;
+            b->n_not_admitted++;
             s->sc_ent[i] = KVO__NOT_ADMITTED;
             continue;
         }
-        pl.demand[s->group_cls[keys[i].group]]++;
-        n_new++;
-        bytes_new += s->group_slot[keys[i].group];
+        pl->demand[s->group_cls[keys[i].group]]++;
+        b->n_new++;
+        b->bytes_new += s->group_slot[keys[i].group];
     }
-    /* 2. feasibility (exact): protected batch keys count as busy, so add them */
-    if (n_new) {
-        uint64_t busy_extra = 0;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t e = s->sc_ent[i];
-            if (kvo__protectable(s, e)) {
-                kvo__busy(s, e, +1);
-                busy_extra++;
-            }
-        }
-        uint64_t busy_total = s->pending + s->pinned + busy_extra;
-        bool ok = busy_total + n_new <= s->max_entries && kvo__slots_feasible(&s->sl, pl.demand);
-        if (!ok) {
-            for (size_t i = 0; i < n; i++) {
-                uint32_t e = s->sc_ent[i];
-                if (kvo__protectable(s, e)) kvo__busy(s, e, -1);
-            }
-            s->rejected_stores++;
-            uint64_t pinned_b = 0;
-            for (uint32_t c = 0; c < s->sl.nclass; c++) pinned_b += s->sl.cls_busy[c] * s->sl.cls_bytes[c];
-            rc = kvo__error(KVO_ENOSPC,
-                            "%s: %llu new chunks need %llu bytes; capacity %llu, of which %llu bytes are pinned, "
-                            "pending or in this batch (%llu pinned, %llu pending entries, %llu entries max); "
-                            "complete loads/stores first, store fewer chunks per batch, or raise capacity",
-                            fn, (unsigned long long)n_new, (unsigned long long)bytes_new,
-                            (unsigned long long)s->params.capacity_bytes, (unsigned long long)pinned_b,
-                            (unsigned long long)s->pinned, (unsigned long long)s->pending,
-                            (unsigned long long)s->max_entries);
-            goto out;
-        }
-        /* 3. protect: out of the policy queues (busy already counted) */
-        for (size_t i = 0; i < n; i++) {
-            uint32_t e = s->sc_ent[i];
-            if (kvo__protectable(s, e)) {
-                s->pol->remove(s, e);
-                s->ent[e].flags |= KVO__F_PROTECT;
-            }
-        }
-    } else {
-        /* nothing to write: present READY keys just count as used */
-        for (size_t i = 0; i < n; i++) {
-            uint32_t e = s->sc_ent[i];
-            if (kvo__protectable(s, e)) s->pol->hit(s, e);
+}
+
+/* Resolution, steps 2 and 3: exact feasibility (the batch's protectable keys
+ * count as busy), then protect them (out of the policy queues).  ENOSPC
+ * changes nothing but the rejected_stores counter. */
+static int kvo__ps_protect(kvo_store *s, size_t n, const kvo__plan *pl, const kvo__batch *b, const char *fn) {
+    uint64_t busy_extra = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = s->sc_ent[i];
+        if (kvo__protectable(s, e)) {
+            kvo__busy(s, e, +1);
+            busy_extra++;
         }
     }
-    /* 4. plan victims */
-    size_t nv = 0;
-    if (n_new) {
-        for (uint32_t c = 0; c < s->sl.nclass; c++) pl.freeslots[c] = (int64_t)s->sl.cls_free[c];
-        pl.nfree = s->sl.nfree;
-        for (uint32_t c = 0; c < s->sl.nclass; c++) pl.segs_needed += kvo__cls_need(s, &pl, c);
-        pl.entries_short = (int64_t)(s->resident + n_new) - (int64_t)s->max_entries;
-        uint64_t walked_bytes = 0;
-        while (!kvo__plan_done(&pl)) {
-            if (pl.segs_needed > pl.nfree) {
-                uint32_t g = kvo__compact_pick(s, &pl);
-                if (g != KVO__NIL) {
-                    if (kvo__reclaim_seg(s, &pl, g, &nv)) {
-                        rc = kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
-                        goto rollback;
-                    }
-                    continue;
-                }
-            }
-            uint32_t v = s->pol->take_victim(s);
-            if (v == KVO__NIL) break; /* cannot happen after the feasibility test */
-            if (kvo__push_victim(s, nv, v)) {
-                s->pol->untake(s, v);
-                rc = kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
-                goto rollback;
-            }
-            nv++;
-            kvo__plan_victim(s, &pl, v);
-            walked_bytes += s->group_slot[s->ent[v].key.group];
-            if (!kvo__plan_done(&pl) && pl.segs_needed > pl.nfree && walked_bytes >= kvo__walk_budget(s)) {
-                /* reclaim v's whole segment if nothing in it is busy */
-                uint32_t g = kvo__slot_seg(&s->sl, s->ent[v].slot);
-                if (s->sl.seg_busy[g] == 0 && s->sl.seg_used[g] > s->sl.seg_planned[g]) {
-                    if (kvo__reclaim_seg(s, &pl, g, &nv)) {
-                        rc = kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
-                        goto rollback;
-                    }
-                    walked_bytes = 0;
-                }
-            }
+    uint64_t busy_total = s->pending + s->pinned + busy_extra;
+    if (busy_total + b->n_new > s->max_entries || !kvo__slots_feasible(&s->sl, pl->demand)) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t e = s->sc_ent[i];
+            if (kvo__protectable(s, e)) kvo__busy(s, e, -1);
         }
-        if (!kvo__plan_done(&pl)) {
-            rc = kvo__error(KVO_ENOSPC, "%s: internal: eviction plan fell short (%llu segments needed, %llu free)",
-                            fn, (unsigned long long)pl.segs_needed, (unsigned long long)pl.nfree);
-            goto rollback;
-        }
-        if (nv > evicted_cap && (evicted || evicted_slots || evicted_cap)) {
-            rc = kvo__error(KVO_ERANGE, "%s: %zu chunks must be evicted, evicted arrays hold %zu", fn, nv,
-                            evicted_cap);
-            if (n_evicted) *n_evicted = nv;
-            goto rollback;
+        s->rejected_stores++;
+        uint64_t pinned_b = 0;
+        for (uint32_t c = 0; c < s->sl.nclass; c++) pinned_b += s->sl.cls_busy[c] * s->sl.cls_bytes[c];
+        return kvo__error(KVO_ENOSPC,
+                          "%s: %llu new chunks need %llu bytes; capacity %llu, of which %llu bytes are pinned, "
+                          "pending or in this batch (%llu pinned, %llu pending entries, %llu entries max); "
+                          "complete loads/stores first, store fewer chunks per batch, or raise capacity",
+                          fn, (unsigned long long)b->n_new, (unsigned long long)b->bytes_new,
+                          (unsigned long long)s->params.capacity_bytes, (unsigned long long)pinned_b,
+                          (unsigned long long)s->pinned, (unsigned long long)s->pending,
+                          (unsigned long long)s->max_entries);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = s->sc_ent[i];
+        if (kvo__protectable(s, e)) {
+            s->pol->remove(s, e);
+            s->ent[e].flags |= KVO__F_PROTECT;
         }
     }
-    /* 5. commit */
+    return 0;
+}
+
+/* Eviction, step 4: take victims (into s->sc_vict[0..*nv)) until every class
+ * has room.  On failure the caller rolls back the *nv victims taken. */
+static int kvo__ps_plan(kvo_store *s, kvo__plan *pl, uint64_t n_new, size_t *nv, const char *fn) {
+    for (uint32_t c = 0; c < s->sl.nclass; c++) pl->freeslots[c] = (int64_t)s->sl.cls_free[c];
+    pl->nfree = s->sl.nfree;
+    for (uint32_t c = 0; c < s->sl.nclass; c++) pl->segs_needed += kvo__cls_need(s, pl, c);
+    pl->entries_short = (int64_t)(s->resident + n_new) - (int64_t)s->max_entries;
+    uint64_t walked_bytes = 0;
+    while (!kvo__plan_done(pl)) {
+        if (pl->segs_needed > pl->nfree) {
+            uint32_t g = kvo__compact_pick(s, pl);
+            if (g != KVO__NIL) {
+                if (kvo__reclaim_seg(s, pl, g, nv))
+                    return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
+                continue;
+            }
+        }
+        uint32_t v = s->pol->take_victim(s);
+        if (v == KVO__NIL) break; /* cannot happen after the feasibility test */
+        if (kvo__push_victim(s, *nv, v)) {
+            s->pol->untake(s, v);
+            return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
+        }
+        (*nv)++;
+        kvo__plan_victim(s, pl, v);
+        walked_bytes += s->group_slot[s->ent[v].key.group];
+        if (!kvo__plan_done(pl) && pl->segs_needed > pl->nfree && walked_bytes >= kvo__walk_budget(s)) {
+            /* reclaim v's whole segment if nothing in it is busy */
+            uint32_t g = kvo__slot_seg(&s->sl, s->ent[v].slot);
+            if (s->sl.seg_busy[g] == 0 && s->sl.seg_used[g] > s->sl.seg_planned[g]) {
+                if (kvo__reclaim_seg(s, pl, g, nv))
+                    return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
+                walked_bytes = 0;
+            }
+        }
+    }
+    if (!kvo__plan_done(pl))
+        return kvo__error(KVO_ENOSPC, "%s: internal: eviction plan fell short (%llu segments needed, %llu free)", fn,
+                          (unsigned long long)pl->segs_needed, (unsigned long long)pl->nfree);
+    return 0;
+}
+
+/* Commit, step 5a: the planned victims become ghosts (or go), reported in
+ * evicted[] when given. */
+static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evicted, kvo_slot *evicted_slots) {
     for (size_t i = 0; i < nv; i++) {
         uint32_t v = s->sc_vict[i];
         kvo__entry *x = &s->ent[v];
@@ -323,52 +309,44 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         s->ghosts++;
         s->pol->evicted(s, v);
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t e = s->sc_ent[i];
-        if (e == KVO__NIL) {
-            uint32_t g = keys[i].group;
-            uint32_t c = s->group_cls[g];
-            e = kvo__index_find(s, &keys[i]);
-            if (e != KVO__NIL) { /* a ghost: revive */
-                assert(s->ent[e].state == KVO__E_GHOST);
-                s->pol->ghost_claim(s, e);
-                s->ghosts--;
-            } else {
-                e = kvo__entry_new(s, &keys[i]);
-            }
-            kvo__entry *x = &s->ent[e];
-            uint64_t off = 0;
-            uint32_t slot = kvo__slots_alloc(&s->sl, c, e, &off);
-            assert(slot != KVO__NIL);
-            x->slot = slot;
-            x->offset = off;
-            x->cls = (uint8_t)c;
-            x->state = KVO__E_PENDING;
-            x->pins = 0;
-            x->flags = 0;
-            kvo__busy(s, e, +1);
-            s->pending++;
-            s->resident++;
-            s->bytes_used += s->group_slot[g];
-            s->g_chunks[g]++;
-            s->stores++;
-            s->g_stores[g]++;
-            need[i] = 1;
-            slots[i].offset = off;
-            slots[i].bytes = s->group_slot[g];
-        } else {
-            need[i] = 0;
-            slots[i].offset = 0;
-            slots[i].bytes = 0;
-            kvo__unprotect(s, e);
-        }
+}
+
+/* Commit, step 5b: new key i gets an entry (a revived ghost or a fresh one)
+ * and a slot, PENDING. */
+static void kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, kvo_slot *slot_out) {
+    uint32_t g = key->group;
+    uint32_t c = s->group_cls[g];
+    uint32_t e = kvo__index_find(s, key);
+    if (e != KVO__NIL) { /* a ghost: revive */
+        assert(s->ent[e].state == KVO__E_GHOST);
+        s->pol->ghost_claim(s, e);
+        s->ghosts--;
+    } else {
+        e = kvo__entry_new(s, key);
     }
-    s->store_skipped_present += n_present;
-    s->store_not_admitted += n_not_admitted;
-    if (n_evicted) *n_evicted = nv;
-    kvo__store_unlock(s);
-    return 0;
-rollback:
+    kvo__entry *x = &s->ent[e];
+    uint64_t off = 0;
+    uint32_t slot = kvo__slots_alloc(&s->sl, c, e, &off);
+    assert(slot != KVO__NIL);
+    x->slot = slot;
+    x->offset = off;
+    x->cls = (uint8_t)c;
+    x->state = KVO__E_PENDING;
+    x->pins = 0;
+    x->flags = 0;
+    kvo__busy(s, e, +1);
+    s->pending++;
+    s->resident++;
+    s->bytes_used += s->group_slot[g];
+    s->g_chunks[g]++;
+    s->stores++;
+    s->g_stores[g]++;
+    slot_out->offset = off;
+    slot_out->bytes = s->group_slot[g];
+}
+
+/* Undo steps 3 and 4: victims back in reverse order, protection lifted. */
+static void kvo__ps_rollback(kvo_store *s, size_t n, size_t nv) {
     while (nv > 0) {
         uint32_t v = s->sc_vict[--nv];
         s->ent[v].flags &= (uint8_t)~KVO__F_VICTIM;
@@ -377,6 +355,58 @@ rollback:
     }
     for (size_t i = 0; i < n; i++) kvo__unprotect(s, s->sc_ent[i]);
     s->rejected_stores++;
+}
+
+int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots,
+                            kvo_chunk_key *evicted, kvo_slot *evicted_slots, size_t evicted_cap,
+                            size_t *n_evicted) {
+    static const char fn[] = "kvo_store_prepare_store";
+    int rc = kvo__check_batch(s, keys, n, need, fn);
+    if (rc) return rc;
+    if (!slots) return kvo__error(KVO_EINVAL, "%s: NULL slots", fn);
+    if (evicted_cap && (!evicted || !evicted_slots))
+        return kvo__error(KVO_EINVAL, "%s: evicted_cap %zu with a NULL evicted array", fn, evicted_cap);
+    kvo__store_lock(s);
+    rc = kvo__ps_validate(s, keys, n, fn);
+    if (rc) goto out;
+    kvo__plan pl;
+    memset(&pl, 0, sizeof pl);
+    kvo__batch b = {0};
+    kvo__ps_classify(s, keys, n, &pl, &b);
+    size_t nv = 0;
+    if (b.n_new) {
+        rc = kvo__ps_protect(s, n, &pl, &b, fn);
+        if (rc) goto out;
+        rc = kvo__ps_plan(s, &pl, b.n_new, &nv, fn);
+        if (!rc && nv > evicted_cap && (evicted || evicted_slots || evicted_cap)) {
+            rc = kvo__error(KVO_ERANGE, "%s: %zu chunks must be evicted, evicted arrays hold %zu", fn, nv,
+                            evicted_cap);
+            if (n_evicted) *n_evicted = nv;
+        }
+        if (rc) {
+            kvo__ps_rollback(s, n, nv);
+            goto out;
+        }
+    } else {
+        /* nothing to write: present READY keys just count as used */
+        for (size_t i = 0; i < n; i++)
+            if (kvo__protectable(s, s->sc_ent[i])) s->pol->hit(s, s->sc_ent[i]);
+    }
+    kvo__ps_commit_victims(s, nv, evicted, evicted_slots);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = s->sc_ent[i];
+        need[i] = e == KVO__NIL;
+        if (e == KVO__NIL) {
+            kvo__ps_commit_new(s, &keys[i], &slots[i]);
+        } else {
+            slots[i].offset = 0;
+            slots[i].bytes = 0;
+            kvo__unprotect(s, e);
+        }
+    }
+    s->store_skipped_present += b.n_present;
+    s->store_not_admitted += b.n_not_admitted;
+    if (n_evicted) *n_evicted = nv;
 out:
     kvo__store_unlock(s);
     return rc;
@@ -384,11 +414,8 @@ out:
 
 int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, bool ok) {
     static const char fn[] = "kvo_store_complete_store";
-    int rc = kvo__check_batch(s, keys, n, keys, fn);
+    int rc = kvo__batch_begin(s, keys, n, keys, fn);
     if (rc) return rc;
-    kvo__store_lock(s);
-    rc = kvo__resolve(s, keys, n);
-    if (rc) goto out;
     /* every key must name a PENDING entry; duplicates are caught by marking
      * the entries (no set needed: all keys are present) */
     size_t i;
