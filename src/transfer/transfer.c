@@ -26,7 +26,7 @@
  * Ordering (dependency tracking).  Resources are slots (by address) and
  * engine blocks (by group and block id).  A store reads engine blocks and
  * writes slots; a load reads slots and writes engine blocks.  One hash table
- * (open addressing, linear probing, backward-shift deletion) maps each
+ * (the library's kvo__hmap, src/core/hmap.c) maps each
  * resource touched by an unfinished job to its last writer and up to
  * KVO__XREADERS readers since that writer.  A new job depends on the last
  * writer of everything it touches and, for what it writes, on the readers
@@ -67,6 +67,11 @@
  * copying, while calling the allocator (the table grows with the lock
  * dropped; freed jobs and layouts are collected and freed after unlocking),
  * or while calling anything of the caller's.
+ *
+ * Files: transfer.c (this essay; create, close, layouts, poll, cancel, wait),
+ * transfer_submit.c (submit, one function per phase), transfer_queue.c (the
+ * dependency table and graph, ready/live lists, results, retiring),
+ * transfer_worker.c (workers and work units), layout.c (layout validation).
  */
 #include <errno.h>
 #include <pthread.h>
