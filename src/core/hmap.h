@@ -47,11 +47,6 @@ static inline bool kvo__hmap_stays(uint64_t i, uint64_t home, uint64_t j) {
 int kvo__hmap_init(kvo__hmap *m, size_t esz, size_t cap_hint, const char *what);
 void kvo__hmap_free(kvo__hmap *m);
 
-static inline void *kvo__hmap_at(const kvo__hmap *m, size_t i) {
-    unsigned char *p = m->e + i * m->esz;
-    return *(const uint32_t *)(p + KVO__HMAP_USED_OFF) ? p : NULL;
-}
-
 /* The entry of (k0, k1) or NULL.  Entry pointers die at the next insert,
  * erase or growth. */
 void *kvo__hmap_find(const kvo__hmap *m, uint64_t k0, uint64_t k1);
