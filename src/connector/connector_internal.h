@@ -83,12 +83,12 @@
  * group (0 when none is offloaded). */
 uint64_t kvo__agree_min_hit_default(const kvo_plan *plan);
 
-/* ---- map.c: uint64 -> (pointer, two uint64) open-addressing table ---- */
+/* ---- map.c: uint64 -> (pointer, two uint64) table over core/hmap.c ---- */
 typedef struct kvo__map_entry {
-    uint64_t key;
+    uint64_t key, key_hi; /* kvo__hmap's two-word key (key_hi always 0) */
+    uint32_t used;
     uint64_t a, b;
     void *p;
-    uint8_t used;
 } kvo__map_entry;
 
 typedef struct kvo__map {

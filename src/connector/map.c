@@ -1,72 +1,55 @@
 /*
- * A small open-addressing hash map from uint64 keys to two uint64 values,
- * used by the connector for its request table (id -> request), its job table
- * (job id -> job) and its block map ((group, block) -> in-flight stores).
- *
- * Linear probing with backward-shift deletion (no tombstones), so lookups
- * stay short however many inserts and deletes happen; the table doubles at
- * half load.  Keys are mixed with a 64-bit finaliser because request ids and
- * block ids are small consecutive integers.  Not thread-safe: the connector
- * holds its lock around every call.
+ * The connector's tables: request id -> request, job id -> job,
+ * (group, block) -> in-flight stores, read id -> read.  A thin typed wrapper
+ * over the library's one hash map (src/core/hmap.c: linear probing,
+ * backward-shift deletion, load <= 1/2): the key is (key, 0), the entry
+ * kvo__map_entry.  The connector's struct keeps plain e/cap/n fields, which
+ * it iterates; each call views them as a kvo__hmap and writes back what
+ * changed.  Not thread-safe: the connector holds its lock around every call.
  */
-#include "connector/connector_internal.h"
+#include <stddef.h>
 
-static uint64_t kvo__mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x *= UINT64_C(0xc4ceb9fe1a85ec53);
-    x ^= x >> 33;
-    return x;
+#include "connector/connector_internal.h"
+#include "core/hmap.h"
+
+_Static_assert(offsetof(kvo__map_entry, key) == 0 && offsetof(kvo__map_entry, key_hi) == 8 &&
+                   offsetof(kvo__map_entry, used) == KVO__HMAP_USED_OFF,
+               "kvo__map_entry must start like a kvo__hmap entry");
+
+static kvo__hmap kvo__map_view(const kvo__map *m) {
+    return (kvo__hmap){(unsigned char *)m->e, sizeof(kvo__map_entry), m->cap, m->n};
+}
+
+static void kvo__map_store(kvo__map *m, const kvo__hmap *h) {
+    m->e = (kvo__map_entry *)h->e;
+    m->cap = h->cap;
+    m->n = h->n;
 }
 
 int kvo__map_init(kvo__map *m, size_t cap_hint) {
-    size_t cap = 16;
-    while (cap < cap_hint * 2) cap <<= 1;
-    m->e = kvo__calloc(cap, sizeof *m->e);
-    if (!m->e) return kvo__error(KVO_ENOMEM, "connector: out of memory for a table of %zu entries", cap);
-    m->cap = cap;
-    m->n = 0;
-    return 0;
+    kvo__hmap h;
+    int rc = kvo__hmap_init(&h, sizeof(kvo__map_entry), cap_hint ? cap_hint : 1, "connector table");
+    kvo__map_store(m, &h);
+    return rc;
 }
 
 void kvo__map_free(kvo__map *m) {
-    kvo__free(m->e);
-    m->e = NULL;
-    m->cap = m->n = 0;
+    kvo__hmap h = kvo__map_view(m);
+    kvo__hmap_free(&h);
+    kvo__map_store(m, &h);
 }
 
 kvo__map_entry *kvo__map_get(const kvo__map *m, uint64_t key) {
-    size_t mask = m->cap - 1;
-    for (size_t i = kvo__mix64(key) & mask;; i = (i + 1) & mask) {
-        kvo__map_entry *e = &m->e[i];
-        if (!e->used) return NULL;
-        if (e->key == key) return e;
-    }
+    kvo__hmap h = kvo__map_view(m);
+    return kvo__hmap_find(&h, key, 0);
 }
 
-static int kvo__map_grow(kvo__map *m) {
-    size_t ncap = m->cap * 2;
-    kvo__map_entry *ne = kvo__calloc(ncap, sizeof *ne);
-    if (!ne) return kvo__error(KVO_ENOMEM, "connector: out of memory growing a table to %zu entries", ncap);
-    for (size_t i = 0; i < m->cap; i++) {
-        if (!m->e[i].used) continue;
-        size_t j = kvo__mix64(m->e[i].key) & (ncap - 1);
-        while (ne[j].used) j = (j + 1) & (ncap - 1);
-        ne[j] = m->e[i];
-    }
-    kvo__free(m->e);
-    m->e = ne;
-    m->cap = ncap;
-    return 0;
-}
-
+/* Room for extra + 1 inserts, as the connector has always reserved. */
 int kvo__map_reserve(kvo__map *m, size_t extra) {
-    while ((m->n + extra + 1) * 2 > m->cap) {
-        int rc = kvo__map_grow(m);
-        if (rc) return rc;
-    }
-    return 0;
+    kvo__hmap h = kvo__map_view(m);
+    int rc = kvo__hmap_reserve(&h, extra + 1, 16, "connector table");
+    kvo__map_store(m, &h);
+    return rc;
 }
 
 int kvo__map_put(kvo__map *m, uint64_t key, kvo__map_entry **out) {
@@ -75,39 +58,18 @@ int kvo__map_put(kvo__map *m, uint64_t key, kvo__map_entry **out) {
         *out = e;
         return 1;
     }
-    if ((m->n + 1) * 2 > m->cap) {
-        int rc = kvo__map_grow(m);
-        if (rc) return rc;
-    }
-    size_t mask = m->cap - 1;
-    size_t i = kvo__mix64(key) & mask;
-    while (m->e[i].used) i = (i + 1) & mask;
-    e = &m->e[i];
-    e->used = 1;
-    e->key = key;
-    e->a = e->b = 0;
-    e->p = NULL;
-    m->n++;
-    *out = e;
+    kvo__hmap h = kvo__map_view(m);
+    int rc = kvo__hmap_reserve(&h, 1, 16, "connector table");
+    kvo__map_store(m, &h);
+    if (rc) return rc;
+    bool existed;
+    *out = kvo__hmap_insert(&h, key, 0, &existed);
+    kvo__map_store(m, &h);
     return 0;
 }
 
 void kvo__map_del(kvo__map *m, kvo__map_entry *e) {
-    size_t mask = m->cap - 1;
-    size_t i = (size_t)(e - m->e);
-    m->e[i].used = 0;
-    m->n--;
-    /* backward shift: move later entries of the run into the hole when their
-     * home position does not lie cyclically in (hole, j]. */
-    size_t j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        if (!m->e[j].used) break;
-        size_t home = kvo__mix64(m->e[j].key) & mask;
-        bool in_between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-        if (in_between) continue;
-        m->e[i] = m->e[j];
-        m->e[j].used = 0;
-        i = j;
-    }
+    kvo__hmap h = kvo__map_view(m);
+    kvo__hmap_erase(&h, e);
+    kvo__map_store(m, &h);
 }

@@ -17,12 +17,17 @@
  * table position (entry.tpos) stays exact, which makes removal O(1) expected
  * without a search.
  *
+ * Why not the general map (src/core/hmap.c): the key (128-bit hash plus
+ * group) does not fit its two words, and keeping keys in the pool entries
+ * makes a slot 8 bytes instead of 32; only the shift test is shared.
+ *
  * Nothing here allocates after kvo__index_init.  kvo__key_mix fully mixes
  * the key (hash lo/hi and group), so structured keys (sequential unit hashes
  * handed in by an engine) probe as well as XXH3 outputs.
  */
 #include <stdlib.h>
 
+#include "core/hmap.h"
 #include "store/store_internal.h"
 
 #define KVO__IX_EMPTY UINT64_MAX
@@ -83,8 +88,7 @@ void kvo__index_remove(kvo_store *s, uint32_t e) {
         uint32_t x = (uint32_t)v;
         uint64_t home = (v >> 32) & ix->mask;
         /* move x back to i if home is not cyclically in (i, j] */
-        bool in_between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-        if (!in_between) {
+        if (!kvo__hmap_stays(i, home, j)) {
             ix->tab[i] = v;
             s->ent[x].tpos = (uint32_t)i;
             i = j;

@@ -72,12 +72,6 @@ static uint32_t arc_take(kvo_store *s) {
     return e;
 }
 
-static void arc_untake(kvo_store *s, uint32_t e) {
-    uint8_t q = s->ent[e].ghost_q;
-    s->ent[e].ghost_q = 0;
-    kvo__list_push_tail(s, &s->q[q], e, q);
-}
-
 static void arc_evicted(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
     uint8_t q = x->ghost_q == KVO__Q_T2 ? KVO__Q_B2 : KVO__Q_B1;
@@ -105,5 +99,5 @@ static void arc_ghost_claim(kvo_store *s, uint32_t e) {
 }
 
 const kvo__policy_ops kvo__policy_arc = {
-    "arc", arc_insert, arc_hit, arc_remove, arc_reinsert, arc_take, arc_untake, arc_evicted, arc_ghost_claim,
+    "arc", arc_insert, arc_hit, arc_remove, arc_reinsert, arc_take, kvo__untake_to_origin, arc_evicted, arc_ghost_claim,
 };

@@ -81,12 +81,6 @@ static uint32_t s3_take(kvo_store *s) {
     }
 }
 
-static void s3_untake(kvo_store *s, uint32_t e) {
-    uint8_t q = s->ent[e].ghost_q;
-    s->ent[e].ghost_q = 0;
-    kvo__list_push_tail(s, &s->q[q], e, q);
-}
-
 static void s3_evicted(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
     uint8_t from = x->ghost_q;
@@ -108,5 +102,5 @@ static void s3_ghost_claim(kvo_store *s, uint32_t e) {
 }
 
 const kvo__policy_ops kvo__policy_s3fifo = {
-    "s3fifo", s3_insert, s3_hit, s3_remove, s3_reinsert, s3_take, s3_untake, s3_evicted, s3_ghost_claim,
+    "s3fifo", s3_insert, s3_hit, s3_remove, s3_reinsert, s3_take, kvo__untake_to_origin, s3_evicted, s3_ghost_claim,
 };

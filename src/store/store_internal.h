@@ -194,23 +194,25 @@ void kvo__index_insert(kvo_store *s, uint32_t e);
 void kvo__index_remove(kvo_store *s, uint32_t e);
 
 /* list helpers over s->ent */
-static inline void kvo__list_push_head(kvo_store *s, kvo__list *l, uint32_t e, uint8_t q) {
+/* Link e at the head (most recent end) or the tail (victim end) of l, as
+ * queue q.  `head` is a constant at every call, so each use compiles to one
+ * straight-line variant. */
+static inline void kvo__list_push(kvo_store *s, kvo__list *l, uint32_t e, uint8_t q, bool head) {
     kvo__entry *x = &s->ent[e];
-    x->prev = KVO__NIL;
-    x->next = l->head;
-    if (l->head != KVO__NIL) s->ent[l->head].prev = e; else l->tail = e;
-    l->head = e;
+    uint32_t *end = head ? &l->head : &l->tail, *other_end = head ? &l->tail : &l->head;
+    *(head ? &x->prev : &x->next) = KVO__NIL;
+    *(head ? &x->next : &x->prev) = *end;
+    if (*end != KVO__NIL) *(head ? &s->ent[*end].prev : &s->ent[*end].next) = e;
+    else *other_end = e;
+    *end = e;
     l->n++;
     x->q = q;
 }
+static inline void kvo__list_push_head(kvo_store *s, kvo__list *l, uint32_t e, uint8_t q) {
+    kvo__list_push(s, l, e, q, true);
+}
 static inline void kvo__list_push_tail(kvo_store *s, kvo__list *l, uint32_t e, uint8_t q) {
-    kvo__entry *x = &s->ent[e];
-    x->next = KVO__NIL;
-    x->prev = l->tail;
-    if (l->tail != KVO__NIL) s->ent[l->tail].next = e; else l->head = e;
-    l->tail = e;
-    l->n++;
-    x->q = q;
+    kvo__list_push(s, l, e, q, false);
 }
 static inline void kvo__list_unlink(kvo_store *s, kvo__list *l, uint32_t e) {
     kvo__entry *x = &s->ent[e];
@@ -221,6 +223,39 @@ static inline void kvo__list_unlink(kvo_store *s, kvo__list *l, uint32_t e) {
     x->q = KVO__Q_NONE;
 }
 static inline void kvo__list_init(kvo__list *l) { l->head = l->tail = KVO__NIL; l->n = 0; }
+
+/* ------------------------------------------ shared by the store's files -- */
+/* store.c: the pieces prepare_store and the stats share with the rest. */
+static inline void kvo__store_lock(kvo_store *s) { pthread_mutex_lock(&s->mu); }
+static inline void kvo__store_unlock(kvo_store *s) { pthread_mutex_unlock(&s->mu); }
+/* Busy transitions: an entry leaves/enters the evictable set. */
+static inline void kvo__busy(kvo_store *s, uint32_t e, int d) { kvo__slots_busy(&s->sl, s->ent[e].slot, d); }
+/* Validate a batch's arguments and keys (message names fn). */
+int kvo__check_batch(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn);
+/* Resolve a batch into s->sc_ent (grown to n): each key's resident entry
+ * (PENDING or READY), or NIL for an absent key or a ghost.  Lock held. */
+int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n);
+/* A batch call's preamble: check the batch, lock, resolve.  0 with the lock
+ * held, or an error with it released. */
+int kvo__batch_begin(kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn);
+/* Admission sketch estimate for k (s->cms must exist). */
+unsigned kvo__cms_get(const kvo_store *s, const kvo_chunk_key *k);
+/* Append an event to the ring (dropping the oldest when full). */
+void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *k);
+/* A fresh pool entry for key k, in the index. */
+uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k);
+/* Release a resident entry's slot and accounting (not the policy queues). */
+void kvo__resident_release(kvo_store *s, uint32_t e);
+/* Remove a resident entry entirely (remove, clear, failed store). */
+void kvo__resident_drop(kvo_store *s, uint32_t e, uint32_t evtype);
+
+/* Policies' untake for victims whose queue was remembered in ghost_q by
+ * take_victim (ARC, S3-FIFO): back at that queue's victim end. */
+static inline void kvo__untake_to_origin(kvo_store *s, uint32_t e) {
+    uint8_t q = s->ent[e].ghost_q;
+    s->ent[e].ghost_q = 0;
+    kvo__list_push_tail(s, &s->q[q], e, q);
+}
 
 /* Ghosts: drop one (remove from index, free the pool entry). */
 void kvo__ghost_drop(kvo_store *s, uint32_t e);

@@ -62,21 +62,17 @@ const char *kvo__copy_kind_name(kvo__copy_kind k) {
 __attribute__((target("avx2"))) static void kvo__stream_avx2(unsigned char *dst, const unsigned char *src,
                                                               size_t n) {
     size_t i = 0;
+    /* 128 bytes a step, 64 for the tail: all loads of a step, then its
+     * streaming stores (constant-bound loops, fully unrolled). */
     for (; i + 128 <= n; i += 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
-        __m256i b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
-        __m256i c = _mm256_loadu_si256((const __m256i *)(src + i + 64));
-        __m256i d = _mm256_loadu_si256((const __m256i *)(src + i + 96));
-        _mm256_stream_si256((__m256i *)(dst + i), a);
-        _mm256_stream_si256((__m256i *)(dst + i + 32), b);
-        _mm256_stream_si256((__m256i *)(dst + i + 64), c);
-        _mm256_stream_si256((__m256i *)(dst + i + 96), d);
+        __m256i v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_si256((const __m256i *)(src + i + 32 * k));
+        for (int k = 0; k < 4; k++) _mm256_stream_si256((__m256i *)(dst + i + 32 * k), v[k]);
     }
     for (; i < n; i += 64) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
-        __m256i b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
-        _mm256_stream_si256((__m256i *)(dst + i), a);
-        _mm256_stream_si256((__m256i *)(dst + i + 32), b);
+        __m256i v[2];
+        for (int k = 0; k < 2; k++) v[k] = _mm256_loadu_si256((const __m256i *)(src + i + 32 * k));
+        for (int k = 0; k < 2; k++) _mm256_stream_si256((__m256i *)(dst + i + 32 * k), v[k]);
     }
 }
 
@@ -111,14 +107,9 @@ __attribute__((target("avx2"))) static void kvo__stream4_avx2(unsigned char *dst
 __attribute__((target("sse2"))) static void kvo__stream_sse2(unsigned char *dst, const unsigned char *src,
                                                               size_t n) {
     for (size_t i = 0; i < n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-        _mm_stream_si128((__m128i *)(dst + i), a);
-        _mm_stream_si128((__m128i *)(dst + i + 16), b);
-        _mm_stream_si128((__m128i *)(dst + i + 32), c);
-        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+        __m128i v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm_loadu_si128((const __m128i *)(src + i + 16 * k));
+        for (int k = 0; k < 4; k++) _mm_stream_si128((__m128i *)(dst + i + 16 * k), v[k]);
     }
 }
 #endif

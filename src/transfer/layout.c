@@ -140,60 +140,45 @@ int kvo_layout_hash(const kvo_plan *plan, const kvo_segment *segs, size_t n, uin
     return 0;
 }
 
-int kvo__xlayout_build(const kvo_plan *plan, const kvo__xfer_device_ops *dev, void *dev_state,
-                       const kvo_segment *segs, size_t n, kvo__xlayout **out) {
+/* One segment on its own: group, base, sizes, address range, reachability. */
+static int kvo__xcheck_segment(const kvo_plan *plan, const kvo__xfer_device_ops *dev, void *dev_state,
+                               const kvo_segment *s, size_t i) {
     size_t ng = kvo_plan_num_groups(plan);
-    if (n && !segs) return kvo__error(KVO_EINVAL, "kvo_transfer_set_layout: segs is NULL but n = %zu", n);
-    if (n > UINT32_MAX) return kvo__error(KVO_EINVAL, "kvo_transfer_set_layout: %zu segments is too many", n);
-
-    /* Each segment on its own. */
-    for (size_t i = 0; i < n; i++) {
-        const kvo_segment *s = &segs[i];
-        if (s->group >= ng)
-            return kvo__error(KVO_EINVAL, "segment %zu: group id %u does not exist (the plan has %zu groups)", i,
-                              s->group, ng);
-        const char *gn = kvo__gname(plan, s->group);
-        if (!s->base)
-            return kvo__error(KVO_EINVAL, "group '%s' (id %u), segment %zu: base is NULL", gn, s->group, i);
-        if (s->num_blocks == 0 || s->page_bytes == 0)
-            return kvo__error(KVO_ELAYOUT, "group '%s' (id %u), segment %zu: num_blocks %llu and page_bytes %llu must be >= 1",
-                              gn, s->group, i, (unsigned long long)s->num_blocks, (unsigned long long)s->page_bytes);
-        if (s->block_stride < s->page_bytes)
-            return kvo__error(KVO_ELAYOUT,
-                              "group '%s' (id %u), segment %zu: block_stride %llu is smaller than page_bytes %llu "
-                              "(pages of consecutive blocks would overlap; stride must be >= %llu)",
-                              gn, s->group, i, (unsigned long long)s->block_stride,
-                              (unsigned long long)s->page_bytes, (unsigned long long)s->page_bytes);
-        uint64_t span, end;
-        if (kvo__mul_u64(s->num_blocks - 1, s->block_stride, &span) || kvo__add_u64(span, s->page_bytes, &span) ||
-            kvo__add_u64((uint64_t)(uintptr_t)s->base, span, &end) || end > (uint64_t)UINTPTR_MAX)
-            return kvo__error(KVO_ERANGE,
-                              "group '%s' (id %u), segment %zu: base %p + (num_blocks %llu - 1) * stride %llu + "
-                              "page %llu overflows the address space",
-                              gn, s->group, i, s->base, (unsigned long long)s->num_blocks,
-                              (unsigned long long)s->block_stride, (unsigned long long)s->page_bytes);
-        if (dev->check_engine_range) {
-            int rc = dev->check_engine_range(dev_state, s->base, span);
-            if (rc) return kvo__error_prefix(rc, "group '%s' (id %u), segment %zu", gn, s->group, i);
-        }
+    if (s->group >= ng)
+        return kvo__error(KVO_EINVAL, "segment %zu: group id %u does not exist (the plan has %zu groups)", i,
+                          s->group, ng);
+    const char *gn = kvo__gname(plan, s->group);
+    if (!s->base)
+        return kvo__error(KVO_EINVAL, "group '%s' (id %u), segment %zu: base is NULL", gn, s->group, i);
+    if (s->num_blocks == 0 || s->page_bytes == 0)
+        return kvo__error(KVO_ELAYOUT, "group '%s' (id %u), segment %zu: num_blocks %llu and page_bytes %llu must be >= 1",
+                          gn, s->group, i, (unsigned long long)s->num_blocks, (unsigned long long)s->page_bytes);
+    if (s->block_stride < s->page_bytes)
+        return kvo__error(KVO_ELAYOUT,
+                          "group '%s' (id %u), segment %zu: block_stride %llu is smaller than page_bytes %llu "
+                          "(pages of consecutive blocks would overlap; stride must be >= %llu)",
+                          gn, s->group, i, (unsigned long long)s->block_stride,
+                          (unsigned long long)s->page_bytes, (unsigned long long)s->page_bytes);
+    uint64_t span, end;
+    if (kvo__mul_u64(s->num_blocks - 1, s->block_stride, &span) || kvo__add_u64(span, s->page_bytes, &span) ||
+        kvo__add_u64((uint64_t)(uintptr_t)s->base, span, &end) || end > (uint64_t)UINTPTR_MAX)
+        return kvo__error(KVO_ERANGE,
+                          "group '%s' (id %u), segment %zu: base %p + (num_blocks %llu - 1) * stride %llu + "
+                          "page %llu overflows the address space",
+                          gn, s->group, i, s->base, (unsigned long long)s->num_blocks,
+                          (unsigned long long)s->block_stride, (unsigned long long)s->page_bytes);
+    if (dev->check_engine_range) {
+        int rc = dev->check_engine_range(dev_state, s->base, span);
+        if (rc) return kvo__error_prefix(rc, "group '%s' (id %u), segment %zu", gn, s->group, i);
     }
+    return 0;
+}
 
-    kvo__xlayout *l = kvo__calloc(1, sizeof *l);
-    kvo__xext *ext = kvo__malloc(sizeof *ext * (n ? n : 1));
-    if (!l || !ext || !(l->segs = kvo__malloc(sizeof *l->segs * (n ? n : 1)))) {
-        kvo__free(ext);
-        kvo__xlayout_free(l);
-        return kvo__error(KVO_ENOMEM, "kvo_transfer_set_layout: out of memory for %zu segments", n);
-    }
-    l->refs = 1;
-    l->n_segs = n;
-    l->n_groups = ng;
-    int rc = 0;
-
-    /* Per group: counts, then segments regrouped in caller order. */
+/* Segments regrouped by group, in caller order within a group. */
+static void kvo__xregroup(kvo__xlayout *l, const kvo_segment *segs, size_t n) {
     for (size_t i = 0; i < n; i++) l->groups[segs[i].group].n_segs++;
     uint32_t pos = 0;
-    for (size_t g = 0; g < ng; g++) {
+    for (size_t g = 0; g < l->n_groups; g++) {
         l->groups[g].first_seg = pos;
         pos += l->groups[g].n_segs;
         l->groups[g].n_segs = 0;
@@ -208,98 +193,125 @@ int kvo__xlayout_build(const kvo_plan *plan, const kvo__xfer_device_ops *dev, vo
         x->group = segs[i].group;
         x->user_index = (uint32_t)i;
     }
+}
 
-    /* Geometry per group. */
-    for (size_t g = 0; g < ng && !rc; g++) {
-        const kvo_group_plan *gp = kvo_plan_group(plan, g);
-        kvo__xgroup *G = &l->groups[g];
-        if (!gp->offloaded) continue;
-        if (G->n_segs == 0) {
-            rc = kvo__error(KVO_ELAYOUT,
-                            "group '%s' (id %zu) is offloaded but has no segment in the layout (it needs segments "
-                            "whose pages add up to layers %u * page_bytes %llu = %llu bytes per block)",
-                            gp->name, g, gp->layers, (unsigned long long)gp->page_bytes,
-                            (unsigned long long)(gp->layers * gp->page_bytes));
-            break;
+/* Group g's geometry from its segments: they hold the same blocks and their
+ * pages add up to the plan's block; work-unit sizes. */
+static int kvo__xgroup_geometry(const kvo_plan *plan, kvo__xlayout *l, size_t g) {
+    const kvo_group_plan *gp = kvo_plan_group(plan, g);
+    kvo__xgroup *G = &l->groups[g];
+    if (!gp->offloaded) return 0;
+    if (G->n_segs == 0) {
+        return kvo__error(KVO_ELAYOUT,
+                          "group '%s' (id %zu) is offloaded but has no segment in the layout (it needs segments "
+                          "whose pages add up to layers %u * page_bytes %llu = %llu bytes per block)",
+                          gp->name, g, gp->layers, (unsigned long long)gp->page_bytes,
+                          (unsigned long long)(gp->layers * gp->page_bytes));
+    }
+    uint64_t sum = 0, maxpage = 0;
+    const kvo__xseg *s0 = &l->segs[G->first_seg];
+    for (uint32_t k = 0; k < G->n_segs; k++) {
+        kvo__xseg *x = &l->segs[G->first_seg + k];
+        if (x->num_blocks != s0->num_blocks) {
+            return kvo__error(KVO_ELAYOUT,
+                              "group '%s' (id %zu), segment %u: num_blocks %llu differs from segment %u's %llu "
+                              "(every segment of a group holds the same engine blocks)",
+                              gp->name, g, x->user_index, (unsigned long long)x->num_blocks, s0->user_index,
+                              (unsigned long long)s0->num_blocks);
         }
-        uint64_t sum = 0, maxpage = 0;
-        const kvo__xseg *s0 = &l->segs[G->first_seg];
-        for (uint32_t k = 0; k < G->n_segs; k++) {
-            kvo__xseg *x = &l->segs[G->first_seg + k];
-            if (x->num_blocks != s0->num_blocks) {
+        x->slot_prefix = sum;
+        if (kvo__add_u64(sum, x->page, &sum)) sum = UINT64_MAX;
+        if (x->page > maxpage) maxpage = x->page;
+    }
+    uint64_t want = (uint64_t)gp->layers * gp->page_bytes; /* < 2^63: checked by the plan */
+    if (sum != want) {
+        char idx[160];
+        size_t o = 0;
+        idx[0] = '\0';
+        for (uint32_t k = 0; k < G->n_segs && o < sizeof idx - 16; k++)
+            o += (size_t)snprintf(idx + o, sizeof idx - o, "%s%u", k ? "," : "",
+                                  l->segs[G->first_seg + k].user_index);
+        if (o >= sizeof idx - 16) snprintf(idx + o, sizeof idx - o, ",...");
+        return kvo__error(KVO_ELAYOUT,
+                          "group '%s' (id %zu): the pages of its %u segment(s) [%s] add up to %llu bytes per "
+                          "block, but the geometry needs layers %u * page_bytes %llu = %llu (last segment %u "
+                          "has page_bytes %llu)",
+                          gp->name, g, G->n_segs, idx, (unsigned long long)sum, gp->layers,
+                          (unsigned long long)gp->page_bytes, (unsigned long long)want,
+                          l->segs[G->first_seg + G->n_segs - 1].user_index,
+                          (unsigned long long)l->segs[G->first_seg + G->n_segs - 1].page);
+    }
+    G->num_blocks = s0->num_blocks;
+    G->block_bytes = sum;
+    G->blocks_per_chunk = gp->blocks_per_chunk;
+    G->chunk_bytes = gp->chunk_bytes;
+    uint64_t ub = KVO__XUNIT_BYTES / maxpage;
+    if (ub < 1) ub = 1;
+    if (ub > gp->blocks_per_chunk) ub = gp->blocks_per_chunk;
+    G->unit_blocks = (uint32_t)ub;
+    G->unit_parts = 1;
+    if (maxpage >= KVO__XSPLIT_BYTES) {
+        uint64_t parts = kvo__div_ceil_u64(maxpage, KVO__XPART_BYTES);
+        G->unit_parts = parts > UINT32_MAX ? UINT32_MAX : (uint32_t)parts;
+    }
+    return 0;
+}
+
+/* No byte in two segments: extents sorted by start, each compared with the
+ * ones starting before it ends.  ext: scratch of n entries. */
+static int kvo__xcheck_overlaps(const kvo_plan *plan, const kvo_segment *segs, size_t n, kvo__xext *ext) {
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        ext[i].lo = (uintptr_t)segs[i].base;
+        ext[i].hi = ext[i].lo + (uintptr_t)((segs[i].num_blocks - 1) * segs[i].block_stride + segs[i].page_bytes);
+        ext[i].idx = (uint32_t)i;
+    }
+    qsort(ext, n, sizeof *ext, kvo__xext_cmp);
+    for (size_t i = 0; i < n && !rc; i++) {
+        for (size_t j = i + 1; j < n && ext[j].lo < ext[i].hi; j++) {
+            const kvo_segment *a = &segs[ext[i].idx], *b = &segs[ext[j].idx];
+            uint64_t pa, pb;
+            if (kvo__seg_overlap(a, b, &pa, &pb)) {
                 rc = kvo__error(KVO_ELAYOUT,
-                                "group '%s' (id %zu), segment %u: num_blocks %llu differs from segment %u's %llu "
-                                "(every segment of a group holds the same engine blocks)",
-                                gp->name, g, x->user_index, (unsigned long long)x->num_blocks, s0->user_index,
-                                (unsigned long long)s0->num_blocks);
+                                "segments overlap: group '%s' (id %u) segment %u (block %llu at %p, %llu bytes) "
+                                "and group '%s' (id %u) segment %u (block %llu at %p, %llu bytes) share bytes",
+                                kvo__gname(plan, a->group), a->group, ext[i].idx, (unsigned long long)pa,
+                                (void *)((uintptr_t)a->base + pa * a->block_stride),
+                                (unsigned long long)a->page_bytes, kvo__gname(plan, b->group), b->group,
+                                ext[j].idx, (unsigned long long)pb,
+                                (void *)((uintptr_t)b->base + pb * b->block_stride),
+                                (unsigned long long)b->page_bytes);
                 break;
             }
-            x->slot_prefix = sum;
-            if (kvo__add_u64(sum, x->page, &sum)) sum = UINT64_MAX;
-            if (x->page > maxpage) maxpage = x->page;
         }
-        if (rc) break;
-        uint64_t want = (uint64_t)gp->layers * gp->page_bytes; /* < 2^63: checked by the plan */
-        if (sum != want) {
-            char idx[160];
-            size_t o = 0;
-            idx[0] = '\0';
-            for (uint32_t k = 0; k < G->n_segs && o < sizeof idx - 16; k++)
-                o += (size_t)snprintf(idx + o, sizeof idx - o, "%s%u", k ? "," : "",
-                                      l->segs[G->first_seg + k].user_index);
-            if (o >= sizeof idx - 16) snprintf(idx + o, sizeof idx - o, ",...");
-            rc = kvo__error(KVO_ELAYOUT,
-                            "group '%s' (id %zu): the pages of its %u segment(s) [%s] add up to %llu bytes per "
-                            "block, but the geometry needs layers %u * page_bytes %llu = %llu (last segment %u "
-                            "has page_bytes %llu)",
-                            gp->name, g, G->n_segs, idx, (unsigned long long)sum, gp->layers,
-                            (unsigned long long)gp->page_bytes, (unsigned long long)want,
-                            l->segs[G->first_seg + G->n_segs - 1].user_index,
-                            (unsigned long long)l->segs[G->first_seg + G->n_segs - 1].page);
-            break;
-        }
-        G->num_blocks = s0->num_blocks;
-        G->block_bytes = sum;
-        G->blocks_per_chunk = gp->blocks_per_chunk;
-        G->chunk_bytes = gp->chunk_bytes;
-        uint64_t ub = KVO__XUNIT_BYTES / maxpage;
-        if (ub < 1) ub = 1;
-        if (ub > gp->blocks_per_chunk) ub = gp->blocks_per_chunk;
-        G->unit_blocks = (uint32_t)ub;
-        G->unit_parts = 1;
-        if (maxpage >= KVO__XSPLIT_BYTES) {
-            uint64_t parts = kvo__div_ceil_u64(maxpage, KVO__XPART_BYTES);
-            G->unit_parts = parts > UINT32_MAX ? UINT32_MAX : (uint32_t)parts;
-        }
+    }
+    return rc;
+}
+
+int kvo__xlayout_build(const kvo_plan *plan, const kvo__xfer_device_ops *dev, void *dev_state,
+                       const kvo_segment *segs, size_t n, kvo__xlayout **out) {
+    size_t ng = kvo_plan_num_groups(plan);
+    if (n && !segs) return kvo__error(KVO_EINVAL, "kvo_transfer_set_layout: segs is NULL but n = %zu", n);
+    if (n > UINT32_MAX) return kvo__error(KVO_EINVAL, "kvo_transfer_set_layout: %zu segments is too many", n);
+    for (size_t i = 0; i < n; i++) {
+        int rc = kvo__xcheck_segment(plan, dev, dev_state, &segs[i], i);
+        if (rc) return rc;
     }
 
-    /* No byte in two segments. */
-    if (!rc) {
-        for (size_t i = 0; i < n; i++) {
-            ext[i].lo = (uintptr_t)segs[i].base;
-            ext[i].hi = ext[i].lo + (uintptr_t)((segs[i].num_blocks - 1) * segs[i].block_stride + segs[i].page_bytes);
-            ext[i].idx = (uint32_t)i;
-        }
-        qsort(ext, n, sizeof *ext, kvo__xext_cmp);
-        for (size_t i = 0; i < n && !rc; i++) {
-            for (size_t j = i + 1; j < n && ext[j].lo < ext[i].hi; j++) {
-                const kvo_segment *a = &segs[ext[i].idx], *b = &segs[ext[j].idx];
-                uint64_t pa, pb;
-                if (kvo__seg_overlap(a, b, &pa, &pb)) {
-                    rc = kvo__error(KVO_ELAYOUT,
-                                    "segments overlap: group '%s' (id %u) segment %u (block %llu at %p, %llu bytes) "
-                                    "and group '%s' (id %u) segment %u (block %llu at %p, %llu bytes) share bytes",
-                                    kvo__gname(plan, a->group), a->group, ext[i].idx, (unsigned long long)pa,
-                                    (void *)((uintptr_t)a->base + pa * a->block_stride),
-                                    (unsigned long long)a->page_bytes, kvo__gname(plan, b->group), b->group,
-                                    ext[j].idx, (unsigned long long)pb,
-                                    (void *)((uintptr_t)b->base + pb * b->block_stride),
-                                    (unsigned long long)b->page_bytes);
-                    break;
-                }
-            }
-        }
+    kvo__xlayout *l = kvo__calloc(1, sizeof *l);
+    kvo__xext *ext = kvo__malloc(sizeof *ext * (n ? n : 1));
+    if (!l || !ext || !(l->segs = kvo__malloc(sizeof *l->segs * (n ? n : 1)))) {
+        kvo__free(ext);
+        kvo__xlayout_free(l);
+        return kvo__error(KVO_ENOMEM, "kvo_transfer_set_layout: out of memory for %zu segments", n);
     }
+    l->refs = 1;
+    l->n_segs = n;
+    l->n_groups = ng;
+    kvo__xregroup(l, segs, n);
+    int rc = 0;
+    for (size_t g = 0; g < ng && !rc; g++) rc = kvo__xgroup_geometry(plan, l, g);
+    if (!rc) rc = kvo__xcheck_overlaps(plan, segs, n, ext);
     kvo__free(ext);
     if (rc) {
         kvo__xlayout_free(l);

@@ -78,4 +78,139 @@ void kvo__transfer_allow_units(kvo_transfer *t, int64_t units);
 /* Tests: what is left of that allowance (0: all claimed). */
 int64_t kvo__transfer_units_allowed(kvo_transfer *t);
 
+/* ------------------------------------------------- engine internals -- */
+/* Shared by transfer.c (public API), transfer_queue.c (dependency graph,
+ * ready and live lists, results), transfer_worker.c (workers) and
+ * transfer_submit.c (submit); transfer.c's essay describes the design. */
+#include <pthread.h>
+
+#include "core/hmap.h"
+
+#define KVO__XREADERS 4
+#define KVO__XTAG_SLOT UINT64_MAX
+#define KVO__XTAG_JOB (UINT64_MAX - 1)
+
+enum { KVO__XJ_WAITING = 0, KVO__XJ_READY, KVO__XJ_RUNNING, KVO__XJ_ZOMBIE };
+
+typedef struct kvo__xjob kvo__xjob;
+
+typedef struct kvo__xedge {
+    kvo__xjob *to;
+    struct kvo__xedge *next;
+    bool raw;   /* predecessor writes something `to` reads */
+} kvo__xedge;
+
+typedef struct kvo__xop {
+    uint32_t group, first_block, n_blocks;
+    uint64_t units_per_seg;
+    uint64_t unit_start;
+    const uint64_t *blocks;
+    unsigned char *slot;
+} kvo__xop;
+
+typedef struct kvo__xres {
+    uint64_t a, b;   /* slot: (address, TAG_SLOT); engine block: (block id, group) */
+    uint64_t write;
+} kvo__xres;
+
+struct kvo__xjob {
+    uint64_t id;
+    int dir;
+    int state;
+    int status;      /* first failure while running, or the unstarted failure */
+    int dep_error;   /* a predecessor that wrote what we read failed */
+    bool started;
+    kvo__xlayout *layout;
+    uint64_t group_mask;
+    size_t n_ops;
+    kvo__xop *ops;
+    size_t n_res;
+    kvo__xres *res;
+    kvo__xedge *edges;         /* storage of incoming edges */
+    size_t n_edges, cap_edges;
+    kvo__xedge *succ;          /* outgoing edges (stored in the successors) */
+    uint64_t stamp;            /* id of the last job that linked to us */
+    kvo__xedge *stamp_edge;
+    uint32_t n_deps;
+    uint64_t n_units, next_unit, done_units;
+    uint64_t bytes, copies;
+    uint64_t t_start;
+    kvo__xjob *rprev, *rnext;  /* ready list */
+    kvo__xjob *lprev, *lnext;  /* live list (unfinished, not zombie) */
+    kvo__xjob *work_next;      /* retire worklist, then free list */
+    kvo__xjob *doom_next;      /* kvo__xfail_matching's list */
+    bool posted;               /* result posted */
+};
+
+/* An entry of the dependency table (a kvo__hmap entry: key, then used). */
+typedef struct kvo__xent {
+    uint64_t a, b;             /* kvo__xres's (a, b), or (job id, TAG_JOB) */
+    uint32_t used;
+    uint32_t n_readers;
+    kvo__xjob *writer;         /* TAG_JOB entries: the job */
+    kvo__xjob *readers[KVO__XREADERS];
+} kvo__xent;
+
+/* Things to free once the lock is dropped. */
+typedef struct kvo__xgc {
+    kvo__xjob *jobs;
+    kvo__xlayout *layouts[8];
+    size_t n_layouts;
+} kvo__xgc;
+
+struct kvo_transfer {
+    const kvo_plan *plan;
+    const kvo__xfer_device_ops *dev;
+    void *dev_state;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    uint32_t n_threads, n_started;
+    pthread_t threads[KVO_TRANSFER_MAX_THREADS];
+    void *wctx[KVO_TRANSFER_MAX_THREADS];
+    int efd;
+    bool closed, stop;
+    int64_t claim_budget;   /* tests: units workers may still claim; -1 = no limit */
+    uint32_t max_queued;
+    kvo__xlayout *layout;
+    uint64_t next_id;
+    kvo__xjob *ready_head[2], *ready_tail[2]; /* per direction: [KVO_XFER_LOAD] first */
+    kvo__xjob *live_head;
+    size_t n_live, n_zombies;
+    kvo__hmap tab;             /* kvo__xent: resources and job ids */
+    kvo_xfer_result *ring;
+    size_t ring_head, ring_count;
+    kvo_transfer_stats st;
+};
+
+/* transfer_queue.c; every function expects t->mu held. */
+/* Make room for `extra` more table entries; drops the lock while allocating.
+ * 0 or KVO_ENOMEM (no message). */
+int kvo__xtab_reserve(kvo_transfer *t, size_t extra);
+static inline kvo__xent *kvo__xtab_find(kvo_transfer *t, uint64_t a, uint64_t b) {
+    return kvo__hmap_find(&t->tab, a, b);
+}
+void kvo__xgc_layout_unref(kvo__xgc *gc, kvo__xlayout *l);
+/* Free what gc collected (lock not held). */
+void kvo__xgc_run(kvo__xgc *gc);
+void kvo__xready_push(kvo_transfer *t, kvo__xjob *j);
+void kvo__xready_remove(kvo_transfer *t, kvo__xjob *j);
+/* Link j into the graph: it depends on the last writer of what it touches
+ * and, for what it writes, on the readers since (ids and resources must have
+ * been reserved in the table).  Then it joins the live list. */
+void kvo__xlink(kvo_transfer *t, kvo__xjob *j);
+/* Post j's result, take it out of the live list and the id map. */
+void kvo__xpost(kvo_transfer *t, kvo__xjob *j, int status);
+/* Release j's resources and successors and free it (deferred into gc). */
+void kvo__xretire(kvo_transfer *t, kvo__xjob *j, int status, kvo__xgc *gc);
+void kvo__xfail_unstarted(kvo_transfer *t, kvo__xjob *j, int status, kvo__xgc *gc);
+void kvo__xfail_matching(kvo_transfer *t, uint64_t mask, int status, kvo__xgc *gc);
+
+/* transfer_worker.c: a worker thread's loop; arg is a kvo__xworker_arg the
+ * worker frees. */
+typedef struct kvo__xworker_arg {
+    kvo_transfer *t;
+    uint32_t index;
+} kvo__xworker_arg;
+void *kvo__xworker(void *arg);
+
 #endif

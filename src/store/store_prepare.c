@@ -1,0 +1,458 @@
+/*
+ * kvo_store_prepare_store and kvo_store_complete_store: writing chunks.
+ *
+ * prepare_store, the only call that evicts, runs in phases so that it is
+ * all-or-nothing without an undo log for the common failure:
+ *  1. validate every key (group, duplicates) and resolve entries: no change;
+ *  2. count the slots each class needs and test feasibility exactly in
+ *     O(classes) (kvo__slots_feasible): ENOSPC here changes nothing;
+ *  3. protect the batch's READY keys (out of the policy queues, busy);
+ *  4. plan: take victims from the policy and simulate the slot frees until
+ *     every class has room (after a walk budget without success the
+ *     victim's whole segment is reclaimed; a class with four segments of
+ *     spare slots gives up its emptiest partial segment first: see
+ *     slots.c); the plan is guaranteed to succeed by 2, so the only failure
+ *     left is an evicted[] buffer that is too small (ERANGE), undone by
+ *     putting the victims back in reverse order (exact for victims taken
+ *     from the victim end; reclaimed ones go back to the victim end);
+ *  5. commit: free the victims' slots (ghosts or gone), allocate slots in key
+ *     order, mark new entries PENDING, unprotect (the batch's present keys
+ *     count as used).
+ *
+ * Each phase is one function below; kvo_store_prepare_store only sequences
+ * them and owns the lock.
+ */
+#include "store/store_internal.h"
+
+/* -------------------------------------------------------------- store -- */
+
+static int kvo__push_victim(kvo_store *s, size_t nv, uint32_t e) {
+    int rc = kvo__grow((void **)&s->sc_vict, &s->sc_vcap, nv + 1, sizeof *s->sc_vict, 256, "store: victim list");
+    if (rc) return rc;
+    s->sc_vict[nv] = e;
+    return 0;
+}
+
+/* Duplicate detection over keys[0..n): set of indices into keys, sized 2n. */
+static int kvo__find_dup(kvo_store *s, const kvo_chunk_key *keys, size_t n, size_t *a, size_t *b) {
+    size_t m = 16;
+    while (m < 2 * n) m *= 2;
+    uint64_t *t = s->sc_set;
+    memset(t, 0xFF, m * sizeof *t);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = kvo__key_mix(&keys[i]);
+        for (size_t j = h & (m - 1);; j = (j + 1) & (m - 1)) {
+            if (t[j] == UINT64_MAX) { t[j] = i; break; }
+            if (kvo_chunk_key_eq(&keys[t[j]], &keys[i])) { *a = (size_t)t[j]; *b = i; return 1; }
+        }
+    }
+    return 0;
+}
+
+/* Simulation state of the eviction plan. */
+typedef struct kvo__plan {
+    uint64_t demand[KVO__MAX_CLASSES];
+    int64_t freeslots[KVO__MAX_CLASSES]; /* free slots in the class's non-empty segments */
+    uint64_t segs_needed;                /* sum over classes of segments still needed */
+    uint64_t nfree;                      /* free segments */
+    int64_t entries_short;               /* residents to evict for pool room */
+} kvo__plan;
+
+static uint64_t kvo__cls_need(const kvo_store *s, const kvo__plan *pl, uint32_t c) {
+    int64_t d = (int64_t)pl->demand[c] - pl->freeslots[c];
+    if (d <= 0) return 0;
+    return kvo__div_ceil_u64((uint64_t)d, s->sl.cls_k[c]);
+}
+
+/* Apply a planned victim to the simulation. */
+static void kvo__plan_victim(kvo_store *s, kvo__plan *pl, uint32_t e) {
+    kvo__slots *sl = &s->sl;
+    kvo__entry *x = &s->ent[e];
+    uint32_t g = kvo__slot_seg(sl, x->slot);
+    uint32_t c = x->cls;
+    uint64_t before = kvo__cls_need(s, pl, c);
+    sl->seg_planned[g]++;
+    if (sl->seg_used[g] - sl->seg_planned[g] > 0) {
+        pl->freeslots[c]++;
+    } else {
+        pl->freeslots[c] -= (int64_t)sl->cls_k[c] - 1;
+        pl->nfree++;
+    }
+    pl->segs_needed = pl->segs_needed - before + kvo__cls_need(s, pl, c);
+    pl->entries_short--;
+    x->flags |= KVO__F_VICTIM;
+}
+
+/* How far the eviction walk may go in policy order, in bytes, before it
+ * reclaims a whole segment for a class that lacks room.  Victims taken in
+ * policy order cost no hits (the policy chose them) and their slots are
+ * reused by their own classes' next stores; a reclaim evicts the segment's
+ * other entries out of order.  32 segments (at most 1/32 of the store) keeps
+ * hit rates within 1 % of an ideal unsegmented LRU in tests/test_store_frag.c
+ * while the transient over-eviction stays small. */
+static uint64_t kvo__walk_budget(const kvo_store *s) {
+    uint64_t w = 32 * s->sl.seg_bytes, cap = s->params.capacity_bytes / 32;
+    if (w > cap) w = cap;
+    return w > s->sl.seg_bytes ? w : s->sl.seg_bytes;
+}
+
+/* Compaction (below) only takes from a class with at least this many free
+ * slots beyond the batch's needs: four segments' worth.  Smaller thresholds
+ * reclaim constantly in plans with few slots per segment and evict entries
+ * out of policy order. */
+static uint64_t kvo__compact_min(const kvo_store *s, uint32_t c) { return 4 * (uint64_t)s->sl.cls_k[c]; }
+
+/* Take every live entry of segment g (none busy) as a victim. */
+static int kvo__reclaim_seg(kvo_store *s, kvo__plan *pl, uint32_t g, size_t *nv) {
+    uint32_t c = s->sl.seg_cls[g];
+    s->reclaims++;
+    for (uint32_t j = 0; j < s->sl.cls_k[c]; j++) {
+        uint32_t x = s->sl.slot_entry[g * s->sl.kmax + j];
+        if (x == KVO__NIL || (s->ent[x].flags & KVO__F_VICTIM)) continue;
+        s->pol->remove(s, x);
+        if (kvo__push_victim(s, *nv, x)) {
+            s->pol->reinsert(s, x);
+            return KVO_ENOMEM;
+        }
+        (*nv)++;
+        kvo__plan_victim(s, pl, x);
+    }
+    return 0;
+}
+
+/* Compaction by eviction: when a class needs a segment and another class
+ * holds at least a segment's worth of free slots (left by earlier
+ * evictions), the emptiest of the first few partial segments of that class
+ * (at most half full, nothing busy) is reclaimed: few evictions buy a whole
+ * segment, and stray free slots turn back into usable space.  Bounded: 8
+ * segments per class looked at. */
+static uint32_t kvo__compact_pick(kvo_store *s, const kvo__plan *pl) {
+    kvo__slots *sl = &s->sl;
+    uint32_t best = KVO__NIL, best_live = UINT32_MAX;
+    for (uint32_t c = 0; c < sl->nclass; c++) {
+        uint32_t k = sl->cls_k[c];
+        /* only classes with a segment's worth of slots to spare beyond
+         * what this batch needs from them */
+        if (pl->freeslots[c] - (int64_t)pl->demand[c] < (int64_t)kvo__compact_min(s, c)) continue;
+        uint32_t g = sl->cls_partial[c];
+        for (int t = 0; t < 8 && g != KVO__NIL; t++, g = sl->seg_next[g]) {
+            if (sl->seg_busy[g]) continue;
+            uint32_t live = sl->seg_used[g] - sl->seg_planned[g];
+            if (live == 0 || live * 2 > k || live >= best_live) continue;
+            best = g;
+            best_live = live;
+        }
+    }
+    return best;
+}
+
+/* prepare_store's scratch: sc_ent[i] is a present key's entry, NIL for a key
+ * to store, or this marker for a key the admission sketch turned away. */
+#define KVO__NOT_ADMITTED (KVO__NIL - 1)
+
+/* A present key of the batch that prepare_store protects (or, storing
+ * nothing, counts as used): READY and not pinned (pinned is busy already). */
+static inline bool kvo__protectable(const kvo_store *s, uint32_t e) {
+    return e < KVO__NOT_ADMITTED && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0;
+}
+
+/* Undo the protection of a present batch key (commit or rollback): it
+ * rejoins the policy queues, as a use.  No-op for other sc_ent values. */
+static inline void kvo__unprotect(kvo_store *s, uint32_t e) {
+    if (e >= KVO__NOT_ADMITTED || !(s->ent[e].flags & KVO__F_PROTECT)) return;
+    s->ent[e].flags &= (uint8_t)~KVO__F_PROTECT;
+    kvo__busy(s, e, -1);
+    s->pol->reinsert(s, e);
+}
+
+static inline bool kvo__plan_done(const kvo__plan *pl) {
+    return pl->segs_needed <= pl->nfree && pl->entries_short <= 0;
+}
+
+/* What resolution found in a batch. */
+typedef struct kvo__batch {
+    uint64_t n_new, bytes_new, n_not_admitted, n_present;
+} kvo__batch;
+
+/* Validation: arguments, keys, no key twice; resolves the batch into
+ * s->sc_ent.  Lock held; changes nothing the caller can see. */
+static int kvo__ps_validate(kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *fn) {
+    int rc = kvo__resolve(s, keys, n);
+    if (rc) return rc;
+    size_t da, db;
+    if (kvo__find_dup(s, keys, n, &da, &db))
+        return kvo__error(KVO_EINVAL, "%s: key %zu repeats key %zu (group %u); a batch names each chunk once", fn,
+                          db, da, keys[db].group);
+    return 0;
+}
+
+/* Resolution, step 1: classify the resolved keys (present, turned away by
+ * admission, or new: counted in pl->demand per class). */
+static void kvo__ps_classify(kvo_store *s, const kvo_chunk_key *keys, size_t n, kvo__plan *pl, kvo__batch *b) {
+    for (size_t i = 0; i < n; i++) {
+        if (s->sc_ent[i] != KVO__NIL) {
+            b->n_present++;
+            continue;
+        }
+        if (s->cms && kvo__cms_get(s, &keys[i]) < s->params.admit_after) {
+            b->n_not_admitted++;
+            s->sc_ent[i] = KVO__NOT_ADMITTED;
+            continue;
+        }
+        pl->demand[s->group_cls[keys[i].group]]++;
+        b->n_new++;
+        b->bytes_new += s->group_slot[keys[i].group];
+    }
+}
+
+/* Resolution, steps 2 and 3: exact feasibility (the batch's protectable keys
+ * count as busy), then protect them (out of the policy queues).  ENOSPC
+ * changes nothing but the rejected_stores counter. */
+static int kvo__ps_protect(kvo_store *s, size_t n, const kvo__plan *pl, const kvo__batch *b, const char *fn) {
+    uint64_t busy_extra = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = s->sc_ent[i];
+        if (kvo__protectable(s, e)) {
+            kvo__busy(s, e, +1);
+            busy_extra++;
+        }
+    }
+    uint64_t busy_total = s->pending + s->pinned + busy_extra;
+    if (busy_total + b->n_new > s->max_entries || !kvo__slots_feasible(&s->sl, pl->demand)) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t e = s->sc_ent[i];
+            if (kvo__protectable(s, e)) kvo__busy(s, e, -1);
+        }
+        s->rejected_stores++;
+        uint64_t pinned_b = 0;
+        for (uint32_t c = 0; c < s->sl.nclass; c++) pinned_b += s->sl.cls_busy[c] * s->sl.cls_bytes[c];
+        return kvo__error(KVO_ENOSPC,
+                          "%s: %llu new chunks need %llu bytes; capacity %llu, of which %llu bytes are pinned, "
+                          "pending or in this batch (%llu pinned, %llu pending entries, %llu entries max); "
+                          "complete loads/stores first, store fewer chunks per batch, or raise capacity",
+                          fn, (unsigned long long)b->n_new, (unsigned long long)b->bytes_new,
+                          (unsigned long long)s->params.capacity_bytes, (unsigned long long)pinned_b,
+                          (unsigned long long)s->pinned, (unsigned long long)s->pending,
+                          (unsigned long long)s->max_entries);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = s->sc_ent[i];
+        if (kvo__protectable(s, e)) {
+            s->pol->remove(s, e);
+            s->ent[e].flags |= KVO__F_PROTECT;
+        }
+    }
+    return 0;
+}
+
+/* Eviction, step 4: take victims (into s->sc_vict[0..*nv)) until every class
+ * has room.  On failure the caller rolls back the *nv victims taken. */
+static int kvo__ps_plan(kvo_store *s, kvo__plan *pl, uint64_t n_new, size_t *nv, const char *fn) {
+    for (uint32_t c = 0; c < s->sl.nclass; c++) pl->freeslots[c] = (int64_t)s->sl.cls_free[c];
+    pl->nfree = s->sl.nfree;
+    for (uint32_t c = 0; c < s->sl.nclass; c++) pl->segs_needed += kvo__cls_need(s, pl, c);
+    pl->entries_short = (int64_t)(s->resident + n_new) - (int64_t)s->max_entries;
+    uint64_t walked_bytes = 0;
+    while (!kvo__plan_done(pl)) {
+        if (pl->segs_needed > pl->nfree) {
+            uint32_t g = kvo__compact_pick(s, pl);
+            if (g != KVO__NIL) {
+                if (kvo__reclaim_seg(s, pl, g, nv))
+                    return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
+                continue;
+            }
+        }
+        uint32_t v = s->pol->take_victim(s);
+        if (v == KVO__NIL) break; /* cannot happen after the feasibility test */
+        if (kvo__push_victim(s, *nv, v)) {
+            s->pol->untake(s, v);
+            return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
+        }
+        (*nv)++;
+        kvo__plan_victim(s, pl, v);
+        walked_bytes += s->group_slot[s->ent[v].key.group];
+        if (!kvo__plan_done(pl) && pl->segs_needed > pl->nfree && walked_bytes >= kvo__walk_budget(s)) {
+            /* reclaim v's whole segment if nothing in it is busy */
+            uint32_t g = kvo__slot_seg(&s->sl, s->ent[v].slot);
+            if (s->sl.seg_busy[g] == 0 && s->sl.seg_used[g] > s->sl.seg_planned[g]) {
+                if (kvo__reclaim_seg(s, pl, g, nv))
+                    return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
+                walked_bytes = 0;
+            }
+        }
+    }
+    if (!kvo__plan_done(pl))
+        return kvo__error(KVO_ENOSPC, "%s: internal: eviction plan fell short (%llu segments needed, %llu free)", fn,
+                          (unsigned long long)pl->segs_needed, (unsigned long long)pl->nfree);
+    return 0;
+}
+
+/* Commit, step 5a: the planned victims become ghosts (or go), reported in
+ * evicted[] when given. */
+static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evicted, kvo_slot *evicted_slots) {
+    for (size_t i = 0; i < nv; i++) {
+        uint32_t v = s->sc_vict[i];
+        kvo__entry *x = &s->ent[v];
+        uint32_t g = x->key.group;
+        if (evicted) {
+            evicted[i] = x->key;
+            evicted_slots[i].offset = x->offset;
+            evicted_slots[i].bytes = s->group_slot[g];
+        }
+        s->sl.seg_planned[kvo__slot_seg(&s->sl, x->slot)] = 0;
+        x->flags &= (uint8_t)~KVO__F_VICTIM;
+        kvo__event(s, KVO_EVENT_EVICTED, &x->key);
+        kvo__resident_release(s, v);
+        s->evictions++;
+        s->g_evictions[g]++;
+        x->state = KVO__E_GHOST;
+        s->ghosts++;
+        s->pol->evicted(s, v);
+    }
+}
+
+/* Commit, step 5b: new key i gets an entry (a revived ghost or a fresh one)
+ * and a slot, PENDING. */
+static void kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, kvo_slot *slot_out) {
+    uint32_t g = key->group;
+    uint32_t c = s->group_cls[g];
+    uint32_t e = kvo__index_find(s, key);
+    if (e != KVO__NIL) { /* a ghost: revive */
+        assert(s->ent[e].state == KVO__E_GHOST);
+        s->pol->ghost_claim(s, e);
+        s->ghosts--;
+    } else {
+        e = kvo__entry_new(s, key);
+    }
+    kvo__entry *x = &s->ent[e];
+    uint64_t off = 0;
+    uint32_t slot = kvo__slots_alloc(&s->sl, c, e, &off);
+    assert(slot != KVO__NIL);
+    x->slot = slot;
+    x->offset = off;
+    x->cls = (uint8_t)c;
+    x->state = KVO__E_PENDING;
+    x->pins = 0;
+    x->flags = 0;
+    kvo__busy(s, e, +1);
+    s->pending++;
+    s->resident++;
+    s->bytes_used += s->group_slot[g];
+    s->g_chunks[g]++;
+    s->stores++;
+    s->g_stores[g]++;
+    slot_out->offset = off;
+    slot_out->bytes = s->group_slot[g];
+}
+
+/* Undo steps 3 and 4: victims back in reverse order, protection lifted. */
+static void kvo__ps_rollback(kvo_store *s, size_t n, size_t nv) {
+    while (nv > 0) {
+        uint32_t v = s->sc_vict[--nv];
+        s->ent[v].flags &= (uint8_t)~KVO__F_VICTIM;
+        s->sl.seg_planned[kvo__slot_seg(&s->sl, s->ent[v].slot)] = 0;
+        s->pol->untake(s, v);
+    }
+    for (size_t i = 0; i < n; i++) kvo__unprotect(s, s->sc_ent[i]);
+    s->rejected_stores++;
+}
+
+int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots,
+                            kvo_chunk_key *evicted, kvo_slot *evicted_slots, size_t evicted_cap,
+                            size_t *n_evicted) {
+    static const char fn[] = "kvo_store_prepare_store";
+    int rc = kvo__check_batch(s, keys, n, need, fn);
+    if (rc) return rc;
+    if (!slots) return kvo__error(KVO_EINVAL, "%s: NULL slots", fn);
+    if (evicted_cap && (!evicted || !evicted_slots))
+        return kvo__error(KVO_EINVAL, "%s: evicted_cap %zu with a NULL evicted array", fn, evicted_cap);
+    kvo__store_lock(s);
+    rc = kvo__ps_validate(s, keys, n, fn);
+    if (rc) goto out;
+    kvo__plan pl;
+    memset(&pl, 0, sizeof pl);
+    kvo__batch b = {0};
+    kvo__ps_classify(s, keys, n, &pl, &b);
+    size_t nv = 0;
+    if (b.n_new) {
+        rc = kvo__ps_protect(s, n, &pl, &b, fn);
+        if (rc) goto out;
+        rc = kvo__ps_plan(s, &pl, b.n_new, &nv, fn);
+        if (!rc && nv > evicted_cap && (evicted || evicted_slots || evicted_cap)) {
+            rc = kvo__error(KVO_ERANGE, "%s: %zu chunks must be evicted, evicted arrays hold %zu", fn, nv,
+                            evicted_cap);
+            if (n_evicted) *n_evicted = nv;
+        }
+        if (rc) {
+            kvo__ps_rollback(s, n, nv);
+            goto out;
+        }
+    } else {
+        /* nothing to write: present READY keys just count as used */
+        for (size_t i = 0; i < n; i++)
+            if (kvo__protectable(s, s->sc_ent[i])) s->pol->hit(s, s->sc_ent[i]);
+    }
+    kvo__ps_commit_victims(s, nv, evicted, evicted_slots);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = s->sc_ent[i];
+        need[i] = e == KVO__NIL;
+        if (e == KVO__NIL) {
+            kvo__ps_commit_new(s, &keys[i], &slots[i]);
+        } else {
+            slots[i].offset = 0;
+            slots[i].bytes = 0;
+            kvo__unprotect(s, e);
+        }
+    }
+    s->store_skipped_present += b.n_present;
+    s->store_not_admitted += b.n_not_admitted;
+    if (n_evicted) *n_evicted = nv;
+out:
+    kvo__store_unlock(s);
+    return rc;
+}
+
+int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, bool ok) {
+    static const char fn[] = "kvo_store_complete_store";
+    int rc = kvo__batch_begin(s, keys, n, keys, fn);
+    if (rc) return rc;
+    /* every key must name a PENDING entry; duplicates are caught by marking
+     * the entries (no set needed: all keys are present) */
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t e = s->sc_ent[i];
+        if (e == KVO__NIL || s->ent[e].state != KVO__E_PENDING) {
+            rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is %s, not PENDING (it was not prepared, or "
+                            "was already completed)", fn, i, keys[i].group, e == KVO__NIL ? "absent" : "READY");
+            break;
+        }
+        if (s->ent[e].flags & KVO__F_BATCH) {
+            rc = kvo__error(KVO_EINVAL, "%s: key %zu repeats an earlier key of the batch (group %u)", fn, i,
+                            keys[i].group);
+            break;
+        }
+        s->ent[e].flags |= KVO__F_BATCH;
+    }
+    if (rc) {
+        while (i > 0) s->ent[s->sc_ent[--i]].flags &= (uint8_t)~KVO__F_BATCH;
+        goto out;
+    }
+    for (i = 0; i < n; i++) {
+        uint32_t e = s->sc_ent[i];
+        kvo__entry *x = &s->ent[e];
+        x->flags &= (uint8_t)~KVO__F_BATCH;
+        if (ok) {
+            x->state = KVO__E_READY;
+            s->pending--;
+            kvo__busy(s, e, -1);
+            s->pol->insert(s, e);
+            kvo__event(s, KVO_EVENT_STORED, &x->key);
+        } else {
+            s->removals++;
+            kvo__resident_drop(s, e, KVO_EVENT_REMOVED);
+        }
+    }
+out:
+    kvo__store_unlock(s);
+    return rc;
+}
