@@ -12,7 +12,9 @@
  * tensor of total/P blocks in device memory, shuffled block ids (no two pages
  * of a chunk adjacent: a true gather/scatter), chunks of about 2 MiB, one job
  * moves every chunk.  Limit and jobs run interleaved, --reps rounds, best of
- * each.  Goals (issue 14): >= 0.9 of the limit for pages >= 64 KiB, >= 0.75
+ * each.  Pages up to the kernel threshold (16 KiB) are also measured with the
+ * kernel off (".copy_engine_only"), so the run shows which is faster.
+ * Goals (issue 14): >= 0.9 of the limit for pages >= 64 KiB, >= 0.75
  * at 16 KiB; no GPU has run this yet (docs/gpu.md).
  *
  * Without CUDA in the build, or without a device, it fails with a message.
@@ -42,11 +44,17 @@ static double kvo__bcuda_memcpy_time(void *dst, const void *src, size_t n, cudaS
     return kvo_bench_now() - t0;
 }
 
-/* One page size: the limit and the jobs, interleaved. */
-static int kvo__bcuda_page(const kvo_bench_out *o, uint64_t page, uint64_t total, uint64_t reps, uint32_t threads,
-                           int index, unsigned char *dev, unsigned char *slots, cudaStream_t s) {
+/* One page size with the context params cp (figure names end in suffix):
+ * the limit and the jobs, interleaved. */
+static int kvo__bcuda_page(const kvo_bench_out *o, const kvo_cuda_params *cp, const char *suffix, uint64_t page,
+                           uint64_t total, uint64_t reps, uint32_t threads, unsigned char *dev, unsigned char *slots,
+                           cudaStream_t s) {
+    int index = cp->device_index;
     kvo__bsetup b;
-    int rc = kvo__bsetup_make(&b, page, total, slots);
+    kvo_cuda *cu = NULL;
+    int rc = kvo_cuda_create(cp, &cu);
+    if (!rc) rc = kvo__bsetup_make(&b, page, total, slots);
+    else memset(&b, 0, sizeof b);
     kvo_transfer *t = NULL;
     if (!rc) {
         kvo_transfer_params tp = kvo_transfer_default_params();
@@ -75,8 +83,8 @@ static int kvo__bcuda_page(const kvo_bench_out *o, uint64_t page, uint64_t total
         char name[128];
         for (int dir = 0; dir < 2; dir++) {
             double limit = (double)bytes[dir] / best[dir] / 1e9;
-            snprintf(name, sizeof name, "transfer.cuda.%s.page_%lluKiB.threads_%u", dir ? "load" : "store",
-                     (unsigned long long)(page >> 10), threads);
+            snprintf(name, sizeof name, "transfer.cuda.%s.page_%lluKiB.threads_%u%s", dir ? "load" : "store",
+                     (unsigned long long)(page >> 10), threads, suffix);
             kvo_bench_report(o, name, (double)bytes[dir] / best[2 + dir] / 1e9, "GB/s",
                              dir ? "cudaMemcpyAsync_h2d_same_bytes" : "cudaMemcpyAsync_d2h_same_bytes", limit);
         }
@@ -85,7 +93,8 @@ static int kvo__bcuda_page(const kvo_bench_out *o, uint64_t page, uint64_t total
                 kvo_last_error());
     }
     kvo_transfer_destroy(t);
-    kvo__bsetup_free(&b);
+    if (b.plan) kvo__bsetup_free(&b);
+    kvo_cuda_destroy(cu);
     return rc || err ? KVO_EXIT_FAIL : KVO_EXIT_OK;
 }
 
@@ -110,13 +119,13 @@ int kvo_bench_transfer_cuda(int argc, char **argv, const kvo_bench_out *o) {
             return KVO_EXIT_USAGE;
         }
     }
-    kvo_cuda_params cp = kvo_cuda_default_params();
-    cp.device_index = (int)index;
-    kvo_cuda *cu = NULL;
-    if (kvo_cuda_create(&cp, &cu)) {
+    int count = 0;
+    if (kvo_cuda_device_count(&count)) {
         fprintf(stderr, "kvoffload bench transfer --device cuda: %s\n", kvo_last_error());
         return KVO_EXIT_FAIL;
     }
+    kvo_cuda_params cp = kvo_cuda_default_params();
+    cp.device_index = (int)index;
     uint64_t total = total_mib << 20;
     unsigned char *dev = NULL, *slots = NULL;
     cudaStream_t s = NULL;
@@ -133,12 +142,20 @@ int kvo_bench_transfer_cuda(int argc, char **argv, const kvo_bench_out *o) {
         memset(slots, 0, total);
     }
     static const uint64_t pages[] = {16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20};
-    for (size_t pi = 0; pi < sizeof pages / sizeof pages[0] && ret == KVO_EXIT_OK; pi++)
-        ret = kvo__bcuda_page(o, pages[pi], total, reps, (uint32_t)threads, (int)index, dev, slots, s);
+    for (size_t pi = 0; pi < sizeof pages / sizeof pages[0] && ret == KVO_EXIT_OK; pi++) {
+        ret = kvo__bcuda_page(o, &cp, "", pages[pi], total, reps, (uint32_t)threads, dev, slots, s);
+        if (ret == KVO_EXIT_OK && pages[pi] <= cp.kernel_max_bytes) {
+            /* The same pages without the gather/scatter kernel: whether the
+             * kernel is faster is measured, not assumed. */
+            kvo_cuda_params ce = cp;
+            ce.kernel_max_bytes = 0;
+            ret = kvo__bcuda_page(o, &ce, ".copy_engine_only", pages[pi], total, reps, (uint32_t)threads, dev,
+                                  slots, s);
+        }
+    }
     if (s) cudaStreamDestroy(s);
     if (slots) cudaFreeHost(slots);
     if (dev) cudaFree(dev);
-    kvo_cuda_destroy(cu);
     return ret;
 }
 

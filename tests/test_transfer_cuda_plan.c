@@ -148,3 +148,108 @@ KVO_TEST(kernel_threads_fit_the_largest_piece) {
     ASSERT_EQ_U64(kvo__cuda_kernel_threads(16384), 256);
     ASSERT_EQ_U64(kvo__cuda_kernel_threads(1u << 20), 256);
 }
+
+/* ---- work-unit size asked by a device (device.h unit_bytes, layout.c) ----
+ * A "test" device (this executable's own) that asks for 1 MiB units, as the
+ * CUDA device asks for 2 MiB ones, and counts units and copies. */
+#include "transfer/device.h"
+
+static long UNITS, COPIES;
+static uint64_t UNIT_BYTES_SEEN;
+
+static int ud_open(const kvo__xfer_device_config *cfg, void **state) {
+    (void)cfg;
+    *state = &UNITS;
+    return 0;
+}
+static void ud_close(void *state) { (void)state; }
+static int ud_winit(void *state, uint32_t worker, void **wctx) {
+    (void)worker;
+    *wctx = state;
+    return 0;
+}
+static void ud_wfini(void *state, void *wctx) { (void)state; (void)wctx; }
+static void ud_copy(void *wctx, int dir, void *dst, const void *src, uint64_t bytes) {
+    (void)wctx;
+    (void)dir;
+    __atomic_fetch_add(&COPIES, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&UNIT_BYTES_SEEN, bytes, __ATOMIC_RELAXED);
+    memcpy(dst, src, bytes);
+}
+static int ud_unit_end(void *wctx) {
+    (void)wctx;
+    __atomic_fetch_add(&UNITS, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+static const char *ud_kind(void *state) { (void)state; return "unit-test"; }
+static bool ud_nt(void *state) { (void)state; return false; }
+
+const kvo__xfer_device_ops kvo__xfer_device_test = {
+    .name = "test", .open = ud_open, .close = ud_close, .check_engine_range = NULL,
+    .worker_init = ud_winit, .worker_fini = ud_wfini, .copy = ud_copy, .prefetch = NULL,
+    .unit_end = ud_unit_end, .copy_kind = ud_kind, .nontemporal = ud_nt,
+    .unit_bytes = 1u << 20,
+};
+
+/* One job of one op over nblk scattered pages of `page` bytes (bpc blocks
+ * per chunk) on device `dev`: how many units ran. */
+static long units_for(const char *dev, uint64_t page, uint32_t bpc) {
+    kvo_model *m;
+    ASSERT_OK(kvo_model_create("units", 16, &m));
+    kvo_group_desc d = kvo_group_desc_default();
+    snprintf(d.name, sizeof d.name, "kv");
+    d.tokens_per_block = 16;
+    d.layers = 1;
+    d.page_bytes = page;
+    ASSERT_OK(kvo_model_add_group(m, &d));
+    kvo_plan_params pp = kvo_plan_default_params();
+    pp.blocks_per_chunk = bpc;
+    kvo_plan *p;
+    ASSERT_OK(kvo_plan_create(m, &pp, &p));
+    kvo_model_destroy(m);
+    kvo_transfer_params tp = kvo_transfer_default_params();
+    tp.plan = p;
+    tp.device = dev;
+    kvo_transfer *t;
+    ASSERT_OK(kvo_transfer_create(&tp, &t));
+    uint64_t nb = 2 * (uint64_t)bpc;
+    unsigned char *eng = malloc(nb * page), *slot = malloc(bpc * page);
+    ASSERT_TRUE(eng && slot);
+    for (uint64_t i = 0; i < nb * page; i++) eng[i] = (unsigned char)(i * 7 + i / 4096);
+    kvo_segment seg = {0, eng, nb, page, page};
+    ASSERT_OK(kvo_transfer_set_layout(t, &seg, 1));
+    uint64_t *blk = malloc(bpc * sizeof *blk);
+    for (uint32_t i = 0; i < bpc; i++) blk[i] = 2 * i + 1; /* never adjacent */
+    kvo_xfer_op op = {0, 0, bpc, blk, slot, bpc * page};
+    __atomic_store_n(&UNITS, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&COPIES, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&UNIT_BYTES_SEEN, 0, __ATOMIC_RELAXED);
+    uint64_t id;
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, &op, 1, &id));
+    ASSERT_OK(kvo_transfer_wait(t, &id, 1, -1));
+    kvo_xfer_result r;
+    size_t n;
+    ASSERT_OK(kvo_transfer_poll(t, &r, 1, &n));
+    ASSERT_EQ_INT(r.status, 0);
+    ASSERT_EQ_U64(r.bytes, (uint64_t)bpc * page);
+    for (uint32_t i = 0; i < bpc; i++) ASSERT_MEM_EQ(slot + i * page, eng + blk[i] * page, page);
+    kvo_transfer_destroy(t);
+    kvo_plan_destroy(p);
+    free(blk);
+    free(eng);
+    free(slot);
+    return __atomic_load_n(&UNITS, __ATOMIC_RELAXED);
+}
+
+KVO_TEST(device_unit_bytes_sizes_work_units) {
+    /* 64 pages of 16 KiB = 1 MiB: 4 units of the core's default 256 KiB,
+     * one for a device asking for 1 MiB units. */
+    ASSERT_EQ_INT(units_for("test", 16384, 64), 1);
+    ASSERT_EQ_U64(__atomic_load_n(&COPIES, __ATOMIC_RELAXED), 64);
+    /* Pages of 3 MiB (>= 2 units): split into 3 parts of about 1 MiB each,
+     * one unit per part; every byte copied once. */
+    ASSERT_EQ_INT(units_for("test", 3u << 20, 2), 2 * 3);
+    ASSERT_EQ_U64(__atomic_load_n(&UNIT_BYTES_SEEN, __ATOMIC_RELAXED), 2 * (3u << 20));
+    /* Pages of 1.5 MiB (< 2 units): not split, one page per unit. */
+    ASSERT_EQ_INT(units_for("test", 3u << 19, 2), 2);
+}

@@ -64,6 +64,11 @@ typedef struct kvo__xfer_device_ops {
      * streams. */
     const char *(*copy_kind)(void *state);
     bool (*nontemporal)(void *state);
+    /* Bytes of pages per work unit (0: KVO__XUNIT_BYTES, sized for CPU
+     * copies).  A device that waits for completion once per unit (CUDA)
+     * asks for more, so the wait is small next to the copy; pages of at
+     * least twice this are then split into parts of about this size. */
+    uint64_t unit_bytes;
 } kvo__xfer_device_ops;
 
 /* The device called name (NULL = "host"), or NULL when not built in. */

@@ -262,13 +262,17 @@ int kvo__xlayout_build(const kvo_plan *plan, const kvo__xfer_device_ops *dev, vo
         G->block_bytes = sum;
         G->blocks_per_chunk = gp->blocks_per_chunk;
         G->chunk_bytes = gp->chunk_bytes;
-        uint64_t ub = KVO__XUNIT_BYTES / maxpage;
+        /* Work units: the device may ask for larger ones (device.h). */
+        uint64_t unit = dev->unit_bytes ? dev->unit_bytes : KVO__XUNIT_BYTES;
+        uint64_t split = dev->unit_bytes ? 2 * unit : KVO__XSPLIT_BYTES;
+        uint64_t part = dev->unit_bytes ? unit : KVO__XPART_BYTES;
+        uint64_t ub = unit / maxpage;
         if (ub < 1) ub = 1;
         if (ub > gp->blocks_per_chunk) ub = gp->blocks_per_chunk;
         G->unit_blocks = (uint32_t)ub;
         G->unit_parts = 1;
-        if (maxpage >= KVO__XSPLIT_BYTES) {
-            uint64_t parts = kvo__div_ceil_u64(maxpage, KVO__XPART_BYTES);
+        if (maxpage >= split) {
+            uint64_t parts = kvo__div_ceil_u64(maxpage, part);
             G->unit_parts = parts > UINT32_MAX ? UINT32_MAX : (uint32_t)parts;
         }
     }
