@@ -21,6 +21,8 @@ step() { # name, command...: run, log to $out/name.log, record the result
     if timeout 150 "$@" > "$out/$name.log" 2>&1; then r=ok; else r="FAILED($?)"; status=1; fi
     echo "$name: $r ($(( $(date +%s) - s0 )) s)" | tee -a "$out/summary.txt"
 }
+# nvcc where the toolkit installs it, when not on PATH.
+command -v nvcc >/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"; }
 : > "$out/summary.txt"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
     --format=csv 2>&1; nvcc --version 2>&1 | tail -1; } > "$out/machine.txt"
