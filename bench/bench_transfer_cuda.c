@@ -4,8 +4,8 @@
  * and load (pinned slot -> device) bandwidth of the transfer engine on the
  * CUDA device for pages of 16 KiB to 2 MiB, each as a ratio to the limit
  * measured in the same run: one cudaMemcpyAsync of the same number of bytes
- * between the same two buffers (the device tensor and the pinned slot
- * region), in the same direction, on a stream of its own, timed from enqueue
+ * between the same two buffers (the device tensor and the slot region,
+ * pinned with kvo_cuda_pin_host as an engine pins its arena), in the same direction, on a stream of its own, timed from enqueue
  * to completion on the host like the jobs.
  *
  * Setup per page size P: as the host benchmark (bench_transfer.h): one
@@ -51,10 +51,13 @@ static int kvo__bcuda_page(const kvo_bench_out *o, const kvo_cuda_params *cp, co
                            cudaStream_t s) {
     int index = cp->device_index;
     kvo__bsetup b;
+    memset(&b, 0, sizeof b);
     kvo_cuda *cu = NULL;
     int rc = kvo_cuda_create(cp, &cu);
+    /* The slots are pinned the way an engine pins its arena (the context
+     * unpins them when it is freed, below). */
+    if (!rc) rc = kvo_cuda_pin_host(cu, slots, total);
     if (!rc) rc = kvo__bsetup_make(&b, page, total, slots);
-    else memset(&b, 0, sizeof b);
     kvo_transfer *t = NULL;
     if (!rc) {
         kvo_transfer_params tp = kvo_transfer_default_params();
@@ -130,7 +133,7 @@ int kvo_bench_transfer_cuda(int argc, char **argv, const kvo_bench_out *o) {
     unsigned char *dev = NULL, *slots = NULL;
     cudaStream_t s = NULL;
     cudaError_t e = cudaMalloc((void **)&dev, total);
-    if (e == cudaSuccess) e = cudaMallocHost((void **)&slots, total);
+    if (e == cudaSuccess && posix_memalign((void **)&slots, 2 << 20, total)) e = cudaErrorMemoryAllocation;
     if (e == cudaSuccess) e = cudaMemset(dev, 0x5a, total);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     int ret = KVO_EXIT_OK;
@@ -139,7 +142,7 @@ int kvo_bench_transfer_cuda(int argc, char **argv, const kvo_bench_out *o) {
                 (unsigned long long)total_mib, cudaGetErrorString(e));
         ret = KVO_EXIT_FAIL;
     } else {
-        memset(slots, 0, total);
+        memset(slots, 0, total); /* pre-fault */
     }
     static const uint64_t pages[] = {16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20};
     for (size_t pi = 0; pi < sizeof pages / sizeof pages[0] && ret == KVO_EXIT_OK; pi++) {
@@ -154,7 +157,7 @@ int kvo_bench_transfer_cuda(int argc, char **argv, const kvo_bench_out *o) {
         }
     }
     if (s) cudaStreamDestroy(s);
-    if (slots) cudaFreeHost(slots);
+    free(slots);
     if (dev) cudaFree(dev);
     return ret;
 }

@@ -53,7 +53,9 @@ typedef struct kvo_cuda_params {
     uint32_t kernel_min_pieces; /* ... when a work unit has at least this many; default 4 */
     int batch;                  /* cudaMemcpyBatchAsync for several pieces: -1 auto (default),
                                    0 never (one cudaMemcpyAsync each), 1 required */
-    bool require_pinned;        /* a slot outside pinned host memory fails its job with
+    bool require_pinned;        /* (slots in memory from cudaHostAlloc are accepted too, at the cost
+                                   of a pointer query per piece: pin through kvo_cuda_pin_* for speed)
+                                   a slot outside pinned host memory fails its job with
                                    KVO_EINVAL (default true); false: such copies are
                                    staged by the driver (slow, synchronous) */
 } kvo_cuda_params;
