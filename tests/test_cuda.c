@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "kvo_test.h"
+#include "xfer_test_util.h"
 
 #if KVO_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -64,24 +65,6 @@ typedef struct cu_env {
     kvo_cuda *cu;
     kvo_transfer *t;
 } cu_env;
-
-/* One group, `layers` segments (one per layer) of pages of `page` bytes. */
-static kvo_plan *plan_one(uint32_t layers, uint64_t page, uint32_t bpc) {
-    kvo_model *m;
-    ASSERT_OK(kvo_model_create("cuda", 16, &m));
-    kvo_group_desc d = kvo_group_desc_default();
-    snprintf(d.name, sizeof d.name, "kv");
-    d.tokens_per_block = 16;
-    d.layers = layers;
-    d.page_bytes = page;
-    ASSERT_OK(kvo_model_add_group(m, &d));
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = bpc;
-    kvo_plan *p;
-    ASSERT_OK(kvo_plan_create(m, &pp, &p));
-    kvo_model_destroy(m);
-    return p;
-}
 
 static void env_open(cu_env *e, kvo_plan *plan, const kvo_cuda_params *cp) {
     e->plan = plan;
@@ -252,7 +235,7 @@ static void t_roundtrip(void) {
 /* Small scattered pages (kernel), large scattered pages (batch or single
  * copies), both directions; the counters show which path ran. */
 static void paths_case(uint64_t page, int batch, kvo_cuda_stats *st) {
-    kvo_plan *plan = plan_one(1, page, 16);
+    kvo_plan *plan = xt_one_group_plan(1, page, 16);
     kvo_cuda_params cp = kvo_cuda_default_params();
     cp.batch = batch;
     cu_env e;
@@ -299,7 +282,7 @@ static void t_paths(void) {
 }
 
 static void t_errors(void) {
-    kvo_plan *plan = plan_one(1, 4096, 4);
+    kvo_plan *plan = xt_one_group_plan(1, 4096, 4);
     kvo_cuda_params cp = kvo_cuda_default_params();
     cu_env e;
     env_open(&e, plan, &cp);
@@ -335,7 +318,7 @@ static void t_errors(void) {
 /* With a compute stream, a store waits for work enqueued on it before; the
  * load-stream event covers the loads enqueued so far. */
 static void t_ordering(void) {
-    kvo_plan *plan = plan_one(1, 1 << 20, 2);
+    kvo_plan *plan = xt_one_group_plan(1, 1 << 20, 2);
     kvo_cuda_params cp = kvo_cuda_default_params();
     cudaStream_t compute;
     CU_OK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "kvo_test.h"
+#include "xfer_test_util.h"
 #include "transfer/cuda/plan.h"
 
 /* Sum of bytes and an order-independent signature of the byte pairs
@@ -194,19 +195,7 @@ const kvo__xfer_device_ops kvo__xfer_device_test = {
 /* One job of one op over nblk scattered pages of `page` bytes (bpc blocks
  * per chunk) on device `dev`: how many units ran. */
 static long units_for(const char *dev, uint64_t page, uint32_t bpc) {
-    kvo_model *m;
-    ASSERT_OK(kvo_model_create("units", 16, &m));
-    kvo_group_desc d = kvo_group_desc_default();
-    snprintf(d.name, sizeof d.name, "kv");
-    d.tokens_per_block = 16;
-    d.layers = 1;
-    d.page_bytes = page;
-    ASSERT_OK(kvo_model_add_group(m, &d));
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = bpc;
-    kvo_plan *p;
-    ASSERT_OK(kvo_plan_create(m, &pp, &p));
-    kvo_model_destroy(m);
+    kvo_plan *p = xt_one_group_plan(1, page, bpc);
     kvo_transfer_params tp = kvo_transfer_default_params();
     tp.plan = p;
     tp.device = dev;
