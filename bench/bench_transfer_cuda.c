@@ -5,8 +5,9 @@
  * CUDA device for pages of 16 KiB to 2 MiB, each as a ratio to the limit
  * measured in the same run: one cudaMemcpyAsync of the same number of bytes
  * between the same two buffers (the device tensor and the slot region,
- * pinned with kvo_cuda_pin_host as an engine pins its arena), in the same direction, on a stream of its own, timed from enqueue
- * to completion on the host like the jobs.
+ * pinned with kvo_cuda_pin_host as an engine pins its arena), in the same
+ * direction, on a stream of its own, timed from enqueue to completion on the
+ * host like the jobs.
  *
  * Setup per page size P: as the host benchmark (bench_transfer.h): one
  * tensor of total/P blocks in device memory, shuffled block ids (no two pages
@@ -14,8 +15,8 @@
  * moves every chunk.  Limit and jobs run interleaved, --reps rounds, best of
  * each.  Pages up to the kernel threshold (16 KiB) are also measured with the
  * kernel off (".copy_engine_only"), so the run shows which is faster.
- * Goals (issue 14): >= 0.9 of the limit for pages >= 64 KiB, >= 0.75
- * at 16 KiB; no GPU has run this yet (docs/gpu.md).
+ * Goals (issue 14): >= 0.9 of the limit for pages >= 64 KiB, >= 0.75 at
+ * 16 KiB; no GPU has run this yet (docs/gpu.md).
  *
  * Without CUDA in the build, or without a device, it fails with a message.
  */

@@ -120,7 +120,8 @@ static int kvo__cuda_new(const kvo_cuda_params *p, kvo_cuda **out) {
     cu->st.batch_available = batch_ok;
     pthread_rwlock_init(&cu->pin_lock, NULL);
     cudaError_t e = cudaSetDevice(cu->index);
-    for (int d = 0; d < 2 && e == cudaSuccess; d++) e = cudaStreamCreateWithFlags(&cu->stream[d], cudaStreamNonBlocking);
+    for (int d = 0; d < 2 && e == cudaSuccess; d++)
+        e = cudaStreamCreateWithFlags(&cu->stream[d], cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         rc = kvo__cuda_error(e, "kvo_cuda_create: creating the copy streams");
         kvo__cuda_free(cu);
@@ -236,7 +237,8 @@ int kvo_cuda_pin_host(kvo_cuda *cu, void *ptr, uint64_t bytes) {
         return kvo__error(KVO_EINVAL, "kvo_cuda_pin_host: %p + %llu bytes overflows", ptr, (unsigned long long)bytes);
     pthread_rwlock_wrlock(&cu->pin_lock);
     ptrdiff_t i = kvo__cuda_pin_find(cu, b);
-    const kvo__cuda_pin *prev = i >= 0 ? &cu->pins[i] : NULL, *next = (size_t)(i + 1) < cu->n_pins ? &cu->pins[i + 1] : NULL;
+    const kvo__cuda_pin *prev = i >= 0 ? &cu->pins[i] : NULL;
+    const kvo__cuda_pin *next = (size_t)(i + 1) < cu->n_pins ? &cu->pins[i + 1] : NULL;
     int rc = 0;
     if ((prev && b < prev->base + prev->bytes) || (next && next->base < b + bytes))
         rc = kvo__error(KVO_EEXIST, "kvo_cuda_pin_host: [%p, +%llu) overlaps a range pinned already", ptr,
@@ -246,7 +248,8 @@ int kvo_cuda_pin_host(kvo_cuda *cu, void *ptr, uint64_t bytes) {
     void *dptr = NULL;
     if (!rc) {
         e = cudaSetDevice(cu->index);
-        if (e == cudaSuccess) e = cudaHostRegister(ptr, (size_t)bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        if (e == cudaSuccess)
+            e = cudaHostRegister(ptr, (size_t)bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
         if (e != cudaSuccess) rc = kvo__cuda_error(e, "kvo_cuda_pin_host: cudaHostRegister");
     }
     if (!rc && (e = cudaHostGetDevicePointer(&dptr, ptr, 0)) != cudaSuccess) {

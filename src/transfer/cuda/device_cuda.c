@@ -277,7 +277,9 @@ static int kvo__cuda_unit_end(void *wctx) {
         return rc;
     }
     bool kernel_ok = w->desc != NULL;
-    rc = kvo__cuda_resolve(w, &kernel_ok);
+    cudaError_t e = cudaSetDevice(cu->index); /* this worker thread's device */
+    rc = e == cudaSuccess ? kvo__cuda_resolve(w, &kernel_ok)
+                          : kvo__cuda_error(e, "transfer device 'cuda': cudaSetDevice");
     if (rc) {
         w->n = 0;
         kvo__cuda_count(&cu->st.errors, 1);
@@ -292,9 +294,8 @@ static int kvo__cuda_unit_end(void *wctx) {
 
     cudaStream_t s = cu->stream[w->dir];
     cudaStream_t compute = __atomic_load_n(&cu->compute, __ATOMIC_ACQUIRE);
-    const char *what = "cudaSetDevice";
-    cudaError_t e = cudaSetDevice(cu->index);
-    if (e == cudaSuccess && compute && w->dir == KVO_XFER_STORE) {
+    const char *what = "";
+    if (compute && w->dir == KVO_XFER_STORE) {
         /* A store reads KV that work already enqueued on compute writes. */
         what = "ordering after the compute stream";
         e = cudaEventRecord(w->cev, compute);
@@ -304,7 +305,8 @@ static int kvo__cuda_unit_end(void *wctx) {
         what = "gather/scatter kernel launch";
         e = kvo__cuda_enqueue_kernel(w, w->pc, plan.n_kernel, s);
     }
-    if (e == cudaSuccess && plan.n_copy) e = kvo__cuda_enqueue_copies(w, w->pc + plan.n_kernel, plan.n_copy, plan.batched, s, &what);
+    if (e == cudaSuccess && plan.n_copy)
+        e = kvo__cuda_enqueue_copies(w, w->pc + plan.n_kernel, plan.n_copy, plan.batched, s, &what);
     /* Whatever was enqueued must complete before the job's memory is
      * released, even after a failure. */
     cudaError_t ew = cudaEventRecord(w->ev, s);
