@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "bench_transfer.h"
 #include "cli.h"
 #include "kvoffload/kvo.h"
 
@@ -118,14 +119,7 @@ static double kvo__bcopy_time(unsigned char *d, const unsigned char *s, size_t n
 
 /* ------------------------------------------------------------ engine -- */
 
-typedef struct kvo__bsetup {
-    kvo_plan *plan;
-    kvo_xfer_op *ops;
-    uint64_t *ids;
-    size_t n_ops;
-} kvo__bsetup;
-
-static int kvo__bsetup_make(kvo__bsetup *b, uint64_t page, uint64_t total, unsigned char *slots) {
+int kvo__bsetup_make(kvo__bsetup *b, uint64_t page, uint64_t total, unsigned char *slots) {
     memset(b, 0, sizeof *b);
     kvo_model *m = NULL;
     int rc = kvo_model_create("bench-transfer", 16, &m);
@@ -167,15 +161,13 @@ static int kvo__bsetup_make(kvo__bsetup *b, uint64_t page, uint64_t total, unsig
     return 0;
 }
 
-static void kvo__bsetup_free(kvo__bsetup *b) {
+void kvo__bsetup_free(kvo__bsetup *b) {
     free(b->ops);
     free(b->ids);
     kvo_plan_destroy(b->plan);
 }
 
-/* Best seconds of reps jobs in direction dir; bytes of one job in *bytes. */
-static int kvo__bjob_time(kvo_transfer *t, kvo__bsetup *b, kvo_xfer_dir dir, int reps, double *best,
-                          uint64_t *bytes) {
+int kvo__bjob_time(kvo_transfer *t, kvo__bsetup *b, kvo_xfer_dir dir, int reps, double *best, uint64_t *bytes) {
     *best = 1e30;
     for (int r = 0; r < reps; r++) {
         uint64_t id;
@@ -198,7 +190,7 @@ int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o) {
     uint64_t total_mib = 128, reps = 7;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: kvoffload bench transfer [--json] [--total-mib N (128)] [--reps N (7)]\n"
+            printf("usage: kvoffload bench transfer [--json] [--total-mib N (128)] [--reps N (7)] [--device host|cuda]\n"
                    "Store and load bandwidth for pages of 16 KiB..2 MiB with 1 and 2 threads, as ratios\n"
                    "of the copy ceiling (streaming-store copy or memcpy of the same bytes) measured now.\n");
             return KVO_EXIT_OK;
@@ -206,6 +198,12 @@ int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o) {
             if (kvo_cli_parse_u64("--total-mib", argv[++i], 4, 1 << 16, &total_mib)) return KVO_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             if (kvo_cli_parse_u64("--reps", argv[++i], 1, 1000, &reps)) return KVO_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            if (!strcmp(argv[i + 1], "cuda")) return kvo_bench_transfer_cuda(argc, argv, o); /* bench_transfer_cuda.c */
+            if (strcmp(argv[++i], "host")) {
+                fprintf(stderr, "kvoffload bench transfer: unknown --device '%s' (host, cuda)\n", argv[i]);
+                return KVO_EXIT_USAGE;
+            }
         } else {
             fprintf(stderr, "kvoffload bench transfer: unknown argument '%s' (see --help)\n", argv[i]);
             return KVO_EXIT_USAGE;

@@ -17,16 +17,17 @@
  * the first failure.  copy() is never called with zero bytes.
  *
  * Adding a device: define `const kvo__xfer_device_ops kvo__xfer_device_cuda`
- * in its own file (e.g. src/transfer/cuda/device_cuda.c, built by the
- * KVO_WITH_CUDA option); kvo__xfer_device_find (device.c) already refers to
+ * in its own file (src/transfer/cuda/device_cuda.c, built by the
+ * KVO_CUDA option); kvo__xfer_device_find (device.c) already refers to
  * it weakly, so the core and the public header stay unchanged, and users
  * select it with kvo_transfer_params.device = "cuda".  A device for another
  * kind of memory adds one weak reference there.  tests/test_transfer_device.c
  * plugs in a "test" device this way (memcpy copies, injected DMA errors).
- * A CUDA device would enqueue cudaMemcpyAsync (or one batched call) per copy
- * on a per-worker stream and synchronise it in unit_end; slots are pinned
- * host memory (the store's arena); check_engine_range would ask
- * cudaPointerGetAttributes that a segment is device memory.
+ * The CUDA device (docs/gpu.md) collects a unit's copies, enqueues them
+ * (kernel, batched or single copies) on its stream for the direction and
+ * polls a CUDA event in unit_end; slots are pinned host memory (the store's
+ * arena); check_engine_range asks cudaPointerGetAttributes that a segment is
+ * device memory.
  */
 #ifndef KVO_TRANSFER_DEVICE_H
 #define KVO_TRANSFER_DEVICE_H
@@ -63,6 +64,11 @@ typedef struct kvo__xfer_device_ops {
      * streams. */
     const char *(*copy_kind)(void *state);
     bool (*nontemporal)(void *state);
+    /* Bytes of pages per work unit (0: KVO__XUNIT_BYTES, sized for CPU
+     * copies).  A device that waits for completion once per unit (CUDA)
+     * asks for more, so the wait is small next to the copy; pages of at
+     * least twice this are then split into parts of about this size. */
+    uint64_t unit_bytes;
 } kvo__xfer_device_ops;
 
 /* The device called name (NULL = "host"), or NULL when not built in. */

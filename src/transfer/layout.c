@@ -197,7 +197,7 @@ static void kvo__xregroup(kvo__xlayout *l, const kvo_segment *segs, size_t n) {
 
 /* Group g's geometry from its segments: they hold the same blocks and their
  * pages add up to the plan's block; work-unit sizes. */
-static int kvo__xgroup_geometry(const kvo_plan *plan, kvo__xlayout *l, size_t g) {
+static int kvo__xgroup_geometry(const kvo_plan *plan, const kvo__xfer_device_ops *dev, kvo__xlayout *l, size_t g) {
     const kvo_group_plan *gp = kvo_plan_group(plan, g);
     kvo__xgroup *G = &l->groups[g];
     if (!gp->offloaded) return 0;
@@ -245,13 +245,17 @@ static int kvo__xgroup_geometry(const kvo_plan *plan, kvo__xlayout *l, size_t g)
     G->block_bytes = sum;
     G->blocks_per_chunk = gp->blocks_per_chunk;
     G->chunk_bytes = gp->chunk_bytes;
-    uint64_t ub = KVO__XUNIT_BYTES / maxpage;
+    /* Work units: the device may ask for larger ones (device.h). */
+    uint64_t unit = dev->unit_bytes ? dev->unit_bytes : KVO__XUNIT_BYTES;
+    uint64_t split = dev->unit_bytes ? 2 * unit : KVO__XSPLIT_BYTES;
+    uint64_t part = dev->unit_bytes ? unit : KVO__XPART_BYTES;
+    uint64_t ub = unit / maxpage;
     if (ub < 1) ub = 1;
     if (ub > gp->blocks_per_chunk) ub = gp->blocks_per_chunk;
     G->unit_blocks = (uint32_t)ub;
     G->unit_parts = 1;
-    if (maxpage >= KVO__XSPLIT_BYTES) {
-        uint64_t parts = kvo__div_ceil_u64(maxpage, KVO__XPART_BYTES);
+    if (maxpage >= split) {
+        uint64_t parts = kvo__div_ceil_u64(maxpage, part);
         G->unit_parts = parts > UINT32_MAX ? UINT32_MAX : (uint32_t)parts;
     }
     return 0;
@@ -310,7 +314,7 @@ int kvo__xlayout_build(const kvo_plan *plan, const kvo__xfer_device_ops *dev, vo
     l->n_groups = ng;
     kvo__xregroup(l, segs, n);
     int rc = 0;
-    for (size_t g = 0; g < ng && !rc; g++) rc = kvo__xgroup_geometry(plan, l, g);
+    for (size_t g = 0; g < ng && !rc; g++) rc = kvo__xgroup_geometry(plan, dev, l, g);
     if (!rc) rc = kvo__xcheck_overlaps(plan, segs, n, ext);
     kvo__free(ext);
     if (rc) {

@@ -1,0 +1,362 @@
+/*
+ * The CUDA transfer device (kvo__xfer_device_cuda, selected with
+ * kvo_transfer_params.device = "cuda").
+ *
+ * Engine memory is device memory (the engine's KV tensors: layout
+ * registration asks cudaPointerGetAttributes that each segment's first and
+ * last byte are memory of this device); slots are pinned host memory (an
+ * arena pinned with kvo_cuda_pin_arena, or any cudaHostAlloc'd /
+ * registered buffer).
+ *
+ * Per work unit (device.h's contract, unchanged for the core): copy() only
+ * records a piece in the worker's array (no CUDA call, nothing allocated once
+ * the array has grown to the largest unit); unit_end() then
+ *   1. resolves each slot to its pinned range (one read lock per unit),
+ *   2. plans the pieces (plan.c: coalesce, kernel for many small pages,
+ *      cudaMemcpyBatchAsync for several pieces, else cudaMemcpyAsync),
+ *   3. enqueues them on the device's stream for the direction (with the
+ *      compute-stream waits of kvo_cuda.h when one was passed),
+ *   4. records the worker's event after them and polls it (cudaEventQuery,
+ *      spinning briefly, then yielding, then sleeping 20 us) until the
+ *      copies have completed,
+ * and returns 0 or the KVO_E* code of the first failure.  The core posts the
+ * job's result (the same completion, result ring and eventfd as the host
+ * device) only after every unit returned, so a posted load is in device
+ * memory, cancellation (only of unstarted jobs) and dependency ordering keep
+ * their semantics, and the per-worker descriptor buffer and arrays can be
+ * reused by the next unit.  A failed enqueue still waits for what was
+ * enqueued before it (those copies touch the job's memory), then fails the
+ * unit: a failed job, never a crash.  Every worker shares the direction's
+ * stream: while one waits for its event the others enqueue behind it, so the
+ * copy engine stays busy with two or more workers.
+ */
+#include <sched.h>
+#include <time.h>
+
+#include "transfer/cuda/cuda_internal.h"
+#include "transfer/cuda/kernels.h"
+#include "transfer/device.h"
+
+/* Work units of 2 MiB of pages (the core's default, 256 KiB, is sized for
+ * CPU copies): a unit costs one event wait of roughly 5-20 us, small next to
+ * the ~40 us a 2 MiB copy takes over PCIe Gen5, and a job of several MiB is
+ * still shared by the workers.  Pages of 4 MiB and more are split into
+ * 2 MiB parts. */
+#define KVO__CUDA_UNIT_BYTES (UINT64_C(2) << 20)
+
+typedef struct kvo__cuda_w {
+    kvo_cuda *cu;
+    int dir;                 /* of the pieces collected */
+    int err;                 /* first failure of this unit (message set) */
+    cudaEvent_t ev, cev;     /* unit done; compute stream mark */
+    kvo__cuda_piece *pc;
+    size_t n, cap;
+    void **bdst, **bsrc;     /* batch arguments, capacity bcap */
+    size_t *bsz, bcap;
+    kvo__cuda_desc *desc;    /* kernel descriptors: mapped pinned memory, plan.kernel_cap of them */
+    kvo__cuda_desc *desc_dev;
+} kvo__cuda_w;
+
+static int kvo__cuda_open(const kvo__xfer_device_config *cfg, void **state) {
+    kvo_cuda *cu;
+    int rc = kvo__cuda_acquire(cfg->index, &cu);
+    if (rc) return kvo__error_prefix(rc, "transfer device 'cuda' (device_index %d)", cfg->index);
+    *state = cu;
+    return 0;
+}
+
+static void kvo__cuda_close(void *state) { kvo__cuda_release(state); }
+
+static int kvo__cuda_check_one(const kvo_cuda *cu, const void *p, const void *base, uint64_t bytes) {
+    struct cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kvo__error(KVO_ELAYOUT, "[%p, +%llu) is not CUDA device memory (cudaPointerGetAttributes(%p): %s)",
+                          base, (unsigned long long)bytes, p, cudaGetErrorName(e));
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+        return kvo__error(KVO_ELAYOUT,
+                          "[%p, +%llu) is not CUDA device memory (%p is %s memory; register the engine's "
+                          "device tensors)",
+                          base, (unsigned long long)bytes, p,
+                          a.type == cudaMemoryTypeHost ? "pinned host" : "unregistered host");
+    if (a.type == cudaMemoryTypeDevice && a.device != cu->index)
+        return kvo__error(KVO_ELAYOUT, "[%p, +%llu) is memory of CUDA device %d; this engine copies on device %d "
+                                       "(set kvo_transfer_params.device_index = %d)",
+                          base, (unsigned long long)bytes, a.device, cu->index, a.device);
+    return 0;
+}
+
+static int kvo__cuda_check_engine_range(void *state, const void *base, uint64_t bytes) {
+    kvo_cuda *cu = state;
+    int rc = kvo__cuda_check_one(cu, base, base, bytes);
+    if (!rc && bytes > 1) rc = kvo__cuda_check_one(cu, (const unsigned char *)base + bytes - 1, base, bytes);
+    return rc;
+}
+
+static void kvo__cuda_worker_fini(void *state, void *wctx) {
+    (void)state;
+    kvo__cuda_w *w = wctx;
+    if (!w) return;
+    (void)cudaSetDevice(w->cu->index);
+    if (w->ev) (void)cudaEventDestroy(w->ev);
+    if (w->cev) (void)cudaEventDestroy(w->cev);
+    if (w->desc) (void)cudaFreeHost(w->desc);
+    (void)cudaGetLastError();
+    kvo__free(w->pc);
+    kvo__free(w->bdst);
+    kvo__free(w->bsrc);
+    kvo__free(w->bsz);
+    kvo__free(w);
+}
+
+static int kvo__cuda_worker_init(void *state, uint32_t worker, void **wctx) {
+    kvo_cuda *cu = state;
+    kvo__cuda_w *w = kvo__calloc(1, sizeof *w);
+    if (!w) return kvo__error(KVO_ENOMEM, "transfer device 'cuda': out of memory for worker %u", worker);
+    w->cu = cu;
+    int rc = kvo__grow((void **)&w->pc, &w->cap, 256, sizeof *w->pc, 256, "cuda pieces");
+    cudaError_t e = cudaSetDevice(cu->index);
+    const char *what = "cudaSetDevice";
+    if (e == cudaSuccess && (e = cudaEventCreateWithFlags(&w->ev, cudaEventDisableTiming)) != cudaSuccess)
+        what = "cudaEventCreate";
+    if (e == cudaSuccess && (e = cudaEventCreateWithFlags(&w->cev, cudaEventDisableTiming)) != cudaSuccess)
+        what = "cudaEventCreate";
+    if (e == cudaSuccess && cu->plan.kernel_cap &&
+        (e = cudaHostAlloc((void **)&w->desc, cu->plan.kernel_cap * sizeof *w->desc,
+                           cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess)
+        what = "cudaHostAlloc (kernel descriptors)";
+    if (e == cudaSuccess && w->desc && (e = cudaHostGetDevicePointer((void **)&w->desc_dev, w->desc, 0)) != cudaSuccess)
+        what = "cudaHostGetDevicePointer (kernel descriptors)";
+    if (!rc && e != cudaSuccess) rc = kvo__cuda_error(e, what);
+    if (rc) {
+        kvo__cuda_worker_fini(state, w);
+        return kvo__error_prefix(rc, "transfer device 'cuda': worker %u on device %d", worker, cu->index);
+    }
+    *wctx = w;
+    return 0;
+}
+
+static void kvo__cuda_copy(void *wctx, int dir, void *dst, const void *src, uint64_t bytes) {
+    kvo__cuda_w *w = wctx;
+    if (w->err) return;
+    if (w->n == w->cap && kvo__grow((void **)&w->pc, &w->cap, w->n + 1, sizeof *w->pc, 256, "cuda pieces")) {
+        w->err = KVO_ENOMEM;
+        return;
+    }
+    w->dir = dir;
+    w->pc[w->n++] = (kvo__cuda_piece){(uintptr_t)dst, (uintptr_t)src, bytes, 0};
+}
+
+/* Step 1: each piece's slot side must be pinned host memory.  *kernel_ok
+ * turns false when one is not (only possible without require_pinned). */
+static int kvo__cuda_resolve(kvo__cuda_w *w, bool *kernel_ok) {
+    kvo_cuda *cu = w->cu;
+    int rc = 0;
+    pthread_rwlock_rdlock(&cu->pin_lock);
+    for (size_t i = 0; i < w->n && !rc; i++) {
+        kvo__cuda_piece *p = &w->pc[i];
+        uintptr_t host = w->dir == KVO_XFER_STORE ? p->dst : p->src;
+        if (kvo__cuda_pinned(cu, host, p->bytes, &p->hdelta)) continue;
+        /* Not pinned through kvo_cuda: memory from cudaHostAlloc is fine. */
+        struct cudaPointerAttributes a;
+        if (cudaPointerGetAttributes(&a, (const void *)host) == cudaSuccess && a.type == cudaMemoryTypeHost &&
+            a.devicePointer) {
+            p->hdelta = (int64_t)((intptr_t)a.devicePointer - (intptr_t)host);
+            continue;
+        }
+        (void)cudaGetLastError();
+        if (!cu->require_pinned) {
+            *kernel_ok = false;
+            continue;
+        }
+        rc = kvo__error(KVO_EINVAL,
+                        "transfer device 'cuda': slot %p (%llu bytes) is not pinned host memory (pin the arena "
+                        "with kvo_cuda_pin_arena, or set kvo_cuda_params.require_pinned = false)",
+                        (void *)host, (unsigned long long)p->bytes);
+    }
+    pthread_rwlock_unlock(&cu->pin_lock);
+    return rc;
+}
+
+/* Step 3 for the copy-engine pieces p[0..n-1]: the first failure, or
+ * cudaSuccess. */
+static cudaError_t kvo__cuda_enqueue_copies(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, bool batched,
+                                            cudaStream_t s, const char **what) {
+    kvo_cuda *cu = w->cu;
+#if CUDART_VERSION >= 12080
+    if (batched) {
+        if (n > w->bcap) {
+            const kvo__arr arrs[3] = {{(void **)&w->bdst, sizeof *w->bdst},
+                                      {(void **)&w->bsrc, sizeof *w->bsrc},
+                                      {(void **)&w->bsz, sizeof *w->bsz}};
+            if (kvo__grow_all(&w->bcap, n, arrs, 3, 64, "cuda batch")) {
+                *what = "growing the batch arrays";
+                return cudaErrorMemoryAllocation;
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            w->bdst[i] = (void *)p[i].dst;
+            w->bsrc[i] = (void *)p[i].src;
+            w->bsz[i] = (size_t)p[i].bytes;
+        }
+        struct cudaMemcpyAttributes attr;
+        memset(&attr, 0, sizeof attr);
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        size_t attr_idx = 0;
+        *what = "cudaMemcpyBatchAsync";
+#if CUDART_VERSION >= 13000
+        cudaError_t e = cudaMemcpyBatchAsync((void *const *)w->bdst, (const void *const *)w->bsrc, w->bsz, n, &attr,
+                                             &attr_idx, 1, s);
+#else
+        size_t fail_idx = 0;
+        cudaError_t e = cudaMemcpyBatchAsync(w->bdst, (void **)w->bsrc, w->bsz, n, &attr, &attr_idx, 1, &fail_idx, s);
+#endif
+        if (e == cudaSuccess) {
+            kvo__cuda_count(&cu->st.batch_calls, 1);
+            kvo__cuda_count(&cu->st.batch_pieces, n);
+        }
+        return e;
+    }
+#else
+    (void)batched;
+#endif
+    *what = "cudaMemcpyAsync";
+    for (size_t i = 0; i < n; i++) {
+        cudaError_t e = cudaMemcpyAsync((void *)p[i].dst, (const void *)p[i].src, (size_t)p[i].bytes,
+                                        cudaMemcpyDefault, s);
+        if (e != cudaSuccess) return e;
+        kvo__cuda_count(&cu->st.memcpy_calls, 1);
+    }
+    return cudaSuccess;
+}
+
+/* Step 3 for the kernel pieces p[0..n-1] (n <= kernel_cap). */
+static cudaError_t kvo__cuda_enqueue_kernel(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, cudaStream_t s) {
+    uint64_t maxb = 0;
+    bool store = w->dir == KVO_XFER_STORE;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t dst = p[i].dst, src = p[i].src;
+        if (store) dst += (uint64_t)p[i].hdelta;
+        else src += (uint64_t)p[i].hdelta;
+        w->desc[i] = (kvo__cuda_desc){dst, src, p[i].bytes};
+        if (p[i].bytes > maxb) maxb = p[i].bytes;
+    }
+    cudaError_t e = (cudaError_t)kvo__cuda_launch_copy(w->desc_dev, (uint32_t)n, kvo__cuda_kernel_threads(maxb), s);
+    if (e == cudaSuccess) {
+        kvo__cuda_count(&w->cu->st.kernel_launches, 1);
+        kvo__cuda_count(&w->cu->st.kernel_pieces, n);
+    }
+    return e;
+}
+
+/* Step 4: wait for the event (recorded after the unit's copies). */
+static cudaError_t kvo__cuda_poll(cudaEvent_t ev) {
+    for (uint32_t spin = 0;; spin++) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e != cudaErrorNotReady) return e;
+        if (spin < 64) continue;
+        if (spin < 1024) {
+            sched_yield();
+            continue;
+        }
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int kvo__cuda_unit_end(void *wctx) {
+    kvo__cuda_w *w = wctx;
+    kvo_cuda *cu = w->cu;
+    int rc = w->err;
+    w->err = 0;
+    if (rc || w->n == 0) {
+        w->n = 0;
+        if (rc) kvo__cuda_count(&cu->st.errors, 1);
+        return rc;
+    }
+    bool kernel_ok = w->desc != NULL;
+    cudaError_t e = cudaSetDevice(cu->index); /* this worker thread's device */
+    rc = e == cudaSuccess ? kvo__cuda_resolve(w, &kernel_ok)
+                          : kvo__cuda_error(e, "transfer device 'cuda': cudaSetDevice");
+    if (rc) {
+        w->n = 0;
+        kvo__cuda_count(&cu->st.errors, 1);
+        return rc;
+    }
+    kvo__cuda_plan_cfg cfg = cu->plan;
+    if (!kernel_ok) cfg.kernel_max_bytes = 0;
+    size_t n = kvo__cuda_coalesce(w->pc, w->n);
+    kvo__cuda_plan plan;
+    kvo__cuda_plan_make(&cfg, w->pc, n, &plan);
+    w->n = 0;
+
+    cudaStream_t s = cu->stream[w->dir];
+    cudaStream_t compute = __atomic_load_n(&cu->compute, __ATOMIC_ACQUIRE);
+    const char *what = "";
+    if (compute && w->dir == KVO_XFER_STORE) {
+        /* A store reads KV that work already enqueued on compute writes. */
+        what = "ordering after the compute stream";
+        e = cudaEventRecord(w->cev, compute);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(s, w->cev, 0);
+    }
+    if (e == cudaSuccess && plan.n_kernel) {
+        what = "gather/scatter kernel launch";
+        e = kvo__cuda_enqueue_kernel(w, w->pc, plan.n_kernel, s);
+    }
+    if (e == cudaSuccess && plan.n_copy)
+        e = kvo__cuda_enqueue_copies(w, w->pc + plan.n_kernel, plan.n_copy, plan.batched, s, &what);
+    /* Whatever was enqueued must complete before the job's memory is
+     * released, even after a failure. */
+    cudaError_t ew = cudaEventRecord(w->ev, s);
+    if (ew == cudaSuccess) {
+        if (compute && w->dir == KVO_XFER_LOAD) {
+            cudaError_t ec = cudaStreamWaitEvent(compute, w->ev, 0);
+            if (e == cudaSuccess && ec != cudaSuccess) {
+                e = ec;
+                what = "making the compute stream wait for the load";
+            }
+        }
+        ew = kvo__cuda_poll(w->ev);
+    } else {
+        (void)cudaStreamSynchronize(s);
+    }
+    if (e == cudaSuccess && ew != cudaSuccess) {
+        e = ew;
+        what = "completing the copies (cudaEventQuery)";
+    }
+    kvo__cuda_count(&cu->st.units, 1);
+    if (e == cudaSuccess) return 0;
+    (void)cudaGetLastError();
+    kvo__cuda_count(&cu->st.errors, 1);
+    rc = kvo__cuda_error(e, what);
+    return kvo__error_prefix(rc, "transfer device 'cuda' (device %d, %s of %zu piece(s))", cu->index,
+                             w->dir == KVO_XFER_STORE ? "store" : "load", n);
+}
+
+static const char *kvo__cuda_copy_kind(void *state) {
+    kvo_cuda *cu = state;
+    if (cu->plan.kernel_max_bytes) return cu->batch_ok ? "cuda-kernel+batch" : "cuda-kernel+memcpy";
+    return cu->batch_ok ? "cuda-batch" : "cuda-memcpy";
+}
+
+static bool kvo__cuda_nontemporal(void *state) {
+    (void)state;
+    return false;
+}
+
+const kvo__xfer_device_ops kvo__xfer_device_cuda = {
+    .name = "cuda",
+    .open = kvo__cuda_open,
+    .close = kvo__cuda_close,
+    .check_engine_range = kvo__cuda_check_engine_range,
+    .worker_init = kvo__cuda_worker_init,
+    .worker_fini = kvo__cuda_worker_fini,
+    .copy = kvo__cuda_copy,
+    .prefetch = NULL,
+    .unit_end = kvo__cuda_unit_end,
+    .copy_kind = kvo__cuda_copy_kind,
+    .nontemporal = kvo__cuda_nontemporal,
+    .unit_bytes = KVO__CUDA_UNIT_BYTES,
+};

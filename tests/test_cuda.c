@@ -1,0 +1,388 @@
+/*
+ * The CUDA transfer device (ctest label "cuda").  Every test that needs a
+ * device exits 77 (ctest: skipped) when the build has no CUDA or no device
+ * is visible; no_device_fails_cleanly checks the error path in exactly those
+ * cases.  tools/gpu-check.sh runs these on a GPU machine.
+ */
+#include <stdlib.h>
+
+#include "kvo_test.h"
+#include "xfer_test_util.h"
+
+#if KVO_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kvoffload/kvo_cuda.h"
+
+#define CU_OK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) \
+    FAILF("%s: %s (%s)", #x, cudaGetErrorName(e_), cudaGetErrorString(e_)); } while (0)
+
+static void need_device(void) {
+    int n = 0;
+    if (kvo_cuda_device_count(&n) != 0) SKIP("no CUDA device: %s", kvo_last_error());
+}
+#else
+static void need_device(void) { SKIP("built without CUDA (KVO_CUDA=OFF or no toolkit)"); }
+#endif
+
+KVO_TEST(no_device_fails_cleanly) {
+    kvo_model *m;
+    ASSERT_OK(kvo_model_preset("llama-3.1-8b", &m));
+    kvo_plan *p;
+    ASSERT_OK(kvo_plan_create(m, NULL, &p));
+    kvo_model_destroy(m);
+    kvo_transfer_params tp = kvo_transfer_default_params();
+    tp.plan = p;
+    tp.device = "cuda";
+    kvo_transfer *t = NULL;
+#if KVO_HAVE_CUDA
+    int n = -1;
+    if (kvo_cuda_device_count(&n) == 0) {
+        kvo_plan_destroy(p);
+        SKIP("a CUDA device is present (%d): the no-device path is not reachable", n);
+    }
+    ASSERT_EQ_INT(n, 0);
+    kvo_cuda_params cp = kvo_cuda_default_params();
+    kvo_cuda *cu = NULL;
+    ASSERT_ERR(kvo_cuda_create(&cp, &cu), KVO_ENOTSUP);
+    ASSERT_NULL(cu);
+    ASSERT_CONTAINS(kvo_last_error(), "CUDA device");
+    /* The engine's implicit context fails the same way. */
+    ASSERT_ERR(kvo_transfer_create(&tp, &t), KVO_ENOTSUP);
+    ASSERT_CONTAINS(kvo_last_error(), "transfer device 'cuda'");
+#else
+    ASSERT_ERR(kvo_transfer_create(&tp, &t), KVO_ENOTSUP);
+    ASSERT_CONTAINS(kvo_last_error(), "not built in");
+#endif
+    ASSERT_NULL(t);
+    kvo_plan_destroy(p);
+}
+
+#if KVO_HAVE_CUDA
+
+typedef struct cu_env {
+    kvo_plan *plan;
+    kvo_cuda *cu;
+    kvo_transfer *t;
+} cu_env;
+
+static void env_open(cu_env *e, kvo_plan *plan, const kvo_cuda_params *cp) {
+    e->plan = plan;
+    ASSERT_OK(kvo_cuda_create(cp, &e->cu));
+    kvo_transfer_params tp = kvo_transfer_default_params();
+    tp.plan = plan;
+    tp.device = "cuda";
+    tp.device_index = cp->device_index;
+    ASSERT_OK(kvo_transfer_create(&tp, &e->t));
+    kvo_transfer_stats st;
+    ASSERT_OK(kvo_transfer_get_stats(e->t, &st));
+    ASSERT_EQ_STR(st.device, "cuda");
+}
+
+static void env_close(cu_env *e) {
+    kvo_transfer_destroy(e->t);
+    kvo_cuda_destroy(e->cu);
+    kvo_plan_destroy(e->plan);
+}
+
+static int run_job(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n) {
+    uint64_t id;
+    ASSERT_OK(kvo_transfer_submit(t, dir, ops, n, &id));
+    ASSERT_OK(kvo_transfer_wait(t, &id, 1, -1));
+    kvo_xfer_result r;
+    size_t got;
+    ASSERT_OK(kvo_transfer_poll(t, &r, 1, &got));
+    ASSERT_EQ_U64(got, 1);
+    ASSERT_EQ_U64(r.job_id, id);
+    return r.status;
+}
+
+static void fill_random(unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t x = kvo_test_rand();
+        memcpy(p + i, &x, n - i < 8 ? n - i : 8);
+    }
+}
+
+/* Byte-exact device -> slot -> device for every offloaded group of plan:
+ * 2 chunks of shuffled engine blocks per group, each layer a segment. */
+static void roundtrip_plan(kvo_plan *plan, const char *name) {
+    kvo_cuda_params cp = kvo_cuda_default_params();
+    cu_env e;
+    env_open(&e, plan, &cp);
+    size_t ng = kvo_plan_num_groups(plan), nseg = 0;
+    uint64_t dev_bytes = 0, slot_total = 0;
+    for (size_t g = 0; g < ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(plan, g);
+        if (!gp->offloaded) continue;
+        nseg += gp->layers;
+        dev_bytes += (uint64_t)gp->layers * (2 * gp->blocks_per_chunk + 1) * gp->page_bytes;
+        slot_total += 2 * gp->slot_bytes;
+    }
+    kvo_segment *segs = calloc(nseg, sizeof *segs);
+    unsigned char *host = malloc(dev_bytes), *back = malloc(dev_bytes), *dev;
+    ASSERT_TRUE(segs && host && back);
+    CU_OK(cudaMalloc((void **)&dev, dev_bytes));
+    fill_random(host, dev_bytes);
+    CU_OK(cudaMemcpy(dev, host, dev_bytes, cudaMemcpyHostToDevice));
+    kvo_arena_params ap = kvo_arena_default_params();
+    ap.bytes = slot_total;
+    kvo_arena *arena;
+    ASSERT_OK(kvo_arena_create(&ap, &arena));
+    ASSERT_OK(kvo_cuda_pin_arena(e.cu, arena));
+    unsigned char *slots = kvo_arena_base(arena);
+    memset(slots, 0, slot_total);
+
+    /* Layout: group g's layer l tensor holds nb pages back to back. */
+    uint64_t off = 0;
+    size_t k = 0;
+    for (size_t g = 0; g < ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(plan, g);
+        if (!gp->offloaded) continue;
+        uint64_t nb = 2 * gp->blocks_per_chunk + 1;
+        for (uint32_t l = 0; l < gp->layers; l++, k++) {
+            segs[k] = (kvo_segment){(uint32_t)g, dev + off, nb, gp->page_bytes, gp->page_bytes};
+            off += nb * gp->page_bytes;
+        }
+    }
+    ASSERT_OK(kvo_transfer_set_layout(e.t, segs, nseg));
+
+    /* Ops: per group 2 chunks of a random permutation of blocks 0..nb-1. */
+    kvo_xfer_op *ops = calloc(2 * ng, sizeof *ops);
+    uint64_t **blocks = calloc(ng, sizeof *blocks);
+    size_t nops = 0;
+    uint64_t soff = 0;
+    for (size_t g = 0; g < ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(plan, g);
+        if (!gp->offloaded) continue;
+        uint64_t nb = 2 * gp->blocks_per_chunk + 1;
+        blocks[g] = malloc(nb * sizeof(uint64_t));
+        for (uint64_t i = 0; i < nb; i++) blocks[g][i] = i;
+        for (uint64_t i = nb - 1; i > 0; i--) {
+            uint64_t j = kvo_test_rand() % (i + 1), x = blocks[g][i];
+            blocks[g][i] = blocks[g][j];
+            blocks[g][j] = x;
+        }
+        for (int c = 0; c < 2; c++) {
+            ops[nops++] = (kvo_xfer_op){(uint32_t)g, 0, (uint32_t)gp->blocks_per_chunk,
+                                        blocks[g] + c * gp->blocks_per_chunk, slots + soff, gp->slot_bytes};
+            soff += gp->slot_bytes;
+        }
+    }
+    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_STORE, ops, nops), 0);
+
+    /* Slot bytes: segment-major, checked against the host copy. */
+    k = 0;
+    off = 0;
+    for (size_t o = 0; o < nops; o += 2) {
+        const kvo_group_plan *gp = kvo_plan_group(plan, ops[o].group);
+        uint64_t nb = 2 * gp->blocks_per_chunk + 1;
+        for (int c = 0; c < 2; c++)
+            for (uint32_t l = 0; l < gp->layers; l++)
+                for (uint32_t b = 0; b < gp->blocks_per_chunk; b++) {
+                    const unsigned char *want = host + off + (l * nb + ops[o + c].engine_blocks[b]) * gp->page_bytes;
+                    const unsigned char *got = ops[o + c].slot + (gp->blocks_per_chunk * l + b) * gp->page_bytes;
+                    if (memcmp(want, got, gp->page_bytes))
+                        FAILF("%s group %u chunk %d layer %u block %u: slot bytes differ", name, ops[o].group, c, l, b);
+                }
+        off += (uint64_t)gp->layers * nb * gp->page_bytes;
+    }
+    /* Back: clear the device, load, compare everything that was stored. */
+    CU_OK(cudaMemset(dev, 0, dev_bytes));
+    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_LOAD, ops, nops), 0);
+    CU_OK(cudaMemcpy(back, dev, dev_bytes, cudaMemcpyDeviceToHost));
+    off = 0;
+    for (size_t o = 0; o < nops; o += 2) {
+        const kvo_group_plan *gp = kvo_plan_group(plan, ops[o].group);
+        uint64_t nb = 2 * gp->blocks_per_chunk + 1;
+        for (uint32_t l = 0; l < gp->layers; l++)
+            for (uint64_t b = 0; b < nb; b++) {
+                uint64_t at = off + (l * nb + b) * gp->page_bytes;
+                bool stored = false;
+                for (uint32_t i = 0; i < 2 * gp->blocks_per_chunk; i++) stored |= blocks[ops[o].group][i] == b;
+                if (stored ? memcmp(back + at, host + at, gp->page_bytes) : back[at] != 0)
+                    FAILF("%s group %u layer %u engine block %llu: %s after the round trip", name, ops[o].group, l,
+                          (unsigned long long)b, stored ? "bytes differ" : "written although not loaded");
+            }
+        off += (uint64_t)gp->layers * nb * gp->page_bytes;
+    }
+    ASSERT_OK(kvo_cuda_unpin_arena(e.cu, arena));
+    kvo_arena_destroy(arena);
+    CU_OK(cudaFree(dev));
+    for (size_t g = 0; g < ng; g++) free(blocks[g]);
+    free(blocks);
+    free(ops);
+    free(segs);
+    free(host);
+    free(back);
+    env_close(&e);
+}
+
+static void t_roundtrip(void) {
+    for (size_t i = 0; i < kvo_model_preset_count(); i++) {
+        /* The built-in presets equal the files in shared/models
+         * (test_model.c), which a GPU machine may not have. */
+        kvo_model *m;
+        ASSERT_OK(kvo_model_preset(kvo_model_preset_name(i), &m));
+        kvo_plan *p;
+        ASSERT_OK(kvo_plan_create(m, NULL, &p));
+        kvo_model_destroy(m);
+        roundtrip_plan(p, kvo_model_preset_name(i));
+        printf("round trip ok: %s\n", kvo_model_preset_name(i));
+    }
+}
+
+/* Small scattered pages (kernel), large scattered pages (batch or single
+ * copies), both directions; the counters show which path ran. */
+static void paths_case(uint64_t page, int batch, kvo_cuda_stats *st) {
+    kvo_plan *plan = xt_one_group_plan(1, page, 16);
+    kvo_cuda_params cp = kvo_cuda_default_params();
+    cp.batch = batch;
+    cu_env e;
+    env_open(&e, plan, &cp);
+    uint64_t nb = 64, bytes = nb * page;
+    unsigned char *host = malloc(bytes), *back = malloc(bytes), *dev, *slot;
+    CU_OK(cudaMalloc((void **)&dev, bytes));
+    CU_OK(cudaHostAlloc((void **)&slot, 16 * page, cudaHostAllocDefault)); /* not via kvo_cuda_pin_* */
+    fill_random(host, bytes);
+    CU_OK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    kvo_segment seg = {0, dev, nb, page, page};
+    ASSERT_OK(kvo_transfer_set_layout(e.t, &seg, 1));
+    uint64_t blk[16];
+    for (int i = 0; i < 16; i++) blk[i] = (uint64_t)(i * 4 + 1); /* never adjacent */
+    kvo_xfer_op op = {0, 0, 16, blk, slot, 16 * page};
+    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_STORE, &op, 1), 0);
+    for (int i = 0; i < 16; i++) ASSERT_MEM_EQ(slot + i * page, host + blk[i] * page, page);
+    for (int i = 0; i < 16; i++) blk[i] = (uint64_t)(i * 4 + 2);
+    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_LOAD, &op, 1), 0);
+    CU_OK(cudaMemcpy(back, dev, bytes, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 16; i++) ASSERT_MEM_EQ(back + blk[i] * page, slot + i * page, page);
+    ASSERT_MEM_EQ(back, host, page); /* block 0 untouched */
+    ASSERT_OK(kvo_cuda_get_stats(e.cu, st));
+    CU_OK(cudaFree(dev));
+    CU_OK(cudaFreeHost(slot));
+    free(host);
+    free(back);
+    env_close(&e);
+}
+
+static void t_paths(void) {
+    kvo_cuda_stats st;
+    paths_case(4096, -1, &st);
+    ASSERT_GE_U64(st.kernel_launches, 2);
+    ASSERT_EQ_U64(st.kernel_pieces, 32);
+    ASSERT_EQ_U64(st.errors, 0);
+    paths_case(65536, -1, &st);
+    ASSERT_EQ_U64(st.kernel_launches, 0);
+    if (st.batch_available) ASSERT_GE_U64(st.batch_calls, 1);
+    else ASSERT_GE_U64(st.memcpy_calls, 32);
+    paths_case(65536, 0, &st);
+    ASSERT_EQ_U64(st.batch_calls, 0);
+    ASSERT_EQ_U64(st.memcpy_calls, 32);
+}
+
+static void t_errors(void) {
+    kvo_plan *plan = xt_one_group_plan(1, 4096, 4);
+    kvo_cuda_params cp = kvo_cuda_default_params();
+    cu_env e;
+    env_open(&e, plan, &cp);
+    unsigned char *dev;
+    CU_OK(cudaMalloc((void **)&dev, 16 * 4096));
+    /* Engine memory must be device memory. */
+    unsigned char *hostbuf = malloc(16 * 4096);
+    kvo_segment bad = {0, hostbuf, 16, 4096, 4096};
+    ASSERT_ERR(kvo_transfer_set_layout(e.t, &bad, 1), KVO_ELAYOUT);
+    ASSERT_CONTAINS(kvo_last_error(), "not CUDA device memory");
+    kvo_segment seg = {0, dev, 16, 4096, 4096};
+    ASSERT_OK(kvo_transfer_set_layout(e.t, &seg, 1));
+    /* A malloc'd slot: the job fails, the engine keeps working. */
+    uint64_t blk[4] = {0, 5, 9, 3};
+    kvo_xfer_op op = {0, 0, 4, blk, hostbuf, 4 * 4096};
+    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_STORE, &op, 1), KVO_EINVAL);
+    ASSERT_OK(kvo_cuda_pin_host(e.cu, hostbuf, 16 * 4096));
+    ASSERT_ERR(kvo_cuda_pin_host(e.cu, hostbuf + 4096, 4096), KVO_EEXIST);
+    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_STORE, &op, 1), 0);
+    ASSERT_OK(kvo_cuda_unpin_host(e.cu, hostbuf));
+    ASSERT_ERR(kvo_cuda_unpin_host(e.cu, hostbuf), KVO_ENOTFOUND);
+    kvo_cuda_stats st;
+    ASSERT_OK(kvo_cuda_get_stats(e.cu, &st));
+    ASSERT_EQ_U64(st.errors, 1);
+    /* A second context for the same device is refused. */
+    kvo_cuda *dup = NULL;
+    ASSERT_ERR(kvo_cuda_create(&cp, &dup), KVO_EEXIST);
+    CU_OK(cudaFree(dev));
+    free(hostbuf);
+    env_close(&e);
+}
+
+/* With a compute stream, a store waits for work enqueued on it before; the
+ * load-stream event covers the loads enqueued so far. */
+static void t_ordering(void) {
+    kvo_plan *plan = xt_one_group_plan(1, 1 << 20, 2);
+    kvo_cuda_params cp = kvo_cuda_default_params();
+    cudaStream_t compute;
+    CU_OK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    cp.compute_stream = compute;
+    cu_env e;
+    env_open(&e, plan, &cp);
+    unsigned char *dev, *slot;
+    uint64_t page = 1 << 20;
+    CU_OK(cudaMalloc((void **)&dev, 8 * page));
+    CU_OK(cudaHostAlloc((void **)&slot, 2 * page, cudaHostAllocDefault));
+    kvo_segment seg = {0, dev, 8, page, page};
+    ASSERT_OK(kvo_transfer_set_layout(e.t, &seg, 1));
+    CU_OK(cudaMemsetAsync(dev, 0x11, 8 * page, compute));
+    CU_OK(cudaMemsetAsync(dev + 3 * page, 0x5a, 2 * page, compute)); /* "the forward pass" */
+    uint64_t blk[2] = {3, 4};
+    kvo_xfer_op op = {0, 0, 2, blk, slot, 2 * page};
+    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_STORE, &op, 1), 0);
+    for (uint64_t i = 0; i < 2 * page; i += 4093) ASSERT_EQ_INT(slot[i], 0x5a);
+    memset(slot, 0xc3, 2 * page);
+    blk[0] = 6;
+    blk[1] = 7;
+    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_LOAD, &op, 1), 0);
+    cudaEvent_t ev;
+    CU_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    ASSERT_OK(kvo_cuda_record_event(e.cu, KVO_XFER_LOAD, ev));
+    CU_OK(cudaStreamWaitEvent(compute, ev, 0));
+    unsigned char probe[2];
+    CU_OK(cudaMemcpyAsync(&probe[0], dev + 6 * page + 17, 1, cudaMemcpyDeviceToHost, compute));
+    CU_OK(cudaMemcpyAsync(&probe[1], dev + 7 * page + page - 1, 1, cudaMemcpyDeviceToHost, compute));
+    CU_OK(cudaStreamSynchronize(compute));
+    ASSERT_EQ_INT(probe[0], 0xc3);
+    ASSERT_EQ_INT(probe[1], 0xc3);
+    ASSERT_ERR(kvo_cuda_record_event(e.cu, (kvo_xfer_dir)5, ev), KVO_EINVAL);
+    CU_OK(cudaEventDestroy(ev));
+    env_close(&e);
+    CU_OK(cudaStreamDestroy(compute));
+    CU_OK(cudaFree(dev));
+    CU_OK(cudaFreeHost(slot));
+}
+
+#endif
+
+/* Device tests: skipped (exit 77) without CUDA or without a device. */
+KVO_TEST(roundtrip_every_preset_byte_exact) {
+    need_device();
+#if KVO_HAVE_CUDA
+    t_roundtrip();
+#endif
+}
+KVO_TEST(small_pages_kernel_large_pages_copy_engine) {
+    need_device();
+#if KVO_HAVE_CUDA
+    t_paths();
+#endif
+}
+KVO_TEST(unpinned_slot_and_host_tensor_are_errors) {
+    need_device();
+#if KVO_HAVE_CUDA
+    t_errors();
+#endif
+}
+KVO_TEST(compute_stream_and_event_ordering) {
+    need_device();
+#if KVO_HAVE_CUDA
+    t_ordering();
+#endif
+}
