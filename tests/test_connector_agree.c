@@ -708,6 +708,18 @@ KVO_TEST(docs_example_gemma) {
     r = agree(p, &s, 5000, 0, 0, 0);
     ASSERT_EQ_U64(r.tokens, 4608);
     ASSERT_EQ_U64(r.tokens_if_pending, 4672);
+    /* the token-granular rule (docs/lookup.md): same stores */
+    r = agree1(p, &s, 5000, 0, 0, 0);
+    ASSERT_EQ_U64(r.tokens, 4608);
+    ASSERT_EQ_U64(r.tokens_if_pending, 4688); /* every sliding chunk stored ends at 4688 */
+    s.st[1][36] = KVO_MISS;
+    r = agree1(p, &s, 5000, 0, 0, 0);
+    ASSERT_EQ_U64(r.tokens, 4608);
+    ASSERT_EQ_U64(r.rounds, 2);
+    for (int c = 250; c <= 270; c++) s.st[0][c] = KVO_MISS;
+    r = agree1(p, &s, 5000, 0, 0, 0);
+    ASSERT_EQ_U64(r.tokens, 4000); /* was 3968: the step no longer rounds down */
+    ASSERT_EQ_INT(r.limiting_group, 0);
     kvo_plan_destroy(p);
 }
 
@@ -746,5 +758,18 @@ KVO_TEST(docs_example_deepseek) {
     r = agree(p, &s, 1000, 0, 0, scratch);
     ASSERT_EQ_U64(r.tokens, 0);
     ASSERT_EQ_INT(r.reason, KVO_AGREE_TOO_SHORT);
+    /* the token-granular rule: the 8-token scratch group keeps hits on its grid */
+    r = agree1(p, &s, 3000, 0, 0, scratch);
+    ASSERT_EQ_U64(r.tokens, 2048);
+    ASSERT_EQ_U64(r.rounds, 2);
+    s.st[4][7] = KVO_MISS;
+    r = agree1(p, &s, 3000, 0, 0, scratch);
+    ASSERT_EQ_U64(r.tokens, 1792);
+    ASSERT_EQ_INT(r.limiting_group, 4);
+    s.st[4][7] = KVO_READY;
+    r = agree1(p, &s, 1000, 0, 0, scratch); /* agrees at 992 (999 on the 8-token grid): too short */
+    ASSERT_EQ_U64(r.tokens, 0);
+    ASSERT_EQ_INT(r.reason, KVO_AGREE_TOO_SHORT);
+    ASSERT_EQ_U64(agree1(p, &s, 1000, 0, 1, scratch).tokens, 992);
     kvo_plan_destroy(p);
 }
