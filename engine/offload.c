@@ -112,9 +112,9 @@ static void kvo__drain(kvo_eng_conn *c) {
     }
 }
 
-/* Test knob trim_hits: the shortest hit h' < h (above local, by less than the
- * smallest block) whose blocks are exactly those the connector loads for h
- * (the connector's hits are block-aligned for now), so that
+/* Test knob trim_hits: the shortest hit h' < h (above local) whose blocks are
+ * exactly those the connector loads for h (h' lies in the last block of h in
+ * every group, so the scan covers less than one block), so that
  * the engine takes a load whose last block is only partly valid and
  * recomputes from h' over its tail.  Full groups: [local, h') is inside
  * [local, h).  Sliding groups: the first block the engine needs at h'
@@ -125,20 +125,23 @@ static uint32_t kvo__trim_hit(const kvo_eng_conn *c, uint32_t local, uint32_t h)
     const kvo_eng_config *cfg = &c->e->cfg;
     for (uint32_t g = 0; g < cfg->n_groups; g++)
         if (cfg->groups[g].kind == KVO_GROUP_STATE) return h;
-    /* the engine's block table must still reach every block the connector
-     * writes (it has ceil(h'/tpb) entries): h - h' < the smallest block */
-    uint32_t dmax = h - local - 1;
-    for (uint32_t g = 0; g < cfg->n_groups; g++)
-        if (cfg->groups[g].tokens_per_block - 1 < dmax) dmax = cfg->groups[g].tokens_per_block - 1;
-    for (uint32_t d = dmax; d >= 1; d--) {
-        uint32_t t = h - d;
+    uint32_t from = local + 1;
+    for (uint32_t g = 0; g < cfg->n_groups; g++) {
+        uint32_t tpb = cfg->groups[g].tokens_per_block, last = (h - 1) / tpb * tpb + 1; /* h' > last block's start */
+        if (last > from) from = last;
+    }
+    for (uint32_t t = from; t < h; t++) {
         bool ok = true;
         for (uint32_t g = 0; g < cfg->n_groups && ok; g++) {
             const kvo_eng_group_cfg *gc = &cfg->groups[g];
-            if (gc->kind != KVO_GROUP_SLIDING) continue;
             uint32_t tpb = gc->tokens_per_block, w = gc->window, lb = local / tpb;
-            uint32_t a = t > w ? (t - w) / tpb : 0, b = h > w ? (h - w) / tpb : 0;
-            ok = (a > lb ? a : lb) == (b > lb ? b : lb);
+            /* the engine's table (ceil(h'/tpb) entries) reaches every block
+             * the connector writes for h */
+            ok = (t + tpb - 1) / tpb == (h + tpb - 1) / tpb;
+            if (ok && gc->kind == KVO_GROUP_SLIDING) {
+                uint32_t a = t > w ? (t - w) / tpb : 0, b = h > w ? (h - w) / tpb : 0;
+                ok = (a > lb ? a : lb) == (b > lb ? b : lb);
+            }
         }
         if (ok) return t;
     }

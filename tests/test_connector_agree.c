@@ -124,6 +124,11 @@ KVO_TEST(single_full_group) {
     r = agree(p, &s, 256, 0, 0, 0);
     ASSERT_EQ_U64(r.tokens, 240);
     ASSERT_EQ_INT(r.reason, KVO_AGREE_OK);
+    /* the token rule: everything but the last token (docs/lookup.md table) */
+    r = agree1(p, &s, 256, 0, 0, 0);
+    ASSERT_EQ_U64(r.tokens, 255);
+    ASSERT_EQ_INT(r.reason, KVO_AGREE_OK);
+    ASSERT_EQ_U64(agree1(p, &s, 300, 0, 0, 0).tokens, 256);
     set_states(&s, 0, "RRMR");
     ASSERT_EQ_U64(agree(p, &s, 300, 0, 0, 0).tokens, 128);
     set_states(&s, 0, "MRRR");
