@@ -87,24 +87,19 @@ static kvo_agree_input agree_input(const kvo_plan *p, tstates *s, uint64_t n_tok
     return in;
 }
 
-/* The step-aligned rule (boundary_align 0: hits at multiples of the lcm of
- * every tokens_per_block, for loaders that copy only whole blocks). */
-static kvo_agree_result agree(const kvo_plan *p, tstates *s, uint64_t n_tokens, uint64_t local, uint64_t min_hit,
-                              uint64_t scratch) {
-    kvo_agree_input in = agree_input(p, s, n_tokens, local, min_hit, scratch, 0);
+static kvo_agree_result agree_a(const kvo_plan *p, tstates *s, uint64_t n_tokens, uint64_t local, uint64_t min_hit,
+                                uint64_t scratch, uint64_t align) {
+    kvo_agree_input in = agree_input(p, s, n_tokens, local, min_hit, scratch, align);
     kvo_agree_result r;
     ASSERT_OK(kvo_agree(&in, &r));
     return r;
 }
 
-/* The token-granular rule (boundary_align 1): any token count can be a hit. */
-static kvo_agree_result agree1(const kvo_plan *p, tstates *s, uint64_t n_tokens, uint64_t local, uint64_t min_hit,
-                               uint64_t scratch) {
-    kvo_agree_input in = agree_input(p, s, n_tokens, local, min_hit, scratch, 1);
-    kvo_agree_result r;
-    ASSERT_OK(kvo_agree(&in, &r));
-    return r;
-}
+/* agree: the step-aligned rule (boundary_align 0: hits at multiples of the
+ * lcm of every tokens_per_block, for loaders that copy only whole blocks);
+ * agree1: the token-granular rule (boundary_align 1: any token count). */
+#define agree(p, s, n, l, m, x) agree_a(p, s, n, l, m, x, 0)
+#define agree1(p, s, n, l, m, x) agree_a(p, s, n, l, m, x, 1)
 
 KVO_TEST(single_full_group) {
     tgroup gs[] = {{"attn", KVO_GROUP_FULL, 16, 0, 4, false}}; /* T = 64 */

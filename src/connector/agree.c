@@ -25,8 +25,8 @@
  * answer.
  *
  * Per-group limit.  For a candidate b, kvo__group_limit returns lim <= b
- * such that group g serves lim or lim <= L, g serves none of (lim, b], and
- * lim == b exactly when g serves b:
+ * such that g serves none of (lim, b], and lim == b exactly when g serves
+ * b (lim itself is served for full, state and scratch groups):
  *   full     the lowest failing chunk f >= floor(L/T) gives lim = min(b, f*T)
  *            (b' <= f*T needs chunks up to f-1 only; b' > f*T needs f).
  *            Exact, computed once per pass.
@@ -44,8 +44,9 @@
  * lowering aligns the group's limit down to A; what it skips is either not
  * a candidate or not served, so the argument below is unchanged.
  *
- * Convergence.  Starting at b = align_down(N - 1, A) every group in turn replaces b by its
- * limit, round after round, until a round changes nothing.  Invariant: no
+ * Convergence.  Starting at b = align_down(N - 1, A) every group in turn
+ * replaces b by its limit (aligned down to A, at least L), round after
+ * round, until a round changes nothing.  Invariant: no
  * boundary above the current b is served by every group (each replacement
  * skips only boundaries one group cannot serve).  b only decreases and
  * b <= L stops the loop (nothing is needed), so it terminates; when a round
