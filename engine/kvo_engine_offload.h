@@ -18,7 +18,11 @@ extern "C" {
 
 typedef struct kvo_eng_conn_params {
     uint64_t chunk_tokens;     /* plan block_size (tokens per chunk); default 64;
-                                  0 = the library's automatic plan */
+                                  0 = the library's automatic plan; when a
+                                  group's block size (or the hash unit) does
+                                  not divide it, each group gets
+                                  ceil(chunk_tokens / tpb) blocks (rounded up
+                                  to whole hash units) */
     uint64_t host_bytes;       /* host tier bytes; required */
     const char *file_dir;      /* file tier root; NULL = no file tier */
     uint64_t file_bytes;       /* file tier quota; required with file_dir */
@@ -29,6 +33,12 @@ typedef struct kvo_eng_conn_params {
     uint32_t transfer_threads; /* default 2 */
     uint32_t fail_every_load;  /* tests: report every k-th completed load as
                                   failed (the engine must recompute); 0 off */
+    bool trim_hits;            /* tests: give the engine a hit shorter than
+                                  the connector's by less than the smallest
+                                  block (where exactly the blocks it needs
+                                  are loaded), so
+                                  the last loaded block is only partly valid
+                                  and the engine recomputes over its tail */
 } kvo_eng_conn_params;
 
 kvo_eng_conn_params kvo_eng_conn_default_params(void);
@@ -54,6 +64,8 @@ uint64_t kvo_eng_conn_chunk_tokens(const kvo_eng_conn *c);
 int kvo_eng_conn_flush(kvo_eng_conn *c);
 /** Hook calls that failed (stores, waits) and were tolerated. */
 uint64_t kvo_eng_conn_hook_errors(const kvo_eng_conn *c);
+/** Hits shortened by trim_hits. */
+uint64_t kvo_eng_conn_trimmed_hits(const kvo_eng_conn *c);
 
 #ifdef __cplusplus
 }

@@ -51,7 +51,8 @@ uint64_t kvo__eng_splitmix(uint64_t *state) {
 
 /* ---------------------------------------------------------------- shapes -- */
 
-static const char *const kvo__eng_shapes[] = {"single", "hybrid", "hybrid-state", "tiny-blocks"};
+static const char *const kvo__eng_shapes[] = {"single", "hybrid", "hybrid-state", "tiny-blocks", "coprime",
+                                                "coprime-state"};
 
 size_t kvo_eng_shape_count(void) { return sizeof kvo__eng_shapes / sizeof kvo__eng_shapes[0]; }
 const char *kvo_eng_shape_name(size_t i) { return i < kvo_eng_shape_count() ? kvo__eng_shapes[i] : NULL; }
@@ -92,6 +93,18 @@ int kvo_eng_shape_config(const char *name, kvo_eng_config *out) {
         kvo__eng_group(&c, "full", KVO_GROUP_FULL, 16, 1, 0);
         kvo__eng_group(&c, "idx", KVO_GROUP_FULL, 4, 1, 0);
         kvo__eng_group(&c, "swa", KVO_GROUP_SLIDING, 8, 1, 40);
+    } else if (!strcmp(name, "coprime")) {
+        /* block sizes whose lcm (240) is far above any one of them: hits
+         * fall inside blocks of every group (docs/lookup.md) */
+        c.tokens_per_hash = 4;
+        kvo__eng_group(&c, "full12", KVO_GROUP_FULL, 12, 1, 0);
+        kvo__eng_group(&c, "full16", KVO_GROUP_FULL, 16, 1, 0);
+        kvo__eng_group(&c, "swa20", KVO_GROUP_SLIDING, 20, 1, 50);
+    } else if (!strcmp(name, "coprime-state")) {
+        c.tokens_per_hash = 4;
+        kvo__eng_group(&c, "full12", KVO_GROUP_FULL, 12, 1, 0);
+        kvo__eng_group(&c, "swa20", KVO_GROUP_SLIDING, 20, 1, 50);
+        kvo__eng_group(&c, "state16", KVO_GROUP_STATE, 16, 1, 0);
     } else {
         char list[128] = "";
         for (size_t i = 0; i < kvo_eng_shape_count(); i++) {

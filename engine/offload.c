@@ -32,6 +32,8 @@ typedef struct kvo__conn_req {
     bool live, added, load_done;
     uint64_t valid;
     uint64_t reported;
+    uint32_t trim, trim_to; /* trim_hits: the connector's hit and the shorter one
+                               the engine got; 0 none */
 } kvo__conn_req;
 
 struct kvo_eng_conn {
@@ -46,6 +48,7 @@ struct kvo_eng_conn {
     size_t n_reqs, cap_reqs;
     uint64_t loads_seen;
     uint64_t hook_errors;
+    uint64_t trimmed;
     kvo_block_table tables[KVO_ENG_MAX_GROUPS];
     kvo_completion comp[64];
 };
@@ -109,6 +112,42 @@ static void kvo__drain(kvo_eng_conn *c) {
     }
 }
 
+/* Test knob trim_hits: the shortest hit h' < h (above local) whose blocks are
+ * exactly those the connector loads for h (h' lies in the last block of h in
+ * every group, so the scan covers less than one block), so that
+ * the engine takes a load whose last block is only partly valid and
+ * recomputes from h' over its tail.  Full groups: [local, h') is inside
+ * [local, h).  Sliding groups: the first block the engine needs at h'
+ * (that of h' - window) must be the first the connector loads for h (that
+ * of h - window), or the engine would hold an unloaded block.  State groups:
+ * only the snapshot at h is loaded, so no trim. */
+static uint32_t kvo__trim_hit(const kvo_eng_conn *c, uint32_t local, uint32_t h) {
+    const kvo_eng_config *cfg = &c->e->cfg;
+    for (uint32_t g = 0; g < cfg->n_groups; g++)
+        if (cfg->groups[g].kind == KVO_GROUP_STATE) return h;
+    uint32_t from = local + 1;
+    for (uint32_t g = 0; g < cfg->n_groups; g++) {
+        uint32_t tpb = cfg->groups[g].tokens_per_block, last = (h - 1) / tpb * tpb + 1; /* h' > last block's start */
+        if (last > from) from = last;
+    }
+    for (uint32_t t = from; t < h; t++) {
+        bool ok = true;
+        for (uint32_t g = 0; g < cfg->n_groups && ok; g++) {
+            const kvo_eng_group_cfg *gc = &cfg->groups[g];
+            uint32_t tpb = gc->tokens_per_block, w = gc->window, lb = local / tpb;
+            /* the engine's table (ceil(h'/tpb) entries) reaches every block
+             * the connector writes for h */
+            ok = (t + tpb - 1) / tpb == (h + tpb - 1) / tpb;
+            if (ok && gc->kind == KVO_GROUP_SLIDING) {
+                uint32_t a = t > w ? (t - w) / tpb : 0, b = h > w ? (h - w) / tpb : 0;
+                ok = (a > lb ? a : lb) == (b > lb ? b : lb);
+            }
+        }
+        if (ok) return t;
+    }
+    return h;
+}
+
 static int kvo__h_lookup(void *ctx, kvo_eng_req *r, uint32_t local, uint32_t *hit) {
     kvo_eng_conn *c = ctx;
     uint64_t id = kvo_eng_req_id(r);
@@ -138,6 +177,14 @@ static int kvo__h_lookup(void *ctx, kvo_eng_req *r, uint32_t local, uint32_t *hi
     }
     if (lr.status == KVO_HIT_PENDING) return KVO_EAGAIN;
     *hit = lr.status == KVO_HIT ? (uint32_t)lr.tokens : local;
+    if (c->p.trim_hits && *hit > local + 1) {
+        uint32_t t = kvo__trim_hit(c, local, *hit);
+        if (t < *hit) c->trimmed++;
+        q->trim = *hit; /* a load of t still asks the connector for its hit */
+        q->trim_to = t;
+        *hit = t;
+    } else
+        q->trim = q->trim_to = 0;
     return 0;
 }
 
@@ -149,8 +196,9 @@ static int kvo__h_load(void *ctx, kvo_eng_req *r, uint32_t local, uint32_t hit) 
     q->load_done = false;
     const kvo_block_table *t = kvo__tables(c, r);
     int rc;
+    uint32_t want = q->trim && hit == q->trim_to ? q->trim : hit; /* trim_hits: the connector's own hit */
     for (int tries = 0;; tries++) {
-        rc = kvo_connector_load(c->conn, id, hit, t, c->G);
+        rc = kvo_connector_load(c->conn, id, want, t, c->G);
         if (rc != KVO_EAGAIN || tries > 1000) break;
         kvo__drain(c); /* queue full: let copies finish */
     }
@@ -235,6 +283,39 @@ static int kvo__h_finish(void *ctx, kvo_eng_req *r) {
 
 static void kvo__h_progress(void *ctx) { kvo__drain(ctx); }
 
+/* The chunk plan: block_size = chunk_tokens when every group's block size
+ * and the hash unit divide it (the legacy knob); otherwise (co-prime block
+ * sizes) each group gets ceil(chunk_tokens / tpb) blocks, rounded up to a
+ * whole number of hash units, so spans stay close to chunk_tokens. */
+static int kvo__conn_plan(kvo_eng_conn *c) {
+    const kvo_model *m = kvo_eng_model(c->e);
+    uint64_t ct = c->p.chunk_tokens, tph = kvo_model_tokens_per_hash(m);
+    size_t ng = kvo_model_num_groups(m);
+    kvo_plan_params pp = kvo_plan_default_params();
+    kvo_group_override ov[KVO_ENG_MAX_GROUPS];
+    size_t nov = 0;
+    bool divides = ct % tph == 0;
+    for (size_t g = 0; g < ng && ct; g++) divides = divides && ct % kvo_model_group(m, g)->tokens_per_block == 0;
+    if (!ct || divides) pp.block_size = ct;
+    else {
+        for (size_t g = 0; g < ng; g++) {
+            const kvo_group_desc *gd = kvo_model_group(m, g);
+            uint64_t tpb = gd->tokens_per_block, a = tpb, b = tph;
+            while (b) {
+                uint64_t t = a % b;
+                a = b;
+                b = t;
+            }
+            uint64_t min_b = tph / a; /* lcm(tpb, tph) / tpb */
+            uint64_t n = (ct + tpb - 1) / tpb;
+            if (gd->cacheable) ov[nov++] = (kvo_group_override){gd->name, (uint32_t)((n + min_b - 1) / min_b * min_b)};
+        }
+        pp.overrides = ov;
+        pp.n_overrides = nov;
+    }
+    return kvo_plan_create(m, &pp, &c->plan);
+}
+
 int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *prm, kvo_eng_conn **out) {
     if (!e || !out) return kvo__eng_error(KVO_EINVAL, "kvo_eng_conn_create: NULL argument");
     kvo_eng_conn *c = calloc(1, sizeof *c);
@@ -242,9 +323,7 @@ int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *prm, kvo_eng_conn
     c->e = e;
     c->p = prm ? *prm : kvo_eng_conn_default_params();
     c->G = e->cfg.n_groups;
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.block_size = c->p.chunk_tokens;
-    int rc = kvo_plan_create(kvo_eng_model(e), &pp, &c->plan);
+    int rc = kvo__conn_plan(c);
     if (rc) {
         rc = kvo__eng_lib_error(rc, "offload: chunk plan");
         goto fail;
@@ -312,6 +391,7 @@ const kvo_eng_offload *kvo_eng_conn_offload(kvo_eng_conn *c) { return &c->ops; }
 const kvo_plan *kvo_eng_conn_plan(const kvo_eng_conn *c) { return c->plan; }
 kvo_connector *kvo_eng_conn_connector(kvo_eng_conn *c) { return c->conn; }
 uint64_t kvo_eng_conn_hook_errors(const kvo_eng_conn *c) { return c->hook_errors; }
+uint64_t kvo_eng_conn_trimmed_hits(const kvo_eng_conn *c) { return c->trimmed; }
 
 uint64_t kvo_eng_conn_chunk_tokens(const kvo_eng_conn *c) {
     uint64_t m = 0;

@@ -16,6 +16,11 @@
  *               before B, state groups the snapshot at B.  Then the offload
  *               hook's lookup may extend it to `hit`; the engine allocates the
  *               blocks the hit needs (same rule) and the hook loads them.
+ *               `hit` may fall inside a block (docs/lookup.md): the load
+ *               fills whole blocks, the last one only partly valid; only
+ *               blocks ending at or before `hit` are registered, and
+ *               prefill from `hit` overwrites that block's tail with
+ *               identical values.  State groups need hit % tpb == 0.
  *   LOADING  -> poll until the load completes; a failed load releases the
  *               blocks it targeted and falls back to the local hit (the
  *               tokens are recomputed: never garbage).

@@ -18,8 +18,8 @@ static uint64_t sum_local(const kvo_eng_result *r, size_t n) {
 
 /* Shapes: every preset, baseline (no reuse, one request at a time) vs
  * prefix cache with batching, vs forced eviction after every request. */
-static void check_shape(const char *shape) {
-    kvo_eng_workload *w = mk_workload(10, 6);
+static void check_shape_w(const char *shape, uint32_t tptb) {
+    kvo_eng_workload *w = mk_workload(10, tptb);
     kvo_eng *e = mk_engine(shape, 1024);
     kvo_eng_run_params base = kvo_eng_run_default_params();
     base.prefix_cache = false;
@@ -52,10 +52,16 @@ static void check_shape(const char *shape) {
     kvo_eng_workload_free(w);
 }
 
+static void check_shape(const char *shape) { check_shape_w(shape, 6); }
+
 KVO_TEST(single_exact) { check_shape("single"); }
 KVO_TEST(hybrid_exact) { check_shape("hybrid"); }
 KVO_TEST(hybrid_state_exact) { check_shape("hybrid-state"); }
 KVO_TEST(tiny_blocks_exact) { check_shape("tiny-blocks"); }
+/* 12/16/20-token blocks: local hits only at multiples of 240, so longer
+ * trace blocks (prompts up to 960 tokens) */
+KVO_TEST(coprime_exact) { check_shape_w("coprime", 20); }
+KVO_TEST(coprime_state_exact) { check_shape_w("coprime-state", 20); }
 
 /* A tight budget: cached blocks are evicted under pressure by allocation,
  * outputs stay identical. */

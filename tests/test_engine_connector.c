@@ -66,17 +66,37 @@ static sums sum(const kvo_eng_result *r, size_t n) {
 
 /* Forced eviction of every cached engine block after each request: every
  * reused prefix comes back through the connector. */
-static void check_shape(const char *shape) {
-    kvo_eng_workload *w = mk_workload(10, 6);
+static void check_shape_opt(const char *shape, uint32_t tptb, bool trim) {
+    kvo_eng_workload *w = mk_workload(10, tptb);
     kvo_eng_result *a = baseline(shape, w);
     kvo_eng *e = mk_engine(shape, 1024);
-    kvo_eng_conn *c = mk_conn(e, 16u << 20, NULL, 0);
+    kvo_eng_conn_params cp = kvo_eng_conn_default_params();
+    cp.chunk_tokens = 64;
+    cp.host_bytes = 16u << 20;
+    cp.trim_hits = trim;
+    kvo_eng_conn *c = NULL;
+    ENG_OK(kvo_eng_conn_create(e, &cp, &c));
     kvo_eng_result *b = run(e, w, c, 1, 2);
     assert_same(a, b, w->n);
     sums s = sum(b, w->n);
     ASSERT_GT_U64(s.loaded, 0);
     ASSERT_EQ_U64(s.failures, 0);
     ASSERT_EQ_U64(kvo_eng_conn_hook_errors(c), 0);
+    if (trim) {
+        /* hits inside blocks: the last loaded block only partly valid */
+        ASSERT_GT_U64(kvo_eng_conn_trimmed_hits(c), 0);
+        size_t inside = 0;
+        const kvo_eng_config *cfg = kvo_eng_get_config(e);
+        for (size_t i = 0; i < w->n; i++) {
+            uint32_t h = b[i].tokens_local + b[i].tokens_loaded;
+            for (uint32_t g = 0; g < cfg->n_groups; g++)
+                if (b[i].tokens_loaded && h % cfg->groups[g].tokens_per_block) {
+                    inside++;
+                    break;
+                }
+        }
+        ASSERT_GT_U64(inside, 0);
+    }
     drop(a, w->n);
     drop(b, w->n);
     kvo_eng_conn_destroy(c);
@@ -84,10 +104,20 @@ static void check_shape(const char *shape) {
     kvo_eng_workload_free(w);
 }
 
+static void check_shape(const char *shape) { check_shape_opt(shape, 6, false); }
+
 KVO_TEST(exact_single) { check_shape("single"); }
 KVO_TEST(exact_hybrid) { check_shape("hybrid"); }
 KVO_TEST(exact_hybrid_state) { check_shape("hybrid-state"); }
 KVO_TEST(exact_tiny_blocks) { check_shape("tiny-blocks"); }
+/* Co-prime block sizes (12/16 full + 20 sliding; 12 full + 20 sliding + 16
+ * state): chunks of 72/64/80 tokens, prompts up to 960 tokens. */
+KVO_TEST(exact_coprime) { check_shape_opt("coprime", 20, false); }
+KVO_TEST(exact_coprime_state) { check_shape_opt("coprime-state", 20, false); }
+/* Loads whose last block is only partly valid (issue 11): the engine is
+ * given hits shorter than the blocks loaded and recomputes over the tail. */
+KVO_TEST(partial_last_block_single) { check_shape_opt("single", 6, true); }
+KVO_TEST(partial_last_block_coprime) { check_shape_opt("coprime", 20, true); }
 /* 4-token blocks under a 64-token hash unit: the group is offloaded with 16
  * blocks per chunk and still exact. */
 KVO_TEST(exact_tiny_blocks_hash64) {

@@ -42,8 +42,10 @@
  *
  * Lookup agreement (docs/lookup.md): full groups need every chunk of the
  * prefix; sliding groups only the chunks covering the last `window` tokens
- * before the boundary; state groups the state at the boundary; the boundary
- * is lowered until every group agrees.  kvo_agree() is the pure function.
+ * before the boundary (both rounded up to whole chunks: the engine recomputes
+ * from the boundary over the tail of the last loaded block); state groups a
+ * snapshot exactly at the boundary; the boundary (any token count) is lowered
+ * until every group agrees.  kvo_agree() is the pure function.
  *
  * Non-cacheable groups are never offloaded.  The KV a non-cacheable group
  * holds for tokens before a boundary cannot in general be rebuilt by the
@@ -93,15 +95,33 @@ typedef enum kvo_agree_reason {
     KVO_AGREE_LOWERED = 1,     /* some group lowered the boundary */
     KVO_AGREE_TOO_SHORT = 2,   /* agreement below min_hit_tokens: no hit */
     KVO_AGREE_NONCACHEABLE = 3,/* a non-cacheable, non-scratch group: no hit */
-    KVO_AGREE_NO_PROMPT = 4    /* prompt shorter than one step + 1 token */
+    KVO_AGREE_NO_PROMPT = 4    /* n_tokens <= local_tokens + 1: nothing to hit */
 } kvo_agree_reason;
+
+/** A state snapshot taken at a position that need not be a block boundary
+ *  (e.g. at the end of a request's prompt).  state: KVO_READY, KVO_PENDING or
+ *  KVO_MISS. */
+typedef struct kvo_agree_snapshot {
+    uint64_t tokens;          /* the state after tokens [0, tokens) */
+    uint8_t state;
+} kvo_agree_snapshot;
 
 /** Input of kvo_agree.  Arrays have one entry per plan group. */
 typedef struct kvo_agree_input {
     const kvo_plan *plan;
     uint64_t n_tokens;        /* prompt tokens; the boundary is <= n_tokens - 1 */
-    uint64_t local_tokens;    /* tokens already computed in the engine (a
-                                 multiple of the step); the hit is >= this */
+    uint64_t local_tokens;    /* tokens already computed in the engine
+                                 (<= n_tokens, a multiple of the alignment
+                                 below); the hit is >= this */
+    uint64_t boundary_align;  /* hits are multiples of this many tokens.
+                                 1: any token count (the rule of
+                                 docs/lookup.md: the engine loads whole blocks
+                                 and recomputes from the hit over the tail of
+                                 the last one).  0: kvo_agree_step() (every
+                                 group's block at the hit starts empty), for
+                                 loaders that copy only whole blocks below the
+                                 hit; the connector passes 0 until its load
+                                 copies partly valid last blocks. */
     uint64_t min_hit_tokens;  /* a hit adding fewer than this many tokens
                                  beyond local_tokens counts as none; 0 = the
                                  largest tokens_per_chunk over offloaded
@@ -114,6 +134,11 @@ typedef struct kvo_agree_input {
      * for groups that are not offloaded. */
     const uint8_t *const *chunk_states;
     const size_t *n_chunks;
+    /* Optional, state groups only: extra snapshots at any position, sorted
+     * ascending without duplicates (n_snapshots[g] entries).  NULL arrays or
+     * entries: only the block-boundary snapshots held in the chunks. */
+    const kvo_agree_snapshot *const *snapshots;
+    const size_t *n_snapshots;
 } kvo_agree_input;
 
 typedef struct kvo_agree_result {
@@ -125,18 +150,26 @@ typedef struct kvo_agree_result {
     uint32_t rounds;          /* lowering rounds used (for tests/diagnostics) */
 } kvo_agree_result;
 
-/** The hit step of a plan: lcm of every group's tokens_per_block (including
- *  groups that are not offloaded).  0 on overflow (then no hit is possible). */
+/** lcm of every group's tokens_per_block (including groups that are not
+ *  offloaded); 0 on overflow.  kvo_agree no longer limits hits to multiples
+ *  of it (any token count can be a hit); the connector still uses it to
+ *  check local_tokens and checkpoint_interval. */
 KVO_API uint64_t kvo_agree_step(const kvo_plan *plan);
 
 /** The lookup agreement rule as a pure function (docs/lookup.md).  Returns the
- *  largest boundary b with local_tokens <= b <= n_tokens - 1, b a multiple of
- *  the step, and every offloaded group able to serve b from chunks that are
- *  READY or LOCAL; b = local_tokens when none, or when b - local_tokens <
- *  min_hit_tokens.
- *  Pure, thread-safe.  Errors: KVO_EINVAL (NULL plan/out, NULL states for an
- *  offloaded group with n_chunks > 0, local_tokens not a multiple of the
- *  step). */
+ *  largest token count b with local_tokens <= b <= n_tokens - 1 that every
+ *  group serves: full and sliding groups from READY or LOCAL chunks covering
+ *  their needed range rounded up to whole chunks (a partly needed last chunk
+ *  is fine: the engine recomputes from b over the loaded block's tail), state
+ *  groups from a READY snapshot exactly at b (a block boundary, or an extra
+ *  snapshot), scratch groups when b is a multiple of their tokens_per_block;
+ *  b = local_tokens when none, or when b - local_tokens < min_hit_tokens.
+ *  b is a multiple of boundary_align (0: of kvo_agree_step()).
+ *  Pure, thread-safe, no allocation; reads the inputs only during the call.
+ *  Errors: KVO_EINVAL (NULL plan/out, NULL states for an offloaded group with
+ *  n_chunks > 0, local_tokens > n_tokens or not a multiple of the alignment,
+ *  snapshots for a group that is not a state group, snapshots not strictly
+ *  ascending), KVO_ERANGE (the step overflows). */
 KVO_API int kvo_agree(const kvo_agree_input *in, kvo_agree_result *out);
 
 /* ------------------------------------------------------------- connector -- */
