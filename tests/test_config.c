@@ -7,16 +7,30 @@
 
 static int load(const char *json, kvo_config **out) { return kvo_config_from_json(json, strlen(json), out); }
 
+/* The three params structs from their defaults with the config applied. */
+typedef struct applied {
+    kvo_plan_params plan;
+    kvo_connector_params conn;
+    kvo_file_tier_params file;
+} applied;
+
+static applied load_apply(const char *json, kvo_config **c) {
+    applied a = {kvo_plan_default_params(), kvo_connector_default_params(), kvo_file_tier_default_params()};
+    ASSERT_OK(load(json, c));
+    ASSERT_OK(kvo_config_apply_plan(*c, &a.plan));
+    ASSERT_OK(kvo_config_apply_connector(*c, &a.conn));
+    ASSERT_OK(kvo_config_apply_file_tier(*c, &a.file));
+    return a;
+}
+
 /* vLLM's kv_connector_extra_config names fill the plan and connector. */
 KVO_TEST(vllm_names) {
     kvo_config *c = NULL;
-    ASSERT_OK(load("{\"block_size\": 64, \"cpu_bytes_to_use\": 1073741824, \"eviction_policy\": \"arc\","
-                   " \"store_threshold\": 2}", &c));
-    kvo_plan_params pp = kvo_plan_default_params();
-    kvo_connector_params cp = kvo_connector_default_params();
-    uint64_t target = pp.target_chunk_bytes;
-    ASSERT_OK(kvo_config_apply_plan(c, &pp));
-    ASSERT_OK(kvo_config_apply_connector(c, &cp));
+    applied a = load_apply("{\"block_size\": 64, \"cpu_bytes_to_use\": 1073741824, \"eviction_policy\": \"arc\","
+                           " \"store_threshold\": 2}", &c);
+    kvo_plan_params pp = a.plan;
+    kvo_connector_params cp = a.conn;
+    uint64_t target = kvo_plan_default_params().target_chunk_bytes;
     ASSERT_EQ_U64(pp.block_size, 64);
     ASSERT_EQ_U64(pp.blocks_per_chunk, 0);
     ASSERT_EQ_U64(pp.target_chunk_bytes, target); /* not named: left alone */
@@ -32,14 +46,11 @@ KVO_TEST(vllm_names) {
 /* The whole kv_transfer_config object: the extra config is read. */
 KVO_TEST(vllm_kv_transfer_config_wrapper) {
     kvo_config *c = NULL;
-    ASSERT_OK(load("{\"kv_connector\": \"OffloadingConnector\", \"kv_role\": \"kv_both\","
-                   " \"kv_connector_extra_config\": {\"blocks_per_chunk\": 4, \"cpu_bytes_to_use\": 4096}}", &c));
-    kvo_plan_params pp = kvo_plan_default_params();
-    kvo_connector_params cp = kvo_connector_default_params();
-    ASSERT_OK(kvo_config_apply_plan(c, &pp));
-    ASSERT_OK(kvo_config_apply_connector(c, &cp));
-    ASSERT_EQ_U64(pp.blocks_per_chunk, 4);
-    ASSERT_EQ_U64(cp.host_bytes, 4096);
+    applied a = load_apply("{\"kv_connector\": \"OffloadingConnector\", \"kv_role\": \"kv_both\","
+                           " \"kv_connector_extra_config\": {\"blocks_per_chunk\": 4, \"cpu_bytes_to_use\": 4096}}",
+                           &c);
+    ASSERT_EQ_U64(a.plan.blocks_per_chunk, 4);
+    ASSERT_EQ_U64(a.conn.host_bytes, 4096);
     kvo_config_destroy(c);
     /* nested once only */
     ASSERT_ERR(load("{\"kv_connector_extra_config\": {\"kv_connector_extra_config\": {}}}", &c), KVO_EINVAL);
@@ -48,20 +59,14 @@ KVO_TEST(vllm_kv_transfer_config_wrapper) {
 /* LMCache's names: sizes in GB (GiB), local_disk as a file:// URL. */
 KVO_TEST(lmcache_names) {
     kvo_config *c = NULL;
-    ASSERT_OK(load("{\"chunk_size\": 256, \"local_cpu\": true, \"max_local_cpu_size\": 0.5,"
-                   " \"local_disk\": \"file:///tmp/kvo-disk/\", \"max_local_disk_size\": 2,"
-                   " \"remote_url\": \"redis://localhost:6379\"}", &c));
-    kvo_plan_params pp = kvo_plan_default_params();
-    kvo_connector_params cp = kvo_connector_default_params();
-    kvo_file_tier_params fp = kvo_file_tier_default_params();
-    ASSERT_OK(kvo_config_apply_plan(c, &pp));
-    ASSERT_OK(kvo_config_apply_connector(c, &cp));
-    ASSERT_OK(kvo_config_apply_file_tier(c, &fp));
-    ASSERT_EQ_U64(pp.block_size, 256);
-    ASSERT_EQ_U64(cp.host_bytes, 512ull << 20);
+    applied a = load_apply("{\"chunk_size\": 256, \"local_cpu\": true, \"max_local_cpu_size\": 0.5,"
+                           " \"local_disk\": \"file:///tmp/kvo-disk/\", \"max_local_disk_size\": 2,"
+                           " \"remote_url\": \"redis://localhost:6379\"}", &c);
+    ASSERT_EQ_U64(a.plan.block_size, 256);
+    ASSERT_EQ_U64(a.conn.host_bytes, 512ull << 20);
     ASSERT_TRUE(kvo_config_has_file_tier(c));
-    ASSERT_EQ_STR(fp.root, "/tmp/kvo-disk/");
-    ASSERT_EQ_U64(fp.quota_bytes, 2ull << 30);
+    ASSERT_EQ_STR(a.file.root, "/tmp/kvo-disk/");
+    ASSERT_EQ_U64(a.file.quota_bytes, 2ull << 30);
     ASSERT_EQ_STR(kvo_config_remote_url(c), "redis://localhost:6379");
     kvo_config_destroy(c);
     /* null disk: no file tier */
@@ -76,14 +81,13 @@ KVO_TEST(lmcache_names) {
 /* kvoffload's own names, including enums and strings. */
 KVO_TEST(own_names) {
     kvo_config *c = NULL;
-    ASSERT_OK(load("{\"model\": \"gemma-4-31b-like\", \"host_bytes\": 65536, \"policy\": \"s3fifo\","
-                   " \"transfer_threads\": 3, \"verify_checksums\": true, \"file_mode\": \"write_back\","
-                   " \"sliding_store\": \"checkpoints\", \"checkpoint_interval\": 512, \"salt\": \"tenant-a\","
-                   " \"file_root\": \"/var/tmp/kvo\", \"file_quota_bytes\": 1048576, \"prefault\": false}", &c));
-    kvo_connector_params cp = kvo_connector_default_params();
-    kvo_file_tier_params fp = kvo_file_tier_default_params();
-    ASSERT_OK(kvo_config_apply_connector(c, &cp));
-    ASSERT_OK(kvo_config_apply_file_tier(c, &fp));
+    applied a = load_apply("{\"model\": \"gemma-4-31b-like\", \"host_bytes\": 65536, \"policy\": \"s3fifo\","
+                           " \"transfer_threads\": 3, \"verify_checksums\": true, \"file_mode\": \"write_back\","
+                           " \"sliding_store\": \"checkpoints\", \"checkpoint_interval\": 512, \"salt\": \"tenant-a\","
+                           " \"file_root\": \"/var/tmp/kvo\", \"file_quota_bytes\": 1048576, \"prefault\": false}",
+                           &c);
+    const kvo_connector_params cp = a.conn;
+    const kvo_file_tier_params fp = a.file;
     ASSERT_EQ_STR(kvo_config_model(c), "gemma-4-31b-like");
     ASSERT_EQ_U64(cp.host_bytes, 65536);
     ASSERT_EQ_INT(cp.policy, KVO_POLICY_S3FIFO);

@@ -305,21 +305,11 @@ out:
 
 int kvo_config_from_file(const char *path, kvo_config **out) {
     if (!path || !out) return kvo__error(KVO_EINVAL, "kvo_config_from_file: path and out must not be NULL");
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvo__error(KVO_EIO, "config %s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
-    size_t len = 0, cap = 0;
-    int rc = 0;
-    for (;;) {
-        if (kvo__grow((void **)&buf, &cap, len + 4096, 1, 4096, "config file buffer")) { rc = KVO_ENOMEM; break; }
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (n == 0) break;
-    }
-    if (!rc && ferror(f)) rc = kvo__error(KVO_EIO, "config %s: read error", path);
-    fclose(f);
+    size_t len = 0;
+    int rc = kvo__read_file(path, 16u << 20, "a kvoffload configuration (JSON object)", &buf, &len);
     if (!rc) {
-        rc = kvo_config_from_json(buf, len, out);
+        rc = kvo_config_from_json(buf ? buf : "", len, out);
         if (rc) kvo__error_prefix(rc, "%s", path);
     }
     kvo__free(buf);

@@ -109,6 +109,12 @@ void kvo__vlog(kvo_log_level level, const char *fmt, va_list ap);
 void kvo__log_limited(kvo__log_limit *lim, uint32_t interval_s, kvo_log_level level, const char *fmt, ...)
     KVO__PRINTF(4, 5);
 
+/* Read the file at path whole: *out (library allocator, kvo__free; not
+ * NUL-terminated; NULL when empty) and *out_len.  Errors: KVO_EIO (cannot open
+ * with the errno text, a directory, a read error), KVO_ERANGE (over max_bytes),
+ * KVO_ENOMEM; messages name the path and `what` the file should be. */
+int kvo__read_file(const char *path, size_t max_bytes, const char *what, char **out, size_t *out_len);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t kvo__now_ns(void);
 
