@@ -1,7 +1,8 @@
-/* Tests of the core: the error table, allocator hooks, version. */
+/* Tests of the core: the error table, allocator hooks, version, logging. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvo_test.h"
 #include "core/internal.h"
@@ -141,4 +142,34 @@ KVO_TEST(log_limited_counts_suppressed_lines) {
     ASSERT_TRUE(strstr(s.last, "event 5") == s.last);
     ASSERT_TRUE(strstr(s.last, "4 similar events not logged") != NULL);
     ASSERT_OK(kvo_set_log(NULL, NULL, KVO_LOG_WARN));
+}
+
+/* The default sink writes "kvoffload: <level>: <message>" lines to stderr and
+ * bounds a flood: 100 lines logged at once do not all come out. */
+KVO_TEST(log_default_sink_is_bounded) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/stderr.txt", kvo_test_tmpdir());
+    FILE *cap = fopen(path, "w+");
+    ASSERT_NOT_NULL(cap);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    ASSERT_TRUE(saved >= 0);
+    ASSERT_TRUE(dup2(fileno(cap), STDERR_FILENO) >= 0);
+    ASSERT_OK(kvo_set_log(NULL, NULL, KVO_LOG_WARN));
+    kvo__log(KVO_LOG_INFO, "below the default threshold");
+    for (int i = 0; i < 100; i++) kvo__log(KVO_LOG_WARN, "flood %d", i);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    rewind(cap);
+    char line[256], first[256] = "";
+    int lines = 0;
+    while (fgets(line, sizeof line, cap)) {
+        if (!lines) snprintf(first, sizeof first, "%s", line);
+        lines++;
+    }
+    fclose(cap);
+    ASSERT_EQ_STR(first, "kvoffload: warn: flood 0\n");
+    ASSERT_GT_INT(lines, 0);
+    ASSERT_LT_INT(lines, 100);
 }

@@ -90,10 +90,17 @@ static void kvo__log_emit(kvo_log_level level, const char *msg) {
         fn(level, msg, ctx);
         return;
     }
-    if (dropped)
-        fprintf(stderr, "kvoffload: warn: %llu log lines dropped (more than %d in %d s)\n",
-                (unsigned long long)dropped, KVO__STDERR_BURST, KVO__STDERR_WINDOW_S);
-    fprintf(stderr, "kvoffload: %s: %s\n", kvo_log_level_name(level), msg);
+    /* The default sink: one whole line per fputs (stdio locks the stream, so
+     * lines from several threads do not interleave).  The only place in src/
+     * that writes to stderr. */
+    char line[KVO__LOG_MAX + 96];
+    if (dropped) {
+        snprintf(line, sizeof line, "kvoffload: warn: %llu log lines dropped (more than %d in %d s)\n",
+                 (unsigned long long)dropped, KVO__STDERR_BURST, KVO__STDERR_WINDOW_S);
+        fputs(line, stderr);
+    }
+    snprintf(line, sizeof line, "kvoffload: %s: %s\n", kvo_log_level_name(level), msg);
+    fputs(line, stderr);
 }
 
 void kvo__vlog(kvo_log_level level, const char *fmt, va_list ap) {
