@@ -17,6 +17,10 @@
  *  - Error codes are their own range, -1000 and below (KVO_EINVAL is -1001):
  *    they never collide with a negated errno value, and no raw -errno value is
  *    ever returned (the errno text goes into the kvo_last_error() message).
+ *  - The library never aborts or exits on bad input.  Debug builds (no NDEBUG)
+ *    assert internal invariants, never caller input.
+ *  - Logging: rare operational events only, through kvo_set_log() (below).
+ *  - docs/api.md describes these rules, versions and exported symbols.
  *
  * Growing structs without breaking callers (the struct_size convention)
  * ---------------------------------------------------------------------
@@ -25,7 +29,9 @@
  *      size_t struct_size;
  *  set to sizeof(the struct) as the caller's header declared it --
  *  kvo_X_default_params() and the KVO_X_INIT initialisers do this for you,
- *  so code that starts from the defaults never writes it by hand.  New fields
+ *  so code that starts from the defaults never writes it by hand (for a
+ *  struct the library fills, e.g. statistics, the caller initialises it with
+ *  its KVO_X_INIT before the call).  New fields
  *  are only ever appended.  The library reads (or writes) only the first
  *  struct_size bytes: a program compiled against an older, shorter struct
  *  keeps working with a newer library, which uses the defaults for the fields
@@ -33,8 +39,6 @@
  *  first release's layout is KVO_EINVAL (it catches a struct that was
  *  memset or brace-initialised instead of taken from the defaults).
  *  Opaque handles need no such field: they grow freely.
- *  - The library never aborts or exits on bad input.  Debug builds (no NDEBUG)
- *    assert internal invariants, never caller input.
  */
 #ifndef KVOFFLOAD_KVO_COMMON_H
 #define KVOFFLOAD_KVO_COMMON_H
