@@ -1,18 +1,18 @@
 # Every tests/test_*.c is one executable; every KVO_TEST(name) in it is one
 # ctest entry "<file>.<name>" (exit 77 = skipped).
-get_filename_component(KVO_SHARED_DIR "${CMAKE_SOURCE_DIR}/../shared" ABSOLUTE)
-add_library(kvo_testlib STATIC ${CMAKE_SOURCE_DIR}/tests/kvo_test.c)
-target_include_directories(kvo_testlib PUBLIC ${CMAKE_SOURCE_DIR}/tests)
+get_filename_component(KVO_SHARED_DIR "${PROJECT_SOURCE_DIR}/../shared" ABSOLUTE)
+add_library(kvo_testlib STATIC ${PROJECT_SOURCE_DIR}/tests/kvo_test.c)
+target_include_directories(kvo_testlib PUBLIC ${PROJECT_SOURCE_DIR}/tests)
 target_link_libraries(kvo_testlib PUBLIC kvoffload)
 target_compile_definitions(kvo_testlib PUBLIC
-  KVO_SHARED_DIR="${KVO_SHARED_DIR}" KVO_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+  KVO_SHARED_DIR="${KVO_SHARED_DIR}" KVO_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
   KVO_CLI_PATH="$<TARGET_FILE:kvoffload_cli>")
 
-file(GLOB KVO_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/test_*.c)
+file(GLOB KVO_TEST_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/test_*.c)
 foreach(src ${KVO_TEST_SOURCES})
   get_filename_component(exe ${src} NAME_WE)
   add_executable(${exe} ${src})
-  target_include_directories(${exe} PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_include_directories(${exe} PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(${exe} PRIVATE kvo_testlib)
   if(TARGET kvo_engine)
     target_link_libraries(${exe} PRIVATE kvo_engine)

@@ -44,7 +44,7 @@ static inline void fa_arm(long k) {
 
 /* Install the allocator (before creating objects), armed as fa_arm(k). */
 static inline void fa_install(long k) {
-    static const kvo_allocator fa = {fa_malloc, fa_calloc, fa_realloc, fa_free, NULL};
+    static const kvo_allocator fa = KVO_ALLOCATOR_INIT(fa_malloc, fa_calloc, fa_realloc, fa_free, NULL);
     fa_arm(k);
     ASSERT_OK(kvo_set_allocator(&fa));
 }

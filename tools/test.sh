@@ -15,7 +15,8 @@ case "$mode" in
 esac
 gen=""; command -v ninja >/dev/null && gen="-G Ninja"
 [ -f "$dir/CMakeCache.txt" ] && gen=""
-cmake -S . -B "$dir" $gen $flags >/dev/null
+# KVO_DEVELOPER: warnings are errors here and in CI (not for consumers).
+cmake -S . -B "$dir" $gen $flags -DKVO_DEVELOPER=ON >/dev/null
 cmake --build "$dir" -j"$(nproc)"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"

@@ -8,4 +8,5 @@
 #include "kvo_transfer.h"
 #include "kvo_file_tier.h"
 #include "kvo_connector.h"
+#include "kvo_config.h"
 #endif

@@ -11,20 +11,24 @@ static void *kvo__libc_calloc(size_t n, size_t s, void *ctx) { (void)ctx; return
 static void *kvo__libc_realloc(void *p, size_t n, void *ctx) { (void)ctx; return realloc(p, n); }
 static void kvo__libc_free(void *p, void *ctx) { (void)ctx; free(p); }
 
-static kvo_allocator kvo__alloc = {kvo__libc_malloc, kvo__libc_calloc, kvo__libc_realloc,
-                                   kvo__libc_free, NULL};
+static kvo_allocator kvo__alloc = KVO_ALLOCATOR_INIT(kvo__libc_malloc, kvo__libc_calloc,
+                                                     kvo__libc_realloc, kvo__libc_free, NULL);
 
 int kvo_set_allocator(const kvo_allocator *a) {
     if (!a) {
-        kvo__alloc = (kvo_allocator){kvo__libc_malloc, kvo__libc_calloc, kvo__libc_realloc,
-                                     kvo__libc_free, NULL};
+        kvo__alloc = (kvo_allocator)KVO_ALLOCATOR_INIT(kvo__libc_malloc, kvo__libc_calloc,
+                                                       kvo__libc_realloc, kvo__libc_free, NULL);
         return 0;
     }
+    int rc = KVO__CHECK_STRUCT_SIZE("kvo_set_allocator", "kvo_allocator", a, kvo_allocator, ctx,
+                                    "KVO_ALLOCATOR_INIT");
+    if (rc) return rc;
     if (!a->malloc_fn || !a->calloc_fn || !a->realloc_fn || !a->free_fn)
         return kvo__error(KVO_EINVAL,
                           "kvo_set_allocator: malloc_fn, calloc_fn, realloc_fn and free_fn "
                           "must all be set (or pass NULL to restore the C library's)");
     kvo__alloc = *a;
+    kvo__alloc.struct_size = sizeof kvo__alloc;
     return 0;
 }
 

@@ -32,6 +32,22 @@ const char *kvo_error_name(int err) {
     }
 }
 
+static const int kvo__codes[] = {
+#define KVO__CODE(name, value, text) value,
+    KVO_ERROR_TABLE(KVO__CODE)
+#undef KVO__CODE
+};
+
+size_t kvo_error_count(void) { return sizeof kvo__codes / sizeof kvo__codes[0]; }
+int kvo_error_code(size_t i) { return i < kvo_error_count() ? kvo__codes[i] : 0; }
+
+int kvo__check_struct_size(const char *fn, const char *type, size_t given, size_t min, const char *init) {
+    if (given >= min) return 0;
+    return kvo__error(KVO_EINVAL,
+                      "%s: %s.struct_size is %zu, must be at least %zu (start from %s, which sets it "
+                      "to sizeof(%s))", fn, type, given, min, init, type);
+}
+
 const char *kvo_last_error(void) { return kvo__errbuf; }
 
 int kvo__verror(int err, const char *fmt, va_list ap) {
@@ -80,6 +96,4 @@ void kvo_u128_hex(kvo_u128 v, char out[33]) {
 }
 
 const char *kvo_version(void) { return KVO_VERSION_STRING; }
-int kvo_version_number(void) {
-    return KVO_VERSION_MAJOR * 10000 + KVO_VERSION_MINOR * 100 + KVO_VERSION_PATCH;
-}
+int kvo_version_number(void) { return KVO_VERSION_NUMBER; }

@@ -76,9 +76,44 @@ typedef struct kvo__arr {
 } kvo__arr;
 int kvo__grow_all(size_t *cap, size_t need, const kvo__arr *a, size_t n, size_t initial, const char *what);
 
+/* The struct_size convention (kvo_common.h): a caller's struct must hold at
+ * least the first release's fields, up to and including `last_v1`.  0, or
+ * KVO_EINVAL naming the function, the struct, the size given and the
+ * initialiser that sets it.  Fields past struct_size are read as defaults by
+ * the caller of this check (KVO__HAS_FIELD). */
+int kvo__check_struct_size(const char *fn, const char *type, size_t given, size_t min, const char *init);
+#define KVO__CHECK_STRUCT_SIZE(fn, type, ptr, T, last_v1, init)                          \
+    kvo__check_struct_size(fn, type, (ptr)->struct_size,                                  \
+                           offsetof(T, last_v1) + sizeof(((T *)0)->last_v1), init)
+/* True when the caller's struct (struct_size bytes) includes `field`. */
+#define KVO__HAS_FIELD(ptr, T, field) \
+    ((ptr)->struct_size >= offsetof(T, field) + sizeof(((T *)0)->field))
+
 /* Copy a string into a fixed buffer, always NUL-terminated; returns 0 or
  * KVO_ERANGE if it did not fit (truncated copy made). */
 int kvo__strlcpy(char *dst, const char *src, size_t cap);
+
+/* Logging (src/core/log.c).  kvo__log formats and hands a line to the sink
+ * set with kvo_set_log (default stderr) when level passes its threshold.
+ * kvo__log_limited logs one line per interval_s for one kind of event, whose
+ * kvo__log_limit (zero-initialised, owned by the caller, any thread) counts
+ * the lines it suppressed; the next line logged says how many. */
+#define KVO__LOG_MAX 1024
+typedef struct kvo__log_limit {
+    uint64_t last_ns;
+    uint64_t suppressed;
+} kvo__log_limit;
+bool kvo__log_enabled(kvo_log_level level);
+void kvo__log(kvo_log_level level, const char *fmt, ...) KVO__PRINTF(2, 3);
+void kvo__vlog(kvo_log_level level, const char *fmt, va_list ap);
+void kvo__log_limited(kvo__log_limit *lim, uint32_t interval_s, kvo_log_level level, const char *fmt, ...)
+    KVO__PRINTF(4, 5);
+
+/* Read the file at path whole: *out (library allocator, kvo__free; not
+ * NUL-terminated; NULL when empty) and *out_len.  Errors: KVO_EIO (cannot open
+ * with the errno text, a directory, a read error), KVO_ERANGE (over max_bytes),
+ * KVO_ENOMEM; messages name the path and `what` the file should be. */
+int kvo__read_file(const char *path, size_t max_bytes, const char *what, char **out, size_t *out_len);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t kvo__now_ns(void);

@@ -134,30 +134,10 @@ out:
 
 int kvo_model_load_file(const char *path, kvo_model **out) {
     if (!path || !out) return kvo__error(KVO_EINVAL, "kvo_model_load_file: NULL argument");
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvo__error(KVO_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
-        return kvo__error(KVO_EIO, "%s: is a directory, expected a kvoffload-model/1 JSON file", path);
-    }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = kvo__malloc(cap);
-    int rc = 0;
-    while (buf) {
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (len < cap) break;
-        if (cap >= (64u << 20)) { rc = kvo__error(KVO_ERANGE, "%s: larger than 64 MiB", path); break; }
-        char *nb = kvo__realloc(buf, cap * 2);
-        if (!nb) { kvo__free(buf); buf = NULL; break; }
-        buf = nb;
-        cap *= 2;
-    }
-    if (!rc && !buf) rc = kvo__error(KVO_ENOMEM, "%s: out of memory", path);
-    if (!rc && ferror(f)) rc = kvo__error(KVO_EIO, "%s: read error", path);
-    fclose(f);
-    if (!rc) rc = kvo_model_from_json(buf, len, path, out);
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = kvo__read_file(path, 64u << 20, "a kvoffload-model/1 JSON file", &buf, &len);
+    if (!rc) rc = kvo_model_from_json(buf ? buf : "", len, path, out);
     kvo__free(buf);
     return rc;
 }

@@ -2,6 +2,7 @@
 #ifndef KVO_CLI_H
 #define KVO_CLI_H
 
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -17,6 +18,7 @@ int kvo_cmd_plan(int argc, char **argv);
 int kvo_cmd_bench(int argc, char **argv);
 int kvo_cmd_fsck(int argc, char **argv);
 int kvo_cmd_demo(int argc, char **argv);
+int kvo_cmd_version(int argc, char **argv);
 
 /* Parse a positive integer option value; prints an error naming the option. */
 int kvo_cli_parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *out);
@@ -24,5 +26,13 @@ int kvo_cli_parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max
  * code for the error: 2 for configuration errors, 1 otherwise. */
 int kvo_cli_fail(const char *cmd, int err);
 int kvo_cli_exit_code(int err);
+
+/* Subcommands parse options with getopt_long (so --opt=value and --opt value
+ * both work): call kvo_cli_getopt_reset() first, pass an optstring starting
+ * with ':' and handle '?' and ':' with kvo_cli_bad_option(), which prints
+ * "kvoffload <cmd>: unknown option '--x'" or "option '--x' needs a value"
+ * and returns KVO_EXIT_USAGE. */
+void kvo_cli_getopt_reset(void);
+int kvo_cli_bad_option(const char *cmd, int c, char **argv);
 
 #endif

@@ -52,6 +52,10 @@ static void kvo__demo_usage(FILE *f) {
             "  --seed N           weights seed (default 1234)\n"
             "  --json             print the figures as one JSON object\n"
             "  --quiet            no progress on stderr\n"
+            "  --config FILE      take chunk size, host and file tier sizes, file directory and mode from a\n"
+            "                     kvo_config JSON file (docs/config.md; vLLM and LMCache names work);\n"
+            "                     options given on the command line win\n"
+            "Options take their value as --opt VALUE or --opt=VALUE.\n"
             "Exit status: 0 outputs matched, 1 a difference or a failure, 2 bad usage.\n");
 }
 
@@ -147,45 +151,113 @@ static int kvo__demo_fail(const char *what) {
     return KVO_EXIT_FAIL;
 }
 
+typedef struct kvo__demo_opts {
+    const char **shape, **trace, **file_dir;
+    uint64_t *requests, *block_tokens, *max_blocks, *max_new, *engine_tokens, *chunk, *host_mib, *file_mib, *conc,
+        *evict_every, *seed, *hash_tokens;
+    bool *json, *quiet;
+    kvo_file_mode *file_mode;
+} kvo__demo_opts;
+
+/* --config FILE: the offload settings the demo has (chunk size, host and file
+ * tier sizes, file directory and mode) taken from a kvo_config file, except
+ * where the command line gave them.  host/file sizes round up to MiB. */
+static int kvo__demo_config(const char *path, const kvo__demo_opts *o, const bool *given) {
+    kvo_config *cfg = NULL;
+    int rc = kvo_config_from_file(path, &cfg);
+    if (rc) return kvo_cli_fail("demo", rc);
+    kvo_plan_params pp = kvo_plan_default_params();
+    kvo_connector_params cp = kvo_connector_default_params();
+    kvo_file_tier_params fp = kvo_file_tier_default_params();
+    pp.block_size = 0;
+    cp.host_bytes = 0;
+    fp.quota_bytes = 0;
+    kvo_config_apply_plan(cfg, &pp);
+    kvo_config_apply_connector(cfg, &cp);
+    kvo_config_apply_file_tier(cfg, &fp);
+    if (pp.block_size && !given['c']) *o->chunk = pp.block_size;
+    if (cp.host_bytes && !given['H']) *o->host_mib = (cp.host_bytes + (1u << 20) - 1) >> 20;
+    if (!given['m']) *o->file_mode = cp.file_mode;
+    if (kvo_config_has_file_tier(cfg) && !given['d']) {
+        static char dir[4096];
+        snprintf(dir, sizeof dir, "%s", fp.root);
+        *o->file_dir = dir;
+    }
+    if (fp.quota_bytes && !given['F']) *o->file_mib = (fp.quota_bytes + (1u << 20) - 1) >> 20;
+    kvo_config_destroy(cfg);
+    return 0;
+}
+
+/* Parse the demo's options (getopt_long: --opt VALUE or --opt=VALUE).
+ * 0, -1 after --help, or an exit status. */
+static int kvo__demo_options(int argc, char **argv, const kvo__demo_opts *o) {
+    static const struct option opts[] = {
+        {"help", no_argument, NULL, 'h'}, {"json", no_argument, NULL, 'j'}, {"quiet", no_argument, NULL, 'q'},
+        {"shape", required_argument, NULL, 's'}, {"trace", required_argument, NULL, 't'},
+        {"file-dir", required_argument, NULL, 'd'}, {"file-mode", required_argument, NULL, 'm'},
+        {"requests", required_argument, NULL, 'r'}, {"block-tokens", required_argument, NULL, 'b'},
+        {"max-blocks", required_argument, NULL, 'B'}, {"max-new", required_argument, NULL, 'n'},
+        {"engine-tokens", required_argument, NULL, 'e'}, {"chunk-tokens", required_argument, NULL, 'c'},
+        {"host-mib", required_argument, NULL, 'H'}, {"file-mib", required_argument, NULL, 'F'},
+        {"concurrency", required_argument, NULL, 'C'}, {"evict-every", required_argument, NULL, 'E'},
+        {"seed", required_argument, NULL, 'S'}, {"hash-tokens", required_argument, NULL, 'T'},
+        {"config", required_argument, NULL, 'K'}, {NULL, 0, NULL, 0},
+    };
+    /* value options: the variable and the accepted range */
+    static const struct { int c; const char *name; uint64_t lo, hi; } ranges[] = {
+        {'r', "--requests", 1, 100000}, {'b', "--block-tokens", 1, 512}, {'B', "--max-blocks", 1, 4096},
+        {'n', "--max-new", 1, 4096}, {'e', "--engine-tokens", 1, 1u << 24}, {'c', "--chunk-tokens", 1, 1u << 20},
+        {'H', "--host-mib", 1, 1u << 20}, {'F', "--file-mib", 0, 1u << 24}, {'C', "--concurrency", 1, 1024},
+        {'E', "--evict-every", 0, 1u << 20}, {'S', "--seed", 0, UINT64_MAX}, {'T', "--hash-tokens", 1, 1u << 16},
+    };
+    uint64_t *vars[] = {o->requests, o->block_tokens, o->max_blocks, o->max_new, o->engine_tokens, o->chunk,
+                        o->host_mib, o->file_mib, o->conc, o->evict_every, o->seed, o->hash_tokens};
+    bool given[128] = {false};
+    const char *config = NULL;
+    int c, rc = 0;
+    kvo_cli_getopt_reset();
+    while (!rc && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (c > 0 && c < 128) given[c] = true;
+        switch (c) {
+        case 'h': kvo__demo_usage(stdout); return -1;
+        case 'j': *o->json = true; break;
+        case 'q': *o->quiet = true; break;
+        case 's': *o->shape = optarg; break;
+        case 't': *o->trace = optarg; break;
+        case 'd': *o->file_dir = optarg; break;
+        case 'K': config = optarg; break;
+        case 'm':
+            if (strcmp(optarg, "through") && strcmp(optarg, "back")) {
+                fprintf(stderr, "kvoffload demo: --file-mode is '%s'; use through or back\n", optarg);
+                return KVO_EXIT_USAGE;
+            }
+            *o->file_mode = !strcmp(optarg, "back") ? KVO_FILE_WRITE_BACK : KVO_FILE_WRITE_THROUGH;
+            break;
+        case '?': case ':': return kvo_cli_bad_option("demo", c, argv);
+        default:
+            for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
+                if (ranges[i].c == c) rc = kvo_cli_parse_u64(ranges[i].name, optarg, ranges[i].lo, ranges[i].hi, vars[i]);
+            break;
+        }
+    }
+    if (rc) return rc;
+    if (optind < argc) {
+        fprintf(stderr, "kvoffload demo: unexpected argument '%s' (kvoffload demo --help)\n", argv[optind]);
+        return KVO_EXIT_USAGE;
+    }
+    return config ? kvo__demo_config(config, o, given) : 0;
+}
+
 int kvo_cmd_demo(int argc, char **argv) {
     const char *shape = "hybrid-state", *trace = NULL, *file_dir = NULL;
     uint64_t requests = 48, block_tokens = 16, max_blocks = 48, max_new = 4, engine_tokens = 0, chunk = 64,
              host_mib = 4, file_mib = 64, conc = 4, evict_every = 0, seed = 1234, hash_tokens = 0;
     bool json = false, quiet = false;
     kvo_file_mode file_mode = KVO_FILE_WRITE_THROUGH;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = 0;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            kvo__demo_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--quiet")) quiet = true;
-        else if (!strcmp(a, "--shape") && v) shape = argv[++i];
-        else if (!strcmp(a, "--trace") && v) trace = argv[++i];
-        else if (!strcmp(a, "--file-dir") && v) file_dir = argv[++i];
-        else if (!strcmp(a, "--file-mode") && v && (!strcmp(v, "through") || !strcmp(v, "back"))) {
-            file_mode = !strcmp(v, "back") ? KVO_FILE_WRITE_BACK : KVO_FILE_WRITE_THROUGH;
-            i++;
-        }
-        else if (!strcmp(a, "--requests")) rc = kvo_cli_parse_u64(a, v, 1, 100000, &requests), i++;
-        else if (!strcmp(a, "--block-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 512, &block_tokens), i++;
-        else if (!strcmp(a, "--max-blocks")) rc = kvo_cli_parse_u64(a, v, 1, 4096, &max_blocks), i++;
-        else if (!strcmp(a, "--max-new")) rc = kvo_cli_parse_u64(a, v, 1, 4096, &max_new), i++;
-        else if (!strcmp(a, "--engine-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 1u << 24, &engine_tokens), i++;
-        else if (!strcmp(a, "--chunk-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 1u << 20, &chunk), i++;
-        else if (!strcmp(a, "--host-mib")) rc = kvo_cli_parse_u64(a, v, 1, 1u << 20, &host_mib), i++;
-        else if (!strcmp(a, "--file-mib")) rc = kvo_cli_parse_u64(a, v, 0, 1u << 24, &file_mib), i++;
-        else if (!strcmp(a, "--concurrency")) rc = kvo_cli_parse_u64(a, v, 1, 1024, &conc), i++;
-        else if (!strcmp(a, "--evict-every")) rc = kvo_cli_parse_u64(a, v, 0, 1u << 20, &evict_every), i++;
-        else if (!strcmp(a, "--seed")) rc = kvo_cli_parse_u64(a, v, 0, UINT64_MAX, &seed), i++;
-        else if (!strcmp(a, "--hash-tokens")) rc = kvo_cli_parse_u64(a, v, 1, 1u << 16, &hash_tokens), i++;
-        else {
-            fprintf(stderr, "kvoffload demo: unknown or incomplete option '%s' (kvoffload demo --help)\n", a);
-            return KVO_EXIT_USAGE;
-        }
-        if (rc) return rc;
-    }
+    int rc = kvo__demo_options(argc, argv, &(kvo__demo_opts){
+        &shape, &trace, &file_dir, &requests, &block_tokens, &max_blocks, &max_new, &engine_tokens, &chunk,
+        &host_mib, &file_mib, &conc, &evict_every, &seed, &hash_tokens, &json, &quiet, &file_mode});
+    if (rc) return rc < 0 ? 0 : rc;
     kvo_eng_config cfg;
     if (kvo_eng_shape_config(shape, &cfg)) {
         fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
@@ -205,7 +277,7 @@ int kvo_cmd_demo(int argc, char **argv) {
     wp.max_new_tokens = (uint32_t)max_new;
     wp.vocab = cfg.vocab;
     kvo_eng_workload *w = NULL;
-    int rc = kvo_eng_workload_load(&wp, &w);
+    rc = kvo_eng_workload_load(&wp, &w);
     if (rc) {
         fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
         return kvo_cli_exit_code(rc);

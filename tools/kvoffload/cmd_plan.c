@@ -8,14 +8,17 @@ static void kvo__plan_usage(FILE *f) {
     fprintf(f,
             "usage: kvoffload plan [--model PRESET|FILE] [--block-size N | --blocks-per-chunk N]\n"
             "                      [--group-blocks-per-chunk NAME=N[,NAME=N...]]\n"
-            "                      [--target-chunk-bytes N] [--dtype NAME] [--json]\n\n"
+            "                      [--target-chunk-bytes N] [--dtype NAME] [--config FILE] [--json]\n\n"
             "Prints how each KV-cache group of the model is cut into offloaded chunks.\n"
             "  --model             a preset name or a kvoffload-model/1 JSON file; default: every preset\n"
             "  --block-size N      legacy: tokens per chunk; each group gets N / tokens_per_block blocks\n"
             "  --blocks-per-chunk N  the same block count for every group\n"
             "  --group-blocks-per-chunk NAME=N,...  per-group overrides (combine with any of the above)\n"
             "  --target-chunk-bytes N  automatic plan target (default 1048576)\n"
+            "  --config FILE       a kvo_config JSON file (docs/config.md): model and chunking; the\n"
+            "                      options above override it\n"
             "  --json              one JSON object per model\n"
+            "Options take their value as --opt VALUE or --opt=VALUE.\n"
             "With neither --block-size nor --blocks-per-chunk the plan is automatic.\n"
             "Exit status: 0 valid plan, 2 invalid configuration or usage, 1 other failure.\n\n"
             "presets:");
@@ -69,65 +72,98 @@ static int kvo__plan_one(const char *model_name, const kvo_plan_params *prm, int
     return rc ? kvo_cli_fail("plan", rc) : 0;
 }
 
+/* --group-blocks-per-chunk NAME=N,...: overrides pointing into *buf (owned). */
+static int kvo__plan_overrides(const char *v, char **buf, kvo_group_override *ovr, kvo_plan_params *prm) {
+    free(*buf);
+    *buf = strdup(v);
+    if (!*buf) {
+        fprintf(stderr, "kvoffload plan: out of memory\n");
+        return KVO_EXIT_FAIL;
+    }
+    prm->n_overrides = 0;
+    for (char *save = NULL, *tok = strtok_r(*buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        uint64_t n;
+        int rc;
+        if (!eq || eq == tok) {
+            fprintf(stderr, "kvoffload plan: --group-blocks-per-chunk wants NAME=N, got '%s'\n", tok);
+            return KVO_EXIT_USAGE;
+        }
+        *eq = 0;
+        if ((rc = kvo_cli_parse_u64("--group-blocks-per-chunk", eq + 1, 1, UINT32_MAX, &n))) return rc;
+        if (prm->n_overrides >= KVO_MAX_GROUPS) {
+            fprintf(stderr, "kvoffload plan: at most %d overrides\n", KVO_MAX_GROUPS);
+            return KVO_EXIT_USAGE;
+        }
+        ovr[prm->n_overrides].group = tok;
+        ovr[prm->n_overrides].blocks_per_chunk = (uint32_t)n;
+        prm->n_overrides++;
+    }
+    prm->overrides = ovr;
+    return 0;
+}
+
 int kvo_cmd_plan(int argc, char **argv) {
-    kvo_plan_params prm = kvo_plan_default_params();
-    const char *model = NULL;
-    int json = 0, rc;
+    enum { O_MODEL = 256, O_BLOCK_SIZE, O_BPC, O_TARGET, O_DTYPE, O_GROUP_BPC, O_JSON, O_CONFIG };
+    static const struct option opts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"json", no_argument, NULL, O_JSON},
+        {"model", required_argument, NULL, O_MODEL},
+        {"block-size", required_argument, NULL, O_BLOCK_SIZE},
+        {"blocks-per-chunk", required_argument, NULL, O_BPC},
+        {"target-chunk-bytes", required_argument, NULL, O_TARGET},
+        {"dtype", required_argument, NULL, O_DTYPE},
+        {"group-blocks-per-chunk", required_argument, NULL, O_GROUP_BPC},
+        {"config", required_argument, NULL, O_CONFIG},
+        {NULL, 0, NULL, 0},
+    };
+    kvo_plan_params prm = kvo_plan_default_params(), cli = {0};
+    const char *model = NULL, *config = NULL;
+    int json = 0, rc = 0, c;
     kvo_group_override ovr[KVO_MAX_GROUPS];
     char *ovr_buf = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    kvo_config *cfg = NULL;
+    kvo_cli_getopt_reset();
+    while (!rc && (c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h':
             kvo__plan_usage(stdout);
             free(ovr_buf);
             return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--model") && v) {
-            model = v; i++;
-        } else if (!strcmp(a, "--block-size") && v) {
-            if ((rc = kvo_cli_parse_u64(a, v, 1, UINT64_C(1) << 31, &prm.block_size))) goto fail;
-            i++;
-        } else if (!strcmp(a, "--blocks-per-chunk") && v) {
-            if ((rc = kvo_cli_parse_u64(a, v, 1, UINT64_C(1) << 31, &prm.blocks_per_chunk))) goto fail;
-            i++;
-        } else if (!strcmp(a, "--target-chunk-bytes") && v) {
-            if ((rc = kvo_cli_parse_u64(a, v, 1, UINT64_C(1) << 40, &prm.target_chunk_bytes))) goto fail;
-            i++;
-        } else if (!strcmp(a, "--dtype") && v) {
-            prm.dtype = v; i++;
-        } else if (!strcmp(a, "--group-blocks-per-chunk") && v) {
-            free(ovr_buf);
-            ovr_buf = strdup(v);
-            prm.n_overrides = 0;
-            for (char *save = NULL, *tok = strtok_r(ovr_buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-                char *eq = strchr(tok, '=');
-                uint64_t n;
-                if (!eq || eq == tok) {
-                    fprintf(stderr, "kvoffload plan: --group-blocks-per-chunk wants NAME=N, got '%s'\n", tok);
-                    rc = KVO_EXIT_USAGE;
-                    goto fail;
-                }
-                *eq = 0;
-                if ((rc = kvo_cli_parse_u64("--group-blocks-per-chunk", eq + 1, 1, UINT32_MAX, &n))) goto fail;
-                if (prm.n_overrides >= KVO_MAX_GROUPS) {
-                    fprintf(stderr, "kvoffload plan: at most %d overrides\n", KVO_MAX_GROUPS);
-                    rc = KVO_EXIT_USAGE;
-                    goto fail;
-                }
-                ovr[prm.n_overrides].group = tok;
-                ovr[prm.n_overrides].blocks_per_chunk = (uint32_t)n;
-                prm.n_overrides++;
-            }
-            prm.overrides = ovr;
-            i++;
-        } else {
-            fprintf(stderr, "kvoffload plan: unknown option or missing value: '%s' (kvoffload plan --help)\n", a);
-            rc = KVO_EXIT_USAGE;
-            goto fail;
+        case O_JSON: json = 1; break;
+        case O_MODEL: model = optarg; break;
+        case O_CONFIG: config = optarg; break;
+        case O_DTYPE: prm.dtype = optarg; break;
+        case O_BLOCK_SIZE: rc = kvo_cli_parse_u64("--block-size", optarg, 1, UINT64_C(1) << 31, &cli.block_size); break;
+        case O_BPC:
+            rc = kvo_cli_parse_u64("--blocks-per-chunk", optarg, 1, UINT64_C(1) << 31, &cli.blocks_per_chunk);
+            break;
+        case O_TARGET:
+            rc = kvo_cli_parse_u64("--target-chunk-bytes", optarg, 1, UINT64_C(1) << 40, &cli.target_chunk_bytes);
+            break;
+        case O_GROUP_BPC: rc = kvo__plan_overrides(optarg, &ovr_buf, ovr, &prm); break;
+        default: rc = kvo_cli_bad_option("plan", c, argv); break;
         }
     }
+    if (rc) goto fail;
+    if (optind < argc) {
+        fprintf(stderr, "kvoffload plan: unexpected argument '%s' (kvoffload plan --help)\n", argv[optind]);
+        rc = KVO_EXIT_USAGE;
+        goto fail;
+    }
+    /* --config FILE first, then the options given on the command line win */
+    if (config) {
+        if ((rc = kvo_config_from_file(config, &cfg)) != 0) {
+            rc = kvo_cli_fail("plan", rc);
+            goto fail;
+        }
+        kvo_config_apply_plan(cfg, &prm);
+        if (!model) model = kvo_config_model(cfg);
+        if (cli.block_size || cli.blocks_per_chunk) prm.block_size = prm.blocks_per_chunk = 0;
+    }
+    if (cli.block_size) prm.block_size = cli.block_size;
+    if (cli.blocks_per_chunk) prm.blocks_per_chunk = cli.blocks_per_chunk;
+    if (cli.target_chunk_bytes) prm.target_chunk_bytes = cli.target_chunk_bytes;
     if (prm.block_size && prm.blocks_per_chunk) {
         fprintf(stderr, "kvoffload plan: give either --block-size or --blocks-per-chunk, not both\n");
         rc = KVO_EXIT_USAGE;
@@ -144,6 +180,7 @@ int kvo_cmd_plan(int argc, char **argv) {
         }
     }
 fail:
+    kvo_config_destroy(cfg);
     free(ovr_buf);
     return rc;
 }

@@ -14,6 +14,7 @@ static const struct {
     {"bench", kvo_cmd_bench, "run a benchmark (store, transfer, file, ttft) and print JSON figures"},
     {"fsck", kvo_cmd_fsck, "check (and repair) a file-tier directory"},
     {"demo", kvo_cmd_demo, "run the reference engine with and without offloading and compare"},
+    {"version", kvo_cmd_version, "print the version of the tool and of the library"},
 };
 #define KVO__NCMDS (sizeof kvo__cmds / sizeof kvo__cmds[0])
 
@@ -49,6 +50,42 @@ int kvo_cli_parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max
     return 0;
 }
 
+void kvo_cli_getopt_reset(void) {
+    optind = 0; /* GNU getopt: 0 re-initialises (a subcommand parses its own argv) */
+    opterr = 0; /* kvo_cli_bad_option prints the message */
+}
+
+int kvo_cli_bad_option(const char *cmd, int c, char **argv) {
+    const char *arg = optind > 0 ? argv[optind - 1] : "?";
+    if (c == ':')
+        fprintf(stderr, "kvoffload %s: option '%s' needs a value (kvoffload %s --help)\n", cmd, arg, cmd);
+    else if (optopt)
+        fprintf(stderr, "kvoffload %s: unknown option '-%c' (kvoffload %s --help)\n", cmd, optopt, cmd);
+    else
+        fprintf(stderr, "kvoffload %s: unknown option '%s' (kvoffload %s --help)\n", cmd, arg, cmd);
+    return KVO_EXIT_USAGE;
+}
+
+int kvo_cmd_version(int argc, char **argv) {
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    int c;
+    kvo_cli_getopt_reset();
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            printf("usage: kvoffload version\n\nPrints the tool's version and the library's.\n");
+            return 0;
+        }
+        return kvo_cli_bad_option("version", c, argv);
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvoffload version: unexpected argument '%s'\n", argv[optind]);
+        return KVO_EXIT_USAGE;
+    }
+    printf("kvoffload %s\n", KVO_VERSION_STRING);
+    printf("library %s\n", kvo_version());
+    return 0;
+}
+
 int kvo_cli_exit_code(int err) {
     switch (err) {
     case 0: return KVO_EXIT_OK;
@@ -72,7 +109,7 @@ int main(int argc, char **argv) {
         kvo__usage(stdout);
         return 0;
     }
-    if (!strcmp(argv[1], "--version")) {
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
         printf("kvoffload %s\n", kvo_version());
         return 0;
     }

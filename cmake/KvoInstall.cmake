@@ -1,0 +1,53 @@
+# Install rules: headers (with the generated kvo_version.h), libkvoffload.a
+# and libkvoffload.so, the kvoffload CLI, its man page, kvoffload.pc and the
+# CMake package (find_package(kvoffload) -> kvoffload::kvoffload).
+# tools/test-consumers.sh installs into a temporary prefix and builds three
+# consumers from it.
+include(CMakePackageConfigHelpers)
+set(KVO_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvoffload)
+
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/kvoffload ${KVO_GEN_INCLUDE}/kvoffload
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+
+set_target_properties(kvoffload PROPERTIES EXPORT_NAME kvoffload_static)
+if(TARGET kvoffload_shared)
+  set_target_properties(kvoffload_shared PROPERTIES EXPORT_NAME kvoffload)
+endif()
+install(TARGETS ${KVO_LIB_TARGETS} EXPORT kvoffloadTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT kvoffloadTargets NAMESPACE kvoffload:: DESTINATION ${KVO_CMAKE_DIR})
+
+if(TARGET kvoffload_cli)
+  install(TARGETS kvoffload_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+install(FILES ${PROJECT_SOURCE_DIR}/docs/kvoffload.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/CHANGELOG.md
+        DESTINATION ${CMAKE_INSTALL_DOCDIR})
+
+# pkg-config: relocatable -- the prefix is found from the .pc file's own
+# place, so `cmake --install build --prefix P` gives a working P/.../kvoffload.pc.
+file(RELATIVE_PATH KVO_PC_UP "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
+string(REGEX REPLACE "/$" "" KVO_PC_UP "${KVO_PC_UP}")
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(KVO_PC_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+else()
+  set(KVO_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+endif()
+if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+  set(KVO_PC_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")
+else()
+  set(KVO_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/kvoffload.pc.in ${PROJECT_BINARY_DIR}/kvoffload.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/kvoffload.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kvoffloadConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/kvoffloadConfig.cmake INSTALL_DESTINATION ${KVO_CMAKE_DIR})
+# 0.x: minor versions may break the API, so only the same major.minor matches.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvoffloadConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/kvoffloadConfig.cmake ${PROJECT_BINARY_DIR}/kvoffloadConfigVersion.cmake
+        DESTINATION ${KVO_CMAKE_DIR})

@@ -1,0 +1,102 @@
+/*
+ * kvoffload configuration loader: one JSON object -> the parameters of the
+ * plan, the connector and the file tier.
+ *
+ * Engines already configure KV offloading with their own names: vLLM through
+ * kv_transfer_config.kv_connector_extra_config (block_size, blocks_per_chunk,
+ * cpu_bytes_to_use, eviction_policy, store_threshold), LMCache through its
+ * config file (chunk_size, max_local_cpu_size in GB, local_disk,
+ * max_local_disk_size in GB, remote_url).  kvo_config_from_json accepts those
+ * names beside kvoffload's own (host_bytes, policy, file_root, ...), so an
+ * operator can hand the engine's existing configuration to kvoffload
+ * unchanged.  docs/config.md has the full table: every key, its type, the
+ * field it sets and where the name comes from.
+ *
+ * Shape.  Either a flat object of keys, or vLLM's whole kv_transfer_config
+ * ({"kv_connector": ..., "kv_role": ..., "kv_connector_extra_config": {...}}):
+ * then the extra config is read and kv_connector, kv_role, engine_id and
+ * kv_connector_module_path are accepted and ignored.
+ *
+ * Rules.  An unknown key is KVO_EINVAL naming it and the nearest valid key
+ * (edit distance): a typo never silently falls back to a default.  Two names
+ * of one setting (block_size and chunk_size, cpu_bytes_to_use and
+ * max_local_cpu_size, ...) may both be given only with the same value.  Keys
+ * not given leave the caller's parameters as they were: apply the config to
+ * kvo_X_default_params() (or to values from the command line) and the config
+ * overrides only what it names.
+ *
+ * The config is an opaque handle (it grows without breaking callers; see the
+ * struct_size convention in kvo_common.h).
+ */
+#ifndef KVOFFLOAD_KVO_CONFIG_H
+#define KVOFFLOAD_KVO_CONFIG_H
+
+#include "kvo_common.h"
+#include "kvo_geometry.h"
+#include "kvo_file_tier.h"
+#include "kvo_connector.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvo_config kvo_config;
+
+/** Parse a configuration from JSON text (len bytes, need not be NUL-
+ *  terminated).  *out is owned by the caller (kvo_config_destroy); it owns
+ *  copies of every string.  Any thread; no shared state.  Errors: KVO_EPARSE
+ *  (not JSON, not an object, a duplicate key: message has line and column),
+ *  KVO_EINVAL (an unknown key, naming the nearest valid one; a value of the
+ *  wrong type or out of range, naming the key, the value and what is
+ *  accepted; two names of one setting with different values), KVO_ENOTSUP
+ *  (a setting kvoffload cannot honour, e.g. LMCache's local_cpu: false),
+ *  KVO_ENOMEM.  On failure *out is left untouched. */
+KVO_API int kvo_config_from_json(const char *text, size_t len, kvo_config **out);
+
+/** kvo_config_from_json on a file's contents.  Errors as that, prefixed with
+ *  the path, and KVO_EIO when the file cannot be read. */
+KVO_API int kvo_config_from_file(const char *path, kvo_config **out);
+
+/** Destroy; NULL is a no-op.  Strings the apply functions stored in params
+ *  (file tier root, shm_path, salt) die with it. */
+KVO_API void kvo_config_destroy(kvo_config *c);
+
+/** Overwrite the fields of *p that the config sets (block_size,
+ *  blocks_per_chunk, target_chunk_bytes); leave the others.  Errors:
+ *  KVO_EINVAL for a NULL argument. */
+KVO_API int kvo_config_apply_plan(const kvo_config *c, kvo_plan_params *p);
+
+/** Overwrite the fields of *p that the config sets (host_bytes, policy,
+ *  admit_after, transfer_threads, ..., file_mode; docs/config.md lists
+ *  them).  plan and file_tier are never touched: the caller creates those.
+ *  String fields (shm_path, salt) point into the config, which must outlive
+ *  the connector's creation.  Errors: KVO_EINVAL for a NULL argument. */
+KVO_API int kvo_config_apply_connector(const kvo_config *c, kvo_connector_params *p);
+
+/** Overwrite the file-tier fields the config sets (root from file_root or
+ *  local_disk, quota_bytes from file_quota_bytes or max_local_disk_size).
+ *  root points into the config (the tier copies it at create).  plan is never
+ *  touched.  Errors: KVO_EINVAL for a NULL argument. */
+KVO_API int kvo_config_apply_file_tier(const kvo_config *c, kvo_file_tier_params *p);
+
+/** True when the config names a file tier (file_root or local_disk). */
+KVO_API bool kvo_config_has_file_tier(const kvo_config *c);
+
+/** The model (preset name or path for kvo_model_open), or NULL when not
+ *  given.  Valid while c lives. */
+KVO_API const char *kvo_config_model(const kvo_config *c);
+
+/** LMCache's remote_url (e.g. "redis://host:6379"), or NULL.  Recorded for
+ *  the remote tier; this release has no remote tier and does not use it.
+ *  Valid while c lives. */
+KVO_API const char *kvo_config_remote_url(const kvo_config *c);
+
+/** Number of keys the loader knows, and key i's name (NULL past the end):
+ *  for help texts and the docs table test.  Static storage. */
+KVO_API size_t kvo_config_key_count(void);
+KVO_API const char *kvo_config_key_name(size_t i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,88 @@
+/* Tests of the command line's option parsing (getopt_long: --opt=value and
+ * --opt value), `kvoffload version` and --config FILE. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvo_test.h"
+
+static int run(const char *args, char **out) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KVO_CLI_PATH, args);
+    return kvo_test_run(cmd, out);
+}
+
+/* The same plan whichever way the values are written. */
+KVO_TEST(equals_and_separate_values_agree) {
+    char *a = NULL, *b = NULL;
+    ASSERT_EQ_INT(run("plan --model llama-3.1-8b --block-size 256 --json", &a), 0);
+    ASSERT_EQ_INT(run("plan --model=llama-3.1-8b --block-size=256 --json", &b), 0);
+    ASSERT_EQ_STR(a, b);
+    ASSERT_CONTAINS(a, "\"tokens_per_chunk\": 256");
+    free(a);
+    free(b);
+}
+
+KVO_TEST(bad_options_exit_2) {
+    static const struct { const char *args, *msg; } cases[] = {
+        {"plan --model", "needs a value"},
+        {"plan --block-size=", "--block-size"},
+        {"plan --jsn", "unknown option '--jsn'"},
+        {"plan extra", "unexpected argument 'extra'"},
+        {"demo --requests", "needs a value"},
+        {"demo --requests=0", "--requests"},
+        {"demo --file-mode=sideways", "through or back"},
+        {"demo --nosuch=1", "unknown option"},
+        {"version --nosuch", "unknown option"},
+        {"version extra", "unexpected argument"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        int st = run(cases[i].args, &out);
+        if (st != 2 || !strstr(out, cases[i].msg))
+            FAILF("'%s': exit %d, output '%s'; expected exit 2 and '%s'", cases[i].args, st, out, cases[i].msg);
+        free(out);
+    }
+}
+
+KVO_TEST(version_command) {
+    char *out = NULL, want[64];
+    ASSERT_EQ_INT(run("version", &out), 0);
+    snprintf(want, sizeof want, "kvoffload %s\n", KVO_VERSION_STRING);
+    ASSERT_CONTAINS(out, want);
+    snprintf(want, sizeof want, "library %s\n", kvo_version());
+    ASSERT_CONTAINS(out, want);
+    free(out);
+    ASSERT_EQ_INT(run("--help", &out), 0);
+    ASSERT_CONTAINS(out, "version");
+    free(out);
+}
+
+/* --config FILE gives the model and chunking; options on the command line win;
+ * a typo in the file exits 2 naming the nearest key. */
+KVO_TEST(plan_config_file) {
+    char path[512], args[1024], *a = NULL, *b = NULL;
+    snprintf(path, sizeof path, "%s/lmcache.json", kvo_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    ASSERT_NOT_NULL(f);
+    fputs("{\"model\": \"llama-3.1-8b\", \"chunk_size\": 512}", f);
+    fclose(f);
+    snprintf(args, sizeof args, "plan --config '%s' --json", path);
+    ASSERT_EQ_INT(run(args, &a), 0);
+    ASSERT_EQ_INT(run("plan --model llama-3.1-8b --block-size 512 --json", &b), 0);
+    ASSERT_EQ_STR(a, b);
+    free(a);
+    free(b);
+    snprintf(args, sizeof args, "plan --config='%s' --block-size=128 --json", path);
+    ASSERT_EQ_INT(run(args, &a), 0);
+    ASSERT_CONTAINS(a, "\"tokens_per_chunk\": 128");
+    free(a);
+    f = fopen(path, "w");
+    ASSERT_NOT_NULL(f);
+    fputs("{\"model\": \"llama-3.1-8b\", \"chunk_sise\": 512}", f);
+    fclose(f);
+    snprintf(args, sizeof args, "plan --config '%s'", path);
+    ASSERT_EQ_INT(run(args, &a), 2);
+    ASSERT_CONTAINS(a, "'chunk_size'");
+    free(a);
+}
