@@ -126,22 +126,44 @@ static void check_ring(sim *s) {
 
 /* ------------------------------------------- 1. queued completions -- */
 
+/* A sim over plan2 whose host tier holds tok (400 tokens from salt), and
+ * request 2 over tok with its 384-token hit pinned by lookup. */
+static kvo_lookup_result sim_with_hit(sim *s, sim_req *r, uint32_t *tok, uint32_t salt) {
+    sim_init(s, plan2(), NULL, 512);
+    fill(tok, 400, salt);
+    store_prompt(s, NULL, 1, tok, 400);
+    kvo_lookup_result lr = add_lookup(s, r, 2, tok, 400);
+    ASSERT_EQ_INT(lr.status, KVO_HIT);
+    ASSERT_EQ_U64(lr.tokens, 384);
+    return lr;
+}
+
+/* Load request 2's hit, let it finish and its LOAD completion wait in the
+ * ring (the engine polls with cap 0). */
+static void load_and_queue(sim *s, sim_req *r, uint64_t b) {
+    issue_load(s, r, b);
+    ASSERT_OK(kvo_connector_wait_request(s->c, 2));
+    ASSERT_EQ_U64(kvo_connector_poll(s->c, NULL, 0), 0); /* results processed, completion queued */
+}
+
+/* Nothing is left pinned or pending in the host tier. */
+static void check_host_idle(sim *s) {
+    kvo_connector_stats st;
+    ASSERT_OK(kvo_connector_get_stats(s->c, &st));
+    ASSERT_EQ_U64(st.host.pinned, 0);
+    ASSERT_EQ_U64(st.host.pending, 0);
+}
+
 /* A load finishes and its completion waits in the ring (the engine polls
  * with cap 0); then the engine preempts.  No LOAD completion of the old load
  * may reach it: after a new lookup and load, exactly one LOAD arrives (the
  * new one), and when it arrives the blocks hold the right bytes. */
 KVO_TEST(preempt_drops_queued_load_completion) {
     sim s;
-    sim_init(&s, plan2(), NULL, 512);
-    uint32_t tok[400];
-    fill(tok, 400, 1);
-    store_prompt(&s, NULL, 1, tok, 400);
     sim_req r;
-    kvo_lookup_result lr = add_lookup(&s, &r, 2, tok, 400);
-    ASSERT_EQ_INT(lr.status, KVO_HIT);
-    issue_load(&s, &r, lr.tokens);
-    ASSERT_OK(kvo_connector_wait_request(s.c, 2));
-    ASSERT_EQ_U64(kvo_connector_poll(s.c, NULL, 0), 0); /* results processed, completion queued */
+    uint32_t tok[400];
+    kvo_lookup_result lr = sim_with_hit(&s, &r, tok, 1);
+    load_and_queue(&s, &r, lr.tokens);
     ASSERT_OK(kvo_connector_preempt(s.c, 2));
     check_ring(&s);
     sim_release(&s, &r); /* the engine frees the blocks */
@@ -168,16 +190,10 @@ KVO_TEST(preempt_drops_queued_load_completion) {
  * flight: the first LOAD the engine sees must be the newer one's. */
 KVO_TEST(stale_completion_never_reports_a_newer_load) {
     sim s;
-    sim_init(&s, plan2(), NULL, 512);
-    uint32_t tok[400];
-    fill(tok, 400, 2);
-    store_prompt(&s, NULL, 1, tok, 400);
     sim_req r;
-    kvo_lookup_result lr = add_lookup(&s, &r, 2, tok, 400);
-    ASSERT_EQ_INT(lr.status, KVO_HIT);
-    issue_load(&s, &r, lr.tokens);
-    ASSERT_OK(kvo_connector_wait_request(s.c, 2));
-    (void)kvo_connector_poll(s.c, NULL, 0);
+    uint32_t tok[400];
+    kvo_lookup_result lr = sim_with_hit(&s, &r, tok, 2);
+    load_and_queue(&s, &r, lr.tokens);
     ASSERT_OK(kvo_connector_preempt(s.c, 2));
     sim_release(&s, &r);
     ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
@@ -210,17 +226,11 @@ KVO_TEST(stale_completion_never_reports_a_newer_load) {
  * RELEASED of a finished earlier request with that id is still delivered. */
 KVO_TEST(abort_drops_queued_completion_before_id_reuse) {
     sim s;
-    sim_init(&s, plan2(), NULL, 512);
-    uint32_t tok[400], other[100];
-    fill(tok, 400, 3);
-    fill(other, 100, 77);
-    store_prompt(&s, NULL, 1, tok, 400);
     sim_req r;
-    kvo_lookup_result lr = add_lookup(&s, &r, 2, tok, 400);
-    ASSERT_EQ_INT(lr.status, KVO_HIT);
-    issue_load(&s, &r, lr.tokens);
-    ASSERT_OK(kvo_connector_wait_request(s.c, 2));
-    (void)kvo_connector_poll(s.c, NULL, 0);
+    uint32_t tok[400], other[100];
+    kvo_lookup_result lr = sim_with_hit(&s, &r, tok, 3);
+    fill(other, 100, 77);
+    load_and_queue(&s, &r, lr.tokens);
     ASSERT_OK(kvo_connector_abort(s.c, 2));
     check_ring(&s);
     sim_release(&s, &r);
@@ -251,6 +261,7 @@ KVO_TEST(abort_drops_queued_completion_before_id_reuse) {
     }
     check_ring(&s);
     sim_req_free(&s, &r2);
+    sim_req_free(&s, &r);
     sim_destroy(&s);
 }
 
@@ -347,10 +358,7 @@ KVO_TEST(layout_change_drops_host_chunks_of_changed_groups) {
     sim_layout(&s, 0);
     lr = lookup_load_check(&s, 6, tok);
     ASSERT_EQ_INT(lr.status, KVO_HIT_NONE);
-    kvo_connector_stats st;
-    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
-    ASSERT_EQ_U64(st.host.pinned, 0);
-    ASSERT_EQ_U64(st.host.pending, 0);
+    check_host_idle(&s);
     sim_destroy(&s);
 }
 
@@ -358,13 +366,9 @@ KVO_TEST(layout_change_drops_host_chunks_of_changed_groups) {
  * refused (look up again), never copied in the old format. */
 KVO_TEST(layout_change_releases_pinned_hits) {
     sim s;
-    sim_init(&s, plan2(), NULL, 512);
-    uint32_t tok[400];
-    fill(tok, 400, 5);
-    store_prompt(&s, NULL, 1, tok, 400);
     sim_req r;
-    kvo_lookup_result lr = add_lookup(&s, &r, 2, tok, 400);
-    ASSERT_EQ_INT(lr.status, KVO_HIT);
+    uint32_t tok[400];
+    kvo_lookup_result lr = sim_with_hit(&s, &r, tok, 5);
     sim_layout(&s, 1);
     alloc_for_load(&s, &r, lr.tokens);
     kvo_block_table tb[SIM_MAXG];
@@ -372,9 +376,7 @@ KVO_TEST(layout_change_releases_pinned_hits) {
     ASSERT_ERR(kvo_connector_load(s.c, 2, lr.tokens, tb, s.ng), KVO_ESTATE);
     ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
     ASSERT_EQ_INT(lr.status, KVO_HIT_NONE);
-    kvo_connector_stats st;
-    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
-    ASSERT_EQ_U64(st.host.pinned, 0);
+    check_host_idle(&s);
     ASSERT_OK(kvo_connector_abort(s.c, 2));
     sim_req_free(&s, &r);
     sim_destroy(&s);
@@ -503,10 +505,7 @@ KVO_TEST(writeback_lookup_keeps_the_files_it_hits) {
     check_loaded(&s, &r, 384);
     ASSERT_OK(kvo_connector_abort(s.c, 3));
     sim_req_free(&s, &r);
-    kvo_connector_stats st;
-    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
-    ASSERT_EQ_U64(st.host.pinned, 0);
-    ASSERT_EQ_U64(st.host.pending, 0);
+    check_host_idle(&s);
     sim_destroy(&s);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(p);
