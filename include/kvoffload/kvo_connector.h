@@ -276,8 +276,20 @@ KVO_API int kvo_connector_create(const kvo_connector_params *p, kvo_connector **
 KVO_API void kvo_connector_destroy(kvo_connector *c);
 
 /** Register (replace) the engine's KV layout (see kvo_transfer_set_layout).
- *  Must be called before the first load or store.  Errors as
- *  kvo_transfer_set_layout. */
+ *  Must be called before the first load or store.  Replacing it with one
+ *  that changes a group's slot format (its segments' page_bytes in order,
+ *  e.g. the same bytes per block split into K and V) invalidates what was
+ *  stored in the old format (docs/connector.md, "Layout changes"): the
+ *  group's host chunks are removed, hits pinned by lookup that read it are
+ *  released (load then fails with KVO_ESTATE: look up again), a load
+ *  waiting for file reads of such a hit completes as failed (KVO_ESTATE),
+ *  copies in flight of it fail (KVO_ESTATE, reported as usual), and the
+ *  file tier is read and written only for groups whose current format it
+ *  holds (a tier with params.layout_hash: while the layout has that hash;
+ *  without: while the group's format is the first registered one).  Holds
+ *  the connector lock while the transfer engine waits for copy pieces in
+ *  flight; do not call it concurrently with loads it would invalidate.
+ *  Errors as kvo_transfer_set_layout (the old layout stays). */
 KVO_API int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n);
 
 /** The plan's hit step (kvo_agree_step). */
@@ -352,7 +364,9 @@ typedef struct kvo_lookup_result {
  *  that only the file tier holds starts reading them into host slots at once
  *  (file -> host); a load issued before the reads finish waits for them (its
  *  completion comes later; a failed read fails the load with tokens_valid =
- *  local_tokens and nothing written).
+ *  local_tokens and nothing written).  Those files are pinned in the file
+ *  tier while the host slots for them are reserved, so a write-back that
+ *  reservation causes never evicts them.
  *  Errors: KVO_ENOTFOUND (id), KVO_ESTATE (a load of the request in flight,
  *  or finished), KVO_EINVAL (local_tokens not a multiple of the step or beyond
  *  the sequence). */
@@ -375,8 +389,10 @@ typedef struct kvo_block_table {
  *  until then the engine must not read or write those blocks.
  *  Errors (nothing issued, the request keeps its pins): KVO_ENOTFOUND,
  *  KVO_ESTATE (no hit pinned by a lookup, no layout), KVO_EINVAL (tokens not
- *  the lookup's, a table shorter than the tokens, KVO_NO_BLOCK where a block
- *  is to be written, n_tables wrong), KVO_EAGAIN (transfer queue full: retry). */
+ *  the lookup's, a table shorter than the tokens, KVO_NO_BLOCK or an id >=
+ *  the layout's num_blocks where a block is to be written (checked at once,
+ *  also for a load that waits for file reads), n_tables wrong), KVO_EAGAIN
+ *  (transfer queue full: retry). */
 KVO_API int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo_block_table *tables,
                        size_t n_tables);
 
@@ -426,11 +442,17 @@ KVO_API int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t compute
  *  for; a load in flight (or waiting for file reads) is dropped and no
  *  KVO_COMPLETION_LOAD follows for it; pins are released, computed tokens
  *  reset to 0; the token sequence is kept, and the request may be looked up
- *  again.  Blocks may be freed on return (file reads still running land in
- *  host slots, never in engine blocks).  Errors: KVO_ENOTFOUND. */
+ *  again.  A KVO_COMPLETION_LOAD of the request already queued and not yet
+ *  polled is removed too: after preempt, the next LOAD the engine polls for
+ *  this id is that of a load issued after it.  Blocks may be freed on
+ *  return (file reads still running land in host slots, never in engine
+ *  blocks).  Errors: KVO_ENOTFOUND. */
 KVO_API int kvo_connector_preempt(kvo_connector *c, uint64_t id);
 
-/** Abort: like preempt, then the request is removed (no completion follows).
+/** Abort: like preempt, then the request is removed (no completion follows;
+ *  LOAD completions of it still queued are removed, so a request that
+ *  reuses the id never receives one; a queued RELEASED of an earlier,
+ *  finished request with this id stays).
  *  Blocks may be freed on return.  Errors: KVO_ENOTFOUND. */
 KVO_API int kvo_connector_abort(kvo_connector *c, uint64_t id);
 

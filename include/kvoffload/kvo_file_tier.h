@@ -269,6 +269,19 @@ KVO_API int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms);
 /** Mark keys as used now (eviction recency).  Absent keys are ignored. */
 KVO_API int kvo_file_tier_touch(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
 
+/** Pin indexed keys so that this process never evicts their files (the
+ *  quota makes room from other files, or drops the write with KVO_ENOSPC)
+ *  until kvo_file_tier_unpin; a key pinned twice needs two unpins.  For a
+ *  caller whose next writes may evict what it is about to read.  All or
+ *  nothing: KVO_ENOTFOUND (a key not indexed), KVO_EAGAIN (a write of one
+ *  is pending), KVO_EINVAL (NULL with n > 0, bad group); nothing pinned. */
+KVO_API int kvo_file_tier_pin(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
+/** Release pins of kvo_file_tier_pin.  KVO_ESTATE if one is not pinned. */
+KVO_API int kvo_file_tier_unpin(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
+/** params.layout_hash as given at create (0: the namespace is not keyed by
+ *  a slot layout). */
+KVO_API uint64_t kvo_file_tier_layout_hash(const kvo_file_tier *t);
+
 /** Delete the files of keys (absent keys ignored).  KVO_EBUSY if one is being
  *  written or read (nothing removed). */
 KVO_API int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);

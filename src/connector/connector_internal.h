@@ -2,11 +2,12 @@
  * Internal declarations of the connector layer (also used by its tests).
  *
  * The connector is split by job, one file each:
- *   create.c     create / destroy / layout, accessors, statistics
+ *   create.c     create / destroy, accessors, statistics
  *   request.c    the request table, token and unit hashing, shared scratch
  *   lookup.c     lookup: chunk states, agreement, pinning the hit, file reads
  *   load.c       load: building and submitting the load job
  *   store.c      update: choosing, reserving and submitting store batches
+ *   layout.c     set_layout: what a change of the slot format invalidates
  *   lifecycle.c  wait_blocks / wait_request / preempt / abort / finish
  *   poll.c       the completion ring, transfer results, file-read results
  *   persist.c    file-tier hand-off: write-through, write-back, flush
@@ -22,7 +23,8 @@
  *  - One mutex protects everything below; it is held for bookkeeping and for
  *    calls into the store, the transfer engine's submit/poll/cancel and the
  *    file tier's queueing calls (library code that never blocks for long and
- *    never calls back), and released around every wait for copies.
+ *    never calls back), and released around every wait for copies (except
+ *    set_layout's, see layout.c: a reconfiguration, not a per-step call).
  *  - Requests live in a hash table by id.  Each keeps its chained unit
  *    hashes (16 bytes per tokens_per_hash tokens), the partial unit's tokens,
  *    how far each group has been considered for storing (next_chunk), the hit
@@ -32,7 +34,8 @@
  *    completes or unpins when its result is polled, so a request may be
  *    preempted or aborted while its copies are in flight: the results are
  *    still processed, only the engine notification is dropped (a generation
- *    number tells stale loads apart).
+ *    number tells stale loads apart), and LOAD completions already queued
+ *    in the ring for it are taken out again.
  *  - The block map counts, per (group, engine block), the store jobs in flight
  *    that read it and the newest such job id: wait_blocks waits for every
  *    in-flight store job up to that id, which covers every store reading the
@@ -62,6 +65,9 @@
  *    LOADING (owes its LOAD completion) or FINISHED (owes RELEASED) counts
  *    in cq_owed, and load / finish reserve cq_n + cq_owed + 1 entries before
  *    they accept, so a completion is never lost to a failed allocation.
+ *  - Host chunks, file reads and file-tier use always match the registered
+ *    layout's slot format per group (layout.c): a change drops what was
+ *    stored in the old format and stops using files that hold it.
  *  - A load completion reports tokens_valid = the hit only if the copy
  *    succeeded (and, with verify_checksums, every slot matched its stored
  *    checksum); otherwise local_tokens: nothing loaded is ever counted as
@@ -124,6 +130,7 @@ typedef struct kvo__read {
     kvo_slot slot;
     uint64_t req;
     uint32_t gen;
+    uint32_t epoch; /* lay_epoch of its group when started */
     size_t item;
 } kvo__read;
 
@@ -196,6 +203,16 @@ struct kvo_connector {
     kvo_file_tier *file;
     pthread_mutex_t mu;
     bool layout_set;
+    /* the registered layout, per group: a hash of what decides its slot
+     * format (its segments' page_bytes in order), its engine block count,
+     * and an epoch bumped when the format changes (file reads started
+     * before land as failures); lay_first: the hashes at the first
+     * set_layout (what an unnamespaced file tier holds); file_groups, bit
+     * g: the file tier holds group g in the current format (read and
+     * written only then) */
+    uint64_t lay_hash[KVO_MAX_GROUPS], lay_first[KVO_MAX_GROUPS], lay_blocks[KVO_MAX_GROUPS];
+    uint32_t lay_epoch[KVO_MAX_GROUPS];
+    uint64_t file_groups;
     kvo__map reqs, jobs, blocks, reads;
     uint64_t next_read;
     /* completions for the engine (ring) */
@@ -300,6 +317,9 @@ void kvo__conn_store_final_checkpoint(kvo_connector *c, kvo__req *r, const kvo_b
 int kvo__conn_cq_reserve_owed(kvo_connector *c);
 /* Queue a completion; room was reserved when it became owed. */
 void kvo__conn_emit(kvo_connector *c, const kvo_completion *cp);
+/* Take the LOAD completions of request id out of the ring (preempt, abort);
+ * returns how many. */
+size_t kvo__conn_cq_drop_loads(kvo_connector *c, uint64_t id);
 /* Consume every finished transfer job. */
 void kvo__conn_process_results(kvo_connector *c);
 

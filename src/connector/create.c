@@ -208,16 +208,6 @@ void kvo_connector_destroy(kvo_connector *c) {
     kvo__free(c);
 }
 
-int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n) {
-    if (!c) return kvo__error(KVO_EINVAL, "kvo_connector_set_layout: c must not be NULL");
-    int rc = kvo_transfer_set_layout(c->xfer, segs, n);
-    if (rc) return rc;
-    kvo__conn_lock(c);
-    c->layout_set = true;
-    kvo__conn_unlock(c);
-    return 0;
-}
-
 uint64_t kvo_connector_step(const kvo_connector *c) { return c ? c->step : 0; }
 kvo_store *kvo_connector_store(kvo_connector *c) { return c ? c->store : NULL; }
 kvo_transfer *kvo_connector_transfer(kvo_connector *c) { return c ? c->xfer : NULL; }

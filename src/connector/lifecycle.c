@@ -5,7 +5,8 @@
  * Waits copy the job ids to wait for under c->mu, release it, and wait in
  * the transfer engine (never holding mu across a wait).  preempt cancels
  * the load (or waits for it if it already runs), unpins, bumps the
- * generation so that older results no longer reach the engine, waits for
+ * generation so that older results no longer reach the engine, takes the
+ * request's LOAD completions still queued out of the ring, waits for
  * the request's copies, then resets (preempt) or removes (abort) the
  * request under mu again.  finish stores what is left and marks the request
  * FINISHED; it is removed (RELEASED emitted by poll.c) when its last copy
@@ -106,6 +107,7 @@ static int kvo__preempt(kvo_connector *c, uint64_t id, bool remove) {
         r->load_job = 0;
     }
     r->gen++; /* results of older copies no longer reach the engine */
+    (void)kvo__conn_cq_drop_loads(c, id); /* nor those already queued */
     if (r->state == REQ_LOADING) kvo__conn_req_set_state(c, r, REQ_ACTIVE);
     kvo__conn_unlock(c);
     if (n) rc = kvo_transfer_wait(c->xfer, ids, n, -1);

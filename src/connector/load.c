@@ -105,7 +105,7 @@ static int kvo__check_hit_blocks(kvo_connector *c, kvo__req *r, const kvo_block_
         const kvo_group_plan *gp = kvo__item_blocks(c, r, it, &first, &nb);
         uint64_t tpb = gp->tokens_per_block;
         const uint64_t *blk = tables[it->key.group].blocks + first;
-        for (uint64_t k = 0; k < nb; k++)
+        for (uint64_t k = 0; k < nb; k++) {
             if (blk[k] == KVO_NO_BLOCK)
                 return kvo__error(KVO_EINVAL,
                                   "request %llu: group '%s': block %llu (tokens %llu..%llu) is KVO_NO_BLOCK but "
@@ -113,6 +113,18 @@ static int kvo__check_hit_blocks(kvo_connector *c, kvo__req *r, const kvo_block_
                                   (unsigned long long)r->id, gp->name, (unsigned long long)(first + k),
                                   (unsigned long long)((first + k) * tpb),
                                   (unsigned long long)((first + k + 1) * tpb));
+            /* checked here, not only at submit: a load waiting for file
+             * reads is submitted later, where a bad id could only fail it */
+            if (blk[k] >= c->lay_blocks[it->key.group])
+                return kvo__error(KVO_EINVAL,
+                                  "request %llu: group '%s': block %llu (tokens %llu..%llu) is engine block id "
+                                  "%llu, beyond the layout's num_blocks %llu (ids 0..%llu)",
+                                  (unsigned long long)r->id, gp->name, (unsigned long long)(first + k),
+                                  (unsigned long long)((first + k) * tpb),
+                                  (unsigned long long)((first + k + 1) * tpb), (unsigned long long)blk[k],
+                                  (unsigned long long)c->lay_blocks[it->key.group],
+                                  (unsigned long long)c->lay_blocks[it->key.group] - 1);
+        }
         *nblocks += nb;
     }
     return 0;

@@ -99,38 +99,18 @@ static uint64_t kvo__file_tokens(kvo_connector *c, kvo__req *r, uint64_t L, uint
     return tot;
 }
 
-/* Start reading the hit's file items into host slots (reserved PENDING in
- * the host store).  0, KVO__NOFILE (could not: everything undone), or an
- * error. */
-static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
-    size_t nf = 0;
-    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == TIER_FILE;
-    if (!nf) return 0;
-    int rc = kvo__fscratch(c, nf);
-    if (rc) return rc;
-    size_t k = 0;
-    for (size_t i = 0; i < r->n_hit; i++)
-        if (r->hit[i].tier == TIER_FILE) {
-            c->s_fkeys[k] = r->hit[i].key;
-            c->s_fidx[k++] = i;
-        }
+/* kvo__start_file_reads with the nf files in c->s_fkeys pinned; the arrays
+ * have nf entries each. */
+static int kvo__start_reads_pinned(kvo_connector *c, kvo__req *r, size_t nf, kvo_slot *slots, void **dsts,
+                                   uint64_t *ud, int *res) {
     /* reserve host slots: every key must need writing (absent in host) */
-    kvo_slot *slots = kvo__malloc(nf * (sizeof(kvo_slot) + sizeof(void *) + sizeof(uint64_t) + sizeof(int)));
-    if (!slots) return kvo__error(KVO_ENOMEM, "connector: out of memory");
-    void **dsts = (void **)(slots + nf);
-    uint64_t *ud = (uint64_t *)(dsts + nf);
-    int *res = (int *)(ud + nf);
-    rc = kvo__conn_prepare_store(c, c->s_fkeys, nf, c->s_fst, slots);
-    if (rc) {
-        kvo__free(slots);
-        return rc == KVO_ENOMEM ? rc : KVO__NOFILE;
-    }
+    int rc = kvo__conn_prepare_store(c, c->s_fkeys, nf, c->s_fst, slots);
+    if (rc) return rc == KVO_ENOMEM ? rc : KVO__NOFILE;
     bool all = true;
     for (size_t i = 0; i < nf; i++) all &= c->s_fst[i] == 1;
     if (!all) { /* raced: some key appeared in host meanwhile */
         for (size_t i = 0; i < nf; i++)
             if (c->s_fst[i]) (void)kvo_store_complete_store(c->store, &c->s_fkeys[i], 1, false);
-        kvo__free(slots);
         return KVO__NOFILE;
     }
     for (size_t i = 0; i < nf; i++) {
@@ -142,7 +122,6 @@ static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
     rc = kvo_file_tier_read(c->file, c->s_fkeys, dsts, nf, ud, res, &nq);
     if (rc) {
         (void)kvo_store_complete_store(c->store, c->s_fkeys, nf, false);
-        kvo__free(slots);
         return KVO__NOFILE;
     }
     bool failed = false;
@@ -167,16 +146,51 @@ static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
         rd->slot = slots[i];
         rd->req = r->id;
         rd->gen = r->gen;
+        rd->epoch = c->lay_epoch[rd->key.group];
         rd->item = c->s_fidx[i];
         e->p = rd;
         r->file_pending++;
     }
-    kvo__free(slots);
     if (failed) {
         /* the queued reads finish as orphans (gen bumped by unpin) */
         return KVO__NOFILE;
     }
     return 0;
+}
+
+/* Start reading the hit's file items into host slots (reserved PENDING in
+ * the host store).  0, KVO__NOFILE (could not: everything undone), or an
+ * error. */
+static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
+    size_t nf = 0;
+    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == TIER_FILE;
+    if (!nf) return 0;
+    int rc = kvo__fscratch(c, nf);
+    if (rc) return rc;
+    size_t k = 0;
+    for (size_t i = 0; i < r->n_hit; i++)
+        if (r->hit[i].tier == TIER_FILE) {
+            c->s_fkeys[k] = r->hit[i].key;
+            c->s_fidx[k++] = i;
+        }
+    kvo_slot *slots = kvo__malloc(nf * (sizeof(kvo_slot) + sizeof(void *) + sizeof(uint64_t) + sizeof(int)));
+    if (!slots) return kvo__error(KVO_ENOMEM, "connector: out of memory");
+    void **dsts = (void **)(slots + nf);
+    uint64_t *ud = (uint64_t *)(dsts + nf);
+    int *res = (int *)(ud + nf);
+    /* Pin the files first: the host slots reserved below may evict host
+     * chunks whose write-back needs file quota, which must never be made
+     * from these files (and refresh their recency: a hit is a use).  Each
+     * queued read holds its own pin, so the pins go once reads are queued. */
+    if (kvo_file_tier_pin(c->file, c->s_fkeys, nf)) { /* one left the tier meanwhile */
+        kvo__free(slots);
+        return KVO__NOFILE;
+    }
+    (void)kvo_file_tier_touch(c->file, c->s_fkeys, nf);
+    rc = kvo__start_reads_pinned(c, r, nf, slots, dsts, ud, res);
+    (void)kvo_file_tier_unpin(c->file, c->s_fkeys, nf);
+    kvo__free(slots);
+    return rc;
 }
 
 /* Phase 1: the chunk states of r above local L, per group g at
@@ -231,11 +245,11 @@ static int kvo__lookup_tiers(kvo_connector *c, const size_t *off, size_t nk, boo
         c->s_u8[off[c->s_grp[i]] + c->s_chunk[i]] = hs[i];
         nmiss += hs[i] == KVO_MISS;
     }
-    if (!use_file || !c->file || !nmiss) return 0;
+    if (!use_file || !c->file_groups || !nmiss) return 0;
     if ((rc = kvo__fscratch(c, nmiss))) return rc;
     size_t m = 0;
     for (size_t i = 0; i < nk; i++)
-        if (hs[i] == KVO_MISS) {
+        if (hs[i] == KVO_MISS && ((c->file_groups >> c->s_grp[i]) & 1)) { /* format held by the tier */
             c->s_fkeys[m] = c->s_keys[i];
             c->s_fidx[m++] = off[c->s_grp[i]] + c->s_chunk[i];
         }
@@ -351,7 +365,6 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
             kvo__conn_unpin_hit(c, r);
             return rc;
         }
-        (void)kvo_file_tier_touch(c->file, c->s_fkeys, nh - nhost); /* recency only */
     }
     r->hit_file_tokens = kvo__file_tokens(c, r, L, b);
     r->hit_host_tokens = b - L - r->hit_file_tokens;

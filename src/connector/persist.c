@@ -29,7 +29,9 @@ uint64_t kvo__conn_slot_sum(kvo_connector *c, const kvo_chunk_key *k, kvo_slot s
  * (with verify_checksums; false only where the checksums were just taken
  * from these bytes under mu): a chunk whose host bytes no longer match their
  * checksum is never written (a file would give it a valid checksum of its
- * own): counted in checksum_failures, res KVO_ECORRUPT.  res[i] (may be NULL): 0
+ * own): counted in checksum_failures, res KVO_ECORRUPT.  A chunk of a group
+ * whose current slot format the tier does not hold (file_groups, see
+ * layout.c) is dropped, res KVO_ESTATE.  res[i] (may be NULL): 0
  * queued, KVO_EEXIST held already, KVO_ECORRUPT, or why it was dropped
  * (KVO_EAGAIN back-pressure, KVO_ENOSPC quota, KVO_ECLOSED).  Counts
  * file_writes and file_writes_skipped; returns how many were dropped (the
@@ -46,6 +48,11 @@ size_t kvo__conn_file_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo
         size_t b = n - i < B ? n - i : B, m = 0, nq = 0;
         if (lookup && kvo_file_tier_lookup(c->file, keys + i, b, st) != 0) memset(st, KVO_MISS, b);
         for (size_t k = 0; k < b; k++) {
+            if (!((c->file_groups >> keys[i + k].group) & 1)) { /* the tier holds another format */
+                dropped++;
+                if (res) res[i + k] = KVO_ESTATE;
+                continue;
+            }
             if (lookup && st[k] != KVO_MISS) {
                 c->st.file_writes_skipped++;
                 if (res) res[i + k] = KVO_EEXIST;

@@ -9,7 +9,8 @@
  * entries (taking checksums while still PENDING, handing write-through
  * chunks to the file tier), load jobs unpin and report, checked against
  * the request's generation so that preempted or aborted requests get no
- * notification.
+ * notification.  Completions already queued when a request is preempted or
+ * aborted are taken out of the ring again (kvo__conn_cq_drop_loads).
  *
  * Locks: everything under c->mu; the tier's and the engine's poll calls
  * never block.
@@ -43,6 +44,26 @@ static int kvo__cq_reserve(kvo_connector *c, size_t need) {
 /* Room for every completion owed plus one more (call before accepting a
  * load or a finish). */
 int kvo__conn_cq_reserve_owed(kvo_connector *c) { return kvo__cq_reserve(c, c->cq_n + c->cq_owed + 1); }
+
+/* Drop the LOAD completions of request id still queued in the ring, keeping
+ * the order of the others (preempt / abort: the engine must never see a
+ * load of an earlier life of the request).  RELEASED completions stay: one
+ * queued under a live request's id belongs to a finished earlier request
+ * with that id, whose blocks the engine still has to free.  Only cq_n
+ * shrinks; cq_owed counts completions not yet queued, so it is unchanged
+ * and the ring keeps room for every one of them.  O(queued). */
+size_t kvo__conn_cq_drop_loads(kvo_connector *c, uint64_t id) {
+    size_t k = 0;
+    for (size_t i = 0; i < c->cq_n; i++) {
+        const kvo_completion *cp = &c->cq[(c->cq_head + i) % c->cq_cap];
+        if (cp->request == id && cp->type == KVO_COMPLETION_LOAD) continue;
+        c->cq[(c->cq_head + k) % c->cq_cap] = *cp;
+        k++;
+    }
+    size_t dropped = c->cq_n - k;
+    c->cq_n = k;
+    return dropped;
+}
 
 /* Queue a completion; room was reserved when it became owed. */
 void kvo__conn_emit(kvo_connector *c, const kvo_completion *cp) {
@@ -171,7 +192,9 @@ static void kvo__finish_read(kvo_connector *c, const kvo_file_completion *fc) {
     if (!e) return;
     kvo__read *rd = e->p;
     kvo__map_del(&c->reads, e);
-    bool ok = fc->result == 0;
+    /* a read started before its group's slot format changed holds the old
+     * format: never READY (layout.c) */
+    bool ok = fc->result == 0 && rd->epoch == c->lay_epoch[rd->key.group];
     if (ok && c->sums) /* still PENDING, as for stores */
         c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__conn_slot_sum(c, &rd->key, rd->slot);
     (void)kvo_store_complete_store(c->store, &rd->key, 1, ok);
@@ -188,7 +211,7 @@ static void kvo__finish_read(kvo_connector *c, const kvo_file_completion *fc) {
             else
                 ok = false;
         }
-        if (!ok && !r->file_status) r->file_status = fc->result ? fc->result : KVO_EIO;
+        if (!ok && !r->file_status) r->file_status = fc->result ? fc->result : KVO_ESTATE;
         if (r->file_pending) r->file_pending--;
         if (r->file_pending == 0 && r->deferred) {
             kvo__job *j = r->deferred;
