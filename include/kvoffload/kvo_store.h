@@ -38,10 +38,12 @@ extern "C" {
 typedef enum kvo_policy_kind {
     KVO_POLICY_LRU = 0,    /* default */
     KVO_POLICY_ARC = 1,
-    KVO_POLICY_S3FIFO = 2
+    KVO_POLICY_S3FIFO = 2,
+    KVO_POLICY_PREFIX = 3  /* prefix-aware frequency with ageing (src/store/policy_prefix.c,
+                              docs/replay.md) */
 } kvo_policy_kind;
 
-/** "lru", "arc", "s3fifo". */
+/** "lru", "arc", "s3fifo", "prefix". */
 KVO_API const char *kvo_policy_name(kvo_policy_kind k);
 /** Parse a policy name.  Errors: KVO_EINVAL listing the names. */
 KVO_API int kvo_policy_parse(const char *name, kvo_policy_kind *out);
