@@ -31,12 +31,11 @@
  */
 #include "store/store_internal.h"
 
-#define PFX_FMAX 2u
+#define PFX_FMAX 3u
 #define PFX_W (PFX_FMAX + 1u)
 
 /* The store queue ids used as the buckets (resident queues of kvo__store_check). */
-static const uint8_t pfx_q[5] = {KVO__Q_LRU, KVO__Q_T1, KVO__Q_T2, KVO__Q_S, KVO__Q_M};
-
+static const uint8_t pfx_q[PFX_W] = {KVO__Q_LRU, KVO__Q_T1, KVO__Q_T2, KVO__Q_S};
 
 static void pfx_push(kvo_store *s, uint32_t e, uint64_t prio) {
     uint8_t q = pfx_q[prio % PFX_W];
@@ -44,15 +43,14 @@ static void pfx_push(kvo_store *s, uint32_t e, uint64_t prio) {
 }
 
 static void pfx_insert(kvo_store *s, uint32_t e) {
-    s->ent[e].freq = 1;
+    s->ent[e].freq = (uint8_t)(s->ent[e].ghost_q == KVO__Q_G ? PFX_FMAX : 1);
     s->ent[e].ghost_q = 0;
-    pfx_push(s, e, s->pfx_clock + 1);
+    pfx_push(s, e, s->pfx_clock + s->ent[e].freq);
 }
 
 static void pfx_use(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
     if (x->freq < PFX_FMAX) x->freq++;
-    if (x->freq == 0) x->freq = 1;
     pfx_push(s, e, s->pfx_clock + x->freq);
 }
 
@@ -92,11 +90,14 @@ static void pfx_untake(kvo_store *s, uint32_t e) {
 
 static void pfx_evicted(kvo_store *s, uint32_t e) {
     s->ent[e].ghost_q = 0;
-    kvo__ghost_drop(s, e);
+    kvo__list *G = &s->q[KVO__Q_G];
+    kvo__list_push_head(s, G, e, KVO__Q_G);
+    while (G->n > s->ghost_cap) kvo__ghost_drop(s, G->tail);
 }
 
 static void pfx_ghost_claim(kvo_store *s, uint32_t e) {
-    (void)s; (void)e;
+    kvo__list_unlink(s, &s->q[KVO__Q_G], e);
+    s->ent[e].ghost_q = KVO__Q_G;
 }
 
 const kvo__policy_ops kvo__policy_prefix = {

@@ -258,7 +258,7 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     }
     s->max_entries = p->max_entries ? p->max_entries : slots_total;
     if (s->max_entries > slots_total) s->max_entries = slots_total;
-    s->ghost_cap = (p->policy == KVO_POLICY_LRU || p->policy == KVO_POLICY_PREFIX) ? 0 : s->max_entries;
+    s->ghost_cap = (p->policy == KVO_POLICY_LRU) ? 0 : s->max_entries;
     if (s->max_entries + s->ghost_cap >= (UINT64_C(1) << 30)) {
         rc = kvo__error(KVO_ERANGE, "kvo_store_create: %llu entries is over the 2^30 limit; set max_entries",
                         (unsigned long long)s->max_entries);
