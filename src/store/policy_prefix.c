@@ -31,8 +31,9 @@
  */
 #include "store/store_internal.h"
 
-#define PFX_FMAX 3u
-#define PFX_W (PFX_FMAX + 1u)
+#define PFX_FMAX 3u                /* use-count cap (docs/replay.md: 2 and 4 did worse) */
+#define PFX_GHOST_F PFX_FMAX       /* count of a key that returns from the ghost list */
+#define PFX_W (PFX_FMAX + 1u)      /* buckets */
 
 /* The store queue ids used as the buckets (resident queues of kvo__store_check). */
 static const uint8_t pfx_q[PFX_W] = {KVO__Q_LRU, KVO__Q_T1, KVO__Q_T2, KVO__Q_S};
@@ -43,7 +44,7 @@ static void pfx_push(kvo_store *s, uint32_t e, uint64_t prio) {
 }
 
 static void pfx_insert(kvo_store *s, uint32_t e) {
-    s->ent[e].freq = (uint8_t)(s->ent[e].ghost_q == KVO__Q_G ? PFX_FMAX : 1);
+    s->ent[e].freq = (uint8_t)(s->ent[e].ghost_q == KVO__Q_G ? PFX_GHOST_F : 1);
     s->ent[e].ghost_q = 0;
     pfx_push(s, e, s->pfx_clock + s->ent[e].freq);
 }
