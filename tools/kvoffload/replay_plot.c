@@ -32,19 +32,21 @@ static void rp_text(cairo_t *cr, double x, double y, const char *s, double ax, d
     cairo_show_text(cr, s);
 }
 
-static void rp_axes(cairo_t *cr, double x0, double x1, double step, const char *title, const char *xlabel) {
+static void rp_axes(cairo_t *cr, double x0, double x1, double step, double ymax, const char *title,
+                    const char *xlabel) {
     const double pw = RP_W - RP_L - RP_R, ph = RP_H - RP_T - RP_B;
     char buf[64];
     cairo_set_font_size(cr, 12);
     cairo_set_line_width(cr, 1);
-    for (int i = 0; i <= 10; i++) { /* y grid: 0, 0.1, .. 1 */
-        double y = RP_T + ph - ph * i / 10.0;
+    int ny = (int)(ymax * 20 + 0.5); /* y grid every 0.05 */
+    for (int i = 0; i <= ny; i++) {
+        double y = RP_T + ph - ph * (i * 0.05) / ymax;
         cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
         cairo_move_to(cr, RP_L, y);
         cairo_line_to(cr, RP_L + pw, y);
         cairo_stroke(cr);
         cairo_set_source_rgb(cr, 0, 0, 0);
-        snprintf(buf, sizeof buf, "%.1f", i / 10.0);
+        snprintf(buf, sizeof buf, "%.2f", i * 0.05);
         rp_text(cr, RP_L - 8, y, buf, 1, 0.5);
     }
     for (double v = ceil(x0 / step) * step; v <= x1 + step * 1e-9; v += step) {
@@ -83,10 +85,16 @@ int rp_plot_png(const char *path, const char *title, const char *xlabel, const d
     }
     double step = rp_nice_step(x1 > x0 ? x1 - x0 : (x0 > 0 ? x0 : 1), 8);
     if (x1 == x0) { x0 -= step; x1 += step; }
+    double ymax = 0; /* the top of the y axis: the highest rate rounded up to 0.1, at most 1 */
+    for (size_t c = 0; c < ncurves; c++)
+        for (size_t i = 0; i < nx; i++)
+            if (curves[c].hit_rate[i] > ymax) ymax = curves[c].hit_rate[i];
+    ymax = ceil(ymax * 10 + 0.25) / 10;
+    if (ymax > 1) ymax = 1;
     cairo_set_source_rgb(cr, 1, 1, 1);
     cairo_paint(cr);
     cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
-    rp_axes(cr, x0, x1, step, title, xlabel);
+    rp_axes(cr, x0, x1, step, ymax, title, xlabel);
     cairo_set_font_size(cr, 13);
     for (size_t c = 0; c < ncurves; c++) {
         const double *col = rp_colors[c % (sizeof rp_colors / sizeof rp_colors[0])];
@@ -96,13 +104,13 @@ int rp_plot_png(const char *path, const char *title, const char *xlabel, const d
         double dash[] = {6, 4};
         cairo_set_dash(cr, dash, dashed ? 2 : 0, 0);
         for (size_t i = 0; i < nx; i++) {
-            double x = RP_L + (xs[i] - x0) / (x1 - x0) * pw, y = RP_T + ph - curves[c].hit_rate[i] * ph;
+            double x = RP_L + (xs[i] - x0) / (x1 - x0) * pw, y = RP_T + ph - curves[c].hit_rate[i] / ymax * ph;
             if (i) cairo_line_to(cr, x, y); else cairo_move_to(cr, x, y);
         }
         cairo_stroke(cr);
         cairo_set_dash(cr, dash, 0, 0);
         for (size_t i = 0; i < nx; i++) {
-            double x = RP_L + (xs[i] - x0) / (x1 - x0) * pw, y = RP_T + ph - curves[c].hit_rate[i] * ph;
+            double x = RP_L + (xs[i] - x0) / (x1 - x0) * pw, y = RP_T + ph - curves[c].hit_rate[i] / ymax * ph;
             cairo_arc(cr, x, y, 3.5, 0, 2 * M_PI);
             cairo_fill(cr);
         }
