@@ -129,20 +129,26 @@ static uint64_t brute(const trace *t, size_t cap) {
     return (uint64_t)m;
 }
 
+/* Replay t with `args` (4 capacities caps[]) and compare policy `pol`'s hits
+ * with want(t, cap) at each. */
+static void check_hits(const trace *t, const char *file, const char *args, const uint64_t caps[4], const char *pol,
+                       uint64_t (*want)(const trace *, size_t), int iter) {
+    rows r;
+    replay(write_trace(t, file), args, &r);
+    for (size_t c = 0; c < 4; c++) {
+        uint64_t w = want(t, caps[c]), got = r.hits[row(&r, pol, caps[c])];
+        if (got != w) FAILF("iteration %d, capacity %llu: %s %llu hits, expected %llu", iter,
+                            (unsigned long long)caps[c], pol, (unsigned long long)got, (unsigned long long)w);
+    }
+}
+
 KVO_TEST(min_equals_brute_force_optimum) {
+    static const uint64_t caps[] = {4, 5, 6, 8};
     for (int iter = 0; iter < 40; iter++) {
         trace t;
         uint32_t next = 0;
         do { next = 0; gen(&t, 6 + kvo_test_rand() % 6, 4, &next); } while (next > 12);
-        rows r;
-        replay(write_trace(&t, "min.jsonl"), "--policy lru --capacity 4,5,6,8", &r);
-        static const uint64_t caps[] = {4, 5, 6, 8};
-        for (size_t c = 0; c < 4; c++) {
-            uint64_t want = brute(&t, caps[c]), got = r.hits[row(&r, "min", caps[c])];
-            if (got != want) FAILF("iteration %d, capacity %llu: MIN %llu hits, optimum %llu", iter,
-                                   (unsigned long long)caps[c], (unsigned long long)got, (unsigned long long)want);
-            ASSERT_LE_U64(r.hits[row(&r, "lru", caps[c])], want);
-        }
+        check_hits(&t, "min.jsonl", "--policy lru --capacity 4,5,6,8", caps, "min", brute, iter);
     }
 }
 
@@ -187,18 +193,12 @@ static uint64_t ref_lru(const trace *t, size_t cap) {
 }
 
 KVO_TEST(lru_equals_reference_lru) {
+    static const uint64_t caps[] = {8, 12, 20, 40};
     for (int iter = 0; iter < 20; iter++) {
         trace t;
         uint32_t next = 0;
         gen(&t, MAXREQ, MAXLEN, &next);
-        rows r;
-        replay(write_trace(&t, "lru.jsonl"), "--policy lru --no-min --capacity 8,12,20,40", &r);
-        static const uint64_t caps[] = {8, 12, 20, 40};
-        for (size_t c = 0; c < 4; c++) {
-            uint64_t want = ref_lru(&t, caps[c]), got = r.hits[row(&r, "lru", caps[c])];
-            if (got != want) FAILF("iteration %d, capacity %llu: store LRU %llu hits, reference %llu", iter,
-                                   (unsigned long long)caps[c], (unsigned long long)got, (unsigned long long)want);
-        }
+        check_hits(&t, "lru.jsonl", "--policy lru --no-min --capacity 8,12,20,40", caps, "lru", ref_lru, iter);
     }
 }
 
@@ -252,24 +252,24 @@ static int run_cli(const char *args, char **out) {
     return kvo_test_run(cmd, out);
 }
 
+/* `replay --trace path extra` fails with exit status rc and says `what`. */
+static void expect_fail(const char *path, const char *extra, int rc, const char *what) {
+    char args[1024], *out = NULL;
+    snprintf(args, sizeof args, "--trace '%s' %s", path, extra);
+    ASSERT_EQ_INT(run_cli(args, &out), rc);
+    ASSERT_CONTAINS(out, what);
+    free(out);
+}
+
 KVO_TEST(cli_errors_bytes_and_plot) {
     trace t;
     uint32_t next = 0;
     gen(&t, 20, 6, &next);
     const char *path = write_trace(&t, "cli.jsonl");
     char args[1024], *out = NULL;
-    snprintf(args, sizeof args, "--trace '%s' --capacity 1GiB", path);
-    ASSERT_EQ_INT(run_cli(args, &out), 2);
-    ASSERT_CONTAINS(out, "--model");
-    free(out);
-    snprintf(args, sizeof args, "--trace '%s' --capacity 10:5:3", path);
-    ASSERT_EQ_INT(run_cli(args, &out), 2);
-    ASSERT_CONTAINS(out, "FROM:TO:COUNT");
-    free(out);
-    snprintf(args, sizeof args, "--trace '%s' --capacity 10 --policy lru,fifo", path);
-    ASSERT_EQ_INT(run_cli(args, &out), 2);
-    ASSERT_CONTAINS(out, "fifo");
-    free(out);
+    expect_fail(path, "--capacity 1GiB", 2, "--model");
+    expect_fail(path, "--capacity 10:5:3", 2, "FROM:TO:COUNT");
+    expect_fail(path, "--capacity 10 --policy lru,fifo", 2, "fifo");
     /* bytes with a model: capacity_bytes and bytes_loaded in the JSON */
     snprintf(args, sizeof args, "--trace '%s' --model %s --capacity 1GiB --policy lru --json --quiet", path,
              kvo_model_preset_name(0));
@@ -283,10 +283,7 @@ KVO_TEST(cli_errors_bytes_and_plot) {
     FILE *f = fopen(bad, "w");
     fprintf(f, "{\"hash_ids\": [1, 2]}\n{\"hash_ids\": [1, \"x\"]}\n");
     fclose(f);
-    snprintf(args, sizeof args, "--trace '%s' --capacity 10", bad);
-    ASSERT_EQ_INT(run_cli(args, &out), 2);
-    ASSERT_CONTAINS(out, "bad.jsonl:2");
-    free(out);
+    expect_fail(bad, "--capacity 10", 2, "bad.jsonl:2");
     /* --plot: a PNG, or (a build without cairo) a clear error */
     char png[512];
     snprintf(png, sizeof png, "%s/hit.png", kvo_test_tmpdir());
