@@ -104,7 +104,11 @@ static int rp_parse_pols(const char *s, rp_opts *o) {
         const char *q = strchr(p, ',');
         size_t len = q ? (size_t)(q - p) : strlen(p);
         char name[32];
-        if (len == 0 || len >= sizeof name || o->npol == RP_MAXPOL) return kvo_cli_fail("replay", KVO_EINVAL);
+        if (len == 0 || len >= sizeof name || o->npol == RP_MAXPOL) {
+            fprintf(stderr, "kvoffload replay: --policy '%s' is not a list of at most %d policies "
+                            "(e.g. lru,arc,s3fifo,prefix)\n", s, RP_MAXPOL);
+            return KVO_EXIT_USAGE;
+        }
         memcpy(name, p, len);
         name[len] = 0;
         int rc = kvo_policy_parse(name, &o->pol[o->npol++]);
