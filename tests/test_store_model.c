@@ -212,6 +212,10 @@ static void run_model(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_bytes
 KVO_TEST(random_lru) { run_model(KVO_POLICY_LRU, 400 * 4096, 0, 4000, 200); }
 KVO_TEST(random_arc) { run_model(KVO_POLICY_ARC, 400 * 4096, 0, 4000, 200); }
 KVO_TEST(random_s3fifo) { run_model(KVO_POLICY_S3FIFO, 400 * 4096, 0, 4000, 200); }
+KVO_TEST(random_prefix) { run_model(KVO_POLICY_PREFIX, 400 * 4096, 0, 4000, 200); }
+KVO_TEST(random_prefix_small_evict_buffer_and_max_entries) {
+    run_model_x(KVO_POLICY_PREFIX, 400 * 4096, 60 * 4096, 3000, 50, 3, 60);
+}
 /* few large segments: segments move between classes and reclaims run often */
 KVO_TEST(random_lru_big_segments) { run_model(KVO_POLICY_LRU, 400 * 4096, 60 * 4096, 4000, 200); }
 KVO_TEST(random_s3fifo_big_segments) { run_model(KVO_POLICY_S3FIFO, 400 * 4096, 60 * 4096, 4000, 200); }

@@ -168,8 +168,8 @@ KVO_TEST(s3fifo_main_second_chance) {
 }
 
 KVO_TEST(pinned_keys_leave_the_queues) {
-    static const kvo_policy_kind pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO};
-    for (int pi = 0; pi < 3; pi++) {
+    static const kvo_policy_kind pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_PREFIX};
+    for (int pi = 0; pi < 4; pi++) {
         kvo_plan *p;
         kvo_store *s = mk(&p, pols[pi], 4);
         for (uint64_t i = 0; i < 4; i++) put1(s, i);
@@ -183,4 +183,37 @@ KVO_TEST(pinned_keys_leave_the_queues) {
         kvo_store_destroy(s);
         kvo_plan_destroy(p);
     }
+}
+
+/* prefix: within one ageing epoch a key used twice outranks keys used once
+ * more recently (LRU would drop it); uses age out (a key used many times long
+ * ago goes once the clock passes it); an evicted key stored again returns
+ * with the top count (its ghost). */
+KVO_TEST(prefix_frequency_ageing_ghosts) {
+    kvo_plan *p;
+    kvo_store *s = mk(&p, KVO_POLICY_PREFIX, 4);
+    ASSERT_EQ_STR(kvo_policy_name(KVO_POLICY_PREFIX), "prefix");
+    kvo_policy_kind pk;
+    ASSERT_OK(kvo_policy_parse("prefix", &pk));
+    ASSERT_EQ_INT(pk, KVO_POLICY_PREFIX);
+    put1(s, 0);
+    touch1(s, 0);
+    for (uint64_t i = 1; i < 4; i++) put1(s, i);
+    put1(s, 4); /* victim: 1 (count 1, oldest), not 0 (count 2) */
+    ASSERT_TRUE(ready(s, 0));
+    ASSERT_FALSE(ready(s, 1));
+    for (int t = 0; t < 10; t++) touch1(s, 0);
+    for (uint64_t i = 100; i < 140; i++) put1(s, i);
+    ASSERT_FALSE(ready(s, 0)); /* aged out */
+    st_check(s);
+    /* 100 was evicted: stored again it is a ghost's return, count 3; the next
+     * stores of one-off keys go before it */
+    ASSERT_FALSE(ready(s, 100));
+    put1(s, 100);
+    for (uint64_t i = 200; i < 203; i++) put1(s, i);
+    ASSERT_TRUE(ready(s, 100));
+    ASSERT_LE_U64(kvo__store_queue_len(s, KVO__Q_G), 4);
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
 }

@@ -38,10 +38,12 @@ extern "C" {
 typedef enum kvo_policy_kind {
     KVO_POLICY_LRU = 0,    /* default */
     KVO_POLICY_ARC = 1,
-    KVO_POLICY_S3FIFO = 2
+    KVO_POLICY_S3FIFO = 2,
+    KVO_POLICY_PREFIX = 3  /* prefix-aware frequency with ageing (src/store/policy_prefix.c,
+                              docs/replay.md) */
 } kvo_policy_kind;
 
-/** "lru", "arc", "s3fifo". */
+/** "lru", "arc", "s3fifo", "prefix". */
 KVO_API const char *kvo_policy_name(kvo_policy_kind k);
 /** Parse a policy name.  Errors: KVO_EINVAL listing the names. */
 KVO_API int kvo_policy_parse(const char *name, kvo_policy_kind *out);
@@ -68,7 +70,7 @@ typedef struct kvo_store kvo_store;
 
 /** Create a store.  *out owned by the caller (kvo_store_destroy).  All memory
  *  is allocated here: about 96 bytes per entry (max_entries; twice that with
- *  ARC or S3-FIFO, whose ghost keys take entries too) plus 8 bytes per slot.
+ *  ARC, S3-FIFO or prefix, whose ghost keys take entries too) plus 8 bytes per slot.
  *  Errors: KVO_EINVAL (no plan, a plan that offloads nothing, capacity below
  *  the largest slot: message names the group and sizes, a bad policy or
  *  segment_bytes), KVO_ERANGE (over 2^30 entries), KVO_ENOMEM. */

@@ -38,7 +38,7 @@
 
 const char *kvo_policy_name(kvo_policy_kind k) {
     static const char *const names[] = {[KVO_POLICY_LRU] = "lru", [KVO_POLICY_ARC] = "arc",
-                                        [KVO_POLICY_S3FIFO] = "s3fifo"};
+                                        [KVO_POLICY_S3FIFO] = "s3fifo", [KVO_POLICY_PREFIX] = "prefix"};
     return (unsigned)k < sizeof names / sizeof names[0] && names[k] ? names[k] : "?";
 }
 
@@ -47,7 +47,8 @@ int kvo_policy_parse(const char *name, kvo_policy_kind *out) {
     if (!strcmp(name, "lru")) *out = KVO_POLICY_LRU;
     else if (!strcmp(name, "arc")) *out = KVO_POLICY_ARC;
     else if (!strcmp(name, "s3fifo") || !strcmp(name, "s3-fifo")) *out = KVO_POLICY_S3FIFO;
-    else return kvo__error(KVO_EINVAL, "policy '%s' is unknown; use lru, arc or s3fifo", name);
+    else if (!strcmp(name, "prefix")) *out = KVO_POLICY_PREFIX;
+    else return kvo__error(KVO_EINVAL, "policy '%s' is unknown; use lru, arc, s3fifo or prefix", name);
     return 0;
 }
 
@@ -145,8 +146,8 @@ static void kvo__cms_add(kvo_store *s, const kvo_chunk_key *k) {
 int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_store_create: NULL %s", !p ? "params" : "out");
     if (!p->plan) return kvo__error(KVO_EINVAL, "kvo_store_create: params.plan is required");
-    if ((unsigned)p->policy > KVO_POLICY_S3FIFO)
-        return kvo__error(KVO_EINVAL, "kvo_store_create: policy %d is unknown; use lru, arc or s3fifo",
+    if ((unsigned)p->policy > KVO_POLICY_PREFIX)
+        return kvo__error(KVO_EINVAL, "kvo_store_create: policy %d is unknown; use lru, arc, s3fifo or prefix",
                           (int)p->policy);
     const kvo_plan *plan = p->plan;
     size_t ng = kvo_plan_num_groups(plan);
@@ -168,7 +169,8 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     s->params = *p;
     s->ngroups = (uint32_t)ng;
     s->pol = p->policy == KVO_POLICY_ARC ? &kvo__policy_arc
-           : p->policy == KVO_POLICY_S3FIFO ? &kvo__policy_s3fifo : &kvo__policy_lru;
+           : p->policy == KVO_POLICY_S3FIFO ? &kvo__policy_s3fifo
+           : p->policy == KVO_POLICY_PREFIX ? &kvo__policy_prefix : &kvo__policy_lru;
     /* classes: distinct slot sizes, weights = bytes per token */
     uint64_t cls_bytes[KVO__MAX_CLASSES];
     double cls_w[KVO__MAX_CLASSES];

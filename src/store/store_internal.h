@@ -139,6 +139,7 @@ typedef struct kvo__policy_ops {
 extern const kvo__policy_ops kvo__policy_lru;
 extern const kvo__policy_ops kvo__policy_arc;
 extern const kvo__policy_ops kvo__policy_s3fifo;
+extern const kvo__policy_ops kvo__policy_prefix;
 
 /* ----------------------------------------------------------------- store -- */
 typedef struct kvo__event_ring {
@@ -166,6 +167,7 @@ struct kvo_store {
     /* policy state */
     kvo__list q[9];
     uint64_t arc_p;                        /* ARC target size of T1 (entries) */
+    uint64_t pfx_clock;                    /* prefix policy: priority of the last victim */
 
     /* admission: count-min sketch, 4 rows of uint8, halved every `cms_period` adds */
     uint8_t *cms;

@@ -19,6 +19,7 @@ int kvo_cmd_bench(int argc, char **argv);
 int kvo_cmd_fsck(int argc, char **argv);
 int kvo_cmd_demo(int argc, char **argv);
 int kvo_cmd_version(int argc, char **argv);
+int kvo_cmd_replay(int argc, char **argv);
 
 /* Parse a positive integer option value; prints an error naming the option. */
 int kvo_cli_parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *out);

@@ -13,6 +13,7 @@ static const struct {
     {"plan", kvo_cmd_plan, "show the per-group chunk plan for a model and offload configuration"},
     {"bench", kvo_cmd_bench, "run a benchmark (store, transfer, file, ttft) and print JSON figures"},
     {"fsck", kvo_cmd_fsck, "check (and repair) a file-tier directory"},
+    {"replay", kvo_cmd_replay, "replay a request trace against policies, Belady's MIN and the infinite cache"},
     {"demo", kvo_cmd_demo, "run the reference engine with and without offloading and compare"},
     {"version", kvo_cmd_version, "print the version of the tool and of the library"},
 };
