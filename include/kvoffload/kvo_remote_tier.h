@@ -204,7 +204,8 @@ typedef struct kvo_remote_tier_stats {
     uint64_t slot_refreshes;           /* CLUSTER SLOTS reloads */
     uint64_t node_failures;            /* nodes marked down */
     uint64_t batches;                  /* pipelined batches sent */
-    uint64_t nodes;                    /* nodes known now */
+    uint64_t nodes;                    /* nodes known now (masters in the
+                                          slot map, redirect targets) */
     uint64_t nodes_down;               /* nodes in backoff now */
     uint64_t pending_writes, pending_reads; /* in flight now */
     uint64_t staging_bytes;            /* staging memory held now */
