@@ -48,7 +48,11 @@ static int shared_port(void) {
 static int private_cluster(int offset, const char *password) {
     int port = shared_port() + offset;
     if (n_priv == 0) atexit(stop_private);
-    snprintf(priv_dir[n_priv], sizeof priv_dir[0], "%s/cluster-%d", kvo_test_tmpdir(), port);
+    /* not under kvo_test_tmpdir(): that is removed when a test passes, before
+     * the atexit handler reads the pid files */
+    const char *tmp = getenv("TMPDIR");
+    snprintf(priv_dir[n_priv], sizeof priv_dir[0], "%s/kvo-rcluster-%d-XXXXXX", tmp ? tmp : "/tmp", port);
+    if (!mkdtemp(priv_dir[n_priv])) FAILF("mkdtemp %s", priv_dir[n_priv]);
     char cmd[1400], *out = NULL;
     snprintf(cmd, sizeof cmd, "%s/tools/redis-cluster.sh start %s %d %s 2>&1", KVO_SOURCE_DIR, priv_dir[n_priv++],
              port, password ? password : "");
@@ -533,7 +537,7 @@ KVO_TEST(master_kill) {
         if (is_master(base + n)) victim = base + n;
     ASSERT_TRUE(victim > 0);
     char pidfile[700];
-    snprintf(pidfile, sizeof pidfile, "%s/cluster-%d/%d/redis.pid", kvo_test_tmpdir(), base, victim);
+    snprintf(pidfile, sizeof pidfile, "%s/%d/redis.pid", priv_dir[n_priv - 1], victim);
     char *pid = kvo_test_read_file(pidfile, NULL);
     ASSERT_NOT_NULL(pid);
     ASSERT_EQ_INT(kill((pid_t)atoi(pid), SIGKILL), 0);

@@ -206,13 +206,13 @@ static void finish(kvo_remote_tier *t, rop **ops, size_t n) {
             t->free_r = op;
         }
     }
-    pthread_cond_broadcast(&t->done_cv);
-    pthread_mutex_unlock(&t->mu);
-    if (posted) {
+    if (posted) { /* under mu: readable whenever cq_len > 0 is seen */
         uint64_t one = 1;
         ssize_t w = write(t->efd, &one, sizeof one);
         (void)w;
     }
+    pthread_cond_broadcast(&t->done_cv);
+    pthread_mutex_unlock(&t->mu);
 }
 
 /* ------------------------------------------------------------ worker -- */
