@@ -190,15 +190,22 @@ static kvo_chunk_key bkey(uint64_t size, uint64_t i) {
 
 static double tier_put_pass(kvo_remote_tier *t, const bcfg *c, const unsigned char *val) {
     uint64_t n = c->total / c->size;
+    kvo_chunk_key keys[64];
+    const void *srcs[64];
+    int res[64];
     double t0 = kvo_bench_now();
-    for (uint64_t i = 0; i < n; i++) {
-        kvo_chunk_key k = bkey(c->size, i);
-        const void *src = val;
-        int r = KVO_EAGAIN;
-        while (r == KVO_EAGAIN) {
-            if (kvo_remote_tier_put(t, &k, &src, 1, NULL, &r, NULL) != 0) return -1.0;
-            if (r == KVO_EAGAIN) usleep(50);
+    for (uint64_t i = 0; i < n;) {
+        uint32_t nb = 0;
+        for (; nb < c->batch && i < n; nb++, i++) {
+            keys[nb] = bkey(c->size, i);
+            srcs[nb] = val;
         }
+        if (kvo_remote_tier_put(t, keys, srcs, nb, NULL, res, NULL) != 0) return -1.0;
+        for (uint32_t b = 0; b < nb; b++) /* dropped by back-pressure: wait for room */
+            while (res[b] == KVO_EAGAIN) {
+                usleep(50);
+                if (kvo_remote_tier_put(t, &keys[b], &srcs[b], 1, NULL, &res[b], NULL) != 0) return -1.0;
+            }
     }
     kvo_remote_tier_flush(t, -1);
     double dt = kvo_bench_now() - t0;
@@ -214,19 +221,23 @@ static double tier_get_pass(kvo_remote_tier *t, const bcfg *c, unsigned char *bu
     for (uint32_t b = 0; b < n_bufs; b++) free_list[n_free++] = b;
     double t0 = kvo_bench_now();
     while (done < n) {
-        while (n_free && issued < n) {
+        kvo_chunk_key keys[1024];
+        void *dsts[1024];
+        uint64_t uds[1024];
+        int res[1024];
+        uint32_t m0 = 0;
+        while (n_free && issued < n) { /* every free buffer in one call */
             uint32_t b = free_list[--n_free];
-            kvo_chunk_key k = bkey(c->size, issued);
-            void *dst = bufs + (uint64_t)b * c->size;
-            uint64_t ud = b;
-            int r = 0;
-            kvo_remote_tier_get(t, &k, &dst, 1, &ud, &r, NULL);
-            if (r != 0) {
-                free_list[n_free++] = b;
-                break;
-            }
-            issued++;
+            keys[m0] = bkey(c->size, issued++);
+            dsts[m0] = bufs + (uint64_t)b * c->size;
+            uds[m0++] = b;
         }
+        if (m0) kvo_remote_tier_get(t, keys, dsts, m0, uds, res, NULL);
+        for (uint32_t j = 0; j < m0; j++)
+            if (res[j] != 0) { /* refused: issue it again later */
+                free_list[n_free++] = (uint32_t)uds[j];
+                issued--; /* keys are issued in order: only the tail can be refused */
+            }
         kvo_remote_tier_wait(t, 1000);
         kvo_remote_completion cq[64];
         size_t m = kvo_remote_tier_poll(t, cq, 64);

@@ -50,6 +50,8 @@
 
 #include "tiers/remote/remote_internal.h"
 
+void kvo__rc_reader_setup(redisContext *ctx, uint64_t max_value_bytes); /* pipeline.c */
+
 typedef struct rc_node {
     char host[KVO__RC_HOST_MAX];
     int port;
@@ -172,6 +174,7 @@ static redisContext *rc_connect(kvo__rc *c, const char *host, int port) {
         return NULL;
     }
     redisSetTimeout(ctx, ms_tv(c->cfg.io_timeout_ms));
+    kvo__rc_reader_setup(ctx, c->cfg.max_value_bytes);
     redisEnableKeepAlive(ctx);
     if (c->cfg.url.pass[0]) {
         const char *argv[3] = {"AUTH", c->cfg.url.user, c->cfg.url.pass};

@@ -38,6 +38,8 @@ typedef struct kvo__rc_cfg {
     uint32_t down_backoff_ms;
     uint32_t conns_per_node;     /* idle connections kept per node */
     uint32_t max_redirects;
+    uint64_t max_value_bytes;    /* idle reader buffers up to 2x this are
+                                    kept (no regrowth per large reply) */
 } kvo__rc_cfg;
 
 typedef struct kvo__rc kvo__rc;
@@ -69,6 +71,12 @@ typedef struct kvo__rc_cmd {
     const struct iovec *val;     /* SET: the value's pieces */
     int nval;
     uint32_t ttl_s;              /* SET: EX seconds, 0 = none */
+    /* GET: when set, a reply of exactly sink_hdr_len + sink_len bytes is
+     * parsed straight into sink_hdr (its first sink_hdr_len bytes) and
+     * sink_dst (the rest) instead of a heap copy; str is then NULL and len
+     * the value's length.  Other lengths arrive in str as usual. */
+    void *sink_hdr, *sink_dst;
+    size_t sink_hdr_len, sink_len;
     /* outputs */
     int result;                  /* 0 ok, KVO_ENOTFOUND (GET nil, EXISTS 0),
                                     KVO_EIO (node down/failed/timeout, or an

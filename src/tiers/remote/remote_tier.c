@@ -79,6 +79,7 @@ typedef struct rworker {
     pthread_t th;
     rop **ops;                 /* batch_max */
     kvo__rc_cmd *cmds;         /* 2 x batch_max: the batch, then DELs */
+    unsigned char *hdrs;       /* batch_max headers of GET replies */
 } rworker;
 
 typedef struct rq {
@@ -217,19 +218,19 @@ static void finish(kvo_remote_tier *t, rop **ops, size_t n) {
 
 /* ------------------------------------------------------------ worker -- */
 
-/* Verify a GET reply and copy the payload into op->dst.  0 or
+/* Verify a GET reply whose header is in hdr and payload in op->dst (the
+ * reader's sink), or, when the value had another length, in v/len.  0 or
  * KVO_ECORRUPT. */
-static int verify_value(kvo_remote_tier *t, rop *op, const char *v, size_t len) {
+static int verify_value(kvo_remote_tier *t, rop *op, const unsigned char *hdr, const char *v, size_t len) {
     const kvo_group_plan *g = op->g;
     kvo__file_hdr h;
-    if (len != KVO_REMOTE_HEADER_BYTES + g->chunk_bytes)
+    if (v || len != KVO_REMOTE_HEADER_BYTES + g->chunk_bytes)
         return kvo__error(KVO_ECORRUPT, "value of %zu bytes, expected %llu (header + chunk)", len,
                           (unsigned long long)(KVO_REMOTE_HEADER_BYTES + g->chunk_bytes));
-    int rc = kvo__file_hdr_decode(v, len, &h);
+    int rc = kvo__file_hdr_decode(hdr, KVO_REMOTE_HEADER_BYTES, &h);
     if (!rc) rc = kvo__file_hdr_check(&h, t->plan, &op->key);
     if (!rc) rc = kvo__file_hdr_check_layout(&h, t->p.layout_hash);
     if (rc) return rc;
-    memcpy(op->dst, v + KVO_REMOTE_HEADER_BYTES, g->chunk_bytes);
     if (XXH3_64bits(op->dst, g->chunk_bytes) != h.payload_xxh3)
         return kvo__error(KVO_ECORRUPT, "payload checksum mismatch");
     return 0;
@@ -284,7 +285,7 @@ static void count_results(kvo_remote_tier *t, rop **ops, size_t n, uint64_t corr
 }
 
 /* Run one batch: build commands, exec, verify, delete corrupt values. */
-static void run_batch(kvo_remote_tier *t, rop **ops, size_t n, kvo__rc_cmd *cmds) {
+static void run_batch(kvo_remote_tier *t, rop **ops, size_t n, kvo__rc_cmd *cmds, unsigned char *hdrs) {
     static const int kinds[] = {0, KVO__RC_SET, KVO__RC_GET, KVO__RC_EXISTS};
     for (size_t i = 0; i < n; i++) {
         rop *op = ops[i];
@@ -304,6 +305,11 @@ static void run_batch(kvo_remote_tier *t, rop **ops, size_t n, kvo__rc_cmd *cmds
             c->val = op->iov;
             c->nval = 2;
             c->ttl_s = t->p.ttl_s;
+        } else if (op->kind == KVO_REMOTE_OP_GET) {
+            c->sink_hdr = hdrs + i * KVO_REMOTE_HEADER_BYTES;
+            c->sink_hdr_len = KVO_REMOTE_HEADER_BYTES;
+            c->sink_dst = op->dst;
+            c->sink_len = op->g->chunk_bytes;
         }
     }
     kvo__rc_exec(t->rc, cmds, n);
@@ -313,7 +319,7 @@ static void run_batch(kvo_remote_tier *t, rop **ops, size_t n, kvo__rc_cmd *cmds
         op->result = cmds[i].result;
         op->bytes = op->kind == KVO_REMOTE_OP_EXISTS ? 0 : op->g->chunk_bytes;
         if (op->kind == KVO_REMOTE_OP_GET && op->result == 0) {
-            if (verify_value(t, op, cmds[i].str, cmds[i].len) != 0) {
+            if (verify_value(t, op, hdrs + i * KVO_REMOTE_HEADER_BYTES, cmds[i].str, cmds[i].len) != 0) {
                 op->result = KVO_ECORRUPT;
                 kvo__rc_cmd *d = &cmds[n + n_del++];
                 memset(d, 0, sizeof *d);
@@ -335,7 +341,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         size_t n = take_batch(w->t, w->ops);
         if (n == 0) break;
-        run_batch(w->t, w->ops, n, w->cmds);
+        run_batch(w->t, w->ops, n, w->cmds, w->hdrs);
         finish(w->t, w->ops, n);
     }
     return NULL;
@@ -404,7 +410,8 @@ static int alloc_pools(kvo_remote_tier *t) {
         w->t = t;
         w->ops = kvo__malloc(p->batch_max * sizeof *w->ops);
         w->cmds = kvo__malloc(2 * (size_t)p->batch_max * sizeof *w->cmds);
-        if (!w->ops || !w->cmds) return kvo__error(KVO_ENOMEM, "remote tier: worker batches");
+        w->hdrs = kvo__malloc((size_t)p->batch_max * KVO_REMOTE_HEADER_BYTES);
+        if (!w->ops || !w->cmds || !w->hdrs) return kvo__error(KVO_ENOMEM, "remote tier: worker batches");
     }
     return 0;
 }
@@ -442,6 +449,7 @@ static int start(kvo_remote_tier *t, const kvo_remote_tier_params *pp) {
     cfg.down_backoff_ms = t->p.down_backoff_ms;
     cfg.conns_per_node = t->p.conns_per_node;
     cfg.max_redirects = t->p.max_redirects;
+    cfg.max_value_bytes = KVO_REMOTE_HEADER_BYTES + kvo_plan_max_slot_bytes(t->plan);
     rc = kvo__rc_create(&cfg, &t->rc);
     memset(&cfg.url, 0, sizeof cfg.url); /* the client keeps its own copy */
     if (rc) return rc;
@@ -504,6 +512,7 @@ void kvo_remote_tier_destroy(kvo_remote_tier *t) {
         for (uint32_t i = 0; i < t->p.io_threads; i++) {
             kvo__free(t->workers[i].ops);
             kvo__free(t->workers[i].cmds);
+            kvo__free(t->workers[i].hdrs);
         }
     kvo__rc_destroy(t->rc);
     kvo_store_destroy(t->stage_index);
@@ -520,6 +529,20 @@ void kvo_remote_tier_destroy(kvo_remote_tier *t) {
 }
 
 /* --------------------------------------------------------- operations -- */
+
+static void queue_flush(kvo_remote_tier *t, rq *local) {
+    if (!local->n) return;
+    pthread_mutex_lock(&t->mu);
+    rq *q = local->head->kind == KVO_REMOTE_OP_PUT ? &t->writes : &t->reads;
+    if (q->tail) q->tail->next = local->head;
+    else q->head = local->head;
+    q->tail = local->tail;
+    q->n += local->n;
+    if (local->n > t->p.batch_max) pthread_cond_broadcast(&t->work_cv);
+    else pthread_cond_signal(&t->work_cv);
+    pthread_mutex_unlock(&t->mu);
+    memset(local, 0, sizeof *local);
+}
 
 /* Reserve a write op (back-pressure) under mu.  NULL: dropped. */
 static rop *reserve_write(kvo_remote_tier *t, bool *closed) {
@@ -556,11 +579,12 @@ static void unreserve(kvo_remote_tier *t, rop *op, uint64_t *counter) {
     pthread_mutex_unlock(&t->mu);
 }
 
-static void queue(kvo_remote_tier *t, rop *op) {
-    pthread_mutex_lock(&t->mu);
-    rq_push(op->kind == KVO_REMOTE_OP_PUT ? &t->writes : &t->reads, op);
-    pthread_cond_signal(&t->work_cv);
-    pthread_mutex_unlock(&t->mu);
+/* Ops of one call are chained locally and handed to the workers at once
+ * (every 16 ops and at the end), so that a worker finds a whole batch
+ * instead of waking per op. */
+static void queue(kvo_remote_tier *t, rq *local, rop *op) {
+    rq_push(local, op);
+    if (local->n >= 16) queue_flush(t, local);
 }
 
 static void op_fill(kvo_remote_tier *t, rop *op, uint32_t kind, const kvo_chunk_key *k, const kvo_group_plan *g,
@@ -579,6 +603,7 @@ static void op_fill(kvo_remote_tier *t, rop *op, uint32_t kind, const kvo_chunk_
 int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                         const uint64_t *user_data, int *results, size_t *n_queued) {
     if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_remote_tier_put: NULL argument");
+    rq local = {0};
     size_t queued = 0;
     int ret = 0;
     for (size_t i = 0; i < n; i++) {
@@ -600,13 +625,14 @@ int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const voi
                 op_fill(t, op, KVO_REMOTE_OP_PUT, &keys[i], g, user_data ? user_data[i] : 0);
                 op->stage = kvo_arena_slot(t->stage_arena, slot);
                 memcpy(op->stage, srcs[i], g->chunk_bytes);
-                queue(t, op);
+                queue(t, &local, op);
                 queued++;
             }
         }
         if (results) results[i] = r;
         if (r == KVO_ECLOSED) ret = kvo__error(KVO_ECLOSED, "remote tier: put after destroy began");
     }
+    queue_flush(t, &local);
     if (n_queued) *n_queued = queued;
     return ret;
 }
@@ -614,6 +640,7 @@ int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const voi
 /* Queue gets (dsts != NULL) or exists (dsts == NULL). */
 static int queue_reads(kvo_remote_tier *t, uint32_t kind, const kvo_chunk_key *keys, void *const *dsts, size_t n,
                        const uint64_t *user_data, int *results, size_t *n_queued) {
+    rq local = {0};
     size_t queued = 0;
     int ret = 0;
     for (size_t i = 0; i < n; i++) {
@@ -639,12 +666,13 @@ static int queue_reads(kvo_remote_tier *t, uint32_t kind, const kvo_chunk_key *k
         if (op) {
             op_fill(t, op, kind, &keys[i], g, user_data ? user_data[i] : 0);
             op->dst = kind == KVO_REMOTE_OP_GET ? dsts[i] : NULL;
-            queue(t, op);
+            queue(t, &local, op);
             queued++;
         }
         if (results) results[i] = r;
         if (r == KVO_ECLOSED) ret = kvo__error(KVO_ECLOSED, "remote tier: read after destroy began");
     }
+    queue_flush(t, &local);
     if (n_queued) *n_queued = queued;
     return ret;
 }
