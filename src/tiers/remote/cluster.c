@@ -50,8 +50,6 @@
 
 #include "tiers/remote/remote_internal.h"
 
-void kvo__rc_reader_setup(redisContext *ctx, uint64_t max_value_bytes); /* pipeline.c */
-
 typedef struct rc_node {
     char host[KVO__RC_HOST_MAX];
     int port;
@@ -415,15 +413,6 @@ void kvo__rc_reply_free(void *reply) {
 
 /* ------------------------------------------- for pipeline.c (exec) -- */
 
-redisContext *kvo__rc_conn_take(kvo__rc *c, int ni);
-void kvo__rc_conn_give(kvo__rc *c, int ni, redisContext *ctx);
-void kvo__rc_node_fail(kvo__rc *c, int ni);
-bool kvo__rc_node_down(kvo__rc *c, int ni);
-void kvo__rc_route(kvo__rc *c, kvo__rc_cmd *cmds, size_t n);
-int kvo__rc_redirect(kvo__rc *c, const char *target, int from_node, bool moved, uint32_t slot);
-void kvo__rc_maybe_refresh(kvo__rc *c);
-void kvo__rc_count(kvo__rc *c, int what);
-uint32_t kvo__rc_max_redirects(const kvo__rc *c);
 
 redisContext *kvo__rc_conn_take(kvo__rc *c, int ni) { return conn_take(c, ni); }
 void kvo__rc_conn_give(kvo__rc *c, int ni, redisContext *ctx) { conn_give(c, ni, ctx); }
@@ -481,7 +470,6 @@ void kvo__rc_maybe_refresh(kvo__rc *c) {
     if (atomic_load(&c->want_refresh)) refresh(c, false);
 }
 
-void kvo__rc_count(kvo__rc *c, int what) {
-    (void)what;
+void kvo__rc_count_batch(kvo__rc *c) {
     atomic_fetch_add(&c->ctr.batches, 1);
 }

@@ -25,16 +25,6 @@
 
 #include "tiers/remote/remote_internal.h"
 
-/* cluster.c's node operations, shared with this file only. */
-redisContext *kvo__rc_conn_take(kvo__rc *c, int ni);
-void kvo__rc_conn_give(kvo__rc *c, int ni, redisContext *ctx);
-void kvo__rc_node_fail(kvo__rc *c, int ni);
-bool kvo__rc_node_down(kvo__rc *c, int ni);
-void kvo__rc_route(kvo__rc *c, kvo__rc_cmd *cmds, size_t n);
-int kvo__rc_redirect(kvo__rc *c, const char *target, int from_node, bool moved, uint32_t slot);
-void kvo__rc_maybe_refresh(kvo__rc *c);
-void kvo__rc_count(kvo__rc *c, int what);
-uint32_t kvo__rc_max_redirects(const kvo__rc *c);
 
 /* ----------------------------------------------- reply construction -- */
 
@@ -101,7 +91,6 @@ static void *mk_nil(const redisReadTask *task) {
 
 static redisReplyObjectFunctions reply_fns = {mk_string, mk_array, mk_integer, mk_nil, freeReplyObject};
 
-void kvo__rc_reader_setup(redisContext *ctx, uint64_t max_value_bytes);
 void kvo__rc_reader_setup(redisContext *ctx, uint64_t max_value_bytes) {
     ctx->reader->fn = &reply_fns;
     ctx->reader->privdata = NULL;
@@ -113,13 +102,17 @@ void kvo__rc_reader_setup(redisContext *ctx, uint64_t max_value_bytes) {
 #define PIPE_MAX 64u
 #define PRE_MAX 320u
 
-typedef struct pipe_ws {
+struct kvo__rc_ws {
     char pre[PIPE_MAX][PRE_MAX];   /* RESP header of each command (+ASKING) */
     char post[PIPE_MAX][64];       /* after a SET's value: CRLF [EX n] */
     struct iovec iov[PIPE_MAX * 8];
     int order[PIPE_MAX];           /* command indices grouped by node */
     redisContext *ctx[PIPE_MAX];   /* per group */
-} pipe_ws;
+};
+typedef struct kvo__rc_ws pipe_ws;
+
+kvo__rc_ws *kvo__rc_ws_create(void) { return kvo__malloc(sizeof(kvo__rc_ws)); }
+void kvo__rc_ws_destroy(kvo__rc_ws *w) { kvo__free(w); }
 
 /* Encode a command's RESP prefix into pre (and a SET's suffix into post). */
 static void encode(const kvo__rc_cmd *cmd, char *pre, char *post, size_t *pre_len, size_t *post_len) {
@@ -311,15 +304,14 @@ static size_t round_once(kvo__rc *c, pipe_ws *w, kvo__rc_cmd *cmds, size_t n) {
         }
         w->ctx[g] = NULL;
     }
-    if (ng) kvo__rc_count(c, 0);
+    if (ng) kvo__rc_count_batch(c);
     if (wait) nanosleep(&(struct timespec){0, 10000000}, NULL);
     size_t open = 0;
     for (size_t i = 0; i < n; i++) open += !cmds[i].done;
     return open;
 }
 
-void kvo__rc_exec(kvo__rc *c, kvo__rc_cmd *cmds, size_t n) {
-    pipe_ws *w = kvo__malloc(sizeof *w);
+void kvo__rc_exec(kvo__rc *c, kvo__rc_ws *w, kvo__rc_cmd *cmds, size_t n) {
     for (size_t i = 0; i < n; i++) {
         cmds[i].done = false;
         cmds[i].asking = false;
@@ -330,6 +322,10 @@ void kvo__rc_exec(kvo__rc *c, kvo__rc_cmd *cmds, size_t n) {
         cmds[i].len = 0;
         cmds[i].result = KVO_EIO;
         if (!w) cmds[i].done = true;
+        if (cmds[i].klen > PRE_MAX - 128) { /* no room in the RESP header */
+            cmds[i].done = true;
+            cmds[i].result = KVO_EINVAL;
+        }
     }
     if (!w) return;
     for (size_t base = 0; base < n; base += PIPE_MAX) {
@@ -339,6 +335,5 @@ void kvo__rc_exec(kvo__rc *c, kvo__rc_cmd *cmds, size_t n) {
         for (size_t i = 0; i < m; i++)
             if (!cmds[base + i].done) fail(&cmds[base + i]);
     }
-    kvo__free(w);
     kvo__rc_maybe_refresh(c);
 }

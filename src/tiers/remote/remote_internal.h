@@ -91,12 +91,31 @@ typedef struct kvo__rc_cmd {
     bool done;
 } kvo__rc_cmd;
 
+/* Per-thread workspace of kvo__rc_exec (RESP headers, iovecs, grouping):
+ * one per worker, allocated once.  NULL on allocation failure. */
+typedef struct kvo__rc_ws kvo__rc_ws;
+kvo__rc_ws *kvo__rc_ws_create(void);
+void kvo__rc_ws_destroy(kvo__rc_ws *w);
+
 /* Run n commands: route by slot, one pipeline per node (all nodes written,
  * then all read), follow MOVED (slot map updated, refreshed afterwards) and
  * ASK (ASKING + retry on the named node), fail fast on nodes in backoff.
  * Never blocks longer than about (max_redirects + 1) x io_timeout_ms. */
-void kvo__rc_exec(kvo__rc *c, kvo__rc_cmd *cmds, size_t n);
+void kvo__rc_exec(kvo__rc *c, kvo__rc_ws *w, kvo__rc_cmd *cmds, size_t n);
 void kvo__rc_reply_free(void *reply);
+
+/* Between cluster.c (nodes, pools, slot map) and pipeline.c (exec). */
+struct redisContext;
+struct redisContext *kvo__rc_conn_take(kvo__rc *c, int ni);
+void kvo__rc_conn_give(kvo__rc *c, int ni, struct redisContext *ctx);
+void kvo__rc_node_fail(kvo__rc *c, int ni);
+bool kvo__rc_node_down(kvo__rc *c, int ni);
+void kvo__rc_route(kvo__rc *c, kvo__rc_cmd *cmds, size_t n);
+int kvo__rc_redirect(kvo__rc *c, const char *target, int from_node, bool moved, uint32_t slot);
+void kvo__rc_maybe_refresh(kvo__rc *c);
+void kvo__rc_count_batch(kvo__rc *c);
+uint32_t kvo__rc_max_redirects(const kvo__rc *c);
+void kvo__rc_reader_setup(struct redisContext *ctx, uint64_t max_value_bytes);
 
 /* CRC16-XMODEM slot of a key with hash tags (kvo_remote_key_slot). */
 uint32_t kvo__rc_slot(const char *key, size_t len);

@@ -80,6 +80,7 @@ typedef struct rworker {
     rop **ops;                 /* batch_max */
     kvo__rc_cmd *cmds;         /* 2 x batch_max: the batch, then DELs */
     unsigned char *hdrs;       /* batch_max headers of GET replies */
+    kvo__rc_ws *ws;            /* the cluster client's workspace */
 } rworker;
 
 typedef struct rq {
@@ -285,7 +286,9 @@ static void count_results(kvo_remote_tier *t, rop **ops, size_t n, uint64_t corr
 }
 
 /* Run one batch: build commands, exec, verify, delete corrupt values. */
-static void run_batch(kvo_remote_tier *t, rop **ops, size_t n, kvo__rc_cmd *cmds, unsigned char *hdrs) {
+static void run_batch(kvo_remote_tier *t, rworker *w, rop **ops, size_t n) {
+    kvo__rc_cmd *cmds = w->cmds;
+    unsigned char *hdrs = w->hdrs;
     static const int kinds[] = {0, KVO__RC_SET, KVO__RC_GET, KVO__RC_EXISTS};
     for (size_t i = 0; i < n; i++) {
         rop *op = ops[i];
@@ -312,7 +315,7 @@ static void run_batch(kvo_remote_tier *t, rop **ops, size_t n, kvo__rc_cmd *cmds
             c->sink_len = op->g->chunk_bytes;
         }
     }
-    kvo__rc_exec(t->rc, cmds, n);
+    kvo__rc_exec(t->rc, w->ws, cmds, n);
     size_t n_del = 0;
     for (size_t i = 0; i < n; i++) {
         rop *op = ops[i];
@@ -332,7 +335,7 @@ static void run_batch(kvo_remote_tier *t, rop **ops, size_t n, kvo__rc_cmd *cmds
         kvo__rc_reply_free(cmds[i].reply);
         cmds[i].reply = NULL;
     }
-    if (n_del) kvo__rc_exec(t->rc, cmds + n, n_del);
+    if (n_del) kvo__rc_exec(t->rc, w->ws, cmds + n, n_del);
     count_results(t, ops, n, n_del);
 }
 
@@ -341,7 +344,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         size_t n = take_batch(w->t, w->ops);
         if (n == 0) break;
-        run_batch(w->t, w->ops, n, w->cmds, w->hdrs);
+        run_batch(w->t, w, w->ops, n);
         finish(w->t, w->ops, n);
     }
     return NULL;
@@ -411,7 +414,8 @@ static int alloc_pools(kvo_remote_tier *t) {
         w->ops = kvo__malloc(p->batch_max * sizeof *w->ops);
         w->cmds = kvo__malloc(2 * (size_t)p->batch_max * sizeof *w->cmds);
         w->hdrs = kvo__malloc((size_t)p->batch_max * KVO_REMOTE_HEADER_BYTES);
-        if (!w->ops || !w->cmds || !w->hdrs) return kvo__error(KVO_ENOMEM, "remote tier: worker batches");
+        w->ws = kvo__rc_ws_create();
+        if (!w->ops || !w->cmds || !w->hdrs || !w->ws) return kvo__error(KVO_ENOMEM, "remote tier: worker batches");
     }
     return 0;
 }
@@ -513,6 +517,7 @@ void kvo_remote_tier_destroy(kvo_remote_tier *t) {
             kvo__free(t->workers[i].ops);
             kvo__free(t->workers[i].cmds);
             kvo__free(t->workers[i].hdrs);
+            kvo__rc_ws_destroy(t->workers[i].ws);
         }
     kvo__rc_destroy(t->rc);
     kvo_store_destroy(t->stage_index);
