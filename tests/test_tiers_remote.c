@@ -15,8 +15,10 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "kvoffload/kvo_remote_tier.h"
+#include "tiers/file_internal.h"
 
 #define CHUNK_PAGE 16384u /* 2 layers x 2 blocks x 16 KiB = 64 KiB chunks */
 
@@ -73,9 +75,9 @@ static int rcli(int port, const char *password, const char *args, char **out) {
     return rc;
 }
 
-static kvo_plan *make_plan(void) {
+static kvo_plan *make_plan_named(const char *model) {
     kvo_model *m = NULL;
-    if (kvo_model_create("remote-test", 16, &m)) FAILF("model: %s", kvo_last_error());
+    if (kvo_model_create(model, 16, &m)) FAILF("model: %s", kvo_last_error());
     kvo_group_desc g = kvo_group_desc_default();
     snprintf(g.name, sizeof g.name, "full");
     g.tokens_per_block = 16;
@@ -89,6 +91,8 @@ static kvo_plan *make_plan(void) {
     kvo_model_destroy(m);
     return p;
 }
+
+static kvo_plan *make_plan(void) { return make_plan_named("remote-test"); }
 
 static uint64_t chunk_bytes(const kvo_plan *p) { return kvo_plan_group(p, 0)->chunk_bytes; }
 
@@ -380,6 +384,36 @@ KVO_TEST(corrupt_value) {
     /* stored again: a hit */
     ASSERT_EQ_U64(put_range(t, plan, 0, 1), 1);
     ASSERT_EQ_U64(get_range(t, plan, 0, 1, NULL), 1);
+    /* well-formed values that belong elsewhere, SET under key 0's name: another
+     * key's header, another layout hash, another plan (fingerprint) */
+    uint64_t cb = chunk_bytes(plan);
+    unsigned char *val = malloc(KVO_REMOTE_HEADER_BYTES + cb);
+    kvo_chunk_key k0 = key_n(0), k1 = key_n(1);
+    kvo_plan *other = make_plan_named("remote-test-other"); /* same geometry, other fingerprint */
+    char name[160], path[600], cmd[1200];
+    ASSERT_OK(kvo_remote_tier_key_name(t, &k0, name, sizeof name));
+    snprintf(path, sizeof path, "%s/value.bin", kvo_test_tmpdir());
+    for (int v = 0; v < 3; v++) {
+        const kvo_plan *wp = v == 2 ? other : plan;
+        kvo__file_hdr h;
+        fill_key(val + KVO_REMOTE_HEADER_BYTES, cb, &k0);
+        uint64_t sum = XXH3_64bits(val + KVO_REMOTE_HEADER_BYTES, cb);
+        kvo__file_hdr_init(&h, wp, v == 1 ? 0x1234 : 0, kvo_plan_group(wp, 0), v == 0 ? &k1 : &k0, sum);
+        kvo__file_hdr_encode(&h, val);
+        FILE *f = fopen(path, "wb");
+        ASSERT_NOT_NULL(f);
+        ASSERT_EQ_U64(fwrite(val, 1, KVO_REMOTE_HEADER_BYTES + cb, f), KVO_REMOTE_HEADER_BYTES + cb);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "redis-cli -c -h 127.0.0.1 -p %d -x set %s < %s", port, name, path);
+        ASSERT_EQ_INT(kvo_test_run(cmd, NULL), 0);
+        int r1 = 0;
+        ASSERT_EQ_U64(get_range(t, plan, 0, 1, &r1), 0);
+        ASSERT_EQ_INT(r1, KVO_ECORRUPT);
+        ASSERT_EQ_INT(exists_one(t, &k0), KVO_ENOTFOUND);
+    }
+    ASSERT_EQ_U64(stats(t).corrupt_deleted, nd + 3);
+    free(val);
+    kvo_plan_destroy(other);
     kvo_remote_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
