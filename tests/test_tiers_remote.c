@@ -732,3 +732,74 @@ KVO_TEST(backpressure) {
     free(dsts);
     kvo_plan_destroy(plan);
 }
+
+/* Parameters refused before any connection: bad URLs, key prefixes, no plan;
+ * the password never appears in a message. */
+KVO_TEST(bad_params) {
+#if !KVO_HAVE_REDIS
+    SKIP("built without hiredis");
+#endif
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier_params p = kvo_remote_tier_default_params();
+    kvo_remote_tier *t = NULL;
+    p.plan = plan;
+    const char *bad[] = {"http://127.0.0.1:7000", "redis://", "redis://127.0.0.1:0", "redis://127.0.0.1:99999",
+                         "redis://127.0.0.1:70x0", "redis://:Secret-Pw-99@", "redis://u:Secret-Pw-99@:7000",
+                         "redis://127.0.0.1:7000,,"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p.url = bad[i];
+        ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EINVAL);
+        ASSERT_TRUE(strstr(kvo_last_error(), "Secret-Pw-99") == NULL);
+        ASSERT_NULL(t);
+    }
+    p.url = "redis://127.0.0.1:7000";
+    const char *prefixes[] = {"has space", "br{ace}", "tab\there"};
+    for (size_t i = 0; i < 3; i++) {
+        p.key_prefix = prefixes[i];
+        ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EINVAL);
+        ASSERT_CONTAINS(kvo_last_error(), "key_prefix");
+    }
+    p.key_prefix = NULL;
+    p.plan = NULL;
+    ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EINVAL);
+    ASSERT_ERR(kvo_remote_tier_create(NULL, &t), KVO_EINVAL);
+    kvo_remote_tier_destroy(NULL);
+    kvo_plan_destroy(plan);
+}
+
+/* ttl_s: values expire (the server's TTL is set and within ttl_s); 0 keeps
+ * them without expiry. */
+KVO_TEST(ttl) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+    for (int with = 0; with < 2; with++) {
+        kvo_remote_tier_params p = kvo_remote_tier_default_params();
+        p.url = url;
+        p.plan = plan;
+        p.key_prefix = prefix("ttl");
+        p.ttl_s = with ? 300 : 0;
+        kvo_remote_tier *t = NULL;
+        ASSERT_OK(kvo_remote_tier_create(&p, &t));
+        ASSERT_EQ_U64(put_range(t, plan, 0, 4), 4);
+        for (int i = 0; i < 4; i++) {
+            char name[160], args[256], *o = NULL;
+            kvo_chunk_key k = key_n((uint64_t)i);
+            ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
+            snprintf(args, sizeof args, "-c ttl %s", name);
+            ASSERT_EQ_INT(rcli(port, NULL, args, &o), 0);
+            long ttl = strtol(o, NULL, 10);
+            free(o);
+            if (with) {
+                ASSERT_GT_INT(ttl, 0);
+                ASSERT_LE_INT(ttl, 300);
+            } else {
+                ASSERT_EQ_INT(ttl, -1); /* no expiry */
+            }
+        }
+        ASSERT_EQ_U64(get_range(t, plan, 0, 4, NULL), 4);
+        kvo_remote_tier_destroy(t);
+    }
+    kvo_plan_destroy(plan);
+}
