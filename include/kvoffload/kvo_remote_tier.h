@@ -74,8 +74,8 @@ typedef struct kvo_remote_tier_params {
                                       (default: the server's LRU evicts) */
     uint32_t io_threads;           /* workers, each with its own pipeline;
                                       default 4 */
-    uint32_t conns_per_node;       /* connection pool bound per node; default
-                                      io_threads */
+    uint32_t conns_per_node;       /* idle connections kept per node (at most
+                                      64); default io_threads */
     uint32_t batch_max;            /* operations per pipelined batch;
                                       default 16 */
     uint64_t batch_max_bytes;      /* payload bytes per batch; default 32 MiB */
@@ -103,7 +103,7 @@ typedef struct kvo_remote_tier kvo_remote_tier;
  *  pre-fault the staging memory and start the workers.
  *  *out owned by the caller (kvo_remote_tier_destroy).
  *  Errors: KVO_EINVAL (NULL, no plan, bad URL or key prefix: the message
- *  quotes the URL without its password), KVO_EIO (no seed answered, or the
+ *  names the seed or field, never the password), KVO_EIO (no seed answered, or the
  *  server refused authentication: "authentication refused by 127.0.0.1:7000
  *  for user ..." -- check the password; or the node is not in cluster mode /
  *  the cluster has no slots), KVO_ENOTSUP (built without hiredis),
@@ -114,18 +114,22 @@ KVO_API int kvo_remote_tier_create(const kvo_remote_tier_params *p, kvo_remote_t
  *  gets and exists (completions discarded, destinations not written), send
  *  queued puts when the cluster answers (else drop them), close the
  *  connections and free everything.  When this returns no destination is
- *  touched any more.  NULL is a no-op. */
+ *  touched any more.  Completions not polled are discarded.  The caller
+ *  guarantees no other call on t is in progress or follows.  NULL is a
+ *  no-op. */
 KVO_API void kvo_remote_tier_destroy(kvo_remote_tier *t);
 
 /** Queue stores of n chunks.  srcs[i] points to the group's chunk_bytes bytes
  *  of key i; they are copied into staging memory before this returns (the
  *  caller may reuse srcs at once).  results[i] (may be NULL): 0 queued;
  *  KVO_EEXIST the same key is being stored right now (skipped); KVO_EAGAIN
- *  dropped by back-pressure (counted); KVO_EINVAL bad key.  *n_queued (may be
- *  NULL) receives how many were queued.  Returns 0 when every key was
- *  handled, KVO_EINVAL for NULL arguments, KVO_ECLOSED after destroy began.
- *  Write completion results: 0 stored; KVO_EIO the node failed or timed out
- *  (dropped, counted); KVO_ECANCELED at destroy. */
+ *  dropped by back-pressure (counted); KVO_EINVAL bad key (group not offloaded) or
+ *  NULL src; KVO_ECLOSED destroy began.  *n_queued (may be NULL) receives
+ *  how many were queued.  Returns 0 when every key was handled (even if some
+ *  were dropped: see results and stats), KVO_EINVAL for NULL arguments (nothing
+ *  queued), KVO_ECLOSED after destroy began.  Write completion results (with
+ *  params.write_completions): 0 stored; KVO_EIO the node was down, failed or
+ *  timed out (dropped, counted in dropped_io). */
 KVO_API int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                                 const uint64_t *user_data, int *results, size_t *n_queued);
 
@@ -133,17 +137,19 @@ KVO_API int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, c
  *  dsts[i] must stay valid and untouched until the completion is polled (or
  *  destroy returned); only a completion with result 0 means it holds the
  *  chunk's bytes.  results[i] (may be NULL): 0 queued (one completion will
- *  follow); KVO_EAGAIN too many in flight; KVO_EINVAL bad key or NULL dst.
+ *  follow); KVO_EAGAIN too many in flight (max_pending_reads, or
+ *  completions not polled: counted in refused_reads); KVO_EINVAL bad key or
+ *  NULL dst; KVO_ECLOSED destroy began.
  *  Completion results: 0 ok; KVO_ENOTFOUND absent (a miss); KVO_ECORRUPT the
  *  value failed verification (deleted, counted; a miss); KVO_EIO the node
- *  is down, failed or timed out (a miss); KVO_ECANCELED at destroy.
- *  Returns 0, KVO_EINVAL, KVO_ECLOSED. */
+ *  is down, failed or timed out (a miss).  Returns 0, KVO_EINVAL (NULL
+ *  arguments, nothing queued), KVO_ECLOSED. */
 KVO_API int kvo_remote_tier_get(kvo_remote_tier *t, const kvo_chunk_key *keys, void *const *dsts, size_t n,
                                 const uint64_t *user_data, int *results, size_t *n_queued);
 
 /** Queue presence queries (EXISTS) for n keys; same results as get.
  *  Completion results: 0 present (a get will very probably hit);
- *  KVO_ENOTFOUND absent; KVO_EIO unknown (node down); KVO_ECANCELED. */
+ *  KVO_ENOTFOUND absent; KVO_EIO unknown (node down). */
 KVO_API int kvo_remote_tier_exists(kvo_remote_tier *t, const kvo_chunk_key *keys, size_t n,
                                    const uint64_t *user_data, int *results, size_t *n_queued);
 

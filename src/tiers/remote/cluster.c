@@ -341,6 +341,7 @@ int kvo__rc_create(const kvo__rc_cfg *cfg, kvo__rc **out) {
     if (!c) return kvo__error(KVO_ENOMEM, "remote tier: cluster client");
     c->cfg = *cfg;
     if (c->cfg.conns_per_node == 0) c->cfg.conns_per_node = 4;
+    if (c->cfg.conns_per_node > 64) c->cfg.conns_per_node = 64; /* node_fail drops up to 64 */
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->refresh_mu, NULL);
     c->slots = kvo__malloc(KVO__RC_SLOTS * sizeof *c->slots);

@@ -21,8 +21,9 @@
  *   batch_max ops (gets and exists first: a load is on someone's critical
  *   path, a store is not), bounded by batch_max_bytes, and run them as one
  *   pipelined batch through the cluster client (pipeline.c): values are
- *   written with writev straight from staging, replies verified and copied
- *   into the caller's destination.  A value that fails verification is
+ *   written with writev straight from staging; a GET reply is parsed
+ *   straight into a per-worker header buffer and the caller's destination
+ *   (pipeline.c's reply functions) and verified there.  A value that fails verification is
  *   deleted (a second, small pipeline in the same batch) and reported as
  *   KVO_ECORRUPT.
  *
