@@ -52,66 +52,8 @@
 #include <xxhash.h>
 
 #include "tiers/file_internal.h"
-#include "tiers/remote/remote_internal.h"
 
-#define NAME_MAX_LEN 160u
-
-typedef struct rop rop;
-struct rop {
-    rop *next;
-    uint32_t kind;             /* KVO_REMOTE_OP_* */
-    bool report;
-    kvo_chunk_key key;
-    uint64_t user_data;
-    const kvo_group_plan *g;
-    uint64_t t_queued;
-    unsigned char *stage;      /* put: payload in staging memory */
-    unsigned char *hdr;        /* put: header buffer (write ops only) */
-    unsigned char *dst;        /* get */
-    struct iovec iov[2];
-    char name[NAME_MAX_LEN];
-    size_t nlen;
-    int result;
-    uint64_t bytes;
-};
-
-typedef struct rworker {
-    struct kvo_remote_tier *t;
-    pthread_t th;
-    rop **ops;                 /* batch_max */
-    kvo__rc_cmd *cmds;         /* 2 x batch_max: the batch, then DELs */
-    unsigned char *hdrs;       /* batch_max headers of GET replies */
-    kvo__rc_ws *ws;            /* the cluster client's workspace */
-} rworker;
-
-typedef struct rq {
-    rop *head, *tail;
-    size_t n;
-} rq;
-
-struct kvo_remote_tier {
-    kvo_remote_tier_params p;
-    const kvo_plan *plan;
-    char ns[128];              /* "<prefix>:<fp>[-<lh>]:" */
-    size_t ns_len;
-    kvo__rc *rc;
-    kvo_arena *stage_arena;
-    kvo_store *stage_index;
-    rop *ops;                  /* max_pending_writes write ops, then reads */
-    unsigned char *hdrs;       /* one header per write op */
-    rop *free_w, *free_r;
-    rq reads, writes;
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv, done_cv;
-    rworker *workers;
-    uint32_t n_workers;        /* started */
-    bool closing;
-    uint64_t pending_writes, pending_reads, inflight_reports;
-    kvo_remote_completion *cq;
-    size_t cq_cap, cq_head, cq_len;
-    int efd;
-    kvo_remote_tier_stats st;
-};
+#include "tiers/remote/remote_tier_internal.h"
 
 kvo_remote_tier_params kvo_remote_tier_default_params(void) {
     kvo_remote_tier_params p;
@@ -593,6 +535,29 @@ static void queue(kvo_remote_tier *t, rq *local, rop *op) {
     if (local->n >= 16) queue_flush(t, local);
 }
 
+/* One put/get/exists call: its local chain, count and return code. */
+typedef struct call {
+    rq local;
+    size_t queued;
+    int ret;
+} call;
+
+static void call_queue(kvo_remote_tier *t, call *c, rop *op) {
+    queue(t, &c->local, op);
+    c->queued++;
+}
+
+static void call_result(call *c, int *results, size_t i, int r, const char *what) {
+    if (results) results[i] = r;
+    if (r == KVO_ECLOSED) c->ret = kvo__error(KVO_ECLOSED, "remote tier: %s after destroy began", what);
+}
+
+static int call_end(kvo_remote_tier *t, call *c, size_t *n_queued) {
+    queue_flush(t, &c->local);
+    if (n_queued) *n_queued = c->queued;
+    return c->ret;
+}
+
 static void op_fill(kvo_remote_tier *t, rop *op, uint32_t kind, const kvo_chunk_key *k, const kvo_group_plan *g,
                     uint64_t ud) {
     op->kind = kind;
@@ -609,9 +574,7 @@ static void op_fill(kvo_remote_tier *t, rop *op, uint32_t kind, const kvo_chunk_
 int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                         const uint64_t *user_data, int *results, size_t *n_queued) {
     if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_remote_tier_put: NULL argument");
-    rq local = {0};
-    size_t queued = 0;
-    int ret = 0;
+    call cl = {0};
     for (size_t i = 0; i < n; i++) {
         int r = 0;
         const kvo_group_plan *g = key_group(t, &keys[i]);
@@ -631,24 +594,18 @@ int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const voi
                 op_fill(t, op, KVO_REMOTE_OP_PUT, &keys[i], g, user_data ? user_data[i] : 0);
                 op->stage = kvo_arena_slot(t->stage_arena, slot);
                 memcpy(op->stage, srcs[i], g->chunk_bytes);
-                queue(t, &local, op);
-                queued++;
+                call_queue(t, &cl, op);
             }
         }
-        if (results) results[i] = r;
-        if (r == KVO_ECLOSED) ret = kvo__error(KVO_ECLOSED, "remote tier: put after destroy began");
+        call_result(&cl, results, i, r, "put");
     }
-    queue_flush(t, &local);
-    if (n_queued) *n_queued = queued;
-    return ret;
+    return call_end(t, &cl, n_queued);
 }
 
 /* Queue gets (dsts != NULL) or exists (dsts == NULL). */
 static int queue_reads(kvo_remote_tier *t, uint32_t kind, const kvo_chunk_key *keys, void *const *dsts, size_t n,
                        const uint64_t *user_data, int *results, size_t *n_queued) {
-    rq local = {0};
-    size_t queued = 0;
-    int ret = 0;
+    call cl = {0};
     for (size_t i = 0; i < n; i++) {
         int r = 0;
         const kvo_group_plan *g = key_group(t, &keys[i]);
@@ -672,15 +629,11 @@ static int queue_reads(kvo_remote_tier *t, uint32_t kind, const kvo_chunk_key *k
         if (op) {
             op_fill(t, op, kind, &keys[i], g, user_data ? user_data[i] : 0);
             op->dst = kind == KVO_REMOTE_OP_GET ? dsts[i] : NULL;
-            queue(t, &local, op);
-            queued++;
+            call_queue(t, &cl, op);
         }
-        if (results) results[i] = r;
-        if (r == KVO_ECLOSED) ret = kvo__error(KVO_ECLOSED, "remote tier: read after destroy began");
+        call_result(&cl, results, i, r, "read");
     }
-    queue_flush(t, &local);
-    if (n_queued) *n_queued = queued;
-    return ret;
+    return call_end(t, &cl, n_queued);
 }
 
 int kvo_remote_tier_get(kvo_remote_tier *t, const kvo_chunk_key *keys, void *const *dsts, size_t n,
@@ -693,94 +646,4 @@ int kvo_remote_tier_exists(kvo_remote_tier *t, const kvo_chunk_key *keys, size_t
                            int *results, size_t *n_queued) {
     if (!t || (n && !keys)) return kvo__error(KVO_EINVAL, "kvo_remote_tier_exists: NULL argument");
     return queue_reads(t, KVO_REMOTE_OP_EXISTS, keys, NULL, n, user_data, results, n_queued);
-}
-
-/* ------------------------------------------------------- completions -- */
-
-size_t kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t cap) {
-    if (!t || !out) return 0;
-    pthread_mutex_lock(&t->mu);
-    size_t n = 0;
-    while (n < cap && t->cq_len) {
-        out[n++] = t->cq[t->cq_head];
-        t->cq_head = (t->cq_head + 1) % t->cq_cap;
-        t->cq_len--;
-    }
-    if (t->cq_len == 0) {
-        uint64_t v;
-        ssize_t r = read(t->efd, &v, sizeof v); /* drain; EAGAIN when already empty */
-        (void)r;
-    }
-    pthread_mutex_unlock(&t->mu);
-    return n;
-}
-
-static void deadline_ts(int timeout_ms, struct timespec *ts) {
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += timeout_ms / 1000;
-    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
-int kvo_remote_tier_wait(kvo_remote_tier *t, int timeout_ms) {
-    if (!t) return kvo__error(KVO_EINVAL, "kvo_remote_tier_wait: NULL tier");
-    struct timespec ts;
-    if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
-    int rc = 0;
-    pthread_mutex_lock(&t->mu);
-    while (!t->cq_len) {
-        if (timeout_ms < 0 && !t->inflight_reports) {
-            rc = KVO_ENOTFOUND;
-            break;
-        }
-        if (timeout_ms < 0) pthread_cond_wait(&t->done_cv, &t->mu);
-        else if (pthread_cond_timedwait(&t->done_cv, &t->mu, &ts) == ETIMEDOUT) {
-            rc = t->cq_len ? 0 : KVO_ETIMEDOUT;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&t->mu);
-    return rc;
-}
-
-int kvo_remote_tier_event_fd(const kvo_remote_tier *t) { return t ? t->efd : -1; }
-
-int kvo_remote_tier_flush(kvo_remote_tier *t, int timeout_ms) {
-    if (!t) return kvo__error(KVO_EINVAL, "kvo_remote_tier_flush: NULL tier");
-    struct timespec ts;
-    if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
-    int rc = 0;
-    pthread_mutex_lock(&t->mu);
-    while (t->pending_writes) {
-        if (timeout_ms < 0) pthread_cond_wait(&t->done_cv, &t->mu);
-        else if (pthread_cond_timedwait(&t->done_cv, &t->mu, &ts) == ETIMEDOUT) {
-            rc = t->pending_writes ? KVO_ETIMEDOUT : 0;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&t->mu);
-    return rc;
-}
-
-int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *out) {
-    if (!t || !out) return kvo__error(KVO_EINVAL, "kvo_remote_tier_get_stats: NULL argument");
-    kvo_store_stats sst;
-    bool have_sst = kvo_store_get_stats(t->stage_index, &sst) == 0;
-    pthread_mutex_lock(&t->mu);
-    *out = t->st;
-    out->pending_writes = t->pending_writes;
-    out->pending_reads = t->pending_reads;
-    pthread_mutex_unlock(&t->mu);
-    out->staging_bytes = have_sst ? sst.bytes_used : 0;
-    const kvo__rc_counters *c = kvo__rc_stats(t->rc);
-    out->moved = atomic_load(&c->moved);
-    out->asked = atomic_load(&c->asked);
-    out->slot_refreshes = atomic_load(&c->refreshes);
-    out->node_failures = atomic_load(&c->node_failures);
-    out->batches = atomic_load(&c->batches);
-    kvo__rc_nodes(t->rc, &out->nodes, &out->nodes_down);
-    return 0;
 }
