@@ -321,3 +321,41 @@ KVO_TEST(cluster_down) {
     kvo_plan_destroy(plan);
 }
 
+
+/* A master that stops answering (SIGSTOP: connections accepted, no replies):
+ * its loads complete with KVO_EIO after io_timeout_ms instead of hanging,
+ * the node goes into backoff, and once it answers again (SIGCONT) traffic
+ * resumes. */
+KVO_TEST(master_stopped) {
+    int base = private_cluster(60, NULL);
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(base, plan, "stop", NULL); /* io_timeout_ms 1000 */
+    ASSERT_EQ_U64(put_range(t, plan, 0, 60), 60);
+    int victim = -1;
+    for (int n = 1; n < 6 && victim < 0; n++)
+        if (is_master(base + n)) victim = base + n;
+    ASSERT_TRUE(victim > 0);
+    char pidfile[700];
+    snprintf(pidfile, sizeof pidfile, "%s/%d/redis.pid", priv_dir[n_priv - 1], victim);
+    char *pid = kvo_test_read_file(pidfile, NULL);
+    ASSERT_NOT_NULL(pid);
+    pid_t p = (pid_t)atoi(pid);
+    free(pid);
+    ASSERT_EQ_INT(kill(p, SIGSTOP), 0);
+    int res[60];
+    size_t hits = get_range(t, plan, 0, 60, res); /* bounded waits inside: no hang */
+    ASSERT_EQ_INT(kill(p, SIGCONT), 0);
+    size_t eio = 0;
+    for (int i = 0; i < 60; i++) eio += res[i] == KVO_EIO;
+    ASSERT_GT_U64(eio, 0);
+    ASSERT_EQ_U64(hits + eio, 60);
+    ASSERT_GT_U64(stats(t).node_failures, 0);
+    bool resumed = false;
+    for (int round = 0; round < 600 && !resumed; round++) {
+        resumed = get_range(t, plan, 0, 60, NULL) == 60;
+        if (!resumed) usleep(100000);
+    }
+    ASSERT_TRUE(resumed);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
