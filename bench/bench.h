@@ -24,5 +24,6 @@ int kvo_bench_store(int argc, char **argv, const kvo_bench_out *o);
 int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o);
 int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o);
 int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o);
+int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o);
 
 #endif

@@ -15,6 +15,7 @@ static const struct {
     {"transfer", kvo_bench_transfer, "block gather/scatter bandwidth vs the copy ceiling"},
     {"file", kvo_bench_file, "file-tier bandwidth vs raw O_DIRECT, index rebuild time"},
     {"ttft", kvo_bench_ttft, "time to first token: loaded vs recomputed prefix"},
+    {"remote", kvo_bench_remote, "remote-tier (Redis Cluster) bandwidth vs raw pipelined hiredis"},
 };
 
 double kvo_bench_now(void) {

@@ -25,7 +25,8 @@ foreach(src ${KVO_TEST_SOURCES})
   foreach(decl ${decls})
     string(REGEX REPLACE "^KVO_TEST\\(([A-Za-z0-9_]+)\\).*" "\\1" name "${decl}")
     add_test(NAME ${suite}.${name} COMMAND ${exe} ${name})
+    # Extra labels for a suite: set(KVO_TEST_LABELS_<suite> ...) before this file.
     set_tests_properties(${suite}.${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
-      LABELS "${suite}")
+      LABELS "${suite};${KVO_TEST_LABELS_${suite}}")
   endforeach()
 endforeach()

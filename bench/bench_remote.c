@@ -1,0 +1,396 @@
+/* `kvoffload bench remote`: remote-tier (Redis Cluster) write and read
+ * bandwidth for chunks of 256 KiB to 8 MiB against raw pipelined hiredis
+ * SET/GET of the same sizes, the same number of threads and the same batch
+ * size, against the same cluster, measured in the same run.
+ *
+ *   kvoffload bench remote --remote redis://[user:pass@]host:port[,...]
+ *                          [--json] [--total-mib N] [--sizes KIB,KIB..]
+ *                          [--threads N] [--batch N] [--reps N]
+ *
+ * The raw limit is hiredis alone: each thread keeps one connection per
+ * master (slot map from CLUSTER SLOTS, slots by kvo_remote_key_slot),
+ * appends a batch of SET (or GET) commands, then reads the replies; values
+ * are neither checksummed nor copied anywhere.  The tier does the same work
+ * plus what a cache needs: staging copy on put, the 4 KiB header with XXH3
+ * of the payload, verification and a copy into the caller's buffer on get.
+ * Figures: remote.write.<size>, remote.read.<size> (GB/s, ratio to the raw
+ * limit; goal >= 0.8), best of --reps runs.  Keys are left to the server's
+ * LRU (prefix kvobench-<pid>).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "cli.h"
+#include "kvoffload/kvo_remote_tier.h"
+
+#if KVO_HAVE_REDIS
+#include <hiredis/hiredis.h>
+
+typedef struct bcfg {
+    char host[64];
+    int port;
+    char user[128], pass[128];
+    uint32_t threads, batch;
+    uint64_t total, size;
+} bcfg;
+
+/* ------------------------------------------------------ raw hiredis -- */
+
+typedef struct raw_map {
+    int n;
+    char host[16][64];
+    int port[16];
+    uint8_t slot_node[16384];
+} raw_map;
+
+static redisContext *raw_connect(const bcfg *c, const char *host, int port) {
+    redisContext *ctx = redisConnect(host, port);
+    if (!ctx || ctx->err) {
+        if (ctx) redisFree(ctx);
+        return NULL;
+    }
+    if (c->pass[0]) {
+        redisReply *r = c->user[0] ? redisCommand(ctx, "AUTH %s %s", c->user, c->pass)
+                                   : redisCommand(ctx, "AUTH %s", c->pass);
+        bool ok = r && r->type != REDIS_REPLY_ERROR;
+        if (r) freeReplyObject(r);
+        if (!ok) {
+            redisFree(ctx);
+            return NULL;
+        }
+    }
+    return ctx;
+}
+
+static int raw_map_load(const bcfg *c, raw_map *m) {
+    redisContext *ctx = raw_connect(c, c->host, c->port);
+    if (!ctx) return -1;
+    redisReply *r = redisCommand(ctx, "CLUSTER SLOTS");
+    int rc = -1;
+    memset(m, 0, sizeof *m);
+    if (r && r->type == REDIS_REPLY_ARRAY) {
+        rc = 0;
+        for (size_t i = 0; i < r->elements && rc == 0; i++) {
+            redisReply *e = r->element[i], *node = e->element[2];
+            int ni = -1;
+            for (int k = 0; k < m->n; k++)
+                if (m->port[k] == (int)node->element[1]->integer && !strcmp(m->host[k], node->element[0]->str)) ni = k;
+            if (ni < 0) {
+                if (m->n == 16) { rc = -1; break; }
+                ni = m->n++;
+                snprintf(m->host[ni], sizeof m->host[ni], "%s", node->element[0]->str);
+                m->port[ni] = (int)node->element[1]->integer;
+            }
+            for (long long s = e->element[0]->integer; s <= e->element[1]->integer; s++) m->slot_node[s] = (uint8_t)ni;
+        }
+    }
+    if (r) freeReplyObject(r);
+    redisFree(ctx);
+    return rc;
+}
+
+typedef struct raw_arg {
+    const bcfg *c;
+    const raw_map *m;
+    uint32_t id;
+    bool get;
+    const unsigned char *val;
+    uint64_t n_keys;
+    uint64_t bytes;   /* out: value bytes moved */
+    int failed;
+} raw_arg;
+
+static void raw_key(char *out, size_t cap, uint64_t size, uint64_t i) {
+    snprintf(out, cap, "kvobench-%d-raw:%llu:%llu", (int)getpid(), (unsigned long long)size, (unsigned long long)i);
+}
+
+static void *raw_thread(void *p) {
+    raw_arg *a = p;
+    redisContext *ctx[16] = {0};
+    for (int k = 0; k < a->m->n; k++)
+        if (!(ctx[k] = raw_connect(a->c, a->m->host[k], a->m->port[k]))) a->failed = 1;
+    uint32_t batch = a->c->batch;
+    int node_of[256];
+    for (uint64_t i = a->id; i < a->n_keys && !a->failed;) {
+        uint32_t nb = 0;
+        for (; nb < batch && i < a->n_keys; nb++, i += a->c->threads) {
+            char key[128];
+            raw_key(key, sizeof key, a->c->size, i);
+            int ni = a->m->slot_node[kvo_remote_key_slot(key, strlen(key))];
+            node_of[nb] = ni;
+            const char *argv[3] = {a->get ? "GET" : "SET", key, (const char *)a->val};
+            size_t lens[3] = {3, strlen(key), a->c->size};
+            redisAppendCommandArgv(ctx[ni], a->get ? 2 : 3, argv, lens);
+        }
+        for (uint32_t b = 0; b < nb; b++) {
+            redisReply *r = NULL;
+            if (redisGetReply(ctx[node_of[b]], (void **)&r) != REDIS_OK || !r) {
+                a->failed = 1;
+                break;
+            }
+            if (r->type == REDIS_REPLY_STRING) a->bytes += r->len;
+            else if (!a->get && r->type == REDIS_REPLY_STATUS) a->bytes += a->c->size;
+            freeReplyObject(r);
+        }
+    }
+    for (int k = 0; k < a->m->n; k++)
+        if (ctx[k]) redisFree(ctx[k]);
+    return NULL;
+}
+
+/* GB/s of raw SET (get=false) or GET of all keys; <0 on failure. */
+static double raw_pass(const bcfg *c, const raw_map *m, bool get, const unsigned char *val) {
+    raw_arg args[64];
+    pthread_t th[64];
+    double t0 = kvo_bench_now();
+    for (uint32_t i = 0; i < c->threads; i++) {
+        args[i] = (raw_arg){c, m, i, get, val, c->total / c->size, 0, 0};
+        pthread_create(&th[i], NULL, raw_thread, &args[i]);
+    }
+    uint64_t bytes = 0;
+    int failed = 0;
+    for (uint32_t i = 0; i < c->threads; i++) {
+        pthread_join(th[i], NULL);
+        bytes += args[i].bytes;
+        failed |= args[i].failed;
+    }
+    double dt = kvo_bench_now() - t0;
+    return failed ? -1.0 : (double)bytes / dt / 1e9;
+}
+
+/* ------------------------------------------------------------ tier -- */
+
+static kvo_plan *bench_plan(uint64_t chunk_bytes) {
+    kvo_model *m = NULL;
+    kvo_plan *p = NULL;
+    if (kvo_model_create("bench-remote", 16, &m)) return NULL;
+    kvo_group_desc g = kvo_group_desc_default();
+    snprintf(g.name, sizeof g.name, "kv");
+    g.tokens_per_block = 16;
+    g.layers = 1;
+    g.page_bytes = chunk_bytes / 2;
+    kvo_plan_params pp = kvo_plan_default_params();
+    pp.blocks_per_chunk = 2;
+    if (kvo_model_add_group(m, &g) || kvo_plan_create(m, &pp, &p)) p = NULL;
+    kvo_model_destroy(m);
+    return p;
+}
+
+static kvo_chunk_key bkey(uint64_t size, uint64_t i) {
+    kvo_chunk_key k;
+    memset(&k, 0, sizeof k);
+    k.hash.lo = i * 0x9e3779b97f4a7c15ull + size;
+    k.hash.hi = i ^ 0x5555aaaa5555aaaaull;
+    return k;
+}
+
+static double tier_put_pass(kvo_remote_tier *t, const bcfg *c, const unsigned char *val) {
+    uint64_t n = c->total / c->size;
+    kvo_chunk_key keys[64];
+    const void *srcs[64];
+    int res[64];
+    double t0 = kvo_bench_now();
+    for (uint64_t i = 0; i < n;) {
+        uint32_t nb = 0;
+        for (; nb < c->batch && i < n; nb++, i++) {
+            keys[nb] = bkey(c->size, i);
+            srcs[nb] = val;
+        }
+        if (kvo_remote_tier_put(t, keys, srcs, nb, NULL, res, NULL) != 0) return -1.0;
+        for (uint32_t b = 0; b < nb; b++) /* dropped by back-pressure: wait for room */
+            while (res[b] == KVO_EAGAIN) {
+                usleep(50);
+                if (kvo_remote_tier_put(t, &keys[b], &srcs[b], 1, NULL, &res[b], NULL) != 0) return -1.0;
+            }
+    }
+    kvo_remote_tier_flush(t, -1);
+    double dt = kvo_bench_now() - t0;
+    kvo_remote_tier_stats s;
+    kvo_remote_tier_get_stats(t, &s);
+    return s.dropped_io ? -1.0 : (double)(n * c->size) / dt / 1e9;
+}
+
+static double tier_get_pass(kvo_remote_tier *t, const bcfg *c, unsigned char *bufs, uint32_t n_bufs,
+                            uint64_t *misses) {
+    uint64_t n = c->total / c->size, issued = 0, done = 0, bytes = 0;
+    uint32_t free_list[1024], n_free = 0;
+    for (uint32_t b = 0; b < n_bufs; b++) free_list[n_free++] = b;
+    double t0 = kvo_bench_now();
+    while (done < n) {
+        kvo_chunk_key keys[1024];
+        void *dsts[1024];
+        uint64_t uds[1024];
+        int res[1024];
+        uint32_t m0 = 0;
+        while (n_free && issued < n) { /* every free buffer in one call */
+            uint32_t b = free_list[--n_free];
+            keys[m0] = bkey(c->size, issued++);
+            dsts[m0] = bufs + (uint64_t)b * c->size;
+            uds[m0++] = b;
+        }
+        if (m0) kvo_remote_tier_get(t, keys, dsts, m0, uds, res, NULL);
+        for (uint32_t j = 0; j < m0; j++)
+            if (res[j] != 0) { /* refused: issue it again later */
+                free_list[n_free++] = (uint32_t)uds[j];
+                issued--; /* keys are issued in order: only the tail can be refused */
+            }
+        kvo_remote_tier_wait(t, 1000);
+        kvo_remote_completion cq[64];
+        size_t m = kvo_remote_tier_poll(t, cq, 64);
+        for (size_t j = 0; j < m; j++) {
+            free_list[n_free++] = (uint32_t)cq[j].user_data;
+            bytes += cq[j].bytes;
+            *misses += cq[j].result != 0;
+        }
+        done += m;
+    }
+    double dt = kvo_bench_now() - t0;
+    return (double)bytes / dt / 1e9;
+}
+
+static int parse_url(const char *url, bcfg *c) {
+    if (strncmp(url, "redis://", 8)) return -1;
+    const char *p = url + 8, *at = strchr(p, '@');
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (colon) {
+            snprintf(c->user, sizeof c->user, "%.*s", (int)(colon - p), p);
+            snprintf(c->pass, sizeof c->pass, "%.*s", (int)(at - colon - 1), colon + 1);
+        }
+        p = at + 1;
+    }
+    const char *colon = strchr(p, ':');
+    if (!colon || colon - p >= 64) return -1;
+    snprintf(c->host, sizeof c->host, "%.*s", (int)(colon - p), p);
+    c->port = atoi(colon + 1);
+    if (!c->pass[0] && getenv("KVO_REDIS_PASSWORD")) snprintf(c->pass, sizeof c->pass, "%s", getenv("KVO_REDIS_PASSWORD"));
+    return c->port > 0 ? 0 : -1;
+}
+
+static void size_name(uint64_t size, char *out, size_t cap) {
+    if (size % (1u << 20) == 0) snprintf(out, cap, "%lluMiB", (unsigned long long)(size >> 20));
+    else snprintf(out, cap, "%lluKiB", (unsigned long long)(size >> 10));
+}
+
+/* One chunk size: raw and tier, --reps times, best of each. */
+static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps, const kvo_bench_out *o) {
+    kvo_plan *plan = bench_plan(c->size);
+    if (!plan) return -1;
+    kvo_remote_tier_params p = kvo_remote_tier_default_params();
+    char pfx[64];
+    snprintf(pfx, sizeof pfx, "kvobench-%d", (int)getpid());
+    p.url = url;
+    p.plan = plan;
+    p.key_prefix = pfx;
+    p.io_threads = c->threads;
+    p.batch_max = c->batch;
+    p.max_staging_bytes = UINT64_C(256) << 20;
+    p.max_pending_writes = (uint32_t)(p.max_staging_bytes / c->size < 256 ? p.max_staging_bytes / c->size : 256);
+    kvo_remote_tier *t = NULL;
+    if (kvo_remote_tier_create(&p, &t)) {
+        fprintf(stderr, "kvoffload bench remote: %s\n", kvo_last_error());
+        kvo_plan_destroy(plan);
+        return -1;
+    }
+    uint32_t n_bufs = 2 * c->threads * c->batch;
+    uint64_t cap = (UINT64_C(256) << 20) / c->size;
+    if (n_bufs > cap) n_bufs = (uint32_t)cap;
+    if (n_bufs > 1024) n_bufs = 1024;
+    unsigned char *val = malloc(c->size), *bufs = malloc((size_t)n_bufs * c->size);
+    for (uint64_t i = 0; i < c->size; i++) val[i] = (unsigned char)(i * 131 + 7);
+    memset(bufs, 0, (size_t)n_bufs * c->size);
+    double rw = 0, tw = 0, rr = 0, tr = 0;
+    uint64_t misses = 0;
+    for (uint32_t r = 0; r < reps; r++) {
+        double a = raw_pass(c, m, false, val), b = tier_put_pass(t, c, val);
+        double d = raw_pass(c, m, true, NULL), e = tier_get_pass(t, c, bufs, n_bufs, &misses);
+        if (a > rw) rw = a;
+        if (b > tw) tw = b;
+        if (d > rr) rr = d;
+        if (e > tr) tr = e;
+    }
+    char sn[32], name[64], lim[64];
+    size_name(c->size, sn, sizeof sn);
+    snprintf(name, sizeof name, "remote.write.%s", sn);
+    snprintf(lim, sizeof lim, "raw_hiredis_set.%s", sn);
+    kvo_bench_report(o, name, tw, "GB/s", lim, rw);
+    snprintf(name, sizeof name, "remote.read.%s", sn);
+    snprintf(lim, sizeof lim, "raw_hiredis_get.%s", sn);
+    kvo_bench_report(o, name, tr, "GB/s", lim, rr);
+    if (misses) fprintf(stderr, "kvoffload bench remote: %llu reads of %s missed (server evicted? raise maxmemory)\n",
+                        (unsigned long long)misses, sn);
+    free(val);
+    free(bufs);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+    return 0;
+}
+
+int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o) {
+    const char *url = getenv("KVO_REMOTE_URL"), *sizes = "256,1024,4096,8192";
+    uint64_t total_mib = 256, threads = 4, batch = 8, reps = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: kvoffload bench remote --remote redis://host:port[,...] [--json] [--total-mib N]\n"
+                   "                              [--sizes KIB,KIB...] [--threads N] [--batch N] [--reps N]\n"
+                   "Remote-tier write/read GB/s vs raw pipelined hiredis SET/GET, same threads and batch.\n"
+                   "Defaults: --remote $KVO_REMOTE_URL, --total-mib 256, --sizes 256,1024,4096,8192,\n"
+                   "--threads 4, --batch 8, --reps 2.\n");
+            return 0;
+        } else if (!strcmp(a, "--remote") && v) { url = v; i++; }
+        else if (!strcmp(a, "--sizes") && v) { sizes = v; i++; }
+        else if (!strcmp(a, "--total-mib") && v) { if (kvo_cli_parse_u64(a, v, 1, 1 << 20, &total_mib)) return KVO_EXIT_USAGE; i++; }
+        else if (!strcmp(a, "--threads") && v) { if (kvo_cli_parse_u64(a, v, 1, 64, &threads)) return KVO_EXIT_USAGE; i++; }
+        else if (!strcmp(a, "--batch") && v) { if (kvo_cli_parse_u64(a, v, 1, 64, &batch)) return KVO_EXIT_USAGE; i++; }
+        else if (!strcmp(a, "--reps") && v) { if (kvo_cli_parse_u64(a, v, 1, 100, &reps)) return KVO_EXIT_USAGE; i++; }
+        else {
+            fprintf(stderr, "kvoffload bench remote: unknown option '%s' (--help)\n", a);
+            return KVO_EXIT_USAGE;
+        }
+    }
+    bcfg c;
+    memset(&c, 0, sizeof c);
+    if (!url || parse_url(url, &c)) {
+        fprintf(stderr, "kvoffload bench remote: give --remote redis://host:port (a Redis Cluster seed)\n");
+        return KVO_EXIT_USAGE;
+    }
+    c.threads = (uint32_t)threads;
+    raw_map *m = malloc(sizeof *m);
+    if (!m || raw_map_load(&c, m)) {
+        fprintf(stderr, "kvoffload bench remote: cannot read CLUSTER SLOTS from %s:%d\n", c.host, c.port);
+        free(m);
+        return KVO_EXIT_FAIL;
+    }
+    char list[256];
+    snprintf(list, sizeof list, "%s", sizes);
+    int rc = 0;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
+        uint64_t kib;
+        if (kvo_cli_parse_u64("--sizes", tok, 4, 1 << 20, &kib)) { rc = KVO_EXIT_USAGE; break; }
+        c.size = kib << 10;
+        c.total = (total_mib << 20) / c.size * c.size;
+        if (c.total < c.size) c.total = c.size;
+        /* the tier's batches are bounded by batch_max_bytes (32 MiB): the raw
+         * batch is the same */
+        uint64_t b = (UINT64_C(32) << 20) / c.size;
+        c.batch = (uint32_t)(b < batch ? (b ? b : 1) : batch);
+        if (bench_size(url, &c, m, (uint32_t)reps, o)) rc = KVO_EXIT_FAIL;
+    }
+    free(m);
+    return rc;
+}
+
+#else /* !KVO_HAVE_REDIS */
+
+int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o) {
+    (void)argc; (void)argv; (void)o;
+    fprintf(stderr, "kvoffload bench remote: built without hiredis (install libhiredis-dev, -DKVO_WITH_REDIS=ON)\n");
+    return KVO_EXIT_FAIL;
+}
+
+#endif

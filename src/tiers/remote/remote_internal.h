@@ -1,0 +1,123 @@
+/*
+ * Remote tier internals: the Redis Cluster client (cluster.c) used by the
+ * tier (remote_tier.c).  hiredis appears here and in those two files only.
+ */
+#ifndef KVO_TIERS_REMOTE_INTERNAL_H
+#define KVO_TIERS_REMOTE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/uio.h>
+
+#include "core/internal.h"
+#include "kvoffload/kvo_remote_tier.h"
+
+#define KVO__RC_SLOTS 16384u
+#define KVO__RC_MAX_NODES 128u
+#define KVO__RC_MAX_SEEDS 16u
+#define KVO__RC_HOST_MAX 64u
+#define KVO__RC_SECRET_MAX 256u
+
+/* Seed nodes and credentials parsed from redis://[user:pass@]host:port,... */
+typedef struct kvo__rc_url {
+    char user[KVO__RC_SECRET_MAX];
+    char pass[KVO__RC_SECRET_MAX];
+    size_t n_seeds;
+    char host[KVO__RC_MAX_SEEDS][KVO__RC_HOST_MAX];
+    int port[KVO__RC_MAX_SEEDS];
+} kvo__rc_url;
+
+/* Parse a URL.  KVO_EINVAL with a message that never contains the
+ * password. */
+int kvo__rc_url_parse(const char *url, kvo__rc_url *out);
+
+typedef struct kvo__rc_cfg {
+    kvo__rc_url url;             /* seeds, user, pass (pass "" = none) */
+    uint32_t connect_timeout_ms;
+    uint32_t io_timeout_ms;
+    uint32_t down_backoff_ms;
+    uint32_t conns_per_node;     /* idle connections kept per node */
+    uint32_t max_redirects;
+    uint64_t max_value_bytes;    /* idle reader buffers up to 2x this are
+                                    kept (no regrowth per large reply) */
+} kvo__rc_cfg;
+
+typedef struct kvo__rc kvo__rc;
+
+/* Counters of the client (atomics: any thread reads them). */
+typedef struct kvo__rc_counters {
+    atomic_uint_fast64_t moved, asked, refreshes, node_failures, batches;
+} kvo__rc_counters;
+
+/* Connect to the first seed that answers, authenticate, load the slot map.
+ * KVO_EIO (no seed, auth refused, not a cluster), KVO_ENOMEM. */
+int kvo__rc_create(const kvo__rc_cfg *cfg, kvo__rc **out);
+void kvo__rc_destroy(kvo__rc *c);
+const kvo__rc_counters *kvo__rc_stats(const kvo__rc *c);
+/* Nodes known and nodes in backoff now. */
+void kvo__rc_nodes(kvo__rc *c, uint64_t *known, uint64_t *down);
+
+enum { KVO__RC_GET = 1, KVO__RC_SET = 2, KVO__RC_EXISTS = 3, KVO__RC_DEL = 4 };
+
+/* One command of a pipelined batch.  The caller fills the inputs; exec
+ * fills the outputs.  A GET's reply (a redisReply *, NULL unless result 0)
+ * belongs to the caller: kvo__rc_reply_free. */
+typedef struct kvo__rc_cmd {
+    /* inputs */
+    int kind;
+    const char *key;
+    size_t klen;
+    uint32_t slot;               /* kvo_remote_key_slot(key) */
+    const struct iovec *val;     /* SET: the value's pieces */
+    int nval;
+    uint32_t ttl_s;              /* SET: EX seconds, 0 = none */
+    /* GET: when set, a reply of exactly sink_hdr_len + sink_len bytes is
+     * parsed straight into sink_hdr (its first sink_hdr_len bytes) and
+     * sink_dst (the rest) instead of a heap copy; str is then NULL and len
+     * the value's length.  Other lengths arrive in str as usual. */
+    void *sink_hdr, *sink_dst;
+    size_t sink_hdr_len, sink_len;
+    /* outputs */
+    int result;                  /* 0 ok, KVO_ENOTFOUND (GET nil, EXISTS 0),
+                                    KVO_EIO (node down/failed/timeout, or an
+                                    error reply) */
+    void *reply;                 /* GET: the bulk reply */
+    const char *str;             /* GET: the value bytes (inside reply) */
+    size_t len;
+    /* exec's state */
+    int node;
+    int hops;
+    bool asking;
+    bool done;
+} kvo__rc_cmd;
+
+/* Per-thread workspace of kvo__rc_exec (RESP headers, iovecs, grouping):
+ * one per worker, allocated once.  NULL on allocation failure. */
+typedef struct kvo__rc_ws kvo__rc_ws;
+kvo__rc_ws *kvo__rc_ws_create(void);
+void kvo__rc_ws_destroy(kvo__rc_ws *w);
+
+/* Run n commands: route by slot, one pipeline per node (all nodes written,
+ * then all read), follow MOVED (slot map updated, refreshed afterwards) and
+ * ASK (ASKING + retry on the named node), fail fast on nodes in backoff.
+ * Never blocks longer than about (max_redirects + 1) x io_timeout_ms. */
+void kvo__rc_exec(kvo__rc *c, kvo__rc_ws *w, kvo__rc_cmd *cmds, size_t n);
+void kvo__rc_reply_free(void *reply);
+
+/* Between cluster.c (nodes, pools, slot map) and pipeline.c (exec). */
+struct redisContext;
+struct redisContext *kvo__rc_conn_take(kvo__rc *c, int ni);
+void kvo__rc_conn_give(kvo__rc *c, int ni, struct redisContext *ctx);
+void kvo__rc_node_fail(kvo__rc *c, int ni);
+bool kvo__rc_node_down(kvo__rc *c, int ni);
+void kvo__rc_route(kvo__rc *c, kvo__rc_cmd *cmds, size_t n);
+int kvo__rc_redirect(kvo__rc *c, const char *target, int from_node, bool moved, uint32_t slot);
+void kvo__rc_maybe_refresh(kvo__rc *c);
+void kvo__rc_count_batch(kvo__rc *c);
+uint32_t kvo__rc_max_redirects(const kvo__rc *c);
+void kvo__rc_reader_setup(struct redisContext *ctx, uint64_t max_value_bytes);
+
+/* CRC16-XMODEM slot of a key with hash tags (kvo_remote_key_slot). */
+uint32_t kvo__rc_slot(const char *key, size_t len);
+
+#endif

@@ -1,0 +1,649 @@
+/*
+ * The remote tier: chunks in a Redis Cluster, written through asynchronously,
+ * read and probed asynchronously, every value verified.
+ *
+ * Layout
+ *   key   "<prefix>:<fingerprint hex>[-<layout hash hex>]:<hash hex>-g<group>"
+ *         (no hash tag: chunks spread over every master by CRC16 of the
+ *         whole key);
+ *   value the file tier's 4096-byte chunk header (kvo__file_hdr_encode:
+ *         magic, version, fingerprint, key, geometry, chunk_bytes, XXH3-64
+ *         of the payload, header checksum) followed by chunk_bytes of
+ *         payload (no padding).  The header code is file_format.c's, called
+ *         through file_internal.h: one format, one implementation.
+ *
+ * Operations and threads
+ *   put/get/exists run on the caller's thread only to validate, reserve and
+ *   (put) copy the payload into staging memory: a kvo_arena pre-faulted at
+ *   create whose slots are handed out by a kvo_store (the file tier's
+ *   scheme); then the op (from a pool allocated at create: nothing is
+ *   allocated per chunk) is queued.  io_threads workers each take up to
+ *   batch_max ops (gets and exists first: a load is on someone's critical
+ *   path, a store is not), bounded by batch_max_bytes, and run them as one
+ *   pipelined batch through the cluster client (pipeline.c): values are
+ *   written with writev straight from staging; a GET reply is parsed
+ *   straight into a per-worker header buffer and the caller's destination
+ *   (pipeline.c's reply functions) and verified there.  A value that fails verification is
+ *   deleted (a second, small pipeline in the same batch) and reported as
+ *   KVO_ECORRUPT.
+ *
+ * Back-pressure and faults
+ *   pending_writes <= max_pending_writes and staging memory bound the puts:
+ *   past them a put is dropped (KVO_EAGAIN, counted) -- the engine is never
+ *   blocked.  Gets and exists are bounded by max_pending_reads.  A failed
+ *   node fails its ops at once (KVO_EIO: a miss, or a store dropped and
+ *   counted) until its backoff expires; see cluster.c.
+ *
+ * Completions
+ *   A ring of max_pending_reads + max_pending_writes entries; room is
+ *   reserved when a reporting op is queued (cq_len + inflight_reports <=
+ *   cq_cap), so a worker never finds it full.  An eventfd is readable while
+ *   completions wait.  The tier calls no user code.
+ *
+ * Locking: t->mu guards queues, op pool, ring and counters; it is never held
+ * across network I/O, hashing or copies.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "tiers/file_internal.h"
+
+#include "tiers/remote/remote_tier_internal.h"
+
+kvo_remote_tier_params kvo_remote_tier_default_params(void) {
+    kvo_remote_tier_params p;
+    memset(&p, 0, sizeof p);
+    p.key_prefix = "kvo";
+    p.io_threads = 4;
+    p.batch_max = 16;
+    p.batch_max_bytes = UINT64_C(32) << 20;
+    p.max_pending_writes = 64;
+    p.max_pending_reads = 1024;
+    p.max_staging_bytes = UINT64_C(64) << 20;
+    p.connect_timeout_ms = 500;
+    p.io_timeout_ms = 2000;
+    p.down_backoff_ms = 500;
+    p.max_redirects = 5;
+    return p;
+}
+
+uint32_t kvo_remote_key_slot(const char *key, size_t len) { return key ? kvo__rc_slot(key, len) : 0; }
+
+static void key_name(const kvo_remote_tier *t, const kvo_chunk_key *k, char *out, size_t *len) {
+    char hex[33];
+    kvo_u128_hex(k->hash, hex);
+    memcpy(out, t->ns, t->ns_len);
+    int n = snprintf(out + t->ns_len, NAME_MAX_LEN - t->ns_len, "%s-g%u", hex, k->group);
+    *len = t->ns_len + (size_t)n;
+}
+
+int kvo_remote_tier_key_name(const kvo_remote_tier *t, const kvo_chunk_key *key, char *out, size_t cap) {
+    if (!t || !key || !out) return kvo__error(KVO_EINVAL, "kvo_remote_tier_key_name: NULL argument");
+    char buf[NAME_MAX_LEN];
+    size_t len;
+    key_name(t, key, buf, &len);
+    if (len + 1 > cap) return kvo__error(KVO_ERANGE, "remote key name needs %zu bytes, buffer has %zu", len + 1, cap);
+    memcpy(out, buf, len + 1);
+    return 0;
+}
+
+static const kvo_group_plan *key_group(const kvo_remote_tier *t, const kvo_chunk_key *k) {
+    const kvo_group_plan *g = kvo_plan_group(t->plan, k->group);
+    return g && g->offloaded ? g : NULL;
+}
+
+/* ---------------------------------------------------------- queueing -- */
+
+static void rq_push(rq *q, rop *op) {
+    op->next = NULL;
+    if (q->tail) q->tail->next = op;
+    else q->head = op;
+    q->tail = op;
+    q->n++;
+}
+
+static rop *rq_pop(rq *q) {
+    rop *op = q->head;
+    if (op) {
+        q->head = op->next;
+        if (!q->head) q->tail = NULL;
+        q->n--;
+    }
+    return op;
+}
+
+static void stage_release(kvo_remote_tier *t, const kvo_chunk_key *k) {
+    kvo_store_complete_store(t->stage_index, k, 1, false);
+}
+
+/* Finish ops: counters, completions, pool, wake-ups.  Under no lock. */
+static void finish(kvo_remote_tier *t, rop **ops, size_t n) {
+    uint64_t now = kvo__now_ns();
+    bool posted = false;
+    for (size_t i = 0; i < n; i++)
+        if (ops[i]->kind == KVO_REMOTE_OP_PUT) stage_release(t, &ops[i]->key);
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < n; i++) {
+        rop *op = ops[i];
+        if (op->report && !(t->closing && op->kind != KVO_REMOTE_OP_PUT)) {
+            kvo_remote_completion *c = &t->cq[(t->cq_head + t->cq_len++) % t->cq_cap];
+            c->user_data = op->user_data;
+            c->key = op->key;
+            c->op = op->kind;
+            c->result = op->result;
+            c->bytes = op->result == 0 ? op->bytes : 0;
+            c->latency_ns = now - op->t_queued;
+            posted = true;
+        }
+        if (op->report) t->inflight_reports--;
+        if (op->kind == KVO_REMOTE_OP_PUT) {
+            t->pending_writes--;
+            op->next = t->free_w;
+            t->free_w = op;
+        } else {
+            t->pending_reads--;
+            op->next = t->free_r;
+            t->free_r = op;
+        }
+    }
+    if (posted) { /* under mu: readable whenever cq_len > 0 is seen */
+        uint64_t one = 1;
+        ssize_t w = write(t->efd, &one, sizeof one);
+        (void)w;
+    }
+    pthread_cond_broadcast(&t->done_cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* ------------------------------------------------------------ worker -- */
+
+/* Verify a GET reply whose header is in hdr and payload in op->dst (the
+ * reader's sink), or, when the value had another length, in v/len.  0 or
+ * KVO_ECORRUPT. */
+static int verify_value(kvo_remote_tier *t, rop *op, const unsigned char *hdr, const char *v, size_t len) {
+    const kvo_group_plan *g = op->g;
+    kvo__file_hdr h;
+    if (v || len != KVO_REMOTE_HEADER_BYTES + g->chunk_bytes)
+        return kvo__error(KVO_ECORRUPT, "value of %zu bytes, expected %llu (header + chunk)", len,
+                          (unsigned long long)(KVO_REMOTE_HEADER_BYTES + g->chunk_bytes));
+    int rc = kvo__file_hdr_decode(hdr, KVO_REMOTE_HEADER_BYTES, &h);
+    if (!rc) rc = kvo__file_hdr_check(&h, t->plan, &op->key);
+    if (!rc) rc = kvo__file_hdr_check_layout(&h, t->p.layout_hash);
+    if (rc) return rc;
+    if (XXH3_64bits(op->dst, g->chunk_bytes) != h.payload_xxh3)
+        return kvo__error(KVO_ECORRUPT, "payload checksum mismatch");
+    return 0;
+}
+
+/* Take a batch: reads first, then writes, up to batch_max ops and
+ * batch_max_bytes of payload.  Blocks; 0 when closing with nothing left. */
+static size_t take_batch(kvo_remote_tier *t, rop **ops) {
+    size_t n = 0;
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&t->mu);
+    while (!t->reads.n && !t->writes.n && !t->closing) pthread_cond_wait(&t->work_cv, &t->mu);
+    while (n < t->p.batch_max && (t->reads.n || t->writes.n)) {
+        rq *q = t->reads.n ? &t->reads : &t->writes;
+        uint64_t b = q->head->kind == KVO_REMOTE_OP_EXISTS ? 0 : q->head->g->chunk_bytes;
+        if (n && bytes + b > t->p.batch_max_bytes) break;
+        bytes += b;
+        ops[n++] = rq_pop(q);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+static void count_results(kvo_remote_tier *t, rop **ops, size_t n, uint64_t corrupt) {
+    pthread_mutex_lock(&t->mu);
+    kvo_remote_tier_stats *s = &t->st;
+    s->corrupt_deleted += corrupt;
+    for (size_t i = 0; i < n; i++) {
+        rop *op = ops[i];
+        switch (op->kind) {
+        case KVO_REMOTE_OP_PUT:
+            if (op->result == 0) {
+                s->puts++;
+                s->put_bytes += op->bytes;
+            } else s->dropped_io++;
+            break;
+        case KVO_REMOTE_OP_GET:
+            if (op->result == 0) {
+                s->gets++;
+                s->get_bytes += op->bytes;
+            } else if (op->result == KVO_ENOTFOUND) s->get_misses++;
+            else if (op->result != KVO_ECORRUPT) s->read_errors++;
+            break;
+        default:
+            if (op->result == 0) s->exists_hits++;
+            else if (op->result == KVO_ENOTFOUND) s->exists_misses++;
+            else s->read_errors++;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Run one batch: build commands, exec, verify, delete corrupt values. */
+static void run_batch(kvo_remote_tier *t, rworker *w, rop **ops, size_t n) {
+    kvo__rc_cmd *cmds = w->cmds;
+    unsigned char *hdrs = w->hdrs;
+    static const int kinds[] = {0, KVO__RC_SET, KVO__RC_GET, KVO__RC_EXISTS};
+    for (size_t i = 0; i < n; i++) {
+        rop *op = ops[i];
+        kvo__rc_cmd *c = &cmds[i];
+        memset(c, 0, sizeof *c);
+        c->kind = kinds[op->kind];
+        c->key = op->name;
+        c->klen = op->nlen;
+        c->slot = kvo__rc_slot(op->name, op->nlen);
+        if (op->kind == KVO_REMOTE_OP_PUT) {
+            const kvo_group_plan *g = op->g;
+            kvo__file_hdr h;
+            kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, XXH3_64bits(op->stage, g->chunk_bytes));
+            kvo__file_hdr_encode(&h, op->hdr);
+            op->iov[0] = (struct iovec){op->hdr, KVO_REMOTE_HEADER_BYTES};
+            op->iov[1] = (struct iovec){op->stage, g->chunk_bytes};
+            c->val = op->iov;
+            c->nval = 2;
+            c->ttl_s = t->p.ttl_s;
+        } else if (op->kind == KVO_REMOTE_OP_GET) {
+            c->sink_hdr = hdrs + i * KVO_REMOTE_HEADER_BYTES;
+            c->sink_hdr_len = KVO_REMOTE_HEADER_BYTES;
+            c->sink_dst = op->dst;
+            c->sink_len = op->g->chunk_bytes;
+        }
+    }
+    kvo__rc_exec(t->rc, w->ws, cmds, n);
+    size_t n_del = 0;
+    for (size_t i = 0; i < n; i++) {
+        rop *op = ops[i];
+        op->result = cmds[i].result;
+        op->bytes = op->kind == KVO_REMOTE_OP_EXISTS ? 0 : op->g->chunk_bytes;
+        if (op->kind == KVO_REMOTE_OP_GET && op->result == 0) {
+            if (verify_value(t, op, hdrs + i * KVO_REMOTE_HEADER_BYTES, cmds[i].str, cmds[i].len) != 0) {
+                op->result = KVO_ECORRUPT;
+                kvo__rc_cmd *d = &cmds[n + n_del++];
+                memset(d, 0, sizeof *d);
+                d->kind = KVO__RC_DEL;
+                d->key = op->name;
+                d->klen = op->nlen;
+                d->slot = cmds[i].slot;
+            }
+        }
+        kvo__rc_reply_free(cmds[i].reply);
+        cmds[i].reply = NULL;
+    }
+    if (n_del) kvo__rc_exec(t->rc, w->ws, cmds + n, n_del);
+    count_results(t, ops, n, n_del);
+}
+
+static void *worker_main(void *arg) {
+    rworker *w = arg;
+    for (;;) {
+        size_t n = take_batch(w->t, w->ops);
+        if (n == 0) break;
+        run_batch(w->t, w, w->ops, n);
+        finish(w->t, w->ops, n);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------ create/destroy -- */
+
+static void fill_defaults(kvo_remote_tier_params *p) {
+    kvo_remote_tier_params d = kvo_remote_tier_default_params();
+    if (!p->key_prefix || !p->key_prefix[0]) p->key_prefix = d.key_prefix;
+    if (!p->io_threads) p->io_threads = d.io_threads;
+    if (!p->conns_per_node) p->conns_per_node = p->io_threads;
+    if (!p->batch_max) p->batch_max = d.batch_max;
+    if (!p->batch_max_bytes) p->batch_max_bytes = d.batch_max_bytes;
+    if (!p->max_pending_writes) p->max_pending_writes = d.max_pending_writes;
+    if (!p->max_pending_reads) p->max_pending_reads = d.max_pending_reads;
+    if (!p->max_staging_bytes) p->max_staging_bytes = d.max_staging_bytes;
+    if (!p->connect_timeout_ms) p->connect_timeout_ms = d.connect_timeout_ms;
+    if (!p->io_timeout_ms) p->io_timeout_ms = d.io_timeout_ms;
+    if (!p->down_backoff_ms) p->down_backoff_ms = d.down_backoff_ms;
+    if (!p->max_redirects) p->max_redirects = d.max_redirects;
+}
+
+static int check_prefix(const char *s) {
+    size_t n = strlen(s);
+    if (n > 64) return kvo__error(KVO_EINVAL, "remote tier: key_prefix of %zu bytes, at most 64", n);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] <= ' ' || s[i] == '{' || s[i] == '}' || (unsigned char)s[i] >= 127)
+            return kvo__error(KVO_EINVAL, "remote tier: key_prefix '%s' has a space, brace or control byte at %zu "
+                              "(use e.g. \"kvo\" or \"tenant-a\")", s, i);
+    return 0;
+}
+
+/* Credentials: params, else the URL's, else the environment. */
+static int credentials(const kvo_remote_tier_params *p, kvo__rc_url *u) {
+    const char *user = p->user, *pass = p->password;
+    if (!user && !u->user[0]) user = getenv("KVO_REDIS_USER");
+    if (!pass && !u->pass[0]) pass = getenv("KVO_REDIS_PASSWORD");
+    if ((user && kvo__strlcpy(u->user, user, sizeof u->user)) || (pass && kvo__strlcpy(u->pass, pass, sizeof u->pass)))
+        return kvo__error(KVO_EINVAL, "remote tier: user or password longer than %u bytes", KVO__RC_SECRET_MAX - 1);
+    return 0;
+}
+
+static int alloc_pools(kvo_remote_tier *t) {
+    const kvo_remote_tier_params *p = &t->p;
+    size_t n_ops = (size_t)p->max_pending_writes + p->max_pending_reads;
+    t->ops = kvo__calloc(n_ops, sizeof *t->ops);
+    t->hdrs = kvo__malloc((size_t)p->max_pending_writes * KVO_REMOTE_HEADER_BYTES);
+    t->cq_cap = n_ops;
+    t->cq = kvo__calloc(t->cq_cap, sizeof *t->cq);
+    t->workers = kvo__calloc(p->io_threads, sizeof *t->workers);
+    if (!t->ops || !t->hdrs || !t->cq || !t->workers) return kvo__error(KVO_ENOMEM, "remote tier: op pools");
+    for (size_t i = 0; i < n_ops; i++) {
+        rop *op = &t->ops[i];
+        if (i < p->max_pending_writes) {
+            op->hdr = t->hdrs + i * KVO_REMOTE_HEADER_BYTES;
+            op->next = t->free_w;
+            t->free_w = op;
+        } else {
+            op->next = t->free_r;
+            t->free_r = op;
+        }
+    }
+    for (uint32_t i = 0; i < p->io_threads; i++) {
+        rworker *w = &t->workers[i];
+        w->t = t;
+        w->ops = kvo__malloc(p->batch_max * sizeof *w->ops);
+        w->cmds = kvo__malloc(2 * (size_t)p->batch_max * sizeof *w->cmds);
+        w->hdrs = kvo__malloc((size_t)p->batch_max * KVO_REMOTE_HEADER_BYTES);
+        w->ws = kvo__rc_ws_create();
+        if (!w->ops || !w->cmds || !w->hdrs || !w->ws) return kvo__error(KVO_ENOMEM, "remote tier: worker batches");
+    }
+    return 0;
+}
+
+static int alloc_staging(kvo_remote_tier *t, uint64_t max_slot) {
+    if (t->p.max_staging_bytes < max_slot) t->p.max_staging_bytes = max_slot;
+    kvo_arena_params ap = kvo_arena_default_params();
+    ap.bytes = kvo__align_up_u64(t->p.max_staging_bytes, KVO_SLOT_ALIGN);
+    int rc = kvo_arena_create(&ap, &t->stage_arena);
+    if (rc) return kvo__error_prefix(rc, "remote tier staging memory (max_staging_bytes)");
+    kvo_store_params sp = kvo_store_default_params();
+    sp.plan = t->plan;
+    sp.capacity_bytes = ap.bytes;
+    sp.policy = KVO_POLICY_LRU;
+    rc = kvo_store_create(&sp, &t->stage_index);
+    if (rc) return kvo__error_prefix(rc, "remote tier staging index");
+    return 0;
+}
+
+static int start(kvo_remote_tier *t, const kvo_remote_tier_params *pp) {
+    int rc = check_prefix(t->p.key_prefix);
+    if (rc) return rc;
+    char fp[33];
+    kvo_u128_hex(kvo_plan_fingerprint(t->plan), fp);
+    int nl = t->p.layout_hash
+        ? snprintf(t->ns, sizeof t->ns, "%s:%s-%016llx:", t->p.key_prefix, fp, (unsigned long long)t->p.layout_hash)
+        : snprintf(t->ns, sizeof t->ns, "%s:%s:", t->p.key_prefix, fp);
+    t->ns_len = (size_t)nl;
+    t->p.key_prefix = NULL; /* not kept: t->ns has it */
+    kvo__rc_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if ((rc = kvo__rc_url_parse(pp->url, &cfg.url)) != 0 || (rc = credentials(pp, &cfg.url)) != 0) return rc;
+    cfg.connect_timeout_ms = t->p.connect_timeout_ms;
+    cfg.io_timeout_ms = t->p.io_timeout_ms;
+    cfg.down_backoff_ms = t->p.down_backoff_ms;
+    cfg.conns_per_node = t->p.conns_per_node;
+    cfg.max_redirects = t->p.max_redirects;
+    cfg.max_value_bytes = KVO_REMOTE_HEADER_BYTES + kvo_plan_max_slot_bytes(t->plan);
+    rc = kvo__rc_create(&cfg, &t->rc);
+    memset(&cfg.url, 0, sizeof cfg.url); /* the client keeps its own copy */
+    if (rc) return rc;
+    if ((rc = alloc_staging(t, kvo_plan_max_slot_bytes(t->plan))) != 0 || (rc = alloc_pools(t)) != 0) return rc;
+    t->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->efd < 0) return kvo__error(KVO_EIO, "remote tier: eventfd: %s", strerror(errno));
+    for (uint32_t i = 0; i < t->p.io_threads; i++) {
+        if (pthread_create(&t->workers[i].th, NULL, worker_main, &t->workers[i]) != 0)
+            return kvo__error(KVO_ENOMEM, "remote tier: cannot start worker thread %u of %u", i + 1, t->p.io_threads);
+        t->n_workers++;
+    }
+    return 0;
+}
+
+int kvo_remote_tier_create(const kvo_remote_tier_params *pp, kvo_remote_tier **out) {
+    if (!pp || !out) return kvo__error(KVO_EINVAL, "kvo_remote_tier_create: NULL params or out");
+    if (!pp->plan) return kvo__error(KVO_EINVAL, "remote tier: no plan given");
+    if (!pp->url || !pp->url[0])
+        return kvo__error(KVO_EINVAL, "remote tier: no url given (e.g. redis://127.0.0.1:7000)");
+    if (kvo_plan_max_slot_bytes(pp->plan) == 0) return kvo__error(KVO_EINVAL, "remote tier: the plan offloads no group");
+    kvo_remote_tier *t = kvo__calloc(1, sizeof *t);
+    if (!t) return kvo__error(KVO_ENOMEM, "remote tier");
+    t->p = *pp;
+    t->p.url = t->p.user = t->p.password = NULL; /* never kept */
+    fill_defaults(&t->p);
+    t->plan = pp->plan;
+    t->efd = -1;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->work_cv, NULL);
+    pthread_cond_init(&t->done_cv, NULL);
+    int rc = start(t, pp);
+    if (rc) {
+        kvo_remote_tier_destroy(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+void kvo_remote_tier_destroy(kvo_remote_tier *t) {
+    if (!t) return;
+    rop *canceled[64];
+    pthread_mutex_lock(&t->mu);
+    t->closing = true;
+    pthread_cond_broadcast(&t->work_cv);
+    pthread_mutex_unlock(&t->mu);
+    for (;;) { /* queued reads: canceled (completions discarded) */
+        size_t n = 0;
+        pthread_mutex_lock(&t->mu);
+        while (n < 64 && t->reads.n) {
+            canceled[n] = rq_pop(&t->reads);
+            canceled[n++]->result = KVO_ECANCELED;
+        }
+        pthread_mutex_unlock(&t->mu);
+        if (!n) break;
+        finish(t, canceled, n);
+    }
+    for (uint32_t i = 0; i < t->n_workers; i++) pthread_join(t->workers[i].th, NULL);
+    if (t->workers)
+        for (uint32_t i = 0; i < t->p.io_threads; i++) {
+            kvo__free(t->workers[i].ops);
+            kvo__free(t->workers[i].cmds);
+            kvo__free(t->workers[i].hdrs);
+            kvo__rc_ws_destroy(t->workers[i].ws);
+        }
+    kvo__rc_destroy(t->rc);
+    kvo_store_destroy(t->stage_index);
+    kvo_arena_destroy(t->stage_arena);
+    if (t->efd >= 0) close(t->efd);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->work_cv);
+    pthread_cond_destroy(&t->done_cv);
+    kvo__free(t->workers);
+    kvo__free(t->ops);
+    kvo__free(t->hdrs);
+    kvo__free(t->cq);
+    kvo__free(t);
+}
+
+/* --------------------------------------------------------- operations -- */
+
+static void queue_flush(kvo_remote_tier *t, rq *local) {
+    if (!local->n) return;
+    pthread_mutex_lock(&t->mu);
+    rq *q = local->head->kind == KVO_REMOTE_OP_PUT ? &t->writes : &t->reads;
+    if (q->tail) q->tail->next = local->head;
+    else q->head = local->head;
+    q->tail = local->tail;
+    q->n += local->n;
+    if (local->n > t->p.batch_max) pthread_cond_broadcast(&t->work_cv);
+    else pthread_cond_signal(&t->work_cv);
+    pthread_mutex_unlock(&t->mu);
+    memset(local, 0, sizeof *local);
+}
+
+/* Reserve a write op (back-pressure) under mu.  NULL: dropped. */
+static rop *reserve_write(kvo_remote_tier *t, bool *closed) {
+    rop *op = NULL;
+    bool report = t->p.write_completions;
+    pthread_mutex_lock(&t->mu);
+    *closed = t->closing;
+    if (!t->closing && t->free_w && (!report || t->cq_len + t->inflight_reports < t->cq_cap)) {
+        op = t->free_w;
+        t->free_w = op->next;
+        t->pending_writes++;
+        t->inflight_reports += report;
+        op->report = report;
+    } else if (!t->closing) t->st.dropped_backpressure++;
+    pthread_mutex_unlock(&t->mu);
+    return op;
+}
+
+/* Give back a reserved op that was not queued; count why. */
+static void unreserve(kvo_remote_tier *t, rop *op, uint64_t *counter) {
+    pthread_mutex_lock(&t->mu);
+    if (op->kind == KVO_REMOTE_OP_PUT) {
+        t->pending_writes--;
+        op->next = t->free_w;
+        t->free_w = op;
+    } else {
+        t->pending_reads--;
+        op->next = t->free_r;
+        t->free_r = op;
+    }
+    t->inflight_reports -= op->report;
+    if (counter) (*counter)++;
+    pthread_cond_broadcast(&t->done_cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Ops of one call are chained locally and handed to the workers at once
+ * (every 16 ops and at the end), so that a worker finds a whole batch
+ * instead of waking per op. */
+static void queue(kvo_remote_tier *t, rq *local, rop *op) {
+    rq_push(local, op);
+    if (local->n >= 16) queue_flush(t, local);
+}
+
+/* One put/get/exists call: its local chain, count and return code. */
+typedef struct call {
+    rq local;
+    size_t queued;
+    int ret;
+} call;
+
+static void call_queue(kvo_remote_tier *t, call *c, rop *op) {
+    queue(t, &c->local, op);
+    c->queued++;
+}
+
+static void call_result(call *c, int *results, size_t i, int r, const char *what) {
+    if (results) results[i] = r;
+    if (r == KVO_ECLOSED) c->ret = kvo__error(KVO_ECLOSED, "remote tier: %s after destroy began", what);
+}
+
+static int call_end(kvo_remote_tier *t, call *c, size_t *n_queued) {
+    queue_flush(t, &c->local);
+    if (n_queued) *n_queued = c->queued;
+    return c->ret;
+}
+
+static void op_fill(kvo_remote_tier *t, rop *op, uint32_t kind, const kvo_chunk_key *k, const kvo_group_plan *g,
+                    uint64_t ud) {
+    op->kind = kind;
+    op->key = *k;
+    op->key.reserved = 0;
+    op->g = g;
+    op->user_data = ud;
+    op->t_queued = kvo__now_ns();
+    op->result = 0;
+    op->bytes = 0;
+    key_name(t, &op->key, op->name, &op->nlen);
+}
+
+int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
+                        const uint64_t *user_data, int *results, size_t *n_queued) {
+    if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_remote_tier_put: NULL argument");
+    call cl = {0};
+    for (size_t i = 0; i < n; i++) {
+        int r = 0;
+        const kvo_group_plan *g = key_group(t, &keys[i]);
+        bool closed = false;
+        rop *op = NULL;
+        if (!g || !srcs[i]) r = KVO_EINVAL;
+        else if (!(op = reserve_write(t, &closed))) r = closed ? KVO_ECLOSED : KVO_EAGAIN;
+        if (op) {
+            uint8_t need = 0;
+            kvo_slot slot;
+            int srs = kvo_store_prepare_store(t->stage_index, &keys[i], 1, &need, &slot, NULL, NULL, 0, NULL);
+            op->kind = KVO_REMOTE_OP_PUT;
+            if (srs != 0 || !need) {
+                unreserve(t, op, srs == 0 ? &t->st.put_skipped : &t->st.dropped_backpressure);
+                r = srs == 0 ? KVO_EEXIST : KVO_EAGAIN;
+            } else {
+                op_fill(t, op, KVO_REMOTE_OP_PUT, &keys[i], g, user_data ? user_data[i] : 0);
+                op->stage = kvo_arena_slot(t->stage_arena, slot);
+                memcpy(op->stage, srcs[i], g->chunk_bytes);
+                call_queue(t, &cl, op);
+            }
+        }
+        call_result(&cl, results, i, r, "put");
+    }
+    return call_end(t, &cl, n_queued);
+}
+
+/* Queue gets (dsts != NULL) or exists (dsts == NULL). */
+static int queue_reads(kvo_remote_tier *t, uint32_t kind, const kvo_chunk_key *keys, void *const *dsts, size_t n,
+                       const uint64_t *user_data, int *results, size_t *n_queued) {
+    call cl = {0};
+    for (size_t i = 0; i < n; i++) {
+        int r = 0;
+        const kvo_group_plan *g = key_group(t, &keys[i]);
+        rop *op = NULL;
+        if (!g || (kind == KVO_REMOTE_OP_GET && !dsts[i])) r = KVO_EINVAL;
+        else {
+            pthread_mutex_lock(&t->mu);
+            if (t->closing) r = KVO_ECLOSED;
+            else if (!t->free_r || t->cq_len + t->inflight_reports >= t->cq_cap) {
+                r = KVO_EAGAIN;
+                t->st.refused_reads++;
+            } else {
+                op = t->free_r;
+                t->free_r = op->next;
+                t->pending_reads++;
+                t->inflight_reports++;
+                op->report = true;
+            }
+            pthread_mutex_unlock(&t->mu);
+        }
+        if (op) {
+            op_fill(t, op, kind, &keys[i], g, user_data ? user_data[i] : 0);
+            op->dst = kind == KVO_REMOTE_OP_GET ? dsts[i] : NULL;
+            call_queue(t, &cl, op);
+        }
+        call_result(&cl, results, i, r, "read");
+    }
+    return call_end(t, &cl, n_queued);
+}
+
+int kvo_remote_tier_get(kvo_remote_tier *t, const kvo_chunk_key *keys, void *const *dsts, size_t n,
+                        const uint64_t *user_data, int *results, size_t *n_queued) {
+    if (!t || (n && (!keys || !dsts))) return kvo__error(KVO_EINVAL, "kvo_remote_tier_get: NULL argument");
+    return queue_reads(t, KVO_REMOTE_OP_GET, keys, dsts, n, user_data, results, n_queued);
+}
+
+int kvo_remote_tier_exists(kvo_remote_tier *t, const kvo_chunk_key *keys, size_t n, const uint64_t *user_data,
+                           int *results, size_t *n_queued) {
+    if (!t || (n && !keys)) return kvo__error(KVO_EINVAL, "kvo_remote_tier_exists: NULL argument");
+    return queue_reads(t, KVO_REMOTE_OP_EXISTS, keys, NULL, n, user_data, results, n_queued);
+}

@@ -1,0 +1,69 @@
+/*
+ * The remote tier object, shared by remote_tier.c (operations, workers,
+ * create/destroy) and remote_completions.c (poll, wait, flush, stats).
+ */
+#ifndef KVO_TIERS_REMOTE_TIER_INTERNAL_H
+#define KVO_TIERS_REMOTE_TIER_INTERNAL_H
+
+#include "tiers/remote/remote_internal.h"
+
+#define NAME_MAX_LEN 160u
+
+typedef struct rop rop;
+struct rop {
+    rop *next;
+    uint32_t kind;             /* KVO_REMOTE_OP_* */
+    bool report;
+    kvo_chunk_key key;
+    uint64_t user_data;
+    const kvo_group_plan *g;
+    uint64_t t_queued;
+    unsigned char *stage;      /* put: payload in staging memory */
+    unsigned char *hdr;        /* put: header buffer (write ops only) */
+    unsigned char *dst;        /* get */
+    struct iovec iov[2];
+    char name[NAME_MAX_LEN];
+    size_t nlen;
+    int result;
+    uint64_t bytes;
+};
+
+typedef struct rworker {
+    struct kvo_remote_tier *t;
+    pthread_t th;
+    rop **ops;                 /* batch_max */
+    kvo__rc_cmd *cmds;         /* 2 x batch_max: the batch, then DELs */
+    unsigned char *hdrs;       /* batch_max headers of GET replies */
+    kvo__rc_ws *ws;            /* the cluster client's workspace */
+} rworker;
+
+typedef struct rq {
+    rop *head, *tail;
+    size_t n;
+} rq;
+
+struct kvo_remote_tier {
+    kvo_remote_tier_params p;
+    const kvo_plan *plan;
+    char ns[128];              /* "<prefix>:<fp>[-<lh>]:" */
+    size_t ns_len;
+    kvo__rc *rc;
+    kvo_arena *stage_arena;
+    kvo_store *stage_index;
+    rop *ops;                  /* max_pending_writes write ops, then reads */
+    unsigned char *hdrs;       /* one header per write op */
+    rop *free_w, *free_r;
+    rq reads, writes;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    rworker *workers;
+    uint32_t n_workers;        /* started */
+    bool closing;
+    uint64_t pending_writes, pending_reads, inflight_reports;
+    kvo_remote_completion *cq;
+    size_t cq_cap, cq_head, cq_len;
+    int efd;
+    kvo_remote_tier_stats st;
+};
+
+#endif

@@ -1,0 +1,338 @@
+/* Remote tier (Redis Cluster), on the shared cluster: slot vectors, round
+ * trips, routing, corrupt values, back-pressure, parameters, TTL.  The fault
+ * tests (MOVED/ASK, reshard, master kill, passwords, cluster down) are in
+ * test_tiers_remote_faults.c; helpers in remote_test.h.
+ *
+ * The shared cluster comes from env KVO_TEST_REDIS (host:port of a seed, e.g.
+ * 127.0.0.1:7000, as tools/test.sh starts it); without it every test but
+ * the slot vectors is SKIPPED.  Tests that break a cluster start their own
+ * private one with tools/redis-cluster.sh on ports above the shared one
+ * (base + 10, 20, ...; loopback only) and stop it at exit, also on failure.
+ * Every wait is bounded; no test asserts a duration. */
+#include "remote_test.h"
+
+/* ------------------------------------------------------------------ tests */
+
+KVO_TEST(crc16_slots) {
+#if !KVO_HAVE_REDIS
+    SKIP("built without hiredis");
+#endif
+    /* CRC16-XMODEM("123456789") = 0x31C3: the check value of the algorithm */
+    ASSERT_EQ_U64(kvo_remote_key_slot("123456789", 9), 0x31C3u & 16383u);
+    /* slots Redis itself reports (CLUSTER KEYSLOT) */
+    ASSERT_EQ_U64(kvo_remote_key_slot("foo", 3), 12182);
+    ASSERT_EQ_U64(kvo_remote_key_slot("bar", 3), 5061);
+    ASSERT_EQ_U64(kvo_remote_key_slot("", 0), 0);
+    /* hash tags: the first {...} that is not empty */
+    const char *a = "{user1000}.following", *b = "{user1000}.followers";
+    ASSERT_EQ_U64(kvo_remote_key_slot(a, strlen(a)), kvo_remote_key_slot(b, strlen(b)));
+    ASSERT_EQ_U64(kvo_remote_key_slot(a, strlen(a)), kvo_remote_key_slot("user1000", 8));
+    const char *c = "foo{bar}{zap}";
+    ASSERT_EQ_U64(kvo_remote_key_slot(c, strlen(c)), kvo_remote_key_slot("bar", 3));
+    const char *d = "foo{}{bar}"; /* empty tag: the whole key */
+    ASSERT_NE_U64(kvo_remote_key_slot(d, strlen(d)), kvo_remote_key_slot("bar", 3));
+    const char *e = "foo{{bar}}zap"; /* tag is "{bar" */
+    ASSERT_EQ_U64(kvo_remote_key_slot(e, strlen(e)), kvo_remote_key_slot("{bar", 4));
+    for (int i = 0; i < 1000; i++) {
+        char k[32];
+        int n = snprintf(k, sizeof k, "key:%d", i);
+        ASSERT_LT_U64(kvo_remote_key_slot(k, (size_t)n), 16384);
+    }
+}
+
+KVO_TEST(roundtrip) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(port, plan, "roundtrip", NULL);
+    ASSERT_EQ_U64(put_range(t, plan, 0, 40), 40);
+    kvo_remote_tier_stats s = stats(t);
+    ASSERT_EQ_U64(s.puts, 40);
+    ASSERT_EQ_U64(s.put_bytes, 40 * chunk_bytes(plan));
+    ASSERT_EQ_U64(s.pending_writes, 0);
+    ASSERT_EQ_U64(s.staging_bytes, 0);
+    int res[40];
+    ASSERT_EQ_U64(get_range(t, plan, 0, 40, res), 40);
+    kvo_chunk_key k0 = key_n(0), kx = key_n(1000);
+    ASSERT_EQ_INT(exists_one(t, &k0), 0);
+    ASSERT_EQ_INT(exists_one(t, &kx), KVO_ENOTFOUND);
+    ASSERT_EQ_U64(get_range(t, plan, 1000, 3, res), 0);
+    for (int i = 0; i < 3; i++) ASSERT_EQ_INT(res[i], KVO_ENOTFOUND);
+    s = stats(t);
+    ASSERT_EQ_U64(s.gets, 40);
+    ASSERT_EQ_U64(s.get_misses, 3);
+    ASSERT_EQ_U64(s.exists_hits, 1);
+    ASSERT_EQ_U64(s.exists_misses, 1);
+    ASSERT_EQ_U64(s.nodes, 3); /* the masters */
+    ASSERT_EQ_U64(s.moved, 0);
+    /* the event fd is readable while completions wait */
+    size_t q = 0;
+    ASSERT_OK(kvo_remote_tier_exists(t, &k0, 1, NULL, NULL, &q));
+    ASSERT_OK(kvo_remote_tier_wait(t, 30000));
+    uint64_t v = 0;
+    ASSERT_EQ_INT(read(kvo_remote_tier_event_fd(t), &v, sizeof v), (long long)sizeof v);
+    kvo_remote_completion c;
+    ASSERT_EQ_U64(kvo_remote_tier_poll(t, &c, 1), 1);
+    ASSERT_EQ_INT(kvo_remote_tier_wait(t, -1), KVO_ENOTFOUND); /* nothing in flight */
+    /* a bad key and NULL destinations are refused, nothing queued */
+    kvo_chunk_key bad = key_n(1);
+    bad.group = 7;
+    int r = 0;
+    void *nul = NULL;
+    ASSERT_OK(kvo_remote_tier_get(t, &bad, &nul, 1, NULL, &r, &q));
+    ASSERT_EQ_INT(r, KVO_EINVAL);
+    ASSERT_EQ_U64(q, 0);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* Our slot of every key equals the server's (CLUSTER KEYSLOT), values land
+ * on every master, and no MOVED is needed with a fresh map. */
+KVO_TEST(slot_routing) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(port, plan, "routing", NULL);
+    char path[600];
+    snprintf(path, sizeof path, "%s/keyslot.txt", kvo_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    ASSERT_NOT_NULL(f);
+    uint32_t ours[64];
+    for (int i = 0; i < 64; i++) {
+        char name[160];
+        kvo_chunk_key k = key_n((uint64_t)i);
+        ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
+        ours[i] = kvo_remote_key_slot(name, strlen(name));
+        fprintf(f, "CLUSTER KEYSLOT %s\n", name);
+    }
+    fclose(f);
+    char cmd[800], *out = NULL;
+    snprintf(cmd, sizeof cmd, "redis-cli -h 127.0.0.1 -p %d < %s", port, path);
+    ASSERT_EQ_INT(kvo_test_run(cmd, &out), 0);
+    char *p = out;
+    for (int i = 0; i < 64; i++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        ASSERT_TRUE(end != p);
+        ASSERT_EQ_U64((uint64_t)v, ours[i]);
+        p = end;
+    }
+    free(out);
+    ASSERT_EQ_U64(put_range(t, plan, 0, 64), 64);
+    ASSERT_EQ_U64(get_range(t, plan, 0, 64, NULL), 64);
+    kvo_remote_tier_stats s = stats(t);
+    ASSERT_EQ_U64(s.moved, 0);
+    ASSERT_EQ_U64(s.asked, 0);
+    /* every master holds some of our keys: count per node with SCAN-free
+     * EXISTS on each master (non-owners answer MOVED). */
+    int masters_with_keys = 0;
+    for (int n = 0; n < 6; n++) {
+        char *role = NULL;
+        rcli(port + n, NULL, "role", &role);
+        bool master = role && !strncmp(role, "master", 6);
+        free(role);
+        if (!master) continue;
+        int held = 0;
+        for (int i = 0; i < 64; i++) {
+            char name[160], args[256], *o = NULL;
+            kvo_chunk_key k = key_n((uint64_t)i);
+            ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
+            snprintf(args, sizeof args, "exists %s", name);
+            rcli(port + n, NULL, args, &o);
+            held += o && o[0] == '1';
+            free(o);
+        }
+        masters_with_keys += held > 0;
+    }
+    ASSERT_EQ_INT(masters_with_keys, 3);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* Flipped payload byte, flipped header byte, truncation, a foreign value:
+ * each a miss (KVO_ECORRUPT), counted, and deleted. */
+KVO_TEST(corrupt_value) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(port, plan, "corrupt", NULL);
+    const char *damage[] = {"setrange %s 9000 X", "setrange %s 40 X", "set %s short", "set %s hello-not-kvo",
+                            "setrange %s 70000 X"};
+    size_t nd = sizeof damage / sizeof damage[0];
+    ASSERT_EQ_U64(put_range(t, plan, 0, nd), nd);
+    for (size_t i = 0; i < nd; i++) {
+        char name[160], args[400];
+        kvo_chunk_key k = key_n(i);
+        ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
+        snprintf(args, sizeof args, damage[i], name);
+        char full[450];
+        snprintf(full, sizeof full, "-c %s", args);
+        ASSERT_EQ_INT(rcli(port, NULL, full, NULL), 0);
+    }
+    int res[8];
+    ASSERT_EQ_U64(get_range(t, plan, 0, nd, res), 0);
+    for (size_t i = 0; i < nd; i++) ASSERT_EQ_INT(res[i], KVO_ECORRUPT);
+    ASSERT_EQ_U64(stats(t).corrupt_deleted, nd);
+    for (size_t i = 0; i < nd; i++) {
+        kvo_chunk_key k = key_n(i);
+        ASSERT_EQ_INT(exists_one(t, &k), KVO_ENOTFOUND); /* deleted */
+    }
+    /* stored again: a hit */
+    ASSERT_EQ_U64(put_range(t, plan, 0, 1), 1);
+    ASSERT_EQ_U64(get_range(t, plan, 0, 1, NULL), 1);
+    /* well-formed values that belong elsewhere, SET under key 0's name: another
+     * key's header, another layout hash, another plan (fingerprint) */
+    uint64_t cb = chunk_bytes(plan);
+    unsigned char *val = malloc(KVO_REMOTE_HEADER_BYTES + cb);
+    kvo_chunk_key k0 = key_n(0), k1 = key_n(1);
+    kvo_plan *other = make_plan_named("remote-test-other"); /* same geometry, other fingerprint */
+    char name[160], path[600], cmd[1200];
+    ASSERT_OK(kvo_remote_tier_key_name(t, &k0, name, sizeof name));
+    snprintf(path, sizeof path, "%s/value.bin", kvo_test_tmpdir());
+    for (int v = 0; v < 3; v++) {
+        const kvo_plan *wp = v == 2 ? other : plan;
+        kvo__file_hdr h;
+        fill_key(val + KVO_REMOTE_HEADER_BYTES, cb, &k0);
+        uint64_t sum = XXH3_64bits(val + KVO_REMOTE_HEADER_BYTES, cb);
+        kvo__file_hdr_init(&h, wp, v == 1 ? 0x1234 : 0, kvo_plan_group(wp, 0), v == 0 ? &k1 : &k0, sum);
+        kvo__file_hdr_encode(&h, val);
+        FILE *f = fopen(path, "wb");
+        ASSERT_NOT_NULL(f);
+        ASSERT_EQ_U64(fwrite(val, 1, KVO_REMOTE_HEADER_BYTES + cb, f), KVO_REMOTE_HEADER_BYTES + cb);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "redis-cli -c -h 127.0.0.1 -p %d -x set %s < %s", port, name, path);
+        ASSERT_EQ_INT(kvo_test_run(cmd, NULL), 0);
+        int r1 = 0;
+        ASSERT_EQ_U64(get_range(t, plan, 0, 1, &r1), 0);
+        ASSERT_EQ_INT(r1, KVO_ECORRUPT);
+        ASSERT_EQ_INT(exists_one(t, &k0), KVO_ENOTFOUND);
+    }
+    ASSERT_EQ_U64(stats(t).corrupt_deleted, nd + 3);
+    free(val);
+    kvo_plan_destroy(other);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* Stores beyond max_pending_writes or staging memory are dropped at once
+ * (KVO_EAGAIN, counted); reads beyond max_pending_reads in flight, or beyond
+ * the completion ring while nobody polls, are refused. */
+KVO_TEST(backpressure) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+    kvo_remote_tier_params p = kvo_remote_tier_default_params();
+    p.url = url;
+    p.plan = plan;
+    p.key_prefix = prefix("bp");
+    p.io_threads = 1;
+    p.max_pending_writes = 2;
+    p.max_pending_reads = 2;
+    kvo_remote_tier *t = NULL;
+    ASSERT_OK(kvo_remote_tier_create(&p, &t));
+    uint64_t cb = chunk_bytes(plan);
+    unsigned char *buf = malloc(cb);
+    memset(buf, 7, cb);
+    enum { N = 64 };
+    kvo_chunk_key keys[N];
+    const void *srcs[N];
+    int res[N];
+    for (int i = 0; i < N; i++) {
+        keys[i] = key_n((uint64_t)i);
+        srcs[i] = buf;
+    }
+    size_t q = 0;
+    ASSERT_OK(kvo_remote_tier_put(t, keys, srcs, N, NULL, res, &q));
+    ASSERT_LE_U64(q, N);
+    size_t dropped = 0;
+    for (int i = 0; i < N; i++) {
+        ASSERT_TRUE(res[i] == 0 || res[i] == KVO_EAGAIN);
+        dropped += res[i] == KVO_EAGAIN;
+    }
+    ASSERT_GT_U64(dropped, 0);
+    ASSERT_EQ_U64(dropped + q, N);
+    ASSERT_EQ_U64(stats(t).dropped_backpressure, dropped);
+    ASSERT_OK(kvo_remote_tier_flush(t, 60000));
+    /* reads: at most 2 in flight or waiting to be polled */
+    unsigned char *dsts = malloc(cb * N);
+    void *dp[N];
+    for (int i = 0; i < N; i++) dp[i] = dsts + (size_t)i * cb;
+    ASSERT_OK(kvo_remote_tier_get(t, keys, dp, N, NULL, res, &q));
+    ASSERT_GE_U64(q, 2);
+    ASSERT_LE_U64(q, 4); /* ops free again once done; the completion ring (4) bounds the rest */
+    ASSERT_EQ_U64(stats(t).refused_reads, N - q);
+    for (int i = 0; i < N; i++) ASSERT_TRUE(res[i] == 0 || res[i] == KVO_EAGAIN);
+    kvo_remote_tier_destroy(t); /* with completions unpolled */
+    free(buf);
+    free(dsts);
+    kvo_plan_destroy(plan);
+}
+
+/* Parameters refused before any connection: bad URLs, key prefixes, no plan;
+ * the password never appears in a message. */
+KVO_TEST(bad_params) {
+#if !KVO_HAVE_REDIS
+    SKIP("built without hiredis");
+#endif
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier_params p = kvo_remote_tier_default_params();
+    kvo_remote_tier *t = NULL;
+    p.plan = plan;
+    const char *bad[] = {"http://127.0.0.1:7000", "redis://", "redis://127.0.0.1:0", "redis://127.0.0.1:99999",
+                         "redis://127.0.0.1:70x0", "redis://:Secret-Pw-99@", "redis://u:Secret-Pw-99@:7000",
+                         "redis://127.0.0.1:7000,,"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p.url = bad[i];
+        ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EINVAL);
+        ASSERT_TRUE(strstr(kvo_last_error(), "Secret-Pw-99") == NULL);
+        ASSERT_NULL(t);
+    }
+    p.url = "redis://127.0.0.1:7000";
+    const char *prefixes[] = {"has space", "br{ace}", "tab\there"};
+    for (size_t i = 0; i < 3; i++) {
+        p.key_prefix = prefixes[i];
+        ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EINVAL);
+        ASSERT_CONTAINS(kvo_last_error(), "key_prefix");
+    }
+    p.key_prefix = NULL;
+    p.plan = NULL;
+    ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EINVAL);
+    ASSERT_ERR(kvo_remote_tier_create(NULL, &t), KVO_EINVAL);
+    kvo_remote_tier_destroy(NULL);
+    kvo_plan_destroy(plan);
+}
+
+/* ttl_s: values expire (the server's TTL is set and within ttl_s); 0 keeps
+ * them without expiry. */
+KVO_TEST(ttl) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+    for (int with = 0; with < 2; with++) {
+        kvo_remote_tier_params p = kvo_remote_tier_default_params();
+        p.url = url;
+        p.plan = plan;
+        p.key_prefix = prefix("ttl");
+        p.ttl_s = with ? 300 : 0;
+        kvo_remote_tier *t = NULL;
+        ASSERT_OK(kvo_remote_tier_create(&p, &t));
+        ASSERT_EQ_U64(put_range(t, plan, 0, 4), 4);
+        for (int i = 0; i < 4; i++) {
+            char name[160], args[256], *o = NULL;
+            kvo_chunk_key k = key_n((uint64_t)i);
+            ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
+            snprintf(args, sizeof args, "-c ttl %s", name);
+            ASSERT_EQ_INT(rcli(port, NULL, args, &o), 0);
+            long ttl = strtol(o, NULL, 10);
+            free(o);
+            if (with) {
+                ASSERT_GT_INT(ttl, 0);
+                ASSERT_LE_INT(ttl, 300);
+            } else {
+                ASSERT_EQ_INT(ttl, -1); /* no expiry */
+            }
+        }
+        ASSERT_EQ_U64(get_range(t, plan, 0, 4, NULL), 4);
+        kvo_remote_tier_destroy(t);
+    }
+    kvo_plan_destroy(plan);
+}
