@@ -16,8 +16,17 @@
  * startup scan uses), one lstat per entry; every chunk-shaped name is then
  * verified in full with kvo_file_inspect.
  *
- * Exit status: 0 clean; 1 problems found (with --repair: found and removed);
- * 2 usage, or DIR is not a file-tier directory.
+ * Nothing is ever opened blocking (a FIFO under a chunk name or as the
+ * manifest is reported, not waited on).  A namespace whose manifest names
+ * another (newer) format version is reported and left alone: its files are
+ * not this build's to judge.  A damaged manifest is reported as not repaired
+ * (the tier rebuilds it from its plan at the next create); with --repair
+ * --remove-damaged the namespace is removed.  Stale temporaries in the
+ * namespace directory itself (a killed first create) count like the others.
+ * The summary says how many problems --repair removed and how many are left.
+ *
+ * Exit status: 0 clean; 1 problems found; 2 usage, or DIR is not a
+ * file-tier directory.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -51,7 +60,7 @@ typedef struct fsck_ctx {
 
 static void fsck_usage(FILE *f) {
     fprintf(f,
-            "usage: kvoffload fsck DIR [--repair] [--json]\n\n"
+            "usage: kvoffload fsck DIR [--repair [--remove-damaged]] [--json]\n\n"
             "Checks a file-tier directory: DIR is a root (every namespace below it) or one\n"
             "namespace (root/<fingerprint>).  Lists namespaces, chunk counts and bytes per group,\n"
             "verifies every chunk file (header, size, key, geometry, XXH3-64 checksum) and lists\n"
@@ -61,7 +70,7 @@ static void fsck_usage(FILE *f) {
             "  --remove-damaged  with --repair: remove a namespace whose manifest is damaged\n"
             "  A namespace of a newer format version is reported and never touched.\n"
             "  --json     one JSON object\n"
-            "Exit status: 0 clean, 1 problems found (removed with --repair), 2 usage or not a\n"
+            "Exit status: 0 clean, 1 problems found (removed or not), 2 usage or not a\n"
             "file-tier directory.\n");
 }
 
