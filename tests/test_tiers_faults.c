@@ -166,6 +166,13 @@ static kvo_plan *populate(const char *root, kvo_chunk_key *keys, size_t n, char 
     return plan;
 }
 
+/* populate(), and the namespace's manifest path into man. */
+static kvo_plan *populate_man(const char *root, kvo_chunk_key *keys, size_t n, char *ns, char *man, size_t cap) {
+    kvo_plan *plan = populate(root, keys, n, ns);
+    snprintf(man, cap, "%s/manifest.json", ns);
+    return plan;
+}
+
 /* ---- item 5: non-regular files ---------------------------------------- */
 
 KVO_TEST(fifo_chunk_not_adopted_by_scan) {
@@ -229,8 +236,7 @@ KVO_TEST(fifo_manifest_create_completes) {
     alarm(120);
     kvo_chunk_key keys[2];
     char ns[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate(subdir("fifo-man"), keys, 2, ns);
-    snprintf(man, sizeof man, "%s/manifest.json", ns);
+    kvo_plan *plan = populate_man(subdir("fifo-man"), keys, 2, ns, man, sizeof man);
     ASSERT_EQ_INT(unlink(man), 0);
     ASSERT_EQ_INT(mkfifo(man, 0644), 0);
     kvo_file_tier_params p = params(subdir("fifo-man"), plan);
@@ -248,7 +254,7 @@ KVO_TEST(fifo_manifest_create_completes) {
 KVO_TEST(fsck_fifo_completes) {
     kvo_chunk_key keys[3];
     char ns[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate(subdir("fsck-fifo"), keys, 3, ns);
+    kvo_plan *plan = populate_man(subdir("fsck-fifo"), keys, 3, ns, man, sizeof man);
     ASSERT_OK(kvo_file_chunk_path(ns, &keys[0], path, sizeof path));
     ASSERT_EQ_INT(unlink(path), 0);
     ASSERT_EQ_INT(mkfifo(path, 0644), 0);
@@ -258,7 +264,6 @@ KVO_TEST(fsck_fifo_completes) {
     ASSERT_CONTAINS(out, "not a regular file");
     ASSERT_CONTAINS(out, "files 2");
     free(out);
-    snprintf(man, sizeof man, "%s/manifest.json", ns);
     ASSERT_EQ_INT(unlink(man), 0);
     ASSERT_EQ_INT(mkfifo(man, 0644), 0);
     ASSERT_EQ_INT(cli(args, &out), 1);
@@ -273,8 +278,7 @@ KVO_TEST(fsck_fifo_completes) {
 KVO_TEST(fsck_repair_leaves_newer_version_alone) {
     kvo_chunk_key keys[3];
     char ns[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate(subdir("fsck-newer"), keys, 3, ns);
-    snprintf(man, sizeof man, "%s/manifest.json", ns);
+    kvo_plan *plan = populate_man(subdir("fsck-newer"), keys, 3, ns, man, sizeof man);
     size_t len = 0;
     char *text = kvo_test_read_file(man, &len);
     ASSERT_NOT_NULL(text);
@@ -303,8 +307,7 @@ KVO_TEST(fsck_repair_leaves_newer_version_alone) {
 KVO_TEST(damaged_manifest_rebuilt_by_tier) {
     kvo_chunk_key keys[3];
     char ns[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate(subdir("man-dmg"), keys, 3, ns);
-    snprintf(man, sizeof man, "%s/manifest.json", ns);
+    kvo_plan *plan = populate_man(subdir("man-dmg"), keys, 3, ns, man, sizeof man);
     write_text(man, "{\"format\": \"kvoffload-file\", \"format_vers");
     kvo_file_tier_params p = params(subdir("man-dmg"), plan);
     kvo_file_tier *t = NULL;
@@ -320,8 +323,7 @@ KVO_TEST(damaged_manifest_rebuilt_by_tier) {
 KVO_TEST(fsck_damaged_manifest_reported_truthfully) {
     kvo_chunk_key keys[2];
     char ns[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate(subdir("fsck-dmg"), keys, 2, ns);
-    snprintf(man, sizeof man, "%s/manifest.json", ns);
+    kvo_plan *plan = populate_man(subdir("fsck-dmg"), keys, 2, ns, man, sizeof man);
     write_text(man, "garbage");
     char args[KVO__FILE_PATH_MAX + 64], *out = NULL;
     snprintf(args, sizeof args, "fsck '%s' --repair", ns);
@@ -355,7 +357,6 @@ KVO_TEST(stale_manifest_temp_removed) {
     kvo_chunk_key keys[1];
     char ns[KVO__FILE_PATH_MAX], old_tmp[KVO__FILE_PATH_MAX + 64], new_tmp[KVO__FILE_PATH_MAX + 96];
     kvo_plan *plan = populate(subdir("man-tmp"), keys, 1, ns);
-    /* the name the manifest writer used (pid, counter), from a dead process */
     /* the name older builds used (no host id: removed by the age rule) */
     snprintf(old_tmp, sizeof old_tmp, "%s/.tmp.manifest.%ld.0", ns, dead_pid());
     write_text(old_tmp, "{");
