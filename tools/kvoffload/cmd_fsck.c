@@ -202,8 +202,8 @@ static void fsck_manifest(fsck_ns *n, const char *ns, const char *base) {
     n->version = (long long)json_integer_value(ver);
     if (n->version != KVO_FILE_FORMAT_VERSION) {
         /* written by another (newer) build: its files are not ours to judge */
-        snprintf(why, sizeof why, "format version %lld is %s than this build's %u: namespace left alone", n->version,
-                 n->version > KVO_FILE_FORMAT_VERSION ? "newer" : "other", KVO_FILE_FORMAT_VERSION);
+        snprintf(why, sizeof why, "format version %lld is newer than this build's %u: namespace left alone",
+                 n->version, KVO_FILE_FORMAT_VERSION);
         report_bad(c, n->bad, path, why, false);
         n->skip = true;
         json_decref(man);
