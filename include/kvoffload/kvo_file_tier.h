@@ -165,7 +165,12 @@ typedef struct kvo_file_tier kvo_file_tier;
  *  params.scan), clamp the quota to the file system, map and pre-fault the
  *  staging memory and start the I/O workers.  Files found beyond the quota
  *  are evicted (deleted, oldest first); stale temporary files of dead writers
- *  are removed.
+ *  are removed, and so are entries under chunk names that are not regular
+ *  files (a FIFO is never opened blocking).  A damaged manifest (unparsable,
+ *  malformed or not a regular file) is rebuilt from the plan, with a log
+ *  line: the namespace's name is the plan's fingerprint and layout hash and
+ *  every chunk is verified against both on read.  The quota clamp to the
+ *  file system never evicts files that fit the configured quota.
  *  *out owned by the caller (kvo_file_tier_destroy).
  *  Errors: KVO_EINVAL (NULL, no root or plan, quota below the largest slot:
  *  message names the group and sizes), KVO_EIO (root or namespace not

@@ -293,20 +293,68 @@ static void fill_info(kvo_file_chunk_info *info, const kvo__file_hdr *h, uint64_
     info->file_bytes = size;
 }
 
-int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info) {
-    if (!path) return kvo__error(KVO_EINVAL, "kvo_file_inspect: NULL path");
-    if (info) memset(info, 0, sizeof *info);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+int kvo__file_open_regular(const char *path, int flags, struct stat *st) {
+    int fd = open(path, flags | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         if (e == ENOENT) return kvo__error(KVO_ENOTFOUND, "%s: no such file", path);
-        return kvo__error(KVO_EIO, "%s: cannot open: %s", path, strerror(e));
+        return kvo__error(e == ELOOP || e == EACCES || e == EPERM || e == ENOTDIR || e == ENXIO || e == EISDIR
+                              ? KVO_ECORRUPT : KVO_EIO,
+                          "%s: cannot open: %s", path, strerror(e));
     }
+    struct stat sb;
+    if (!st) st = &sb;
+    if (fstat(fd, st) != 0) {
+        int e = errno;
+        close(fd);
+        return kvo__error(KVO_EIO, "%s: fstat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        return kvo__error(KVO_ECORRUPT, "%s: not a regular file (%s)", path,
+                          S_ISFIFO(st->st_mode) ? "a FIFO" : S_ISDIR(st->st_mode) ? "a directory"
+                          : S_ISLNK(st->st_mode) ? "a symbolic link" : "a device or socket");
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return kvo__error(KVO_EIO, "%s: fcntl: %s", path, strerror(e));
+    }
+    return fd;
+}
+
+/* Read [off, off + n) of fd in pieces of `cap` bytes through buf, feeding
+ * the checksum state (when given) and checking that bytes at or beyond
+ * `zero_from` are zero (the padding).  0 or KVO_E* with a message. */
+static int read_pieces(int fd, const char *path, uint64_t off, uint64_t n, unsigned char *buf, size_t cap,
+                       XXH3_state_t *sum, uint64_t zero_from) {
+    uint64_t done = 0;
+    while (done < n) {
+        size_t want = n - done < cap ? (size_t)(n - done) : cap;
+        ssize_t r = pread(fd, buf, want, (off_t)(off + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return kvo__error(KVO_EIO, "%s: read: %s", path, strerror(errno));
+        if (r == 0) return kvo__error(KVO_ECORRUPT, "%s: truncated while reading", path);
+        if (sum) XXH3_64bits_update(sum, buf, (size_t)r);
+        for (ssize_t i = 0; zero_from != UINT64_MAX && i < r; i++)
+            if (off + done + (uint64_t)i >= zero_from && buf[i])
+                return kvo__error(KVO_ECORRUPT, "%s: non-zero padding at offset %llu", path,
+                                  (unsigned long long)(off + done + (uint64_t)i));
+        done += (uint64_t)r;
+    }
+    return 0;
+}
+
+int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info) {
+    if (!path) return kvo__error(KVO_EINVAL, "kvo_file_inspect: NULL path");
+    if (info) memset(info, 0, sizeof *info);
+    struct stat st;
+    int fd = kvo__file_open_regular(path, O_RDONLY | O_CLOEXEC, &st);
+    if (fd < 0) return fd;
     int rc = 0;
     unsigned char *buf = NULL;
-    struct stat st;
-    if (fstat(fd, &st) != 0) { rc = kvo__error(KVO_EIO, "%s: fstat: %s", path, strerror(errno)); goto out; }
-    if (!S_ISREG(st.st_mode)) { rc = kvo__error(KVO_ECORRUPT, "%s: not a regular file", path); goto out; }
+    XXH3_state_t *xs = NULL;
     if (st.st_size == 0) { rc = kvo__error(KVO_ECORRUPT, "%s: zero-length file", path); goto out; }
     unsigned char hb[KVO_FILE_HEADER_BYTES];
     ssize_t r = pread(fd, hb, sizeof hb, 0);
@@ -330,23 +378,29 @@ int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info
                         (unsigned long long)want);
         goto out;
     }
-    buf = kvo__malloc(h.chunk_bytes);
-    if (!buf) { rc = kvo__error(KVO_ENOMEM, "%s: cannot allocate %llu bytes", path, (unsigned long long)h.chunk_bytes); goto out; }
-    uint64_t done = 0;
-    while (done < h.chunk_bytes) {
-        r = pread(fd, buf + done, h.chunk_bytes - done, (off_t)(KVO_FILE_HEADER_BYTES + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { rc = kvo__error(KVO_EIO, "%s: read: %s", path, strerror(errno)); goto out; }
-        if (r == 0) { rc = kvo__error(KVO_ECORRUPT, "%s: truncated while reading", path); goto out; }
-        done += (uint64_t)r;
+    /* The payload is read in pieces of at most 1 MiB, whatever size the
+     * header claims (it matches the file size, but a sparse file can claim
+     * terabytes), and the padding must be zero. */
+    size_t cap = h.slot_bytes < (1u << 20) ? (size_t)h.slot_bytes : (1u << 20);
+    buf = kvo__malloc(cap);
+    xs = XXH3_createState();
+    if (!buf || !xs || XXH3_64bits_reset(xs) != XXH_OK) {
+        rc = kvo__error(KVO_ENOMEM, "%s: cannot allocate a %zu-byte read buffer", path, cap);
+        goto out;
     }
-    uint64_t sum = XXH3_64bits(buf, h.chunk_bytes);
+    rc = read_pieces(fd, path, KVO_FILE_HEADER_BYTES, h.chunk_bytes, buf, cap, xs, UINT64_MAX);
+    if (!rc)
+        rc = read_pieces(fd, path, KVO_FILE_HEADER_BYTES + h.chunk_bytes, h.slot_bytes - h.chunk_bytes, buf, cap,
+                         NULL, 0);
+    if (rc) goto out;
+    uint64_t sum = XXH3_64bits_digest(xs);
     if (sum != h.payload_xxh3) {
         rc = kvo__error(KVO_ECORRUPT, "%s: payload checksum mismatch (stored %016llx, computed %016llx)", path,
                         (unsigned long long)h.payload_xxh3, (unsigned long long)sum);
         goto out;
     }
 out:
+    XXH3_freeState(xs);
     kvo__free(buf);
     close(fd);
     return rc;
@@ -363,38 +417,63 @@ int kvo_file_verify(const char *path, const kvo_plan *plan, kvo_chunk_key *key_o
 
 /* ---------------------------------------------------------- manifest -- */
 
-int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint64_t *layout_hash, uint32_t *version,
+/* Exactly n lowercase hex digits (the spelling this code writes) into *out. */
+static bool parse_hex_exact(const char *s, size_t n, uint64_t *hi, uint64_t *lo) {
+    if (!s || strlen(s) != n) return false;
+    uint64_t h = 0, l = 0;
+    for (size_t i = 0; i < n; i++) {
+        int d = hexval(s[i]);
+        if (d < 0) return false;
+        if (n > 16 && i < n - 16) h = (h << 4) | (uint64_t)d;
+        else l = (l << 4) | (uint64_t)d;
+    }
+    if (hi) *hi = h;
+    *lo = l;
+    return true;
+}
+
+/* Load a JSON file that must be a regular file (a FIFO would block the
+ * open).  NULL with KVO_ENOTFOUND / KVO_EPARSE / KVO_EIO set. */
+static json_t *load_json_regular(const char *path, int *rc) {
+    int fd = kvo__file_open_regular(path, O_RDONLY | O_CLOEXEC, NULL);
+    if (fd < 0) {
+        *rc = fd == KVO_ECORRUPT ? kvo__error(KVO_EPARSE, "%s", kvo_last_error()) : fd;
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadfd(fd, 0, &jerr);
+    close(fd);
+    if (!root) *rc = kvo__error(KVO_EPARSE, "%s: line %d: %s", path, jerr.line, jerr.text);
+    return root;
+}
+
+int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint64_t *layout_hash, int64_t *version,
                             char **plan_json) {
     char path[KVO__FILE_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", ns_dir, KVO__FILE_MANIFEST);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root) {
-        if (access(path, F_OK) != 0) return kvo__error(KVO_ENOTFOUND, "%s: no manifest", path);
-        return kvo__error(KVO_EPARSE, "%s: line %d: %s", path, jerr.line, jerr.text);
-    }
     int rc = 0;
+    json_t *root = load_json_regular(path, &rc);
+    if (!root) return rc;
     const char *fmt = json_string_value(json_object_get(root, "format"));
     json_t *ver = json_object_get(root, "format_version");
-    const char *fp = json_string_value(json_object_get(root, "fingerprint"));
-    if (!fmt || strcmp(fmt, KVO__FILE_FORMAT_NAME) != 0 || !json_is_integer(ver) || !fp || strlen(fp) != 32) {
-        rc = kvo__error(KVO_EPARSE, "%s: not a kvoffload-file manifest (fields format, format_version, "
-                        "fingerprint)", path);
+    json_t *lhj = json_object_get(root, "layout_hash");
+    kvo_u128 v = {0, 0};
+    uint64_t lh = 0;
+    if (!fmt || strcmp(fmt, KVO__FILE_FORMAT_NAME) != 0 || !json_is_integer(ver)) {
+        rc = kvo__error(KVO_EPARSE, "%s: not a kvoffload-file manifest (fields format, format_version)", path);
         goto out;
     }
-    kvo_u128 v = {0, 0};
-    for (int i = 0; i < 32; i++) {
-        int d = hexval(fp[i]);
-        if (d < 0) { rc = kvo__error(KVO_EPARSE, "%s: fingerprint is not 32 hex digits", path); goto out; }
-        if (i < 16) v.hi = (v.hi << 4) | (uint64_t)d;
-        else v.lo = (v.lo << 4) | (uint64_t)d;
+    if (!parse_hex_exact(json_string_value(json_object_get(root, "fingerprint")), 32, &v.hi, &v.lo)) {
+        rc = kvo__error(KVO_EPARSE, "%s: fingerprint is not 32 lowercase hex digits", path);
+        goto out;
+    }
+    if (lhj && !parse_hex_exact(json_string_value(lhj), 16, NULL, &lh)) {
+        rc = kvo__error(KVO_EPARSE, "%s: layout_hash is not 16 lowercase hex digits", path);
+        goto out;
     }
     if (fingerprint) *fingerprint = v;
-    if (layout_hash) {
-        const char *lh = json_string_value(json_object_get(root, "layout_hash"));
-        *layout_hash = lh ? strtoull(lh, NULL, 16) : 0;
-    }
-    if (version) *version = (uint32_t)json_integer_value(ver);
+    if (layout_hash) *layout_hash = lh;
+    if (version) *version = (int64_t)json_integer_value(ver);
     if (plan_json) {
         json_t *pl = json_object_get(root, "plan");
         *plan_json = pl ? json_dumps(pl, JSON_INDENT(2)) : NULL;
@@ -404,27 +483,11 @@ out:
     return rc;
 }
 
-int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash) {
-    kvo_u128 fp = kvo_plan_fingerprint(plan), have;
-    uint64_t have_lh = 0;
-    uint32_t ver = 0;
-    char fph[33];
-    kvo_u128_hex(fp, fph);
-    int rc = kvo__file_manifest_read(ns_dir, &have, &have_lh, &ver, NULL);
-    if (rc == 0) {
-        if (ver != KVO_FILE_FORMAT_VERSION)
-            return kvo__error(KVO_ESTATE, "%s/%s: format version %u, this build writes version %u: use another "
-                              "root or remove the namespace", ns_dir, KVO__FILE_MANIFEST, ver, KVO_FILE_FORMAT_VERSION);
-        if (have.lo != fp.lo || have.hi != fp.hi || have_lh != layout_hash)
-            return kvo__error(KVO_ESTATE, "%s/%s: manifest is for another layout (fingerprint, slot layout hash) "
-                              "than %s / %016llx", ns_dir, KVO__FILE_MANIFEST, fph, (unsigned long long)layout_hash);
-        return 0;
-    }
-    if (rc != KVO_ENOTFOUND) return kvo__error_prefix(KVO_ESTATE, "unusable namespace");
-
-    char *plan_json = NULL;
-    rc = kvo_plan_to_json(plan, &plan_json);
-    if (rc) return rc;
+/* The manifest's text for a plan and layout hash (malloc'd) or NULL. */
+static char *manifest_text(const kvo_plan *plan, uint64_t layout_hash) {
+    char *plan_json = NULL, fph[33];
+    if (kvo_plan_to_json(plan, &plan_json)) return NULL;
+    kvo_u128_hex(kvo_plan_fingerprint(plan), fph);
     json_error_t jerr;
     json_t *pl = json_loads(plan_json, 0, &jerr);
     kvo_free(plan_json);
@@ -444,48 +507,87 @@ int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t
     if (pl) json_object_set_new(root, "plan", pl);
     char *text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
-    if (!text) return kvo__error(KVO_ENOMEM, "cannot format the manifest");
+    return text;
+}
 
+/* Write the manifest through a temporary file: link(2) when creating (a
+ * concurrent creator's manifest wins), rename(2) when replacing a damaged
+ * one.  The temporary's name carries host, pid and nonce, so that the stale
+ * rule (file_scan.c) removes it after a kill. */
+static int manifest_write(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash, bool replace) {
+    char *text = manifest_text(plan, layout_hash);
+    if (!text) return kvo__error(KVO_ENOMEM, "cannot format the manifest");
     char tmp[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX];
     static atomic_uint counter;
-    snprintf(tmp, sizeof tmp, "%s/%smanifest.%ld.%u", ns_dir, KVO__FILE_TMP_PREFIX, (long)getpid(),
-             atomic_fetch_add(&counter, 1));
+    snprintf(tmp, sizeof tmp, "%s/%s%08x.%ld.%08x.%u.manifest", ns_dir, KVO__FILE_TMP_PREFIX, kvo__file_host_id(),
+             (long)getpid(), kvo__file_process_nonce(), atomic_fetch_add(&counter, 1));
     snprintf(path, sizeof path, "%s/%s", ns_dir, KVO__FILE_MANIFEST);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
         free(text);
-        return kvo__error(KVO_EIO, "%s: cannot create: %s (is the root writable?)", tmp, strerror(e));
+        return kvo__error(e == ENOSPC || e == EDQUOT ? KVO_ENOSPC : KVO_EIO,
+                          "%s: cannot create: %s (is the root writable?)", tmp, strerror(e));
     }
     size_t len = strlen(text), off = 0;
-    while (off < len) {
+    int e = 0;
+    while (off < len && !e) {
         ssize_t w = write(fd, text + off, len - off);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            unlink(tmp);
-            free(text);
-            return kvo__error(KVO_EIO, "%s: write: %s", tmp, strerror(e));
-        }
-        off += (size_t)w;
+        if (w <= 0) e = w < 0 ? errno : ENOSPC;
+        else off += (size_t)w;
     }
-    (void)write(fd, "\n", 1);
     free(text);
-    fsync(fd);
+    if (!e && (write(fd, "\n", 1) != 1 || fsync(fd) != 0)) e = errno ? errno : EIO;
     close(fd);
-    /* link(2) instead of rename: if another process made the manifest in the
-     * meantime, keep theirs (then check it). */
-    if (link(tmp, path) != 0 && errno != EEXIST) {
-        int e = errno;
-        unlink(tmp);
-        return kvo__error(KVO_EIO, "%s: cannot create: %s", path, strerror(e));
+    if (!e) {
+        if (replace) {
+            if (rename(tmp, path) != 0 && (errno != EISDIR || kvo__file_remove_any(path) != 0 ||
+                                           rename(tmp, path) != 0))
+                e = errno ? errno : EIO;
+        } else if (link(tmp, path) != 0 && errno != EEXIST) {
+            e = errno;
+        }
     }
     unlink(tmp);
+    if (e)
+        return kvo__error(e == ENOSPC || e == EDQUOT ? KVO_ENOSPC : KVO_EIO, "%s: cannot write: %s", path,
+                          strerror(e));
+    return 0;
+}
+
+int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash, bool *rebuilt) {
+    kvo_u128 fp = kvo_plan_fingerprint(plan), have;
+    uint64_t have_lh = 0;
+    int64_t ver = 0;
+    char fph[33];
+    kvo_u128_hex(fp, fph);
+    if (rebuilt) *rebuilt = false;
+    int rc = kvo__file_manifest_read(ns_dir, &have, &have_lh, &ver, NULL);
+    if (rc == 0) {
+        if (ver != KVO_FILE_FORMAT_VERSION)
+            return kvo__error(KVO_ESTATE, "%s/%s: format version %lld, this build writes version %u: use another "
+                              "root or remove the namespace", ns_dir, KVO__FILE_MANIFEST, (long long)ver,
+                              KVO_FILE_FORMAT_VERSION);
+        if (have.lo != fp.lo || have.hi != fp.hi || have_lh != layout_hash)
+            return kvo__error(KVO_ESTATE, "%s/%s: manifest is for another layout (fingerprint, slot layout hash) "
+                              "than %s / %016llx", ns_dir, KVO__FILE_MANIFEST, fph, (unsigned long long)layout_hash);
+        return 0;
+    }
+    /* Missing: create it.  Damaged (unparsable, not a regular file): the
+     * namespace's name is this plan's fingerprint and layout hash, and every
+     * chunk file is verified against them on read, so the manifest is
+     * rebuilt from the plan. */
+    if (rc != KVO_ENOTFOUND && rc != KVO_EPARSE) return kvo__error_prefix(rc, "unusable namespace");
+    bool replace = rc == KVO_EPARSE;
+    rc = manifest_write(ns_dir, plan, layout_hash, replace);
+    if (rc) return rc;
+    if (rebuilt) *rebuilt = replace;
     rc = kvo__file_manifest_read(ns_dir, &have, &have_lh, &ver, NULL);
     if (rc) return rc;
     if (have.lo != fp.lo || have.hi != fp.hi || have_lh != layout_hash || ver != KVO_FILE_FORMAT_VERSION)
-        return kvo__error(KVO_ESTATE, "%s: manifest written concurrently for another layout", path);
+        return kvo__error(KVO_ESTATE, "%s/%s: manifest written concurrently for another layout", ns_dir,
+                          KVO__FILE_MANIFEST);
     return 0;
 }
 
@@ -499,10 +601,8 @@ static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *
 int kvo__file_remove_any(const char *path) {
     if (unlink(path) == 0) return 0;
     int e = errno;
-    if (e == ENOENT) return -ENOENT;
-    if (e == EISDIR || e == EPERM) {
-        if (nftw(path, rm_cb, 8, FTW_DEPTH | FTW_PHYS) == 0) return 0;
-        return -errno;
-    }
-    return -e;
+    if (e == ENOENT) return KVO_ENOTFOUND;
+    if ((e == EISDIR || e == EPERM) && nftw(path, rm_cb, 8, FTW_DEPTH | FTW_PHYS) == 0) return 0;
+    if (e == EISDIR || e == EPERM) e = errno;
+    return kvo__error(KVO_EIO, "%s: cannot remove: %s", path, strerror(e));
 }

@@ -17,6 +17,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include "core/internal.h"
@@ -78,14 +79,25 @@ void kvo__file_name(const kvo_chunk_key *key, char *out, size_t cap);
 /* Subdirectory (fan-out) of a key: two hex digits of hash.lo's low byte. */
 void kvo__file_subdir(const kvo_chunk_key *key, char out[3]);
 
-/* Manifest: write if absent, else check.  KVO_EIO / KVO_ESTATE. */
-int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash);
+/* Manifest: write if absent, rebuild from the plan if damaged (unparsable
+ * or not a regular file; *rebuilt, may be NULL, says so), else check.
+ * KVO_EIO / KVO_ENOSPC / KVO_ESTATE (another version or layout). */
+int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash, bool *rebuilt);
 /* Read a manifest's fingerprint, layout hash (0 when absent) and format
- * version. */
-int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint64_t *layout_hash, uint32_t *version,
+ * version (as written: never truncated), each out pointer may be NULL.
+ * Strict: fingerprint 32 and layout_hash 16 lowercase hex digits exactly.
+ * KVO_ENOTFOUND (none), KVO_EPARSE (damaged, or not a regular file), KVO_EIO. */
+int kvo__file_manifest_read(const char *ns_dir, kvo_u128 *fingerprint, uint64_t *layout_hash, int64_t *version,
                             char **plan_json);
+/* Open a path that must be a regular file without blocking on a FIFO:
+ * O_NONBLOCK for the open, fstat, S_ISREG, then blocking mode again.  The
+ * descriptor (>= 0; *st filled when given), or KVO_ENOTFOUND, KVO_ECORRUPT
+ * (not a regular file, or unopenable: symlink loop, permission), KVO_EIO,
+ * each with a message. */
+int kvo__file_open_regular(const char *path, int flags, struct stat *st);
 
-/* Remove a path whatever it is (file, or directory tree).  0 or -errno. */
+/* Remove a path whatever it is (file, or directory tree).  0, KVO_ENOTFOUND
+ * or KVO_EIO (with the errno text in the message). */
 int kvo__file_remove_any(const char *path);
 
 /* -------------------------------------------------------------- tier -- */
@@ -107,6 +119,8 @@ struct kvo__fop {
     unsigned char *dst;
     bool direct;
     bool recycled;            /* write: overwriting a recycled file */
+    bool unreadable;          /* read: the file cannot be opened (loop,
+                                 permission, not regular): drop the key */
     /* I/O state */
     int fd;
     struct iovec iov[2];
@@ -247,14 +261,15 @@ int kvo__file_workers_start(kvo_file_tier *t);
 void kvo__file_workers_stop(kvo_file_tier *t);
 
 /* --- create-time probes (file_probe.c) --- */
-/* mkdir -p; 0 or -errno. */
+/* mkdir -p; 0 or KVO_EIO / KVO_ENOSPC / KVO_ERANGE with a message. */
 int kvo__file_mkdir_p(const char *path);
 /* O_DIRECT with a real write + read (also the writability check): 0 and
  * *ok, or KVO_EIO / KVO_ENOMEM. */
 int kvo__file_probe_direct(kvo_file_tier *t, bool *ok);
 /* O_TMPFILE + linkat through /proc work in the namespace directory? */
 bool kvo__file_probe_tmpfile(kvo_file_tier *t);
-/* The quota the file system can hold (free space + ours, less headers). */
+/* The quota the file system can hold: ours (payload bytes of this
+ * namespace's files) + free space less headers and a margin. */
 uint64_t kvo__file_clamp_quota(kvo_file_tier *t, uint64_t quota, uint64_t ours, uint64_t max_slot);
 /* This host's id and this process's nonce (in temporary names). */
 uint32_t kvo__file_host_id(void);
@@ -266,9 +281,13 @@ typedef struct kvo__scan_item {
     kvo_chunk_key key;
     int64_t used;
 } kvo__scan_item;
-/* Walk the namespace: remove stale temporaries and misplaced files; collect
- * chunk files and the bytes they occupy.  *out owned by the caller. */
+/* Walk the namespace: remove stale temporaries, misplaced and non-regular
+ * files; collect chunk files and their payload bytes (file size less the
+ * header).  *out owned by the caller. */
 int kvo__file_scan_collect(kvo_file_tier *t, kvo__scan_item **out, size_t *n_out, uint64_t *disk_bytes);
+/* Remove stale temporary files in the namespace directory itself (a killed
+ * first create's manifest temporary, probe files); counts scan_removed. */
+void kvo__file_clean_ns_temps(kvo_file_tier *t);
 /* Adopt collected files into the index, oldest first (sorts items). */
 int kvo__file_scan_adopt(kvo_file_tier *t, kvo__scan_item *items, size_t n_items);
 

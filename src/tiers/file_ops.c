@@ -107,21 +107,22 @@ static int write_begin(kvo_file_tier *t, kvo__fop *op, const kvo_group_plan *g) 
 /* Begin a read: open, check type and size, iov = header + destination.
  * 0 or a KVO_E* verdict. */
 static int read_begin(kvo__fop *op, const kvo_group_plan *g) {
+    /* O_NONBLOCK for the open (a FIFO under a chunk name would block it
+     * forever, and with it the ring), then S_ISREG; a file that cannot be
+     * opened for good (symbolic link loop, permission) is dropped from the
+     * index like a corrupt one, but not removed. */
+    struct stat st;
     int flags = O_RDONLY | O_CLOEXEC | (op->direct ? O_DIRECT : 0);
-    op->fd = open(op->path, flags);
-    if (op->fd < 0 && op->direct && errno == EINVAL) { /* e.g. a directory */
+    op->fd = kvo__file_open_regular(op->path, flags, &st);
+    if (op->fd == KVO_EIO && op->direct) { /* O_DIRECT refused (EINVAL): once more without */
         op->direct = false;
-        op->fd = open(op->path, O_RDONLY | O_CLOEXEC);
+        op->fd = kvo__file_open_regular(op->path, O_RDONLY | O_CLOEXEC, &st);
     }
     if (op->fd < 0) {
-        if (errno == ENOENT) return KVO_ENOTFOUND;
-        return kvo__error(KVO_EIO, "%s: open: %s", op->path, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(op->fd, &st) != 0) return kvo__error(KVO_EIO, "%s: fstat: %s", op->path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) {
-        kvo__error(KVO_ECORRUPT, "%s: not a regular file", op->path);
-        return KVO_ECORRUPT;
+        int rc = op->fd;
+        op->fd = -1;
+        if (rc == KVO_ECORRUPT) op->unreadable = true;
+        return rc;
     }
     if ((uint64_t)st.st_size != kvo__file_stage_size(g)) {
         kvo__error(KVO_ECORRUPT, "%s: %s (%lld bytes, expected %llu)", op->path,
@@ -187,7 +188,16 @@ static int errno_to_result(int e) {
 
 /* A read's verdict: remove a bad file, close, hand back. */
 void kvo__fop_read_verdict(kvo_file_tier *t, kvo__fop *op, int rc) {
-    if (rc == KVO_ECORRUPT) {
+    if (rc == KVO_ECORRUPT && op->unreadable) {
+        /* not a regular file (FIFO, directory, symbolic link: the tier
+         * never makes those under a chunk name): removed; an unopenable
+         * regular file (permission) is only dropped from the index */
+        char why[512];
+        kvo__strlcpy(why, kvo_last_error(), sizeof why);
+        struct stat b;
+        bool rm = lstat(op->path, &b) == 0 && !S_ISREG(b.st_mode) && kvo__file_remove_any(op->path) == 0;
+        kvo__file_log(t, KVO__FLOG_CORRUPT, "%s: dropped from the index%s", why, rm ? ", removed" : "");
+    } else if (rc == KVO_ECORRUPT) {
         char why[512];
         kvo__strlcpy(why, kvo_last_error(), sizeof why);
         /* Remove it only if the path still names the file we read. */
@@ -266,6 +276,11 @@ static void read_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res, const kvo_g
                 rc = kvo__error(KVO_ECORRUPT, "payload checksum mismatch (stored %016llx, computed %016llx)",
                                 (unsigned long long)h.payload_xxh3, (unsigned long long)sum);
         }
+        /* the padding (under 4 KiB) is not in the checksum: it must be zero,
+         * so that a read never returns bytes the writer did not write */
+        for (uint64_t i = g->chunk_bytes; !rc && i < g->slot_bytes; i++)
+            if (op->dst[i])
+                rc = kvo__error(KVO_ECORRUPT, "non-zero padding at payload offset %llu", (unsigned long long)i);
     }
     kvo__fop_read_verdict(t, op, rc);
 }

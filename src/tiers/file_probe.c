@@ -49,19 +49,24 @@ uint32_t kvo__file_process_nonce(void) {
     return atomic_load(&nonce);
 }
 
+static int mkdir_error(const char *path, int e) {
+    return kvo__error(e == ENOSPC || e == EDQUOT ? KVO_ENOSPC : KVO_EIO,
+                      "file tier: cannot create directory '%s': %s (is the root writable?)", path, strerror(e));
+}
+
 int kvo__file_mkdir_p(const char *path) {
     char buf[KVO__FILE_PATH_MAX];
-    if (kvo__strlcpy(buf, path, sizeof buf)) return -ENAMETOOLONG;
+    if (kvo__strlcpy(buf, path, sizeof buf)) return kvo__error(KVO_ERANGE, "file tier: path too long: '%.64s...'", path);
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -errno;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return mkdir_error(buf, errno);
         *p = '/';
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -errno;
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return mkdir_error(buf, errno);
     struct stat st;
-    if (stat(buf, &st) != 0) return -errno;
-    if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
+    if (stat(buf, &st) != 0) return mkdir_error(buf, errno);
+    if (!S_ISDIR(st.st_mode)) return mkdir_error(buf, ENOTDIR);
     return 0;
 }
 
@@ -124,18 +129,21 @@ uint32_t kvo__file_host_id(void) {
     return (uint32_t)XXH3_64bits(host, strlen(host));
 }
 
-/* The quota the file system can actually hold: free space plus what this
- * namespace's files occupy, less the 4 KiB header per file and a margin.  A
- * quota above it would, once the disk is full, drop every new write with
- * ENOSPC instead of evicting old files. */
+/* The quota the file system can actually hold: the payload of this
+ * namespace's files (`ours`: they are on the disk already and stay) plus
+ * what the free space can take, less the 4 KiB header per file and a 5 %
+ * margin of the free space.  A quota above it would, once the disk is full,
+ * drop every new write with ENOSPC instead of evicting old files.  The
+ * margin applies to free space only: on a full disk a restart keeps every
+ * file that fits the configured quota (it used to take 5 % of the files
+ * each time). */
 uint64_t kvo__file_clamp_quota(kvo_file_tier *t, uint64_t quota, uint64_t ours, uint64_t max_slot) {
     struct statvfs vfs;
-    if (statvfs(t->ns_dir, &vfs) != 0 || vfs.f_frsize == 0) return quota;
+    if (ours >= quota || statvfs(t->ns_dir, &vfs) != 0 || vfs.f_frsize == 0) return quota;
     uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
-    uint64_t room = avail + ours;
-    if (room / 2 > UINT64_MAX / 64) return quota;
-    /* payload share of a file, and 5 % for metadata and other writers */
-    uint64_t fit = (uint64_t)((double)room * 0.95 * (double)max_slot / (double)(max_slot + KVO_FILE_HEADER_BYTES));
+    if (avail / 2 > UINT64_MAX / 64) return quota;
+    uint64_t room = (uint64_t)((double)avail * 0.95 * (double)max_slot / (double)(max_slot + KVO_FILE_HEADER_BYTES));
+    uint64_t fit = ours + room;
     if (fit >= quota) return quota;
     uint64_t q = fit < max_slot ? max_slot : fit;
     fprintf(stderr, "kvoffload file tier: %s: quota %llu bytes is more than the file system can hold (%llu free + "
@@ -143,4 +151,3 @@ uint64_t kvo__file_clamp_quota(kvo_file_tier *t, uint64_t quota, uint64_t ours, 
             (unsigned long long)avail, (unsigned long long)ours, (unsigned long long)q);
     return q;
 }
-

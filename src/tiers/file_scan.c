@@ -153,6 +153,27 @@ int kvo_file_temp_stale(const char *path) {
     return stale ? 1 : 0;
 }
 
+/* Temporary files in the namespace directory itself: the manifest's
+ * (.tmp.<host>.<pid>.<nonce>.<n>.manifest; older builds wrote
+ * .tmp.manifest.<pid>.<n>, removed by the age rule) and the probes'.  A kill
+ * during the first create leaves them; the fan-out walk never sees them. */
+void kvo__file_clean_ns_temps(kvo_file_tier *t) {
+    int dfd = open(t->ns_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return;
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, KVO__FILE_TMP_PREFIX, strlen(KVO__FILE_TMP_PREFIX)) != 0) continue;
+        if (!stale_tmp_rule(t->hostid, t->pid, t->nonce, dfd, de->d_name)) continue;
+        if (unlinkat(dfd, de->d_name, 0) == 0) t->st.scan_removed++;
+    }
+    closedir(d);
+}
+
 /* ------------------------------------------------------------- collect -- */
 
 /* The scan collects every chunk file's key and last use (the later of its
@@ -178,8 +199,13 @@ static int scan_visit(const kvo_file_walk_entry *e, void *arg) {
         return 0;
     }
     if (e->kind != KVO_FILE_WALK_CHUNK) return 0; /* not ours: leave it */
-    if ((e->key.hash.lo & 0xff) != e->subdir || !kvo__file_group_of(t, &e->key) || e->is_dir) {
-        /* misplaced, a group this layout does not offload, or a directory */
+    bool not_regular = e->is_dir || (e->have_stat && !e->is_regular);
+    if ((e->key.hash.lo & 0xff) != e->subdir || !kvo__file_group_of(t, &e->key) || not_regular) {
+        /* misplaced, a group this layout does not offload, or not a regular
+         * file (a directory, a FIFO: opening it would block, a symbolic
+         * link, a device): never adopted */
+        if (not_regular)
+            kvo__file_log(t, KVO__FLOG_CORRUPT, "%s: not a regular file where a chunk belongs: removed", e->path);
         kvo__file_remove_any(e->path);
         t->st.scan_removed++;
         return 0;
@@ -190,7 +216,8 @@ static int scan_visit(const kvo_file_walk_entry *e, void *arg) {
     c->items[c->n].key = e->key;
     c->items[c->n].used = e->last_used_s;
     c->n++;
-    c->bytes += e->disk_bytes;
+    /* the payload share: what the quota counts for this file */
+    c->bytes += e->file_bytes > KVO_FILE_HEADER_BYTES ? e->file_bytes - KVO_FILE_HEADER_BYTES : 0;
     return 0;
 }
 

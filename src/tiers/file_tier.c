@@ -229,17 +229,20 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
 
 /* Create phase 3: the namespace directory, the probes, the manifest. */
 static int open_namespace(kvo_file_tier *t) {
-    int e = kvo__file_mkdir_p(t->ns_dir);
-    if (e < 0)
-        return kvo__error(KVO_EIO, "file tier: cannot create directory '%s': %s (is the root '%s' writable?)",
-                          t->ns_dir, strerror(-e), t->root);
-    int rc = kvo__file_probe_direct(t, &t->direct);
+    int rc = kvo__file_mkdir_p(t->ns_dir);
+    if (rc) return rc;
+    kvo__file_clean_ns_temps(t);
+    rc = kvo__file_probe_direct(t, &t->direct);
     if (rc) return rc;
     if (t->p.direct == KVO_FILE_DIRECT_ON && !t->direct)
         return kvo__error(KVO_ENOTSUP, "file tier: O_DIRECT does not work on '%s' (tmpfs and some network file "
                           "systems refuse it); use direct = AUTO or OFF", t->ns_dir);
-    rc = kvo__file_manifest_ensure(t->ns_dir, t->plan, t->p.layout_hash);
+    bool rebuilt = false;
+    rc = kvo__file_manifest_ensure(t->ns_dir, t->plan, t->p.layout_hash, &rebuilt);
     if (rc) return rc;
+    if (rebuilt)
+        kvo__file_log(t, KVO__FLOG_CORRUPT, "%s/%s was damaged: rebuilt from the plan (chunk files are verified "
+                      "on every read)", t->ns_dir, KVO__FILE_MANIFEST);
     t->tmpfile = kvo__file_probe_tmpfile(t);
     return 0;
 }

@@ -26,6 +26,7 @@
  * wait sleep on done_cv, broadcast by every finish.
  */
 #include <errno.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "tiers/file_internal.h"
@@ -197,6 +198,13 @@ int kvo__fop_enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_ch
 
 static void *worker_main(void *arg) {
     kvo_file_tier *t = arg;
+    /* A file size limit (ulimit -f) below a chunk file would kill the whole
+     * process with SIGXFSZ; blocked here, the write fails with EFBIG and is
+     * dropped and counted (dropped_nospace) like a full disk. */
+    sigset_t xfsz;
+    sigemptyset(&xfsz);
+    sigaddset(&xfsz, SIGXFSZ);
+    pthread_sigmask(SIG_BLOCK, &xfsz, NULL);
     kvo__fop *op;
     unsigned kinds = t->uring ? KVO__FOP_WRITE : KVO__FOP_READ | KVO__FOP_WRITE;
     while ((op = kvo__fop_next(t, true, kinds)) != NULL) kvo__fop_run_sync(t, op);

@@ -16,11 +16,21 @@
  * startup scan uses), one lstat per entry; every chunk-shaped name is then
  * verified in full with kvo_file_inspect.
  *
- * Exit status: 0 clean; 1 problems found (with --repair: found and removed);
- * 2 usage, or DIR is not a file-tier directory.
+ * Nothing is ever opened blocking (a FIFO under a chunk name or as the
+ * manifest is reported, not waited on).  A namespace whose manifest names
+ * another (newer) format version is reported and left alone: its files are
+ * not this build's to judge.  A damaged manifest is reported as not repaired
+ * (the tier rebuilds it from its plan at the next create); with --repair
+ * --remove-damaged the namespace is removed.  Stale temporaries in the
+ * namespace directory itself (a killed first create) count like the others.
+ * The summary says how many problems --repair removed and how many are left.
+ *
+ * Exit status: 0 clean; 1 problems found; 2 usage, or DIR is not a
+ * file-tier directory.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,22 +51,26 @@ typedef struct fsck_group {
 } fsck_group;
 
 typedef struct fsck_ctx {
-    bool repair, json;
+    bool repair, json, remove_damaged;
     uint64_t problems;
+    uint64_t removed;     /* problems --repair fixed (files or namespaces removed) */
     uint64_t ns_bad;      /* bad files of the namespace being checked */
     json_t *out;  /* array of namespace objects (json mode) */
 } fsck_ctx;
 
 static void fsck_usage(FILE *f) {
     fprintf(f,
-            "usage: kvoffload fsck DIR [--repair] [--json]\n\n"
+            "usage: kvoffload fsck DIR [--repair [--remove-damaged]] [--json]\n\n"
             "Checks a file-tier directory: DIR is a root (every namespace below it) or one\n"
             "namespace (root/<fingerprint>).  Lists namespaces, chunk counts and bytes per group,\n"
             "verifies every chunk file (header, size, key, geometry, XXH3-64 checksum) and lists\n"
             "bad files.\n"
-            "  --repair   remove bad chunk files and stale temporary files\n"
+            "  --repair   remove bad chunk files and stale temporary files; a damaged manifest\n"
+            "             is left (the tier rebuilds it from its plan at the next create)\n"
+            "  --remove-damaged  with --repair: remove a namespace whose manifest is damaged\n"
+            "  A namespace of a newer format version is reported and never touched.\n"
             "  --json     one JSON object\n"
-            "Exit status: 0 clean, 1 problems found (removed with --repair), 2 usage or not a\n"
+            "Exit status: 0 clean, 1 problems found (removed or not), 2 usage or not a\n"
             "file-tier directory.\n");
 }
 
@@ -93,6 +107,7 @@ static uint64_t jnum(json_t *o, const char *k) {
 static void report_bad(fsck_ctx *c, json_t *bad, const char *path, const char *why, bool removable) {
     bool removed = removable && c->repair && remove_any(path);
     c->problems++;
+    c->removed += removed;
     c->ns_bad++;
     if (c->json) {
         json_t *b = json_object();
@@ -119,7 +134,43 @@ typedef struct fsck_ns {
     char fp_hex[33], model[KVO_NAME_MAX];
     uint64_t layout_hash;
     long long version;
+    bool skip;            /* do not walk: newer format, or namespace removed */
+    bool damaged;         /* manifest unreadable or malformed */
 } fsck_ns;
+
+/* Load a JSON file that must be a regular file: O_NONBLOCK for the open (a
+ * FIFO would block it), fstat, S_ISREG.  NULL with why filled. */
+static json_t *load_regular_json(const char *path, char *why, size_t cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        snprintf(why, cap, "manifest unreadable: %s", strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(why, cap, "manifest unreadable: not a regular file");
+        close(fd);
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    json_error_t jerr;
+    json_t *man = json_loadfd(fd, 0, &jerr);
+    close(fd);
+    if (!man) snprintf(why, cap, "manifest unreadable: %s (line %d)", jerr.text, jerr.line);
+    return man;
+}
+
+/* A damaged manifest: reported, never "repaired" silently.  With --repair
+ * --remove-damaged the whole namespace goes; otherwise it is left for the
+ * tier, which rebuilds it from its plan at the next create. */
+static void damaged_manifest(fsck_ns *n, const char *path, const char *why) {
+    char msg[768];
+    n->damaged = true;
+    snprintf(msg, sizeof msg, "%s; not repaired: the file tier rebuilds it from its plan at the next create, "
+             "--repair --remove-damaged removes the namespace", why);
+    report_bad(n->c, n->bad, path, msg, false);
+}
 
 /* The manifest: format version, fingerprint, layout hash, model and the
  * plan's offloaded groups (their geometry), checked against the directory's
@@ -128,21 +179,36 @@ static void fsck_manifest(fsck_ns *n, const char *ns, const char *base) {
     fsck_ctx *c = n->c;
     char path[4096];
     snprintf(path, sizeof path, "%s/manifest.json", ns);
-    json_error_t jerr;
-    json_t *man = json_load_file(path, 0, &jerr);
+    char why[512];
+    json_t *man = load_regular_json(path, why, sizeof why);
     if (!man) {
-        char why[512];
-        snprintf(why, sizeof why, "manifest unreadable: %s (line %d)", jerr.text, jerr.line);
-        report_bad(c, n->bad, path, why, false);
+        damaged_manifest(n, path, why);
         return;
     }
     const char *fp = json_string_value(json_object_get(man, "fingerprint"));
-    if (fp) snprintf(n->fp_hex, sizeof n->fp_hex, "%s", fp);
     const char *lh = json_string_value(json_object_get(man, "layout_hash"));
+    json_t *ver = json_object_get(man, "format_version");
+    if (!fp || strlen(fp) != 32 || !is_hex(fp, 32) || (json_object_get(man, "layout_hash") &&
+        (!lh || strlen(lh) != 16 || !is_hex(lh, 16))) || !json_is_integer(ver) || json_integer_value(ver) < 1) {
+        damaged_manifest(n, path, "manifest malformed (fingerprint: 32 hex digits, layout_hash: 16, "
+                         "format_version: a positive integer)");
+        json_decref(man);
+        return;
+    }
+    snprintf(n->fp_hex, sizeof n->fp_hex, "%s", fp);
     if (lh) n->layout_hash = strtoull(lh, NULL, 16);
     const char *m = json_string_value(json_object_get(man, "model"));
     if (m) snprintf(n->model, sizeof n->model, "%s", m);
-    n->version = (long long)jnum(man, "format_version");
+    n->version = (long long)json_integer_value(ver);
+    if (n->version != KVO_FILE_FORMAT_VERSION) {
+        /* written by another (newer) build: its files are not ours to judge */
+        snprintf(why, sizeof why, "format version %lld is newer than this build's %u: namespace left alone",
+                 n->version, KVO_FILE_FORMAT_VERSION);
+        report_bad(c, n->bad, path, why, false);
+        n->skip = true;
+        json_decref(man);
+        return;
+    }
     json_t *gs = json_object_get(json_object_get(man, "plan"), "groups");
     size_t gi;
     json_t *g;
@@ -161,17 +227,11 @@ static void fsck_manifest(fsck_ns *n, const char *ns, const char *base) {
         G->layers = jnum(g, "layers");
         G->page_bytes = jnum(g, "page_bytes");
     }
-    if (n->version != KVO_FILE_FORMAT_VERSION) {
-        char why[128];
-        snprintf(why, sizeof why, "format version %lld; this build reads %u", n->version, KVO_FILE_FORMAT_VERSION);
-        bad_file(c, n->bad, path, why);
-    }
     char want_name[64];
     if (n->layout_hash)
         snprintf(want_name, sizeof want_name, "%s-%016llx", n->fp_hex, (unsigned long long)n->layout_hash);
     else snprintf(want_name, sizeof want_name, "%s", n->fp_hex);
     if (strcmp(want_name, base) != 0 && is_ns_name(base)) {
-        char why[160];
         snprintf(why, sizeof why, "manifest (fingerprint, layout hash) says %s, not the directory's name", want_name);
         report_bad(c, n->bad, path, why, false);
     }
@@ -261,6 +321,26 @@ static int fsck_visit(const kvo_file_walk_entry *e, void *arg) {
     return 0;
 }
 
+/* Temporary files in the namespace directory itself (a manifest being
+ * written, probes): a killed first create leaves them behind. */
+static void fsck_ns_temps(fsck_ns *n, const char *ns) {
+    DIR *d = opendir(ns);
+    if (!d) return;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, ".tmp.", 5) != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", ns, e->d_name);
+        if (kvo_file_temp_stale(path) == 1) {
+            n->tmp_stale++;
+            bad_file(n->c, n->bad, path, "stale temporary file (a writer died)");
+        } else {
+            n->tmp_live++;
+        }
+    }
+    closedir(d);
+}
+
 /* The namespace's summary: a JSON object appended to c->out, or text. */
 static void fsck_summary(fsck_ns *n, const char *ns) {
     fsck_ctx *c = n->c;
@@ -326,8 +406,27 @@ static int fsck_namespace(fsck_ctx *c, const char *ns) {
         if (n->layout_hash) printf("  slot layout %016llx", (unsigned long long)n->layout_hash);
         printf("\n");
     }
-    int rc = kvo_file_walk(ns, KVO_FILE_WALK_STAT, fsck_visit, n);
-    if (rc) fprintf(stderr, "kvoffload fsck: %s\n", kvo_last_error());
+    int rc = 0;
+    if (n->damaged && c->repair && c->remove_damaged) {
+        bool ok = remove_any(ns);
+        c->removed += ok;
+        if (c->json) {
+            json_t *b = json_object();
+            json_object_set_new(b, "path", json_string(ns));
+            json_object_set_new(b, "error", json_string(ok ? "namespace removed (damaged manifest)"
+                                                           : "namespace could not be removed"));
+            json_object_set_new(b, "removed", json_boolean(ok));
+            json_array_append_new(n->bad, b);
+        } else {
+            printf("  %s: %s\n", ns, ok ? "namespace removed (damaged manifest)" : "namespace could not be removed");
+        }
+        n->skip = true;
+    }
+    if (!n->skip) {
+        fsck_ns_temps(n, ns);
+        rc = kvo_file_walk(ns, KVO_FILE_WALK_STAT, fsck_visit, n);
+        if (rc) fprintf(stderr, "kvoffload fsck: %s\n", kvo_last_error());
+    }
     fsck_summary(n, ns);
     return rc;
 }
@@ -341,6 +440,7 @@ int kvo_cmd_fsck(int argc, char **argv) {
             return KVO_EXIT_OK;
         } else if (!strcmp(argv[i], "--repair")) c.repair = true;
         else if (!strcmp(argv[i], "--json")) c.json = true;
+        else if (!strcmp(argv[i], "--remove-damaged")) c.remove_damaged = true;
         else if (argv[i][0] == '-' || dir) {
             fprintf(stderr, "kvoffload fsck: unexpected argument '%s'\n", argv[i]);
             fsck_usage(stderr);
@@ -397,13 +497,18 @@ int kvo_cmd_fsck(int argc, char **argv) {
         json_object_set_new(o, "namespaces", c.out);
         json_object_set_new(o, "problems", json_integer((json_int_t)c.problems));
         json_object_set_new(o, "repair", json_boolean(c.repair));
+        json_object_set_new(o, "removed", json_integer((json_int_t)c.removed));
         char *s = json_dumps(o, JSON_INDENT(2));
         printf("%s\n", s);
         free(s);
         json_decref(o);
     } else {
-        printf("%zu namespace%s, %llu problem%s%s\n", n_ns, n_ns == 1 ? "" : "s", (unsigned long long)c.problems,
-               c.problems == 1 ? "" : "s", c.repair && c.problems ? " (bad files removed)" : "");
+        printf("%zu namespace%s, %llu problem%s", n_ns, n_ns == 1 ? "" : "s", (unsigned long long)c.problems,
+               c.problems == 1 ? "" : "s");
+        if (c.repair && c.problems)
+            printf(" (%llu removed, %llu left: see above)", (unsigned long long)c.removed,
+                   (unsigned long long)(c.problems - c.removed));
+        printf("\n");
     }
     return c.problems ? KVO_EXIT_FAIL : KVO_EXIT_OK;
 }
