@@ -438,7 +438,7 @@ KVO_TEST(inspect_huge_payload_claim_bounded) {
     ASSERT_EQ_INT(pwrite(fd, hb, 4096, 0), 4096);
     ASSERT_EQ_INT(ftruncate(fd, 4096 + (off_t)h.slot_bytes), 0);
     close(fd);
-    kvo_allocator a = {cap_malloc, cap_calloc, cap_realloc, cap_free, NULL};
+    kvo_allocator a = KVO_ALLOCATOR_INIT(cap_malloc, cap_calloc, cap_realloc, cap_free, NULL);
     ASSERT_OK(kvo_set_allocator(&a));
     kvo_file_chunk_info info;
     int rc = kvo_file_inspect(path, NULL, &info); /* no plan: fsck's case */
