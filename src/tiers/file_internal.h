@@ -217,7 +217,7 @@ struct kvo_file_tier {
 };
 
 /* --- small helpers (file_tier.c) --- */
-/* A rate-limited line on stderr (at most one per log_interval_s per kind). */
+/* A rate-limited log line (kvo__log: the kvo_set_log sink, stderr by default; at most one per log_interval_s per kind). */
 void kvo__file_log(kvo_file_tier *t, int kind, const char *fmt, ...) KVO__PRINTF(3, 4);
 /* The key's file path under the namespace (out: KVO__FILE_PATH_MAX bytes). */
 void kvo__file_key_path(const kvo_file_tier *t, const kvo_chunk_key *k, char *out);

@@ -146,8 +146,8 @@ uint64_t kvo__file_clamp_quota(kvo_file_tier *t, uint64_t quota, uint64_t ours, 
     uint64_t fit = ours + room;
     if (fit >= quota) return quota;
     uint64_t q = fit < max_slot ? max_slot : fit;
-    fprintf(stderr, "kvoffload file tier: %s: quota %llu bytes is more than the file system can hold (%llu free + "
-            "%llu in this namespace); using %llu\n", t->ns_dir, (unsigned long long)quota,
+    kvo__log(KVO_LOG_WARN, "kvoffload file tier: %s: quota %llu bytes is more than the file system can hold (%llu free + "
+             "%llu in this namespace); using %llu", t->ns_dir, (unsigned long long)quota,
             (unsigned long long)avail, (unsigned long long)ours, (unsigned long long)q);
     return q;
 }

@@ -126,10 +126,10 @@ void kvo__file_log(kvo_file_tier *t, int kind, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (suppressed)
-        fprintf(stderr, "kvoffload file tier: %s (%llu similar events not logged)\n", msg,
-                (unsigned long long)suppressed);
+        kvo__log(KVO_LOG_WARN, "kvoffload file tier: %s (%llu similar events not logged)", msg,
+                 (unsigned long long)suppressed);
     else
-        fprintf(stderr, "kvoffload file tier: %s\n", msg);
+        kvo__log(KVO_LOG_WARN, "kvoffload file tier: %s", msg);
 }
 
 void kvo__file_key_path(const kvo_file_tier *t, const kvo_chunk_key *k, char *out) {

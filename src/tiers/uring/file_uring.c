@@ -84,7 +84,8 @@ static void *ring_main(void *arg) {
         int w = io_uring_wait_cqe(&u->ring, &cqe);
         if (w == -EINTR) continue;
         if (w < 0) {
-            fprintf(stderr, "kvoffload file tier: io_uring_wait_cqe: %s\n", strerror(-w));
+            static kvo__log_limit lim;
+            kvo__log_limited(&lim, 10, KVO_LOG_ERROR, "kvoffload file tier: io_uring_wait_cqe: %s", strerror(-w));
             usleep(1000);
             continue;
         }
