@@ -54,7 +54,7 @@ KVO_TEST(missing_or_directory_inputs_exit_2) {
     snprintf(args, sizeof args, "demo --quiet --trace '%s'", dir);
     expect(args, 2, "is a directory");
     expect("demo --quiet --trace /dev/null", 2, "not a regular file");
-    expect("plan --model no-such-preset", 2, "preset");
+    expect("plan --model no-such-preset", 2, "presets:");
     /* a preset name still works without a file */
     expect("plan --model llama-3.1-8b", 0, "llama-3.1-8b");
 }

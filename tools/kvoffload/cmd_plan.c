@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -97,9 +98,9 @@ static int kvo__plan_one(const char *model_name, const char *hf, uint32_t hf_tpb
     int rc;
     if (hf) {
         if ((rc = kvo_cli_input_file("plan", "--hf-config", hf)) || (rc = kvo__plan_hf(hf, hf_tpb, &m))) return rc;
-    } else if (!kvo__is_preset(model_name) && (rc = kvo_cli_input_file("plan", "--model", model_name))) {
-        fprintf(stderr, "kvoffload plan: --model takes a preset (kvoffload plan --help lists them) or a file\n");
-        return rc;
+    } else if (!kvo__is_preset(model_name) && (strchr(model_name, '/') || access(model_name, F_OK) == 0) &&
+               (rc = kvo_cli_input_file("plan", "--model", model_name))) {
+        return rc; /* a bare name that is no file gets the library's list of presets */
     }
     rc = m ? 0 : kvo_model_open(model_name, &m);
     if (!rc) rc = kvo_plan_create(m, prm, &p);
