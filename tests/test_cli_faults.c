@@ -54,6 +54,13 @@ KVO_TEST(missing_or_directory_inputs_exit_2) {
     snprintf(args, sizeof args, "demo --quiet --trace '%s'", dir);
     expect(args, 2, "is a directory");
     expect("demo --quiet --trace /dev/null", 2, "not a regular file");
+    expect("replay --trace /nonexistent/trace.jsonl --capacity 1000", 2, "No such file");
+    snprintf(args, sizeof args, "replay --trace '%s' --capacity 1000", dir);
+    expect(args, 2, "is a directory");
+    snprintf(args, sizeof args, "replay --trace '%s/data/mooncake_sample.jsonl' --capacity 1000 "
+             "--model /nonexistent/model.json", KVO_SOURCE_DIR);
+    expect(args, 2, "No such file");
+    expect("bench store --trace /nonexistent/trace.jsonl", 2, "No such file");
     expect("plan --model no-such-preset", 2, "presets:");
     /* a preset name still works without a file */
     expect("plan --model llama-3.1-8b", 0, "llama-3.1-8b");

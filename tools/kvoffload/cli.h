@@ -34,6 +34,10 @@ int kvo_cli_exit_code(int err);
  * "kvoffload <cmd>: <what> '<path>': <why>" (missing, a directory, not a
  * regular file, unreadable) and returns KVO_EXIT_USAGE: bad input is exit 2. */
 int kvo_cli_input_file(const char *cmd, const char *what, const char *path);
+/* --model PRESET|FILE: 0 for a preset, or a bare name that is no file (the
+ * library then answers with the list of presets, exit 2); otherwise
+ * kvo_cli_input_file(cmd, "--model", name). */
+int kvo_cli_model_input(const char *cmd, const char *name);
 
 /* Subcommands parse options with getopt_long (so --opt=value and --opt value
  * both work): call kvo_cli_getopt_reset() first, pass an optstring starting

@@ -40,12 +40,14 @@ static void kvo__demo_usage(FILE *f) {
             "  --block-tokens N   tokens per 512-token trace block (default 16)\n"
             "  --max-blocks N     prompt cap in trace blocks (default 48)\n"
             "  --max-new N        tokens generated per request at most (default 4)\n"
-            "  --engine-tokens N  engine KV budget in tokens (default: twice the longest request)\n"
+            "  --engine-tokens N  engine KV budget in tokens (default: twice the longest request;\n"
+            "                     at least one block of every group)\n"
             "  --chunk-tokens N   offload chunk size in tokens (default 64; a group whose block size\n"
             "                     does not divide it gets ceil(N / block) blocks per chunk)\n"
             "  --host-mib N       host tier size (default 4)\n"
             "  --file-mib N       file tier size (default 64; 0 = no file tier)\n"
-            "  --file-dir DIR     file tier directory (default: a temporary directory, removed after)\n"
+            "  --file-dir DIR     file tier directory (default: a temporary directory, removed after,\n"
+            "                     also when the demo is killed)\n"
             "  --file-mode M      through (default): every stored chunk is also written to a file;\n"
             "                     back: a chunk is written only when the host tier evicts it\n"
             "  --concurrency N    requests running at once (default 4)\n"
@@ -59,7 +61,7 @@ static void kvo__demo_usage(FILE *f) {
             "                     kvo_config JSON file (docs/config.md; vLLM and LMCache names work);\n"
             "                     options given on the command line win\n"
             "Options take their value as --opt VALUE or --opt=VALUE.\n"
-            "Exit status: 0 outputs matched, 1 a difference or a failure, 2 bad usage.\n");
+            "Exit status: 0 outputs matched, 1 a difference or a failure, 2 bad usage or input.\n");
 }
 
 typedef struct kvo__demo_prog {

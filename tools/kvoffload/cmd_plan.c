@@ -1,10 +1,8 @@
 /* `kvoffload plan`: show the per-group chunk plan. */
 #include <errno.h>
-#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "cli.h"
 
@@ -58,12 +56,6 @@ static void kvo__print_plan(const kvo_plan *p) {
     }
 }
 
-static bool kvo__is_preset(const char *name) {
-    for (size_t i = 0; i < kvo_model_preset_count(); i++)
-        if (!strcmp(name, kvo_model_preset_name(i))) return true;
-    return false;
-}
-
 /* --hf-config FILE (a checked regular file): the Hugging Face import, named
  * after the file. */
 static int kvo__plan_hf(const char *path, uint32_t tpb, kvo_model **out) {
@@ -98,9 +90,8 @@ static int kvo__plan_one(const char *model_name, const char *hf, uint32_t hf_tpb
     int rc;
     if (hf) {
         if ((rc = kvo_cli_input_file("plan", "--hf-config", hf)) || (rc = kvo__plan_hf(hf, hf_tpb, &m))) return rc;
-    } else if (!kvo__is_preset(model_name) && (strchr(model_name, '/') || access(model_name, F_OK) == 0) &&
-               (rc = kvo_cli_input_file("plan", "--model", model_name))) {
-        return rc; /* a bare name that is no file gets the library's list of presets */
+    } else if ((rc = kvo_cli_model_input("plan", model_name))) {
+        return rc;
     }
     rc = m ? 0 : kvo_model_open(model_name, &m);
     if (!rc) rc = kvo_plan_create(m, prm, &p);

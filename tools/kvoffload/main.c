@@ -111,6 +111,13 @@ int kvo_cli_input_file(const char *cmd, const char *what, const char *path) {
     return KVO_EXIT_USAGE;
 }
 
+int kvo_cli_model_input(const char *cmd, const char *name) {
+    for (size_t i = 0; i < kvo_model_preset_count(); i++)
+        if (!strcmp(name, kvo_model_preset_name(i))) return 0;
+    if (!strchr(name, '/') && access(name, F_OK) != 0) return 0;
+    return kvo_cli_input_file(cmd, "--model", name);
+}
+
 int kvo_cli_fail(const char *cmd, int err) {
     fprintf(stderr, "kvoffload %s: %s (%s)\n", cmd, kvo_last_error(), kvo_error_name(err));
     return kvo_cli_exit_code(err);
