@@ -510,6 +510,7 @@ int kvo_bench_store(int argc, char **argv, const kvo_bench_out *o) {
             return KVO_EXIT_USAGE;
         }
     }
+    if (trace && kvo_cli_input_file("bench store", "--trace", trace)) return KVO_EXIT_USAGE;
     double sec = (double)ms / 1000.0;
     int rc = bs_index(o, nkeys, sec);
     if (rc) return rc;

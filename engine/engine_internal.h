@@ -112,4 +112,15 @@ void kvo__eng_forward(kvo_eng *e, kvo__eng_seq *s, uint32_t tok, uint32_t t, flo
 /* Index of a state layer among all state layers (running-state offset). */
 uint32_t kvo__eng_state_slot(const kvo_eng *e, uint32_t layer);
 
+/* ---- workload conversation selection (workload.c) ---------------------- */
+
+/* roots[i]: line i's conversation (first block id).  Writes to sel (room for
+ * n) the lines of the conversations with >= min_turns lines, whole
+ * conversations in order of first appearance until max_requests lines are
+ * taken, then sorted by line and cut at max_requests.  O(n log n); *ops (may
+ * be NULL) counts comparisons and steps, for the test that bounds them.
+ * KVO_ENOMEM. */
+int kvo__eng_select_conversations(const uint64_t *roots, size_t n, uint32_t min_turns, size_t max_requests,
+                                  size_t *sel, size_t *n_sel, uint64_t *ops);
+
 #endif

@@ -77,7 +77,7 @@ static const struct {
     {"plan --model gemma-4-31b-like --group-blocks-per-chunk nosuch=4", 2, "unknown group 'nosuch'"},
     {"plan --model gemma-4-31b-like --group-blocks-per-chunk full", 2, "NAME=N"},
     {"plan --model no-such-model", 2, "presets:"},
-    {"plan --model /nonexistent.json", 1, "cannot open"},
+    {"plan --model /nonexistent.json", 2, "No such file"}, /* bad input: 2 (issue 18) */
     {"plan --frobnicate", 2, "unknown option"},
     {"frobnicate", 2, "unknown command"},
 };

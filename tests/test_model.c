@@ -225,3 +225,27 @@ KVO_TEST(hf_config_import) {
     ASSERT_ERR(kvo_model_from_hf_config(missing, strlen(missing), "q", 16, 16, &m), KVO_EINVAL);
     ASSERT_CONTAINS(kvo_last_error(), "num_hidden_layers");
 }
+
+/* issue 18 item 14: 2 * 2^31 * (2^31 + 1) * 2 * 16 = 2^68 + 2^37 wrapped to
+ * 2^37 and was accepted as a 128 GiB page; it must be refused, naming the
+ * fields and their values. */
+KVO_TEST(hf_config_page_bytes_overflow) {
+    const char *huge = "{\"num_hidden_layers\": 2, \"num_key_value_heads\": 2147483648,"
+                       " \"head_dim\": 2147483649, \"torch_dtype\": \"bfloat16\"}";
+    kvo_model *m = NULL;
+    ASSERT_ERR(kvo_model_from_hf_config(huge, strlen(huge), "huge", 16, 16, &m), KVO_ERANGE);
+    ASSERT_NULL(m);
+    ASSERT_CONTAINS(kvo_last_error(), "num_key_value_heads (2147483648)");
+    ASSERT_CONTAINS(kvo_last_error(), "head_dim (2147483649)");
+    ASSERT_CONTAINS(kvo_last_error(), "tokens_per_block (16)");
+    /* no wrap, but above 2^62: refused too (float32, 2^31 * 2^31 * 2 * 4 * 4096) */
+    const char *big = "{\"num_hidden_layers\": 2, \"num_key_value_heads\": 2147483648,"
+                      " \"head_dim\": 2147483648, \"torch_dtype\": \"float32\"}";
+    ASSERT_ERR(kvo_model_from_hf_config(big, strlen(big), "big", 4096, 16, &m), KVO_ERANGE);
+    /* the largest page that fits is accepted */
+    const char *ok = "{\"num_hidden_layers\": 2, \"num_key_value_heads\": 65536,"
+                     " \"head_dim\": 65536, \"torch_dtype\": \"bfloat16\"}";
+    ASSERT_OK(kvo_model_from_hf_config(ok, strlen(ok), "ok", 16, 16, &m));
+    ASSERT_EQ_U64(kvo_model_group(m, 0)->page_bytes, UINT64_C(2) * 65536 * 65536 * 2 * 16);
+    kvo_model_destroy(m);
+}

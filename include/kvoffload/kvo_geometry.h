@@ -108,7 +108,9 @@ KVO_API int kvo_model_open(const char *preset_or_path, kvo_model **out);
  *  sliding_window, layer_types, torch_dtype.  Produces one full group and, when
  *  sliding layers exist, one sliding group; page_bytes = 2 * kv_heads *
  *  head_dim * dtype_bytes * tokens_per_block.  Errors: KVO_EPARSE, KVO_EINVAL
- *  naming the missing field, KVO_ENOTSUP for layouts it cannot express. */
+ *  naming the missing field, KVO_ERANGE when page_bytes would exceed 2^62
+ *  (the message names the fields and their values), KVO_ENOTSUP for layouts
+ *  it cannot express. */
 KVO_API int kvo_model_from_hf_config(const char *text, size_t len, const char *name,
                              uint32_t tokens_per_block, uint32_t tokens_per_hash,
                              kvo_model **out);

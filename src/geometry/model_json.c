@@ -238,7 +238,18 @@ int kvo_model_from_hf_config(const char *text, size_t len, const char *name, uin
     } else {
         n_full = (uint32_t)layers;
     }
-    uint64_t page = 2 * kv_heads * head_dim * dtype_bytes * tokens_per_block;
+    /* page_bytes = 2 * kv_heads * head_dim * dtype_bytes * tokens_per_block,
+     * each factor up to 2^32: checked, so that a huge config cannot wrap to a
+     * small accepted size (kvo_model_add_group then bounds it by 2^62). */
+    uint64_t page;
+    if (kvo__mul_u64(2 * kv_heads, head_dim, &page) || kvo__mul_u64(page, dtype_bytes, &page) ||
+        kvo__mul_u64(page, tokens_per_block, &page) || page > (UINT64_C(1) << 62)) {
+        rc = kvo__error(KVO_ERANGE, "config.json: page_bytes = 2 * num_key_value_heads (%llu) * head_dim (%llu) * "
+                        "dtype bytes (%llu) * tokens_per_block (%u) exceeds 2^62; check those fields",
+                        (unsigned long long)kv_heads, (unsigned long long)head_dim,
+                        (unsigned long long)dtype_bytes, tokens_per_block);
+        goto out;
+    }
     if ((rc = kvo_model_create(name, tokens_per_hash, &m))) goto out;
     if (n_full) {
         kvo_group_desc g = kvo_group_desc_default();

@@ -7,12 +7,15 @@
  * failure, 2 on bad usage.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,12 +40,14 @@ static void kvo__demo_usage(FILE *f) {
             "  --block-tokens N   tokens per 512-token trace block (default 16)\n"
             "  --max-blocks N     prompt cap in trace blocks (default 48)\n"
             "  --max-new N        tokens generated per request at most (default 4)\n"
-            "  --engine-tokens N  engine KV budget in tokens (default: twice the longest request)\n"
+            "  --engine-tokens N  engine KV budget in tokens (default: twice the longest request;\n"
+            "                     at least one block of every group)\n"
             "  --chunk-tokens N   offload chunk size in tokens (default 64; a group whose block size\n"
             "                     does not divide it gets ceil(N / block) blocks per chunk)\n"
             "  --host-mib N       host tier size (default 4)\n"
             "  --file-mib N       file tier size (default 64; 0 = no file tier)\n"
-            "  --file-dir DIR     file tier directory (default: a temporary directory, removed after)\n"
+            "  --file-dir DIR     file tier directory (default: a temporary directory, removed after,\n"
+            "                     also when the demo is killed)\n"
             "  --file-mode M      through (default): every stored chunk is also written to a file;\n"
             "                     back: a chunk is written only when the host tier evicts it\n"
             "  --concurrency N    requests running at once (default 4)\n"
@@ -56,7 +61,7 @@ static void kvo__demo_usage(FILE *f) {
             "                     kvo_config JSON file (docs/config.md; vLLM and LMCache names work);\n"
             "                     options given on the command line win\n"
             "Options take their value as --opt VALUE or --opt=VALUE.\n"
-            "Exit status: 0 outputs matched, 1 a difference or a failure, 2 bad usage.\n");
+            "Exit status: 0 outputs matched, 1 a difference or a failure, 2 bad usage or input.\n");
 }
 
 typedef struct kvo__demo_prog {
@@ -122,6 +127,43 @@ static int kvo__rm_cb(const char *path, const struct stat *sb, int flag, struct 
     return remove(path);
 }
 
+/* The temporary file-tier directory must not outlive the demo, however it
+ * ends: a signal handler cannot walk a directory tree (opendir, nftw and
+ * remove are not async-signal-safe) and cannot stop the tier's threads, so a
+ * watcher process does it.  Forked while the demo is still single-threaded,
+ * it ignores the terminal's signals (Ctrl-C reaches the whole process group)
+ * and blocks reading a pipe whose only write end the demo holds.  The demo
+ * writes one byte once it has removed the directory itself; end of file
+ * without that byte means the demo died (SIGTERM, SIGINT, SIGKILL, a crash),
+ * and the watcher removes the directory then.  Returns the watcher's pid (0
+ * when none could be started: the demo still cleans up on a normal exit). */
+static pid_t kvo__demo_watch(const char *dir, int *wfd) {
+    int fds[2];
+    *wfd = -1;
+    if (pipe2(fds, O_CLOEXEC) != 0) return 0;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return 0;
+    }
+    if (pid == 0) {
+        static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_IGN);
+        close(fds[1]);
+        int devnull = open("/dev/null", O_RDWR);
+        for (int fd = 0; fd < 3 && devnull >= 0; fd++) dup2(devnull, fd); /* release the caller's pipes */
+        char b;
+        ssize_t n;
+        while ((n = read(fds[0], &b, 1)) < 0 && errno == EINTR) {}
+        if (n == 0) nftw(dir, kvo__rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+        _exit(0);
+    }
+    close(fds[0]);
+    *wfd = fds[1];
+    return pid;
+}
+
 /* The bundled sample: next to the working directory or the executable. */
 static const char *kvo__find_sample(char *buf, size_t cap) {
     static const char *rel = "data/mooncake_sample.jsonl";
@@ -164,8 +206,9 @@ typedef struct kvo__demo_opts {
  * where the command line gave them.  host/file sizes round up to MiB. */
 static int kvo__demo_config(const char *path, const kvo__demo_opts *o, const bool *given) {
     kvo_config *cfg = NULL;
-    int rc = kvo_config_from_file(path, &cfg);
-    if (rc) return kvo_cli_fail("demo", rc);
+    int rc = kvo_cli_input_file("demo", "--config", path);
+    if (rc) return rc;
+    if ((rc = kvo_config_from_file(path, &cfg))) return kvo_cli_fail("demo", rc);
     kvo_plan_params pp = kvo_plan_default_params();
     kvo_connector_params cp = kvo_connector_default_params();
     kvo_file_tier_params fp = kvo_file_tier_default_params();
@@ -266,8 +309,21 @@ int kvo_cmd_demo(int argc, char **argv) {
     cfg.seed = seed;
     if (hash_tokens) cfg.tokens_per_hash = (uint32_t)hash_tokens;
 
+    /* the engine needs at least one block of every group */
+    for (uint32_t g = 0; g < cfg.n_groups && engine_tokens; g++)
+        if (engine_tokens < cfg.groups[g].tokens_per_block) {
+            uint32_t min = 0;
+            for (uint32_t k = 0; k < cfg.n_groups; k++)
+                if (cfg.groups[k].tokens_per_block > min) min = cfg.groups[k].tokens_per_block;
+            fprintf(stderr, "kvoffload demo: --engine-tokens is %llu, the minimum for shape '%s' is %u (one block "
+                    "of every group; the workload may need more, default: twice the longest request)\n",
+                    (unsigned long long)engine_tokens, shape, min);
+            return KVO_EXIT_USAGE;
+        }
+
     /* workload */
     char sample_buf[PATH_MAX + 64];
+    if (trace && (rc = kvo_cli_input_file("demo", "--trace", trace))) return rc;
     if (!trace) trace = kvo__find_sample(sample_buf, sizeof sample_buf);
     kvo_eng_workload_params wp = kvo_eng_workload_default_params();
     wp.trace_path = trace;
@@ -290,7 +346,8 @@ int kvo_cmd_demo(int argc, char **argv) {
     kvo_eng_conn *conn = NULL;
     kvo_eng_result *ra = calloc(w->n, sizeof *ra), *rb = calloc(w->n, sizeof *rb);
     char tmpdir[PATH_MAX] = "";
-    int exit_code = KVO_EXIT_FAIL;
+    int exit_code = KVO_EXIT_FAIL, watch_fd = -1;
+    pid_t watcher = 0;
     if (!ra || !rb) {
         fprintf(stderr, "kvoffload demo: out of memory\n");
         goto out;
@@ -309,6 +366,7 @@ int kvo_cmd_demo(int argc, char **argv) {
             goto out;
         }
         file_dir = tmpdir;
+        watcher = kvo__demo_watch(tmpdir, &watch_fd); /* before the tiers start threads */
     }
     kvo_eng_conn_params cp = kvo_eng_conn_default_params();
     cp.chunk_tokens = chunk;
@@ -478,5 +536,11 @@ out:
     free(rb);
     kvo_eng_workload_free(w);
     if (tmpdir[0]) nftw(tmpdir, kvo__rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    if (watcher > 0) {
+        ssize_t n = write(watch_fd, "x", 1); /* removed: the watcher leaves it alone */
+        (void)n;
+        close(watch_fd);
+        while (waitpid(watcher, NULL, 0) < 0 && errno == EINTR) {}
+    }
     return exit_code;
 }

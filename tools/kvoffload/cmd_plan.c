@@ -1,16 +1,22 @@
 /* `kvoffload plan`: show the per-group chunk plan. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 
 static void kvo__plan_usage(FILE *f) {
     fprintf(f,
-            "usage: kvoffload plan [--model PRESET|FILE] [--block-size N | --blocks-per-chunk N]\n"
+            "usage: kvoffload plan [--model PRESET|FILE | --hf-config FILE [--hf-block-tokens N]]\n"
+            "                      [--block-size N | --blocks-per-chunk N]\n"
             "                      [--group-blocks-per-chunk NAME=N[,NAME=N...]]\n"
             "                      [--target-chunk-bytes N] [--dtype NAME] [--config FILE] [--json]\n\n"
             "Prints how each KV-cache group of the model is cut into offloaded chunks.\n"
             "  --model             a preset name or a kvoffload-model/1 JSON file; default: every preset\n"
+            "  --hf-config FILE    a Hugging Face config.json instead (one full group, plus one sliding\n"
+            "                      group when layer_types has sliding layers)\n"
+            "  --hf-block-tokens N tokens per block and per hash for --hf-config (default 16)\n"
             "  --block-size N      legacy: tokens per chunk; each group gets N / tokens_per_block blocks\n"
             "  --blocks-per-chunk N  the same block count for every group\n"
             "  --group-blocks-per-chunk NAME=N,...  per-group overrides (combine with any of the above)\n"
@@ -20,7 +26,7 @@ static void kvo__plan_usage(FILE *f) {
             "  --json              one JSON object per model\n"
             "Options take their value as --opt VALUE or --opt=VALUE.\n"
             "With neither --block-size nor --blocks-per-chunk the plan is automatic.\n"
-            "Exit status: 0 valid plan, 2 invalid configuration or usage, 1 other failure.\n\n"
+            "Exit status: 0 valid plan, 2 invalid configuration, usage or input file, 1 other failure.\n\n"
             "presets:");
     for (size_t i = 0; i < kvo_model_preset_count(); i++) fprintf(f, " %s", kvo_model_preset_name(i));
     fprintf(f, "\n");
@@ -50,10 +56,44 @@ static void kvo__print_plan(const kvo_plan *p) {
     }
 }
 
-static int kvo__plan_one(const char *model_name, const kvo_plan_params *prm, int json) {
+/* --hf-config FILE (a checked regular file): the Hugging Face import, named
+ * after the file. */
+static int kvo__plan_hf(const char *path, uint32_t tpb, kvo_model **out) {
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    if (!f || fstat(fileno(f), &st) != 0 || st.st_size > (64 << 20)) {
+        fprintf(stderr, "kvoffload plan: --hf-config '%s': %s\n", path,
+                f && st.st_size > (64 << 20) ? "larger than 64 MiB, not a config.json" : strerror(errno));
+        if (f) fclose(f);
+        return KVO_EXIT_USAGE;
+    }
+    size_t cap = (size_t)st.st_size, len = 0;
+    char *buf = malloc(cap ? cap : 1);
+    if (buf) len = fread(buf, 1, cap, f);
+    int bad = !buf || ferror(f);
+    fclose(f);
+    if (bad) {
+        fprintf(stderr, "kvoffload plan: cannot read --hf-config '%s'\n", path);
+        free(buf);
+        return KVO_EXIT_FAIL;
+    }
+    const char *base = strrchr(path, '/');
+    int rc = kvo_model_from_hf_config(buf, len, base ? base + 1 : path, tpb, tpb, out);
+    free(buf);
+    return rc ? kvo_cli_fail("plan", rc) : 0;
+}
+
+static int kvo__plan_one(const char *model_name, const char *hf, uint32_t hf_tpb, const kvo_plan_params *prm,
+                         int json) {
     kvo_model *m = NULL;
     kvo_plan *p = NULL;
-    int rc = kvo_model_open(model_name, &m);
+    int rc;
+    if (hf) {
+        if ((rc = kvo_cli_input_file("plan", "--hf-config", hf)) || (rc = kvo__plan_hf(hf, hf_tpb, &m))) return rc;
+    } else if ((rc = kvo_cli_model_input("plan", model_name))) {
+        return rc;
+    }
+    rc = m ? 0 : kvo_model_open(model_name, &m);
     if (!rc) rc = kvo_plan_create(m, prm, &p);
     if (rc) {
         kvo_model_destroy(m);
@@ -104,7 +144,7 @@ static int kvo__plan_overrides(const char *v, char **buf, kvo_group_override *ov
 }
 
 int kvo_cmd_plan(int argc, char **argv) {
-    enum { O_MODEL = 256, O_BLOCK_SIZE, O_BPC, O_TARGET, O_DTYPE, O_GROUP_BPC, O_JSON, O_CONFIG };
+    enum { O_MODEL = 256, O_BLOCK_SIZE, O_BPC, O_TARGET, O_DTYPE, O_GROUP_BPC, O_JSON, O_CONFIG, O_HF, O_HF_TPB };
     static const struct option opts[] = {
         {"help", no_argument, NULL, 'h'},
         {"json", no_argument, NULL, O_JSON},
@@ -115,10 +155,13 @@ int kvo_cmd_plan(int argc, char **argv) {
         {"dtype", required_argument, NULL, O_DTYPE},
         {"group-blocks-per-chunk", required_argument, NULL, O_GROUP_BPC},
         {"config", required_argument, NULL, O_CONFIG},
+        {"hf-config", required_argument, NULL, O_HF},
+        {"hf-block-tokens", required_argument, NULL, O_HF_TPB},
         {NULL, 0, NULL, 0},
     };
     kvo_plan_params prm = kvo_plan_default_params(), cli = {0};
-    const char *model = NULL, *config = NULL;
+    const char *model = NULL, *config = NULL, *hf = NULL;
+    uint64_t hf_tpb = 16;
     int json = 0, rc = 0, c;
     kvo_group_override ovr[KVO_MAX_GROUPS];
     char *ovr_buf = NULL;
@@ -133,6 +176,8 @@ int kvo_cmd_plan(int argc, char **argv) {
         case O_JSON: json = 1; break;
         case O_MODEL: model = optarg; break;
         case O_CONFIG: config = optarg; break;
+        case O_HF: hf = optarg; break;
+        case O_HF_TPB: rc = kvo_cli_parse_u64("--hf-block-tokens", optarg, 1, KVO_MAX_TOKENS_PER_CHUNK, &hf_tpb); break;
         case O_DTYPE: prm.dtype = optarg; break;
         case O_BLOCK_SIZE: rc = kvo_cli_parse_u64("--block-size", optarg, 1, UINT64_C(1) << 31, &cli.block_size); break;
         case O_BPC:
@@ -152,13 +197,19 @@ int kvo_cmd_plan(int argc, char **argv) {
         goto fail;
     }
     /* --config FILE first, then the options given on the command line win */
+    if (hf && model) {
+        fprintf(stderr, "kvoffload plan: give either --model or --hf-config, not both\n");
+        rc = KVO_EXIT_USAGE;
+        goto fail;
+    }
     if (config) {
+        if ((rc = kvo_cli_input_file("plan", "--config", config))) goto fail;
         if ((rc = kvo_config_from_file(config, &cfg)) != 0) {
             rc = kvo_cli_fail("plan", rc);
             goto fail;
         }
         kvo_config_apply_plan(cfg, &prm);
-        if (!model) model = kvo_config_model(cfg);
+        if (!model && !hf) model = kvo_config_model(cfg);
         if (cli.block_size || cli.blocks_per_chunk) prm.block_size = prm.blocks_per_chunk = 0;
     }
     if (cli.block_size) prm.block_size = cli.block_size;
@@ -170,11 +221,11 @@ int kvo_cmd_plan(int argc, char **argv) {
         goto fail;
     }
     rc = 0;
-    if (model) {
-        rc = kvo__plan_one(model, &prm, json);
+    if (model || hf) {
+        rc = kvo__plan_one(model, hf, (uint32_t)hf_tpb, &prm, json);
     } else {
         for (size_t i = 0; i < kvo_model_preset_count(); i++) {
-            int r = kvo__plan_one(kvo_model_preset_name(i), &prm, json);
+            int r = kvo__plan_one(kvo_model_preset_name(i), NULL, 0, &prm, json);
             if (r && !rc) rc = r;
             if (!json) printf("\n");
         }

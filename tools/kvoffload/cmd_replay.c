@@ -189,6 +189,8 @@ static int rp_parse(int argc, char **argv, rp_opts *o, const char **caps) {
         rp_usage(stderr);
         return KVO_EXIT_USAGE;
     }
+    int bad = kvo_cli_input_file("replay", "--trace", o->trace); /* bad input files: exit 2 */
+    if (bad || (o->model && (bad = kvo_cli_model_input("replay", o->model)))) return bad;
     if (o->model) {
         int rc = rp_model_bytes(o->model, &o->block_bytes);
         if (rc) return kvo_cli_fail("replay", rc);

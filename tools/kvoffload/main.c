@@ -2,6 +2,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -94,6 +96,26 @@ int kvo_cli_exit_code(int err) {
         return KVO_EXIT_USAGE;
     default: return KVO_EXIT_FAIL;
     }
+}
+
+int kvo_cli_input_file(const char *cmd, const char *what, const char *path) {
+    struct stat st;
+    const char *why = NULL;
+    if (!path || !*path) why = "an empty path";
+    else if (stat(path, &st) != 0) why = strerror(errno);
+    else if (S_ISDIR(st.st_mode)) why = "is a directory, not a file";
+    else if (!S_ISREG(st.st_mode)) why = "is not a regular file";
+    else if (access(path, R_OK) != 0) why = strerror(errno);
+    if (!why) return 0;
+    fprintf(stderr, "kvoffload %s: %s '%s': %s\n", cmd, what, path ? path : "", why);
+    return KVO_EXIT_USAGE;
+}
+
+int kvo_cli_model_input(const char *cmd, const char *name) {
+    for (size_t i = 0; i < kvo_model_preset_count(); i++)
+        if (!strcmp(name, kvo_model_preset_name(i))) return 0;
+    if (!strchr(name, '/') && access(name, F_OK) != 0) return 0;
+    return kvo_cli_input_file(cmd, "--model", name);
 }
 
 int kvo_cli_fail(const char *cmd, int err) {
