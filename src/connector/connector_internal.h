@@ -10,6 +10,7 @@
  *   lifecycle.c  wait_blocks / wait_request / preempt / abort / finish
  *   poll.c       the completion ring, transfer results, file-read results
  *   persist.c    file-tier hand-off: write-through, write-back, flush
+ *   controls.c   per-request limits, the lookup cap, reset (epochs)
  * agree.c (the hit agreement) and map.c (the hash map) are helpers.
  * Functions shared between these files are named kvo__conn_* and declared
  * below; everything else is static.  Unless a comment says otherwise, a
@@ -124,6 +125,7 @@ typedef struct kvo__read {
     kvo_slot slot;
     uint64_t req;
     uint32_t gen;
+    uint32_t epoch;
     size_t item;
 } kvo__read;
 
@@ -145,6 +147,17 @@ typedef struct kvo__req {
     uint64_t ckpt[2];
     size_t n_ckpt;
     uint64_t next_chunk[KVO_MAX_GROUPS];
+    /* chunks whose store was skipped (no room, queue full, not admitted),
+     * retried at the next update / finish while the table holds their
+     * blocks: (group, chunk) pairs */
+    uint64_t *retry;
+    size_t n_retry, cap_retry;
+    /* controls (controls.c) */
+    uint64_t max_load;    /* 0: no limit on tokens loaded per lookup */
+    uint64_t store_limit; /* chunks ending beyond this token are not stored
+                             (UINT64_MAX: no limit) */
+    uint32_t epoch;       /* connector epoch at add_request */
+    bool hit_stale;       /* the pinned hit predates a reset: its load fails */
     /* the hit pinned by the last lookup */
     bool hit_pinned;
     uint64_t hit_tokens, hit_local, hit_host_tokens, hit_file_tokens;
@@ -169,6 +182,7 @@ struct kvo__job {
     uint64_t id;
     uint64_t req;
     uint32_t gen;
+    uint32_t epoch; /* connector epoch at submit: older results are dropped */
     uint8_t dir;
     size_t n_keys;
     kvo_chunk_key *keys;
@@ -224,6 +238,7 @@ struct kvo_connector {
     kvo_chunk_key *ev_keys;
     kvo_slot *ev_slots;
     size_t ev_cap;
+    uint32_t epoch; /* bumped by kvo_connector_reset */
     uint32_t inject_load_fail, inject_store_fail;
     kvo_connector_stats st;
 };
@@ -314,6 +329,15 @@ size_t kvo__conn_file_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo
  * the file tier in write-back mode. */
 int kvo__conn_prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_t n, uint8_t *need,
                             kvo_slot *slots);
+
+/* ---- controls.c ---- */
+/* The largest boundary a lookup of r above local L may return: N - 1, lowered
+ * by max_hit_tokens and the request's max_load_tokens (may be <= L: no hit). */
+uint64_t kvo__conn_bmax(const kvo_connector *c, const kvo__req *r, uint64_t L);
+/* Set r's controls from its descriptor (add_request). */
+void kvo__conn_req_controls(kvo_connector *c, kvo__req *r, const kvo_request_desc *d);
+/* Whether r may store chunks now (requests added before a reset may not). */
+static inline bool kvo__conn_may_store(const kvo_connector *c, const kvo__req *r) { return r->epoch == c->epoch; }
 
 /* ---- test hooks (create.c) ---- */
 /* The next n load jobs of c complete as failed (KVO_EIO) whatever the copy

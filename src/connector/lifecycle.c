@@ -117,6 +117,7 @@ static int kvo__preempt(kvo_connector *c, uint64_t id, bool remove) {
             kvo__conn_req_remove(c, r);
         } else {
             r->computed = 0;
+            r->n_retry = 0;
             for (size_t g = 0; g < c->ng; g++) r->next_chunk[g] = 0;
         }
     }

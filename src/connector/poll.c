@@ -53,7 +53,7 @@ void kvo__conn_emit(kvo_connector *c, const kvo_completion *cp) {
 }
 
 static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_result *res, kvo__req *r) {
-    bool ok = res->status == 0;
+    bool ok = res->status == 0 && j->epoch == c->epoch; /* a reset drops older stores */
     if (ok && c->inject_store_fail) {
         c->inject_store_fail--;
         ok = false;
@@ -91,6 +91,8 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         status = KVO_EIO;
     }
     (void)kvo_store_complete_load(c->store, j->keys, j->n_keys);
+    if (j->epoch != c->epoch) /* pinned through a reset: drop now */
+        (void)kvo_store_remove(c->store, j->keys, j->n_keys);
     if (status == 0 && c->sums)
         for (size_t i = 0; i < j->n_keys; i++)
             if (c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] != kvo__conn_slot_sum(c, &j->keys[i], j->slots[i])) {
@@ -171,7 +173,7 @@ static void kvo__finish_read(kvo_connector *c, const kvo_file_completion *fc) {
     if (!e) return;
     kvo__read *rd = e->p;
     kvo__map_del(&c->reads, e);
-    bool ok = fc->result == 0;
+    bool ok = fc->result == 0 && rd->epoch == c->epoch; /* a reset drops older reads */
     if (ok && c->sums) /* still PENDING, as for stores */
         c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__conn_slot_sum(c, &rd->key, rd->slot);
     (void)kvo_store_complete_store(c->store, &rd->key, 1, ok);

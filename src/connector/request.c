@@ -36,6 +36,7 @@ void kvo__conn_req_free(kvo__req *r) {
     kvo__free(r->hit);
     kvo__free(r->jobs);
     kvo__free(r->invalid);
+    kvo__free(r->retry);
     kvo__free(r);
 }
 
@@ -166,6 +167,7 @@ int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d) {
     }
     r->prompt_tokens = prompt;
     r->st.prompt_tokens = prompt;
+    kvo__conn_req_controls(c, r, d);
 
     kvo__conn_lock(c);
     if (kvo__conn_req_get(c, d->id)) {
