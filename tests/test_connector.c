@@ -191,8 +191,7 @@ static uint64_t run_conversation(sim *s, uint64_t id0, const conv_opts *o) {
         for (size_t g = 0; g < s->ng; g++) {
             const kvo_group_plan *gp = kvo_plan_group(s->plan, g);
             if (!gp->offloaded) continue;
-            uint64_t done = gp->draft && r.computed ? r.computed - 1 : r.computed; /* draft: beyond the end */
-            uint64_t a = done / gp->tokens_per_chunk, u = (n_seq / tph) / gp->hashes_per_chunk;
+            uint64_t a = r.computed / gp->tokens_per_chunk, u = (n_seq / tph) / gp->hashes_per_chunk;
             upto[g] = a < u ? a : u;
         }
         sim_req_free(s, &r); /* the engine evicts everything between turns */

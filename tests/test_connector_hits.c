@@ -132,7 +132,9 @@ KVO_TEST(mamba_hybrid_block_snapshots_only) {
 }
 
 /* A draft (EAGLE / MTP) group next to a full group: a hit needs the draft
- * chunk holding token b, and the load still writes only blocks below b. */
+ * chunk holding token b, and the load still writes only blocks below b.
+ * While a request decodes, a draft chunk is stored only once a token
+ * beyond it is computed; finish stores the last one (as vLLM does). */
 KVO_TEST(draft_group_needs_the_chunk_of_token_b) {
     sim_group gs[] = {{"target", KVO_GROUP_FULL, 16, 0, 1, true, false},
                       {"draft", KVO_GROUP_FULL, 16, 0, 1, true, true}};
@@ -146,25 +148,30 @@ KVO_TEST(draft_group_needs_the_chunk_of_token_b) {
     sim_drain(&s);
     uint8_t st[8];
     ASSERT_EQ_U64(cr_ready_chunks(&s, 1, 0, st, 8), 4);
-    /* the draft chunk ending at 64 waits for a token beyond it */
-    ASSERT_EQ_U64(cr_ready_chunks(&s, 1, 1, st, 8), 3);
-    cr_finish(&s, &a); /* finish keeps the rule: the request ended at 64 */
+    ASSERT_EQ_U64(cr_ready_chunks(&s, 1, 1, st, 8), 3); /* [48, 64) waits for token 64 */
+    cr_finish(&s, &a);
     sim_req b;
     cr_add(&s, &b, 2, tok, 80, NULL);
-    ASSERT_EQ_U64(cr_ready_chunks(&s, 2, 1, st, 8), 3);
+    ASSERT_EQ_U64(cr_ready_chunks(&s, 2, 1, st, 8), 4); /* stored at finish */
     kvo_lookup_result lr = cr_lookup_load(&s, &b, 0);
     ASSERT_EQ_INT(lr.status, KVO_HIT);
-    ASSERT_EQ_U64(lr.tokens, 47); /* draft chunk 2 holds token 47; 48 would need chunk 3 */
+    /* 64 would need draft chunk 4 (token 64); vLLM: 48 (drops the last
+     * draft block) */
+    ASSERT_EQ_U64(lr.tokens, 63);
     ASSERT_EQ_INT(lr.limiting_group, 1);
-    /* decoding one token at a time: the draft chunk [48, 64) is stored only
-     * once token 64 is computed too */
-    cr_compute(&s, &b, 64, 17);
-    sim_drain(&s);
-    ASSERT_EQ_U64(cr_ready_chunks(&s, 2, 1, st, 8), 3);
-    cr_compute(&s, &b, 65, 1);
-    sim_drain(&s);
-    ASSERT_EQ_U64(cr_ready_chunks(&s, 2, 1, st, 8), 4);
     cr_compute(&s, &b, 80, 1);
     cr_finish(&s, &b);
+    /* decoding one token at a time */
+    uint32_t t2[80];
+    cr_tokens(t2, 80, 7);
+    sim_req c;
+    cr_add(&s, &c, 3, t2, 80, NULL);
+    cr_compute(&s, &c, 64, 16);
+    sim_drain(&s);
+    ASSERT_EQ_U64(cr_ready_chunks(&s, 3, 1, st, 8), 3);
+    cr_compute(&s, &c, 65, 1);
+    sim_drain(&s);
+    ASSERT_EQ_U64(cr_ready_chunks(&s, 3, 1, st, 8), 4);
+    cr_finish(&s, &c);
     sim_destroy(&s);
 }

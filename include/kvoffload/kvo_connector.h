@@ -445,8 +445,9 @@ KVO_API int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, c
  *  every chunk that became complete (and is wanted: see sliding_store and
  *  the request's max_offload_tokens / offload_prompt_only) and whose blocks
  *  the table holds; chunks already stored are skipped.  A draft group's
- *  chunk is stored only once computed_tokens is beyond its end (the draft
- *  KV of a chunk's last token depends on the token after it).  A chunk whose
+ *  chunk is stored only once computed_tokens is beyond its end, or at
+ *  finish (while the request decodes, the draft KV of the last computed
+ *  token is not final: it depends on the token after it).  A chunk whose
  *  store was skipped (no room, transfer queue full, not admitted) is retried
  *  at every later update and at finish while the table still holds its
  *  blocks.  A hit

@@ -303,8 +303,10 @@ int kvo__conn_submit_load(kvo_connector *c, kvo__req *r, kvo__job *j);
 /* The checks of update (also used by finish with tables). */
 int kvo__conn_check_update(kvo_connector *c, kvo__req *r, uint64_t id, uint64_t computed,
                            const kvo_block_table *tables, size_t n_tables);
-/* Store every newly complete chunk of r (up to computed tokens). */
-void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed);
+/* Store every newly complete chunk of r (up to computed tokens) and retry
+ * skipped ones; final: at finish (draft groups store their last chunk). */
+void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed,
+                            bool final);
 /* Store the end-of-request checkpoint of r (sliding_store CHECKPOINTS). */
 void kvo__conn_store_final_checkpoint(kvo_connector *c, kvo__req *r, const kvo_block_table *tables,
                                       uint64_t computed);

@@ -157,7 +157,7 @@ int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t computed_tokens
     kvo__conn_unpin_hit(c, r);
     if (tables) {
         if (computed_tokens > r->computed) r->computed = computed_tokens;
-        kvo__conn_issue_stores(c, r, tables, computed_tokens);
+        kvo__conn_issue_stores(c, r, tables, computed_tokens, true);
         if (c->p.sliding_store == KVO_SLIDING_STORE_CHECKPOINTS)
             kvo__conn_store_final_checkpoint(c, r, tables, computed_tokens);
     }

@@ -4,7 +4,8 @@
  *
  * Per group, chunks [next_chunk, min(computed, units known, store limit))
  * are candidates (a draft group's chunk only once computed is beyond its
- * end: the draft KV of its last token needs the next token); with
+ * end, or at finish: the draft KV of its last token needs the next token,
+ * not final while the request decodes); with
  * sliding_store CHECKPOINTS a sliding group keeps only the chunks a
  * checkpoint needs, with REACHABLE those before a reachable boundary.  A
  * candidate is stored only if the table holds all its blocks.
@@ -192,10 +193,11 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
 
 /* The first chunk of group gp that r may not store yet with `computed`
  * tokens computed: complete chunks with keys, within the request's store
- * limit; a draft group's chunk only once computed is beyond its end. */
-static uint64_t kvo__store_end(const kvo__req *r, const kvo_group_plan *gp, uint64_t computed) {
+ * limit; a draft group's chunk only once computed is beyond its end, or at
+ * finish (final). */
+static uint64_t kvo__store_end(const kvo__req *r, const kvo_group_plan *gp, uint64_t computed, bool final) {
     uint64_t T = gp->tokens_per_chunk, lim = computed;
-    if (gp->draft) lim = computed ? computed - 1 : 0;
+    if (gp->draft && !final) lim = computed ? computed - 1 : 0;
     if (lim > r->store_limit) lim = r->store_limit;
     uint64_t a = lim / T, b = r->n_units / gp->hashes_per_chunk;
     return a < b ? a : b;
@@ -203,13 +205,14 @@ static uint64_t kvo__store_end(const kvo__req *r, const kvo_group_plan *gp, uint
 
 /* Store every newly complete chunk (up to computed tokens), and retry the
  * chunks skipped before whose blocks the tables still hold. */
-void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed) {
+void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed,
+                            bool final) {
     if (!kvo__conn_may_store(c, r)) return; /* added before a reset */
     size_t total = r->n_retry;
     uint64_t end[KVO_MAX_GROUPS];
     for (size_t g = 0; g < c->ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
-        end[g] = gp->offloaded ? kvo__store_end(r, gp, computed) : 0;
+        end[g] = gp->offloaded ? kvo__store_end(r, gp, computed, final) : 0;
         if (end[g] > r->next_chunk[g]) total += end[g] - r->next_chunk[g];
     }
     if (total == 0 || kvo__conn_scratch(c, total)) return;
@@ -288,7 +291,7 @@ int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens
     if (!rc) {
         kvo__conn_unpin_hit(c, r); /* computing instead of loading: the hit is not needed */
         if (computed_tokens > r->computed) r->computed = computed_tokens;
-        kvo__conn_issue_stores(c, r, tables, computed_tokens);
+        kvo__conn_issue_stores(c, r, tables, computed_tokens, false);
     }
     kvo__conn_unlock(c);
     return rc;
