@@ -105,6 +105,15 @@ static inline kvo_lookup_result cr_run(sim *s, uint64_t id, const uint32_t *tok,
     return lr;
 }
 
+/* Request 1 stores tok[0..n) (computed in steps of `step`), then request 2
+ * over the same tokens looks up above `local` and loads: r is request 2. */
+static inline kvo_lookup_result cr_stored_then_load(sim *s, const uint32_t *tok, size_t n, uint64_t step,
+                                                    uint64_t local, sim_req *r) {
+    (void)cr_run(s, 1, tok, n, step, NULL);
+    cr_add(s, r, 2, tok, n, NULL);
+    return cr_lookup_load(s, r, local);
+}
+
 /* Chunks of group g the host store holds READY for tok[0..n) (request id
  * must be live: its unit hashes give the keys). */
 static inline size_t cr_ready_chunks(sim *s, uint64_t id, size_t g, uint8_t *states, size_t cap) {

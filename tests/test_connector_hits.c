@@ -19,10 +19,8 @@ KVO_TEST(vllm_12_16_prompt_48_all_stored) {
     ASSERT_EQ_U64(kvo_connector_step(s.c), 48); /* the old rule's only candidate, 48, is not below 48 */
     uint32_t tok[48];
     cr_tokens(tok, 48, 1);
-    (void)cr_run(&s, 1, tok, 48, 5, NULL);
     sim_req r;
-    cr_add(&s, &r, 2, tok, 48, NULL);
-    kvo_lookup_result lr = cr_lookup_load(&s, &r, 0);
+    kvo_lookup_result lr = cr_stored_then_load(&s, tok, 48, 5, 0, &r);
     ASSERT_EQ_INT(lr.status, KVO_HIT);
     ASSERT_EQ_U64(lr.tokens, 47); /* vLLM: 47 */
     ASSERT_EQ_U64(lr.tokens_host, 47);
@@ -39,10 +37,8 @@ KVO_TEST(vllm_12_16_prompt_85_local_48) {
     sim_init(&s, plan_12_16(), NULL, 64);
     uint32_t tok[85];
     cr_tokens(tok, 85, 2);
-    (void)cr_run(&s, 1, tok, 85, 7, NULL);
     sim_req r;
-    cr_add(&s, &r, 2, tok, 85, NULL);
-    kvo_lookup_result lr = cr_lookup_load(&s, &r, 48);
+    kvo_lookup_result lr = cr_stored_then_load(&s, tok, 85, 7, 48, &r);
     ASSERT_EQ_INT(lr.status, KVO_HIT);
     ASSERT_EQ_U64(lr.tokens, 80); /* vLLM: 80; the step rule: 48 */
     ASSERT_EQ_U64(lr.local_tokens, 48);

@@ -29,21 +29,29 @@ static size_t pin_all(kvo_store *st, kvo_chunk_key *keys, size_t cap) {
     return n;
 }
 
+/* A connector whose host tier (8 slots) request 1 filled with 40 chunks of
+ * 641 tokens (seed), every entry then pinned (*np of them, in pinned). */
+static void init_pressured(sim *s, uint64_t seed, kvo_chunk_key *pinned, size_t *np) {
+    kvo_connector_params cp = kvo_connector_default_params();
+    cp.host_bytes = 8 * 4096;
+    sim_init(s, plan_one(), &cp, 128);
+    uint32_t t1[641];
+    cr_tokens(t1, 641, seed);
+    (void)cr_run(s, 1, t1, 641, 64, NULL);
+    *np = pin_all(kvo_connector_store(s->c), pinned, 64);
+    ASSERT_GT_U64(*np, 3);
+}
+
 /* A host tier of a few slots, filled by request 1 and pinned; request 2's
  * stores are skipped, then room comes back: at_finish false retries at the
  * next update, true at finish.  Either way all of request 2 ends up stored. */
 static void pressure_then_room(bool at_finish) {
     sim s;
-    kvo_connector_params cp = kvo_connector_default_params();
-    cp.host_bytes = 8 * 4096;
-    sim_init(&s, plan_one(), &cp, 128);
-    uint32_t t1[641], t2[65];
-    cr_tokens(t1, 641, 10);
-    cr_tokens(t2, 65, 11);
-    (void)cr_run(&s, 1, t1, 641, 64, NULL); /* 40 chunks through 8 slots: full */
     kvo_chunk_key pinned[64];
-    size_t np = pin_all(kvo_connector_store(s.c), pinned, 64);
-    ASSERT_GT_U64(np, 3);
+    size_t np = 0;
+    init_pressured(&s, 10, pinned, &np);
+    uint32_t t2[65];
+    cr_tokens(t2, 65, 11);
     sim_req r;
     cr_add(&s, &r, 2, t2, 65, NULL);
     cr_compute(&s, &r, at_finish ? 64 : 32, 64);
@@ -71,15 +79,11 @@ KVO_TEST(skipped_stores_are_retried_at_finish) { pressure_then_room(true); }
  * forever. */
 KVO_TEST(skipped_store_without_blocks_is_dropped) {
     sim s;
-    kvo_connector_params cp = kvo_connector_default_params();
-    cp.host_bytes = 8 * 4096;
-    sim_init(&s, plan_one(), &cp, 128);
-    uint32_t t1[641], t2[65];
-    cr_tokens(t1, 641, 12);
-    cr_tokens(t2, 65, 13);
-    (void)cr_run(&s, 1, t1, 641, 64, NULL);
     kvo_chunk_key pinned[64];
-    size_t np = pin_all(kvo_connector_store(s.c), pinned, 64);
+    size_t np = 0;
+    init_pressured(&s, 12, pinned, &np);
+    uint32_t t2[65];
+    cr_tokens(t2, 65, 13);
     sim_req r;
     cr_add(&s, &r, 2, t2, 65, NULL);
     cr_compute(&s, &r, 32, 32);

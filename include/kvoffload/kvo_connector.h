@@ -300,7 +300,9 @@ KVO_API void kvo_connector_destroy(kvo_connector *c);
  *  kvo_transfer_set_layout. */
 KVO_API int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n);
 
-/** The plan's hit step (kvo_agree_step). */
+/** The plan's step (kvo_agree_step: lcm of every group's tokens_per_block).
+ *  lookup's local_tokens and checkpoint_interval are multiples of it; hits
+ *  are not (any token count). */
 KVO_API uint64_t kvo_connector_step(const kvo_connector *c);
 
 /** The parts, for statistics and advanced use; owned by the connector. */
