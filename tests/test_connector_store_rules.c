@@ -267,6 +267,8 @@ KVO_TEST(reset_drops_everything_with_requests_in_flight) {
      * (stored or in flight at the reset) are gone */
     cr_compute(&s, &b, 129, 64);
     sim_drain(&s);
+    ASSERT_OK(kvo_connector_lookup(s.c, 3, 0, &lr)); /* an old request hits nothing */
+    ASSERT_EQ_INT(lr.status, KVO_HIT_NONE);
     uint8_t st[16];
     ASSERT_EQ_U64(cr_ready_chunks(&s, 3, 0, st, 16), 0);
     ASSERT_EQ_U64(cr_ready_chunks(&s, 2, 0, st, 16), 0);
@@ -280,4 +282,46 @@ KVO_TEST(reset_drops_everything_with_requests_in_flight) {
     ASSERT_EQ_U64(cr_run(&s, 4, tok, 129, 64, NULL).tokens, 0);
     ASSERT_EQ_U64(cr_run(&s, 5, tok, 129, 64, NULL).tokens, 128);
     sim_destroy(&s);
+}
+
+/* With a file tier: after a reset nothing stored before it is hit, not even
+ * from files (new requests use the next epoch's namespace); files written
+ * after it hit as usual. */
+KVO_TEST(reset_hides_file_tier_chunks) {
+    char root[512];
+    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
+    kvo_plan *p = plan_one();
+    kvo_file_tier_params fp = kvo_file_tier_default_params();
+    fp.root = root;
+    fp.plan = p;
+    fp.quota_bytes = 32ull << 20;
+    fp.max_staging_bytes = 8ull << 20;
+    fp.log_interval_s = 3600;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&fp, &t));
+    kvo_connector_params cp = kvo_connector_default_params();
+    cp.file_tier = t;
+    sim s;
+    sim_init(&s, p, &cp, 256);
+    s.keep_plan = true; /* the tier uses it until destroyed */
+    uint32_t tok[129];
+    cr_tokens(tok, 129, 21);
+    (void)cr_run(&s, 1, tok, 129, 64, NULL);
+    ASSERT_OK(kvo_file_tier_flush(t, -1));
+    ASSERT_OK(kvo_connector_reset(s.c, NULL));
+    kvo_lookup_result lr = cr_run(&s, 2, tok, 129, 64, NULL);
+    ASSERT_EQ_U64(lr.tokens, 0);
+    ASSERT_EQ_U64(lr.tokens_file, 0);
+    ASSERT_OK(kvo_file_tier_flush(t, -1));
+    /* stored after the reset: hits, from files once the host forgets */
+    ASSERT_OK(kvo_connector_reset(s.c, NULL)); /* host cleared; epoch 2 */
+    (void)cr_run(&s, 3, tok, 129, 64, NULL);
+    ASSERT_OK(kvo_file_tier_flush(t, -1));
+    (void)kvo_store_clear(kvo_connector_store(s.c));
+    lr = cr_run(&s, 4, tok, 129, 64, NULL);
+    ASSERT_EQ_U64(lr.tokens, 128);
+    ASSERT_EQ_U64(lr.tokens_file, 128);
+    sim_destroy(&s);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(p);
 }

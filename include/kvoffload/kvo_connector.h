@@ -347,8 +347,11 @@ typedef struct kvo_request_desc {
  *  live), KVO_ENOSPC (max_requests live), KVO_ENOMEM. */
 KVO_API int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d);
 
-/** Drop everything cached in the tiers the connector owns (the host tier),
- *  e.g. after a weight update made every stored KV stale.  Safe with
+/** Drop everything cached, e.g. after a weight update made every stored KV
+ *  stale: no request added after the call hits anything stored before it,
+ *  in any tier.  Requests added after the call use a new key namespace (an
+ *  epoch counter mixed into it), so older chunks, wherever they are, never
+ *  match; the host tier's are also removed to free room.  Safe with
  *  requests in flight; the rule:
  *   - every READY host chunk is removed at once (REMOVED events); chunks
  *     pinned by loads already submitted are removed when those loads
@@ -360,12 +363,14 @@ KVO_API int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *
  *   - a hit pinned by a lookup and not yet loaded is released; its load is
  *     accepted and completes at once with status KVO_ECANCELED and
  *     tokens_valid = local_tokens (nothing written);
- *   - requests added before the reset never store again (their KV in the
- *     engine predates it); their lookups see only chunks stored after it;
- *     requests added after it behave normally.
- *  A file tier is the caller's and is not touched: after a weight update
- *  give new requests another cache_salt (or another connector salt), or
- *  clear its directory.  *n_removed (may be NULL): host chunks removed now.
+ *   - requests added before the reset neither store nor hit any more
+ *     (their KV in the engine predates it); requests added after it behave
+ *     normally.
+ *  The file tier (the caller's) keeps its files: they are not deleted, only
+ *  never hit again by this connector.  The epoch starts at 0 in every new
+ *  connector, so a restarted engine whose weights changed must use another
+ *  salt (or clear the directory).  *n_removed (may be NULL): host chunks
+ *  removed now.
  *  Thread rule: any thread; takes the connector lock (never waits for
  *  copies).  Errors: KVO_EINVAL (NULL c). */
 KVO_API int kvo_connector_reset(kvo_connector *c, uint64_t *n_removed);

@@ -13,21 +13,27 @@
  * Reset and epochs.  kvo_connector_reset must drop every cached chunk while
  * requests are in flight, without waiting for copies.  The connector keeps
  * an epoch, bumped by reset; every store job, file read and request records
- * the epoch it started in.  After the bump:
- *  - READY host chunks are removed at once (kvo_store_clear);
+ * the epoch it started in, and a request's key namespace mixes in its epoch
+ * (epoch 0: the plain namespace, so files from before any reset still hit
+ * after a restart).  Keys of different epochs never match, which is what
+ * makes the reset exact: entries that could not be removed at once (pinned
+ * by a load in flight, PENDING) and the file tier's chunks can never be hit
+ * by a newer request.  After the bump:
+ *  - READY host chunks are removed at once (kvo_store_clear), to free room;
  *  - a store job or file read of an older epoch completes its entries as
- *    failed (removed), so nothing written before the reset becomes READY;
+ *    failed (removed);
  *  - a load job of an older epoch completes normally for the engine and
- *    then removes the chunks it had pinned (they could not be cleared);
+ *    then removes the chunks it had pinned;
  *  - a hit pinned but not loaded is unpinned (then cleared) and marked
  *    stale: its load completes at once with KVO_ECANCELED;
- *  - a request of an older epoch stores nothing more (its engine KV
- *    predates the reset), and its lookups see only newer chunks.
+ *  - a request of an older epoch stores nothing more and hits nothing (its
+ *    engine KV predates the reset; its keys are of the old namespace).
  * Everything happens under c->mu in O(requests + entries); no wait.
  */
 #include "connector/connector_internal.h"
 
 uint64_t kvo__conn_bmax(const kvo_connector *c, const kvo__req *r, uint64_t L) {
+    if (r->epoch != c->epoch) return 0; /* added before a reset: no hits */
     uint64_t b = r->n_tokens ? r->n_tokens - 1 : 0;
     if (c->p.max_hit_tokens && c->p.max_hit_tokens < b) b = c->p.max_hit_tokens;
     if (r->max_load && L + r->max_load < b) b = L + r->max_load;
@@ -40,6 +46,11 @@ void kvo__conn_req_controls(kvo_connector *c, kvo__req *r, const kvo_request_des
     if (d->max_offload_tokens) r->store_limit = d->max_offload_tokens;
     if (d->offload_prompt_only && r->prompt_tokens < r->store_limit) r->store_limit = r->prompt_tokens;
     r->epoch = c->epoch;
+    if (c->epoch) { /* a namespace per epoch; epoch 0 keeps the plain one */
+        uint8_t e[4] = {(uint8_t)c->epoch, (uint8_t)(c->epoch >> 8), (uint8_t)(c->epoch >> 16),
+                        (uint8_t)(c->epoch >> 24)};
+        r->ns = kvo_keys_namespace(r->ns, e, sizeof e);
+    }
 }
 
 int kvo_connector_reset(kvo_connector *c, uint64_t *n_removed) {

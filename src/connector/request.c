@@ -167,7 +167,6 @@ int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d) {
     }
     r->prompt_tokens = prompt;
     r->st.prompt_tokens = prompt;
-    kvo__conn_req_controls(c, r, d);
 
     kvo__conn_lock(c);
     if (kvo__conn_req_get(c, d->id)) {
@@ -181,6 +180,7 @@ int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d) {
         return kvo__error(KVO_ENOSPC, "request %llu: %u requests live (max_requests); finish some first",
                           (unsigned long long)d->id, c->p.max_requests);
     }
+    kvo__conn_req_controls(c, r, d); /* limits, epoch (namespace) */
     if (hash_mode) {
         rc = kvo__push_units(r, d->n_units);
         if (!rc) {
