@@ -171,3 +171,37 @@ KVO_TEST(draft_group_needs_the_chunk_of_token_b) {
     cr_finish(&s, &c);
     sim_destroy(&s);
 }
+
+/* A hit inside a block: the tables must hold the block holding token b - 1
+ * (ceil(b / tpb) entries); one entry short is refused, nothing issued. */
+KVO_TEST(load_needs_the_partly_valid_last_block) {
+    sim s;
+    sim_init(&s, plan_12_16(), NULL, 64);
+    uint32_t tok[48];
+    cr_tokens(tok, 48, 8);
+    (void)cr_run(&s, 1, tok, 48, 48, NULL);
+    sim_req r;
+    cr_add(&s, &r, 2, tok, 48, NULL);
+    kvo_lookup_result lr;
+    ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
+    ASSERT_EQ_U64(lr.tokens, 47);
+    sim_table_len(&s, &r, 0, 3); /* 47 tokens of 12-token blocks need 4 */
+    sim_table_len(&s, &r, 1, 3);
+    for (size_t g = 0; g < 2; g++)
+        for (size_t i = 0; i < 3; i++) r.tab[g][i] = sim_alloc(&s, g);
+    kvo_block_table t[2];
+    sim_tables(&s, &r, t);
+    ASSERT_ERR(kvo_connector_load(s.c, 2, 47, t, 2), KVO_EINVAL);
+    ASSERT_NOT_NULL(strstr(kvo_last_error(), "a12"));
+    sim_table_len(&s, &r, 0, 4);
+    r.tab[0][3] = sim_alloc(&s, 0);
+    sim_tables(&s, &r, t);
+    ASSERT_OK(kvo_connector_load(s.c, 2, 47, t, 2));
+    kvo_completion cp = sim_wait_completion(&s, 2, KVO_COMPLETION_LOAD);
+    ASSERT_EQ_INT(cp.status, 0);
+    ASSERT_TRUE(sim_block_ok(&s, &r, 0, 3)); /* whole block, tail included */
+    r.computed = 47;
+    cr_compute(&s, &r, 48, 1);
+    cr_finish(&s, &r);
+    sim_destroy(&s);
+}

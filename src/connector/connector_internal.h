@@ -285,9 +285,11 @@ void kvo__conn_unpin_hit(kvo_connector *c, kvo__req *r);
 
 /* ---- load.c ---- */
 /* Check that n_tables block tables cover `tokens` tokens of every offloaded
- * group (KVO_EINVAL naming the group otherwise). */
+ * group (KVO_EINVAL naming the group otherwise): ceil(tokens / tpb) entries
+ * when partial (a load's last block may be partly valid), else the whole
+ * blocks only (update: a partial block is never stored). */
 int kvo__conn_check_tables(kvo_connector *c, uint64_t id, const kvo_block_table *tables, size_t n_tables,
-                           uint64_t tokens);
+                           uint64_t tokens, bool partial);
 /* Room for tracking one more job of r over n_blocks engine blocks, so that
  * kvo__conn_job_register cannot fail. */
 int kvo__conn_job_reserve(kvo_connector *c, kvo__req *r, size_t n_blocks);

@@ -15,14 +15,14 @@
 #include "connector/connector_internal.h"
 
 int kvo__conn_check_tables(kvo_connector *c, uint64_t id, const kvo_block_table *tables, size_t n_tables,
-                      uint64_t tokens) {
+                      uint64_t tokens, bool partial) {
     if (!tables || n_tables != c->ng)
         return kvo__error(KVO_EINVAL, "request %llu: %zu block tables given; the plan has %zu groups",
                           (unsigned long long)id, tables ? n_tables : 0, c->ng);
     for (size_t g = 0; g < c->ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
         if (!gp->offloaded) continue;
-        uint64_t need = kvo__div_ceil_u64(tokens, gp->tokens_per_block);
+        uint64_t need = partial ? kvo__div_ceil_u64(tokens, gp->tokens_per_block) : tokens / gp->tokens_per_block;
         if (tables[g].n < need || (tables[g].n && !tables[g].blocks))
             return kvo__error(KVO_EINVAL,
                               "request %llu: group '%s': block table has %zu entries; %llu tokens need %llu "
@@ -190,7 +190,7 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
         rc = kvo__error(KVO_ESTATE, "request %llu: no engine layout registered (kvo_connector_set_layout)",
                         (unsigned long long)id);
     else
-        rc = kvo__conn_check_tables(c, id, tables, n_tables, tokens);
+        rc = kvo__conn_check_tables(c, id, tables, n_tables, tokens, true);
     if (!rc) rc = kvo__conn_cq_reserve_owed(c); /* room for its completion */
     size_t nblocks = 0;
     if (!rc) rc = kvo__check_hit_blocks(c, r, tables, &nblocks);

@@ -279,7 +279,7 @@ int kvo__conn_check_update(kvo_connector *c, kvo__req *r, uint64_t id, uint64_t 
     if (computed > r->n_tokens)
         return kvo__error(KVO_EINVAL, "request %llu: computed_tokens %llu beyond the %llu tokens appended",
                           (unsigned long long)id, (unsigned long long)computed, (unsigned long long)r->n_tokens);
-    return kvo__conn_check_tables(c, id, tables, n_tables, computed);
+    return kvo__conn_check_tables(c, id, tables, n_tables, computed, false);
 }
 
 int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
