@@ -259,9 +259,19 @@ KVO_TEST(noncacheable_group_blocks_hits_by_default) {
 
 /* Random group mixes: 1-5 groups of random kinds, block sizes, windows and
  * flags (some non-cacheable, declared scratch; some draft). */
-KVO_TEST(random_group_mixes) {
-    static const uint32_t tpbs[] = {1, 2, 4, 8, 16, 32};
-    for (int iter = 0; iter < 12; iter++) {
+static uint32_t gcd_u32(uint32_t a, uint32_t b) {
+    while (b) {
+        uint32_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Multi-turn conversations over random group mixes with block sizes from
+ * tpbs, every hit compared with the brute-force rule and loaded byte-exact. */
+static void random_mixes(const uint32_t *tpbs, size_t ntpb, int iters) {
+    for (int iter = 0; iter < iters; iter++) {
         size_t ng = 1 + kvo_test_rand() % 5;
         uint32_t tph = (uint32_t[]){4, 8, 16}[kvo_test_rand() % 3];
         sim_group gs[SIM_MAXG];
@@ -271,9 +281,9 @@ KVO_TEST(random_group_mixes) {
             snprintf(names[g], sizeof names[g], "g%zu", g);
             gs[g].name = names[g];
             gs[g].kind = (kvo_group_kind)(kvo_test_rand() % 3);
-            gs[g].tpb = tpbs[kvo_test_rand() % 6];
+            gs[g].tpb = tpbs[kvo_test_rand() % ntpb];
             gs[g].window = gs[g].kind == KVO_GROUP_SLIDING ? 8 + (uint32_t)(kvo_test_rand() % 120) : 0;
-            uint32_t minb = gs[g].tpb >= tph ? 1 : tph / gs[g].tpb;
+            uint32_t minb = tph / gcd_u32(gs[g].tpb, tph); /* chunk tokens a multiple of tph */
             gs[g].bpc = minb * (1 + (uint32_t)(kvo_test_rand() % 2));
             gs[g].cacheable = kvo_test_rand() % 8 != 0;
             gs[g].draft = kvo_test_rand() % 6 == 0;
@@ -295,6 +305,18 @@ KVO_TEST(random_group_mixes) {
         ASSERT_EQ_U64(st.load_failures, 0);
         sim_destroy(&s);
     }
+}
+
+KVO_TEST(random_group_mixes) {
+    static const uint32_t tpbs[] = {1, 2, 4, 8, 16, 32};
+    random_mixes(tpbs, 6, 12);
+}
+
+/* Co-prime block sizes (issue 11): hits at any token count, last blocks
+ * only partly valid, still byte-exact and equal to the brute-force rule. */
+KVO_TEST(random_coprime_group_mixes) {
+    static const uint32_t tpbs[] = {3, 5, 12, 16, 24, 32, 48, 64};
+    random_mixes(tpbs, 8, 12);
 }
 
 /* ------------------------------------------------- targeted behaviours -- */

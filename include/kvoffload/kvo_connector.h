@@ -196,7 +196,8 @@ typedef enum kvo_sliding_store {
      * every state group has a snapshot and every scratch group a block
      * edge: multiples of R = lcm of their tokens_per_block (R = 1 without
      * such groups: every chunk, as ALL).  A chunk [cs, ce) is kept when a
-     * multiple of R lies in (cs, ce + window).  Default. */
+     * multiple of R lies in (cs, ce + window) ([cs, ce + window) for a
+     * draft group, whose range also holds token b).  Default. */
     KVO_SLIDING_STORE_REACHABLE = 2
 } kvo_sliding_store;
 

@@ -54,12 +54,13 @@ static uint64_t kvo__reach_step(const kvo_connector *c) {
     return R;
 }
 
-/* REACHABLE policy: is a multiple of R in (cs, ce + window (+1 for a draft
- * group))?  Those boundaries need the chunk. */
+/* REACHABLE policy: does a boundary b, a multiple of R, need the chunk
+ * [cs, ce)?  b needs it when [b - window, b) meets it: b in (cs, ce +
+ * window); a draft group's range [b - window, b + 1) also when b == cs. */
 static bool kvo__reach_wants(const kvo_group_plan *gp, uint64_t ch, uint64_t R) {
     if (R <= 1) return true;
-    uint64_t T = gp->tokens_per_chunk, cs = ch * T, lim = cs + T + gp->window + gp->draft;
-    return (lim - 1) / R * R > cs;
+    uint64_t T = gp->tokens_per_chunk, cs = ch * T, q = (cs + T + gp->window - 1) / R * R;
+    return q > cs || (gp->draft && q == cs);
 }
 
 /* Add chunk ch of group g to the store batch at index *n if its blocks are
