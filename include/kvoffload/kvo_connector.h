@@ -129,8 +129,7 @@ typedef struct kvo_agree_input {
                                  the last one).  0: kvo_agree_step() (every
                                  group's block at the hit starts empty), for
                                  loaders that copy only whole blocks below the
-                                 hit; the connector passes 0 until its load
-                                 copies partly valid last blocks. */
+                                 hit.  The connector passes 1. */
     uint64_t min_hit_tokens;  /* a hit adding fewer than this many tokens
                                  beyond local_tokens counts as none; 0 = the
                                  largest tokens_per_chunk over offloaded
@@ -171,7 +170,9 @@ KVO_API uint64_t kvo_agree_step(const kvo_plan *plan);
  *  their needed range rounded up to whole chunks (a partly needed last chunk
  *  is fine: the engine recomputes from b over the loaded block's tail), state
  *  groups from a READY snapshot exactly at b (a block boundary, or an extra
- *  snapshot), scratch groups when b is a multiple of their tokens_per_block;
+ *  snapshot), scratch groups when b is a multiple of their tokens_per_block,
+ *  draft groups (full or sliding) when they would serve b + 1 with the same
+ *  window start (the chunk holding token b READY too);
  *  b = local_tokens when none, or when b - local_tokens < min_hit_tokens.
  *  b is a multiple of boundary_align (0: of kvo_agree_step()).
  *  Pure, thread-safe, no allocation; reads the inputs only during the call.
