@@ -282,7 +282,12 @@ KVO_TEST(small_blocks_under_large_hash_and_draft) {
     fill_states(&s, 1, 10, KVO_READY);
     fill_states(&s, 2, 5, KVO_READY);
     fill_states(&s, 3, 10, KVO_READY);
-    ASSERT_EQ_U64(agree(p, &s, 700, 0, 0, 0).tokens, 640);
+    /* the draft group also needs the chunk holding token b: 640 would need
+     * draft chunk 10, [640, 704), beyond the prompt */
+    ASSERT_EQ_U64(agree(p, &s, 700, 0, 0, 0).tokens, 512);
+    ASSERT_EQ_INT(agree(p, &s, 700, 0, 0, 0).limiting_group, 3);
+    fill_states(&s, 3, 11, KVO_READY); /* a 705-token prompt has it */
+    ASSERT_EQ_U64(agree(p, &s, 705, 0, 0, 0).tokens, 640);
     s.st[1][7] = KVO_MISS; /* tail misses [448, 512) */
     kvo_agree_result r = agree(p, &s, 700, 0, 0, 0);
     ASSERT_EQ_U64(r.tokens, 384);
@@ -294,9 +299,9 @@ KVO_TEST(small_blocks_under_large_hash_and_draft) {
     ASSERT_EQ_INT(r.limiting_group, 3);
     s.st[3][3] = KVO_READY;
     s.st[2][2] = KVO_MISS; /* state at 384 missing: 640 still fine */
-    ASSERT_EQ_U64(agree(p, &s, 700, 0, 0, 0).tokens, 640);
+    ASSERT_EQ_U64(agree(p, &s, 705, 0, 0, 0).tokens, 640);
     s.st[2][4] = KVO_MISS; /* state at 640 missing -> 512 */
-    ASSERT_EQ_U64(agree(p, &s, 700, 0, 0, 0).tokens, 512);
+    ASSERT_EQ_U64(agree(p, &s, 705, 0, 0, 0).tokens, 512);
     kvo_plan_destroy(p);
 }
 
@@ -371,8 +376,9 @@ static bool serves(const kvo_plan *p, const tstates *s, size_t g, uint64_t b, ui
     uint64_t from = 0;
     if (gp->kind == KVO_GROUP_SLIDING) from = b > gp->window ? b - gp->window : 0;
     if (from < L) from = L;
-    /* every chunk with a token in [from, b): the last one may be partly needed */
-    for (uint64_t c = 0; c * T < b; c++) {
+    /* every chunk with a token in [from, b): the last one may be partly
+     * needed; a draft group's range also holds token b */
+    for (uint64_t c = 0; c * T < b + gp->draft; c++) {
         if ((c + 1) * T <= from) continue;
         if (c >= s->n[g] || !st_ok(s->st[g][c], pend)) return false;
     }

@@ -3,7 +3,8 @@
  * blocks: 42.3 %, 30k: 62.4 %, infinite: 64.0 %), and ARC and S3-FIFO stay
  * within a few points of it.  One group, one slot per 512-token block; a
  * request's prefix hits are its leading READY blocks, then all its blocks are
- * stored (present ones count as used). */
+ * stored (present ones count as used; or, vLLM-like, left alone while the
+ * hits are touched). */
 #include "store_test_util.h"
 
 static uint64_t *ids;
@@ -58,10 +59,19 @@ static double infinite(void) {
     return 100.0 * (double)hits / (double)nids;
 }
 
-static double replay(kvo_policy_kind pol, uint64_t blocks) {
+/* vlm_like: the store leaves present keys alone (ignore_present) and the
+ * replay touches each request's hit prefix, first block most recent, as
+ * vLLM's scheduler does through its manager's touch. */
+static double replay_ex(kvo_policy_kind pol, uint64_t blocks, bool vllm_like) {
     static const uint64_t pg[] = {4096};
     kvo_plan *p = st_plan(1, pg);
-    kvo_store *s = st_store(p, blocks * 4096, pol);
+    kvo_store_params sp = kvo_store_default_params();
+    sp.plan = p;
+    sp.capacity_bytes = blocks * 4096;
+    sp.policy = pol;
+    sp.ignore_present = vllm_like;
+    kvo_store *s = NULL;
+    ASSERT_OK(kvo_store_create(&sp, &s));
     size_t maxn = 0;
     for (size_t r = 0; r < nreq; r++) if (starts[r + 1] - starts[r] > maxn) maxn = starts[r + 1] - starts[r];
     kvo_chunk_key *keys = malloc(maxn * sizeof *keys), *todo = malloc(maxn * sizeof *todo);
@@ -76,6 +86,7 @@ static double replay(kvo_policy_kind pol, uint64_t blocks) {
         size_t h = 0;
         while (h < n && st[h] == KVO_READY) h++;
         hits += h;
+        for (size_t i = h; vllm_like && i > 0; i--) ASSERT_OK(kvo_store_touch(s, &keys[i - 1], 1));
         ASSERT_OK(kvo_store_prepare_store(s, keys, n, need, sl, NULL, NULL, 0, NULL));
         size_t m = 0;
         for (size_t i = 0; i < n; i++) if (need[i]) todo[m++] = keys[i];
@@ -87,6 +98,8 @@ static double replay(kvo_policy_kind pol, uint64_t blocks) {
     kvo_plan_destroy(p);
     return 100.0 * (double)hits / (double)nids;
 }
+
+static double replay(kvo_policy_kind pol, uint64_t blocks) { return replay_ex(pol, blocks, false); }
 
 #define NEAR(v, ref, tol) do { double v_ = (v); if (v_ < (ref) - (tol) || v_ > (ref) + (tol)) \
     FAILF("%s = %.2f, expected %.1f +- %.1f", #v, v_, (double)(ref), (double)(tol)); } while (0)
@@ -105,4 +118,14 @@ KVO_TEST(arc_and_s3fifo_close_to_lru) {
     if (getenv("KVO_TEST_VERBOSE")) printf("10k blocks: lru %.2f arc %.2f s3fifo %.2f\n", lru, arc, s3);
     NEAR(arc, lru, 3.0);
     NEAR(s3, lru, 3.0);
+}
+
+/* vLLM's LRU offloading manager on the same trace: present keys untouched by
+ * prepare_store, hits touched: 0.4239 of block references at 10k blocks
+ * (measured with a transcription of its OrderedDict manager). */
+KVO_TEST(lru_ignore_present_matches_vllm) {
+    load_trace();
+    double v = replay_ex(KVO_POLICY_LRU, 10000, true);
+    if (getenv("KVO_TEST_VERBOSE")) printf("10k blocks, vLLM-like: %.3f\n", v);
+    NEAR(v, 42.39, 0.01);
 }

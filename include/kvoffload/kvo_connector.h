@@ -28,10 +28,13 @@
  *
  * Positions.  Token positions count from the start of the sequence.  A
  * "boundary" b means: KV for tokens [0, b) is present, token b is computed
- * next.  Hits are always boundaries that are multiples of
- * kvo_connector_step() (the lcm of every group's tokens_per_block), so every
- * group's block at b starts empty; hits are below the prompt length (the last
- * prompt token is always computed, the engine needs its logits).
+ * next.  A hit may be any token count (not only multiples of
+ * kvo_connector_step()): the load writes whole blocks, so a group's block
+ * holding token b - 1 may receive KV for tokens from b to the block's end
+ * too (the same tokens, computed by an earlier request: exact), and the
+ * engine recomputes from b over that tail.  Hits are below the prompt length
+ * (the last prompt token is always computed, the engine needs its logits).
+ * local_tokens (the engine's own prefix) stays a multiple of the step.
  *
  * Block tables.  For each group, an array indexed by block index from token 0
  * (block i of group g covers tokens [i*tpb_g, (i+1)*tpb_g)) giving the engine
@@ -44,8 +47,14 @@
  * prefix; sliding groups only the chunks covering the last `window` tokens
  * before the boundary (both rounded up to whole chunks: the engine recomputes
  * from the boundary over the tail of the last loaded block); state groups a
- * snapshot exactly at the boundary; the boundary (any token count) is lowered
- * until every group agrees.  kvo_agree() is the pure function.
+ * snapshot exactly at the boundary; draft (EAGLE / MTP) groups also the chunk
+ * holding token b (their KV at b - 1 depends on token b); the boundary (any
+ * token count) is lowered until every group agrees.  kvo_agree() is the pure
+ * function.
+ *
+ * Controls: per request (kvo_request_desc) max_load_tokens,
+ * max_offload_tokens and offload_prompt_only; per connector max_hit_tokens;
+ * kvo_connector_reset drops everything cached (after a weight update).
  *
  * Non-cacheable groups are never offloaded.  The KV a non-cacheable group
  * holds for tokens before a boundary cannot in general be rebuilt by the
@@ -120,8 +129,7 @@ typedef struct kvo_agree_input {
                                  the last one).  0: kvo_agree_step() (every
                                  group's block at the hit starts empty), for
                                  loaders that copy only whole blocks below the
-                                 hit; the connector passes 0 until its load
-                                 copies partly valid last blocks. */
+                                 hit.  The connector passes 1. */
     uint64_t min_hit_tokens;  /* a hit adding fewer than this many tokens
                                  beyond local_tokens counts as none; 0 = the
                                  largest tokens_per_chunk over offloaded
@@ -162,7 +170,9 @@ KVO_API uint64_t kvo_agree_step(const kvo_plan *plan);
  *  their needed range rounded up to whole chunks (a partly needed last chunk
  *  is fine: the engine recomputes from b over the loaded block's tail), state
  *  groups from a READY snapshot exactly at b (a block boundary, or an extra
- *  snapshot), scratch groups when b is a multiple of their tokens_per_block;
+ *  snapshot), scratch groups when b is a multiple of their tokens_per_block,
+ *  draft groups (full or sliding) when they would serve b + 1 with the same
+ *  window start (the chunk holding token b READY too);
  *  b = local_tokens when none, or when b - local_tokens < min_hit_tokens.
  *  b is a multiple of boundary_align (0: of kvo_agree_step()).
  *  Pure, thread-safe, no allocation; reads the inputs only during the call.
@@ -175,14 +185,21 @@ KVO_API int kvo_agree(const kvo_agree_input *in, kvo_agree_result *out);
 /* ------------------------------------------------------------- connector -- */
 
 typedef enum kvo_sliding_store {
-    /* Store every complete chunk of sliding groups: any later boundary can
-     * hit.  Default. */
+    /* Store every complete chunk of sliding groups. */
     KVO_SLIDING_STORE_ALL = 0,
     /* Store only the chunks that cover the window before checkpoint
      * positions: multiples of checkpoint_interval (when not 0), the best
      * boundaries for the prompt (and the prompt minus its last token), and the
      * end of the request at finish (from the blocks the engine still holds). */
-    KVO_SLIDING_STORE_CHECKPOINTS = 1
+    KVO_SLIDING_STORE_CHECKPOINTS = 1,
+    /* Store only the chunks some future lookup can use: those covering the
+     * window before a reachable boundary.  Boundaries are reachable where
+     * every state group has a snapshot and every scratch group a block
+     * edge: multiples of R = lcm of their tokens_per_block (R = 1 without
+     * such groups: every chunk, as ALL).  A chunk [cs, ce) is kept when a
+     * multiple of R lies in (cs, ce + window) ([cs, ce + window) for a
+     * draft group, whose range also holds token b).  Default. */
+    KVO_SLIDING_STORE_REACHABLE = 2
 } kvo_sliding_store;
 
 /** How chunks reach the file tier (when one is attached). */
@@ -228,8 +245,13 @@ typedef struct kvo_connector_params {
     /* Lookup */
     uint64_t min_hit_tokens;      /* 0 (default): the largest tokens_per_chunk */
     uint64_t scratch_groups;      /* bit g: non-cacheable group g is scratch */
+    uint64_t max_hit_tokens;      /* a lookup never returns a boundary above
+                                     this many tokens (bounds the prefix one
+                                     request reuses, e.g. to bound load time
+                                     or to match a peer's limit); 0 (default):
+                                     no cap */
     /* Store */
-    kvo_sliding_store sliding_store; /* default ALL */
+    kvo_sliding_store sliding_store; /* default REACHABLE */
     uint64_t checkpoint_interval; /* CHECKPOINTS: tokens, a multiple of the
                                      step; 0 = no periodic checkpoints */
     bool verify_checksums;        /* keep an XXH3-64 of every host chunk and
@@ -292,7 +314,9 @@ KVO_API void kvo_connector_destroy(kvo_connector *c);
  *  Errors as kvo_transfer_set_layout (the old layout stays). */
 KVO_API int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n);
 
-/** The plan's hit step (kvo_agree_step). */
+/** The plan's step (kvo_agree_step: lcm of every group's tokens_per_block).
+ *  lookup's local_tokens and checkpoint_interval are multiples of it; hits
+ *  are not (any token count). */
 KVO_API uint64_t kvo_connector_step(const kvo_connector *c);
 
 /** The parts, for statistics and advanced use; owned by the connector. */
@@ -321,12 +345,49 @@ typedef struct kvo_request_desc {
      * (copied; may be NULL). */
     const void *extra;
     size_t extra_len;
+    /* Controls (0 / false: none).  max_load_tokens: a lookup of this request
+     * loads at most this many tokens (hit - local_tokens <= it).
+     * max_offload_tokens: only chunks ending at or before this token are
+     * stored.  offload_prompt_only: only chunks ending within the prompt are
+     * stored (generated tokens are not offloaded); combined with
+     * max_offload_tokens the smaller limit applies. */
+    uint64_t max_load_tokens;
+    uint64_t max_offload_tokens;
+    bool offload_prompt_only;
 } kvo_request_desc;
 
 /** Register a request.  Errors: KVO_EINVAL (NULL, both or neither of tokens /
  *  unit_hashes, empty prompt, inconsistent prompt_tokens), KVO_EEXIST (id
  *  live), KVO_ENOSPC (max_requests live), KVO_ENOMEM. */
 KVO_API int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d);
+
+/** Drop everything cached, e.g. after a weight update made every stored KV
+ *  stale: no request added after the call hits anything stored before it,
+ *  in any tier.  Requests added after the call use a new key namespace (an
+ *  epoch counter mixed into it), so older chunks, wherever they are, never
+ *  match; the host tier's are also removed to free room.  Safe with
+ *  requests in flight; the rule:
+ *   - every READY host chunk is removed at once (REMOVED events); chunks
+ *     pinned by loads already submitted are removed when those loads
+ *     complete (the loads themselves complete normally: they copy data from
+ *     before the reset, which the engine may keep or recompute, as with its
+ *     own prefix cache);
+ *   - stores and file-tier reads in flight never become READY: their
+ *     entries are dropped when they complete;
+ *   - a hit pinned by a lookup and not yet loaded is released; its load is
+ *     accepted and completes at once with status KVO_ECANCELED and
+ *     tokens_valid = local_tokens (nothing written);
+ *   - requests added before the reset neither store nor hit any more
+ *     (their KV in the engine predates it); requests added after it behave
+ *     normally.
+ *  The file tier (the caller's) keeps its files: they are not deleted, only
+ *  never hit again by this connector.  The epoch starts at 0 in every new
+ *  connector, so a restarted engine whose weights changed must use another
+ *  salt (or clear the directory).  *n_removed (may be NULL): host chunks
+ *  removed now.
+ *  Thread rule: any thread; takes the connector lock (never waits for
+ *  copies).  Errors: KVO_EINVAL (NULL c). */
+KVO_API int kvo_connector_reset(kvo_connector *c, uint64_t *n_removed);
 
 /** Append generated (or further prompt) tokens to the request's sequence, so
  *  that their chunks can be stored.  Only in token mode.  Errors:
@@ -358,7 +419,10 @@ typedef struct kvo_lookup_result {
 /** How many tokens of the request's current sequence (the prompt, or after a
  *  preemption everything appended so far) can be loaded, agreed by every
  *  group.  local_tokens: the prefix the engine already holds (its own prefix
- *  cache hit), a multiple of the step.  A hit (status KVO_HIT) pins its
+ *  cache hit), a multiple of the step.  The hit is any token count up to
+ *  n - 1 (n: the sequence length), at most max_hit_tokens (connector) and
+ *  local_tokens + max_load_tokens (request) when those are set.  A hit
+ *  (status KVO_HIT) pins its
  *  chunks until load(), the next lookup, update, preempt, finish or abort, so that
  *  the load cannot miss.  A PENDING result pins nothing.  A hit on chunks
  *  that only the file tier holds starts reading them into host slots at once
@@ -382,9 +446,14 @@ typedef struct kvo_block_table {
  *  blocks of tables (n_tables = the plan's group count; entries of groups that
  *  are not offloaded are ignored).  tokens must be the lookup's tokens
  *  (load everything) or its local_tokens (decline: unpin, nothing loaded).
- *  Which blocks are written: full groups every block in [local, tokens);
- *  sliding groups the blocks in [max(local, tokens - window), tokens); state
- *  groups the one block holding the state at `tokens`.  The copies run
+ *  Which blocks are written: full groups every block with tokens in
+ *  [local, tokens); sliding groups the blocks with tokens in
+ *  [max(local, tokens - window), tokens) (the window start rounded down to
+ *  a block); state groups the one block holding the state at `tokens`.  The
+ *  last block of a full or sliding group may be only partly valid (tokens
+ *  not a multiple of its tokens_per_block): it receives whole-block KV for
+ *  the same tokens; the engine recomputes from `tokens` over its tail.
+ *  Tables must hold ceil(tokens / tokens_per_block) entries per group.  The copies run
  *  asynchronously; a KVO_COMPLETION_LOAD from poll reports the outcome, and
  *  until then the engine must not read or write those blocks.
  *  Errors (nothing issued, the request keeps its pins): KVO_ENOTFOUND,
@@ -398,8 +467,15 @@ KVO_API int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, c
 
 /** The engine has written KV for tokens [0, computed_tokens) into the blocks of
  *  tables (computed_tokens never decreases, except after preempt).  Stores
- *  every chunk that became complete (and is wanted: see sliding_store) and
- *  whose blocks the table holds; chunks already stored are skipped.  A hit
+ *  every chunk that became complete (and is wanted: see sliding_store and
+ *  the request's max_offload_tokens / offload_prompt_only) and whose blocks
+ *  the table holds; chunks already stored are skipped.  A draft group's
+ *  chunk is stored only once computed_tokens is beyond its end, or at
+ *  finish (while the request decodes, the draft KV of the last computed
+ *  token is not final: it depends on the token after it).  A chunk whose
+ *  store was skipped (no room, transfer queue full, not admitted) is retried
+ *  at every later update and at finish while the table still holds its
+ *  blocks.  A hit
  *  pinned by lookup and not loaded is released (the engine computes).  Stores
  *  that would need to evict pinned or pending data are skipped and counted.
  *  The engine must not modify or free a block in such a store before

@@ -62,6 +62,18 @@
  * down (its limit for a smaller b is found below the previous answer).  So a
  * call is O(C + P + G * rounds) with G <= KVO_MAX_GROUPS, no allocation.
  *
+ * Draft groups (kvo_group_desc.draft: EAGLE / MTP drafters, full or
+ * sliding).  A drafter's KV at position i is computed from the target's
+ * hidden state at i and token i + 1, so the draft KV at b - 1 is right for
+ * a new request only if token b is shared too: a draft group serves b when
+ * it would serve b + 1 as a plain group with the same window start, i.e.
+ * tokens [max(L, b - w), b + 1) (full: [L, b + 1)).  Its limit is the plain
+ * limit at b + 1 (window w + 1) minus one, which keeps both properties
+ * above (nothing in (lim, b] served; lim == b exactly when b is).  The load
+ * still writes only the blocks below b (the chunk holding token b is proof
+ * that the token is shared, not data to load).  vLLM drops the draft
+ * group's whole last block instead; this is the exact condition.
+ *
  * Non-cacheable groups: a group that is not offloaded holds KV the engine
  * cannot rebuild for tokens before the boundary without computing from token
  * 0 (its KV at a token depends on its own KV at earlier tokens through the
@@ -201,6 +213,8 @@ static uint64_t kvo__group_limit(const kvo_agree_input *in, size_t g, kvo__agree
     if (b <= L) return b;
     if (!gp->offloaded) return b / gp->tokens_per_block * gp->tokens_per_block; /* scratch */
     uint64_t T = gp->tokens_per_chunk;
+    /* draft: tokens [.., b + 1) (see Draft groups); limits shift by one */
+    uint64_t d = gp->draft && gp->kind != KVO_GROUP_STATE;
     switch (gp->kind) {
     case KVO_GROUP_FULL: {
         if (sc->first_bad == -2) {
@@ -211,15 +225,16 @@ static uint64_t kvo__group_limit(const kvo_agree_input *in, size_t g, kvo__agree
             sc->first_bad = c;
         }
         uint64_t lim = (uint64_t)sc->first_bad * T;
+        lim = lim >= d ? lim - d : 0;
         return lim < b ? lim : b;
     }
     case KVO_GROUP_SLIDING: {
         uint64_t from = b > gp->window ? b - gp->window : 0;
         if (from < L) from = L;
-        int64_t lo = (int64_t)(from / T), hi = (int64_t)(kvo__div_ceil_u64(b, T) - 1);
+        int64_t lo = (int64_t)(from / T), hi = (int64_t)(kvo__div_ceil_u64(b + d, T) - 1);
         int64_t bad = kvo__scan_down(in, g, sc, lo, hi, pending_ok);
         if (bad < 0) return b;
-        return (uint64_t)bad * T;
+        return (uint64_t)bad * T >= d ? (uint64_t)bad * T - d : 0;
     }
     case KVO_GROUP_STATE:
         return kvo__state_limit(in, g, sc, b, pending_ok);

@@ -11,6 +11,7 @@
  *   lifecycle.c  wait_blocks / wait_request / preempt / abort / finish
  *   poll.c       the completion ring, transfer results, file-read results
  *   persist.c    file-tier hand-off: write-through, write-back, flush
+ *   controls.c   per-request limits, the lookup cap, reset (epochs)
  * agree.c (the hit agreement) and map.c (the hash map) are helpers.
  * Functions shared between these files are named kvo__conn_* and declared
  * below; everything else is static.  Unless a comment says otherwise, a
@@ -130,7 +131,8 @@ typedef struct kvo__read {
     kvo_slot slot;
     uint64_t req;
     uint32_t gen;
-    uint32_t epoch; /* lay_epoch of its group when started */
+    uint32_t lay_epoch; /* lay_epoch of its group when started (layout.c) */
+    uint32_t epoch;     /* the connector's reset epoch when started (controls.c) */
     size_t item;
 } kvo__read;
 
@@ -152,6 +154,17 @@ typedef struct kvo__req {
     uint64_t ckpt[2];
     size_t n_ckpt;
     uint64_t next_chunk[KVO_MAX_GROUPS];
+    /* chunks whose store was skipped (no room, queue full, not admitted),
+     * retried at the next update / finish while the table holds their
+     * blocks: (group, chunk) pairs */
+    uint64_t *retry;
+    size_t n_retry, cap_retry;
+    /* controls (controls.c) */
+    uint64_t max_load;    /* 0: no limit on tokens loaded per lookup */
+    uint64_t store_limit; /* chunks ending beyond this token are not stored
+                             (UINT64_MAX: no limit) */
+    uint32_t epoch;       /* connector epoch at add_request */
+    bool hit_stale;       /* the pinned hit predates a reset: its load fails */
     /* the hit pinned by the last lookup */
     bool hit_pinned;
     uint64_t hit_tokens, hit_local, hit_host_tokens, hit_file_tokens;
@@ -176,6 +189,7 @@ struct kvo__job {
     uint64_t id;
     uint64_t req;
     uint32_t gen;
+    uint32_t epoch; /* connector epoch at submit: older results are dropped */
     uint8_t dir;
     size_t n_keys;
     kvo_chunk_key *keys;
@@ -241,6 +255,7 @@ struct kvo_connector {
     kvo_chunk_key *ev_keys;
     kvo_slot *ev_slots;
     size_t ev_cap;
+    uint32_t epoch; /* bumped by kvo_connector_reset */
     uint32_t inject_load_fail, inject_store_fail;
     kvo_connector_stats st;
 };
@@ -287,9 +302,11 @@ void kvo__conn_unpin_hit(kvo_connector *c, kvo__req *r);
 
 /* ---- load.c ---- */
 /* Check that n_tables block tables cover `tokens` tokens of every offloaded
- * group (KVO_EINVAL naming the group otherwise). */
+ * group (KVO_EINVAL naming the group otherwise): ceil(tokens / tpb) entries
+ * when partial (a load's last block may be partly valid), else the whole
+ * blocks only (update: a partial block is never stored). */
 int kvo__conn_check_tables(kvo_connector *c, uint64_t id, const kvo_block_table *tables, size_t n_tables,
-                           uint64_t tokens);
+                           uint64_t tokens, bool partial);
 /* Room for tracking one more job of r over n_blocks engine blocks, so that
  * kvo__conn_job_register cannot fail. */
 int kvo__conn_job_reserve(kvo_connector *c, kvo__req *r, size_t n_blocks);
@@ -305,8 +322,10 @@ int kvo__conn_submit_load(kvo_connector *c, kvo__req *r, kvo__job *j);
 /* The checks of update (also used by finish with tables). */
 int kvo__conn_check_update(kvo_connector *c, kvo__req *r, uint64_t id, uint64_t computed,
                            const kvo_block_table *tables, size_t n_tables);
-/* Store every newly complete chunk of r (up to computed tokens). */
-void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed);
+/* Store every newly complete chunk of r (up to computed tokens) and retry
+ * skipped ones; final: at finish (draft groups store their last chunk). */
+void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed,
+                            bool final);
 /* Store the end-of-request checkpoint of r (sliding_store CHECKPOINTS). */
 void kvo__conn_store_final_checkpoint(kvo_connector *c, kvo__req *r, const kvo_block_table *tables,
                                       uint64_t computed);
@@ -334,6 +353,15 @@ size_t kvo__conn_file_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo
  * the file tier in write-back mode. */
 int kvo__conn_prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_t n, uint8_t *need,
                             kvo_slot *slots);
+
+/* ---- controls.c ---- */
+/* The largest boundary a lookup of r above local L may return: N - 1, lowered
+ * by max_hit_tokens and the request's max_load_tokens (may be <= L: no hit). */
+uint64_t kvo__conn_bmax(const kvo_connector *c, const kvo__req *r, uint64_t L);
+/* Set r's controls from its descriptor (add_request). */
+void kvo__conn_req_controls(kvo_connector *c, kvo__req *r, const kvo_request_desc *d);
+/* Whether r may store chunks now (requests added before a reset may not). */
+static inline bool kvo__conn_may_store(const kvo_connector *c, const kvo__req *r) { return r->epoch == c->epoch; }
 
 /* ---- test hooks (create.c) ---- */
 /* The next n load jobs of c complete as failed (KVO_EIO) whatever the copy

@@ -25,7 +25,7 @@ kvo_connector_params kvo_connector_default_params(void) {
     p.transfer_threads = 2;
     p.max_queued_jobs = 4096;
     p.nontemporal = -1;
-    p.sliding_store = KVO_SLIDING_STORE_ALL;
+    p.sliding_store = KVO_SLIDING_STORE_REACHABLE;
     p.max_requests = 4096;
     p.file_mode = KVO_FILE_WRITE_THROUGH;
     p.file_persist_on_destroy = true;
@@ -65,8 +65,9 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
                               "(only non-cacheable groups can be scratch)",
                               kvo_plan_group(plan, g)->name);
     }
-    if (p->sliding_store != KVO_SLIDING_STORE_ALL && p->sliding_store != KVO_SLIDING_STORE_CHECKPOINTS)
-        return kvo__error(KVO_EINVAL, "kvo_connector_create: sliding_store %d is not ALL (0) or CHECKPOINTS (1)",
+    if ((unsigned)p->sliding_store > KVO_SLIDING_STORE_REACHABLE)
+        return kvo__error(KVO_EINVAL,
+                          "kvo_connector_create: sliding_store %d is not ALL (0), CHECKPOINTS (1) or REACHABLE (2)",
                           (int)p->sliding_store);
     if (p->file_mode != KVO_FILE_WRITE_THROUGH && p->file_mode != KVO_FILE_WRITE_BACK)
         return kvo__error(KVO_EINVAL,

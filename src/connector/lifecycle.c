@@ -119,6 +119,7 @@ static int kvo__preempt(kvo_connector *c, uint64_t id, bool remove) {
             kvo__conn_req_remove(c, r);
         } else {
             r->computed = 0;
+            r->n_retry = 0;
             for (size_t g = 0; g < c->ng; g++) r->next_chunk[g] = 0;
         }
     }
@@ -158,7 +159,7 @@ int kvo_connector_finish(kvo_connector *c, uint64_t id, uint64_t computed_tokens
     kvo__conn_unpin_hit(c, r);
     if (tables) {
         if (computed_tokens > r->computed) r->computed = computed_tokens;
-        kvo__conn_issue_stores(c, r, tables, computed_tokens);
+        kvo__conn_issue_stores(c, r, tables, computed_tokens, true);
         if (c->p.sliding_store == KVO_SLIDING_STORE_CHECKPOINTS)
             kvo__conn_store_final_checkpoint(c, r, tables, computed_tokens);
     }

@@ -15,14 +15,14 @@
 #include "connector/connector_internal.h"
 
 int kvo__conn_check_tables(kvo_connector *c, uint64_t id, const kvo_block_table *tables, size_t n_tables,
-                      uint64_t tokens) {
+                      uint64_t tokens, bool partial) {
     if (!tables || n_tables != c->ng)
         return kvo__error(KVO_EINVAL, "request %llu: %zu block tables given; the plan has %zu groups",
                           (unsigned long long)id, tables ? n_tables : 0, c->ng);
     for (size_t g = 0; g < c->ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
         if (!gp->offloaded) continue;
-        uint64_t need = tokens / gp->tokens_per_block;
+        uint64_t need = partial ? kvo__div_ceil_u64(tokens, gp->tokens_per_block) : tokens / gp->tokens_per_block;
         if (tables[g].n < need || (tables[g].n && !tables[g].blocks))
             return kvo__error(KVO_EINVAL,
                               "request %llu: group '%s': block table has %zu entries; %llu tokens need %llu "
@@ -90,8 +90,10 @@ static const kvo_group_plan *kvo__item_blocks(kvo_connector *c, const kvo__req *
     const kvo_group_plan *gp = kvo_plan_group(c->plan, it->key.group);
     uint64_t lo, hi;
     kvo__conn_need_range(gp, it->chunk, r->hit_local, r->hit_tokens, &lo, &hi);
+    /* the last block may be only partly needed: rounded up (the engine
+     * recomputes from the hit over its tail) */
     *first = lo / gp->tokens_per_block;
-    *nb = (hi - lo) / gp->tokens_per_block;
+    *nb = kvo__div_ceil_u64(hi, gp->tokens_per_block) - *first;
     return gp;
 }
 
@@ -168,6 +170,7 @@ static kvo__job *kvo__build_load_job(kvo_connector *c, kvo__req *r, const kvo_bl
     j->n_blocks = bi;
     j->req = r->id;
     j->gen = r->gen;
+    j->epoch = c->epoch;
     j->dir = KVO_XFER_LOAD;
     j->tokens = r->hit_tokens;
     j->local = r->hit_local;
@@ -199,7 +202,7 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
         rc = kvo__error(KVO_ESTATE, "request %llu: no engine layout registered (kvo_connector_set_layout)",
                         (unsigned long long)id);
     else
-        rc = kvo__conn_check_tables(c, id, tables, n_tables, tokens);
+        rc = kvo__conn_check_tables(c, id, tables, n_tables, tokens, true);
     if (!rc) rc = kvo__conn_cq_reserve_owed(c); /* room for its completion */
     size_t nblocks = 0;
     if (!rc) rc = kvo__check_hit_blocks(c, r, tables, &nblocks);
@@ -213,7 +216,10 @@ int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, const kvo
     }
     r->st.local_tokens = r->hit_local;
     c->st.loads++;
-    if (r->file_pending) { /* wait for the file reads; poll submits */
+    if (r->hit_stale) { /* the hit predates a reset (controls.c) */
+        kvo__conn_job_free(j);
+        kvo__conn_fail_load_now(c, r, KVO_ECANCELED);
+    } else if (r->file_pending) { /* wait for the file reads; poll submits */
         r->deferred = j;
         kvo__conn_req_set_state(c, r, REQ_LOADING);
     } else if (r->file_status) {

@@ -56,6 +56,7 @@ void kvo__conn_unpin_hit(kvo_connector *c, kvo__req *r) {
         if (n) (void)kvo_store_complete_load(c->store, c->s_keys, n);
     }
     r->hit_pinned = false;
+    r->hit_stale = false;
     r->n_hit = 0;
     r->file_pending = 0;
     r->file_status = 0;
@@ -146,7 +147,8 @@ static int kvo__start_reads_pinned(kvo_connector *c, kvo__req *r, size_t nf, kvo
         rd->slot = slots[i];
         rd->req = r->id;
         rd->gen = r->gen;
-        rd->epoch = c->lay_epoch[rd->key.group];
+        rd->lay_epoch = c->lay_epoch[rd->key.group];
+        rd->epoch = c->epoch;
         rd->item = c->s_fidx[i];
         e->p = rd;
         r->file_pending++;
@@ -198,9 +200,7 @@ static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
  * state), with c->s_tier TIER_HOST; keys of the non-local chunks in s_keys
  * (their group and chunk in s_grp / s_chunk), *nk of them. */
 static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *off, size_t *ncs, size_t *nk) {
-    uint64_t N = r->n_tokens;
-    uint64_t S = c->step;
-    uint64_t bmax = N ? (N - 1) / S * S : 0;
+    uint64_t bmax = kvo__conn_bmax(c, r, L);
     size_t total = 0;
     for (size_t g = 0; g < c->ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
@@ -208,7 +208,8 @@ static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *o
         ncs[g] = 0;
         if (!gp->offloaded || bmax <= L) continue;
         uint64_t nc = r->n_units / gp->hashes_per_chunk;
-        uint64_t need = kvo__div_ceil_u64(bmax, gp->tokens_per_chunk);
+        /* a draft group also needs the chunk holding token bmax */
+        uint64_t need = kvo__div_ceil_u64(bmax + gp->draft, gp->tokens_per_chunk);
         ncs[g] = (size_t)(nc < need ? nc : need);
         total += ncs[g];
     }
@@ -270,13 +271,17 @@ static int kvo__agree_hit(kvo_connector *c, kvo__req *r, uint64_t L, const size_
     for (size_t g = 0; g < c->ng; g++) ptr[g] = c->s_u8 + off[g];
     kvo_agree_input in;
     memset(&in, 0, sizeof in);
+    uint64_t bmax = kvo__conn_bmax(c, r, L);
     in.plan = c->plan;
-    in.n_tokens = r->n_tokens;
+    in.n_tokens = bmax >= L ? bmax + 1 : L; /* the candidates: b <= bmax */
     in.local_tokens = L;
     in.min_hit_tokens = c->min_hit;
+    /* a capped candidate range shorter than a chunk: the cap decides */
+    if (bmax + 1 < r->n_tokens && bmax > L && bmax - L < c->min_hit) in.min_hit_tokens = bmax - L;
     in.scratch_groups = c->p.scratch_groups;
     in.chunk_states = ptr;
     in.n_chunks = ncs;
+    in.boundary_align = 1; /* any token count: the load rounds the last block up */
     kvo_agree_result ar;
     int rc = kvo_agree(&in, &ar);
     if (rc) return rc;

@@ -74,7 +74,7 @@ void kvo__conn_emit(kvo_connector *c, const kvo_completion *cp) {
 }
 
 static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_result *res, kvo__req *r) {
-    bool ok = res->status == 0;
+    bool ok = res->status == 0 && j->epoch == c->epoch; /* a reset drops older stores */
     if (ok && c->inject_store_fail) {
         c->inject_store_fail--;
         ok = false;
@@ -112,6 +112,8 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         status = KVO_EIO;
     }
     (void)kvo_store_complete_load(c->store, j->keys, j->n_keys);
+    if (j->epoch != c->epoch) /* pinned through a reset: drop now */
+        (void)kvo_store_remove(c->store, j->keys, j->n_keys);
     if (status == 0 && c->sums)
         for (size_t i = 0; i < j->n_keys; i++)
             if (c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] != kvo__conn_slot_sum(c, &j->keys[i], j->slots[i])) {
@@ -193,8 +195,9 @@ static void kvo__finish_read(kvo_connector *c, const kvo_file_completion *fc) {
     kvo__read *rd = e->p;
     kvo__map_del(&c->reads, e);
     /* a read started before its group's slot format changed holds the old
-     * format: never READY (layout.c) */
-    bool ok = fc->result == 0 && rd->epoch == c->lay_epoch[rd->key.group];
+     * format (layout.c), one started before a reset holds data of before the
+     * reset (controls.c): never READY */
+    bool ok = fc->result == 0 && rd->lay_epoch == c->lay_epoch[rd->key.group] && rd->epoch == c->epoch;
     if (ok && c->sums) /* still PENDING, as for stores */
         c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__conn_slot_sum(c, &rd->key, rd->slot);
     (void)kvo_store_complete_store(c->store, &rd->key, 1, ok);

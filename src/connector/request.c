@@ -36,6 +36,7 @@ void kvo__conn_req_free(kvo__req *r) {
     kvo__free(r->hit);
     kvo__free(r->jobs);
     kvo__free(r->invalid);
+    kvo__free(r->retry);
     kvo__free(r);
 }
 
@@ -179,6 +180,7 @@ int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d) {
         return kvo__error(KVO_ENOSPC, "request %llu: %u requests live (max_requests); finish some first",
                           (unsigned long long)d->id, c->p.max_requests);
     }
+    kvo__conn_req_controls(c, r, d); /* limits, epoch (namespace) */
     if (hash_mode) {
         rc = kvo__push_units(r, d->n_units);
         if (!rc) {

@@ -2,10 +2,21 @@
  * update (and finish's last stores): store every chunk that became complete
  * since the last call, from the engine's blocks into host slots.
  *
- * Per group, chunks [next_chunk, min(computed, units known)) are candidates;
- * with sliding_store CHECKPOINTS a sliding group keeps only the chunks a
- * checkpoint needs.  A candidate is stored only if the table holds all its
- * blocks.  The batch is reserved in the host store all-or-nothing, else
+ * Per group, chunks [next_chunk, min(computed, units known, store limit))
+ * are candidates (a draft group's chunk only once computed is beyond its
+ * end, or at finish: the draft KV of its last token needs the next token,
+ * not final while the request decodes); with
+ * sliding_store CHECKPOINTS a sliding group keeps only the chunks a
+ * checkpoint needs, with REACHABLE those before a reachable boundary.  A
+ * candidate is stored only if the table holds all its blocks.
+ *
+ * Retries.  next_chunk moves past every candidate, stored or not; a chunk
+ * whose store was skipped (no room, queue full, turned away by admission)
+ * goes to the request's retry list and is tried again first at the next
+ * update or finish, as long as the table still holds its blocks (dropped
+ * otherwise: it can no longer be stored from this request).  Each skip
+ * costs one retry-list entry, so the list never exceeds the request's
+ * chunks and one update scans at most them.  The batch is reserved in the host store all-or-nothing, else
  * one by one (chunks that do not fit are counted, never an error), then
  * submitted as one transfer job; its blocks are counted in the block map so
  * that wait_blocks can find it.
@@ -30,19 +41,57 @@ static bool kvo__ckpt_wants(const kvo_connector *c, const kvo__req *r, const kvo
     return false;
 }
 
+/* REACHABLE policy: the step of reachable boundaries, R = lcm of the
+ * tokens_per_block of offloaded state groups and of scratch groups (1 when
+ * none; 0 on overflow: then every chunk is kept). */
+static uint64_t kvo__reach_step(const kvo_connector *c) {
+    uint64_t R = 1;
+    for (size_t g = 0; g < c->ng && R; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        bool scratch = !gp->offloaded && g < 64 && ((c->p.scratch_groups >> g) & 1);
+        if ((gp->offloaded && gp->kind == KVO_GROUP_STATE) || scratch) R = kvo__lcm_u64(R, gp->tokens_per_block);
+    }
+    return R;
+}
+
+/* REACHABLE policy: does a boundary b, a multiple of R, need the chunk
+ * [cs, ce)?  b needs it when [b - window, b) meets it: b in (cs, ce +
+ * window); a draft group's range [b - window, b + 1) also when b == cs. */
+static bool kvo__reach_wants(const kvo_group_plan *gp, uint64_t ch, uint64_t R) {
+    if (R <= 1) return true;
+    uint64_t T = gp->tokens_per_chunk, cs = ch * T, q = (cs + T + gp->window - 1) / R * R;
+    return q > cs || (gp->draft && q == cs);
+}
+
 /* Add chunk ch of group g to the store batch at index *n if its blocks are
- * all held by the table. */
-static void kvo__batch_add(kvo_connector *c, kvo__req *r, size_t g, uint64_t ch, const kvo_block_table *t,
+ * all held by the table; false when they are not. */
+static bool kvo__batch_add(kvo_connector *c, kvo__req *r, size_t g, uint64_t ch, const kvo_block_table *t,
                            size_t *n) {
     const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
     uint64_t first = ch * gp->blocks_per_chunk;
-    if (first + gp->blocks_per_chunk > t->n) return;
+    if (first + gp->blocks_per_chunk > t->n) return false;
     for (uint64_t k = 0; k < gp->blocks_per_chunk; k++)
-        if (t->blocks[first + k] == KVO_NO_BLOCK) return;
+        if (t->blocks[first + k] == KVO_NO_BLOCK) return false;
     kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &c->s_keys[*n], 1);
     c->s_grp[*n] = (uint32_t)g;
     c->s_chunk[*n] = ch;
     (*n)++;
+    return true;
+}
+
+/* Remember batch entry i (a chunk whose store was skipped) for a retry at
+ * the next update or finish.  Out of memory: not retried (still counted). */
+static void kvo__retry_push(kvo__req *r, uint32_t g, uint64_t ch) {
+    if (kvo__grow((void **)&r->retry, &r->cap_retry, r->n_retry + 1, sizeof *r->retry, 16, "connector") == 0)
+        r->retry[r->n_retry++] = ch << 6 | g;
+}
+
+/* Batch entry i, for which prepare_store succeeded with need = 0: present,
+ * or turned away by admission (admit_after > 1); the latter is retried. */
+static void kvo__retry_if_refused(kvo_connector *c, kvo__req *r, size_t i) {
+    kvo_store_entry e;
+    if (c->p.admit_after > 1 && !c->s_u8[i] && kvo_store_peek(c->store, &c->s_keys[i], &e) == KVO_ENOTFOUND)
+        kvo__retry_push(r, c->s_grp[i], c->s_chunk[i]);
 }
 
 /* Reserve, copy and track a batch of n candidate chunks in the scratch
@@ -58,19 +107,28 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
                 c->s_u8[i] = 0;
                 c->st.stores_skipped_nospace++;
                 r->st.stores_skipped++;
+                kvo__retry_push(r, c->s_grp[i], c->s_chunk[i]);
+            } else {
+                kvo__retry_if_refused(c, r, i);
             }
         }
         rc = 0;
     } else if (rc) {
         c->st.stores_skipped_nospace += n;
         r->st.stores_skipped += n;
+        for (size_t i = 0; i < n; i++) kvo__retry_push(r, c->s_grp[i], c->s_chunk[i]);
         return;
+    } else {
+        for (size_t i = 0; i < n; i++) kvo__retry_if_refused(c, r, i);
     }
     size_t m = 0, nblocks = 0;
     if (kvo__ops_cap(c, n)) {
         /* cannot build ops: undo the reservations */
         for (size_t i = 0; i < n; i++)
-            if (c->s_u8[i]) (void)kvo_store_complete_store(c->store, &c->s_keys[i], 1, false);
+            if (c->s_u8[i]) {
+                (void)kvo_store_complete_store(c->store, &c->s_keys[i], 1, false);
+                kvo__retry_push(r, c->s_grp[i], c->s_chunk[i]);
+            }
         return;
     }
     for (size_t i = 0; i < n; i++) {
@@ -85,6 +143,8 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
         op->slot_bytes = c->s_slots[i].bytes;
         c->s_keys[m] = c->s_keys[i];
         c->s_slots[m] = c->s_slots[i];
+        c->s_grp[m] = c->s_grp[i];
+        c->s_chunk[m] = c->s_chunk[i];
         nblocks += gp->blocks_per_chunk;
         m++;
     }
@@ -106,6 +166,7 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
         j->n_blocks = bi;
         j->req = r->id;
         j->gen = r->gen;
+        j->epoch = c->epoch;
         j->dir = KVO_XFER_STORE;
         rc = kvo__conn_job_reserve(c, r, bi);
         if (!rc) rc = kvo_transfer_submit(c->xfer, KVO_XFER_STORE, c->s_ops, m, &j->id);
@@ -116,6 +177,7 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
         (void)kvo_store_complete_store(c->store, c->s_keys, m, false);
         c->st.stores_skipped_queue += m;
         r->st.stores_skipped += m;
+        for (size_t i = 0; i < m; i++) kvo__retry_push(r, c->s_grp[i], c->s_chunk[i]);
         kvo__conn_job_free(j);
         return;
     }
@@ -130,26 +192,47 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
     }
 }
 
-/* Store every newly complete chunk (up to computed tokens). */
-void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed) {
-    size_t total = 0;
+/* The first chunk of group gp that r may not store yet with `computed`
+ * tokens computed: complete chunks with keys, within the request's store
+ * limit; a draft group's chunk only once computed is beyond its end, or at
+ * finish (final). */
+static uint64_t kvo__store_end(const kvo__req *r, const kvo_group_plan *gp, uint64_t computed, bool final) {
+    uint64_t T = gp->tokens_per_chunk, lim = computed;
+    if (gp->draft && !final) lim = computed ? computed - 1 : 0;
+    if (lim > r->store_limit) lim = r->store_limit;
+    uint64_t a = lim / T, b = r->n_units / gp->hashes_per_chunk;
+    return a < b ? a : b;
+}
+
+/* Store every newly complete chunk (up to computed tokens), and retry the
+ * chunks skipped before whose blocks the tables still hold. */
+void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, uint64_t computed,
+                            bool final) {
+    if (!kvo__conn_may_store(c, r)) return; /* added before a reset */
+    size_t total = r->n_retry;
     uint64_t end[KVO_MAX_GROUPS];
     for (size_t g = 0; g < c->ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
-        end[g] = 0;
-        if (!gp->offloaded) continue;
-        uint64_t a = computed / gp->tokens_per_chunk, b = r->n_units / gp->hashes_per_chunk;
-        end[g] = a < b ? a : b;
+        end[g] = gp->offloaded ? kvo__store_end(r, gp, computed, final) : 0;
         if (end[g] > r->next_chunk[g]) total += end[g] - r->next_chunk[g];
     }
     if (total == 0 || kvo__conn_scratch(c, total)) return;
     size_t n = 0;
+    /* retries first (dropped when the table no longer holds the blocks) */
+    for (size_t i = 0; i < r->n_retry; i++) {
+        uint32_t g = (uint32_t)(r->retry[i] & 63);
+        (void)kvo__batch_add(c, r, g, r->retry[i] >> 6, &tables[g], &n);
+    }
+    r->n_retry = 0;
+    uint64_t R = c->p.sliding_store == KVO_SLIDING_STORE_REACHABLE ? kvo__reach_step(c) : 1;
     for (size_t g = 0; g < c->ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
         if (!gp->offloaded) continue;
-        bool ckpt = gp->kind == KVO_GROUP_SLIDING && c->p.sliding_store == KVO_SLIDING_STORE_CHECKPOINTS;
+        bool sliding = gp->kind == KVO_GROUP_SLIDING;
+        bool ckpt = sliding && c->p.sliding_store == KVO_SLIDING_STORE_CHECKPOINTS;
         for (uint64_t ch = r->next_chunk[g]; ch < end[g]; ch++) {
             if (ckpt && !kvo__ckpt_wants(c, r, gp, ch)) continue;
+            if (sliding && !kvo__reach_wants(gp, ch, R)) continue;
             kvo__batch_add(c, r, g, ch, &tables[g], &n);
         }
         if (end[g] > r->next_chunk[g]) r->next_chunk[g] = end[g];
@@ -161,6 +244,7 @@ void kvo__conn_issue_stores(kvo_connector *c, kvo__req *r, const kvo_block_table
  * the window before the best boundary of the tokens computed so far. */
 void kvo__conn_store_final_checkpoint(kvo_connector *c, kvo__req *r, const kvo_block_table *tables,
                                       uint64_t computed) {
+    if (!kvo__conn_may_store(c, r)) return; /* added before a reset */
     uint64_t q = kvo__conn_best_boundary(c, computed);
     size_t total = 0;
     for (size_t g = 0; g < c->ng && q; g++) {
@@ -196,7 +280,7 @@ int kvo__conn_check_update(kvo_connector *c, kvo__req *r, uint64_t id, uint64_t 
     if (computed > r->n_tokens)
         return kvo__error(KVO_EINVAL, "request %llu: computed_tokens %llu beyond the %llu tokens appended",
                           (unsigned long long)id, (unsigned long long)computed, (unsigned long long)r->n_tokens);
-    return kvo__conn_check_tables(c, id, tables, n_tables, computed);
+    return kvo__conn_check_tables(c, id, tables, n_tables, computed, false);
 }
 
 int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
@@ -208,7 +292,7 @@ int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens
     if (!rc) {
         kvo__conn_unpin_hit(c, r); /* computing instead of loading: the hit is not needed */
         if (computed_tokens > r->computed) r->computed = computed_tokens;
-        kvo__conn_issue_stores(c, r, tables, computed_tokens);
+        kvo__conn_issue_stores(c, r, tables, computed_tokens, false);
     }
     kvo__conn_unlock(c);
     return rc;

@@ -151,9 +151,11 @@ static uint32_t kvo__compact_pick(kvo_store *s, const kvo__plan *pl) {
 #define KVO__NOT_ADMITTED (KVO__NIL - 1)
 
 /* A present key of the batch that prepare_store protects (or, storing
- * nothing, counts as used): READY and not pinned (pinned is busy already). */
+ * nothing, counts as used): READY and not pinned (pinned is busy already);
+ * none with params.ignore_present (left alone, possibly evicted). */
 static inline bool kvo__protectable(const kvo_store *s, uint32_t e) {
-    return e < KVO__NOT_ADMITTED && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0;
+    return e < KVO__NOT_ADMITTED && s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0 &&
+           !s->params.ignore_present;
 }
 
 /* Undo the protection of a present batch key (commit or rollback): it
@@ -421,9 +423,10 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
     size_t i;
     for (i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
+        if (e != KVO__NIL && s->ent[e].state == KVO__E_READY) continue; /* completed already: no-op */
         if (e == KVO__NIL || s->ent[e].state != KVO__E_PENDING) {
-            rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is %s, not PENDING (it was not prepared, or "
-                            "was already completed)", fn, i, keys[i].group, e == KVO__NIL ? "absent" : "READY");
+            rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is absent, not PENDING (it was not prepared, or "
+                            "its failed store removed it)", fn, i, keys[i].group);
             break;
         }
         if (s->ent[e].flags & KVO__F_BATCH) {
@@ -440,6 +443,7 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
     for (i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         kvo__entry *x = &s->ent[e];
+        if (!(x->flags & KVO__F_BATCH)) continue; /* READY already */
         x->flags &= (uint8_t)~KVO__F_BATCH;
         if (ok) {
             x->state = KVO__E_READY;
