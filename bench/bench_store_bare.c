@@ -112,7 +112,8 @@ static inline uint32_t bb_find(const kvo__bs_bare *b, const kvo_chunk_key *k, ui
     }
 }
 
-/* The store's batch pipeline: key i+8's table slot, key i+4's entry. */
+/* The store's batch pipeline: key i+8's table slot, key i+4's entry (the
+ * first in its run whose tag matches). */
 static inline uint64_t bb_pipe(const kvo__bs_bare *b, uint64_t *ring, const kvo_chunk_key *keys, size_t n,
                                size_t i) {
     if (i == 0)
@@ -123,8 +124,15 @@ static inline uint64_t bb_pipe(const kvo__bs_bare *b, uint64_t *ring, const kvo_
         __builtin_prefetch(&b->tab[h & b->mask]);
     }
     if (i + 4 < n) {
-        uint64_t v = b->tab[ring[(i + 4) & 15] & b->mask];
-        if (v != BB_EMPTY) __builtin_prefetch(&b->ent[(uint32_t)v]);
+        uint64_t h = ring[(i + 4) & 15], tag = h & 0xFFFFFFFFu;
+        for (uint64_t j = h, t = 0; t < 4; t++, j++) {
+            uint64_t v = b->tab[j & b->mask];
+            if (v == BB_EMPTY) break;
+            if ((v >> 32) == tag) {
+                __builtin_prefetch(&b->ent[(uint32_t)v]);
+                break;
+            }
+        }
     }
     return ring[i & 15];
 }
