@@ -115,6 +115,7 @@ int kvo__slots_init(kvo__slots *sl, uint64_t capacity, const uint64_t *cls_bytes
     sl->seg_bytes = S;
     sl->nseg = (uint32_t)nseg;
     sl->kmax = (uint32_t)kmax;
+    sl->kmax_m = kmax > 1 ? UINT64_MAX / kmax + 1 : 0;
     sl->nclass = nclass;
     for (uint32_t c = 0; c < nclass; c++) {
         sl->cls_bytes[c] = cls_bytes[c];
@@ -197,7 +198,7 @@ uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *
 }
 
 void kvo__slots_release(kvo__slots *sl, uint32_t id) {
-    uint32_t g = id / sl->kmax;
+    uint32_t g = kvo__slot_seg(sl, id);
     uint32_t c = sl->seg[g].cls;
     uint32_t k = sl->cls_k[c];
     assert(c != KVO__SEG_FREE && sl->seg[g].used > 0 && sl->slot[id].entry != KVO__NIL);
@@ -221,7 +222,7 @@ void kvo__slots_release(kvo__slots *sl, uint32_t id) {
 }
 
 void kvo__slots_busy(kvo__slots *sl, uint32_t id, int delta) {
-    uint32_t g = id / sl->kmax;
+    uint32_t g = kvo__slot_seg(sl, id);
     uint32_t c = sl->seg[g].cls;
     assert(c != KVO__SEG_FREE);
     if (delta > 0) {
