@@ -9,9 +9,11 @@
  * kvoffload, so it is reported as such and the speedups over it carry no
  * goal.  The result is each tier's load bandwidth against that tier's raw
  * bandwidth measured in the same run on the same bytes:
- *   - load time = the loaded run's TTFT minus the TTFT of the same suffix
- *     with the prefix already in the engine's own blocks (nothing loaded,
- *     the same tokens computed), so it is the time the load added;
+ *   - load time = the loaded run's TTFT minus the TTFT of a suffix of the
+ *     same length with the prefix already in the engine's own blocks
+ *     (nothing loaded, the same number of tokens computed), so it is the
+ *     time the load added; each is the best of 5 runs (3 for the file tier,
+ *     each after a restart);
  *   - host limit: one memcpy of the same number of bytes between two
  *     pre-faulted buffers (best of 5);
  *   - file limit: reading the tier's files (the bytes just loaded, plus
@@ -142,6 +144,21 @@ static int kvo__bt_run(kvo_eng *e, kvo_eng_conn *conn, const uint32_t *prompt, u
     return rc;
 }
 
+/* Keep the faster of *best and *r (k == 0: *best is empty); a run that
+ * loaded fewer tokens is never kept over one that loaded more, so a failed
+ * load cannot pass for a fast one. */
+static void kvo__bt_keep(kvo_eng_result *best, kvo_eng_result *r, uint32_t k) {
+    bool better = k == 0 || r->tokens_loaded > best->tokens_loaded ||
+                  (r->tokens_loaded == best->tokens_loaded && r->tokens_loaded_file >= best->tokens_loaded_file &&
+                   r->ttft_s < best->ttft_s);
+    if (better) {
+        kvo_eng_results_free(best, 1);
+        *best = *r;
+    } else {
+        kvo_eng_results_free(r, 1);
+    }
+}
+
 int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o) {
     uint64_t tokens = 8192, chunk = 256;
     const char *shape = "hybrid-state", *dir_arg = NULL;
@@ -217,27 +234,46 @@ int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o) {
         fprintf(stderr, "kvoffload bench ttft: %s\n", kvo_eng_last_error());
         goto out;
     }
-    /* 1: recompute (the connector stores the chunks as they fill) */
+    /* 1: recompute (the connector stores the chunks as they fill); once: the
+     * toy takes seconds, and its time is not a result */
     if (kvo__bt_run(e, c1, pa, P + S, 1, &ra)) goto out;
     if (kvo_eng_conn_flush(c1)) {
         fprintf(stderr, "kvoffload bench ttft: %s\n", kvo_eng_last_error());
         goto out;
     }
+    /* Each timed case is run several times and its best run kept (single
+     * TTFTs of tens of ms vary by several times on a shared machine). */
     /* 1b: the prefix in the engine's own blocks, nothing loaded: the same
-     * suffix computed (the baseline the loads are measured against) */
-    if (kvo__bt_run(e, NULL, pd, P + S, 4, &rd)) goto out;
-    /* 2: engine cache dropped, prefix loaded from the host tier */
-    kvo_eng_evict_cached(e);
-    if (kvo__bt_run(e, c1, pb, P + S, 2, &rb)) goto out;
-    /* 3: restart: a new connector, empty host tier, same file directory */
-    kvo_eng_conn_destroy(c1);
-    c1 = NULL;
-    kvo_eng_evict_cached(e);
-    if (kvo_eng_conn_create(e, &cp, &c2)) {
-        fprintf(stderr, "kvoffload bench ttft: %s\n", kvo_eng_last_error());
-        goto out;
+     * number of suffix tokens computed (a new suffix each time, so that the
+     * engine's cache holds none of it): the baseline of the loads */
+    for (uint32_t k = 0; k < 5; k++) {
+        kvo_eng_result r;
+        for (uint32_t i = P; i < P + S; i++) pd[i] = (pa[i] + 3 + k) % cfg.vocab;
+        if (kvo__bt_run(e, NULL, pd, P + S, 10 + k, &r)) goto out;
+        kvo__bt_keep(&rd, &r, k);
     }
-    if (kvo__bt_run(e, c2, pc, P + S, 3, &rc_)) goto out;
+    /* 2: engine cache dropped, prefix loaded from the host tier */
+    for (uint32_t k = 0; k < 5; k++) {
+        kvo_eng_result r;
+        kvo_eng_evict_cached(e);
+        if (kvo__bt_run(e, c1, pb, P + S, 20 + k, &r)) goto out;
+        kvo__bt_keep(&rb, &r, k);
+    }
+    /* 3: restart: a new connector, empty host tier, same file directory */
+    for (uint32_t k = 0; k < 3; k++) {
+        kvo_eng_result r;
+        kvo_eng_conn_destroy(c1);
+        c1 = NULL;
+        kvo_eng_conn_destroy(c2);
+        c2 = NULL;
+        kvo_eng_evict_cached(e);
+        if (kvo_eng_conn_create(e, &cp, &c2)) {
+            fprintf(stderr, "kvoffload bench ttft: %s\n", kvo_eng_last_error());
+            goto out;
+        }
+        if (kvo__bt_run(e, c2, pc, P + S, 30 + k, &r)) goto out;
+        kvo__bt_keep(&rc_, &r, k);
+    }
 
     const kvo_eng_config *ec = kvo_eng_get_config(e);
     uint32_t layers = 0;
