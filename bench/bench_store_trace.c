@@ -265,36 +265,14 @@ static int bs_store_all(kvo_store *s, const kvo_chunk_key *keys, size_t n, bs_sc
     return rc;
 }
 
-static double bs_trace_replay(const bs_trace *t, kvo_policy_kind pol, uint64_t blocks, int *rc_out) {
+/* One pass over the trace on a store with policy pol: per request a
+ * lookup, then (vllm) prepare_load + complete_load + touch of the prefix
+ * hits, then the request stored.  *sec: the thread's CPU seconds; *ops: key
+ * operations counted as the Python peer counts them; *hits: prefix hits. */
+static int bs_replay(const bs_trace *t, kvo_policy_kind pol, uint64_t blocks, bool vllm, double *sec, uint64_t *ops,
+                     uint64_t *hits) {
     kvo_plan *p = NULL;
     kvo_store *s = bs_trace_store(pol, blocks, &p);
-    bs_scratch x;
-    int rc = s ? bs_scratch_init(&x, t->maxn) : KVO_EINVAL;
-    uint64_t hits = 0;
-    for (size_t r = 0; !rc && r < t->nreq; r++) {
-        size_t n = t->start[r + 1] - t->start[r];
-        const kvo_chunk_key *keys = t->keys + t->start[r];
-        if (!n) continue;
-        if ((rc = kvo_store_lookup(s, keys, n, x.st))) break;
-        size_t h = 0;
-        while (h < n && x.st[h] == KVO_READY) h++;
-        hits += h;
-        rc = bs_store_all(s, keys, n, &x);
-    }
-    if (s) bs_scratch_free(&x);
-    kvo_store_destroy(s);
-    kvo_plan_destroy(p);
-    *rc_out = rc;
-    return (double)hits / (double)t->nids;
-}
-
-/* ------------------------------------------------- vLLM manager cycle -- */
-
-/* One pass of the cycle over the trace on the store: seconds, key ops and
- * prefix hits. */
-static int bs_vllm_store(const bs_trace *t, uint64_t blocks, double *sec, uint64_t *ops, uint64_t *hits) {
-    kvo_plan *p = NULL;
-    kvo_store *s = bs_trace_store(KVO_POLICY_LRU, blocks, &p);
     bs_scratch x;
     int rc = s ? bs_scratch_init(&x, t->maxn) : KVO_EINVAL;
     *ops = *hits = 0;
@@ -306,8 +284,9 @@ static int bs_vllm_store(const bs_trace *t, uint64_t blocks, double *sec, uint64
         if ((rc = kvo_store_lookup(s, keys, n, x.st))) break;
         size_t h = 0;
         while (h < n && x.st[h] == KVO_READY) h++;
-        if (h && ((rc = kvo_store_prepare_load(s, keys, h, x.sl)) || (rc = kvo_store_complete_load(s, keys, h)) ||
-                  (rc = kvo_store_touch(s, keys, h))))
+        if (vllm && h &&
+            ((rc = kvo_store_prepare_load(s, keys, h, x.sl)) || (rc = kvo_store_complete_load(s, keys, h)) ||
+             (rc = kvo_store_touch(s, keys, h))))
             break;
         rc = bs_store_all(s, keys, n, &x);
         *ops += (h < n ? h + 1 : h) + 3 * h + 2 * n;
@@ -404,7 +383,7 @@ static int bs_vllm_bench(const kvo_bench_out *o, const bs_trace *t, const char *
     for (int round = 0; round < 4 && !rc; round++) {
         double sec;
         uint64_t ops;
-        if ((rc = bs_vllm_store(t, blocks, &sec, &ops, &hits))) break;
+        if ((rc = bs_replay(t, KVO_POLICY_LRU, blocks, true, &sec, &ops, &hits))) break;
         if ((double)ops / sec > best) best = (double)ops / sec;
         if ((rc = bs_vllm_bare(t, entries, &sec, &ops))) break;
         if ((double)ops / sec > bare) bare = (double)ops / sec;
@@ -472,8 +451,10 @@ int kvo__bs_trace_bench(const kvo_bench_out *o, const char *path, bool peer) {
         snprintf(name, sizeof name, "store.trace_prefix_hit_rate_min_%llublocks", (unsigned long long)caps[c]);
         kvo_bench_report(o, name, 100 * min, "%", "infinite_cache", 100 * inf);
         for (size_t k = 0; k < 3 && !rc; k++) {
-            double hr = bs_trace_replay(&t, pols[k], caps[c], &rc);
-            if (rc) break;
+            double sec;
+            uint64_t ops, hits;
+            if ((rc = bs_replay(&t, pols[k], caps[c], false, &sec, &ops, &hits))) break;
+            double hr = (double)hits / (double)t.nids;
             snprintf(name, sizeof name, "store.trace_prefix_hit_rate_%s_%llublocks", kvo_policy_name(pols[k]),
                      (unsigned long long)caps[c]);
             kvo_bench_report(o, name, 100 * hr, "%", "belady_min", 100 * min);
