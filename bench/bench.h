@@ -18,6 +18,9 @@ typedef struct kvo_bench_out {
 void kvo_bench_report(const kvo_bench_out *o, const char *name, double value, const char *unit,
                       const char *limit_name, double limit);
 double kvo_bench_now(void); /* seconds, monotonic */
+/* This thread's CPU seconds: for single-threaded figures on a shared
+ * machine, time this thread was descheduled is not counted. */
+double kvo_bench_thread_cpu(void);
 
 /* Each benchmark: argv[0] is its name. */
 int kvo_bench_store(int argc, char **argv, const kvo_bench_out *o);

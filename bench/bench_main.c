@@ -24,6 +24,12 @@ double kvo_bench_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double kvo_bench_thread_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 void kvo_bench_report(const kvo_bench_out *o, const char *name, double value, const char *unit,
                       const char *limit_name, double limit) {
     if (o->json) {

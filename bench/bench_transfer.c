@@ -1,21 +1,27 @@
 /*
  * `kvoffload bench transfer [--json] [--total-mib N] [--reps N]`: store and
  * load bandwidth of the transfer engine for pages of 16 KiB to 2 MiB, with 1
- * and 2 worker threads, each against the copy ceiling measured in the same
- * run with the same number of threads over the same total bytes: one large
- * copy with streaming stores (written here, independent of the library) and
- * one plain memcpy; the better of the two is the limit.
+ * and 2 worker threads, each against two limits measured in the same run
+ * with the same number of threads over the same bytes:
+ *   - the same work: a plain gather (store) or scatter (load) of the same
+ *     shuffled pages between the same buffers, page by page, threads
+ *     claiming 256 KiB units like the engine's workers (kvo__bgather_run);
+ *     the better of streaming stores and memcpy;
+ *   - the contiguous copy ceiling (`.vs_contiguous`): one large copy of the
+ *     same total bytes with streaming stores (written here, independent of
+ *     the library) and one plain memcpy; the better of the two.  A gather
+ *     of small pages cannot reach it (each page is a new stream).
  *
  * Setup per page size P: one group of one layer with P-byte pages in one
  * tensor of total/P blocks, block ids shuffled so that no two pages of a
  * chunk are adjacent in the tensor (nothing merges: a true gather/scatter of
  * P-byte pages); chunks of about 2 MiB (blocks_per_chunk = 2 MiB / P) in one
  * slot arena; one job moves every chunk.  Buffers are allocated once and
- * pre-faulted before timing.  For each page size the ceiling copies and the
- * jobs run interleaved, --reps rounds, and each figure is the best round (the
- * machine is shared: the best run is the least disturbed one; a ratio
- * compares the best job with the best ceiling of the same rounds; the limit
- * is printed with it).
+ * pre-faulted before timing.  For each page size the limits and the jobs
+ * run interleaved, --reps rounds, and each figure is the median round (the
+ * machine is shared and memory bandwidth is disturbed at random by other
+ * work: a median moves little, and the limits and jobs of the same rounds
+ * are disturbed alike; the limit is printed with each ratio).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -117,6 +123,55 @@ static double kvo__bcopy_time(unsigned char *d, const unsigned char *s, size_t n
     return kvo_bench_now() - t0;
 }
 
+/* The same-work limit: the job's own gather (store) or scatter (load) of
+ * the same pages between the same buffers, by the same number of threads
+ * claiming units of the engine's size (256 KiB of pages, at least one page)
+ * from a shared counter, each page one copy (streaming stores or memcpy, the
+ * better is taken by the caller): the engine minus its job queue, dependency
+ * tracking, unit bookkeeping and run merging (there is nothing to merge:
+ * the pages are shuffled). */
+typedef struct kvo__bgather {
+    unsigned char *eng, *slots;
+    const uint64_t *ids;
+    uint64_t page, nblk, unit;
+    int stream, store;
+    uint64_t next; /* next unit (atomic) */
+} kvo__bgather;
+
+static void *kvo__bgather_run(void *arg) {
+    kvo__bgather *g = arg;
+    for (;;) {
+        uint64_t b0 = __atomic_fetch_add(&g->next, g->unit, __ATOMIC_RELAXED);
+        if (b0 >= g->nblk) break;
+        uint64_t b1 = b0 + g->unit < g->nblk ? b0 + g->unit : g->nblk;
+        for (uint64_t b = b0; b < b1; b++) {
+            unsigned char *e = g->eng + g->ids[b] * g->page, *sl = g->slots + b * g->page;
+            unsigned char *d = g->store ? sl : e;
+            const unsigned char *s = g->store ? e : sl;
+#if KVO__BX86
+            if (g->stream == 2) kvo__b_stream_avx2(d, s, g->page);
+            else if (g->stream == 1) kvo__b_stream_sse2(d, s, g->page);
+            else
+#endif
+                memcpy(d, s, g->page);
+        }
+    }
+    return NULL;
+}
+
+/* Seconds for one gather (store) or scatter (load) of nblk pages. */
+static double kvo__bgather_time(unsigned char *eng, unsigned char *slots, const uint64_t *ids, uint64_t page,
+                                uint64_t nblk, int store, int stream, uint32_t threads) {
+    pthread_t th[2];
+    uint64_t unit = (UINT64_C(256) << 10) / page ? (UINT64_C(256) << 10) / page : 1;
+    kvo__bgather g = {eng, slots, ids, page, nblk, unit, stream, store, 0};
+    double t0 = kvo_bench_now();
+    for (uint32_t i = 0; i + 1 < threads; i++) pthread_create(&th[i], NULL, kvo__bgather_run, &g);
+    kvo__bgather_run(&g);
+    for (uint32_t i = 0; i + 1 < threads; i++) pthread_join(th[i], NULL);
+    return kvo_bench_now() - t0;
+}
+
 /* ------------------------------------------------------------ engine -- */
 
 int kvo__bsetup_make(kvo__bsetup *b, uint64_t page, uint64_t total, unsigned char *slots) {
@@ -186,11 +241,49 @@ int kvo__bjob_time(kvo_transfer *t, kvo__bsetup *b, kvo_xfer_dir dir, int reps, 
     return 0;
 }
 
+static int kvo__bcmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One page size: `reps` rounds, each running every limit and both jobs back
+ * to back (so that each ratio compares runs made under the same conditions
+ * on this shared machine); med[] gets each one's median seconds over the
+ * rounds (a disturbed round moves a median little, and the limits and jobs
+ * are disturbed alike), bytes[] the jobs' bytes. */
+static int kvo__bmeasure(kvo_transfer *t, kvo__bsetup *b, unsigned char *eng, unsigned char *slots, uint64_t total,
+                         uint64_t page, int stream, uint32_t threads, uint64_t reps, double med[6],
+                         uint64_t bytes[2]) {
+    double *tm = malloc(sizeof *tm * 6 * reps);
+    if (!tm) return KVO_ENOMEM;
+    int rc = 0;
+    for (uint64_t r = 0; r < reps && !rc; r++) {
+        double *x = tm + r, d;
+        for (int dir = 0; dir < 2; dir++) { /* the same work: better of streaming stores and memcpy */
+            x[(4 + dir) * reps] = 1e30;
+            for (int k = 0; k < 2; k++) {
+                d = kvo__bgather_time(eng, slots, b->ids, page, total / page, dir == 0, k ? 0 : stream, threads);
+                if (d < x[(4 + dir) * reps]) x[(4 + dir) * reps] = d;
+            }
+        }
+        x[0] = kvo__bcopy_time(r % 2 ? eng : slots, r % 2 ? slots : eng, total, stream, threads);
+        x[reps] = kvo__bcopy_time(r % 2 ? eng : slots, r % 2 ? slots : eng, total, 0, threads);
+        for (int dir = 0; dir < 2 && !rc; dir++) rc = kvo__bjob_time(t, b, (kvo_xfer_dir)dir, 1, &x[(2 + dir) * reps], &bytes[dir]);
+    }
+    for (int k = 0; k < 6 && !rc; k++) {
+        double *v = tm + (size_t)k * reps;
+        qsort(v, reps, sizeof *v, kvo__bcmp_d);
+        med[k] = reps % 2 ? v[reps / 2] : (v[reps / 2 - 1] + v[reps / 2]) / 2;
+    }
+    free(tm);
+    return rc;
+}
+
 int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o) {
-    uint64_t total_mib = 128, reps = 7;
+    uint64_t total_mib = 128, reps = 11;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: kvoffload bench transfer [--json] [--total-mib N (128)] [--reps N (7)] [--device host|cuda]\n"
+            printf("usage: kvoffload bench transfer [--json] [--total-mib N (128)] [--reps N (11)] [--device host|cuda]\n"
                    "Store and load bandwidth for pages of 16 KiB..2 MiB with 1 and 2 threads, as ratios\n"
                    "of the copy ceiling (streaming-store copy or memcpy of the same bytes) measured now.\n");
             return KVO_EXIT_OK;
@@ -232,7 +325,7 @@ int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o) {
     int ret = KVO_EXIT_OK;
     char name[128], lim[64];
     for (uint32_t threads = 1; threads <= 2 && ret == KVO_EXIT_OK; threads++) {
-        double s_all = 0, m_all = 0; /* best ceilings over the whole run */
+        double s_all = 0, m_all = 0; /* the best pages' ceilings */
         for (size_t pi = 0; pi < sizeof pages / sizeof pages[0] && ret == KVO_EXIT_OK; pi++) {
             kvo__bsetup b;
             int rc = kvo__bsetup_make(&b, pages[pi], total, slots);
@@ -245,31 +338,25 @@ int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o) {
             }
             kvo_segment seg = {0, eng, total / pages[pi], pages[pi], pages[pi]};
             if (!rc) rc = kvo_transfer_set_layout(t, &seg, 1);
-            /* Ceilings and jobs interleaved, so that each ratio compares runs
-             * made under the same conditions on this shared machine. */
-            double best[4] = {1e30, 1e30, 1e30, 1e30}; /* stream, memcpy, store, load */
+            double med[6]; /* seconds: stream copy, memcpy, store job, load job, gather, scatter */
             uint64_t bytes[2] = {0, 0};
-            for (uint64_t r = 0; r < reps && !rc; r++) {
-                double d;
-                d = kvo__bcopy_time(r % 2 ? eng : slots, r % 2 ? slots : eng, total, stream, threads);
-                if (d < best[0]) best[0] = d;
-                d = kvo__bcopy_time(r % 2 ? eng : slots, r % 2 ? slots : eng, total, 0, threads);
-                if (d < best[1]) best[1] = d;
-                for (int dir = 0; dir < 2 && !rc; dir++) {
-                    rc = kvo__bjob_time(t, &b, (kvo_xfer_dir)dir, 1, &d, &bytes[dir]);
-                    if (d < best[2 + dir]) best[2 + dir] = d;
-                }
-            }
+            if (!rc) rc = kvo__bmeasure(t, &b, eng, slots, total, pages[pi], stream, threads, reps, med, bytes);
             if (!rc) {
-                double s_gbs = (double)total / best[0] / 1e9, m_gbs = (double)total / best[1] / 1e9;
+                double s_gbs = (double)total / med[0] / 1e9, m_gbs = (double)total / med[1] / 1e9;
                 double ceiling = s_gbs > m_gbs ? s_gbs : m_gbs;
                 if (s_gbs > s_all) s_all = s_gbs;
                 if (m_gbs > m_all) m_all = m_gbs;
                 snprintf(lim, sizeof lim, "copy_ceiling_threads_%u", threads);
                 for (int dir = 0; dir < 2; dir++) {
+                    char glim[64];
+                    snprintf(glim, sizeof glim, "same_work_%s_threads_%u", dir ? "scatter" : "gather", threads);
                     snprintf(name, sizeof name, "transfer.%s.page_%lluKiB.threads_%u", dir ? "load" : "store",
                              (unsigned long long)(pages[pi] >> 10), threads);
-                    kvo_bench_report(o, name, (double)bytes[dir] / best[2 + dir] / 1e9, "GB/s", lim, ceiling);
+                    double gbs = (double)bytes[dir] / med[2 + dir] / 1e9;
+                    kvo_bench_report(o, name, gbs, "GB/s", glim, (double)total / med[4 + dir] / 1e9);
+                    snprintf(name, sizeof name, "transfer.%s.page_%lluKiB.threads_%u.vs_contiguous",
+                             dir ? "load" : "store", (unsigned long long)(pages[pi] >> 10), threads);
+                    kvo_bench_report(o, name, gbs, "GB/s", lim, ceiling);
                 }
             } else {
                 fprintf(stderr, "kvoffload bench transfer: page %llu: %s\n", (unsigned long long)pages[pi],

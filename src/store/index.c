@@ -26,11 +26,28 @@
  * handed in by an engine) probe as well as XXH3 outputs.
  */
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "core/hmap.h"
 #include "store/store_internal.h"
 
 #define KVO__IX_EMPTY UINT64_MAX
+
+void *kvo__store_big_alloc(size_t n, void **base) {
+    const size_t huge = (size_t)2 << 20;
+    size_t align = n >= 2 * huge ? huge : 64;
+    if (n > SIZE_MAX - align) return NULL;
+    unsigned char *b = kvo__malloc(n + align);
+    *base = b;
+    if (!b) return NULL;
+    unsigned char *p = b + (align - (uintptr_t)b % align) % align;
+#ifdef MADV_HUGEPAGE
+    /* advisory: an error (old kernel, memory from a custom allocator that
+     * cannot take the advice) leaves 4 KiB pages, nothing worse */
+    if (align == huge) (void)madvise(p, n / huge * huge, MADV_HUGEPAGE);
+#endif
+    return p;
+}
 
 int kvo__index_init(kvo__index *ix, uint64_t max_items) {
     uint64_t n = 16;
@@ -39,7 +56,7 @@ int kvo__index_init(kvo__index *ix, uint64_t max_items) {
                                                        (unsigned long long)max_items);
         n <<= 1;
     }
-    ix->tab = kvo__malloc((size_t)n * sizeof *ix->tab);
+    ix->tab = kvo__store_big_alloc((size_t)n * sizeof *ix->tab, &ix->base);
     if (!ix->tab)
         return kvo__error(KVO_ENOMEM, "store index: cannot allocate %llu bytes", (unsigned long long)(n * 8));
     memset(ix->tab, 0xFF, (size_t)n * sizeof *ix->tab);
@@ -48,7 +65,8 @@ int kvo__index_init(kvo__index *ix, uint64_t max_items) {
 }
 
 void kvo__index_free(kvo__index *ix) {
-    kvo__free(ix->tab);
+    kvo__free(ix->base);
+    ix->base = NULL;
     ix->tab = NULL;
 }
 

@@ -14,7 +14,7 @@
  *  - The range is cut into nseg equal segments of S bytes.  A segment is free
  *    or owned by one class and then holds k_c = floor(S / slot_c) slots of
  *    that class.  Slot ids are segment * kmax + index (kmax = the largest
- *    k_c), so per-slot arrays (owner entry, free link) are plain arrays.
+ *    k_c), so the per-slot records (owner entry, free link) are one plain array.
  *  - Each class keeps a list of its segments that have a free slot; inside a
  *    segment, never-used slots come from a bump index and freed ones from a
  *    free list, so assigning a segment is O(1).  Allocation takes a slot from
@@ -115,6 +115,7 @@ int kvo__slots_init(kvo__slots *sl, uint64_t capacity, const uint64_t *cls_bytes
     sl->seg_bytes = S;
     sl->nseg = (uint32_t)nseg;
     sl->kmax = (uint32_t)kmax;
+    sl->kmax_m = kmax > 1 ? UINT64_MAX / kmax + 1 : 0;
     sl->nclass = nclass;
     for (uint32_t c = 0; c < nclass; c++) {
         sl->cls_bytes[c] = cls_bytes[c];
@@ -122,29 +123,21 @@ int kvo__slots_init(kvo__slots *sl, uint64_t capacity, const uint64_t *cls_bytes
         sl->cls_partial[c] = KVO__NIL;
     }
     size_t ns = (size_t)nseg;
-    sl->seg_cls = kvo__malloc(ns);
-    sl->seg_used = kvo__calloc(ns, 4);
-    sl->seg_busy = kvo__calloc(ns, 4);
-    sl->seg_bump = kvo__calloc(ns, 4);
-    sl->seg_free = kvo__malloc(ns * 4);
-    sl->seg_prev = kvo__malloc(ns * 4);
-    sl->seg_next = kvo__malloc(ns * 4);
-    sl->seg_planned = kvo__calloc(ns, 4);
-    sl->slot_next = kvo__malloc((size_t)nslots * 4);
-    sl->slot_entry = kvo__malloc((size_t)nslots * 4);
-    if (!sl->seg_cls || !sl->seg_used || !sl->seg_busy || !sl->seg_bump || !sl->seg_free || !sl->seg_prev ||
-        !sl->seg_next || !sl->seg_planned || !sl->slot_next || !sl->slot_entry) {
+    sl->seg = kvo__malloc(ns * sizeof *sl->seg);
+    sl->slot = kvo__malloc((size_t)nslots * sizeof *sl->slot);
+    if (!sl->seg || !sl->slot) {
         kvo__slots_free(sl);
         return kvo__error(KVO_ENOMEM, "store: cannot allocate the slot tables (%llu slots)",
                           (unsigned long long)nslots);
     }
-    memset(sl->slot_entry, 0xFF, (size_t)nslots * 4);
-    memset(sl->seg_cls, KVO__SEG_FREE, ns);
+    memset(sl->seg, 0, ns * sizeof *sl->seg);
+    for (uint64_t i = 0; i < nslots; i++) sl->slot[i].entry = KVO__NIL;
     /* free list in address order */
     for (uint32_t i = 0; i < sl->nseg; i++) {
-        sl->seg_next[i] = i + 1 < sl->nseg ? i + 1 : KVO__NIL;
-        sl->seg_prev[i] = KVO__NIL;
-        sl->seg_free[i] = KVO__NIL;
+        sl->seg[i].cls = KVO__SEG_FREE;
+        sl->seg[i].next = i + 1 < sl->nseg ? i + 1 : KVO__NIL;
+        sl->seg[i].prev = KVO__NIL;
+        sl->seg[i].free = KVO__NIL;
     }
     sl->free_head = 0;
     sl->nfree = sl->nseg;
@@ -152,31 +145,23 @@ int kvo__slots_init(kvo__slots *sl, uint64_t capacity, const uint64_t *cls_bytes
 }
 
 void kvo__slots_free(kvo__slots *sl) {
-    kvo__free(sl->seg_cls);
-    kvo__free(sl->seg_used);
-    kvo__free(sl->seg_busy);
-    kvo__free(sl->seg_bump);
-    kvo__free(sl->seg_free);
-    kvo__free(sl->seg_prev);
-    kvo__free(sl->seg_next);
-    kvo__free(sl->seg_planned);
-    kvo__free(sl->slot_next);
-    kvo__free(sl->slot_entry);
+    kvo__free(sl->seg);
+    kvo__free(sl->slot);
     memset(sl, 0, sizeof *sl);
 }
 
 static void kvo__partial_push(kvo__slots *sl, uint32_t c, uint32_t g) {
-    sl->seg_prev[g] = KVO__NIL;
-    sl->seg_next[g] = sl->cls_partial[c];
-    if (sl->cls_partial[c] != KVO__NIL) sl->seg_prev[sl->cls_partial[c]] = g;
+    sl->seg[g].prev = KVO__NIL;
+    sl->seg[g].next = sl->cls_partial[c];
+    if (sl->cls_partial[c] != KVO__NIL) sl->seg[sl->cls_partial[c]].prev = g;
     sl->cls_partial[c] = g;
 }
 
 static void kvo__partial_unlink(kvo__slots *sl, uint32_t c, uint32_t g) {
-    if (sl->seg_prev[g] != KVO__NIL) sl->seg_next[sl->seg_prev[g]] = sl->seg_next[g];
-    else sl->cls_partial[c] = sl->seg_next[g];
-    if (sl->seg_next[g] != KVO__NIL) sl->seg_prev[sl->seg_next[g]] = sl->seg_prev[g];
-    sl->seg_prev[g] = sl->seg_next[g] = KVO__NIL;
+    if (sl->seg[g].prev != KVO__NIL) sl->seg[sl->seg[g].prev].next = sl->seg[g].next;
+    else sl->cls_partial[c] = sl->seg[g].next;
+    if (sl->seg[g].next != KVO__NIL) sl->seg[sl->seg[g].next].prev = sl->seg[g].prev;
+    sl->seg[g].prev = sl->seg[g].next = KVO__NIL;
 }
 
 uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *offset) {
@@ -185,67 +170,67 @@ uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *
     if (g == KVO__NIL) {
         g = sl->free_head;
         if (g == KVO__NIL) return KVO__NIL;
-        sl->free_head = sl->seg_next[g];
+        sl->free_head = sl->seg[g].next;
         sl->nfree--;
-        sl->seg_cls[g] = (uint8_t)c;
-        sl->seg_used[g] = 0;
-        sl->seg_bump[g] = 0;
-        sl->seg_free[g] = KVO__NIL;
-        assert(sl->seg_busy[g] == 0);
+        sl->seg[g].cls = (uint8_t)c;
+        sl->seg[g].used = 0;
+        sl->seg[g].bump = 0;
+        sl->seg[g].free = KVO__NIL;
+        assert(sl->seg[g].busy == 0);
         kvo__partial_push(sl, c, g);
         sl->cls_free[c] += k;
         sl->cls_nseg[c]++;
     }
     uint32_t id;
-    if (sl->seg_free[g] != KVO__NIL) {
-        id = sl->seg_free[g];
-        sl->seg_free[g] = sl->slot_next[id];
+    if (sl->seg[g].free != KVO__NIL) {
+        id = sl->seg[g].free;
+        sl->seg[g].free = sl->slot[id].next;
     } else {
-        assert(sl->seg_bump[g] < k);
-        id = g * sl->kmax + sl->seg_bump[g]++;
+        assert(sl->seg[g].bump < k);
+        id = g * sl->kmax + sl->seg[g].bump++;
     }
-    sl->seg_used[g]++;
+    sl->seg[g].used++;
     sl->cls_free[c]--;
-    if (sl->seg_used[g] == k) kvo__partial_unlink(sl, c, g);
-    sl->slot_entry[id] = entry;
+    if (sl->seg[g].used == k) kvo__partial_unlink(sl, c, g);
+    sl->slot[id].entry = entry;
     *offset = (uint64_t)g * sl->seg_bytes + (uint64_t)(id - g * sl->kmax) * sl->cls_bytes[c];
     return id;
 }
 
 void kvo__slots_release(kvo__slots *sl, uint32_t id) {
-    uint32_t g = id / sl->kmax;
-    uint32_t c = sl->seg_cls[g];
+    uint32_t g = kvo__slot_seg(sl, id);
+    uint32_t c = sl->seg[g].cls;
     uint32_t k = sl->cls_k[c];
-    assert(c != KVO__SEG_FREE && sl->seg_used[g] > 0 && sl->slot_entry[id] != KVO__NIL);
-    sl->slot_entry[id] = KVO__NIL;
-    if (sl->seg_used[g] == k) kvo__partial_push(sl, c, g);
-    sl->seg_used[g]--;
+    assert(c != KVO__SEG_FREE && sl->seg[g].used > 0 && sl->slot[id].entry != KVO__NIL);
+    sl->slot[id].entry = KVO__NIL;
+    if (sl->seg[g].used == k) kvo__partial_push(sl, c, g);
+    sl->seg[g].used--;
     sl->cls_free[c]++;
-    if (sl->seg_used[g] == 0) {
-        assert(sl->seg_busy[g] == 0);
+    if (sl->seg[g].used == 0) {
+        assert(sl->seg[g].busy == 0);
         kvo__partial_unlink(sl, c, g);
         sl->cls_free[c] -= k;
         sl->cls_nseg[c]--;
-        sl->seg_cls[g] = KVO__SEG_FREE;
-        sl->seg_next[g] = sl->free_head;
+        sl->seg[g].cls = KVO__SEG_FREE;
+        sl->seg[g].next = sl->free_head;
         sl->free_head = g;
         sl->nfree++;
     } else {
-        sl->slot_next[id] = sl->seg_free[g];
-        sl->seg_free[g] = id;
+        sl->slot[id].next = sl->seg[g].free;
+        sl->seg[g].free = id;
     }
 }
 
 void kvo__slots_busy(kvo__slots *sl, uint32_t id, int delta) {
-    uint32_t g = id / sl->kmax;
-    uint32_t c = sl->seg_cls[g];
+    uint32_t g = kvo__slot_seg(sl, id);
+    uint32_t c = sl->seg[g].cls;
     assert(c != KVO__SEG_FREE);
     if (delta > 0) {
-        if (sl->seg_busy[g]++ == 0) sl->cls_busyseg[c]++;
+        if (sl->seg[g].busy++ == 0) sl->cls_busyseg[c]++;
         sl->cls_busy[c]++;
     } else {
-        assert(sl->seg_busy[g] > 0);
-        if (--sl->seg_busy[g] == 0) sl->cls_busyseg[c]--;
+        assert(sl->seg[g].busy > 0);
+        if (--sl->seg[g].busy == 0) sl->cls_busyseg[c]--;
         sl->cls_busy[c]--;
     }
 }

@@ -20,7 +20,7 @@
  *    queue; PENDING, pinned and protected entries are in none;
  *  - "busy" (counted per segment and class in slots) = PENDING or pinned or
  *    protected; a segment with a busy entry is never reclaimed;
- *  - every resident entry owns exactly one slot, slot_entry[slot] == entry,
+ *  - every resident entry owns exactly one slot, slot[slot].entry == entry,
  *    and bytes_used = sum of the slot sizes of resident entries.
  *
  * Admission: a count-min sketch (4 rows of 8-bit counters, 2 x max_entries
@@ -206,11 +206,12 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
         goto fail;
     }
     s->pool_cap = (uint32_t)(s->max_entries + s->ghost_cap);
-    s->ent = kvo__calloc(s->pool_cap, sizeof *s->ent);
+    s->ent = kvo__store_big_alloc((size_t)s->pool_cap * sizeof *s->ent, &s->ent_base);
     if (!s->ent) {
         rc = kvo__error(KVO_ENOMEM, "kvo_store_create: cannot allocate %u entries", s->pool_cap);
         goto fail;
     }
+    memset(s->ent, 0, (size_t)s->pool_cap * sizeof *s->ent);
     for (uint32_t i = 0; i < s->pool_cap; i++) {
         s->ent[i].next = i + 1 < s->pool_cap ? i + 1 : KVO__NIL;
         s->ent[i].slot = KVO__NIL;
@@ -247,7 +248,7 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
 fail:
     kvo__slots_free(&s->sl);
     kvo__index_free(&s->ix);
-    kvo__free(s->ent);
+    kvo__free(s->ent_base);
     kvo__free(s->cms);
     kvo__free(s->events.ev);
     kvo__free(s);
@@ -259,7 +260,7 @@ void kvo_store_destroy(kvo_store *s) {
     pthread_mutex_destroy(&s->mu);
     kvo__slots_free(&s->sl);
     kvo__index_free(&s->ix);
-    kvo__free(s->ent);
+    kvo__free(s->ent_base);
     kvo__free(s->cms);
     kvo__free(s->events.ev);
     kvo__free(s->sc_ent);
@@ -351,8 +352,18 @@ static inline uint64_t kvo__pipe_step(const kvo_store *s, kvo__pipe *p, const kv
         __builtin_prefetch(&s->ix.tab[h & s->ix.mask]);
     }
     if (i + 4 < n) {
-        uint64_t v = s->ix.tab[p->h[(i + 4) & 15] & s->ix.mask];
-        if (v != UINT64_MAX) __builtin_prefetch(&s->ent[(uint32_t)v]);
+        /* the entry of the first slot of the run whose tag matches (the
+         * run's first slots share the cached line): a new key's home slot
+         * mostly holds another key, whose entry would be a wasted miss */
+        uint64_t h = p->h[(i + 4) & 15], tag = h & 0xFFFFFFFFu;
+        for (uint64_t j = h, t = 0; t < 4; t++, j++) {
+            uint64_t v = s->ix.tab[j & s->ix.mask];
+            if (v == UINT64_MAX) break;
+            if ((v >> 32) == tag) {
+                __builtin_prefetch(&s->ent[(uint32_t)v]);
+                break;
+            }
+        }
     }
     return p->h[i & 15];
 }

@@ -41,6 +41,7 @@ typedef struct kvo__entry {
     uint8_t flags;
     uint8_t ghost_q;   /* queue of the ghost this entry was revived from (0: none) */
 } kvo__entry;
+_Static_assert(sizeof(kvo__entry) == 64, "a pool entry is one cache line");
 
 typedef struct kvo__list {
     uint32_t head, tail; /* head = most recent end; tail = victim end */
@@ -53,9 +54,16 @@ typedef struct kvo__list {
 typedef struct kvo__index {
     uint64_t *tab;
     uint64_t mask;
+    void *base; /* the allocation holding tab (kvo__store_big_alloc) */
 } kvo__index;
 
 int kvo__index_init(kvo__index *ix, uint64_t max_items);
+/* The store's large arrays (index table, entry pool): n bytes, 64-byte
+ * aligned (a 64-byte entry then spans one cache line, not two); from 4 MiB
+ * up 2 MiB aligned and advised to use transparent huge pages (at 1e6 keys
+ * and more every probe is a TLB miss with 4 KiB pages).  Not zeroed.  Free
+ * *base with kvo__free.  NULL when out of memory. */
+void *kvo__store_big_alloc(size_t n, void **base);
 void kvo__index_free(kvo__index *ix);
 /* A full 64-bit mix of the key (murmur3's finalizer over lo, hi and group):
  * keys are XXH3 outputs in production, but engines may hand in their own
@@ -77,6 +85,7 @@ typedef struct kvo__slots {
     uint64_t capacity;
     uint64_t seg_bytes;
     uint32_t nseg, kmax, nclass;
+    uint64_t kmax_m;        /* ceil(2^64 / kmax) for kmax > 1: kvo__slot_seg */
     uint64_t cls_bytes[KVO__MAX_CLASSES];
     uint32_t cls_k[KVO__MAX_CLASSES];      /* slots per segment */
     /* per class */
@@ -85,14 +94,22 @@ typedef struct kvo__slots {
     uint64_t cls_nseg[KVO__MAX_CLASSES];
     uint64_t cls_busy[KVO__MAX_CLASSES];    /* busy entries (pinned, pending, protected) */
     uint64_t cls_busyseg[KVO__MAX_CLASSES]; /* segments with busy > 0 */
-    /* per segment */
-    uint8_t *seg_cls;       /* class, 0xFF = free */
-    uint32_t *seg_used, *seg_busy, *seg_bump, *seg_free, *seg_prev, *seg_next, *seg_planned;
-    uint32_t free_head;     /* list of free segments (seg_next links) */
+    /* per segment, and per slot id: one record each, so that a victim's
+     * segment and slot cost one cache miss each (at 1e6 entries these
+     * tables are megabytes and every eviction touches them at random) */
+    struct kvo__seg {
+        uint32_t used, busy, bump;
+        uint32_t free;          /* free-slot list inside the segment (slot ids) */
+        uint32_t prev, next;    /* class partial list, or the free-segment list */
+        uint32_t planned;       /* victims planned by the current prepare_store */
+        uint8_t cls;            /* class, 0xFF = free */
+    } *seg;
+    uint32_t free_head;     /* list of free segments (seg.next links) */
     uint32_t nfree;
-    /* per slot id */
-    uint32_t *slot_next;    /* free-slot list inside a segment */
-    uint32_t *slot_entry;   /* entry holding the slot, or NIL */
+    struct kvo__slot_rec {
+        uint32_t next;      /* free-slot list inside a segment */
+        uint32_t entry;     /* entry holding the slot, or NIL */
+    } *slot;
 } kvo__slots;
 
 /* Choose the segment size for these classes and capacity (seg_bytes 0 = auto). */
@@ -104,7 +121,12 @@ uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *
 /* Free a slot; releases its segment when it empties. */
 void kvo__slots_release(kvo__slots *sl, uint32_t slot);
 void kvo__slots_busy(kvo__slots *sl, uint32_t slot, int delta);
-static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) { return slot / sl->kmax; }
+/* slot / kmax by multiplication (Lemire, Kaser, Kurz 2019: exact for every
+ * 32-bit dividend with a 64-bit ceil(2^64 / d)); a hardware division took
+ * ~8 % of the store cycle, which divides several times per key. */
+static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) {
+    return sl->kmax == 1 ? slot : (uint32_t)(((unsigned __int128)sl->kmax_m * slot) >> 64);
+}
 /* Whether n_c slots for every class c could be had with no evictions at all
  * beyond what `evict everything evictable` gives.  demand: per class. */
 bool kvo__slots_feasible(const kvo__slots *sl, const uint64_t *demand);
@@ -158,6 +180,7 @@ struct kvo_store {
     uint64_t group_slot[KVO_MAX_GROUPS];
 
     kvo__entry *ent;
+    void *ent_base;                        /* the allocation holding ent */
     uint32_t pool_cap, pool_free;          /* free list head */
     uint64_t max_entries, ghost_cap;
     uint64_t resident, ghosts, pinned, pending;

@@ -76,7 +76,7 @@ int kvo__store_check(kvo_store *s) {
             return kvo__error(KVO_ECORRUPT, "check: entry %u keeps call-time flags 0x%x", e, x->flags);
         resident++;
         bytes += s->group_slot[x->key.group];
-        if (x->slot == KVO__NIL || s->sl.slot_entry[x->slot] != e)
+        if (x->slot == KVO__NIL || s->sl.slot[x->slot].entry != e)
             return kvo__error(KVO_ECORRUPT, "check: entry %u slot %u not owned", e, x->slot);
         if (x->state == KVO__E_PENDING) pending++;
         if (x->pins) pinned++;
@@ -88,7 +88,7 @@ int kvo__store_check(kvo_store *s) {
         uint64_t expect = (uint64_t)g * s->sl.seg_bytes + (uint64_t)(x->slot - g * s->sl.kmax) * s->sl.cls_bytes[x->cls];
         if (expect != x->offset || x->offset + s->group_slot[x->key.group] > (uint64_t)(g + 1) * s->sl.seg_bytes)
             return kvo__error(KVO_ECORRUPT, "check: entry %u offset %llu wrong", e, (unsigned long long)x->offset);
-        if (s->sl.seg_cls[g] != x->cls) return kvo__error(KVO_ECORRUPT, "check: entry %u in a segment of another class", e);
+        if (s->sl.seg[g].cls != x->cls) return kvo__error(KVO_ECORRUPT, "check: entry %u in a segment of another class", e);
     }
     if (resident != s->resident || ghosts != s->ghosts || pinned != s->pinned || pending != s->pending ||
         bytes != s->bytes_used)
@@ -107,18 +107,18 @@ int kvo__store_check(kvo_store *s) {
         return kvo__error(KVO_ECORRUPT, "check: ghost queues do not match ghosts");
     /* slots: per segment used counts and busy counts */
     for (uint32_t g = 0; g < s->sl.nseg; g++) {
-        if (s->sl.seg_cls[g] == 0xFF) continue;
-        uint32_t c = s->sl.seg_cls[g], used = 0, busy = 0;
+        if (s->sl.seg[g].cls == 0xFF) continue;
+        uint32_t c = s->sl.seg[g].cls, used = 0, busy = 0;
         for (uint32_t j = 0; j < s->sl.cls_k[c]; j++) {
-            uint32_t e = s->sl.slot_entry[g * s->sl.kmax + j];
+            uint32_t e = s->sl.slot[g * s->sl.kmax + j].entry;
             if (e == KVO__NIL) continue;
             used++;
             kvo__entry *x = &s->ent[e];
             if (x->state == KVO__E_PENDING || x->pins || (x->flags & KVO__F_PROTECT)) busy++;
         }
-        if (used != s->sl.seg_used[g] || busy != s->sl.seg_busy[g] || used == 0)
-            return kvo__error(KVO_ECORRUPT, "check: segment %u used %u/%u busy %u/%u", g, used, s->sl.seg_used[g],
-                              busy, s->sl.seg_busy[g]);
+        if (used != s->sl.seg[g].used || busy != s->sl.seg[g].busy || used == 0)
+            return kvo__error(KVO_ECORRUPT, "check: segment %u used %u/%u busy %u/%u", g, used, s->sl.seg[g].used,
+                              busy, s->sl.seg[g].busy);
     }
     return 0;
 }

@@ -77,11 +77,14 @@ __attribute__((target("avx2"))) static void kvo__stream_avx2(unsigned char *dst,
 }
 
 /* Body of >= 16 KiB: each 16 KiB block is copied as four 4 KiB streams
- * advanced together, one 64-byte line of each in turn, with a prefetch a few
- * lines ahead.  Four concurrent read streams keep more DRAM pages open and
- * more misses in flight than one; measured here 11-12.5 GB/s against 9-10
- * for the single-stream loop (glibc uses the same trick in its large-copy
- * path, which it only enters far above KV page sizes). */
+ * advanced together, one 64-byte line of each in turn.  Four concurrent read
+ * streams keep more DRAM pages open and more misses in flight than one;
+ * measured here 11-12.5 GB/s against 9-10 for the single-stream loop (glibc
+ * uses the same trick in its large-copy path, which it only enters far above
+ * KV page sizes).  No software prefetch: the hardware prefetcher follows four
+ * sequential streams, and a prefetch instruction per line cost 5-7 % of the
+ * copy's CPU time at pages of 64 KiB and more for no gain in bandwidth
+ * (docs/benchmarks.md). */
 #define KVO__Q 4096u
 __attribute__((target("avx2"))) static void kvo__stream4_avx2(unsigned char *dst, const unsigned char *src,
                                                                size_t n) {
@@ -93,7 +96,6 @@ __attribute__((target("avx2"))) static void kvo__stream4_avx2(unsigned char *dst
             for (size_t p = 0; p < 4; p++) {
                 const unsigned char *ss = s + p * KVO__Q + o;
                 unsigned char *dd = d + p * KVO__Q + o;
-                _mm_prefetch((const char *)ss + 256, _MM_HINT_T0);
                 __m256i a = _mm256_loadu_si256((const __m256i *)ss);
                 __m256i b = _mm256_loadu_si256((const __m256i *)(ss + 32));
                 _mm256_stream_si256((__m256i *)dd, a);
@@ -132,18 +134,6 @@ void kvo__copy(kvo__copy_kind k, void *dst, const void *src, size_t n) {
     (void)k;
 #endif
     memcpy(dst, src, n);
-}
-
-void kvo__copy_prefetch(const void *src, size_t n) {
-#if KVO__X86
-    const char *p = src;
-    size_t quarters = n >= 4 * 4096 ? 4 : 1;
-    for (size_t q = 0; q < quarters; q++)
-        for (size_t o = 0; o < 256 && o < n; o += 64) _mm_prefetch(p + q * 4096 + o, _MM_HINT_T0);
-#else
-    (void)src;
-    (void)n;
-#endif
 }
 
 void kvo__copy_fence(void) {

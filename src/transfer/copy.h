@@ -26,8 +26,5 @@ const char *kvo__copy_kind_name(kvo__copy_kind k);
  * stores, call kvo__copy_fence() before another thread may read dst. */
 void kvo__copy(kvo__copy_kind k, void *dst, const void *src, size_t n);
 void kvo__copy_fence(void);
-/* Hint that [src, src + n) is copied next: fetches the first lines of each
- * 4 KiB quarter of its first 16 KiB (the streams kvo__copy starts with). */
-void kvo__copy_prefetch(const void *src, size_t n);
 
 #endif

@@ -50,11 +50,6 @@ static void kvo__host_copy(void *wctx, int dir, void *dst, const void *src, uint
     kvo__copy(((kvo__host_dev *)wctx)->kind, dst, src, (size_t)bytes);
 }
 
-static void kvo__host_prefetch(void *wctx, const void *src, uint64_t bytes) {
-    if (((kvo__host_dev *)wctx)->kind != KVO__COPY_MEMCPY && bytes >= KVO__COPY_NT_MIN)
-        kvo__copy_prefetch(src, (size_t)bytes);
-}
-
 static int kvo__host_unit_end(void *wctx) {
     if (((kvo__host_dev *)wctx)->kind != KVO__COPY_MEMCPY) kvo__copy_fence();
     return 0;
@@ -71,7 +66,10 @@ const kvo__xfer_device_ops kvo__xfer_device_host = {
     .worker_init = kvo__host_worker_init,
     .worker_fini = kvo__host_worker_fini,
     .copy = kvo__host_copy,
-    .prefetch = kvo__host_prefetch,
+    /* no prefetch: the copy streams its source in order and the hardware
+     * prefetcher follows it; a software prefetch on top cost CPU and gained
+     * nothing measurable (docs/benchmarks.md) */
+    .prefetch = NULL,
     .unit_end = kvo__host_unit_end,
     .copy_kind = kvo__host_copy_kind,
     .nontemporal = kvo__host_nontemporal,

@@ -12,9 +12,10 @@
  * them while stores are background work: dependencies, not queue order,
  * keep conflicting jobs in order), so a large job is copied by every worker
  * at once and a small one by one; a unit merges consecutive pages whose engine addresses are
- * adjacent into one copy (a slot side of a unit is always contiguous) and
- * asks the device to prefetch the next piece's source while it copies the
- * current one.  The device (device.h) does the copying; nothing is allocated
+ * adjacent into one copy (a slot side of a unit is always contiguous) and,
+ * for a device that has a prefetch hint (the host device has none: the
+ * copy streams), asks it to prefetch the next piece's source while it
+ * copies the current one.  The device (device.h) does the copying; nothing is allocated
  * per block or page.
  *
  * Memory per job: one allocation holding the job, a copy of its ops and

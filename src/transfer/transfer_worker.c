@@ -4,8 +4,8 @@
  * first), copies it with the lock dropped, and retires the job when its last
  * unit is done.  A unit is a run of blocks of one segment of one op, or one
  * part of a huge page; consecutive pages whose engine addresses are adjacent
- * are merged into one copy, and the device is asked to prefetch the next
- * run's source while the current one copies.  Nothing here allocates.
+ * are merged into one copy, and a device with a prefetch hint is asked to
+ * prefetch the next run's source while the current one copies.  Nothing here allocates.
  */
 #include "transfer/transfer_internal.h"
 
