@@ -38,7 +38,7 @@ is read back into a host slot (lookup answers HIT_PENDING until it lands).
 """
 from __future__ import annotations
 
-import os
+import ctypes
 import re
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Optional
@@ -140,61 +140,96 @@ class KvoffloadOffloadingManager(OffloadingManager):
         # 8 bytes after the hash in a kvo_chunk_key (LE group index, reserved).
         self._suffix = {int(g).to_bytes(4, "big"): i.to_bytes(4, "little") + b"\0\0\0\0"
                         for i, g in enumerate(group_ids)}
-        self._gmap = np.full(max(group_ids) + 1 if group_ids else 1, -1, dtype=np.int64)
-        for i, g in enumerate(group_ids):
-            self._gmap[g] = i
-        self._one = np.zeros(1, dtype=KEY_DTYPE)
-        self._one_state = np.zeros(1, dtype=np.uint8)
+        self._st1 = ctypes.c_uint8()
+        self._cap = 0
+        self._ensure(256)
+        self._nev = ctypes.c_size_t()
         self._lookup_fn = L.lib.kvo_store_lookup
         self._names: dict[bytes, OffloadKey] = {}     # kvo key bytes -> OffloadKey (stored/pending)
-        self._pending: dict[bytes, int] = {}          # kvo key bytes -> slot offset, store in flight
+        self._pending: dict[bytes, int] = {}          # with a file tier: kvo key bytes -> slot offset
         self._promoting: dict[int, tuple[bytes, OffloadKey]] = {}  # file reads into host slots
         self._next_ud = 1
 
     def _new_store(self) -> Store:
         return Store(self.plan, self.capacity_bytes, policy=self.policy, admit_after=self.store_threshold)
 
+    def _ensure(self, n: int) -> None:
+        """Caller-owned C buffers for batches of n keys, grown on demand."""
+        if n <= self._cap:
+            return
+        cap = max(n, 2 * self._cap)
+        self._states = (ctypes.c_uint8 * cap)()
+        self._need = (ctypes.c_uint8 * cap)()
+        self._slots = (L.Slot * cap)()
+        self._ev = (L.ChunkKey * (2 * cap))()
+        self._evs = (L.Slot * (2 * cap))()
+        self._cap = cap
+
     # -- key conversion ---------------------------------------------------
     def _ckey(self, key: bytes) -> bytes:
         h = key[:-4]
         if len(h) != 16:
             h = h[:16].ljust(16, b"\0")
-        return h + self._suffix[key[-4:]]
+        try:
+            return h + self._suffix[key[-4:]]
+        except KeyError:
+            raise L.KvoError(L.KVO_EINVAL, f"OffloadKey of group {int.from_bytes(key[-4:], 'big')}: not an "
+                             "offloaded group", "manager") from None
+
+    def _cbytes(self, keys: Sequence[bytes]) -> bytes:
+        """The batch as packed kvo_chunk_key records (24 bytes per key): the
+        first 16 bytes of each hash and the group's index.  Plain bytes,
+        handed to C without a copy."""
+        sfx = self._suffix
+        try:
+            buf = b"".join([x[:16] + sfx[x[-4:]] for x in keys])
+        except KeyError:
+            buf = b""
+        if len(buf) != 24 * len(keys):  # hashes shorter than 16 bytes, or a bad group
+            buf = b"".join([self._ckey(x) for x in keys])
+        return buf
 
     def _ckeys(self, keys: Sequence[bytes]) -> np.ndarray:
-        """One numpy pass for a batch of equal-length keys (the usual case)."""
-        n = len(keys)
-        if n == 0:
-            return np.zeros(0, dtype=KEY_DTYPE)
-        klen = len(keys[0])
-        buf = b"".join(keys)
-        if len(buf) != n * klen or klen < 20:
-            return np.frombuffer(b"".join(self._ckey(k) for k in keys), dtype=KEY_DTYPE).copy()
-        raw = np.frombuffer(buf, dtype=np.uint8).reshape(n, klen)
-        out = np.zeros(n, dtype=KEY_DTYPE)
-        out.view(np.uint8).reshape(n, 24)[:, :16] = raw[:, :16]
-        gids = raw[:, klen - 4:].copy().view(">u4").ravel()
-        groups = self._gmap[np.minimum(gids, len(self._gmap) - 1)]
-        if (groups < 0).any() or (gids >= len(self._gmap)).any():
-            bad = int(gids[(groups < 0) | (gids >= len(self._gmap))][0])
-            raise L.KvoError(L.KVO_EINVAL, f"OffloadKey of group {bad}: not an offloaded group", "manager")
-        out["group"] = groups
-        return out
+        return np.frombuffer(self._cbytes(keys), dtype=KEY_DTYPE).copy()
+
+    def _call(self, rc: int, func: str) -> None:
+        if rc < 0:
+            raise L.KvoError(rc, L.last_error(), func)
 
     # -- OffloadingManager --------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        ck = self._ckey(key)
-        st = self._one_state
-        self._lookup_fn(self.store._h, ck, 1, st.ctypes.data)
-        r = _STATE_TO_RESULT.get(int(st[0]))
+        try:
+            ck = key[:16] + self._suffix[key[-4:]]
+        except KeyError:
+            ck = self._ckey(key)
+        if len(ck) != 24:
+            ck = self._ckey(key)
+        st = self._st1
+        self._call(self._lookup_fn(self.store._h, ck, 1, ctypes.byref(st)), "kvo_store_lookup")
+        r = _STATE_TO_RESULT.get(st.value)
         if r is not None:
             return r
         if self.file_tier is None:
             return _MISS
         return self._promote(ck, key)
+
+    def prefix_hits(self, keys: Sequence[OffloadKey]) -> int:
+        """Batched form of the per-key lookup loop vLLM runs for a request's
+        prefix: how many leading keys are READY in the host tier, with one C
+        call for all of them (no file-tier promotion)."""
+        n = len(keys)
+        if n == 0:
+            return 0
+        self._ensure(n)
+        self._call(L.lib.kvo_store_lookup(self.store._h, self._cbytes(keys), n, self._states), "kvo_store_lookup")
+        raw = bytes(self._states)[:n]
+        i = raw.find(b"\0")
+        j = raw.find(b"\2")
+        ends = [x for x in (i, j) if x >= 0]
+        return min(ends) if ends else n
 
     def _promote(self, ck: bytes, key: OffloadKey) -> LookupResult:
         """Host miss: if the file tier holds the chunk, read it into a fresh
@@ -207,7 +242,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
             need, slots, ev, evs = self.store.prepare_store(keys)
         except L.KvoError:
             return _MISS
-        self._on_evicted(ev, evs)
+        self._on_evicted(ev.ctypes.data, evs.ctypes.data, len(ev))
         if not need[0]:
             return _PENDING
         off = int(slots[0]["offset"])
@@ -234,79 +269,125 @@ class KvoffloadOffloadingManager(OffloadingManager):
             if c["result"] != 0:
                 self._names.pop(ck, None)
 
+    def _spec(self, buf: bytes, n: int, idx: Optional[list[int]] = None) -> KvoffloadLoadStoreSpec:
+        slots = np.frombuffer(self._slots, dtype=np.uint64, count=2 * n)[0::2]
+        groups = np.frombuffer(buf, dtype=KEY_DTYPE)["group"]
+        if idx is None:
+            return KvoffloadLoadStoreSpec(slots.copy(), groups.copy())
+        return KvoffloadLoadStoreSpec(slots[idx], groups[idx])
+
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
-        ck = self._ckeys(list(keys))
-        slots = self.store.prepare_load(ck)
-        return KvoffloadLoadStoreSpec(slots["offset"], ck["group"])
+        keys = list(keys)
+        n = len(keys)
+        if n == 0:
+            return KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32))
+        self._ensure(n)
+        buf = self._cbytes(keys)
+        self._call(L.lib.kvo_store_prepare_load(self.store._h, buf, n, self._slots), "kvo_store_prepare_load")
+        return self._spec(buf, n)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if keys:
-            self.store.touch(self._ckeys(list(keys)))
+            keys = list(keys)
+            self._call(L.lib.kvo_store_touch(self.store._h, self._cbytes(keys), len(keys)), "kvo_store_touch")
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if keys:
-            self.store.complete_load(self._ckeys(list(keys)))
+            keys = list(keys)
+            self._call(L.lib.kvo_store_complete_load(self.store._h, self._cbytes(keys), len(keys)),
+                       "kvo_store_complete_load")
 
-    def _on_evicted(self, ev: np.ndarray, evs: np.ndarray) -> list[OffloadKey]:
-        if len(ev) == 0:
+    def _on_evicted(self, ev: Any, evs: Any, m: int) -> list[OffloadKey]:
+        if m == 0:
             return []
-        raw = ev.tobytes()
+        raw = ctypes.string_at(ev, 24 * m)
+        names = self._names
         out = []
-        for i in range(len(ev)):
-            k = self._names.pop(raw[i * 24:(i + 1) * 24], None)
-            if k is not None:
-                out.append(k)
+        for i in range(0, 24 * m, 24):
+            x = names.pop(raw[i:i + 24], None)
+            if x is not None:
+                out.append(x)
         if self.file_tier is not None and self.file_mode == "write_back":
             assert self.arena is not None
-            self.file_tier.write(ev, [self.arena.base + int(o) for o in evs["offset"]])
+            offs = np.frombuffer(ctypes.string_at(evs, 16 * m), dtype=np.uint64)[0::2]
+            self.file_tier.write(np.frombuffer(raw, dtype=KEY_DTYPE).copy(),
+                                 [self.arena.base + int(o) for o in offs])
         return out
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         keys = list(keys)
-        if not keys:
-            return PrepareStoreOutput([], KvoffloadLoadStoreSpec([], []), [])
-        ck = self._ckeys(keys)
-        try:
-            need, slots, ev, evs = self.store.prepare_store(ck)
-        except L.KvoError as e:
-            if e.code == L.KVO_ENOSPC:
-                return None
-            raise
-        evicted = self._on_evicted(ev, evs)
-        idx = np.flatnonzero(need)
-        raw = ck.tobytes()
-        to_store = []
-        for i in idx.tolist():
-            kb = raw[i * 24:(i + 1) * 24]
-            self._names[kb] = keys[i]
-            self._pending[kb] = int(slots[i]["offset"])
-            to_store.append(keys[i])
+        n = len(keys)
+        if n == 0:
+            return PrepareStoreOutput([], KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32)),
+                                      [])
+        self._ensure(n)
+        buf = self._cbytes(keys)
+        while True:
+            cap = len(self._ev)
+            rc = L.lib.kvo_store_prepare_store(self.store._h, buf, n, self._need, self._slots, self._ev, self._evs,
+                                               cap, ctypes.byref(self._nev))
+            if rc == L.KVO_ERANGE and self._nev.value > cap:
+                self._ev = (L.ChunkKey * self._nev.value)()
+                self._evs = (L.Slot * self._nev.value)()
+                continue
+            break
+        if rc == L.KVO_ENOSPC:
+            return None
+        self._call(rc, "kvo_store_prepare_store")
+        evicted = self._on_evicted(self._ev, self._evs, self._nev.value)
+        need = bytes(self._need)[:n]
+        names = self._names
+        if need.count(1) == n:
+            idx = None
+            to_store = keys
+            for i in range(n):
+                names[buf[24 * i:24 * i + 24]] = keys[i]
+        else:
+            idx = [i for i in range(n) if need[i]]
+            to_store = [keys[i] for i in idx]
+            for i in idx:
+                names[buf[24 * i:24 * i + 24]] = keys[i]
+        spec = self._spec(buf, n, idx)
+        if self.file_tier is not None:
+            for j, i in enumerate(range(n) if idx is None else idx):
+                self._pending[buf[24 * i:24 * i + 24]] = int(spec.offsets[j])
         if evicted and self.events is not None:
             self.events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
-        spec = KvoffloadLoadStoreSpec(slots["offset"][idx], ck["group"][idx])
         return PrepareStoreOutput(keys_to_store=to_store, store_spec=spec, evicted_keys=evicted)
+
+    def _filter_pending(self, keys: list[OffloadKey], buf: bytes) -> tuple[list[OffloadKey], bytes]:
+        """The keys that are PENDING (vLLM may complete keys it did not get to
+        store, e.g. after a reset); rare path, one peek per key."""
+        e = L.StoreEntry()
+        keep = []
+        for i in range(len(keys)):
+            rec = buf[24 * i:24 * i + 24]
+            if L.lib.kvo_store_peek(self.store._h, rec, ctypes.byref(e)) == 0 and e.state == PENDING:
+                keep.append(i)
+        return [keys[i] for i in keep], b"".join(buf[24 * i:24 * i + 24] for i in keep)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         keys = list(keys)
         if not keys:
             return
-        ck = self._ckeys(keys)
-        raw = ck.tobytes()
-        sel = [i for i in range(len(keys)) if raw[i * 24:(i + 1) * 24] in self._pending]
-        if not sel:
-            return
-        if len(sel) != len(keys):
-            ck = ck[sel]
-            keys = [keys[i] for i in sel]
-            raw = ck.tobytes()
-        self.store.complete_store(ck, ok=success)
-        offs = [self._pending.pop(raw[i * 24:(i + 1) * 24]) for i in range(len(keys))]
+        buf = self._cbytes(keys)
+        rc = L.lib.kvo_store_complete_store(self.store._h, buf, len(keys), success)
+        if rc == L.KVO_ESTATE:
+            keys, buf = self._filter_pending(keys, buf)
+            if not keys:
+                return
+            rc = L.lib.kvo_store_complete_store(self.store._h, buf, len(keys), success)
+        self._call(rc, "kvo_store_complete_store")
+        recs = [buf[i:i + 24] for i in range(0, len(buf), 24)]
         if not success:
-            for i in range(len(keys)):
-                self._names.pop(raw[i * 24:(i + 1) * 24], None)
-        elif self.file_tier is not None and self.file_mode == "write_through":
-            assert self.arena is not None
-            self.file_tier.write(ck, [self.arena.base + o for o in offs])
+            for r in recs:
+                self._names.pop(r, None)
+        if self.file_tier is not None:
+            offs = [self._pending.pop(r, 0) for r in recs]
+            if success and self.file_mode == "write_through":
+                assert self.arena is not None
+                self.file_tier.write(np.frombuffer(buf, dtype=KEY_DTYPE).copy(),
+                                     [self.arena.base + o for o in offs])
         if self.events is not None:
             self.events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=not success,
                                                metadata_only=not success))
