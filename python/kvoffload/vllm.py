@@ -572,8 +572,12 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
         self.plan = build_plan(config)
         self.policy = str(extra.get("eviction_policy", "lru"))
         self.arena_name = arena_name(config)
-        # the scheduler and every worker map the arena
-        self.arena_expected = _int(extra, "kvo_arena_processes", max(1, config.parallel.world_size) + 1)
+        # every worker maps the arena, and the scheduler unless told not to
+        # (kvo_scheduler_maps_arena false: no file tier then); the last of
+        # them to attach removes the name
+        self.scheduler_maps_arena = bool(extra.get("kvo_scheduler_maps_arena", True))
+        self.arena_expected = _int(extra, "kvo_arena_processes",
+                                   max(1, config.parallel.world_size) + int(self.scheduler_maps_arena))
         self._manager: Optional[KvoffloadOffloadingManager] = None
         self._worker: Optional[KvoffloadOffloadingWorker] = None
 
@@ -586,7 +590,7 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
         if self._manager is None:
             extra = self.extra_config
             arena = None
-            if self.extra_config.get("kvo_scheduler_maps_arena", True):
+            if self.scheduler_maps_arena:
                 arena = self._arena()
             file_tier = None
             root = extra.get("kvo_file_root")

@@ -70,8 +70,11 @@ def test_spec_requires_capacity():
 # ------------------------------------------------------ manager contract --
 
 def new_manager(cfg=None, **extra):
-    spec = KvoffloadOffloadingSpec(cfg or make_config(extra=extra))
-    spec.extra_config = dict(spec.extra_config, kvo_scheduler_maps_arena=False)
+    """A manager alone (no arena: the scheduler does not map one)."""
+    cfg = cfg or make_config(extra=extra)
+    cfg = OffloadingConfig(**{**cfg.__dict__, "extra_config": {**cfg.extra_config, "kvo_scheduler_maps_arena": False}})
+    spec = KvoffloadOffloadingSpec(cfg)
+    assert spec.get_manager().arena is None
     return spec, spec.get_manager()
 
 
