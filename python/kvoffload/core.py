@@ -68,6 +68,41 @@ def _as_keys(keys: Any) -> np.ndarray:
     raise TypeError("keys must be a numpy array of kvoffload.KEY_DTYPE (see make_keys)")
 
 
+class _Handle:
+    """One owned C handle: close() destroys it with the class's _destroy
+    function (also on garbage collection and at the end of a with block)."""
+
+    _destroy = ""
+    _h: Optional[int] = None
+
+    def close(self) -> None:
+        if getattr(self, "_h", None):
+            getattr(lib, self._destroy)(self._h)
+            self._h = None
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _batch(self, func: str, keys: np.ndarray) -> None:
+        """One C call func(handle, keys, n) on a batch of keys."""
+        keys = _as_keys(keys)
+        check(getattr(lib, func)(self._h, _ptr(keys), len(keys)), func)
+
+
+def _segments(segments: Sequence[Mapping[str, int]]) -> Any:
+    arr = (L.Segment * len(segments))()
+    for i, s in enumerate(segments):
+        arr[i].group, arr[i].base, arr[i].num_blocks = s["group"], s["base"], s["num_blocks"]
+        arr[i].block_stride, arr[i].page_bytes = s["block_stride"], s["page_bytes"]
+    return arr
+
+
 def _struct_dict(s: ctypes.Structure) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, _t in s._fields_:
@@ -80,7 +115,7 @@ def _struct_dict(s: ctypes.Structure) -> dict[str, Any]:
 
 # ------------------------------------------------------------------- model --
 
-class Model:
+class Model(_Handle):
     """A model's KV-cache description (kvo_model): name, tokens_per_hash, groups.
 
     Build one with Model.preset / Model.open (preset name or JSON file),
@@ -89,6 +124,8 @@ class Model:
     "state"), tokens_per_block, layers, page_bytes and optionally window,
     cacheable, draft.
     """
+
+    _destroy = "kvo_model_destroy"
 
     def __init__(self, name: str, tokens_per_hash: int, groups: Iterable[Mapping[str, Any]] = (),
                  _handle: Optional[int] = None) -> None:
@@ -153,16 +190,8 @@ class Model:
         check(lib.kvo_model_to_json(self._h, byref(out)), "kvo_model_to_json")
         return json.loads(L.take_string(out))
 
-    def close(self) -> None:
-        if getattr(self, "_h", None):
-            lib.kvo_model_destroy(self._h)
-            self._h = None
 
-    def __del__(self) -> None:
-        self.close()
-
-
-class Plan:
+class Plan(_Handle):
     """A validated chunk plan (kvo_plan) of a model.
 
     Give at most one of block_size (legacy: tokens per chunk) and
@@ -170,6 +199,8 @@ class Plan:
     the automatic plan (target_chunk_bytes).  plan.groups is a list of dicts
     (kvo_group_plan fields), plan.to_dict() the library's JSON.
     """
+
+    _destroy = "kvo_plan_destroy"
 
     def __init__(self, model: Model, block_size: int = 0, blocks_per_chunk: int = 0,
                  overrides: Optional[Mapping[str, int]] = None, target_chunk_bytes: Optional[int] = None,
@@ -237,14 +268,6 @@ class Plan:
         n = lib.kvo_chunk_keys(self._gp[group], _ptr(units), len(units), _ptr(out), len(out))
         return out[: min(n, len(out))]
 
-    def close(self) -> None:
-        if getattr(self, "_h", None):
-            lib.kvo_plan_destroy(self._h)
-            self._h = None
-
-    def __del__(self) -> None:
-        self.close()
-
 
 def _policy(name: str) -> int:
     v = ctypes.c_int()
@@ -254,9 +277,11 @@ def _policy(name: str) -> int:
 
 # ------------------------------------------------------------------- store --
 
-class Store:
+class Store(_Handle):
     """The index of stored chunks and their slots (kvo_store).  Batched:
     every method takes a KEY_DTYPE array and makes one C call."""
+
+    _destroy = "kvo_store_destroy"
 
     def __init__(self, plan: Plan, capacity_bytes: int, policy: str = "lru", admit_after: int = 0,
                  max_entries: int = 0, event_capacity: int = 0, segment_bytes: int = 0) -> None:
@@ -311,16 +336,13 @@ class Store:
         return slots
 
     def complete_load(self, keys: np.ndarray) -> None:
-        keys = _as_keys(keys)
-        check(lib.kvo_store_complete_load(self._h, _ptr(keys), len(keys)), "kvo_store_complete_load")
+        self._batch("kvo_store_complete_load", keys)
 
     def touch(self, keys: np.ndarray) -> None:
-        keys = _as_keys(keys)
-        check(lib.kvo_store_touch(self._h, _ptr(keys), len(keys)), "kvo_store_touch")
+        self._batch("kvo_store_touch", keys)
 
     def remove(self, keys: np.ndarray) -> None:
-        keys = _as_keys(keys)
-        check(lib.kvo_store_remove(self._h, _ptr(keys), len(keys)), "kvo_store_remove")
+        self._batch("kvo_store_remove", keys)
 
     def clear(self) -> int:
         """Remove every READY unpinned entry; returns how many remain."""
@@ -354,25 +376,13 @@ class Store:
         d["groups"] = [{n: getattr(s.groups[i], n) for n in L._GROUP_STATS} for i in range(s.n_groups)]
         return d
 
-    def close(self) -> None:
-        if getattr(self, "_h", None):
-            lib.kvo_store_destroy(self._h)
-            self._h = None
 
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *a: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-
-class Arena:
+class Arena(_Handle):
     """Host memory for slots (kvo_arena): anonymous, or a shared file
     (shm_path) that several processes map.  See kvoffload.shm.SharedArena for
     the owned, checked shared arena the vLLM spec uses."""
+
+    _destroy = "kvo_arena_destroy"
 
     def __init__(self, nbytes: int, shm_path: Optional[str] = None, shm_unlink: bool = False,
                  prefault: bool = True, huge_pages: bool = False, lock: bool = False) -> None:
@@ -394,19 +404,13 @@ class Arena:
                            "Arena.view")
         return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(self.base + offset))
 
-    def close(self) -> None:
-        if getattr(self, "_h", None):
-            lib.kvo_arena_destroy(self._h)
-            self._h = None
-
-    def __del__(self) -> None:
-        self.close()
-
 
 # --------------------------------------------------------------- file tier --
 
-class FileTier:
+class FileTier(_Handle):
     """The persistent chunk store on a file system (kvo_file_tier)."""
+
+    _destroy = "kvo_file_tier_destroy"
 
     def __init__(self, root: str, plan: Plan, quota_bytes: int, policy: str = "lru", io_threads: int = 0,
                  shared: bool = False, scan: bool = True, write_completions: bool = False,
@@ -471,25 +475,15 @@ class FileTier:
         check(lib.kvo_file_tier_flush(self._h, timeout_ms), "kvo_file_tier_flush")
 
     def touch(self, keys: np.ndarray) -> None:
-        keys = _as_keys(keys)
-        check(lib.kvo_file_tier_touch(self._h, _ptr(keys), len(keys)), "kvo_file_tier_touch")
+        self._batch("kvo_file_tier_touch", keys)
 
     def remove(self, keys: np.ndarray) -> None:
-        keys = _as_keys(keys)
-        check(lib.kvo_file_tier_remove(self._h, _ptr(keys), len(keys)), "kvo_file_tier_remove")
+        self._batch("kvo_file_tier_remove", keys)
 
     def stats(self) -> dict[str, Any]:
         s = L.FileTierStats()
         check(lib.kvo_file_tier_get_stats(self._h, byref(s)), "kvo_file_tier_get_stats")
         return _struct_dict(s)
-
-    def close(self) -> None:
-        if getattr(self, "_h", None):
-            lib.kvo_file_tier_destroy(self._h)
-            self._h = None
-
-    def __del__(self) -> None:
-        self.close()
 
 
 # ---------------------------------------------------------------- transfer --
@@ -497,13 +491,15 @@ class FileTier:
 STORE, LOAD = 0, 1
 
 
-class Transfer:
+class Transfer(_Handle):
     """The batched copy engine (kvo_transfer) between engine blocks and slots.
 
     set_layout(segments) takes dicts {group, base, num_blocks, block_stride,
     page_bytes} (base: an address, e.g. tensor.data_ptr()).  submit(dir, ops)
     takes dicts {group, first_block, engine_blocks, slot, slot_bytes} and
     makes one C call for the whole job."""
+
+    _destroy = "kvo_transfer_destroy"
 
     def __init__(self, plan: Plan, threads: int = 2, device: Optional[str] = None, max_queued_jobs: int = 0) -> None:
         p = lib.kvo_transfer_default_params()
@@ -518,10 +514,7 @@ class Transfer:
         self.plan = plan
 
     def set_layout(self, segments: Sequence[Mapping[str, int]]) -> None:
-        arr = (L.Segment * len(segments))()
-        for i, s in enumerate(segments):
-            arr[i].group, arr[i].base, arr[i].num_blocks = s["group"], s["base"], s["num_blocks"]
-            arr[i].block_stride, arr[i].page_bytes = s["block_stride"], s["page_bytes"]
+        arr = _segments(segments)
         check(lib.kvo_transfer_set_layout(self._h, arr, len(segments)), "kvo_transfer_set_layout")
 
     def submit(self, direction: int, ops: Sequence[Mapping[str, Any]]) -> int:
@@ -554,21 +547,15 @@ class Transfer:
         check(lib.kvo_transfer_get_stats(self._h, byref(s)), "kvo_transfer_get_stats")
         return _struct_dict(s)
 
-    def close(self) -> None:
-        if getattr(self, "_h", None):
-            lib.kvo_transfer_destroy(self._h)
-            self._h = None
-
-    def __del__(self) -> None:
-        self.close()
-
 
 # --------------------------------------------------------------- connector --
 
-class Connector:
+class Connector(_Handle):
     """The whole offload path for one engine (kvo_connector): arena, store,
     transfer engine, optional file tier.  Requests are registered with their
     prompt tokens; lookup/load/update/finish take one call per request."""
+
+    _destroy = "kvo_connector_destroy"
 
     def __init__(self, plan: Plan, host_bytes: int, policy: str = "lru", file_tier: Optional[FileTier] = None,
                  transfer_threads: int = 2, shm_path: Optional[str] = None, prefault: bool = True,
@@ -586,10 +573,7 @@ class Connector:
         self.step: int = lib.kvo_connector_step(self._h)
 
     def set_layout(self, segments: Sequence[Mapping[str, int]]) -> None:
-        arr = (L.Segment * len(segments))()
-        for i, s in enumerate(segments):
-            arr[i].group, arr[i].base, arr[i].num_blocks = s["group"], s["base"], s["num_blocks"]
-            arr[i].block_stride, arr[i].page_bytes = s["block_stride"], s["page_bytes"]
+        arr = _segments(segments)
         check(lib.kvo_connector_set_layout(self._h, arr, len(segments)), "kvo_connector_set_layout")
 
     def add_request(self, req_id: int, tokens: Sequence[int], cache_salt: bytes = b"") -> None:
@@ -661,10 +645,4 @@ class Connector:
         d["host"] = {n: getattr(s.host, n) for n in L._STORE_STATS}
         return d
 
-    def close(self) -> None:
-        if getattr(self, "_h", None):
-            lib.kvo_connector_destroy(self._h)
-            self._h = None
 
-    def __del__(self) -> None:
-        self.close()
