@@ -141,7 +141,8 @@ class StoreStats(ctypes.Structure):
 
 class ArenaParams(ctypes.Structure):
     _fields_ = [("bytes", c_uint64), ("huge_pages", c_bool), ("lock", c_bool), ("prefault", c_bool),
-                ("shm_path", c_char_p), ("shm_unlink", c_bool), ("require_huge_pages", c_bool)]
+                ("shm_path", c_char_p), ("shm_unlink", c_bool), ("require_huge_pages", c_bool),
+                ("share_processes", c_uint32), ("share_fingerprint", U128), ("share_timeout_ms", c_uint32)]
 
 
 class FileTierParams(ctypes.Structure):
@@ -309,6 +310,9 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_arena_destroy": (None, [P]),
     "kvo_arena_base": (c_void_p, [P]),
     "kvo_arena_size": (c_uint64, [P]),
+    "kvo_arena_creator": (c_bool, [P]),
+    "kvo_arena_instance": (U128, [P]),
+    "kvo_arena_sweep_stale": (c_int, [c_char_p, c_char_p, POINTER(c_size_t)]),
     # file tier
     "kvo_file_tier_default_params": (FileTierParams, []),
     "kvo_file_tier_create": (c_int, [POINTER(FileTierParams), POINTER(P)]),

@@ -385,11 +385,14 @@ class Arena(_Handle):
     _destroy = "kvo_arena_destroy"
 
     def __init__(self, nbytes: int, shm_path: Optional[str] = None, shm_unlink: bool = False,
-                 prefault: bool = True, huge_pages: bool = False, lock: bool = False) -> None:
+                 prefault: bool = True, huge_pages: bool = False, lock: bool = False, share_processes: int = 0,
+                 share_fingerprint: int = 0, share_timeout_ms: int = 0) -> None:
         p = lib.kvo_arena_default_params()
         p.bytes, p.prefault, p.huge_pages, p.lock = nbytes, prefault, huge_pages, lock
         self._path = shm_path.encode() if shm_path else None
         p.shm_path, p.shm_unlink = self._path, shm_unlink
+        p.share_processes, p.share_timeout_ms = share_processes, share_timeout_ms
+        p.share_fingerprint = L.U128(share_fingerprint & 0xFFFFFFFFFFFFFFFF, share_fingerprint >> 64)
         h = c_void_p()
         check(lib.kvo_arena_create(byref(p), byref(h)), "kvo_arena_create")
         self._h: Optional[int] = h.value
