@@ -21,7 +21,8 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor,
+                                        SlidingWindowSpec)
 from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
@@ -44,9 +45,12 @@ def tiny_model_dir() -> str:
 
 class Engine:
     def __init__(self, extra: dict, num_blocks: int = 48, engine_id: str = "kvo-sim",
-                 fake_worker: bool = False) -> None:
+                 fake_worker: bool = False, sliding_window: int = 0) -> None:
         """fake_worker: no KV copies; every transfer job reports done at once
-        (for specs whose worker needs a GPU, e.g. vLLM's CPUOffloadingSpec)."""
+        (for specs whose worker needs a GPU, e.g. vLLM's CPUOffloadingSpec).
+        sliding_window: a hybrid model instead: layer 0 full attention (group
+        0), layer 1 sliding window (group 1), overlaid on one tensor as vLLM's
+        hybrid allocator does."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         mc = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float16", max_model_len=2048)
         self.vc = VllmConfig(
@@ -59,26 +63,40 @@ class Engine:
         self.spec_attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float16)
         self.page = self.spec_attn.page_size_bytes
         self.num_blocks = num_blocks
-        kcc = KVCacheConfig(num_blocks=num_blocks,
-                            kv_cache_tensors=[KVCacheTensor(size=self.page * num_blocks * len(LAYERS),
-                                                            layers=list(LAYERS), layer_stride=self.page * num_blocks,
-                                                            block_stride=self.page)],
-                            kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), self.spec_attn)])
+        if sliding_window:
+            swa = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float16,
+                                    sliding_window=sliding_window)
+            kcc = KVCacheConfig(num_blocks=num_blocks,
+                                kv_cache_tensors=[KVCacheTensor(size=self.page * num_blocks, layers=list(LAYERS),
+                                                                layer_stride=0, block_stride=self.page)],
+                                kv_cache_groups=[KVCacheGroupSpec([LAYERS[0]], self.spec_attn),
+                                                 KVCacheGroupSpec([LAYERS[1]], swa)])
+            self.n_tensors, refs = 1, [[CanonicalKVCacheRef(0, self.page)], [CanonicalKVCacheRef(0, self.page)]]
+        else:
+            kcc = KVCacheConfig(num_blocks=num_blocks,
+                                kv_cache_tensors=[KVCacheTensor(size=self.page * num_blocks * len(LAYERS),
+                                                                layers=list(LAYERS),
+                                                                layer_stride=self.page * num_blocks,
+                                                                block_stride=self.page)],
+                                kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), self.spec_attn)])
+            self.n_tensors = len(LAYERS)
+            refs = [[CanonicalKVCacheRef(i, self.page) for i in range(len(LAYERS))]]
+        self.n_groups = len(kcc.kv_cache_groups)
         self.kcc = kcc
         self.vc.cache_config.num_gpu_blocks = num_blocks
         init_none_hash(sha256)
         self.hasher = get_request_block_hasher(BLOCK, sha256)
-        self.sched = Scheduler(self.vc, kcc, StructuredOutputManager(self.vc), block_size=BLOCK)
+        self.sched = Scheduler(self.vc, kcc, StructuredOutputManager(self.vc), block_size=BLOCK,
+                               hash_block_size=BLOCK)
         self.connector = self.sched.connector
         # worker side: CPU tensors as the KV cache
-        self.kv = [torch.zeros((num_blocks, self.page), dtype=torch.int8) for _ in LAYERS]
+        self.kv = [torch.zeros((num_blocks, self.page), dtype=torch.int8) for _ in range(self.n_tensors)]
         self.fake_worker = fake_worker
         self.wconn = None
         if not fake_worker:
             self.wconn = OffloadingConnector(self.vc, KVConnectorRole.WORKER, kcc)
             self.wconn.connector_worker._init_worker(CanonicalKVCaches(
-                tensors=[CanonicalKVCacheTensor(t, self.page) for t in self.kv],
-                group_data_refs=[[CanonicalKVCacheRef(i, self.page) for i in range(len(LAYERS))]]))
+                tensors=[CanonicalKVCacheTensor(t, self.page) for t in self.kv], group_data_refs=refs))
         # external (offload) hit tokens the connector reported per request
         self.hits: dict[str, int] = {}
         orig = self.connector.get_num_new_matched_tokens
@@ -94,9 +112,14 @@ class Engine:
         self.loaded_blocks_checked = 0
         self.load_jobs = 0
 
-    def block_bytes(self, tokens: list[int], layer: int) -> np.ndarray:
-        """What the fake model writes for a block: a function of the prefix."""
-        seed = hash((tuple(tokens), layer)) & 0xFFFFFFFF
+    def tensors_of(self, group: int) -> list:
+        return self.kv if self.n_groups == 1 else [self.kv[0]]
+
+    def block_bytes(self, tokens: list[int], group: int, tensor: torch.Tensor) -> np.ndarray:
+        """What the fake model writes for a block: a function of the prefix,
+        the group and the layer tensor."""
+        layer = next(i for i, t in enumerate(self.kv) if t is tensor)
+        seed = hash((tuple(tokens), group, layer)) & 0xFFFFFFFF
         return np.random.default_rng(seed).integers(-128, 127, self.page, dtype=np.int8)
 
     def add(self, req_id: str, tokens: list[int]) -> None:
@@ -119,15 +142,18 @@ class Engine:
             req = self.sched.requests[req_id]
             end = req.num_computed_tokens  # schedule() already advanced it
             start = end - n
-            blocks = self.sched.kv_cache_manager.get_block_ids(req_id)[0]
             toks = self.tokens[req_id]
-            # KV of blocks that were computed before this step must be in
-            # place (from this engine's earlier steps or from a load)
-            for b in range(0, start // BLOCK):
-                self.check_block(req_id, toks, blocks, b)
-            for b in range(start // BLOCK, (min(end, len(toks))) // BLOCK):
-                for layer, t in enumerate(self.kv):
-                    t[blocks[b]] = torch.from_numpy(self.block_bytes(toks[: (b + 1) * BLOCK], layer))
+            for g, blocks in enumerate(self.sched.kv_cache_manager.get_block_ids(req_id)):
+                # KV of blocks computed before this step must be in place (from
+                # this engine's earlier steps or from a load); null blocks
+                # (id 0: outside a sliding window) hold nothing
+                for b in range(0, min(start // BLOCK, len(blocks))):
+                    if blocks[b]:
+                        self.check_block(req_id, toks, g, blocks, b)
+                for b in range(start // BLOCK, min(end, len(toks)) // BLOCK):
+                    if blocks[b]:
+                        for t in self.tensors_of(g):
+                            t[blocks[b]] = torch.from_numpy(self.block_bytes(toks[: (b + 1) * BLOCK], g, t))
             if end >= len(toks):
                 sampled[req_id] = [7]
         w.wait_for_save()
@@ -160,12 +186,11 @@ class Engine:
                                                                       kv_connector_worker_meta=wm))
         self.sched.update_from_output(out, mro)
 
-    def check_block(self, req_id: str, toks: list[int], blocks: list[int], b: int) -> None:
-        for layer, t in enumerate(self.kv):
-            want = self.block_bytes(toks[: (b + 1) * BLOCK], layer)
-            got = t[blocks[b]].numpy()
-            if not np.array_equal(got, want):
-                raise AssertionError(f"request {req_id}: block {b} (engine block {blocks[b]}) layer {layer} "
+    def check_block(self, req_id: str, toks: list[int], group: int, blocks: list[int], b: int) -> None:
+        for t in self.tensors_of(group):
+            want = self.block_bytes(toks[: (b + 1) * BLOCK], group, t)
+            if not np.array_equal(t[blocks[b]].numpy(), want):
+                raise AssertionError(f"request {req_id}: group {group} block {b} (engine block {blocks[b]}) "
                                      "does not hold the KV its tokens give")
         self.loaded_blocks_checked += 1
 
