@@ -406,6 +406,11 @@ class KvoffloadOffloadingManager(OffloadingManager):
         return bool(self._promoting)
 
     def reset_cache(self) -> None:
+        # file reads still landing in host slots must finish before the
+        # slots can be handed out again
+        while self._promoting and self.file_tier is not None:
+            self.file_tier.wait(1000)
+            self._poll_file()
         old = self.store
         self.store = self._new_store()
         old.close()
@@ -432,6 +437,35 @@ class KvoffloadOffloadingManager(OffloadingManager):
 
 # ------------------------------------------------------------------ worker --
 
+class _CudaParams(ctypes.Structure):
+    _fields_ = [("device_index", ctypes.c_int), ("compute_stream", ctypes.c_void_p),
+                ("kernel_max_bytes", ctypes.c_uint64), ("kernel_min_pieces", ctypes.c_uint32),
+                ("batch", ctypes.c_int), ("require_pinned", ctypes.c_bool)]
+
+
+def _cuda_pin(arena: SharedArena, device_index: int) -> int:
+    """A kvo_cuda for the device with the arena pinned (CUDA tensors).  Only
+    when the library has the CUDA device (kvoffload_cuda) linked in."""
+    lib = L.lib
+    if not hasattr(lib, "kvo_cuda_create"):
+        raise L.KvoError(L.KVO_ENOTSUP, f"{L.LIBRARY_PATH} has no CUDA device (kvoffload_cuda): the KV cache is on "
+                         "the GPU; build the library with -DKVO_CUDA=ON", "KvoffloadOffloadingWorker")
+    lib.kvo_cuda_default_params.restype = _CudaParams
+    lib.kvo_cuda_create.argtypes = [ctypes.POINTER(_CudaParams), ctypes.POINTER(ctypes.c_void_p)]
+    lib.kvo_cuda_pin_arena.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    p = lib.kvo_cuda_default_params()
+    p.device_index = device_index
+    cu = ctypes.c_void_p()
+    L.check(lib.kvo_cuda_create(ctypes.byref(p), ctypes.byref(cu)), "kvo_cuda_create")
+    rc = lib.kvo_cuda_pin_arena(cu, arena._arena._h if arena._arena else None)
+    if rc < 0:
+        err = L.KvoError(rc, L.last_error(), "kvo_cuda_pin_arena")
+        lib.kvo_cuda_destroy.argtypes = [ctypes.c_void_p]
+        lib.kvo_cuda_destroy(cu)
+        raise err
+    return int(cu.value or 0)
+
+
 class KvoffloadOffloadingWorker(OffloadingWorker):
     """Copies between vLLM's KV tensors and arena slots with kvoffload's
     transfer engine: one engine per offloaded group (vLLM overlays groups on
@@ -449,10 +483,13 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         self.plans: list[Plan] = []
         self.worker_chunk_bytes: list[int] = []
         device = None
+        self._cuda = 0
         for g, refs in enumerate(kv_caches.group_data_refs):
             tens = [kv_caches.tensors[r.tensor_idx].tensor for r in refs]
-            if tens and tens[0].device.type != "cpu":
+            if tens and tens[0].device.type != "cpu" and device is None:
+                # GPU tensors: the CUDA device of the library (untested here)
                 device = tens[0].device.type
+                self._cuda = _cuda_pin(arena, tens[0].device.index or 0)
             pages = sum(int(r.page_size_bytes) for r in refs)
             gc = cfg.groups[g]
             model = Model(f"w{g}", cfg.cache.tokens_per_hash,
@@ -468,11 +505,9 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
             t = Transfer(plan, threads=threads, device=device)
             segs = []
             for r, ten in zip(refs, tens):
-                ct = kv_caches.tensors[r.tensor_idx]
                 segs.append(dict(group=0, base=ten.data_ptr(), num_blocks=int(ten.shape[0]),
                                  block_stride=int(ten.stride(0) * ten.element_size()),
                                  page_bytes=int(r.page_size_bytes)))
-                del ct
             t.set_layout(segs)
             self.engines.append(t)
             self.plans.append(plan)
@@ -553,6 +588,12 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         for t in self.engines:
             t.close()
         self.engines = []
+        if self._cuda:
+            L.lib.kvo_cuda_unpin_arena.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            L.lib.kvo_cuda_destroy.argtypes = [ctypes.c_void_p]
+            L.lib.kvo_cuda_unpin_arena(self._cuda, self.arena._arena._h if self.arena._arena else None)
+            L.lib.kvo_cuda_destroy(self._cuda)
+            self._cuda = 0
         self.arena.close()
 
 

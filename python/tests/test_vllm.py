@@ -421,3 +421,17 @@ def test_hybrid_full_and_sliding_groups_through_scheduler(sim):
         assert _multi_turn(theirs) == h_ours
     finally:
         theirs.shutdown()
+
+
+def test_gpu_tensors_need_the_cuda_device():
+    if hasattr(k._lib.lib, "kvo_cuda_create"):
+        pytest.skip("this library has the CUDA device")
+    page = 4096
+    spec = KvoffloadOffloadingSpec(make_config(kv_bytes=2 * page))
+    spec.arena_expected = 1
+    meta = [torch.empty((8, page), dtype=torch.int8, device="meta") for _ in range(2)]
+    kv = CanonicalKVCaches(tensors=[CanonicalKVCacheTensor(t, page) for t in meta],
+                           group_data_refs=[[CanonicalKVCacheRef(0, page), CanonicalKVCacheRef(1, page)]])
+    with pytest.raises(k.KvoError) as e:
+        spec.get_worker(kv)
+    assert e.value.code == k._lib.KVO_ENOTSUP and "KVO_CUDA" in e.value.message
