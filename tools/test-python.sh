@@ -17,9 +17,9 @@ if [ -z "${KVO_LIBRARY:-}" ]; then
   gen=""; command -v ninja >/dev/null && gen="-G Ninja"
   [ -f build/CMakeCache.txt ] && gen=""
   cmake -S . -B build $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  if cmake --build build --target help 2>/dev/null | grep -q 'kvoffload_shared'; then
+  if grep -qE 'add_library\(kvoffload_shared' CMakeLists.txt cmake/*.cmake 2>/dev/null; then
     cmake --build build -j2 --target kvoffload_shared
-    so=$(find build -maxdepth 2 -name 'libkvoffload.so*' -type f | head -n1)
+    so=$(find build -maxdepth 2 -name 'libkvoffload.so*' -type f | sort | head -n1)
   else
     # no shared target in this tree yet: link the (PIC) static archive whole
     cmake --build build -j2 --target kvoffload
