@@ -21,15 +21,11 @@ from typing import Any, Optional
 KVO_NAME_MAX = 64
 KVO_MAX_GROUPS = 64
 
-# The one error table (kvo_common.h); values are stable.
-ERROR_NAMES = {
-    0: "KVO_OK", -1: "KVO_EINVAL", -2: "KVO_ENOMEM", -3: "KVO_ERANGE", -4: "KVO_EPARSE", -5: "KVO_ENOTFOUND",
-    -6: "KVO_EEXIST", -7: "KVO_ENOSPC", -8: "KVO_EBUSY", -9: "KVO_ESTATE", -10: "KVO_EIO", -11: "KVO_ECORRUPT",
-    -12: "KVO_ECANCELED", -13: "KVO_ENOTSUP", -14: "KVO_EAGAIN", -15: "KVO_ECLOSED", -16: "KVO_ELAYOUT",
-    -17: "KVO_ETIMEDOUT",
-}
-globals().update({name: code for code, name in ERROR_NAMES.items()})
-
+# The error table is read from the library at import (kvo_error_count /
+# kvo_error_code where the library has them, else by asking kvo_error_name
+# about each code down to -4096), so the KVO_E* values below are always the
+# loaded library's: KVO_EINVAL, KVO_ENOSPC, ... (module attributes).
+ERROR_NAMES: dict[int, str] = {}
 
 class KvoError(Exception):
     """A kvoffload call failed.
@@ -69,6 +65,43 @@ def _find_library() -> str:
 
 lib = ctypes.CDLL(_find_library())
 LIBRARY_PATH = lib._name
+
+
+def _load_error_table() -> None:
+    lib.kvo_error_name.restype = c_char_p
+    lib.kvo_error_name.argtypes = [c_int]
+    if hasattr(lib, "kvo_error_count"):
+        lib.kvo_error_count.restype = c_size_t
+        lib.kvo_error_code.restype = c_int
+        lib.kvo_error_code.argtypes = [c_size_t]
+        codes = [lib.kvo_error_code(i) for i in range(lib.kvo_error_count())]
+    else:
+        codes = [c for c in range(0, -4097, -1) if lib.kvo_error_name(c) != b"KVO_E?"]
+    for code in codes:
+        name = lib.kvo_error_name(code).decode()
+        ERROR_NAMES[code] = name
+        globals()[name] = code
+
+
+_load_error_table()
+KVO_OK: int
+KVO_EINVAL: int
+KVO_ENOMEM: int
+KVO_ERANGE: int
+KVO_EPARSE: int
+KVO_ENOTFOUND: int
+KVO_EEXIST: int
+KVO_ENOSPC: int
+KVO_EBUSY: int
+KVO_ESTATE: int
+KVO_EIO: int
+KVO_ECORRUPT: int
+KVO_ECANCELED: int
+KVO_ENOTSUP: int
+KVO_EAGAIN: int
+KVO_ECLOSED: int
+KVO_ELAYOUT: int
+KVO_ETIMEDOUT: int
 
 
 # ------------------------------------------------------------------ structs --

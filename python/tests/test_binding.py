@@ -26,9 +26,14 @@ def test_struct_sizes_match_c():
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to print the C struct sizes")
-    inc = os.path.join(HERE, "..", "..", "include")
+    root = os.path.join(HERE, "..", "..")
+    incs = ["-I", os.path.join(root, "include")]
+    # a generated header (kvo_version.h) may live in the build tree
+    for d in [os.path.join(os.path.dirname(k.LIBRARY_PATH), "include"), os.path.join(root, "build", "include")]:
+        if os.path.exists(os.path.join(d, "kvoffload", "kvo_version.h")):
+            incs += ["-I", d]
     exe = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvo_abi_{os.getpid()}")
-    subprocess.run([cc, "-I", inc, os.path.join(HERE, "abi_sizes.c"), "-o", exe], check=True)
+    subprocess.run([cc, *incs, os.path.join(HERE, "abi_sizes.c"), "-o", exe], check=True)
     try:
         out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
     finally:
@@ -49,6 +54,12 @@ def test_struct_sizes_match_c():
         assert ctypes.sizeof(names[name]) == int(size), name
         seen += 1
     assert seen == len(names)
+
+
+def test_error_table_comes_from_the_library():
+    assert L.ERROR_NAMES[L.KVO_EINVAL] == "KVO_EINVAL" and L.KVO_OK == 0
+    assert L.lib.kvo_error_name(L.KVO_ENOSPC) == b"KVO_ENOSPC"
+    assert len(L.ERROR_NAMES) >= 18
 
 
 def test_version_and_library_path():

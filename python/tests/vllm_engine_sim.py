@@ -10,6 +10,7 @@ DeviceConfig("cpu")."""
 import json
 import os
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -127,12 +128,13 @@ class Engine:
         self.sched.add_request(Request(req_id, list(tokens), SamplingParams(max_tokens=1), None, None,
                                        block_hasher=self.hasher))
 
-    def step(self) -> None:
+    def step(self) -> bool:
         out = self.sched.schedule()
         meta = out.kv_connector_metadata
         self.load_jobs += len(meta.load_jobs)
         if self.fake_worker:
-            return self.fake_step(out, meta)
+            self.fake_step(out, meta)
+            return bool(out.num_scheduled_tokens)
         w = self.wconn
         w.bind_connector_metadata(meta)
         w.handle_preemptions(meta)
@@ -166,6 +168,7 @@ class Engine:
                                     kv_connector_worker_meta=w.build_connector_worker_meta()))
         self.sched.update_from_output(out, mro)
         w.clear_connector_metadata()
+        return bool(out.num_scheduled_tokens)
 
     def fake_step(self, out, meta) -> None:
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
@@ -194,12 +197,15 @@ class Engine:
                                      "does not hold the KV its tokens give")
         self.loaded_blocks_checked += 1
 
-    def run(self, max_steps: int = 200) -> None:
-        for _ in range(max_steps):
-            if not self.sched.has_requests() and not self.connector.has_pending_push_work():
-                return
-            self.step()
-        raise AssertionError("requests did not finish")
+    def run(self, timeout_s: float = 60.0) -> None:
+        """Step until every request finished.  Loads are asynchronous: a step
+        that schedules nothing waits a little for the copies in flight."""
+        deadline = time.monotonic() + timeout_s
+        while self.sched.has_requests() or self.connector.has_pending_push_work():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"requests did not finish in {timeout_s} s")
+            if not self.step():
+                time.sleep(0.002)
 
     def shutdown(self) -> None:
         if self.wconn is not None:
