@@ -37,7 +37,8 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def make_keys(hashes: Union[Sequence[bytes], Sequence[int], np.ndarray], groups: Union[int, Sequence[int]]) -> np.ndarray:
+def make_keys(hashes: Union[Sequence[bytes], Sequence[int], np.ndarray],
+              groups: Union[int, Sequence[int]]) -> np.ndarray:
     """Build a KEY_DTYPE array.
 
     hashes: 16-byte strings (lo then hi, little endian, as kvo_u128), Python
