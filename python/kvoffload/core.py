@@ -224,9 +224,9 @@ class Plan(_Handle):
         self._h: Optional[int] = h.value
         self.groups: list[dict[str, Any]] = []
         for i in range(lib.kvo_plan_num_groups(self._h)):
-            g = _struct_dict(lib.kvo_plan_group(self._h, i).contents)
-            g["kind"] = _KIND_NAMES.get(g["kind"], "?")
-            self.groups.append(g)
+            gd = _struct_dict(lib.kvo_plan_group(self._h, i).contents)
+            gd["kind"] = _KIND_NAMES.get(gd["kind"], "?")
+            self.groups.append(gd)
         self._gp = [lib.kvo_plan_group(self._h, i) for i in range(len(self.groups))]
         self.tokens_per_hash: int = lib.kvo_plan_tokens_per_hash(self._h)
         fp = lib.kvo_plan_fingerprint(self._h)
@@ -359,7 +359,7 @@ class Store(_Handle):
             n = lib.kvo_store_drain_events(self._h, buf, cap, None)
             if n == 0:
                 return out
-            raw = np.frombuffer(buf, dtype=np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)]),
+            raw = np.frombuffer(memoryview(buf), dtype=np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)]),
                                 count=n).copy()
             start = 0
             for i in range(1, n + 1):

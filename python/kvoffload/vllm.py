@@ -270,7 +270,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
                 self._names.pop(ck, None)
 
     def _spec(self, buf: bytes, n: int, idx: Optional[list[int]] = None) -> KvoffloadLoadStoreSpec:
-        slots = np.frombuffer(self._slots, dtype=np.uint64, count=2 * n)[0::2]
+        slots = np.frombuffer(memoryview(self._slots), dtype=np.uint64, count=2 * n)[0::2]
         groups = np.frombuffer(buf, dtype=KEY_DTYPE)["group"]
         if idx is None:
             return KvoffloadLoadStoreSpec(slots.copy(), groups.copy())
