@@ -67,6 +67,21 @@ def test_version_and_library_path():
     assert os.path.exists(k.LIBRARY_PATH) or "kvoffload" in k.LIBRARY_PATH
 
 
+def test_library_lookup_order(tmp_path):
+    """KVO_LIBRARY first, else a libkvoffload.so next to the package."""
+    pkg = tmp_path / "kvoffload"
+    shutil.copytree(os.path.dirname(k.__file__), pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(k.LIBRARY_PATH, pkg / "libkvoffload.so")
+    env = {kk: v for kk, v in os.environ.items() if kk != "KVO_LIBRARY"}
+    env["PYTHONPATH"] = str(tmp_path)
+    code = "import kvoffload; print(kvoffload.LIBRARY_PATH)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(pkg / "libkvoffload.so")
+    env["KVO_LIBRARY"] = str(tmp_path / "missing.so")
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "missing.so" in bad.stderr
+
+
 def test_model_plan_dicts_and_legacy_block_size():
     m = k.Model("mix", 4, [dict(name="a", tokens_per_block=12, layers=3, page_bytes=1000),
                            dict(name="b", tokens_per_block=16, layers=2, page_bytes=2048, kind="sliding",
