@@ -75,10 +75,11 @@ def test_library_lookup_order(tmp_path):
     env = {kk: v for kk, v in os.environ.items() if kk != "KVO_LIBRARY"}
     env["PYTHONPATH"] = str(tmp_path)
     code = "import kvoffload; print(kvoffload.LIBRARY_PATH)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=tmp_path)
     assert out.stdout.strip() == str(pkg / "libkvoffload.so")
     env["KVO_LIBRARY"] = str(tmp_path / "missing.so")
-    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode != 0 and "missing.so" in bad.stderr
 
 
