@@ -230,6 +230,23 @@ typedef struct kvo_arena_params {
     bool shm_unlink;         /* unlink shm_path when this arena is destroyed */
     bool require_huge_pages; /* huge_pages: fail (KVO_ENOTSUP) instead of
                                 falling back to normal pages */
+    /* Owned sharing between the processes of ONE engine (shm_path given and
+     * share_processes > 0; else shm_path behaves as above).  The file holds a
+     * 4096-byte header before the `bytes` of slot space (base and slots
+     * exclude it): the plan fingerprint, a random instance id, the processes
+     * expected and attached and their pids.  The first process creates the
+     * file (O_EXCL), the others wait for its header and must ask for the same
+     * bytes and fingerprint (else KVO_ESTATE: another engine's arena); the
+     * last of share_processes to attach unlinks the name, so the memory lives
+     * only as long as the mappings (a crash leaves nothing behind) and nobody
+     * else can attach.  A file whose recorded processes are all dead (a crash
+     * during start-up) is removed and created afresh.  shm_unlink is
+     * ignored: the creator removes the name at destroy if it is still there
+     * and still its own.  See docs/python.md. */
+    uint32_t share_processes;
+    kvo_u128 share_fingerprint;  /* e.g. kvo_plan_fingerprint(plan) */
+    uint32_t share_timeout_ms;   /* how long a non-creator waits for the
+                                    creator's header; 0 = 60000 */
 } kvo_arena_params;
 
 KVO_API kvo_arena_params kvo_arena_default_params(void);
@@ -251,6 +268,16 @@ KVO_API void *kvo_arena_base(const kvo_arena *a);
 KVO_API uint64_t kvo_arena_size(const kvo_arena *a);
 /** Address of a slot: base + slot.offset, or NULL if it does not fit. */
 KVO_API void *kvo_arena_slot(const kvo_arena *a, kvo_slot slot);
+/** Owned sharing: whether this process created the file, and the instance
+ *  id its creator chose (zero when not shared this way).  Any thread. */
+KVO_API bool kvo_arena_creator(const kvo_arena *a);
+KVO_API kvo_u128 kvo_arena_instance(const kvo_arena *a);
+/** Remove files named dir/<prefix>* that are owned-sharing arenas none of
+ *  whose recorded processes is alive (left by a crash during start-up);
+ *  *n_removed (may be NULL) = how many.  Files in use, files without a valid
+ *  header younger than 10 s, and other files are left alone.  Errors:
+ *  KVO_EINVAL (NULL dir or prefix), KVO_EIO (dir cannot be read). */
+KVO_API int kvo_arena_sweep_stale(const char *dir, const char *prefix, size_t *n_removed);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,422 @@
+"""Low-level ctypes declarations of the kvoffload C API (include/kvoffload/*.h).
+
+Everything here mirrors the C headers one to one: structs with the same field
+order and types, prototypes with argtypes/restype set so ctypes converts and
+checks arguments.  The rest of the package wraps these in classes; use this
+module directly only for calls the classes do not cover.
+
+Library lookup order: the ``KVO_LIBRARY`` environment variable (a path), a
+``libkvoffload.so`` next to this package, then the system loader
+(``ctypes.util.find_library("kvoffload")``).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from ctypes import (POINTER, c_bool, c_char, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint8, c_uint32,
+                    c_uint64, c_void_p)
+from typing import Any, Optional
+
+KVO_NAME_MAX = 64
+KVO_MAX_GROUPS = 64
+
+# The error table is read from the library at import (kvo_error_count /
+# kvo_error_code where the library has them, else by asking kvo_error_name
+# about each code down to -4096), so the KVO_E* values below are always the
+# loaded library's: KVO_EINVAL, KVO_ENOSPC, ... (module attributes).
+ERROR_NAMES: dict[int, str] = {}
+
+class KvoError(Exception):
+    """A kvoffload call failed.
+
+    Attributes:
+        code: the negative ``KVO_E*`` code (e.g. -1).
+        name: its symbolic name ("KVO_EINVAL").
+        message: the library's detailed message (kvo_last_error()) at the time
+            of the failure, naming the object, numbers and a value that works.
+        func: the C function that failed.
+    """
+
+    def __init__(self, code: int, message: str, func: str = "") -> None:
+        self.code = code
+        self.name = ERROR_NAMES.get(code, "KVO_E?")
+        self.message = message
+        self.func = func
+        super().__init__(f"{func}: {self.name} ({code}): {message}" if func else f"{self.name} ({code}): {message}")
+
+
+def _find_library() -> str:
+    env = os.environ.get("KVO_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("libkvoffload.so", "libkvoffload.so.0"):
+        cand = os.path.join(here, name)
+        if os.path.exists(cand):
+            return cand
+    found = ctypes.util.find_library("kvoffload")
+    if found:
+        return found
+    raise OSError("kvoffload: shared library not found: set KVO_LIBRARY to the path of libkvoffload.so, "
+                  "put libkvoffload.so next to the kvoffload package, or install it where the system loader "
+                  "finds it")
+
+
+lib = ctypes.CDLL(_find_library())
+LIBRARY_PATH = lib._name
+
+
+def _load_error_table() -> None:
+    lib.kvo_error_name.restype = c_char_p
+    lib.kvo_error_name.argtypes = [c_int]
+    if hasattr(lib, "kvo_error_count"):
+        lib.kvo_error_count.restype = c_size_t
+        lib.kvo_error_code.restype = c_int
+        lib.kvo_error_code.argtypes = [c_size_t]
+        codes = [lib.kvo_error_code(i) for i in range(lib.kvo_error_count())]
+    else:
+        codes = [c for c in range(0, -4097, -1) if lib.kvo_error_name(c) != b"KVO_E?"]
+    for code in codes:
+        name = lib.kvo_error_name(code).decode()
+        ERROR_NAMES[code] = name
+        globals()[name] = code
+
+
+_load_error_table()
+KVO_OK: int
+KVO_EINVAL: int
+KVO_ENOMEM: int
+KVO_ERANGE: int
+KVO_EPARSE: int
+KVO_ENOTFOUND: int
+KVO_EEXIST: int
+KVO_ENOSPC: int
+KVO_EBUSY: int
+KVO_ESTATE: int
+KVO_EIO: int
+KVO_ECORRUPT: int
+KVO_ECANCELED: int
+KVO_ENOTSUP: int
+KVO_EAGAIN: int
+KVO_ECLOSED: int
+KVO_ELAYOUT: int
+KVO_ETIMEDOUT: int
+
+
+# ------------------------------------------------------------------ structs --
+
+class U128(ctypes.Structure):
+    _fields_ = [("lo", c_uint64), ("hi", c_uint64)]
+
+
+class ChunkKey(ctypes.Structure):
+    _fields_ = [("hash", U128), ("group", c_uint32), ("reserved", c_uint32)]
+
+
+class GroupDesc(ctypes.Structure):
+    _fields_ = [("name", c_char * KVO_NAME_MAX), ("kind", c_int), ("tokens_per_block", c_uint32),
+                ("layers", c_uint32), ("page_bytes", c_uint64), ("window", c_uint32), ("cacheable", c_bool),
+                ("draft", c_bool)]
+
+
+class GroupOverride(ctypes.Structure):
+    _fields_ = [("group", c_char_p), ("blocks_per_chunk", c_uint32)]
+
+
+class PlanParams(ctypes.Structure):
+    _fields_ = [("block_size", c_uint64), ("blocks_per_chunk", c_uint64), ("overrides", POINTER(GroupOverride)),
+                ("n_overrides", c_size_t), ("target_chunk_bytes", c_uint64), ("dtype", c_char_p),
+                ("tp_rank", c_uint32), ("tp_size", c_uint32)]
+
+
+class GroupPlan(ctypes.Structure):
+    _fields_ = [("id", c_uint32), ("name", c_char * KVO_NAME_MAX), ("kind", c_int), ("tokens_per_block", c_uint32),
+                ("layers", c_uint32), ("page_bytes", c_uint64), ("window", c_uint32), ("cacheable", c_bool),
+                ("draft", c_bool), ("offloaded", c_bool), ("blocks_per_chunk", c_uint64),
+                ("tokens_per_chunk", c_uint64), ("hashes_per_chunk", c_uint64), ("chunk_bytes", c_uint64),
+                ("slot_bytes", c_uint64), ("window_chunks", c_uint64)]
+
+
+class StoreParams(ctypes.Structure):
+    _fields_ = [("plan", c_void_p), ("capacity_bytes", c_uint64), ("policy", c_int), ("admit_after", c_uint32),
+                ("max_entries", c_uint64), ("event_capacity", c_uint32), ("segment_bytes", c_uint64)]
+
+
+class Slot(ctypes.Structure):
+    _fields_ = [("offset", c_uint64), ("bytes", c_uint64)]
+
+
+class StoreEntry(ctypes.Structure):
+    _fields_ = [("key", ChunkKey), ("slot", Slot), ("state", c_uint8), ("pins", c_uint32)]
+
+
+class StoreEvent(ctypes.Structure):
+    _fields_ = [("type", c_uint32), ("key", ChunkKey)]
+
+
+_GROUP_STATS = ["chunks", "bytes_used", "capacity_chunks", "slot_bytes", "hits", "misses", "stores", "evictions"]
+
+
+class StoreGroupStats(ctypes.Structure):
+    _fields_ = [(n, c_uint64) for n in _GROUP_STATS]
+
+
+_STORE_STATS = ["capacity_bytes", "bytes_used", "bytes_reserved", "entries", "pinned", "pending", "hits", "misses",
+                "pending_hits", "stores", "store_skipped_present", "store_not_admitted", "rejected_stores",
+                "evictions", "removals", "events_dropped", "segment_bytes", "segments", "segments_free"]
+
+
+class StoreStats(ctypes.Structure):
+    _fields_ = [(n, c_uint64) for n in _STORE_STATS] + [("n_groups", c_size_t),
+                                                        ("groups", StoreGroupStats * KVO_MAX_GROUPS)]
+
+
+class ArenaParams(ctypes.Structure):
+    _fields_ = [("bytes", c_uint64), ("huge_pages", c_bool), ("lock", c_bool), ("prefault", c_bool),
+                ("shm_path", c_char_p), ("shm_unlink", c_bool), ("require_huge_pages", c_bool),
+                ("share_processes", c_uint32), ("share_fingerprint", U128), ("share_timeout_ms", c_uint32)]
+
+
+class FileTierParams(ctypes.Structure):
+    _fields_ = [("root", c_char_p), ("plan", c_void_p), ("quota_bytes", c_uint64), ("policy", c_int),
+                ("max_files", c_uint64), ("fsync", c_int), ("io", c_int), ("direct", c_int),
+                ("io_threads", c_uint32), ("queue_depth", c_uint32), ("max_pending_writes", c_uint32),
+                ("max_staging_bytes", c_uint64), ("write_latency_limit_ms", c_uint32),
+                ("write_completions", c_bool), ("shared", c_bool), ("scan", c_bool), ("log_interval_s", c_uint32),
+                ("layout_hash", c_uint64)]
+
+
+_FILE_STATS = ["quota_bytes", "bytes_used", "files", "scanned_files", "scan_removed", "scan_ns", "hits", "misses",
+               "writes", "write_bytes", "reads", "read_bytes", "read_misses", "write_skipped",
+               "dropped_backpressure", "dropped_quota", "dropped_nospace", "dropped_io", "read_errors",
+               "corrupt_removed", "evictions", "recycled_files", "pending_writes", "staging_bytes",
+               "write_latency_ns"]
+
+
+class FileTierStats(ctypes.Structure):
+    _fields_ = [(n, c_uint64) for n in _FILE_STATS]
+
+
+class FileCompletion(ctypes.Structure):
+    _fields_ = [("user_data", c_uint64), ("key", ChunkKey), ("op", c_uint32), ("result", c_int),
+                ("bytes", c_uint64), ("latency_ns", c_uint64)]
+
+
+class TransferParams(ctypes.Structure):
+    _fields_ = [("plan", c_void_p), ("threads", c_uint32), ("max_queued_jobs", c_uint32), ("nontemporal", c_int),
+                ("device", c_char_p), ("device_index", c_int)]
+
+
+class Segment(ctypes.Structure):
+    _fields_ = [("group", c_uint32), ("base", c_void_p), ("num_blocks", c_uint64), ("block_stride", c_uint64),
+                ("page_bytes", c_uint64)]
+
+
+class XferOp(ctypes.Structure):
+    _fields_ = [("group", c_uint32), ("first_block", c_uint32), ("n_blocks", c_uint32),
+                ("engine_blocks", POINTER(c_uint64)), ("slot", c_void_p), ("slot_bytes", c_uint64)]
+
+
+class XferResult(ctypes.Structure):
+    _fields_ = [("job_id", c_uint64), ("status", c_int), ("dir", c_uint32), ("bytes", c_uint64),
+                ("duration_ns", c_uint64)]
+
+
+_XFER_STATS = ["jobs_submitted", "jobs_ok", "jobs_failed", "jobs_canceled", "jobs_queued", "results_pending",
+               "bytes_stored", "bytes_loaded", "copies", "dep_waits"]
+
+
+class TransferStats(ctypes.Structure):
+    _fields_ = [(n, c_uint64) for n in _XFER_STATS] + [("nontemporal", c_bool), ("copy_kind", c_char_p),
+                                                       ("device", c_char_p)]
+
+
+class ConnectorParams(ctypes.Structure):
+    _fields_ = [("plan", c_void_p), ("host_bytes", c_uint64), ("policy", c_int), ("admit_after", c_uint32),
+                ("event_capacity", c_uint32), ("huge_pages", c_bool), ("lock_memory", c_bool),
+                ("prefault", c_bool), ("shm_path", c_char_p), ("transfer_threads", c_uint32),
+                ("max_queued_jobs", c_uint32), ("nontemporal", c_int), ("salt", c_void_p), ("salt_len", c_size_t),
+                ("min_hit_tokens", c_uint64), ("scratch_groups", c_uint64), ("sliding_store", c_int),
+                ("checkpoint_interval", c_uint64), ("verify_checksums", c_bool), ("file_tier", c_void_p),
+                ("file_mode", c_int), ("file_persist_on_destroy", c_bool), ("max_requests", c_uint32)]
+
+
+class RequestDesc(ctypes.Structure):
+    _fields_ = [("id", c_uint64), ("tokens", POINTER(c_uint32)), ("n_tokens", c_size_t),
+                ("unit_hashes", POINTER(U128)), ("n_units", c_size_t), ("prompt_tokens", c_uint64),
+                ("cache_salt", c_void_p), ("cache_salt_len", c_size_t), ("extra", c_void_p),
+                ("extra_len", c_size_t)]
+
+
+class LookupResultC(ctypes.Structure):
+    _fields_ = [("status", c_int), ("tokens", c_uint64), ("tokens_if_pending", c_uint64),
+                ("local_tokens", c_uint64), ("tokens_host", c_uint64), ("tokens_file", c_uint64),
+                ("limiting_group", c_int32), ("reason", c_int)]
+
+
+class BlockTable(ctypes.Structure):
+    _fields_ = [("blocks", POINTER(c_uint64)), ("n", c_size_t)]
+
+
+class Completion(ctypes.Structure):
+    _fields_ = [("request", c_uint64), ("type", c_uint32), ("status", c_int), ("tokens_valid", c_uint64),
+                ("n_invalid_blocks", c_uint64)]
+
+
+_CONN_STATS = ["requests_added", "requests_live", "requests_finished", "lookups", "lookup_hits", "lookup_pending",
+               "lookup_tokens", "hit_tokens", "loads", "load_failures", "checksum_failures", "tokens_loaded",
+               "tokens_loaded_host", "tokens_loaded_file", "bytes_loaded", "bytes_stored", "chunks_stored",
+               "chunks_loaded", "stores_skipped_nospace", "stores_skipped_queue", "stores_failed", "file_writes",
+               "file_reads", "file_read_failures", "file_writebacks", "file_writes_skipped", "file_writes_dropped"]
+
+
+class ConnectorStats(ctypes.Structure):
+    _fields_ = [(n, c_uint64) for n in _CONN_STATS] + [("host", StoreStats)]
+
+
+_REQ_STATS = ["prompt_tokens", "tokens", "lookups", "pending_lookups", "local_tokens", "tokens_loaded",
+              "tokens_loaded_host", "tokens_loaded_file", "tokens_computed", "bytes_loaded", "bytes_stored",
+              "chunks_loaded", "chunks_stored", "stores_skipped", "load_failures"]
+
+
+class RequestStats(ctypes.Structure):
+    _fields_ = [(n, c_uint64) for n in _REQ_STATS]
+
+
+# -------------------------------------------------------------- prototypes --
+
+P = c_void_p
+KEYS = c_void_p  # const kvo_chunk_key * (a numpy KEY_DTYPE buffer or a ChunkKey array)
+
+_PROTOS: dict[str, tuple[Any, list[Any]]] = {
+    "kvo_version": (c_char_p, []),
+    "kvo_strerror": (c_char_p, [c_int]),
+    "kvo_error_name": (c_char_p, [c_int]),
+    "kvo_last_error": (c_char_p, []),
+    "kvo_free": (None, [c_void_p]),
+    # model / plan
+    "kvo_group_desc_default": (GroupDesc, []),
+    "kvo_model_create": (c_int, [c_char_p, c_uint32, POINTER(P)]),
+    "kvo_model_add_group": (c_int, [P, POINTER(GroupDesc)]),
+    "kvo_model_from_json": (c_int, [c_char_p, c_size_t, c_char_p, POINTER(P)]),
+    "kvo_model_open": (c_int, [c_char_p, POINTER(P)]),
+    "kvo_model_from_hf_config": (c_int, [c_char_p, c_size_t, c_char_p, c_uint32, c_uint32, POINTER(P)]),
+    "kvo_model_to_json": (c_int, [P, POINTER(c_void_p)]),
+    "kvo_model_destroy": (None, [P]),
+    "kvo_model_preset_count": (c_size_t, []),
+    "kvo_model_preset_name": (c_char_p, [c_size_t]),
+    "kvo_plan_default_params": (PlanParams, []),
+    "kvo_plan_create": (c_int, [P, POINTER(PlanParams), POINTER(P)]),
+    "kvo_plan_destroy": (None, [P]),
+    "kvo_plan_num_groups": (c_size_t, [P]),
+    "kvo_plan_group": (POINTER(GroupPlan), [P, c_size_t]),
+    "kvo_plan_tokens_per_hash": (c_uint32, [P]),
+    "kvo_plan_fingerprint": (U128, [P]),
+    "kvo_plan_max_slot_bytes": (c_uint64, [P]),
+    "kvo_plan_to_json": (c_int, [P, POINTER(c_void_p)]),
+    # keys
+    "kvo_keys_namespace": (U128, [U128, c_void_p, c_size_t]),
+    "kvo_hash_tokens": (c_int, [U128, c_void_p, c_size_t, c_uint32, c_void_p, c_size_t, c_void_p, c_size_t,
+                                POINTER(c_size_t)]),
+    "kvo_chunk_keys": (c_size_t, [POINTER(GroupPlan), c_void_p, c_size_t, c_void_p, c_size_t]),
+    # store
+    "kvo_policy_parse": (c_int, [c_char_p, POINTER(c_int)]),
+    "kvo_store_default_params": (StoreParams, []),
+    "kvo_store_create": (c_int, [POINTER(StoreParams), POINTER(P)]),
+    "kvo_store_destroy": (None, [P]),
+    "kvo_store_lookup": (c_int, [P, KEYS, c_size_t, c_void_p]),
+    "kvo_store_prepare_store": (c_int, [P, KEYS, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
+                                        POINTER(c_size_t)]),
+    "kvo_store_complete_store": (c_int, [P, KEYS, c_size_t, c_bool]),
+    "kvo_store_prepare_load": (c_int, [P, KEYS, c_size_t, c_void_p]),
+    "kvo_store_complete_load": (c_int, [P, KEYS, c_size_t]),
+    "kvo_store_touch": (c_int, [P, KEYS, c_size_t]),
+    "kvo_store_remove": (c_int, [P, KEYS, c_size_t]),
+    "kvo_store_clear": (c_size_t, [P]),
+    "kvo_store_peek": (c_int, [P, KEYS, POINTER(StoreEntry)]),
+    "kvo_store_drain_events": (c_size_t, [P, c_void_p, c_size_t, POINTER(c_uint64)]),
+    "kvo_store_get_stats": (c_int, [P, POINTER(StoreStats)]),
+    # arena
+    "kvo_arena_default_params": (ArenaParams, []),
+    "kvo_arena_create": (c_int, [POINTER(ArenaParams), POINTER(P)]),
+    "kvo_arena_destroy": (None, [P]),
+    "kvo_arena_base": (c_void_p, [P]),
+    "kvo_arena_size": (c_uint64, [P]),
+    "kvo_arena_creator": (c_bool, [P]),
+    "kvo_arena_instance": (U128, [P]),
+    "kvo_arena_sweep_stale": (c_int, [c_char_p, c_char_p, POINTER(c_size_t)]),
+    # file tier
+    "kvo_file_tier_default_params": (FileTierParams, []),
+    "kvo_file_tier_create": (c_int, [POINTER(FileTierParams), POINTER(P)]),
+    "kvo_file_tier_destroy": (None, [P]),
+    "kvo_file_tier_dir": (c_char_p, [P]),
+    "kvo_file_tier_backend": (c_char_p, [P]),
+    "kvo_file_tier_lookup": (c_int, [P, KEYS, c_size_t, c_void_p]),
+    "kvo_file_tier_write": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
+    "kvo_file_tier_read": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
+    "kvo_file_tier_poll": (c_size_t, [P, c_void_p, c_size_t]),
+    "kvo_file_tier_wait": (c_int, [P, c_int]),
+    "kvo_file_tier_flush": (c_int, [P, c_int]),
+    "kvo_file_tier_touch": (c_int, [P, KEYS, c_size_t]),
+    "kvo_file_tier_remove": (c_int, [P, KEYS, c_size_t]),
+    "kvo_file_tier_get_stats": (c_int, [P, POINTER(FileTierStats)]),
+    # transfer
+    "kvo_transfer_default_params": (TransferParams, []),
+    "kvo_transfer_create": (c_int, [POINTER(TransferParams), POINTER(P)]),
+    "kvo_transfer_destroy": (None, [P]),
+    "kvo_transfer_set_layout": (c_int, [P, c_void_p, c_size_t]),
+    "kvo_transfer_submit": (c_int, [P, c_int, c_void_p, c_size_t, POINTER(c_uint64)]),
+    "kvo_transfer_poll": (c_int, [P, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "kvo_transfer_wait": (c_int, [P, c_void_p, c_size_t, c_int64]),
+    "kvo_transfer_get_stats": (c_int, [P, POINTER(TransferStats)]),
+    # connector
+    "kvo_connector_default_params": (ConnectorParams, []),
+    "kvo_connector_create": (c_int, [POINTER(ConnectorParams), POINTER(P)]),
+    "kvo_connector_destroy": (None, [P]),
+    "kvo_connector_set_layout": (c_int, [P, c_void_p, c_size_t]),
+    "kvo_connector_step": (c_uint64, [P]),
+    "kvo_connector_add_request": (c_int, [P, POINTER(RequestDesc)]),
+    "kvo_connector_append_tokens": (c_int, [P, c_uint64, c_void_p, c_size_t]),
+    "kvo_connector_lookup": (c_int, [P, c_uint64, c_uint64, POINTER(LookupResultC)]),
+    "kvo_connector_load": (c_int, [P, c_uint64, c_uint64, c_void_p, c_size_t]),
+    "kvo_connector_update": (c_int, [P, c_uint64, c_uint64, c_void_p, c_size_t]),
+    "kvo_connector_wait_request": (c_int, [P, c_uint64]),
+    "kvo_connector_finish": (c_int, [P, c_uint64, c_uint64, c_void_p, c_size_t, POINTER(c_bool)]),
+    "kvo_connector_preempt": (c_int, [P, c_uint64]),
+    "kvo_connector_abort": (c_int, [P, c_uint64]),
+    "kvo_connector_poll": (c_size_t, [P, c_void_p, c_size_t]),
+    "kvo_connector_request_stats": (c_int, [P, c_uint64, POINTER(RequestStats)]),
+    "kvo_connector_get_stats": (c_int, [P, POINTER(ConnectorStats)]),
+    "kvo_connector_drain_events": (c_size_t, [P, c_void_p, c_size_t, POINTER(c_uint64)]),
+}
+
+for _name, (_res, _args) in _PROTOS.items():
+    _fn = getattr(lib, _name)
+    _fn.restype = _res
+    _fn.argtypes = _args
+
+
+def last_error() -> str:
+    """kvo_last_error() of the calling thread, decoded."""
+    return (lib.kvo_last_error() or b"").decode("utf-8", "replace")
+
+
+def check(rc: int, func: str) -> int:
+    """Raise KvoError for a negative return code; return rc otherwise."""
+    if rc < 0:
+        raise KvoError(rc, last_error(), func)
+    return rc
+
+
+def take_string(ptr: c_void_p) -> str:
+    """Copy a library-allocated NUL-terminated string and kvo_free() it."""
+    try:
+        return ctypes.string_at(ptr.value).decode("utf-8") if ptr.value else ""
+    finally:
+        lib.kvo_free(ptr)
+
+
+def version() -> str:
+    return lib.kvo_version().decode()
+

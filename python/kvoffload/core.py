@@ -1,0 +1,652 @@
+"""Python classes over the kvoffload C objects: Model, Plan, Store, Arena,
+FileTier, Transfer, Connector.
+
+Conventions
+ - Every object owns one C handle and frees it in close() (also called by
+   __del__ and by the context manager); objects a handle depends on (the plan
+   of a store) are kept referenced so they outlive it.
+ - Keys travel in batches as numpy arrays of KEY_DTYPE (the C kvo_chunk_key
+   layout: hash lo, hash hi, group, reserved): one C call per batch, never
+   one per key.  make_keys() builds them from 16-byte hashes or integers.
+ - Failures raise KvoError with the KVO_E* code and kvo_last_error()'s text.
+ - Thread rules are the C library's: a Store, Transfer or FileTier may be
+   called from several threads (ctypes releases the GIL during calls).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from ctypes import byref, c_bool, c_size_t, c_uint64, c_void_p
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _lib as L
+from ._lib import KvoError, check, lib
+
+KEY_DTYPE = np.dtype([("lo", "<u8"), ("hi", "<u8"), ("group", "<u4"), ("reserved", "<u4")])
+SLOT_DTYPE = np.dtype([("offset", "<u8"), ("bytes", "<u8")])
+MISS, READY, PENDING = 0, 1, 2
+POLICIES = ("lru", "arc", "s3fifo")
+_KINDS = {"full": 0, "sliding": 1, "state": 2}
+_KIND_NAMES = {v: k for k, v in _KINDS.items()}
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def make_keys(hashes: Union[Sequence[bytes], Sequence[int], np.ndarray],
+              groups: Union[int, Sequence[int]]) -> np.ndarray:
+    """Build a KEY_DTYPE array.
+
+    hashes: 16-byte strings (lo then hi, little endian, as kvo_u128), Python
+    ints below 2**128, or an (n, 2) uint64 array.  groups: one group id for
+    all keys or one per key.
+    """
+    n = len(hashes)
+    out = np.zeros(n, dtype=KEY_DTYPE)
+    if n == 0:
+        return out
+    if isinstance(hashes, np.ndarray) and hashes.dtype == np.uint64:
+        out["lo"] = hashes[:, 0]
+        out["hi"] = hashes[:, 1]
+    elif isinstance(hashes[0], (bytes, bytearray)):
+        raw = np.frombuffer(b"".join(bytes(h).ljust(16, b"\0")[:16] for h in hashes), dtype="<u8").reshape(n, 2)
+        out["lo"] = raw[:, 0]
+        out["hi"] = raw[:, 1]
+    else:
+        out["lo"] = [int(h) & 0xFFFFFFFFFFFFFFFF for h in hashes]
+        out["hi"] = [int(h) >> 64 for h in hashes]
+    out["group"] = groups
+    return out
+
+
+def _as_keys(keys: Any) -> np.ndarray:
+    if isinstance(keys, np.ndarray) and keys.dtype == KEY_DTYPE:
+        return np.ascontiguousarray(keys)
+    raise TypeError("keys must be a numpy array of kvoffload.KEY_DTYPE (see make_keys)")
+
+
+class _Handle:
+    """One owned C handle: close() destroys it with the class's _destroy
+    function (also on garbage collection and at the end of a with block)."""
+
+    _destroy = ""
+    _h: Optional[int] = None
+
+    def close(self) -> None:
+        if getattr(self, "_h", None):
+            getattr(lib, self._destroy)(self._h)
+            self._h = None
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _batch(self, func: str, keys: np.ndarray) -> None:
+        """One C call func(handle, keys, n) on a batch of keys."""
+        keys = _as_keys(keys)
+        check(getattr(lib, func)(self._h, _ptr(keys), len(keys)), func)
+
+
+def _segments(segments: Sequence[Mapping[str, int]]) -> Any:
+    arr = (L.Segment * len(segments))()
+    for i, s in enumerate(segments):
+        arr[i].group, arr[i].base, arr[i].num_blocks = s["group"], s["base"], s["num_blocks"]
+        arr[i].block_stride, arr[i].page_bytes = s["block_stride"], s["page_bytes"]
+    return arr
+
+
+def _struct_dict(s: ctypes.Structure) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, _t in s._fields_:
+        v = getattr(s, name)
+        if isinstance(v, bytes):
+            v = v.decode()
+        out[name] = v
+    return out
+
+
+# ------------------------------------------------------------------- model --
+
+class Model(_Handle):
+    """A model's KV-cache description (kvo_model): name, tokens_per_hash, groups.
+
+    Build one with Model.preset / Model.open (preset name or JSON file),
+    Model.from_json, Model.from_hf_config, or Model(name, tokens_per_hash,
+    groups=[{...}]) where each group dict has name, kind ("full", "sliding",
+    "state"), tokens_per_block, layers, page_bytes and optionally window,
+    cacheable, draft.
+    """
+
+    _destroy = "kvo_model_destroy"
+
+    def __init__(self, name: str, tokens_per_hash: int, groups: Iterable[Mapping[str, Any]] = (),
+                 _handle: Optional[int] = None) -> None:
+        if _handle is not None:
+            self._h: Optional[int] = _handle
+            return
+        h = c_void_p()
+        check(lib.kvo_model_create(name.encode(), tokens_per_hash, byref(h)), "kvo_model_create")
+        self._h = h.value
+        try:
+            for g in groups:
+                self.add_group(**g)
+        except Exception:
+            self.close()
+            raise
+
+    def add_group(self, name: str, tokens_per_block: int, layers: int, page_bytes: int, kind: str = "full",
+                  window: int = 0, cacheable: bool = True, draft: bool = False) -> int:
+        """Append a group; returns its id."""
+        d = lib.kvo_group_desc_default()
+        d.name = name.encode()
+        if kind not in _KINDS:
+            raise KvoError(L.KVO_EINVAL, f"group '{name}': kind '{kind}' is not one of {sorted(_KINDS)}",
+                           "Model.add_group")
+        d.kind = _KINDS[kind]
+        d.tokens_per_block, d.layers, d.page_bytes, d.window = tokens_per_block, layers, page_bytes, window
+        d.cacheable, d.draft = cacheable, draft
+        check(lib.kvo_model_add_group(self._h, byref(d)), "kvo_model_add_group")
+        return len(self.to_dict()["groups"]) - 1
+
+    @classmethod
+    def open(cls, preset_or_path: str) -> "Model":
+        """A built-in preset (Model.presets()) or a kvoffload-model/1 JSON file."""
+        h = c_void_p()
+        check(lib.kvo_model_open(preset_or_path.encode(), byref(h)), "kvo_model_open")
+        return cls("", 0, _handle=h.value)
+
+    preset = open
+
+    @staticmethod
+    def presets() -> list[str]:
+        return [lib.kvo_model_preset_name(i).decode() for i in range(lib.kvo_model_preset_count())]
+
+    @classmethod
+    def from_json(cls, text: Union[str, Mapping[str, Any]], source: str = "<python>") -> "Model":
+        data = (json.dumps(text) if not isinstance(text, str) else text).encode()
+        h = c_void_p()
+        check(lib.kvo_model_from_json(data, len(data), source.encode(), byref(h)), "kvo_model_from_json")
+        return cls("", 0, _handle=h.value)
+
+    @classmethod
+    def from_hf_config(cls, config: Union[str, Mapping[str, Any]], name: str, tokens_per_block: int,
+                       tokens_per_hash: int) -> "Model":
+        data = (json.dumps(config) if not isinstance(config, str) else config).encode()
+        h = c_void_p()
+        check(lib.kvo_model_from_hf_config(data, len(data), name.encode(), tokens_per_block, tokens_per_hash,
+                                           byref(h)), "kvo_model_from_hf_config")
+        return cls("", 0, _handle=h.value)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = c_void_p()
+        check(lib.kvo_model_to_json(self._h, byref(out)), "kvo_model_to_json")
+        return json.loads(L.take_string(out))
+
+
+class Plan(_Handle):
+    """A validated chunk plan (kvo_plan) of a model.
+
+    Give at most one of block_size (legacy: tokens per chunk) and
+    blocks_per_chunk; overrides maps group names to blocks_per_chunk; neither:
+    the automatic plan (target_chunk_bytes).  plan.groups is a list of dicts
+    (kvo_group_plan fields), plan.to_dict() the library's JSON.
+    """
+
+    _destroy = "kvo_plan_destroy"
+
+    def __init__(self, model: Model, block_size: int = 0, blocks_per_chunk: int = 0,
+                 overrides: Optional[Mapping[str, int]] = None, target_chunk_bytes: Optional[int] = None,
+                 dtype: Optional[str] = None, tp_rank: int = 0, tp_size: int = 0) -> None:
+        p = lib.kvo_plan_default_params()
+        p.block_size, p.blocks_per_chunk = block_size, blocks_per_chunk
+        names = []
+        if overrides:
+            arr = (L.GroupOverride * len(overrides))()
+            for i, (g, b) in enumerate(overrides.items()):
+                names.append(g.encode())
+                arr[i].group, arr[i].blocks_per_chunk = names[-1], b
+            p.overrides, p.n_overrides = arr, len(overrides)
+        if target_chunk_bytes is not None:
+            p.target_chunk_bytes = target_chunk_bytes
+        dt = dtype.encode() if dtype else None
+        p.dtype, p.tp_rank, p.tp_size = dt, tp_rank, tp_size
+        h = c_void_p()
+        check(lib.kvo_plan_create(model._h, byref(p), byref(h)), "kvo_plan_create")
+        self._h: Optional[int] = h.value
+        self.groups: list[dict[str, Any]] = []
+        for i in range(lib.kvo_plan_num_groups(self._h)):
+            gd = _struct_dict(lib.kvo_plan_group(self._h, i).contents)
+            gd["kind"] = _KIND_NAMES.get(gd["kind"], "?")
+            self.groups.append(gd)
+        self._gp = [lib.kvo_plan_group(self._h, i) for i in range(len(self.groups))]
+        self.tokens_per_hash: int = lib.kvo_plan_tokens_per_hash(self._h)
+        fp = lib.kvo_plan_fingerprint(self._h)
+        self.fingerprint: int = fp.lo | (fp.hi << 64)
+        self.max_slot_bytes: int = lib.kvo_plan_max_slot_bytes(self._h)
+
+    @property
+    def fingerprint_hex(self) -> str:
+        return f"{self.fingerprint:032x}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = c_void_p()
+        check(lib.kvo_plan_to_json(self._h, byref(out)), "kvo_plan_to_json")
+        return json.loads(L.take_string(out))
+
+    def namespace(self, salt: bytes = b"") -> int:
+        """kvo_keys_namespace(fingerprint, salt) as an int."""
+        fp = L.U128(self.fingerprint & 0xFFFFFFFFFFFFFFFF, self.fingerprint >> 64)
+        ns = lib.kvo_keys_namespace(fp, salt or None, len(salt))
+        return ns.lo | (ns.hi << 64)
+
+    def hash_tokens(self, tokens: Sequence[int], parent: Optional[int] = None, extra: bytes = b"") -> np.ndarray:
+        """Chained unit hashes of tokens ((n, 2) uint64: lo, hi) from parent
+        (default: the plan's namespace).  One C call."""
+        parent = self.namespace() if parent is None else parent
+        toks = np.ascontiguousarray(tokens, dtype="<u4")
+        cap = max(1, len(toks) // self.tokens_per_hash)
+        out = np.zeros((cap, 2), dtype="<u8")
+        n = c_size_t()
+        check(lib.kvo_hash_tokens(L.U128(parent & 0xFFFFFFFFFFFFFFFF, parent >> 64), _ptr(toks), len(toks),
+                                  self.tokens_per_hash, extra or None, len(extra), _ptr(out), cap, byref(n)),
+              "kvo_hash_tokens")
+        return out[: n.value]
+
+    def chunk_keys(self, group: int, units: np.ndarray) -> np.ndarray:
+        """Chunk keys of a group for a prefix of unit hashes (from hash_tokens)."""
+        units = np.ascontiguousarray(units, dtype="<u8")
+        hpc = self.groups[group]["hashes_per_chunk"] or 1
+        out = np.zeros(max(1, len(units) // hpc), dtype=KEY_DTYPE)
+        n = lib.kvo_chunk_keys(self._gp[group], _ptr(units), len(units), _ptr(out), len(out))
+        return out[: min(n, len(out))]
+
+
+def _policy(name: str) -> int:
+    v = ctypes.c_int()
+    check(lib.kvo_policy_parse(name.encode(), byref(v)), "kvo_policy_parse")
+    return v.value
+
+
+# ------------------------------------------------------------------- store --
+
+class Store(_Handle):
+    """The index of stored chunks and their slots (kvo_store).  Batched:
+    every method takes a KEY_DTYPE array and makes one C call."""
+
+    _destroy = "kvo_store_destroy"
+
+    def __init__(self, plan: Plan, capacity_bytes: int, policy: str = "lru", admit_after: int = 0,
+                 max_entries: int = 0, event_capacity: int = 0, segment_bytes: int = 0) -> None:
+        p = lib.kvo_store_default_params()
+        p.plan, p.capacity_bytes, p.policy = plan._h, capacity_bytes, _policy(policy)
+        p.admit_after, p.max_entries, p.event_capacity, p.segment_bytes = (admit_after, max_entries,
+                                                                           event_capacity, segment_bytes)
+        h = c_void_p()
+        check(lib.kvo_store_create(byref(p), byref(h)), "kvo_store_create")
+        self._h: Optional[int] = h.value
+        self.plan = plan
+        self._nev = c_size_t()
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """uint8 per key: MISS (0), READY (1), PENDING (2)."""
+        keys = _as_keys(keys)
+        st = np.empty(len(keys), dtype=np.uint8)
+        check(lib.kvo_store_lookup(self._h, _ptr(keys), len(keys), _ptr(st)), "kvo_store_lookup")
+        return st
+
+    def prepare_store(self, keys: np.ndarray, evicted_cap: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                             np.ndarray]:
+        """Reserve slots: (need bool[n], slots SLOT_DTYPE[n], evicted keys,
+        evicted slots).  evicted_cap 0: as many as keys (enough for equal
+        slot sizes; a KVO_ERANGE retry with the needed count otherwise)."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        need = np.empty(n, dtype=np.uint8)
+        slots = np.empty(n, dtype=SLOT_DTYPE)
+        cap = evicted_cap or max(n, 1) * 2
+        while True:
+            ev = np.empty(cap, dtype=KEY_DTYPE)
+            evs = np.empty(cap, dtype=SLOT_DTYPE)
+            rc = lib.kvo_store_prepare_store(self._h, _ptr(keys), n, _ptr(need), _ptr(slots), _ptr(ev), _ptr(evs),
+                                             cap, byref(self._nev))
+            if rc == L.KVO_ERANGE and self._nev.value > cap:
+                cap = self._nev.value
+                continue
+            check(rc, "kvo_store_prepare_store")
+            m = self._nev.value
+            return need.view(np.bool_), slots, ev[:m], evs[:m]
+
+    def complete_store(self, keys: np.ndarray, ok: bool = True) -> None:
+        keys = _as_keys(keys)
+        check(lib.kvo_store_complete_store(self._h, _ptr(keys), len(keys), ok), "kvo_store_complete_store")
+
+    def prepare_load(self, keys: np.ndarray) -> np.ndarray:
+        """Pin READY keys; their slots (SLOT_DTYPE)."""
+        keys = _as_keys(keys)
+        slots = np.empty(len(keys), dtype=SLOT_DTYPE)
+        check(lib.kvo_store_prepare_load(self._h, _ptr(keys), len(keys), _ptr(slots)), "kvo_store_prepare_load")
+        return slots
+
+    def complete_load(self, keys: np.ndarray) -> None:
+        self._batch("kvo_store_complete_load", keys)
+
+    def touch(self, keys: np.ndarray) -> None:
+        self._batch("kvo_store_touch", keys)
+
+    def remove(self, keys: np.ndarray) -> None:
+        self._batch("kvo_store_remove", keys)
+
+    def clear(self) -> int:
+        """Remove every READY unpinned entry; returns how many remain."""
+        return lib.kvo_store_clear(self._h)
+
+    def drain_events(self, cap: int = 4096) -> list[tuple[str, np.ndarray]]:
+        """Pending events as (type, KEY_DTYPE array) runs: "stored",
+        "evicted", "removed"; consecutive events of one type are merged."""
+        buf = (L.StoreEvent * cap)()
+        out: list[tuple[str, np.ndarray]] = []
+        names = {1: "stored", 2: "evicted", 3: "removed"}
+        while True:
+            n = lib.kvo_store_drain_events(self._h, buf, cap, None)
+            if n == 0:
+                return out
+            raw = np.frombuffer(memoryview(buf), dtype=np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)]),
+                                count=n).copy()
+            start = 0
+            for i in range(1, n + 1):
+                if i == n or raw["type"][i] != raw["type"][start]:
+                    out.append((names.get(int(raw["type"][start]), "?"), raw["key"][start:i].copy()))
+                    start = i
+            if n < cap:
+                return out
+
+    def stats(self) -> dict[str, Any]:
+        """kvo_store_get_stats as a dict (groups: one dict per plan group)."""
+        s = L.StoreStats()
+        check(lib.kvo_store_get_stats(self._h, byref(s)), "kvo_store_get_stats")
+        d = {n: getattr(s, n) for n in L._STORE_STATS}
+        d["groups"] = [{n: getattr(s.groups[i], n) for n in L._GROUP_STATS} for i in range(s.n_groups)]
+        return d
+
+
+class Arena(_Handle):
+    """Host memory for slots (kvo_arena): anonymous, or a shared file
+    (shm_path) that several processes map.  See kvoffload.shm.SharedArena for
+    the owned, checked shared arena the vLLM spec uses."""
+
+    _destroy = "kvo_arena_destroy"
+
+    def __init__(self, nbytes: int, shm_path: Optional[str] = None, shm_unlink: bool = False,
+                 prefault: bool = True, huge_pages: bool = False, lock: bool = False, share_processes: int = 0,
+                 share_fingerprint: int = 0, share_timeout_ms: int = 0) -> None:
+        p = lib.kvo_arena_default_params()
+        p.bytes, p.prefault, p.huge_pages, p.lock = nbytes, prefault, huge_pages, lock
+        self._path = shm_path.encode() if shm_path else None
+        p.shm_path, p.shm_unlink = self._path, shm_unlink
+        p.share_processes, p.share_timeout_ms = share_processes, share_timeout_ms
+        p.share_fingerprint = L.U128(share_fingerprint & 0xFFFFFFFFFFFFFFFF, share_fingerprint >> 64)
+        h = c_void_p()
+        check(lib.kvo_arena_create(byref(p), byref(h)), "kvo_arena_create")
+        self._h: Optional[int] = h.value
+        self.base: int = lib.kvo_arena_base(self._h)
+        self.size: int = lib.kvo_arena_size(self._h)
+
+    def view(self, offset: int = 0, nbytes: Optional[int] = None) -> np.ndarray:
+        """A uint8 numpy view of [offset, offset+nbytes) (valid while open)."""
+        nbytes = self.size - offset if nbytes is None else nbytes
+        if offset < 0 or offset + nbytes > self.size:
+            raise KvoError(L.KVO_ERANGE, f"arena view [{offset}, {offset + nbytes}) beyond {self.size} bytes",
+                           "Arena.view")
+        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(self.base + offset))
+
+
+# --------------------------------------------------------------- file tier --
+
+class FileTier(_Handle):
+    """The persistent chunk store on a file system (kvo_file_tier)."""
+
+    _destroy = "kvo_file_tier_destroy"
+
+    def __init__(self, root: str, plan: Plan, quota_bytes: int, policy: str = "lru", io_threads: int = 0,
+                 shared: bool = False, scan: bool = True, write_completions: bool = False,
+                 layout_hash: int = 0, max_staging_bytes: int = 0) -> None:
+        p = lib.kvo_file_tier_default_params()
+        self._root = os.fsencode(root)
+        p.root, p.plan, p.quota_bytes, p.policy = self._root, plan._h, quota_bytes, _policy(policy)
+        if io_threads:
+            p.io_threads = io_threads
+        if max_staging_bytes:
+            p.max_staging_bytes = max_staging_bytes
+        p.shared, p.scan, p.write_completions, p.layout_hash = shared, scan, write_completions, layout_hash
+        h = c_void_p()
+        check(lib.kvo_file_tier_create(byref(p), byref(h)), "kvo_file_tier_create")
+        self._h: Optional[int] = h.value
+        self.plan = plan
+        self.dir: str = lib.kvo_file_tier_dir(self._h).decode()
+        self.backend: str = lib.kvo_file_tier_backend(self._h).decode()
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        keys = _as_keys(keys)
+        st = np.empty(len(keys), dtype=np.uint8)
+        check(lib.kvo_file_tier_lookup(self._h, _ptr(keys), len(keys), _ptr(st)), "kvo_file_tier_lookup")
+        return st
+
+    def write(self, keys: np.ndarray, srcs: Sequence[int]) -> np.ndarray:
+        """Queue writes of chunks at addresses srcs[i]; per-key results (0
+        queued, KVO_EEXIST, KVO_EAGAIN, KVO_ENOSPC...)."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        ptrs = np.asarray(srcs, dtype=np.uintp)
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_file_tier_write(self._h, _ptr(keys), _ptr(ptrs), n, None, _ptr(res), None),
+              "kvo_file_tier_write")
+        return res
+
+    def read(self, keys: np.ndarray, dsts: Sequence[int], user_data: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Queue reads into addresses dsts[i] (room for slot_bytes); per-key
+        results; each 0 is followed by one completion (poll)."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        ptrs = np.asarray(dsts, dtype=np.uintp)
+        ud = np.asarray(user_data if user_data is not None else np.zeros(n), dtype="<u8")
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_file_tier_read(self._h, _ptr(keys), _ptr(ptrs), n, _ptr(ud), _ptr(res), None),
+              "kvo_file_tier_read")
+        return res
+
+    def poll(self, cap: int = 256) -> list[dict[str, Any]]:
+        buf = (L.FileCompletion * cap)()
+        n = lib.kvo_file_tier_poll(self._h, buf, cap)
+        return [{"user_data": c.user_data, "group": c.key.group, "op": c.op, "result": c.result,
+                 "bytes": c.bytes} for c in buf[:n]]
+
+    def wait(self, timeout_ms: int = -1) -> int:
+        rc = lib.kvo_file_tier_wait(self._h, timeout_ms)
+        if rc not in (0, L.KVO_ETIMEDOUT, L.KVO_ENOTFOUND):
+            check(rc, "kvo_file_tier_wait")
+        return rc
+
+    def flush(self, timeout_ms: int = -1) -> None:
+        check(lib.kvo_file_tier_flush(self._h, timeout_ms), "kvo_file_tier_flush")
+
+    def touch(self, keys: np.ndarray) -> None:
+        self._batch("kvo_file_tier_touch", keys)
+
+    def remove(self, keys: np.ndarray) -> None:
+        self._batch("kvo_file_tier_remove", keys)
+
+    def stats(self) -> dict[str, Any]:
+        s = L.FileTierStats()
+        check(lib.kvo_file_tier_get_stats(self._h, byref(s)), "kvo_file_tier_get_stats")
+        return _struct_dict(s)
+
+
+# ---------------------------------------------------------------- transfer --
+
+STORE, LOAD = 0, 1
+
+
+class Transfer(_Handle):
+    """The batched copy engine (kvo_transfer) between engine blocks and slots.
+
+    set_layout(segments) takes dicts {group, base, num_blocks, block_stride,
+    page_bytes} (base: an address, e.g. tensor.data_ptr()).  submit(dir, ops)
+    takes dicts {group, first_block, engine_blocks, slot, slot_bytes} and
+    makes one C call for the whole job."""
+
+    _destroy = "kvo_transfer_destroy"
+
+    def __init__(self, plan: Plan, threads: int = 2, device: Optional[str] = None, max_queued_jobs: int = 0) -> None:
+        p = lib.kvo_transfer_default_params()
+        p.plan, p.threads = plan._h, threads
+        if max_queued_jobs:
+            p.max_queued_jobs = max_queued_jobs
+        self._dev = device.encode() if device else None
+        p.device = self._dev
+        h = c_void_p()
+        check(lib.kvo_transfer_create(byref(p), byref(h)), "kvo_transfer_create")
+        self._h: Optional[int] = h.value
+        self.plan = plan
+
+    def set_layout(self, segments: Sequence[Mapping[str, int]]) -> None:
+        arr = _segments(segments)
+        check(lib.kvo_transfer_set_layout(self._h, arr, len(segments)), "kvo_transfer_set_layout")
+
+    def submit(self, direction: int, ops: Sequence[Mapping[str, Any]]) -> int:
+        """Queue one job; returns its id.  direction: STORE (engine -> slot)
+        or LOAD (slot -> engine)."""
+        arr = (L.XferOp * len(ops))()
+        keep = []
+        for i, o in enumerate(ops):
+            blocks = np.ascontiguousarray(o["engine_blocks"], dtype="<u8")
+            keep.append(blocks)
+            arr[i].group, arr[i].first_block, arr[i].n_blocks = o["group"], o.get("first_block", 0), len(blocks)
+            arr[i].engine_blocks = ctypes.cast(blocks.ctypes.data, ctypes.POINTER(ctypes.c_uint64))
+            arr[i].slot, arr[i].slot_bytes = o["slot"], o["slot_bytes"]
+        job = c_uint64()
+        check(lib.kvo_transfer_submit(self._h, direction, arr, len(ops), byref(job)), "kvo_transfer_submit")
+        return job.value
+
+    def poll(self, cap: int = 256) -> list[dict[str, int]]:
+        buf = (L.XferResult * cap)()
+        n = c_size_t()
+        check(lib.kvo_transfer_poll(self._h, buf, cap, byref(n)), "kvo_transfer_poll")
+        return [_struct_dict(r) for r in buf[: n.value]]
+
+    def wait(self, job_ids: Sequence[int], timeout_ns: int = -1) -> None:
+        ids = np.asarray(job_ids, dtype="<u8")
+        check(lib.kvo_transfer_wait(self._h, _ptr(ids), len(ids), timeout_ns), "kvo_transfer_wait")
+
+    def stats(self) -> dict[str, Any]:
+        s = L.TransferStats()
+        check(lib.kvo_transfer_get_stats(self._h, byref(s)), "kvo_transfer_get_stats")
+        return _struct_dict(s)
+
+
+# --------------------------------------------------------------- connector --
+
+class Connector(_Handle):
+    """The whole offload path for one engine (kvo_connector): arena, store,
+    transfer engine, optional file tier.  Requests are registered with their
+    prompt tokens; lookup/load/update/finish take one call per request."""
+
+    _destroy = "kvo_connector_destroy"
+
+    def __init__(self, plan: Plan, host_bytes: int, policy: str = "lru", file_tier: Optional[FileTier] = None,
+                 transfer_threads: int = 2, shm_path: Optional[str] = None, prefault: bool = True,
+                 event_capacity: int = 4096) -> None:
+        p = lib.kvo_connector_default_params()
+        p.plan, p.host_bytes, p.policy, p.prefault = plan._h, host_bytes, _policy(policy), prefault
+        p.transfer_threads, p.event_capacity = transfer_threads, event_capacity
+        self._shm = shm_path.encode() if shm_path else None
+        p.shm_path = self._shm
+        p.file_tier = file_tier._h if file_tier else None
+        h = c_void_p()
+        check(lib.kvo_connector_create(byref(p), byref(h)), "kvo_connector_create")
+        self._h: Optional[int] = h.value
+        self.plan, self.file_tier = plan, file_tier
+        self.step: int = lib.kvo_connector_step(self._h)
+
+    def set_layout(self, segments: Sequence[Mapping[str, int]]) -> None:
+        arr = _segments(segments)
+        check(lib.kvo_connector_set_layout(self._h, arr, len(segments)), "kvo_connector_set_layout")
+
+    def add_request(self, req_id: int, tokens: Sequence[int], cache_salt: bytes = b"") -> None:
+        toks = np.ascontiguousarray(tokens, dtype="<u4")
+        d = L.RequestDesc()
+        d.id, d.n_tokens = req_id, len(toks)
+        d.tokens = ctypes.cast(toks.ctypes.data, ctypes.POINTER(ctypes.c_uint32))
+        d.cache_salt, d.cache_salt_len = (cache_salt or None), len(cache_salt)
+        check(lib.kvo_connector_add_request(self._h, byref(d)), "kvo_connector_add_request")
+
+    def lookup(self, req_id: int, local_tokens: int = 0) -> dict[str, int]:
+        r = L.LookupResultC()
+        check(lib.kvo_connector_lookup(self._h, req_id, local_tokens, byref(r)), "kvo_connector_lookup")
+        return _struct_dict(r)
+
+    @staticmethod
+    def _tables(tables: Sequence[Sequence[int]]) -> tuple[Any, list[np.ndarray]]:
+        arr = (L.BlockTable * len(tables))()
+        keep = []
+        for i, t in enumerate(tables):
+            b = np.ascontiguousarray(t, dtype="<u8")
+            keep.append(b)
+            arr[i].blocks = ctypes.cast(b.ctypes.data, ctypes.POINTER(ctypes.c_uint64))
+            arr[i].n = len(b)
+        return arr, keep
+
+    def load(self, req_id: int, tokens: int, tables: Sequence[Sequence[int]]) -> None:
+        arr, _keep = self._tables(tables)
+        check(lib.kvo_connector_load(self._h, req_id, tokens, arr, len(tables)), "kvo_connector_load")
+
+    def update(self, req_id: int, computed_tokens: int, tables: Sequence[Sequence[int]]) -> None:
+        arr, _keep = self._tables(tables)
+        check(lib.kvo_connector_update(self._h, req_id, computed_tokens, arr, len(tables)), "kvo_connector_update")
+
+    def finish(self, req_id: int, computed_tokens: int, tables: Optional[Sequence[Sequence[int]]] = None) -> bool:
+        busy = c_bool()
+        if tables is None:
+            check(lib.kvo_connector_finish(self._h, req_id, computed_tokens, None, 0, byref(busy)),
+                  "kvo_connector_finish")
+        else:
+            arr, _keep = self._tables(tables)
+            check(lib.kvo_connector_finish(self._h, req_id, computed_tokens, arr, len(tables), byref(busy)),
+                  "kvo_connector_finish")
+        return busy.value
+
+    def wait_request(self, req_id: int) -> None:
+        check(lib.kvo_connector_wait_request(self._h, req_id), "kvo_connector_wait_request")
+
+    def preempt(self, req_id: int) -> None:
+        check(lib.kvo_connector_preempt(self._h, req_id), "kvo_connector_preempt")
+
+    def abort(self, req_id: int) -> None:
+        check(lib.kvo_connector_abort(self._h, req_id), "kvo_connector_abort")
+
+    def poll(self, cap: int = 256) -> list[dict[str, int]]:
+        buf = (L.Completion * cap)()
+        n = lib.kvo_connector_poll(self._h, buf, cap)
+        return [_struct_dict(c) for c in buf[:n]]
+
+    def request_stats(self, req_id: int) -> dict[str, int]:
+        s = L.RequestStats()
+        check(lib.kvo_connector_request_stats(self._h, req_id, byref(s)), "kvo_connector_request_stats")
+        return _struct_dict(s)
+
+    def stats(self) -> dict[str, Any]:
+        s = L.ConnectorStats()
+        check(lib.kvo_connector_get_stats(self._h, byref(s)), "kvo_connector_get_stats")
+        d: dict[str, Any] = {n: getattr(s, n) for n in L._CONN_STATS}
+        d["host"] = {n: getattr(s.host, n) for n in L._STORE_STATS}
+        return d
+
+

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Build libkvoffload.so if needed and run the Python tests with pytest.
+#   tools/test-python.sh          binding tests (venv with pinned pytest + numpy)
+#   tools/test-python.sh --vllm   also the vLLM tests (venv with vllm==0.33.0)
+# Environment: KVO_PY_VENV (default build/py-venv), KVO_VLLM_VENV (default
+# build/vllm-venv; an existing venv with vllm 0.33.0 is used as is),
+# KVO_LIBRARY (a prebuilt library; else build/libkvoffload.so).
+# Extra arguments go to pytest.  "No tests collected" (pytest exit 5) fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+with_vllm=0
+if [ "${1:-}" = "--vllm" ]; then with_vllm=1; shift; fi
+
+# -- the shared library
+if [ -z "${KVO_LIBRARY:-}" ]; then
+  gen=""; command -v ninja >/dev/null && gen="-G Ninja"
+  [ -f build/CMakeCache.txt ] && gen=""
+  cmake -S . -B build $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  if grep -qE 'add_library\(kvoffload_shared' CMakeLists.txt cmake/*.cmake 2>/dev/null; then
+    cmake --build build -j2 --target kvoffload_shared
+    so=$(find build -maxdepth 2 -name 'libkvoffload.so*' -type f | sort | head -n1)
+  else
+    # no shared target in this tree yet: link the (PIC) static archive whole
+    cmake --build build -j2 --target kvoffload
+    so=build/libkvoffload.so
+    if [ ! -f "$so" ] || [ build/libkvoffload.a -nt "$so" ]; then
+      gcc -shared -o "$so" -Wl,--whole-archive build/libkvoffload.a -Wl,--no-whole-archive \
+        -lxxhash -ljansson -luring -lpthread -lm
+    fi
+  fi
+  export KVO_LIBRARY="$root/$so"
+fi
+echo "library: $KVO_LIBRARY"
+
+# -- a venv with pinned packages
+mkvenv() {  # dir requirements-file
+  if [ ! -x "$1/bin/python" ]; then python3 -m venv "$1"; fi
+  if ! "$1/bin/python" -c 'import pytest, numpy' 2>/dev/null; then
+    "$1/bin/pip" install -q -r "$2"
+  fi
+}
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+
+run_pytest() {  # python, args...
+  local py=$1; shift
+  set +e
+  (cd python && "$py" -m pytest "$@")
+  local rc=$?
+  set -e
+  if [ $rc -eq 5 ]; then echo "test-python: no tests were collected (pytest exit 5)" >&2; return 1; fi
+  return $rc
+}
+
+venv=${KVO_PY_VENV:-build/py-venv}
+[ "${venv:0:1}" = / ] || venv="$root/$venv"
+mkvenv "$venv" python/requirements-test.txt
+start=$(date +%s)
+run_pytest "$venv/bin/python" -q -m "not vllm" tests "$@"
+echo "test-python: binding tests took $(( $(date +%s) - start )) s"
+
+if [ $with_vllm -eq 1 ]; then
+  vv=${KVO_VLLM_VENV:-build/vllm-venv}
+  [ "${vv:0:1}" = / ] || vv="$root/$vv"
+  if [ ! -x "$vv/bin/python" ]; then python3 -m venv "$vv"; fi
+  if ! "$vv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "0.33.0")' 2>/dev/null \
+     || ! "$vv/bin/python" -c 'import pytest' 2>/dev/null; then
+    start=$(date +%s)
+    "$vv/bin/pip" install -q -r python/requirements-vllm.txt
+    echo "test-python: pip install vllm took $(( $(date +%s) - start )) s"
+  fi
+  start=$(date +%s)
+  KVO_TEST_VLLM=1 run_pytest "$vv/bin/python" -q -m vllm tests "$@"
+  echo "test-python: vLLM tests took $(( $(date +%s) - start )) s"
+fi
