@@ -17,18 +17,8 @@ if [ -z "${KVO_LIBRARY:-}" ]; then
   gen=""; command -v ninja >/dev/null && gen="-G Ninja"
   [ -f build/CMakeCache.txt ] && gen=""
   cmake -S . -B build $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  if grep -qE 'add_library\(kvoffload_shared' CMakeLists.txt cmake/*.cmake 2>/dev/null; then
-    cmake --build build -j2 --target kvoffload_shared
-    so=$(find build -maxdepth 2 -name 'libkvoffload.so*' -type f | sort | head -n1)
-  else
-    # no shared target in this tree yet: link the (PIC) static archive whole
-    cmake --build build -j2 --target kvoffload
-    so=build/libkvoffload.so
-    if [ ! -f "$so" ] || [ build/libkvoffload.a -nt "$so" ]; then
-      gcc -shared -o "$so" -Wl,--whole-archive build/libkvoffload.a -Wl,--no-whole-archive \
-        -lxxhash -ljansson -luring -lpthread -lm
-    fi
-  fi
+  cmake --build build -j2 --target kvoffload_shared
+  so=$(find build -maxdepth 2 -name 'libkvoffload.so*' -type f | sort | head -n1)
   export KVO_LIBRARY="$root/$so"
 fi
 echo "library: $KVO_LIBRARY"
