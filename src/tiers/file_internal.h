@@ -263,6 +263,9 @@ void kvo__file_workers_stop(kvo_file_tier *t);
 /* --- create-time probes (file_probe.c) --- */
 /* mkdir -p; 0 or KVO_EIO / KVO_ENOSPC / KVO_ERANGE with a message. */
 int kvo__file_mkdir_p(const char *path);
+/* The 256 fan-out directories of a namespace (existing ones kept); 0 or
+ * KVO_EIO / KVO_ENOSPC with a message. */
+int kvo__file_make_fanout(const char *ns_dir);
 /* O_DIRECT with a real write + read (also the writability check): 0 and
  * *ok, or KVO_EIO / KVO_ENOMEM. */
 int kvo__file_probe_direct(kvo_file_tier *t, bool *ok);

@@ -230,6 +230,7 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
 /* Create phase 3: the namespace directory, the probes, the manifest. */
 static int open_namespace(kvo_file_tier *t) {
     int rc = kvo__file_mkdir_p(t->ns_dir);
+    if (rc == 0) rc = kvo__file_make_fanout(t->ns_dir);
     if (rc) return rc;
     kvo__file_clean_ns_temps(t);
     rc = kvo__file_probe_direct(t, &t->direct);
