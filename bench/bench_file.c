@@ -88,7 +88,7 @@ static uint64_t async_drops(const kvo_file_tier_stats *a, const kvo_file_tier_st
  * a file (completed writes only); *dropped counts writes refused at once
  * (other than back-pressure) or dropped later. */
 static double tier_write_pass(kvo_file_tier *t, uint64_t first, uint64_t n, uint64_t chunk, unsigned char *src,
-                              uint64_t *dropped) {
+                              uint64_t *dropped, uint64_t *recycled) {
     kvo_file_tier_stats a, b;
     kvo_file_tier_get_stats(t, &a);
     uint64_t refused = 0;
@@ -102,6 +102,7 @@ static double tier_write_pass(kvo_file_tier *t, uint64_t first, uint64_t n, uint
     double dt = kvo_bench_now() - t0;
     kvo_file_tier_get_stats(t, &b);
     *dropped += refused + async_drops(&a, &b);
+    *recycled = b.recycled_files - a.recycled_files;
     return (double)((b.writes - a.writes) * chunk) / dt;
 }
 
@@ -214,10 +215,11 @@ static uint32_t g_depth = 0; /* --depth: queue depth / threads; 0 = defaults */
 
 /* The tier: n chunk writes into an empty namespace (*wbw), n reads with
  * up to 8 in flight (*rbw, verified reads only), n more writes with the
- * quota full (*cbw: each evicts and recycles an old file).  *dropped counts
+ * quota full (*cbw: each evicts an old file; *recycled_frac of them
+ * overwrote an evicted file in place).  *dropped counts
  * writes that did not reach a file and reads that failed. */
 static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t n, uint64_t chunk, bool *direct, double *wbw,
-                   double *rbw, double *cbw, const char **backend, uint64_t *dropped) {
+                   double *rbw, double *cbw, double *recycled_frac, const char **backend, uint64_t *dropped) {
     kvo_plan *plan = bench_plan(chunk);
     if (!plan) return -1;
     const kvo_group_plan *g = kvo_plan_group(plan, 0);
@@ -246,7 +248,8 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t n, uint64_t ch
     *backend = kvo_file_tier_backend(t);
     if (posix_memalign((void **)&src, 4096, g->slot_bytes)) goto out;
     memset(src, 0x3c, g->slot_bytes);
-    *wbw = tier_write_pass(t, 0, n, chunk, src, dropped);
+    uint64_t recycled = 0;
+    *wbw = tier_write_pass(t, 0, n, chunk, src, dropped, &recycled);
 
     /* reads: keep up to DEPTH in flight */
     for (int i = 0; i < DEPTH; i++)
@@ -279,7 +282,8 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t n, uint64_t ch
     *dropped += n - ok;
     /* churn: the quota is full, every new chunk evicts an old one (whose file
      * is recycled) */
-    *cbw = tier_write_pass(t, n, n, chunk, src, dropped);
+    *cbw = tier_write_pass(t, n, n, chunk, src, dropped, &recycled);
+    *recycled_frac = (double)recycled / (double)n;
     rc = 0;
 out:
     for (int i = 0; i < DEPTH; i++) free(dst[i]);
@@ -433,14 +437,14 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
         uint64_t file_bytes = KVO_FILE_HEADER_BYTES + kvo_plan_group(plan, 0)->slot_bytes;
         kvo_plan_destroy(plan);
         bool rdirect = false, tdirect = false;
-        double rn = 0, ro = 0, rr = 0, tw = 0, tr = 0, tc = 0;
+        double rn = 0, ro = 0, rr = 0, tw = 0, tr = 0, tc = 0, rf = 0;
         const char *backend = "?";
         /* raw, tier, raw, tier: the best of two each, so that the noise of a
          * shared disk and the order do not favour one side */
         for (int rep = 0; rep < 2; rep++) {
-            double a = 0, a2 = 0, b = 0, c = 0, d = 0, e = 0;
+            double a = 0, a2 = 0, b = 0, c = 0, d = 0, e = 0, f = 0;
             if (raw_bw(work, n, chunk, file_bytes, threads, &rdirect, &a, &a2, &b) ||
-                tier_bw(work, io, n, chunk, &tdirect, &c, &d, &e, &backend, &dropped)) {
+                tier_bw(work, io, n, chunk, &tdirect, &c, &d, &e, &f, &backend, &dropped)) {
                 fprintf(stderr, "kvoffload bench file: failed at %llu KiB chunks\n", (unsigned long long)(chunk >> 10));
                 rc = KVO_EXIT_FAIL;
                 break;
@@ -450,7 +454,10 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
             rr = b > rr ? b : rr;
             tw = c > tw ? c : tw;
             tr = d > tr ? d : tr;
-            tc = e > tc ? e : tc;
+            if (e > tc) {
+                tc = e;
+                rf = f;
+            }
         }
         if (rc) break;
         char name[128], lim[64];
@@ -466,6 +473,8 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
         snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.%s%s", kib, backend, mode);
         snprintf(lim, sizeof lim, "raw_%s_overwrite_files_%ut", how, threads);
         kvo_bench_report(o, name, tc / 1e9, "GB/s", lim, ro / 1e9);
+        snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.recycled", kib);
+        kvo_bench_report(o, name, rf, "fraction", NULL, 0);
     }
     if (dropped) {
         fprintf(stderr, "kvoffload bench file: %llu chunk writes or reads did not reach a file (dropped or failed): "
