@@ -1,9 +1,13 @@
 /* `kvoffload bench file`: file-tier write and read bandwidth for chunks of
- * 256 KiB to 8 MiB against the raw bandwidth of the same file system measured
- * in the same run (plain O_DIRECT sequential writes and reads of the same
- * total bytes in pieces of the chunk size, one file, one thread), writes
- * again once the quota is full (each evicts an old chunk, whose file is
- * recycled), and the index rebuild time at startup against a bare walk of
+ * 256 KiB to 8 MiB against the raw bandwidth of the same file system doing
+ * the same work in the same run: as many threads as the tier has writers,
+ * one O_DIRECT file per chunk of the tier's file size in the same 256
+ * fan-out directories; new files for the first fill (the tier creates a
+ * file per chunk), in-place overwrites of existing files for the writes
+ * once the quota is full (each evicts an old chunk, whose file the tier
+ * recycles), whole-file reads for the reads.  Only bytes that reached a
+ * file count; a write or read that was dropped or failed makes the run exit
+ * non-zero.  Also the index rebuild time at startup against a bare walk of
  * the same tree (kvo_file_walk without stat: readdir and name parsing).
  *
  *   kvoffload bench file [--json] [--dir DIR] [--total-mib N] [--sizes K,K..]
@@ -17,6 +21,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,65 +64,165 @@ static kvo_chunk_key bkey(uint64_t i) {
     return k;
 }
 
-/* Queue one chunk write; on back-pressure wait `us` and retry (the benchmark
- * waits instead of dropping). */
-static void write_wait(kvo_file_tier *t, const kvo_chunk_key *k, const void *src, unsigned us) {
+/* Queue one chunk write; on back-pressure (KVO_EAGAIN) wait `us` and retry
+ * (the benchmark waits instead of dropping).  The final result: 0 queued,
+ * else the write was dropped (KVO_ENOSPC, KVO_EEXIST...). */
+static int write_wait(kvo_file_tier *t, const kvo_chunk_key *k, const void *src, unsigned us) {
     for (;;) {
         int r = 0;
         kvo_file_tier_write(t, k, &src, 1, NULL, &r, NULL);
-        if (r != KVO_EAGAIN) return;
+        if (r != KVO_EAGAIN) return r;
         usleep(us);
     }
 }
 
-/* Raw O_DIRECT sequential write then read of total bytes in `piece` pieces.
- * Returns 0 and bandwidths in bytes/s, or -1. */
-static int raw_bw(const char *dir, uint64_t total, uint64_t piece, bool *direct, double *wbw, double *rbw) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/raw.%ld", dir, (long)getpid());
-    void *buf = NULL;
-    if (posix_memalign(&buf, 4096, piece)) return -1;
-    memset(buf, 0xa5, piece);
-    *direct = true;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
-    if (fd < 0) {
-        *direct = false;
-        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    }
-    if (fd < 0) {
-        free(buf);
-        return -1;
-    }
+/* Writes that did not reach a file between two stats snapshots: dropped
+ * by the worker (ENOSPC, EIO) or for the quota.  Back-pressure drops are
+ * not here: write_wait retries them. */
+static uint64_t async_drops(const kvo_file_tier_stats *a, const kvo_file_tier_stats *b) {
+    return (b->dropped_nospace - a->dropped_nospace) + (b->dropped_io - a->dropped_io) +
+           (b->dropped_quota - a->dropped_quota);
+}
+
+/* Write chunks first..first+n-1 and flush: bytes/s of payload that reached
+ * a file (completed writes only); *dropped counts writes refused at once
+ * (other than back-pressure) or dropped later. */
+static double tier_write_pass(kvo_file_tier *t, uint64_t first, uint64_t n, uint64_t chunk, unsigned char *src,
+                              uint64_t *dropped, uint64_t *recycled) {
+    kvo_file_tier_stats a, b;
+    kvo_file_tier_get_stats(t, &a);
+    uint64_t refused = 0;
     double t0 = kvo_bench_now();
-    for (uint64_t off = 0; off < total; off += piece)
-        if (pwrite(fd, buf, piece, (off_t)off) != (ssize_t)piece) {
+    for (uint64_t i = first; i < first + n; i++) {
+        kvo_chunk_key k = bkey(i);
+        src[0] = (unsigned char)i;
+        refused += write_wait(t, &k, src, 50) != 0;
+    }
+    kvo_file_tier_flush(t, -1);
+    double dt = kvo_bench_now() - t0;
+    kvo_file_tier_get_stats(t, &b);
+    *dropped += refused + async_drops(&a, &b);
+    *recycled = b.recycled_files - a.recycled_files;
+    return (double)((b.writes - a.writes) * chunk) / dt;
+}
+
+/* The same-work raw limit: `threads` threads (the tier's writer threads)
+ * each taking chunk numbers from a shared counter and moving one whole file
+ * per chunk (4096-byte header + payload slot, the tier's file size) with
+ * O_DIRECT, in the same 256 fan-out directories (made before the clock
+ * starts).  RAW_NEW creates each file (O_CREAT|O_EXCL, as the tier's first
+ * fill makes a new inode per chunk), RAW_OVERWRITE overwrites the existing
+ * files in place (the tier's recycled files once the quota is full),
+ * RAW_READ reads them whole.  Only the payload bytes are counted, as for the
+ * tier. */
+enum { RAW_NEW, RAW_OVERWRITE, RAW_READ };
+
+typedef struct raw_job {
+    const char *dir;
+    uint64_t n, chunk, file_bytes;
+    int mode;
+    bool direct;
+    atomic_uint_fast64_t next, moved;
+    atomic_int failed;
+} raw_job;
+
+static void raw_path(const raw_job *j, uint64_t i, char *out, size_t cap) {
+    snprintf(out, cap, "%s/%02x/raw.%llu", j->dir, (unsigned)(i & 0xff), (unsigned long long)i);
+}
+
+static void *raw_worker(void *arg) {
+    raw_job *j = arg;
+    void *buf = NULL;
+    if (posix_memalign(&buf, 4096, j->file_bytes)) {
+        atomic_store(&j->failed, 1);
+        return NULL;
+    }
+    memset(buf, 0xa5, j->file_bytes);
+    char path[4096];
+    for (;;) {
+        uint64_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->n || atomic_load(&j->failed)) break;
+        raw_path(j, i, path, sizeof path);
+        int flags = j->mode == RAW_READ ? O_RDONLY : j->mode == RAW_NEW ? O_WRONLY | O_CREAT | O_EXCL : O_WRONLY;
+        int fd = open(path, flags | O_CLOEXEC | (j->direct ? O_DIRECT : 0), 0644);
+        ssize_t r = -1;
+        if (fd >= 0) {
+            r = j->mode == RAW_READ ? pread(fd, buf, j->file_bytes, 0) : pwrite(fd, buf, j->file_bytes, 0);
             close(fd);
-            unlink(path);
-            free(buf);
+        }
+        if (r != (ssize_t)j->file_bytes) {
+            atomic_store(&j->failed, 1);
+            break;
+        }
+        atomic_fetch_add(&j->moved, j->chunk);
+    }
+    free(buf);
+    return NULL;
+}
+
+/* One raw pass; bytes/s of payload, or -1. */
+static double raw_pass(raw_job *j, int mode, uint32_t threads) {
+    pthread_t th[64];
+    if (threads > 64) threads = 64;
+    j->mode = mode;
+    atomic_store(&j->next, 0);
+    atomic_store(&j->moved, 0);
+    uint32_t started = 0;
+    double t0 = kvo_bench_now();
+    for (; started < threads; started++)
+        if (pthread_create(&th[started], NULL, raw_worker, j)) break;
+    for (uint32_t i = 0; i < started; i++) pthread_join(th[i], NULL);
+    double dt = kvo_bench_now() - t0;
+    if (started == 0 || atomic_load(&j->failed) || atomic_load(&j->moved) != j->n * j->chunk) return -1;
+    return (double)atomic_load(&j->moved) / dt;
+}
+
+/* Raw limits for n chunks of `chunk` bytes: new files, overwrite, read, each
+ * with `threads` threads.  0, or -1 (nothing measured). */
+static int raw_bw(const char *work, uint64_t n, uint64_t chunk, uint64_t file_bytes, uint32_t threads, bool *direct,
+                  double *wnew, double *wover, double *rbw) {
+    char dir[4096], sub[4200];
+    snprintf(dir, sizeof dir, "%s/raw.%ld", work, (long)getpid());
+    if (mkdir(dir, 0755) != 0) return -1;
+    for (unsigned b = 0; b < 256; b++) {
+        snprintf(sub, sizeof sub, "%s/%02x", dir, b);
+        if (mkdir(sub, 0755) != 0) {
+            rm_rf(dir);
             return -1;
         }
-    close(fd);
-    *wbw = (double)total / (kvo_bench_now() - t0);
-    fd = open(path, O_RDONLY | (*direct ? O_DIRECT : 0));
-    t0 = kvo_bench_now();
-    for (uint64_t off = 0; fd >= 0 && off < total; off += piece)
-        if (pread(fd, buf, piece, (off_t)off) != (ssize_t)piece) break;
-    *rbw = (double)total / (kvo_bench_now() - t0);
+    }
+    raw_job j;
+    memset(&j, 0, sizeof j);
+    j.dir = dir;
+    j.n = n;
+    j.chunk = chunk;
+    j.file_bytes = file_bytes;
+    /* O_DIRECT as the tier decides it: refused here (tmpfs): buffered */
+    snprintf(sub, sizeof sub, "%s/probe", dir);
+    int fd = open(sub, O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+    j.direct = fd >= 0;
     if (fd >= 0) close(fd);
-    unlink(path);
-    free(buf);
-    return 0;
+    unlink(sub);
+    *direct = j.direct;
+    *wnew = raw_pass(&j, RAW_NEW, threads);
+    *wover = *wnew > 0 ? raw_pass(&j, RAW_OVERWRITE, threads) : -1;
+    *rbw = *wover > 0 ? raw_pass(&j, RAW_READ, threads) : -1;
+    rm_rf(dir);
+    return *rbw > 0 ? 0 : -1;
 }
 
 static uint32_t g_depth = 0; /* --depth: queue depth / threads; 0 = defaults */
 
-static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t total, uint64_t chunk, bool *direct, double *wbw,
-                   double *rbw, double *cbw, const char **backend) {
+/* The tier: n chunk writes into an empty namespace (*wbw), n reads with
+ * up to 8 in flight (*rbw, verified reads only), n more writes with the
+ * quota full (*cbw: each evicts an old file; *recycled_frac of them
+ * overwrote an evicted file in place).  *dropped counts
+ * writes that did not reach a file and reads that failed. */
+static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t n, uint64_t chunk, bool *direct, double *wbw,
+                   double *rbw, double *cbw, double *recycled_frac, const char **backend, uint64_t *dropped) {
     kvo_plan *plan = bench_plan(chunk);
     if (!plan) return -1;
     const kvo_group_plan *g = kvo_plan_group(plan, 0);
-    uint64_t n = total / chunk;
-    if (n < 4) n = 4;
     kvo_file_tier_params p = kvo_file_tier_default_params();
     p.root = dir;
     p.plan = plan;
@@ -131,36 +237,26 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t total, uint64_
         p.io_threads = g_depth;
     }
     kvo_file_tier *t = NULL;
+    unsigned char *src = NULL, *dst[8] = {0};
+    enum { DEPTH = 8 };
+    int rc = -1;
     if (kvo_file_tier_create(&p, &t)) {
         fprintf(stderr, "bench file: %s\n", kvo_last_error());
-        kvo_plan_destroy(plan);
-        return -1;
+        goto out;
     }
     *direct = kvo_file_tier_direct(t);
     *backend = kvo_file_tier_backend(t);
-    unsigned char *src = NULL;
-    if (posix_memalign((void **)&src, 4096, g->slot_bytes)) return -1;
+    if (posix_memalign((void **)&src, 4096, g->slot_bytes)) goto out;
     memset(src, 0x3c, g->slot_bytes);
-    double t0 = kvo_bench_now();
-    for (uint64_t i = 0; i < n; i++) {
-        kvo_chunk_key k = bkey(i);
-        src[0] = (unsigned char)i;
-        write_wait(t, &k, src, 50);
-    }
-    kvo_file_tier_flush(t, -1);
-    *wbw = (double)(n * chunk) / (kvo_bench_now() - t0);
-    kvo_file_tier_stats st;
-    kvo_file_tier_get_stats(t, &st);
-    uint64_t written = st.writes;
+    uint64_t recycled = 0;
+    *wbw = tier_write_pass(t, 0, n, chunk, src, dropped, &recycled);
 
-    /* reads: keep up to `depth` in flight */
-    enum { DEPTH = 8 };
-    unsigned char *dst[DEPTH];
+    /* reads: keep up to DEPTH in flight */
     for (int i = 0; i < DEPTH; i++)
-        if (posix_memalign((void **)&dst[i], 4096, g->slot_bytes)) return -1;
+        if (posix_memalign((void **)&dst[i], 4096, g->slot_bytes)) goto out;
     int busy[DEPTH] = {0};
     uint64_t next = 0, done = 0, ok = 0;
-    t0 = kvo_bench_now();
+    double t0 = kvo_bench_now();
     while (done < n) {
         for (int s = 0; s < DEPTH && next < n; s++) {
             if (busy[s]) continue;
@@ -183,26 +279,23 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t total, uint64_
         }
     }
     *rbw = (double)(ok * chunk) / (kvo_bench_now() - t0);
-    if (written != n || ok != n)
-        fprintf(stderr, "bench file: %llu of %llu chunks written, %llu read back\n", (unsigned long long)written,
-                (unsigned long long)n, (unsigned long long)ok);
+    *dropped += n - ok;
     /* churn: the quota is full, every new chunk evicts an old one (whose file
      * is recycled) */
-    t0 = kvo_bench_now();
-    for (uint64_t i = 0; i < n; i++) {
-        kvo_chunk_key k = bkey(n + i);
-        write_wait(t, &k, src, 50);
-    }
-    kvo_file_tier_flush(t, -1);
-    *cbw = (double)(n * chunk) / (kvo_bench_now() - t0);
+    *cbw = tier_write_pass(t, n, n, chunk, src, dropped, &recycled);
+    *recycled_frac = (double)recycled / (double)n;
+    rc = 0;
+out:
     for (int i = 0; i < DEPTH; i++) free(dst[i]);
     free(src);
-    char ns[4096];
-    snprintf(ns, sizeof ns, "%s", kvo_file_tier_dir(t));
-    kvo_file_tier_destroy(t);
-    rm_rf(ns);
+    if (t) {
+        char ns[4096];
+        snprintf(ns, sizeof ns, "%s", kvo_file_tier_dir(t));
+        kvo_file_tier_destroy(t);
+        rm_rf(ns);
+    }
     kvo_plan_destroy(plan);
-    return 0;
+    return rc;
 }
 
 static int count_entry(const kvo_file_walk_entry *e, void *ctx) {
@@ -329,39 +422,64 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
     }
     int rc = 0;
     uint64_t total = total_mib << 20;
+    /* the raw limit runs as many threads as the tier has writers (and reads
+     * in flight: io_threads, or queue_depth on the ring) */
+    uint32_t threads = g_depth ? g_depth : kvo_file_tier_default_params().io_threads;
+    uint64_t dropped = 0;
     for (int s = 0; s < n_sizes && rc == 0; s++) {
         uint64_t chunk = sizes[s];
-        uint64_t tot = total < 4 * chunk ? 4 * chunk : total;
+        uint64_t tot = total < 4 * chunk ? 4 * chunk : total, n = tot / chunk;
+        kvo_plan *plan = bench_plan(chunk);
+        if (!plan) {
+            rc = KVO_EXIT_FAIL;
+            break;
+        }
+        uint64_t file_bytes = KVO_FILE_HEADER_BYTES + kvo_plan_group(plan, 0)->slot_bytes;
+        kvo_plan_destroy(plan);
         bool rdirect = false, tdirect = false;
-        double rw = 0, rr = 0, tw = 0, tr = 0, tc = 0;
+        double rn = 0, ro = 0, rr = 0, tw = 0, tr = 0, tc = 0, rf = 0;
         const char *backend = "?";
         /* raw, tier, raw, tier: the best of two each, so that the noise of a
          * shared disk and the order do not favour one side */
         for (int rep = 0; rep < 2; rep++) {
-            double a = 0, b = 0, c = 0, d = 0, e = 0;
-            if (raw_bw(work, tot, chunk, &rdirect, &a, &b) ||
-                tier_bw(work, io, tot, chunk, &tdirect, &c, &d, &e, &backend)) {
+            double a = 0, a2 = 0, b = 0, c = 0, d = 0, e = 0, f = 0;
+            if (raw_bw(work, n, chunk, file_bytes, threads, &rdirect, &a, &a2, &b) ||
+                tier_bw(work, io, n, chunk, &tdirect, &c, &d, &e, &f, &backend, &dropped)) {
                 fprintf(stderr, "kvoffload bench file: failed at %llu KiB chunks\n", (unsigned long long)(chunk >> 10));
                 rc = KVO_EXIT_FAIL;
                 break;
             }
-            if (a > rw) rw = a;
-            if (b > rr) rr = b;
-            if (c > tw) tw = c;
-            if (d > tr) tr = d;
-            if (e > tc) tc = e;
+            rn = a > rn ? a : rn;
+            ro = a2 > ro ? a2 : ro;
+            rr = b > rr ? b : rr;
+            tw = c > tw ? c : tw;
+            tr = d > tr ? d : tr;
+            if (e > tc) {
+                tc = e;
+                rf = f;
+            }
         }
         if (rc) break;
-        char name[128];
-        snprintf(name, sizeof name, "file.write.%lluKiB.%s%s", (unsigned long long)(chunk >> 10), backend,
-                 tdirect ? ".direct" : ".buffered");
-        kvo_bench_report(o, name, tw / 1e9, "GB/s", rdirect ? "raw_odirect_write" : "raw_buffered_write", rw / 1e9);
-        snprintf(name, sizeof name, "file.read.%lluKiB.%s%s", (unsigned long long)(chunk >> 10), backend,
-                 tdirect ? ".direct" : ".buffered");
-        kvo_bench_report(o, name, tr / 1e9, "GB/s", rdirect ? "raw_odirect_read" : "raw_buffered_read", rr / 1e9);
-        snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.%s%s", (unsigned long long)(chunk >> 10), backend,
-                 tdirect ? ".direct" : ".buffered");
-        kvo_bench_report(o, name, tc / 1e9, "GB/s", rdirect ? "raw_odirect_write" : "raw_buffered_write", rw / 1e9);
+        char name[128], lim[64];
+        const char *how = rdirect ? "odirect" : "buffered";
+        unsigned long long kib = (unsigned long long)(chunk >> 10);
+        const char *mode = tdirect ? ".direct" : ".buffered";
+        snprintf(name, sizeof name, "file.write.%lluKiB.%s%s", kib, backend, mode);
+        snprintf(lim, sizeof lim, "raw_%s_new_files_%ut", how, threads);
+        kvo_bench_report(o, name, tw / 1e9, "GB/s", lim, rn / 1e9);
+        snprintf(name, sizeof name, "file.read.%lluKiB.%s%s", kib, backend, mode);
+        snprintf(lim, sizeof lim, "raw_%s_read_files_%ut", how, threads);
+        kvo_bench_report(o, name, tr / 1e9, "GB/s", lim, rr / 1e9);
+        snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.%s%s", kib, backend, mode);
+        snprintf(lim, sizeof lim, "raw_%s_overwrite_files_%ut", how, threads);
+        kvo_bench_report(o, name, tc / 1e9, "GB/s", lim, ro / 1e9);
+        snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.recycled", kib);
+        kvo_bench_report(o, name, rf, "fraction", NULL, 0);
+    }
+    if (dropped) {
+        fprintf(stderr, "kvoffload bench file: %llu chunk writes or reads did not reach a file (dropped or failed): "
+                "the figures count only bytes that did; failing\n", (unsigned long long)dropped);
+        if (rc == 0) rc = KVO_EXIT_FAIL;
     }
     if (rc == 0 && rebuild_files > 0 && rebuild(o, work, rebuild_files) != 0) rc = KVO_EXIT_FAIL;
     rm_rf(work);

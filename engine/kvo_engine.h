@@ -171,8 +171,11 @@ struct kvo_eng_result {
     uint32_t load_failures;    /* loads that fell back to recompute */
     uint64_t bytes_loaded;     /* offload bytes copied in / out for this request */
     uint64_t bytes_stored;
-    double ttft_s;             /* admission to first token */
-    double e2e_s;              /* admission to last token */
+    /* Times from arrival: every request of a kvo_eng_run call arrives when
+     * the call starts, so these include the wait for a running slot. */
+    double ttft_s;             /* arrival to first token */
+    double e2e_s;              /* arrival to last token */
+    double queue_s;            /* arrival to admission (of ttft_s) */
 };
 
 typedef struct kvo_eng_run_params {

@@ -58,7 +58,8 @@ struct kvo_eng_req {
     uint64_t peak[KVO_ENG_MAX_GROUPS];
     uint32_t computed, span, local, hit, reported;
     uint32_t lookups;
-    double t_admit;
+    double t_arrive, t_admit;       /* the run's start (every request of a run
+                                       arrives with the call), admission */
     float *logits;
 };
 
@@ -297,7 +298,7 @@ static void kvo__emit(kvo_eng_req *r) {
     res->logits_hash = kvo__hash_logits(res->logits_hash, r->logits, V);
     uint32_t tok = kvo__argmax(r->logits, V);
     res->tokens[res->n_gen++] = tok;
-    if (res->n_gen == 1) res->ttft_s = kvo__now() - r->t_admit;
+    if (res->n_gen == 1) res->ttft_s = kvo__now() - r->t_arrive;
     if (r->n_tokens < r->cap) {
         r->tokens[r->n_tokens] = tok;
         kvo__hash_token(r, r->n_tokens);
@@ -305,7 +306,7 @@ static void kvo__emit(kvo_eng_req *r) {
     }
     if (res->n_gen == r->in->max_new) {
         memcpy(res->final_logits, r->logits, V * sizeof(float));
-        res->e2e_s = kvo__now() - r->t_admit;
+        res->e2e_s = kvo__now() - r->t_arrive;
         r->st = ST_DONE;
     }
 }
@@ -472,6 +473,7 @@ int kvo_eng_run(kvo_eng *e, const kvo_eng_request *reqs, size_t n, const kvo_eng
     size_t next = 0, n_run = 0, done = 0, finished_since_evict = 0;
     int rc = 0;
     bool inited_next = false;
+    double t_arrive = kvo__now(); /* every request arrives with this call */
     while (done < n && !rc) {
         e->stats.steps++;
         if (off && off->progress) off->progress(off->ctx);
@@ -493,7 +495,9 @@ int kvo_eng_run(kvo_eng *e, const kvo_eng_request *reqs, size_t n, const kvo_eng
                 if (lrc == KVO_EAGAIN && (n_run > 0 || ++r->lookups < 100000)) break;
                 if (lrc || hit < local || hit >= r->prompt) hit = local;
             }
+            r->t_arrive = t_arrive;
             r->t_admit = kvo__now();
+            r->res->queue_s = r->t_admit - t_arrive;
             kvo__take_local(r, local);
             r->local = local;
             r->hit = hit;

@@ -307,6 +307,16 @@ KVO_TEST(demo_json_and_usage) {
     ASSERT_TRUE(json_is_true(json_object_get(o, "match")));
     ASSERT_EQ_U64(json_integer_value(json_object_get(o, "requests")), 4);
     ASSERT_NOT_NULL(json_object_get(json_object_get(o, "offload"), "ttft_p99_ms"));
+    /* below 100 requests there is no p99 (it would be the maximum) */
+    ASSERT_TRUE(json_is_null(json_object_get(json_object_get(o, "offload"), "ttft_p99_ms")));
+    /* every request is cold or warm; the first one is always cold */
+    json_t *tt = json_object_get(json_object_get(o, "offload"), "ttft");
+    json_int_t n_cold = json_integer_value(json_object_get(json_object_get(tt, "cold"), "n"));
+    json_int_t n_warm = json_integer_value(json_object_get(json_object_get(tt, "warm"), "n"));
+    ASSERT_EQ_U64((uint64_t)(n_cold + n_warm), 4);
+    ASSERT_TRUE(n_cold >= 1);
+    ASSERT_TRUE(json_real_value(json_object_get(json_object_get(tt, "all"), "max_ms")) >=
+                json_real_value(json_object_get(json_object_get(tt, "all"), "p50_ms")));
     json_decref(o);
     free(out);
     snprintf(cmd, sizeof cmd,

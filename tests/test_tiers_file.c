@@ -677,6 +677,58 @@ KVO_TEST(quota_eviction) {
     kvo_plan_destroy(plan);
 }
 
+/* The 256 fan-out directories exist right after create; once the quota is
+ * full, a burst of writes queued faster than the writers run still
+ * overwrites evicted files (the pool is as large as the write queue), and
+ * the bytes read back are exact. */
+KVO_TEST(fanout_at_create_and_recycling_burst) {
+    kvo_plan *plan = make_plan("ft-burst", 10000);
+    const kvo_group_plan *g = kvo_plan_group(plan, 0);
+    kvo_file_tier_params p = params(subdir("burst"), plan);
+    p.quota_bytes = 24 * g->slot_bytes;
+    p.max_pending_writes = 32;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    int dirs = 0;
+    for (int b = 0; b < 256; b++) {
+        char dirp[KVO__FILE_PATH_MAX + 8];
+        struct stat st;
+        snprintf(dirp, sizeof dirp, "%s/%02x", kvo_file_tier_dir(t), b);
+        dirs += stat(dirp, &st) == 0 && S_ISDIR(st.st_mode);
+    }
+    ASSERT_EQ_INT(dirs, 256);
+    kvo_chunk_key keys[44];
+    for (int i = 0; i < 24; i++) keys[i] = key_n((uint64_t)i + 7000, 0);
+    write_keys(t, plan, keys, 24);
+    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    kvo_file_tier_stats a, b;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &a));
+    /* 20 writes queued at once (under max_pending_writes, more than the
+     * old 16-file pool): each evicts one of the 24 (at most 20 are pending,
+     * so one is always ready to evict) */
+    for (int i = 24; i < 44; i++) keys[i] = key_n((uint64_t)i + 7000, 0);
+    write_keys(t, plan, keys + 24, 20);
+    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_get_stats(t, &b));
+    ASSERT_EQ_U64(b.writes - a.writes, 20);
+    ASSERT_EQ_U64(b.recycled_files - a.recycled_files, 20);
+    /* which keys survive depends on which writes were still pending when
+     * later ones evicted (pending files are never evicted): every key the
+     * index holds reads back exactly */
+    uint64_t ready = 0;
+    for (int i = 0; i < 44; i++) {
+        uint8_t st;
+        ASSERT_OK(kvo_file_tier_lookup(t, &keys[i], 1, &st));
+        if (st != KVO_READY) continue;
+        ready++;
+        ASSERT_EQ_INT(read_key(t, plan, &keys[i], i % 2 == 0), 0);
+    }
+    ASSERT_EQ_U64(ready, b.files);
+    ASSERT_GT_U64(ready, 0);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
 KVO_TEST(backpressure_drops) {
     kvo_plan *plan = make_plan("ft-bp", 30000);
     const kvo_group_plan *g = kvo_plan_group(plan, 0);

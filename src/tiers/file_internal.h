@@ -206,9 +206,11 @@ struct kvo_file_tier {
     /* Recycling: files of evicted chunks, renamed to temporary names, are
      * overwritten in place by later writes of the same size (no inode or
      * block allocation: several times faster on ext4 once the quota is
-     * full).  Only when no other process uses the root (!params.shared). */
+     * full).  Only when no other process uses the root (!params.shared).
+     * As large as the write queue (file_quota.c says why). */
     kvo__recycled *pool;
     uint32_t pool_len, pool_reserved, pool_cap;
+    uint64_t pool_bytes, pool_max_bytes;  /* pooled + reserved; its bound */
 
     kvo_file_tier_stats st;       /* counters; gauges filled at get_stats */
     uint64_t lat_ewma_ns;
@@ -263,6 +265,9 @@ void kvo__file_workers_stop(kvo_file_tier *t);
 /* --- create-time probes (file_probe.c) --- */
 /* mkdir -p; 0 or KVO_EIO / KVO_ENOSPC / KVO_ERANGE with a message. */
 int kvo__file_mkdir_p(const char *path);
+/* The 256 fan-out directories of a namespace (existing ones kept); 0 or
+ * KVO_EIO / KVO_ENOSPC with a message. */
+int kvo__file_make_fanout(const char *ns_dir);
 /* O_DIRECT with a real write + read (also the writability check): 0 and
  * *ok, or KVO_EIO / KVO_ENOMEM. */
 int kvo__file_probe_direct(kvo_file_tier *t, bool *ok);

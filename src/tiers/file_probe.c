@@ -3,7 +3,8 @@
  * can do, decided once in kvo_file_tier_create.
  *
  * What it owns
- *  - mkdir -p of the namespace directory;
+ *  - mkdir -p of the namespace directory, and its 256 fan-out directories
+ *    made up front (not on a write's path);
  *  - the O_DIRECT probe (a real 4 KiB write and read in the namespace: some
  *    file systems accept the flag at open and fail at I/O), which is also the
  *    writability check;
@@ -68,6 +69,28 @@ int kvo__file_mkdir_p(const char *path) {
     if (stat(buf, &st) != 0) return mkdir_error(buf, errno);
     if (!S_ISDIR(st.st_mode)) return mkdir_error(buf, ENOTDIR);
     return 0;
+}
+
+/* The 256 fan-out directories, made at create (an existing one is fine):
+ * made lazily, the first write into each paid a mkdir on the write path,
+ * measured as 30 % of a fresh tier's write CPU (ext4 inode allocation).
+ * 0 or KVO_EIO / KVO_ENOSPC with a message. */
+int kvo__file_make_fanout(const char *ns_dir) {
+    int dfd = open(ns_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return mkdir_error(ns_dir, errno);
+    static const char digits[] = "0123456789abcdef";
+    int rc = 0;
+    for (unsigned b = 0; b < 256 && rc == 0; b++) {
+        char sub[3] = {digits[b >> 4], digits[b & 15], 0};
+        if (mkdirat(dfd, sub, 0755) != 0 && errno != EEXIST) {
+            char path[KVO__FILE_PATH_MAX];
+            int e = errno;
+            snprintf(path, sizeof path, "%s/%s", ns_dir, sub);
+            rc = mkdir_error(path, e);
+        }
+    }
+    close(dfd);
+    return rc;
 }
 
 /* Probe O_DIRECT with a real write and read in the namespace directory.  Also

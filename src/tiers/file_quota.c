@@ -9,18 +9,24 @@
  *  - adopt_key: a key whose file exists goes into the index as READY (the
  *    startup scan, shared-mode probes).
  *  - Recycling: with !params.shared, an evicted file is renamed to a
- *    temporary name in its directory (pool of at most pool_cap) and a later
- *    write of the same size overwrites it in place (no inode or block
- *    allocation: measured several times faster than creating files on ext4
- *    once the quota is full).  Off in shared mode, where another process may
- *    be reading the evicted file.
+ *    temporary name in its directory (pool of at most pool_cap files and
+ *    pool_max_bytes) and a later write of the same size overwrites it in
+ *    place (no inode or block allocation: measured several times faster than
+ *    creating files on ext4 once the quota is full).  Off in shared mode,
+ *    where another process may be reading the evicted file.  The pool is as
+ *    large as the write queue can be (max_pending_writes files, the staging
+ *    memory's bytes): with a smaller pool (16 files, before) a caller that
+ *    runs ahead of the writers evicted most files into unlink, and most
+ *    queued writes then created a new inode after all.  Pooled files are
+ *    the only bytes on disk beyond the quota: at most max_staging_bytes.
  *
  * Lock rules: mu guards the pool and the eviction counter; it is taken only
  * around those, never across a rename, an unlink or a store call.  A pool
  * slot is reserved (pool_reserved) before the rename so that concurrent
  * evictions never overfill the pool.
  *
- * Invariants: pool_len + pool_reserved <= pool_cap; a pooled file is always
+ * Invariants: pool_len + pool_reserved <= pool_cap; pool_bytes (pooled and
+ * reserved files) <= pool_max_bytes; a pooled file is always
  * exactly the file size recorded with it; pooled files are removed at
  * destroy (tier_free).
  */
@@ -39,9 +45,13 @@ static bool recycle_file(kvo_file_tier *t, const kvo_chunk_key *k, const char *p
     if (t->p.shared || t->pool_cap == 0) return false;
     const kvo_group_plan *g = kvo__file_group_of(t, k);
     if (!g) return false;
+    uint64_t fb = kvo__file_stage_size(g);
     pthread_mutex_lock(&t->mu);
-    bool room = t->pool_len + t->pool_reserved < t->pool_cap;
-    if (room) t->pool_reserved++;
+    bool room = t->pool_len + t->pool_reserved < t->pool_cap && t->pool_bytes + fb <= t->pool_max_bytes;
+    if (room) {
+        t->pool_reserved++;
+        t->pool_bytes += fb;
+    }
     pthread_mutex_unlock(&t->mu);
     if (!room) return false;
     char sub[3], rel[64], full[KVO__FILE_PATH_MAX];
@@ -55,7 +65,9 @@ static bool recycle_file(kvo_file_tier *t, const kvo_chunk_key *k, const char *p
     if (ok) {
         kvo__recycled *r = &t->pool[t->pool_len++];
         memcpy(r->rel, rel, sizeof r->rel);
-        r->file_bytes = kvo__file_stage_size(g);
+        r->file_bytes = fb;
+    } else {
+        t->pool_bytes -= fb;
     }
     pthread_mutex_unlock(&t->mu);
     return ok;
@@ -68,6 +80,7 @@ bool kvo__file_recycled_take(kvo_file_tier *t, uint64_t file_bytes, char *out, s
     for (uint32_t i = t->pool_len; i-- > 0;) {
         if (t->pool[i].file_bytes != file_bytes) continue;
         snprintf(out, cap, "%s/%s", t->ns_dir, t->pool[i].rel);
+        t->pool_bytes -= t->pool[i].file_bytes;
         t->pool[i] = t->pool[--t->pool_len];
         got = true;
         break;

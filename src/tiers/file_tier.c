@@ -206,8 +206,10 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
     t->pid = (long)getpid();
     t->hostid = kvo__file_host_id();
     t->nonce = kvo__file_process_nonce();
-    /* a few files beyond the quota, so that queued writes find one */
-    t->pool_cap = t->p.shared ? 0 : (t->p.max_pending_writes < 16 ? t->p.max_pending_writes : 16);
+    /* as many files as writes can be queued (count and staging bytes), so
+     * that every queued write finds one once the quota is full */
+    t->pool_cap = t->p.shared ? 0 : (t->p.max_pending_writes < 4096 ? (uint32_t)t->p.max_pending_writes : 4096);
+    t->pool_max_bytes = t->p.max_staging_bytes;
     if (t->pool_cap) {
         t->pool = kvo__calloc(t->pool_cap, sizeof *t->pool);
         if (!t->pool) {
@@ -230,6 +232,7 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
 /* Create phase 3: the namespace directory, the probes, the manifest. */
 static int open_namespace(kvo_file_tier *t) {
     int rc = kvo__file_mkdir_p(t->ns_dir);
+    if (rc == 0) rc = kvo__file_make_fanout(t->ns_dir);
     if (rc) return rc;
     kvo__file_clean_ns_temps(t);
     rc = kvo__file_probe_direct(t, &t->direct);

@@ -85,9 +85,19 @@ static void kvo__demo_progress(void *ctx, size_t done, size_t total) {
     fprintf(stderr, "  %s: %zu/%zu requests\n", p->label, done, total);
 }
 
+/* TTFT of a class of requests: count, mean, nearest-rank p50/p90/p99 and
+ * the maximum.  p99 only with n >= 100 (below that it is just the maximum:
+ * has_p99 false). */
+typedef struct kvo__demo_lat {
+    size_t n;
+    double mean, p50, p90, p99, max;
+    bool has_p99;
+} kvo__demo_lat;
+
 typedef struct kvo__demo_sum {
     uint64_t computed, local, loaded, loaded_file, failures, gen, bytes_loaded, bytes_stored;
-    double wall, ttft_mean, ttft_p50, ttft_p99;
+    double wall, queue_mean;
+    kvo__demo_lat all, cold, warm; /* TTFT from arrival: all, cold, warm requests */
 } kvo__demo_sum;
 
 static int kvo__cmp_dbl(const void *a, const void *b) {
@@ -95,10 +105,47 @@ static int kvo__cmp_dbl(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static void kvo__demo_summarize(const kvo_eng_result *r, size_t n, double wall, kvo__demo_sum *s) {
+/* Cold requests: no earlier request of the workload shares their first
+ * `unit` tokens (the smallest block of any group), so neither run can reuse
+ * anything for them; every other request is warm (a hit was possible, if
+ * the caches kept it).  cold: w->n flags. */
+static void kvo__demo_cold(const kvo_eng_workload *w, const kvo_eng_config *c, bool *cold) {
+    uint32_t unit = UINT32_MAX;
+    for (uint32_t g = 0; g < c->n_groups; g++)
+        if (c->groups[g].tokens_per_block < unit) unit = c->groups[g].tokens_per_block;
+    for (size_t i = 0; i < w->n; i++) {
+        const kvo_eng_request *q = &w->reqs[i];
+        cold[i] = true;
+        if (q->prompt_len < unit) continue; /* not one whole block: nothing to reuse */
+        for (size_t j = 0; j < i && cold[i]; j++)
+            if (w->reqs[j].prompt_len >= unit && !memcmp(w->reqs[j].prompt, q->prompt, unit * sizeof *q->prompt))
+                cold[i] = false;
+    }
+}
+
+/* Percentiles of the requests whose cold flag equals `want` (all when
+ * want < 0); t is scratch for w->n doubles. */
+static void kvo__demo_lat_of(const kvo_eng_result *r, size_t n, const bool *cold, int want, double *t,
+                             kvo__demo_lat *l) {
+    memset(l, 0, sizeof *l);
+    for (size_t i = 0; i < n; i++)
+        if (want < 0 || cold[i] == (want == 1)) t[l->n++] = r[i].ttft_s;
+    if (!l->n) return;
+    qsort(t, l->n, sizeof *t, kvo__cmp_dbl);
+    for (size_t i = 0; i < l->n; i++) l->mean += t[i] / (double)l->n;
+    const double q[3] = {0.50, 0.90, 0.99};
+    double *out[3] = {&l->p50, &l->p90, &l->p99};
+    for (int k = 0; k < 3; k++) {
+        size_t rank = (size_t)ceil(q[k] * (double)l->n);
+        *out[k] = t[rank ? rank - 1 : 0];
+    }
+    l->max = t[l->n - 1];
+    l->has_p99 = l->n >= 100;
+}
+
+static void kvo__demo_summarize(const kvo_eng_result *r, size_t n, double wall, const bool *cold, kvo__demo_sum *s) {
     memset(s, 0, sizeof *s);
     s->wall = wall;
-    double *t = malloc((n ? n : 1) * sizeof *t);
     for (size_t i = 0; i < n; i++) {
         s->computed += r[i].tokens_computed;
         s->local += r[i].tokens_local;
@@ -108,16 +155,39 @@ static void kvo__demo_summarize(const kvo_eng_result *r, size_t n, double wall, 
         s->gen += r[i].n_gen;
         s->bytes_loaded += r[i].bytes_loaded;
         s->bytes_stored += r[i].bytes_stored;
-        if (t) t[i] = r[i].ttft_s;
-        s->ttft_mean += r[i].ttft_s / (double)n;
+        s->queue_mean += r[i].queue_s / (double)n;
     }
-    if (t && n) {
-        qsort(t, n, sizeof *t, kvo__cmp_dbl);
-        s->ttft_p50 = t[(n - 1) / 2];
-        size_t k = (size_t)ceil(0.99 * (double)n);
-        s->ttft_p99 = t[k ? k - 1 : 0];
-    }
+    double *t = malloc((n ? n : 1) * sizeof *t);
+    if (!t) return;
+    kvo__demo_lat_of(r, n, cold, -1, t, &s->all);
+    kvo__demo_lat_of(r, n, cold, 1, t, &s->cold);
+    kvo__demo_lat_of(r, n, cold, 0, t, &s->warm);
     free(t);
+}
+
+/* One class's TTFT as JSON members (p99 null below 100 requests). */
+static void kvo__demo_lat_json(const char *name, const kvo__demo_lat *l) {
+    printf("\"%s\":{\"n\":%zu,\"mean_ms\":%.3f,\"p50_ms\":%.3f,\"p90_ms\":%.3f,\"max_ms\":%.3f,\"p99_ms\":", name,
+           l->n, l->mean * 1e3, l->p50 * 1e3, l->p90 * 1e3, l->max * 1e3);
+    if (l->has_p99) printf("%.3f}", l->p99 * 1e3);
+    else printf("null}");
+}
+
+/* One class's TTFT rows of the table: mean, p50, p90, p99 (n >= 100) or
+ * max; "-" where a class is empty. */
+static void kvo__demo_lat_rows(const char *what, const kvo__demo_lat *a, const kvo__demo_lat *b) {
+    char label[64];
+    snprintf(label, sizeof label, "TTFT %s: n", what);
+    printf("%-34s %16zu %16zu\n", label, a->n, b->n);
+    if (!a->n) return;
+    const char *names[4] = {"mean", "p50", "p90", a->has_p99 ? "p99" : "max (n<100: no p99)"};
+    double va[4] = {a->mean, a->p50, a->p90, a->has_p99 ? a->p99 : a->max};
+    double vb[4] = {b->mean, b->p50, b->p90, b->has_p99 ? b->p99 : b->max};
+    for (int k = 0; k < 4; k++) {
+        snprintf(label, sizeof label, "  %s (ms)", names[k]);
+        printf("%-34s %16.2f %16.2f\n", label, va[k] * 1e3, vb[k] * 1e3);
+    }
+    if (a->has_p99) printf("%-34s %16.2f %16.2f\n", "  max (ms)", a->max * 1e3, b->max * 1e3);
 }
 
 static int kvo__rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -441,8 +511,11 @@ int kvo_cmd_demo(int argc, char **argv) {
     double wall_b = kvo__demo_now() - t0;
 
     kvo__demo_sum sa, sb;
-    kvo__demo_summarize(ra, w->n, wall_a, &sa);
-    kvo__demo_summarize(rb, w->n, wall_b, &sb);
+    bool *cold = calloc(w->n ? w->n : 1, sizeof *cold);
+    if (cold) kvo__demo_cold(w, c, cold);
+    kvo__demo_summarize(ra, w->n, wall_a, cold, &sa);
+    kvo__demo_summarize(rb, w->n, wall_b, cold, &sb);
+    free(cold);
     kvo_connector_stats cs;
     memset(&cs, 0, sizeof cs);
     (void)kvo_connector_get_stats(kvo_eng_conn_connector(conn), &cs);
@@ -469,11 +542,20 @@ int kvo_cmd_demo(int argc, char **argv) {
             const kvo__demo_sum *s = ss[k];
             printf("\"%s\":{\"tokens_computed\":%llu,\"tokens_engine_cache\":%llu,\"tokens_loaded_host\":%llu,"
                    "\"tokens_loaded_file\":%llu,\"load_failures\":%llu,\"ttft_mean_ms\":%.3f,\"ttft_p50_ms\":%.3f,"
-                   "\"ttft_p99_ms\":%.3f,\"wall_s\":%.3f,\"tokens_per_s\":%.1f,\"bytes_loaded\":%llu,"
-                   "\"bytes_stored\":%llu},",
+                   "\"ttft_p90_ms\":%.3f,\"ttft_max_ms\":%.3f,\"ttft_p99_ms\":",
                    names[k], (unsigned long long)s->computed, (unsigned long long)s->local,
                    (unsigned long long)(s->loaded - s->loaded_file), (unsigned long long)s->loaded_file,
-                   (unsigned long long)s->failures, s->ttft_mean * 1e3, s->ttft_p50 * 1e3, s->ttft_p99 * 1e3, s->wall,
+                   (unsigned long long)s->failures, s->all.mean * 1e3, s->all.p50 * 1e3, s->all.p90 * 1e3,
+                   s->all.max * 1e3);
+            if (s->all.has_p99) printf("%.3f,", s->all.p99 * 1e3);
+            else printf("null,");
+            printf("\"queue_mean_ms\":%.3f,\"ttft\":{", s->queue_mean * 1e3);
+            kvo__demo_lat_json("all", &s->all);
+            printf(",");
+            kvo__demo_lat_json("cold", &s->cold);
+            printf(",");
+            kvo__demo_lat_json("warm", &s->warm);
+            printf("},\"wall_s\":%.3f,\"tokens_per_s\":%.1f,\"bytes_loaded\":%llu,\"bytes_stored\":%llu},", s->wall,
                    s->wall > 0 ? (double)(P + gen) / s->wall : 0, (unsigned long long)s->bytes_loaded,
                    (unsigned long long)s->bytes_stored);
         }
@@ -495,9 +577,11 @@ int kvo_cmd_demo(int argc, char **argv) {
         printf("%-34s %16llu %16llu\n", "  loaded from file tier", (unsigned long long)sa.loaded_file,
                (unsigned long long)sb.loaded_file);
         printf("%-34s %15.1f%% %15.1f%%\n", "hit rate (prompt tokens reused)", 0.0, 100.0 * hit);
-        printf("%-34s %16.2f %16.2f\n", "TTFT mean (ms)", sa.ttft_mean * 1e3, sb.ttft_mean * 1e3);
-        printf("%-34s %16.2f %16.2f\n", "TTFT p50 (ms)", sa.ttft_p50 * 1e3, sb.ttft_p50 * 1e3);
-        printf("%-34s %16.2f %16.2f\n", "TTFT p99 (ms)", sa.ttft_p99 * 1e3, sb.ttft_p99 * 1e3);
+        /* TTFT from arrival (every request arrives when its run starts) */
+        printf("%-34s %16.2f %16.2f\n", "wait for a slot, mean (ms)", sa.queue_mean * 1e3, sb.queue_mean * 1e3);
+        kvo__demo_lat_rows("from arrival, all", &sa.all, &sb.all);
+        kvo__demo_lat_rows("cold (no hit possible)", &sa.cold, &sb.cold);
+        kvo__demo_lat_rows("warm (hit possible)", &sa.warm, &sb.warm);
         printf("%-34s %16.0f %16.0f\n", "throughput (tokens/s)", wall_a > 0 ? (double)(P + gen) / wall_a : 0,
                wall_b > 0 ? (double)(P + gen) / wall_b : 0);
         printf("%-34s %16.2f %16.2f\n", "wall time (s)", wall_a, wall_b);
