@@ -511,12 +511,13 @@ typedef struct kvo_completion {
  *  finishes file reads and
  *  submits the loads that waited for them) and move up to cap completions for
  *  the engine to out; returns the count.  Call every step (or when event_fd
- *  is readable).  With a file tier, the connector consumes all of the tier's
+ *  is readable).  With a file or remote tier, the connector consumes all of the tier's
  *  completions (leave its write_completions off). */
 KVO_API size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap);
 
 /** A file descriptor readable when poll may have work (the transfer engine's
- *  eventfd; with a file tier, also watch kvo_file_tier_event_fd).  Owned by
+ *  eventfd; with a file tier, also watch kvo_file_tier_event_fd, with a
+ *  remote tier kvo_remote_tier_event_fd).  Owned by
  *  the connector. */
 KVO_API int kvo_connector_event_fd(const kvo_connector *c);
 
