@@ -321,4 +321,20 @@ static inline void sim_drain(sim *s) {
     FAILF("transfers never drained");
 }
 
+/* Store the n tokens tok through request id: compute, finish, wait until
+ * its stores completed (RELEASED). */
+static inline void sim_store_prompt(sim *s, uint64_t id, const uint32_t *tok, size_t n) {
+    sim_req r;
+    sim_req_init(&r, id);
+    sim_req_tokens(&r, tok, n);
+    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
+    sim_compute(s, &r, n);
+    kvo_block_table tb[SIM_MAXG];
+    sim_tables(s, &r, tb);
+    bool busy;
+    ASSERT_OK(kvo_connector_finish(s->c, id, n, tb, s->ng, &busy));
+    if (busy) (void)sim_wait_completion(s, id, KVO_COMPLETION_RELEASED);
+    sim_req_free(s, &r);
+}
+
 #endif

@@ -59,22 +59,6 @@ static void nap_ms(long ms) {
     nanosleep(&ts, NULL);
 }
 
-/* Store n tokens through request id and finish it (host stores complete,
- * remote puts queued; the caller flushes the tier when it needs them). */
-static void store_prompt(sim *s, uint64_t id, const uint32_t *tok, size_t n) {
-    sim_req r;
-    sim_req_init(&r, id);
-    sim_req_tokens(&r, tok, n);
-    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
-    sim_compute(s, &r, n);
-    kvo_block_table tb[SIM_MAXG];
-    sim_tables(s, &r, tb);
-    bool busy;
-    ASSERT_OK(kvo_connector_finish(s->c, id, n, tb, s->ng, &busy));
-    if (busy) (void)sim_wait_completion(s, id, KVO_COMPLETION_RELEASED);
-    sim_req_free(s, &r);
-}
-
 /* Look up until the answer is not PENDING (polling in between, as an
  * engine does every step); returns how many PENDING answers came first. */
 static int lookup_settled(sim *s, uint64_t id, kvo_lookup_result *lr, bool *remote_pending) {
@@ -132,6 +116,24 @@ static bool try_load(sim *s, uint64_t id, const uint32_t *tok, size_t n, kvo_loo
     return hit;
 }
 
+/* A plan, a tier on port, and engine A's connector, which stored a
+ * 400-token prompt (tok, from salt) as request 1; the tier flushed. */
+typedef struct fx {
+    kvo_plan *p;
+    kvo_remote_tier *t;
+    uint32_t tok[400];
+    sim a;
+} fx;
+
+static void fx_stored(fx *f, int port, const char *pfx, uint32_t salt) {
+    f->p = plan2();
+    f->t = rtier(port, f->p, pfx);
+    fill(f->tok, 400, salt);
+    make_conn(&f->a, f->p, f->t, 20000);
+    sim_store_prompt(&f->a, 1, f->tok, 400);
+    ASSERT_OK(kvo_remote_tier_flush(f->t, 30000));
+}
+
 static kvo_connector_stats cstats(sim *s) {
     kvo_connector_stats st;
     ASSERT_OK(kvo_connector_get_stats(s->c, &st));
@@ -142,20 +144,16 @@ static kvo_connector_stats cstats(sim *s) {
  * everything from the remote tier, byte-exact; a zero budget answers at
  * once and hits once the answers are in. */
 KVO_TEST(loads_byte_exact) {
-    int port = shared_port();
-    kvo_plan *p = plan2();
-    kvo_remote_tier *t = rtier(port, p, prefix("conn-exact"));
-    uint32_t tok[400];
-    fill(tok, 400, 1);
-    sim a;
-    make_conn(&a, p, t, 20000);
-    store_prompt(&a, 1, tok, 400);
-    ASSERT_OK(kvo_remote_tier_flush(t, 30000));
-    kvo_connector_stats st = cstats(&a);
+    fx f;
+    fx_stored(&f, shared_port(), prefix("conn-exact"), 1);
+    kvo_plan *p = f.p;
+    kvo_remote_tier *t = f.t;
+    const uint32_t *tok = f.tok;
+    kvo_connector_stats st = cstats(&f.a);
     ASSERT_GT_U64(st.chunks_stored, 0);
     ASSERT_EQ_U64(st.remote_writes + st.remote_writes_dropped, st.chunks_stored);
     ASSERT_EQ_U64(st.remote_writes_dropped, 0);
-    sim_destroy(&a);
+    sim_destroy(&f.a);
 
     sim b;
     make_conn(&b, p, t, 5000000);
@@ -213,21 +211,18 @@ KVO_TEST(loads_byte_exact) {
  * and the next lookup does not hit it. */
 KVO_TEST(corrupt_value_fails_load) {
     int port = shared_port();
-    kvo_plan *p = plan2();
-    kvo_remote_tier *t = rtier(port, p, prefix("conn-corrupt"));
-    uint32_t tok[400];
-    fill(tok, 400, 2);
-    sim a;
-    make_conn(&a, p, t, 20000);
-    store_prompt(&a, 1, tok, 400);
-    ASSERT_OK(kvo_remote_tier_flush(t, 30000));
+    fx f;
+    fx_stored(&f, port, prefix("conn-corrupt"), 2);
+    kvo_plan *p = f.p;
+    kvo_remote_tier *t = f.t;
+    const uint32_t *tok = f.tok;
     /* corrupt the payload of the group-0 chunk with the highest position */
     kvo_store_entry ents[128];
     uint64_t cur = 0;
     size_t n = 0;
-    ASSERT_OK(kvo_store_scan(kvo_connector_store(a.c), &cur, ents, 128, &n));
+    ASSERT_OK(kvo_store_scan(kvo_connector_store(f.a.c), &cur, ents, 128, &n));
     ASSERT_GT_U64(n, 0);
-    sim_destroy(&a);
+    sim_destroy(&f.a);
     kvo_chunk_key victim = ents[0].key;
     bool found = false;
     for (size_t i = 0; i < n; i++)
@@ -298,7 +293,7 @@ KVO_TEST(master_kill_during_traffic) {
     make_conn(&a, p, t, 20000);
     for (int i = 0; i < NP; i++) {
         fill(tok[i], 400, 10 + (uint32_t)i);
-        store_prompt(&a, 1 + (uint64_t)i, tok[i], 400);
+        sim_store_prompt(&a, 1 + (uint64_t)i, tok[i], 400);
         ASSERT_OK(kvo_remote_tier_flush(t, 30000)); /* below max_pending_writes: nothing dropped */
     }
     ASSERT_EQ_U64(cstats(&a).remote_writes_dropped, 0);
@@ -324,7 +319,7 @@ KVO_TEST(master_kill_during_traffic) {
          * alone (a failover may lose writes the replica had not received,
          * so the recovery is judged on writes made after it) */
         fill(fresh, 400, 1000 + (uint32_t)round);
-        store_prompt(&b, id++, fresh, 400);
+        sim_store_prompt(&b, id++, fresh, 400);
         ASSERT_OK(kvo_remote_tier_flush(t, 30000));
         kvo_store_clear(kvo_connector_store(b.c));
         bool hit = try_load(&b, id++, fresh, 400, &lr, &cp, NULL);
@@ -362,7 +357,7 @@ KVO_TEST(cluster_down_serves_host) {
     fill(t3, 400, 23);
     sim a;
     make_conn(&a, p, t, 50000);
-    store_prompt(&a, 1, t1, 400);
+    sim_store_prompt(&a, 1, t1, 400);
     ASSERT_OK(kvo_remote_tier_flush(t, 30000));
     stop_private();
     kvo_lookup_result lr;
@@ -375,7 +370,7 @@ KVO_TEST(cluster_down_serves_host) {
     ASSERT_EQ_INT(lr.status, KVO_HIT_NONE);
     /* stores still complete (host); the puts are lost and counted */
     uint64_t before = cstats(&a).chunks_stored;
-    store_prompt(&a, 4, t3, 400);
+    sim_store_prompt(&a, 4, t3, 400);
     ASSERT_GT_U64(cstats(&a).chunks_stored, before);
     ASSERT_OK(kvo_remote_tier_flush(t, 30000));
     ASSERT_GT_U64(stats(t).dropped_io + cstats(&a).remote_writes_dropped, 0);
