@@ -259,6 +259,42 @@ KVO_TEST(corrupt_value_fails_load) {
     kvo_plan_destroy(p);
 }
 
+/* A layout change that alters group 0's slot format: group 0 is neither
+ * put to nor looked up in a tier holding the first layout (group 1 still
+ * is); going back to the first layout uses the remote values again. */
+KVO_TEST(layout_change_follows_tier_format) {
+    fx f;
+    fx_stored(&f, shared_port(), prefix("conn-layout"), 3);
+    kvo_connector_stats s0 = cstats(&f.a);
+    ASSERT_EQ_U64(s0.remote_writes, s0.chunks_stored);
+    sim_layout(&f.a, 1); /* group 0: K and V apart */
+    uint32_t other[400];
+    fill(other, 400, 4);
+    sim_store_prompt(&f.a, 2, other, 400);
+    ASSERT_OK(kvo_remote_tier_flush(f.t, 30000));
+    kvo_connector_stats s1 = cstats(&f.a);
+    uint64_t stored = s1.chunks_stored - s0.chunks_stored, put = s1.remote_writes - s0.remote_writes;
+    ASSERT_GT_U64(put, 0);        /* group 1 */
+    ASSERT_LT_U64(put, stored);   /* not group 0 */
+    ASSERT_EQ_U64(s1.remote_writes_dropped, 0);
+    /* host forgets; the full group's chunks are not asked for remotely:
+     * no hit */
+    kvo_store_clear(kvo_connector_store(f.a.c));
+    kvo_lookup_result lr;
+    kvo_completion cp;
+    ASSERT_TRUE(!try_load(&f.a, 3, f.tok, 400, &lr, &cp, NULL));
+    ASSERT_EQ_U64(cstats(&f.a).remote_reads, 0);
+    /* the first layout again: the values stored under it load byte-exact */
+    sim_layout(&f.a, 0);
+    kvo_store_clear(kvo_connector_store(f.a.c));
+    ASSERT_TRUE(try_load(&f.a, 4, f.tok, 400, &lr, &cp, NULL));
+    ASSERT_EQ_INT(cp.status, 0);
+    ASSERT_EQ_U64(lr.tokens_remote, 384);
+    sim_destroy(&f.a);
+    kvo_remote_tier_destroy(f.t);
+    kvo_plan_destroy(f.p);
+}
+
 static bool port_is_master(int port) {
     char *out = NULL;
     if (rcli(port, NULL, "role", &out) != 0 || !out) {
