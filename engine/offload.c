@@ -331,7 +331,7 @@ static int kvo__conn_remote(kvo_eng_conn *c) {
     const kvo_segment *sg = kvo_eng_segments(c->e, &nseg);
     int rc = kvo_layout_hash(c->plan, sg, nseg, &rp.layout_hash);
     if (!rc) rc = kvo_remote_tier_create(&rp, &c->rt);
-    return rc ? kvo__eng_lib_error(rc, "offload: remote tier") : 0;
+    return rc ? kvo__eng_lib_error(rc, "offload") : 0;
 }
 
 int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *prm, kvo_eng_conn **out) {

@@ -420,6 +420,40 @@ KVO_TEST(cluster_down_serves_host) {
     kvo_plan_destroy(p);
 }
 
+/* remote_url and remote_key_prefix of a JSON config reach the tier's
+ * params, remote_lookup_budget_us the connector's; the demo takes them
+ * from --config (no cluster needed: its error names the seed). */
+KVO_TEST(config_remote_fields) {
+    const char *json = "{\"remote_url\": \"redis://127.0.0.1:1,127.0.0.1:2\", \"remote_key_prefix\": \"tenant-a\","
+                       " \"remote_lookup_budget_us\": 5000}";
+    kvo_config *cfg = NULL;
+    ASSERT_OK(kvo_config_from_json(json, strlen(json), &cfg));
+    kvo_remote_tier_params rp = kvo_remote_tier_default_params();
+    ASSERT_OK(kvo_config_apply_remote_tier(cfg, &rp));
+    ASSERT_EQ_STR(rp.url, "redis://127.0.0.1:1,127.0.0.1:2");
+    ASSERT_EQ_STR(rp.key_prefix, "tenant-a");
+    ASSERT_EQ_STR(kvo_config_remote_url(cfg), "redis://127.0.0.1:1,127.0.0.1:2");
+    kvo_connector_params cp = kvo_connector_default_params();
+    ASSERT_EQ_U64(cp.remote_lookup_budget_us, 20000);
+    ASSERT_OK(kvo_config_apply_connector(cfg, &cp));
+    ASSERT_EQ_U64(cp.remote_lookup_budget_us, 5000);
+    kvo_config_destroy(cfg);
+#if KVO_HAVE_REDIS
+    /* the demo with that config tries those seeds (nothing listens there) */
+    char path[600], cmd[1400], *out = NULL;
+    snprintf(path, sizeof path, "%s/remote.json", kvo_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    ASSERT_NOT_NULL(f);
+    fputs(json, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "'%s' demo --config '%s' --requests 2 --quiet 2>&1", KVO_CLI_PATH, path);
+    ASSERT_TRUE(kvo_test_run(cmd, &out) != 0);
+    ASSERT_NOT_NULL(out);
+    if (!strstr(out, "cannot connect to 127.0.0.1:")) FAILF("the demo did not try the configured seeds: %s", out);
+    free(out);
+#endif
+}
+
 /* The number after "key": in the text after "after" (0 when absent). */
 static unsigned long long json_num(const char *s, const char *after, const char *key) {
     const char *o = after ? strstr(s, after) : s;

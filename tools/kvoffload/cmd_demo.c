@@ -59,7 +59,8 @@ static void kvo__demo_usage(FILE *f) {
             "  --seed N           weights seed (default 1234)\n"
             "  --json             print the figures as one JSON object\n"
             "  --quiet            no progress on stderr\n"
-            "  --config FILE      take chunk size, host and file tier sizes, file directory and mode from a\n"
+            "  --config FILE      take chunk size, host and file tier sizes, file directory and mode (and\n"
+            "                     remote_url, remote_key_prefix) from a\n"
             "                     kvo_config JSON file (docs/config.md; vLLM and LMCache names work);\n"
             "                     options given on the command line win\n"
             "Options take their value as --opt VALUE or --opt=VALUE.\n"
@@ -194,6 +195,19 @@ static int kvo__demo_config(const char *path, const kvo__demo_opts *o, const boo
         *o->file_dir = dir;
     }
     if (fp.quota_bytes && !given['F']) *o->file_mib = (fp.quota_bytes + (1u << 20) - 1) >> 20;
+    kvo_remote_tier_params rp = kvo_remote_tier_default_params();
+    rp.url = NULL;
+    rp.key_prefix = NULL;
+    kvo_config_apply_remote_tier(cfg, &rp);
+    static char url[1024], pfx[128];
+    if (rp.url && !given['R']) {
+        snprintf(url, sizeof url, "%s", rp.url);
+        *o->remote = url;
+    }
+    if (rp.key_prefix && !given['P']) {
+        snprintf(pfx, sizeof pfx, "%s", rp.key_prefix);
+        *o->remote_prefix = pfx;
+    }
     kvo_config_destroy(cfg);
     return 0;
 }
@@ -266,11 +280,13 @@ static int kvo__demo_options(int argc, char **argv, const kvo__demo_opts *o) {
         fprintf(stderr, "kvoffload demo: unexpected argument '%s' (kvoffload demo --help)\n", argv[optind]);
         return KVO_EXIT_USAGE;
     }
+    if (config && (rc = kvo__demo_config(config, o, given)) != 0) return rc;
     if ((given['P'] || given['p']) && !*o->remote) {
-        fprintf(stderr, "kvoffload demo: --%s needs --remote redis://host:port\n", given['p'] ? "phase" : "remote-prefix");
+        fprintf(stderr, "kvoffload demo: --%s needs --remote redis://host:port (or remote_url in --config)\n",
+                given['p'] ? "phase" : "remote-prefix");
         return KVO_EXIT_USAGE;
     }
-    return config ? kvo__demo_config(config, o, given) : 0;
+    return 0;
 }
 
 /* --remote, phase both: engine A (its own engine and connector, empty host
