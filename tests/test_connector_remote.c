@@ -478,8 +478,8 @@ KVO_TEST(cli_two_processes) {
     char pbuf[96];
     snprintf(pbuf, sizeof pbuf, "%s", pfx);
     snprintf(args, sizeof args,
-             "demo --remote redis://127.0.0.1:%d --remote-prefix %s --phase store --requests 12 --file-mib 0 "
-             "--json --quiet",
+             "demo --remote redis://127.0.0.1:%d --remote-prefix %s --phase store --requests 6 --max-blocks 16 "
+             "--file-mib 0 --json --quiet",
              port, pbuf);
     char *out = run_cli(args);
     ASSERT_NOT_NULL(strstr(out, "\"match\":true"));
@@ -487,8 +487,8 @@ KVO_TEST(cli_two_processes) {
     ASSERT_EQ_U64(json_num(out, "\"offload\":{", "\"tokens_loaded_remote\":"), 0);
     free(out);
     snprintf(args, sizeof args,
-             "demo --remote redis://127.0.0.1:%d --remote-prefix %s --phase load --requests 12 --file-mib 0 "
-             "--json --quiet",
+             "demo --remote redis://127.0.0.1:%d --remote-prefix %s --phase load --requests 6 --max-blocks 16 "
+             "--file-mib 0 --json --quiet",
              port, pbuf);
     out = run_cli(args);
     ASSERT_NOT_NULL(strstr(out, "\"match\":true"));
@@ -517,7 +517,8 @@ KVO_TEST(demo_match_through_node_kill) {
     char cmd[1024], outp[600];
     snprintf(outp, sizeof outp, "%s/demo.json", kvo_test_tmpdir());
     snprintf(cmd, sizeof cmd,
-             "'%s' demo --remote redis://127.0.0.1:%d --requests 24 --file-mib 0 --json --quiet > '%s' 2>&1",
+             "'%s' demo --remote redis://127.0.0.1:%d --requests 16 --max-blocks 32 --file-mib 0 --json --quiet "
+             "> '%s' 2>&1",
              KVO_CLI_PATH, base, outp);
     pid_t child = fork();
     ASSERT_TRUE(child >= 0);

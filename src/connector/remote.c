@@ -177,7 +177,8 @@ void kvo__conn_remote_poll(kvo_connector *c) {
                 /* EIO (node down) counts as absent for the TTL: no query
                  * storm against a dead node, no wait */
                 kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&x->key));
-                if (e && e->a == RP_INFLIGHT) kvo__rpres_set(c, &x->key, x->result == 0 ? RP_PRESENT : RP_ABSENT, false);
+                if (e && e->a == RP_INFLIGHT)
+                    kvo__rpres_set(c, &x->key, x->result == 0 ? RP_PRESENT : RP_ABSENT, false);
             } else if (x->op == KVO_REMOTE_OP_GET) {
                 if (c->remote_reads_inflight) c->remote_reads_inflight--;
                 if (x->result) kvo__rpres_set(c, &x->key, RP_ABSENT, true);

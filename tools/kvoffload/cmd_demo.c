@@ -510,7 +510,8 @@ int kvo_cmd_demo(int argc, char **argv) {
         for (int k = 0; k < 2; k++) {
             const kvo__demo_sum *s = ss[k];
             printf("\"%s\":{\"tokens_computed\":%llu,\"tokens_engine_cache\":%llu,\"tokens_loaded_host\":%llu,"
-                   "\"tokens_loaded_file\":%llu,\"tokens_loaded_remote\":%llu,\"load_failures\":%llu,\"ttft_mean_ms\":%.3f,\"ttft_p50_ms\":%.3f,"
+                   "\"tokens_loaded_file\":%llu,\"tokens_loaded_remote\":%llu,\"load_failures\":%llu,"
+                   "\"ttft_mean_ms\":%.3f,\"ttft_p50_ms\":%.3f,"
                    "\"ttft_p99_ms\":%.3f,\"wall_s\":%.3f,\"tokens_per_s\":%.1f,\"bytes_loaded\":%llu,"
                    "\"bytes_stored\":%llu},",
                    names[k], (unsigned long long)s->computed, (unsigned long long)s->local,
