@@ -167,7 +167,8 @@ struct kvo_eng_result {
     uint32_t tokens_local;     /* prompt tokens reused from engine blocks */
     uint32_t tokens_loaded;    /* prompt tokens loaded through offload */
     uint32_t tokens_computed;  /* prompt tokens computed */
-    uint32_t tokens_loaded_file; /* of tokens_loaded: some chunk came from the file tier */
+    uint32_t tokens_loaded_file; /* of tokens_loaded: some chunk came from the file tier
+                                    (and none from the remote tier) */
     uint32_t load_failures;    /* loads that fell back to recompute */
     uint64_t bytes_loaded;     /* offload bytes copied in / out for this request */
     uint64_t bytes_stored;
@@ -176,6 +177,7 @@ struct kvo_eng_result {
     double ttft_s;             /* arrival to first token */
     double e2e_s;              /* arrival to last token */
     double queue_s;            /* arrival to admission (of ttft_s) */
+    uint32_t tokens_loaded_remote; /* of tokens_loaded: some chunk came from the remote tier */
 };
 
 typedef struct kvo_eng_run_params {

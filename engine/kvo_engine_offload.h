@@ -1,6 +1,7 @@
 /*
  * The reference engine wired to the kvoffload connector: a host tier (and
- * optionally a file tier) behind the engine's offload hooks.
+ * optionally a file tier and a remote tier) behind the engine's offload
+ * hooks.
  *
  * kvo_eng_conn owns the chunk plan (built from the engine's model), the
  * connector (host arena, store, transfer engine) and, when file_dir is given,
@@ -29,6 +30,10 @@ typedef struct kvo_eng_conn_params {
     kvo_file_mode file_mode;   /* write-through (default) or write-back
                                   (kvo_connector_params.file_mode; write-back
                                   persists host chunks at destroy) */
+    const char *remote_url;    /* remote tier (Redis Cluster) seed nodes,
+                                  redis://host:port[,...]; NULL = none */
+    const char *remote_prefix; /* its key namespace; NULL = the tier's
+                                  default ("kvo") */
     bool verify_checksums;     /* connector verifies host chunks on load */
     uint32_t transfer_threads; /* default 2 */
     uint32_t fail_every_load;  /* tests: report every k-th completed load as
@@ -48,7 +53,8 @@ typedef struct kvo_eng_conn kvo_eng_conn;
 /** Build the plan, the file tier (if asked) and the connector, register the
  *  engine's layout.  Errors: the library's (message passed on). */
 int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *p, kvo_eng_conn **out);
-/** Wait for copies, destroy connector and file tier (files stay). */
+/** Wait for copies, destroy connector, file and remote tiers (files and
+ *  remote values stay). */
 void kvo_eng_conn_destroy(kvo_eng_conn *c);
 /** The hooks to put in kvo_eng_run_params.offload; valid while c lives. */
 const kvo_eng_offload *kvo_eng_conn_offload(kvo_eng_conn *c);
@@ -57,8 +63,9 @@ kvo_connector *kvo_eng_conn_connector(kvo_eng_conn *c);
 /** The largest tokens_per_chunk of the plan: use as release_align. */
 uint64_t kvo_eng_conn_chunk_tokens(const kvo_eng_conn *c);
 /** Settle every store (poll until no host-tier entry is PENDING, so each
- *  stored chunk is complete and checksummed), then, with a file tier, wait
- *  until file-tier writes are on disk (before a restart); in write-back mode
+ *  stored chunk is complete and checksummed), then, with a remote tier, wait
+ *  until its queued puts are sent, and with a file tier until file-tier
+ *  writes are on disk (before a restart); in write-back mode
  *  first write the host tier's chunks the file tier lacks
  *  (kvo_connector_flush_to_file).  0 or error (KVO_ETIMEDOUT after 60 s). */
 int kvo_eng_conn_flush(kvo_eng_conn *c);

@@ -26,6 +26,7 @@
 
 #include "engine_internal.h"
 #include "kvo_engine_offload.h"
+#include "kvoffload/kvo_remote_tier.h"
 
 typedef struct kvo__conn_req {
     uint64_t id;
@@ -41,6 +42,7 @@ struct kvo_eng_conn {
     kvo_plan *plan;
     kvo_connector *conn;
     kvo_file_tier *ft;
+    kvo_remote_tier *rt;
     kvo_eng_offload ops;
     uint32_t G;
     kvo_eng_conn_params p;
@@ -261,6 +263,7 @@ static int kvo__h_finish(void *ctx, kvo_eng_req *r) {
         kvo_eng_result *res = kvo_eng_req_result(r);
         if (!kvo_connector_request_stats(c->conn, q->id, &st)) {
             res->tokens_loaded_file = (uint32_t)st.tokens_loaded_file;
+            res->tokens_loaded_remote = (uint32_t)st.tokens_loaded_remote;
             res->bytes_loaded = st.bytes_loaded;
             res->bytes_stored = st.bytes_stored;
         }
@@ -316,6 +319,21 @@ static int kvo__conn_plan(kvo_eng_conn *c) {
     return kvo_plan_create(m, &pp, &c->plan);
 }
 
+/* The remote tier of params.remote_url, namespaced by the engine's layout
+ * like the file tier (engines with other segment lists never share
+ * values). */
+static int kvo__conn_remote(kvo_eng_conn *c) {
+    kvo_remote_tier_params rp = kvo_remote_tier_default_params();
+    rp.url = c->p.remote_url;
+    rp.plan = c->plan;
+    if (c->p.remote_prefix) rp.key_prefix = c->p.remote_prefix;
+    size_t nseg = 0;
+    const kvo_segment *sg = kvo_eng_segments(c->e, &nseg);
+    int rc = kvo_layout_hash(c->plan, sg, nseg, &rp.layout_hash);
+    if (!rc) rc = kvo_remote_tier_create(&rp, &c->rt);
+    return rc ? kvo__eng_lib_error(rc, "offload") : 0;
+}
+
 int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *prm, kvo_eng_conn **out) {
     if (!e || !out) return kvo__eng_error(KVO_EINVAL, "kvo_eng_conn_create: NULL argument");
     kvo_eng_conn *c = calloc(1, sizeof *c);
@@ -344,8 +362,10 @@ int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *prm, kvo_eng_conn
             goto fail;
         }
     }
+    if (c->p.remote_url && (rc = kvo__conn_remote(c)) != 0) goto fail;
     kvo_connector_params cp = kvo_connector_default_params();
     cp.plan = c->plan;
+    cp.remote_tier = c->rt;
     cp.host_bytes = c->p.host_bytes;
     cp.file_tier = c->ft;
     cp.file_mode = c->p.file_mode;
@@ -382,6 +402,7 @@ void kvo_eng_conn_destroy(kvo_eng_conn *c) {
     if (!c) return;
     kvo_connector_destroy(c->conn);
     kvo_file_tier_destroy(c->ft);
+    kvo_remote_tier_destroy(c->rt);
     kvo_plan_destroy(c->plan);
     free(c->reqs);
     free(c);
@@ -416,6 +437,8 @@ int kvo_eng_conn_flush(kvo_eng_conn *c) {
         struct pollfd pfd = {kvo_connector_event_fd(c->conn), POLLIN, 0};
         (void)poll(&pfd, 1, 10);
     }
+    if (c->rt && kvo_remote_tier_flush(c->rt, 60000))
+        return kvo__eng_error(KVO_ETIMEDOUT, "offload: remote puts still queued after 60 s");
     if (!c->ft) return 0;
     int rc = c->p.file_mode == KVO_FILE_WRITE_BACK ? kvo_connector_flush_to_file(c->conn, 60000, NULL)
                                                    : kvo_file_tier_flush(c->ft, 60000);

@@ -321,4 +321,42 @@ static inline void sim_drain(sim *s) {
     FAILF("transfers never drained");
 }
 
+/* Register the sim's memory again with each layer's page of the groups in
+ * mask split into two segments (K: the first half, V: the rest), or (mask
+ * 0) as one segment per layer, as sim_init does.  The bytes per block stay
+ * the same; the slot format of split groups changes. */
+static inline void sim_layout(sim *s, uint64_t split_mask) {
+    kvo_segment segs[64];
+    size_t ns = 0;
+    for (size_t g = 0; g < s->ng; g++) {
+        uint64_t P = s->page[g], h = P / 2;
+        for (uint32_t l = 0; l < s->layers[g]; l++) {
+            uint8_t *base = s->mem[g] + (uint64_t)l * s->nblocks * P;
+            if ((split_mask >> g) & 1) {
+                segs[ns++] = (kvo_segment){(uint32_t)g, base, s->nblocks, P, h};
+                segs[ns++] = (kvo_segment){(uint32_t)g, base + h, s->nblocks, P, P - h};
+            } else {
+                segs[ns++] = (kvo_segment){(uint32_t)g, base, s->nblocks, P, P};
+            }
+        }
+    }
+    ASSERT_OK(kvo_connector_set_layout(s->c, segs, ns));
+}
+
+/* Store the n tokens tok through request id: compute, finish, wait until
+ * its stores completed (RELEASED). */
+static inline void sim_store_prompt(sim *s, uint64_t id, const uint32_t *tok, size_t n) {
+    sim_req r;
+    sim_req_init(&r, id);
+    sim_req_tokens(&r, tok, n);
+    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
+    sim_compute(s, &r, n);
+    kvo_block_table tb[SIM_MAXG];
+    sim_tables(s, &r, tb);
+    bool busy;
+    ASSERT_OK(kvo_connector_finish(s->c, id, n, tb, s->ng, &busy));
+    if (busy) (void)sim_wait_completion(s, id, KVO_COMPLETION_RELEASED);
+    sim_req_free(s, &r);
+}
+
 #endif

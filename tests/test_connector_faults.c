@@ -56,17 +56,7 @@ static void check_loaded(sim *s, sim_req *r, uint64_t b) {
 /* Store n tokens through request id (compute, finish), wait for the stores;
  * with a tier, also for its writes. */
 static void store_prompt(sim *s, kvo_file_tier *t, uint64_t id, const uint32_t *tok, size_t n) {
-    sim_req r;
-    sim_req_init(&r, id);
-    sim_req_tokens(&r, tok, n);
-    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
-    sim_compute(s, &r, n);
-    kvo_block_table tb[SIM_MAXG];
-    sim_tables(s, &r, tb);
-    bool busy;
-    ASSERT_OK(kvo_connector_finish(s->c, id, n, tb, s->ng, &busy));
-    if (busy) (void)sim_wait_completion(s, id, KVO_COMPLETION_RELEASED);
-    sim_req_free(s, &r);
+    sim_store_prompt(s, id, tok, n);
     if (t) ASSERT_OK(kvo_file_tier_flush(t, -1));
 }
 
@@ -266,28 +256,6 @@ KVO_TEST(abort_drops_queued_completion_before_id_reuse) {
 }
 
 /* ------------------------------------------------ 2. layout changes -- */
-
-/* Register the sim's memory again with each layer's page of the groups in
- * mask split into two segments (K: the first half, V: the rest), or (mask
- * 0) as one segment per layer, as sim_init does.  The bytes per block stay
- * the same; the slot format of split groups changes. */
-static void sim_layout(sim *s, uint64_t split_mask) {
-    kvo_segment segs[64];
-    size_t ns = 0;
-    for (size_t g = 0; g < s->ng; g++) {
-        uint64_t P = s->page[g], h = P / 2;
-        for (uint32_t l = 0; l < s->layers[g]; l++) {
-            uint8_t *base = s->mem[g] + (uint64_t)l * s->nblocks * P;
-            if ((split_mask >> g) & 1) {
-                segs[ns++] = (kvo_segment){(uint32_t)g, base, s->nblocks, P, h};
-                segs[ns++] = (kvo_segment){(uint32_t)g, base + h, s->nblocks, P, P - h};
-            } else {
-                segs[ns++] = (kvo_segment){(uint32_t)g, base, s->nblocks, P, P};
-            }
-        }
-    }
-    ASSERT_OK(kvo_connector_set_layout(s->c, segs, ns));
-}
 
 static uint64_t layout_hash_of(sim *s, uint64_t split_mask) {
     uint64_t h = 0;

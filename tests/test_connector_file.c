@@ -55,17 +55,7 @@ static void fill(uint32_t *t, size_t n, uint32_t salt) {
 /* Store n tokens through request id, finish it, wait until the files are
  * written. */
 static void store_prompt(sim *s, kvo_file_tier *t, uint64_t id, const uint32_t *tok, size_t n) {
-    sim_req r;
-    sim_req_init(&r, id);
-    sim_req_tokens(&r, tok, n);
-    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
-    sim_compute(s, &r, n);
-    kvo_block_table tb[SIM_MAXG];
-    sim_tables(s, &r, tb);
-    bool busy;
-    ASSERT_OK(kvo_connector_finish(s->c, id, n, tb, s->ng, &busy));
-    if (busy) (void)sim_wait_completion(s, id, KVO_COMPLETION_RELEASED);
-    sim_req_free(s, &r);
+    sim_store_prompt(s, id, tok, n);
     ASSERT_OK(kvo_file_tier_flush(t, -1));
 }
 

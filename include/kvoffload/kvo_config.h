@@ -34,6 +34,7 @@
 #include "kvo_common.h"
 #include "kvo_geometry.h"
 #include "kvo_file_tier.h"
+#include "kvo_remote_tier.h"
 #include "kvo_connector.h"
 
 #ifdef __cplusplus
@@ -86,10 +87,17 @@ KVO_API bool kvo_config_has_file_tier(const kvo_config *c);
  *  given.  Valid while c lives. */
 KVO_API const char *kvo_config_model(const kvo_config *c);
 
-/** LMCache's remote_url (e.g. "redis://host:6379"), or NULL.  Recorded for
- *  the remote tier; this release has no remote tier and does not use it.
- *  Valid while c lives. */
+/** LMCache's remote_url (e.g. "redis://host:7000[,host:port...]"), or NULL:
+ *  the remote tier's seed nodes (kvo_remote_tier.h).  Valid while c lives. */
 KVO_API const char *kvo_config_remote_url(const kvo_config *c);
+
+/** Overwrite the remote-tier fields the config sets (url from remote_url,
+ *  key_prefix from remote_key_prefix); they point into the config (the
+ *  tier copies them at create).  plan and layout_hash are never touched:
+ *  the caller creates the tier (when kvo_config_remote_url is not NULL) and
+ *  passes it in kvo_connector_params.remote_tier.  Errors: KVO_EINVAL for
+ *  a NULL argument. */
+KVO_API int kvo_config_apply_remote_tier(const kvo_config *c, kvo_remote_tier_params *p);
 
 /** Number of keys the loader knows, and key i's name (NULL past the end):
  *  for help texts and the docs table test.  Static storage. */

@@ -4,7 +4,8 @@
  *
  * One kvo_connector serves one engine instance (one plan, one engine KV
  * layout).  It owns a host arena + kvo_store (the host tier) and a
- * kvo_transfer engine; a kvo_file_tier may be attached behind the host tier.
+ * kvo_transfer engine; a kvo_file_tier and a kvo_remote_tier may be attached
+ * behind the host tier (lookup order host -> file -> remote).
  *
  * Request lifecycle (vLLM-like scheduler/worker split; both halves may run in
  * different threads of one process):
@@ -87,6 +88,8 @@ extern "C" {
 /* Declared again here so that this header does not depend on the file-tier
  * header's contents (identical typedefs are allowed in C11). */
 typedef struct kvo_file_tier kvo_file_tier;
+/* The remote tier (kvo_remote_tier.h); only a pointer is kept here. */
+typedef struct kvo_remote_tier kvo_remote_tier;
 
 /** Block table entry for a block the engine does not hold. */
 #define KVO_NO_BLOCK UINT64_MAX
@@ -277,6 +280,25 @@ typedef struct kvo_connector_params {
                                      write up to host_bytes to the file
                                      system at destroy */
     uint32_t max_requests;        /* request table size; default 4096 */
+    /* Remote tier (optional, kvo_remote_tier.h): created and destroyed by
+     * the caller (leave its write_completions off), must outlive the
+     * connector; the connector consumes all of its completions.  Every
+     * chunk stored in the host tier is put to it once its host store
+     * completes (write-through, whatever file_mode says); puts the tier
+     * drops (back-pressure, a node down) are counted, never an error.
+     * Chunks neither host nor file holds are asked for with asynchronous
+     * EXISTS queries; present ones are read remote -> host slot -> engine
+     * like file hits (docs/remote-tier.md). */
+    kvo_remote_tier *remote_tier;
+    uint32_t remote_lookup_budget_us; /* how long lookups of one request may
+                                     answer KVO_HIT_PENDING while remote
+                                     presence queries run; after that,
+                                     lookup answers what host and file
+                                     serve (the queries keep running and a
+                                     later lookup may use them).  0: never
+                                     wait.  Default 20000 (20 ms) */
+    uint32_t remote_exists_ttl_ms; /* how long an EXISTS answer is reused by
+                                     later lookups; default 1000 */
 } kvo_connector_params;
 
 KVO_API kvo_connector_params kvo_connector_default_params(void);
@@ -411,9 +433,13 @@ typedef struct kvo_lookup_result {
     uint64_t local_tokens;      /* as passed */
     uint64_t tokens_host;       /* of [local, tokens): tokens all of whose
                                    chunks are in host memory */
-    uint64_t tokens_file;       /* ... that need at least one file-tier chunk */
+    uint64_t tokens_file;       /* ... that need at least one file-tier chunk
+                                   and no remote one */
     int32_t limiting_group;     /* kvo_agree_result.limiting_group */
     kvo_agree_reason reason;
+    uint64_t tokens_remote;     /* ... that need at least one remote chunk */
+    bool remote_pending;        /* the PENDING status (or part of it) is
+                                   remote presence queries in flight */
 } kvo_lookup_result;
 
 /** How many tokens of the request's current sequence (the prompt, or after a
@@ -430,7 +456,13 @@ typedef struct kvo_lookup_result {
  *  completion comes later; a failed read fails the load with tokens_valid =
  *  local_tokens and nothing written).  Those files are pinned in the file
  *  tier while the host slots for them are reserved, so a write-back that
- *  reservation causes never evicts them.
+ *  reservation causes never evicts them.  With a remote tier, chunks
+ *  neither host nor file holds are asked for with EXISTS queries that run
+ *  asynchronously: while some that could lengthen the hit are in flight,
+ *  lookup answers KVO_HIT_PENDING (remote_pending set: ask again), for at
+ *  most params.remote_lookup_budget_us per request, then what host and file
+ *  serve.  A hit on remote chunks reads them into host slots at once
+ *  (remote -> host, like file reads; a read that fails fails the load).
  *  Errors: KVO_ENOTFOUND (id), KVO_ESTATE (a load of the request in flight,
  *  or finished), KVO_EINVAL (local_tokens not a multiple of the step or beyond
  *  the sequence). */
@@ -555,12 +587,13 @@ typedef struct kvo_completion {
  *  finishes file reads and
  *  submits the loads that waited for them) and move up to cap completions for
  *  the engine to out; returns the count.  Call every step (or when event_fd
- *  is readable).  With a file tier, the connector consumes all of the tier's
+ *  is readable).  With a file or remote tier, the connector consumes all of the tier's
  *  completions (leave its write_completions off). */
 KVO_API size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap);
 
 /** A file descriptor readable when poll may have work (the transfer engine's
- *  eventfd; with a file tier, also watch kvo_file_tier_event_fd).  Owned by
+ *  eventfd; with a file tier, also watch kvo_file_tier_event_fd, with a
+ *  remote tier kvo_remote_tier_event_fd).  Owned by
  *  the connector. */
 KVO_API int kvo_connector_event_fd(const kvo_connector *c);
 
@@ -579,12 +612,16 @@ typedef struct kvo_request_stats {
     uint64_t local_tokens;        /* engine's own prefix at the last load */
     uint64_t tokens_loaded;       /* valid loaded tokens (all loads) */
     uint64_t tokens_loaded_host;  /* of which all chunks came from host */
-    uint64_t tokens_loaded_file;  /* of which some chunk came from a file */
+    uint64_t tokens_loaded_file;  /* of which some chunk came from a file
+                                     (and none from the remote tier) */
     uint64_t tokens_computed;     /* prompt tokens the engine computed */
     uint64_t bytes_loaded, bytes_stored;
     uint64_t chunks_loaded, chunks_stored;
     uint64_t stores_skipped;      /* no room (pinned/pending) or queue full */
     uint64_t load_failures;
+    uint64_t tokens_loaded_remote; /* of tokens_loaded: some chunk came from
+                                      the remote tier (then not counted in
+                                      tokens_loaded_file) */
 } kvo_request_stats;
 
 /** Statistics of a live (or finished, not yet retired) request.
@@ -609,6 +646,21 @@ typedef struct kvo_connector_stats {
                                      queued writes, e.g. ENOSPC, are in the
                                      tier's own statistics) */
     kvo_store_stats host;
+    /* remote tier */
+    uint64_t tokens_loaded_remote; /* of tokens_loaded (not in _file) */
+    uint64_t remote_reads, remote_read_bytes; /* chunks read into host slots */
+    uint64_t remote_read_failures; /* reads that failed (absent, corrupt,
+                                      node down): those loads failed */
+    uint64_t remote_writes, remote_write_bytes; /* puts queued */
+    uint64_t remote_writes_dropped; /* refused by the tier: back-pressure,
+                                       closing (failures of queued puts are
+                                       in the tier's own statistics) */
+    uint64_t remote_exists;       /* presence queries queued */
+    uint64_t remote_exists_refused; /* not queued (too many in flight) */
+    uint64_t remote_lookups_pending; /* lookups answered PENDING because of
+                                        remote queries */
+    uint64_t remote_budget_expired; /* lookups that answered without the
+                                       remote queries still running */
 } kvo_connector_stats;
 
 KVO_API int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);

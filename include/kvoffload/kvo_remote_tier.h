@@ -190,6 +190,10 @@ KVO_API int kvo_remote_tier_flush(kvo_remote_tier *t, int timeout_ms);
  *  fit (128 bytes always do).  For tools and tests. */
 KVO_API int kvo_remote_tier_key_name(const kvo_remote_tier *t, const kvo_chunk_key *key, char *out, size_t cap);
 
+/** The layout hash the tier was created with (params.layout_hash; 0 = not
+ *  namespaced by layout, or NULL).  Any thread. */
+KVO_API uint64_t kvo_remote_tier_layout_hash(const kvo_remote_tier *t);
+
 /** The cluster hash slot (0..16383) of a key name: CRC16-CCITT (XMODEM) of
  *  the key, or of its hash tag (the part between the first '{' and the
  *  next '}' when not empty), modulo 16384.  Any thread. */

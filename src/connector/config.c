@@ -27,6 +27,7 @@
 #include <jansson.h>
 
 #include "core/internal.h"
+#include "kvoffload/kvo_remote_tier.h"
 
 typedef enum kvo__cfg_field {
     F_MODEL, F_BLOCK_SIZE, F_BLOCKS_PER_CHUNK, F_TARGET_CHUNK_BYTES,
@@ -34,6 +35,7 @@ typedef enum kvo__cfg_field {
     F_PREFAULT, F_SHM_PATH, F_TRANSFER_THREADS, F_MAX_QUEUED_JOBS, F_SALT, F_MIN_HIT_TOKENS,
     F_SCRATCH_GROUPS, F_SLIDING_STORE, F_CHECKPOINT_INTERVAL, F_VERIFY_CHECKSUMS, F_MAX_REQUESTS,
     F_FILE_MODE, F_FILE_PERSIST, F_FILE_ROOT, F_FILE_QUOTA, F_REMOTE_URL, F_LOCAL_CPU,
+    F_REMOTE_PREFIX, F_REMOTE_BUDGET,
     F_IGNORED, F_NESTED,
     KVO__CFG_NFIELDS
 } kvo__cfg_field;
@@ -86,6 +88,8 @@ static const kvo__cfg_key kvo__keys[] = {
     {"file_persist_on_destroy", F_FILE_PERSIST, T_BOOL},
     {"file_root", F_FILE_ROOT, T_STR},
     {"file_quota_bytes", F_FILE_QUOTA, T_U64},
+    {"remote_key_prefix", F_REMOTE_PREFIX, T_STR},
+    {"remote_lookup_budget_us", F_REMOTE_BUDGET, T_U32},
     /* vLLM kv_connector_extra_config */
     {"cpu_bytes_to_use", F_HOST_BYTES, T_U64},
     {"eviction_policy", F_POLICY, T_POLICY},
@@ -351,6 +355,7 @@ int kvo_config_apply_connector(const kvo_config *c, kvo_connector_params *p) {
     if (KVO__HAS(c, F_MAX_REQUESTS)) p->max_requests = (uint32_t)u[F_MAX_REQUESTS];
     if (KVO__HAS(c, F_FILE_MODE)) p->file_mode = (kvo_file_mode)u[F_FILE_MODE];
     if (KVO__HAS(c, F_FILE_PERSIST)) p->file_persist_on_destroy = u[F_FILE_PERSIST];
+    if (KVO__HAS(c, F_REMOTE_BUDGET)) p->remote_lookup_budget_us = (uint32_t)u[F_REMOTE_BUDGET];
     return 0;
 }
 
@@ -358,6 +363,13 @@ int kvo_config_apply_file_tier(const kvo_config *c, kvo_file_tier_params *p) {
     if (!c || !p) return kvo__error(KVO_EINVAL, "kvo_config_apply_file_tier: config and params must not be NULL");
     if (kvo_config_has_file_tier(c)) p->root = c->s[F_FILE_ROOT];
     if (KVO__HAS(c, F_FILE_QUOTA)) p->quota_bytes = c->u[F_FILE_QUOTA];
+    return 0;
+}
+
+int kvo_config_apply_remote_tier(const kvo_config *c, kvo_remote_tier_params *p) {
+    if (!c || !p) return kvo__error(KVO_EINVAL, "kvo_config_apply_remote_tier: config and params must not be NULL");
+    if (c->s[F_REMOTE_URL]) p->url = c->s[F_REMOTE_URL];
+    if (c->s[F_REMOTE_PREFIX]) p->key_prefix = c->s[F_REMOTE_PREFIX];
     return 0;
 }
 

@@ -12,6 +12,7 @@
  *   poll.c       the completion ring, transfer results, file-read results
  *   persist.c    file-tier hand-off: write-through, write-back, flush
  *   controls.c   per-request limits, the lookup cap, reset (epochs)
+ *   remote.c     remote-tier hand-off: presence queries, reads, puts
  * agree.c (the hit agreement) and map.c (the hash map) are helpers.
  * Functions shared between these files are named kvo__conn_* and declared
  * below; everything else is static.  Unless a comment says otherwise, a
@@ -55,6 +56,16 @@
  *    READY host slots only change under mu (prepare_store, remove), so
  *    flush_to_file copies them under mu without pinning.  Writes the tier
  *    refuses are counted (file_writes_dropped), never an error.
+ *  - Remote tier (remote.c, docs/remote-tier.md): behind host and file.
+ *    Stores are put to it write-through when their store job is polled
+ *    (the tier copies before returning; drops counted).  Lookup asks it
+ *    only with asynchronous EXISTS queries whose answers are kept for
+ *    remote_exists_ttl_ms in rpres; a chunk whose query runs is PENDING
+ *    (within the request's budget), a present one READY with TIER_REMOTE.
+ *    A hit reads remote chunks into reserved host slots exactly like file
+ *    reads (kvo__read records, the same deferred-load path); a get that
+ *    fails (absent, corrupt, node down) fails the load, never delivers
+ *    bytes.
  *
  * Invariants
  *  - A hit pinned by lookup is exactly the chunks that load will read; pins
@@ -115,19 +126,21 @@ int kvo__map_reserve(kvo__map *m, size_t extra);
 
 /* ---- the connector's records (see the design above) ---- */
 enum { REQ_ACTIVE = 0, REQ_LOADING = 1, REQ_FINISHED = 2 };
-enum { TIER_HOST = 0, TIER_FILE = 1 };
+enum { TIER_HOST = 0, TIER_FILE = 1, TIER_REMOTE = 2 };
 
 typedef struct kvo__hit_item {
     kvo_chunk_key key;
     kvo_slot slot;
     uint64_t chunk;
-    uint8_t tier;    /* where the data came from: TIER_HOST / TIER_FILE */
+    uint8_t tier;    /* where the data came from: TIER_HOST / _FILE / _REMOTE */
     uint8_t pinned;  /* pinned in the host store */
 } kvo__hit_item;
 
-/* A file-tier read into a host slot (PENDING in the host store until done). */
+/* A file-tier or remote-tier read into a host slot (PENDING in the host
+ * store until done). */
 typedef struct kvo__read {
     kvo_chunk_key key;
+    uint8_t tier;   /* TIER_FILE or TIER_REMOTE */
     kvo_slot slot;
     uint64_t req;
     uint32_t gen;
@@ -167,7 +180,10 @@ typedef struct kvo__req {
     bool hit_stale;       /* the pinned hit predates a reset: its load fails */
     /* the hit pinned by the last lookup */
     bool hit_pinned;
-    uint64_t hit_tokens, hit_local, hit_host_tokens, hit_file_tokens;
+    uint64_t hit_tokens, hit_local, hit_host_tokens, hit_file_tokens, hit_remote_tokens;
+    /* when lookups of this request began answering PENDING for remote
+     * presence queries (ns; 0: not waiting) */
+    uint64_t remote_wait_ns;
     kvo__hit_item *hit;
     size_t n_hit, cap_hit;
     /* copies in flight */
@@ -200,7 +216,7 @@ struct kvo__job {
      * load waiting for file reads can be submitted later */
     kvo_xfer_op *ops;
     uint64_t *eblk;
-    uint64_t tokens, local, host_tokens, file_tokens;
+    uint64_t tokens, local, host_tokens, file_tokens, remote_tokens;
 };
 
 struct kvo_connector {
@@ -227,6 +243,16 @@ struct kvo_connector {
     uint64_t lay_hash[KVO_MAX_GROUPS], lay_first[KVO_MAX_GROUPS], lay_blocks[KVO_MAX_GROUPS];
     uint32_t lay_epoch[KVO_MAX_GROUPS];
     uint64_t file_groups;
+    /* remote tier (remote.c): remote_groups like file_groups; rpres: the
+     * EXISTS answers by key digest (a: state, b: time of the answer) */
+    kvo_remote_tier *remote;
+    uint64_t remote_groups;
+    kvo__map rpres;
+    size_t remote_reads_inflight;
+    kvo_chunk_key *r_keys; /* scratch of remote queries (r_cap entries) */
+    size_t *r_idx;
+    int *r_res;
+    size_t r_cap;
     kvo__map reqs, jobs, blocks, reads;
     uint64_t next_read;
     /* completions for the engine (ring) */
@@ -362,6 +388,32 @@ uint64_t kvo__conn_bmax(const kvo_connector *c, const kvo__req *r, uint64_t L);
 void kvo__conn_req_controls(kvo_connector *c, kvo__req *r, const kvo_request_desc *d);
 /* Whether r may store chunks now (requests added before a reset may not). */
 static inline bool kvo__conn_may_store(const kvo_connector *c, const kvo__req *r) { return r->epoch == c->epoch; }
+
+/* ---- remote.c ---- */
+int kvo__conn_remote_init(kvo_connector *c);
+/* Wait for the remote reads into the arena still running, then free the
+ * remote state (destroy). */
+void kvo__conn_remote_free(kvo_connector *c);
+/* After the host and file lookups: the states of the nk chunks in s_keys
+ * that both missed, from the EXISTS answers (READY + TIER_REMOTE when
+ * present; PENDING while a query runs, within r's budget; otherwise MISS),
+ * queueing queries for keys without a fresh answer.  *pending: some chunk
+ * was made PENDING by a query. */
+void kvo__conn_remote_states(kvo_connector *c, kvo__req *r, const size_t *off, size_t nk, bool *pending);
+/* Queue remote gets of n keys into dsts (like kvo_file_tier_read). */
+int kvo__conn_remote_get(kvo_connector *c, const kvo_chunk_key *keys, void *const *dsts, size_t n,
+                         const uint64_t *ud, int *res, size_t *nq);
+/* Put n READY host chunks to the remote tier (write-through). */
+void kvo__conn_remote_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n);
+/* Consume the remote tier's completions (poll). */
+void kvo__conn_remote_poll(kvo_connector *c);
+/* Which groups a tier holds in the current layout (layout.c's rule), for a
+ * tier namespaced by tier_hash (0: not namespaced). */
+uint64_t kvo__conn_tier_groups(kvo_connector *c, uint64_t tier_hash);
+
+/* ---- poll.c: reads into host slots ---- */
+/* A file or remote read (user data ud) finished with result (bytes moved). */
+void kvo__conn_finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t bytes);
 
 /* ---- test hooks (create.c) ---- */
 /* The next n load jobs of c complete as failed (KVO_EIO) whatever the copy

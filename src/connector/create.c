@@ -29,6 +29,8 @@ kvo_connector_params kvo_connector_default_params(void) {
     p.max_requests = 4096;
     p.file_mode = KVO_FILE_WRITE_THROUGH;
     p.file_persist_on_destroy = true;
+    p.remote_lookup_budget_us = 20000;
+    p.remote_exists_ttl_ms = 1000;
     return p;
 }
 
@@ -83,6 +85,7 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     c->min_hit = p->min_hit_tokens ? p->min_hit_tokens : kvo__agree_min_hit_default(plan);
     c->fingerprint = kvo_plan_fingerprint(plan);
     c->file = p->file_tier;
+    c->remote = p->remote_tier;
     if (c->p.max_requests == 0) c->p.max_requests = 4096;
     pthread_mutex_init(&c->mu, NULL);
     int rc;
@@ -126,7 +129,8 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     if ((rc = kvo_transfer_create(&tp, &c->xfer))) goto fail;
 
     if ((rc = kvo__map_init(&c->reqs, 64)) || (rc = kvo__map_init(&c->jobs, 64)) ||
-        (rc = kvo__map_init(&c->blocks, 256)) || (rc = kvo__map_init(&c->reads, 64)))
+        (rc = kvo__map_init(&c->blocks, 256)) || (rc = kvo__map_init(&c->reads, 64)) ||
+        (rc = kvo__conn_remote_init(c)))
         goto fail;
     if (p->verify_checksums) {
         c->n_sums = (size_t)(kvo_arena_size(c->arena) / KVO_SLOT_ALIGN) + 1;
@@ -173,6 +177,7 @@ void kvo_connector_destroy(kvo_connector *c) {
         }
         kvo_transfer_destroy(c->xfer);
     }
+    kvo__conn_remote_free(c); /* remote reads land before the arena goes */
     kvo__drain_reads(c);
     if (c->reads.e)
         for (size_t i = 0; i < c->reads.cap; i++)

@@ -25,7 +25,9 @@
  *    for every group; an unnamespaced tier is taken to hold the layout of
  *    the first set_layout, so a group is read from and written to it only
  *    while its hash equals its first one.  Going back to that layout makes
- *    the files usable again.
+ *    the files usable again.  The remote tier follows the same rule
+ *    (remote_groups, kvo_remote_tier_layout_hash); its reads in flight
+ *    carry the group's epoch like file reads.
  * Groups whose format is unchanged keep everything.
  *
  * Locks: set_layout holds c->mu across kvo_transfer_set_layout, which waits
@@ -38,6 +40,7 @@
 #include <xxhash.h>
 
 #include "connector/connector_internal.h"
+#include "kvoffload/kvo_remote_tier.h"
 
 /* Per group: the format hash and the block count of a segment list
  * (validated by the transfer engine: one num_blocks per group). */
@@ -59,10 +62,10 @@ static void kvo__group_layouts(const kvo_connector *c, const kvo_segment *segs, 
     }
 }
 
-/* Which groups the file tier holds in the current format (see above). */
-static uint64_t kvo__file_groups(kvo_connector *c) {
-    if (!c->file) return 0;
-    uint64_t tier = kvo_file_tier_layout_hash(c->file), all = 0, mask = 0, mine = 0;
+/* Which groups a tier (file or remote) namespaced by layout hash `tier`
+ * (0: not namespaced) holds in the current format (see above). */
+uint64_t kvo__conn_tier_groups(kvo_connector *c, uint64_t tier) {
+    uint64_t all = 0, mask = 0, mine = 0;
     for (size_t g = 0; g < c->ng; g++) {
         all |= UINT64_C(1) << g;
         if (c->lay_hash[g] == c->lay_first[g]) mask |= UINT64_C(1) << g;
@@ -134,7 +137,8 @@ int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n
     memcpy(c->lay_hash, hash, c->ng * sizeof *hash);
     memcpy(c->lay_blocks, blocks, c->ng * sizeof *blocks);
     c->layout_set = true;
-    c->file_groups = kvo__file_groups(c);
+    c->file_groups = c->file ? kvo__conn_tier_groups(c, kvo_file_tier_layout_hash(c->file)) : 0;
+    c->remote_groups = c->remote ? kvo__conn_tier_groups(c, kvo_remote_tier_layout_hash(c->remote)) : 0;
     if (changed) kvo__invalidate(c, changed);
     kvo__conn_unlock(c);
     return 0;

@@ -1,14 +1,15 @@
 /*
- * lookup: how many tokens of a request the host store (and the file tier)
- * can serve above what the engine holds locally.
+ * lookup: how many tokens of a request the host store (and the file and
+ * remote tiers) can serve above what the engine holds locally.
  *
  * Phases (kvo__lookup_once): list the chunk keys above local_tokens and ask
- * the host store, then the file tier for the host misses; let agree.c pick
- * the longest boundary every group supports; list the chunks that boundary
- * needs (the hit); pin the host ones and start file reads into freshly
- * reserved host slots for the file ones.  A pin that races with an eviction
- * retries the whole lookup (bounded); a file read that cannot start retries
- * without the file tier.  The hit stays pinned until load (which takes the
+ * the host store, then the file tier for the host misses, then the remote
+ * tier's presence answers for what is left (remote.c: never a wait); let
+ * agree.c pick the longest boundary every group supports; list the chunks
+ * that boundary needs (the hit); pin the host ones and start file and
+ * remote reads into freshly reserved host slots for the others.  A pin that
+ * races with an eviction retries the whole lookup (bounded); a file (remote)
+ * read that cannot start retries without the file (remote) tier.  The hit stays pinned until load (which takes the
  * pins over), the next lookup, update, preempt, abort or finish.
  *
  * Locks: the public call holds c->mu throughout; the store and the file
@@ -63,23 +64,25 @@ void kvo__conn_unpin_hit(kvo_connector *c, kvo__req *r) {
     r->gen++;
 }
 
-#define KVO__NOFILE 1 /* internal: retry the lookup without the file tier */
+#define KVO__NOFILE 1   /* internal: retry the lookup without the file tier */
+#define KVO__NOREMOTE 2 /* ... without the remote tier */
 
 static int kvo__cmp_range(const void *a, const void *b) {
     const uint64_t *x = a, *y = b;
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
-/* Tokens of [L, b) covered by the need ranges of the hit's file items. */
-static uint64_t kvo__file_tokens(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b) {
+/* Tokens of [L, b) covered by the need ranges of the hit's items whose
+ * tier is in `tiers` (bit per TIER_*). */
+static uint64_t kvo__tier_tokens(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b, unsigned tiers) {
     size_t nf = 0;
-    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == TIER_FILE;
+    for (size_t i = 0; i < r->n_hit; i++) nf += (tiers >> r->hit[i].tier) & 1;
     if (!nf) return 0;
     uint64_t *rg = kvo__malloc(nf * 2 * sizeof *rg);
     if (!rg) return b - L; /* conservative */
     size_t k = 0;
     for (size_t i = 0; i < r->n_hit; i++) {
-        if (r->hit[i].tier != TIER_FILE) continue;
+        if (!((tiers >> r->hit[i].tier) & 1)) continue;
         kvo__conn_need_range(kvo_plan_group(c->plan, r->hit[i].key.group), r->hit[i].chunk, L, b, &rg[2 * k],
                         &rg[2 * k + 1]);
         k++;
@@ -100,19 +103,21 @@ static uint64_t kvo__file_tokens(kvo_connector *c, kvo__req *r, uint64_t L, uint
     return tot;
 }
 
-/* kvo__start_file_reads with the nf files in c->s_fkeys pinned; the arrays
- * have nf entries each. */
-static int kvo__start_reads_pinned(kvo_connector *c, kvo__req *r, size_t nf, kvo_slot *slots, void **dsts,
-                                   uint64_t *ud, int *res) {
+/* kvo__start_reads with the nf keys in c->s_fkeys (files pinned); the
+ * arrays have nf entries each. */
+static int kvo__start_reads_pinned(kvo_connector *c, kvo__req *r, uint8_t tier, size_t nf, kvo_slot *slots,
+                                   void **dsts, uint64_t *ud, int *res) {
+    const int retry = tier == TIER_FILE ? KVO__NOFILE : KVO__NOREMOTE; /* what a failure asks for */
+    uint64_t *fails = tier == TIER_FILE ? &c->st.file_read_failures : &c->st.remote_read_failures;
     /* reserve host slots: every key must need writing (absent in host) */
     int rc = kvo__conn_prepare_store(c, c->s_fkeys, nf, c->s_fst, slots);
-    if (rc) return rc == KVO_ENOMEM ? rc : KVO__NOFILE;
+    if (rc) return rc == KVO_ENOMEM ? rc : retry;
     bool all = true;
     for (size_t i = 0; i < nf; i++) all &= c->s_fst[i] == 1;
     if (!all) { /* raced: some key appeared in host meanwhile */
         for (size_t i = 0; i < nf; i++)
             if (c->s_fst[i]) (void)kvo_store_complete_store(c->store, &c->s_fkeys[i], 1, false);
-        return KVO__NOFILE;
+        return retry;
     }
     for (size_t i = 0; i < nf; i++) {
         dsts[i] = kvo__conn_slot_ptr(c, slots[i]);
@@ -120,16 +125,17 @@ static int kvo__start_reads_pinned(kvo_connector *c, kvo__req *r, size_t nf, kvo
         r->hit[c->s_fidx[i]].slot = slots[i];
     }
     size_t nq = 0;
-    rc = kvo_file_tier_read(c->file, c->s_fkeys, dsts, nf, ud, res, &nq);
+    rc = tier == TIER_FILE ? kvo_file_tier_read(c->file, c->s_fkeys, dsts, nf, ud, res, &nq)
+                           : kvo__conn_remote_get(c, c->s_fkeys, dsts, nf, ud, res, &nq);
     if (rc) {
         (void)kvo_store_complete_store(c->store, c->s_fkeys, nf, false);
-        return KVO__NOFILE;
+        return retry;
     }
     bool failed = false;
     for (size_t i = 0; i < nf; i++) {
         if (res[i] != 0) {
             (void)kvo_store_complete_store(c->store, &c->s_fkeys[i], 1, false);
-            c->st.file_read_failures++;
+            (*fails)++;
             failed = true;
             continue;
         }
@@ -139,11 +145,12 @@ static int kvo__start_reads_pinned(kvo_connector *c, kvo__req *r, size_t nf, kvo
             /* cannot track: the read still lands in the slot, so the slot
              * must stay reserved; it is lost until clear (counted) */
             kvo__free(rd);
-            c->st.file_read_failures++;
+            (*fails)++;
             failed = true;
             continue;
         }
         rd->key = c->s_fkeys[i];
+        rd->tier = tier;
         rd->slot = slots[i];
         rd->req = r->id;
         rd->gen = r->gen;
@@ -155,23 +162,23 @@ static int kvo__start_reads_pinned(kvo_connector *c, kvo__req *r, size_t nf, kvo
     }
     if (failed) {
         /* the queued reads finish as orphans (gen bumped by unpin) */
-        return KVO__NOFILE;
+        return retry;
     }
     return 0;
 }
 
-/* Start reading the hit's file items into host slots (reserved PENDING in
- * the host store).  0, KVO__NOFILE (could not: everything undone), or an
- * error. */
-static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
+/* Start reading the hit's items of tier (TIER_FILE or TIER_REMOTE) into
+ * host slots (reserved PENDING in the host store).  0, KVO__NOFILE /
+ * KVO__NOREMOTE (could not: everything undone), or an error. */
+static int kvo__start_reads(kvo_connector *c, kvo__req *r, uint8_t tier) {
     size_t nf = 0;
-    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == TIER_FILE;
+    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == tier;
     if (!nf) return 0;
     int rc = kvo__fscratch(c, nf);
     if (rc) return rc;
     size_t k = 0;
     for (size_t i = 0; i < r->n_hit; i++)
-        if (r->hit[i].tier == TIER_FILE) {
+        if (r->hit[i].tier == tier) {
             c->s_fkeys[k] = r->hit[i].key;
             c->s_fidx[k++] = i;
         }
@@ -184,12 +191,17 @@ static int kvo__start_file_reads(kvo_connector *c, kvo__req *r) {
      * chunks whose write-back needs file quota, which must never be made
      * from these files (and refresh their recency: a hit is a use).  Each
      * queued read holds its own pin, so the pins go once reads are queued. */
+    if (tier == TIER_REMOTE) {
+        rc = kvo__start_reads_pinned(c, r, tier, nf, slots, dsts, ud, res);
+        kvo__free(slots);
+        return rc;
+    }
     if (kvo_file_tier_pin(c->file, c->s_fkeys, nf)) { /* one left the tier meanwhile */
         kvo__free(slots);
         return KVO__NOFILE;
     }
     (void)kvo_file_tier_touch(c->file, c->s_fkeys, nf);
-    rc = kvo__start_reads_pinned(c, r, nf, slots, dsts, ud, res);
+    rc = kvo__start_reads_pinned(c, r, tier, nf, slots, dsts, ud, res);
     (void)kvo_file_tier_unpin(c->file, c->s_fkeys, nf);
     kvo__free(slots);
     return rc;
@@ -235,9 +247,13 @@ static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *o
     return 0;
 }
 
+static int kvo__file_states(kvo_connector *c, const size_t *off, size_t nk, size_t nmiss);
+
 /* Phase 2: ask the host store for the nk keys of phase 1, then (use_file)
- * the file tier for the host misses; file hits get TIER_FILE. */
-static int kvo__lookup_tiers(kvo_connector *c, const size_t *off, size_t nk, bool use_file) {
+ * the file tier for the host misses; file hits get TIER_FILE; then
+ * (use_remote) the remote tier's answers for what is still missing. */
+static int kvo__lookup_tiers(kvo_connector *c, kvo__req *r, const size_t *off, size_t nk, bool use_file,
+                             bool use_remote, bool *rpending) {
     uint8_t *hs = (uint8_t *)c->s_slots; /* s_cap * 16 bytes >= nk */
     int rc = kvo_store_lookup(c->store, c->s_keys, nk, hs);
     if (rc) return rc;
@@ -246,7 +262,16 @@ static int kvo__lookup_tiers(kvo_connector *c, const size_t *off, size_t nk, boo
         c->s_u8[off[c->s_grp[i]] + c->s_chunk[i]] = hs[i];
         nmiss += hs[i] == KVO_MISS;
     }
-    if (!use_file || !c->file_groups || !nmiss) return 0;
+    if (!nmiss) return 0;
+    if (use_file && c->file_groups && (rc = kvo__file_states(c, off, nk, nmiss))) return rc;
+    if (use_remote && c->remote_groups) kvo__conn_remote_states(c, r, off, nk, rpending);
+    return 0;
+}
+
+/* Phase 2, file part: the file tier's states of the nmiss host misses. */
+static int kvo__file_states(kvo_connector *c, const size_t *off, size_t nk, size_t nmiss) {
+    const uint8_t *hs = (const uint8_t *)c->s_slots;
+    int rc;
     if ((rc = kvo__fscratch(c, nmiss))) return rc;
     size_t m = 0;
     for (size_t i = 0; i < nk; i++)
@@ -348,13 +373,17 @@ static int kvo__hit_pin(kvo_connector *c, kvo__req *r, size_t nh, size_t *nhost)
 }
 
 /* One lookup attempt; returns 0, KVO_EAGAIN (pin raced with an eviction:
- * retry), KVO__NOFILE (retry without the file tier) or an error. */
-static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_lookup_result *out, bool use_file) {
+ * retry), KVO__NOFILE / KVO__NOREMOTE (retry without that tier) or an
+ * error. */
+static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_lookup_result *out, bool use_file,
+                            bool use_remote) {
     size_t off[KVO_MAX_GROUPS], ncs[KVO_MAX_GROUPS], nk = 0, nh = 0, nhost = 0;
     uint64_t b = 0;
+    bool rpending = false;
     int rc = kvo__host_states(c, r, L, off, ncs, &nk);
-    if (!rc && nk) rc = kvo__lookup_tiers(c, off, nk, use_file);
+    if (!rc && nk) rc = kvo__lookup_tiers(c, r, off, nk, use_file, use_remote, &rpending);
     if (!rc) rc = kvo__agree_hit(c, r, L, off, ncs, out, &b);
+    if (!rc && out->status == KVO_HIT_PENDING) out->remote_pending = rpending;
     if (rc || !b) return rc;
     if ((rc = kvo__hit_build(c, r, L, b, off, ncs, &nh))) return rc;
     if ((rc = kvo__hit_pin(c, r, nh, &nhost))) return rc;
@@ -365,17 +394,21 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
     r->file_pending = 0;
     r->file_status = 0;
     if (nhost < nh) {
-        rc = kvo__start_file_reads(c, r);
+        rc = kvo__start_reads(c, r, TIER_FILE);
+        if (!rc) rc = kvo__start_reads(c, r, TIER_REMOTE);
         if (rc) {
             kvo__conn_unpin_hit(c, r);
             return rc;
         }
     }
-    r->hit_file_tokens = kvo__file_tokens(c, r, L, b);
-    r->hit_host_tokens = b - L - r->hit_file_tokens;
+    enum { FR = (1u << TIER_FILE) | (1u << TIER_REMOTE) };
+    r->hit_remote_tokens = kvo__tier_tokens(c, r, L, b, 1u << TIER_REMOTE);
+    r->hit_file_tokens = kvo__tier_tokens(c, r, L, b, FR) - r->hit_remote_tokens;
+    r->hit_host_tokens = b - L - r->hit_file_tokens - r->hit_remote_tokens;
     out->status = KVO_HIT;
     out->tokens_host = r->hit_host_tokens;
     out->tokens_file = r->hit_file_tokens;
+    out->tokens_remote = r->hit_remote_tokens;
     return 0;
 }
 
@@ -399,16 +432,17 @@ int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, k
         return rc;
     }
     kvo__conn_unpin_hit(c, r);
-    bool use_file = true;
+    bool use_file = true, use_remote = true;
     for (int attempt = 0; attempt < 6; attempt++) {
-        rc = kvo__lookup_once(c, r, local_tokens, out, use_file);
-        if (rc == KVO__NOFILE) {
-            use_file = false;
+        rc = kvo__lookup_once(c, r, local_tokens, out, use_file, use_remote);
+        if (rc == KVO__NOFILE || rc == KVO__NOREMOTE) {
+            if (rc == KVO__NOFILE) use_file = false;
+            else use_remote = false;
             continue;
         }
         if (rc != KVO_EAGAIN) break;
     }
-    if (rc == KVO_EAGAIN || rc == KVO__NOFILE) { /* kept racing with evictions: report no hit */
+    if (rc == KVO_EAGAIN || rc == KVO__NOFILE || rc == KVO__NOREMOTE) { /* kept racing with evictions: report no hit */
         memset(out, 0, sizeof *out);
         out->local_tokens = out->tokens = out->tokens_if_pending = local_tokens;
         out->limiting_group = -1;
@@ -421,6 +455,7 @@ int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, k
         if (out->status == KVO_HIT_PENDING) {
             r->st.pending_lookups++;
             c->st.lookup_pending++;
+            c->st.remote_lookups_pending += out->remote_pending;
         } else if (out->status == KVO_HIT) {
             c->st.lookup_hits++;
             c->st.hit_tokens += out->tokens - local_tokens;

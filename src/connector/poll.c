@@ -4,7 +4,8 @@
  * Completions owed to the engine (a LOAD for each request LOADING, a
  * RELEASED for each FINISHED) have room reserved in the ring before they
  * become owed, so emitting never allocates.  poll consumes the file tier's
- * read completions (finishing host entries, submitting deferred loads),
+ * read completions and the remote tier's (remote.c: presence answers, gets
+ * finishing host entries), submitting deferred loads,
  * then the transfer engine's results: store jobs complete their host
  * entries (taking checksums while still PENDING, handing write-through
  * chunks to the file tier), load jobs unpin and report, checked against
@@ -92,6 +93,7 @@ static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_
          * sums were taken from these bytes just above */
         if (c->file && c->p.file_mode == KVO_FILE_WRITE_THROUGH)
             c->st.file_writes_dropped += kvo__conn_file_put(c, j->keys, j->slots, j->n_keys, false, false, NULL);
+        if (c->remote) kvo__conn_remote_put(c, j->keys, j->slots, j->n_keys);
         if (r) {
             r->st.chunks_stored += j->n_keys;
             r->st.bytes_stored += res->bytes;
@@ -140,11 +142,13 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         r->st.tokens_loaded += t;
         r->st.tokens_loaded_host += j->host_tokens;
         r->st.tokens_loaded_file += j->file_tokens;
+        r->st.tokens_loaded_remote += j->remote_tokens;
         r->st.bytes_loaded += res->bytes;
         r->st.chunks_loaded += j->n_keys;
         c->st.tokens_loaded += t;
         c->st.tokens_loaded_host += j->host_tokens;
         c->st.tokens_loaded_file += j->file_tokens;
+        c->st.tokens_loaded_remote += j->remote_tokens;
         c->st.bytes_loaded += res->bytes;
         c->st.chunks_loaded += j->n_keys;
     } else {
@@ -188,21 +192,30 @@ void kvo__conn_process_results(kvo_connector *c) {
     }
 }
 
-/* A file read into a host slot finished. */
-static void kvo__finish_read(kvo_connector *c, const kvo_file_completion *fc) {
-    kvo__map_entry *e = kvo__map_get(&c->reads, fc->user_data);
+/* A file or remote read into a host slot finished. */
+void kvo__conn_finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t bytes) {
+    kvo__map_entry *e = kvo__map_get(&c->reads, ud);
     if (!e) return;
     kvo__read *rd = e->p;
     kvo__map_del(&c->reads, e);
     /* a read started before its group's slot format changed holds the old
      * format (layout.c), one started before a reset holds data of before the
      * reset (controls.c): never READY */
-    bool ok = fc->result == 0 && rd->lay_epoch == c->lay_epoch[rd->key.group] && rd->epoch == c->epoch;
+    bool ok = result == 0 && rd->lay_epoch == c->lay_epoch[rd->key.group] && rd->epoch == c->epoch;
     if (ok && c->sums) /* still PENDING, as for stores */
         c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__conn_slot_sum(c, &rd->key, rd->slot);
     (void)kvo_store_complete_store(c->store, &rd->key, 1, ok);
-    if (ok) c->st.file_reads++;
-    else c->st.file_read_failures++;
+    if (rd->tier == TIER_REMOTE) {
+        c->remote_reads_inflight--;
+        if (ok) {
+            c->st.remote_reads++;
+            c->st.remote_read_bytes += bytes;
+        } else
+            c->st.remote_read_failures++;
+    } else if (ok)
+        c->st.file_reads++;
+    else
+        c->st.file_read_failures++;
     kvo__req *r = kvo__conn_req_get(c, rd->req);
     if (r && r->gen == rd->gen && r->hit_pinned && rd->item < r->n_hit &&
         kvo_chunk_key_eq(&r->hit[rd->item].key, &rd->key)) {
@@ -214,7 +227,7 @@ static void kvo__finish_read(kvo_connector *c, const kvo_file_completion *fc) {
             else
                 ok = false;
         }
-        if (!ok && !r->file_status) r->file_status = fc->result ? fc->result : KVO_ESTATE;
+        if (!ok && !r->file_status) r->file_status = result ? result : KVO_ESTATE;
         if (r->file_pending) r->file_pending--;
         if (r->file_pending == 0 && r->deferred) {
             kvo__job *j = r->deferred;
@@ -239,8 +252,9 @@ size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap) {
         size_t n;
         while ((n = kvo_file_tier_poll(c->file, fc, 32)) > 0)
             for (size_t i = 0; i < n; i++)
-                if (fc[i].op == KVO_FILE_OP_READ) kvo__finish_read(c, &fc[i]);
+                if (fc[i].op == KVO_FILE_OP_READ) kvo__conn_finish_read(c, fc[i].user_data, fc[i].result, 0);
     }
+    if (c->remote) kvo__conn_remote_poll(c);
     kvo__conn_process_results(c);
     size_t n = 0;
     while (out && n < cap && c->cq_n) {

@@ -30,6 +30,7 @@ int kvo_remote_tier_exists(kvo_remote_tier *t, const kvo_chunk_key *k, size_t n,
 size_t kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *o, size_t c) { (void)t; (void)o; (void)c; return 0; }
 int kvo_remote_tier_wait(kvo_remote_tier *t, int ms) { (void)t; (void)ms; KVO__NOTSUP; }
 int kvo_remote_tier_event_fd(const kvo_remote_tier *t) { (void)t; return -1; }
+uint64_t kvo_remote_tier_layout_hash(const kvo_remote_tier *t) { (void)t; return 0; }
 int kvo_remote_tier_flush(kvo_remote_tier *t, int ms) { (void)t; (void)ms; return 0; }
 int kvo_remote_tier_key_name(const kvo_remote_tier *t, const kvo_chunk_key *k, char *o, size_t c) { (void)t; (void)k; (void)o; (void)c; KVO__NOTSUP; }
 uint32_t kvo_remote_key_slot(const char *key, size_t len) { (void)key; (void)len; return 0; }

@@ -50,6 +50,13 @@ static void kvo__demo_usage(FILE *f) {
             "                     also when the demo is killed)\n"
             "  --file-mode M      through (default): every stored chunk is also written to a file;\n"
             "                     back: a chunk is written only when the host tier evicts it\n"
+            "  --remote URL       also a remote tier: redis://host:port[,host:port...] (a Redis Cluster;\n"
+            "                     docs/remote-tier.md); run 2 then loads from it what an earlier engine stored\n"
+            "  --remote-prefix P  the remote keys' namespace (default kvo-demo-SHAPE-SEED)\n"
+            "  --phase P          with --remote: both (default): a first engine stores the workload, then\n"
+            "                     run 2 (a fresh engine, empty host and file tiers) loads it; store: run 2\n"
+            "                     only stores (for another process to load); load: run 2 loads what another\n"
+            "                     process stored\n"
             "  --concurrency N    requests running at once (default 4)\n"
             "  --evict-every N    also force engine-cache eviction after every N requests (default 0)\n"
             "  --hash-tokens N    the model's hash unit in tokens (default: the shape's, 16 or 4; e.g. 64 puts tiny-blocks'\n"
@@ -57,7 +64,8 @@ static void kvo__demo_usage(FILE *f) {
             "  --seed N           weights seed (default 1234)\n"
             "  --json             print the figures as one JSON object\n"
             "  --quiet            no progress on stderr\n"
-            "  --config FILE      take chunk size, host and file tier sizes, file directory and mode from a\n"
+            "  --config FILE      take chunk size, host and file tier sizes, file directory and mode (and\n"
+            "                     remote_url, remote_key_prefix) from a\n"
             "                     kvo_config JSON file (docs/config.md; vLLM and LMCache names work);\n"
             "                     options given on the command line win\n"
             "Options take their value as --opt VALUE or --opt=VALUE.\n"
@@ -95,7 +103,7 @@ typedef struct kvo__demo_lat {
 } kvo__demo_lat;
 
 typedef struct kvo__demo_sum {
-    uint64_t computed, local, loaded, loaded_file, failures, gen, bytes_loaded, bytes_stored;
+    uint64_t computed, local, loaded, loaded_file, failures, gen, bytes_loaded, bytes_stored, loaded_remote;
     double wall, queue_mean;
     kvo__demo_lat all, cold, warm; /* TTFT from arrival: all, cold, warm requests */
 } kvo__demo_sum;
@@ -151,6 +159,7 @@ static void kvo__demo_summarize(const kvo_eng_result *r, size_t n, double wall, 
         s->local += r[i].tokens_local;
         s->loaded += r[i].tokens_loaded;
         s->loaded_file += r[i].tokens_loaded_file;
+        s->loaded_remote += r[i].tokens_loaded_remote;
         s->failures += r[i].load_failures;
         s->gen += r[i].n_gen;
         s->bytes_loaded += r[i].bytes_loaded;
@@ -235,6 +244,7 @@ static pid_t kvo__demo_watch(const char *dir, int *wfd) {
 }
 
 /* The bundled sample: next to the working directory or the executable. */
+
 static const char *kvo__find_sample(char *buf, size_t cap) {
     static const char *rel = "data/mooncake_sample.jsonl";
     if (access(rel, R_OK) == 0) return rel;
@@ -269,6 +279,7 @@ typedef struct kvo__demo_opts {
         *evict_every, *seed, *hash_tokens;
     bool *json, *quiet;
     kvo_file_mode *file_mode;
+    const char **remote, **remote_prefix, **phase;
 } kvo__demo_opts;
 
 /* --config FILE: the offload settings the demo has (chunk size, host and file
@@ -297,6 +308,19 @@ static int kvo__demo_config(const char *path, const kvo__demo_opts *o, const boo
         *o->file_dir = dir;
     }
     if (fp.quota_bytes && !given['F']) *o->file_mib = (fp.quota_bytes + (1u << 20) - 1) >> 20;
+    kvo_remote_tier_params rp = kvo_remote_tier_default_params();
+    rp.url = NULL;
+    rp.key_prefix = NULL;
+    kvo_config_apply_remote_tier(cfg, &rp);
+    static char url[1024], pfx[128];
+    if (rp.url && !given['R']) {
+        snprintf(url, sizeof url, "%s", rp.url);
+        *o->remote = url;
+    }
+    if (rp.key_prefix && !given['P']) {
+        snprintf(pfx, sizeof pfx, "%s", rp.key_prefix);
+        *o->remote_prefix = pfx;
+    }
     kvo_config_destroy(cfg);
     return 0;
 }
@@ -314,7 +338,9 @@ static int kvo__demo_options(int argc, char **argv, const kvo__demo_opts *o) {
         {"host-mib", required_argument, NULL, 'H'}, {"file-mib", required_argument, NULL, 'F'},
         {"concurrency", required_argument, NULL, 'C'}, {"evict-every", required_argument, NULL, 'E'},
         {"seed", required_argument, NULL, 'S'}, {"hash-tokens", required_argument, NULL, 'T'},
-        {"config", required_argument, NULL, 'K'}, {NULL, 0, NULL, 0},
+        {"config", required_argument, NULL, 'K'}, {"remote", required_argument, NULL, 'R'},
+        {"remote-prefix", required_argument, NULL, 'P'}, {"phase", required_argument, NULL, 'p'},
+        {NULL, 0, NULL, 0},
     };
     /* value options: the variable and the accepted range */
     static const struct { int c; const char *name; uint64_t lo, hi; } ranges[] = {
@@ -339,6 +365,15 @@ static int kvo__demo_options(int argc, char **argv, const kvo__demo_opts *o) {
         case 't': *o->trace = optarg; break;
         case 'd': *o->file_dir = optarg; break;
         case 'K': config = optarg; break;
+        case 'R': *o->remote = optarg; break;
+        case 'P': *o->remote_prefix = optarg; break;
+        case 'p':
+            if (strcmp(optarg, "both") && strcmp(optarg, "store") && strcmp(optarg, "load")) {
+                fprintf(stderr, "kvoffload demo: --phase is '%s'; use both, store or load\n", optarg);
+                return KVO_EXIT_USAGE;
+            }
+            *o->phase = optarg;
+            break;
         case 'm':
             if (strcmp(optarg, "through") && strcmp(optarg, "back")) {
                 fprintf(stderr, "kvoffload demo: --file-mode is '%s'; use through or back\n", optarg);
@@ -358,7 +393,52 @@ static int kvo__demo_options(int argc, char **argv, const kvo__demo_opts *o) {
         fprintf(stderr, "kvoffload demo: unexpected argument '%s' (kvoffload demo --help)\n", argv[optind]);
         return KVO_EXIT_USAGE;
     }
-    return config ? kvo__demo_config(config, o, given) : 0;
+    if (config && (rc = kvo__demo_config(config, o, given)) != 0) return rc;
+    if ((given['P'] || given['p']) && !*o->remote) {
+        fprintf(stderr, "kvoffload demo: --%s needs --remote redis://host:port (or remote_url in --config)\n",
+                given['p'] ? "phase" : "remote-prefix");
+        return KVO_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* --remote, phase both: engine A (its own engine and connector, empty host
+ * and file tiers) runs the workload and stores it in the remote tier, then
+ * waits until the puts are sent; its results must match the recompute run.
+ * Run 2 then starts from empty host and file tiers and loads from the
+ * remote tier what A stored.  0 or the failure (reported). */
+static int kvo__demo_remote_store(const kvo_eng_config *cfg, const kvo_eng_conn_params *cp,
+                                  const kvo_eng_workload *w, const kvo_eng_run_params *base,
+                                  const kvo_eng_result *ra, bool quiet, uint64_t evict_every) {
+    kvo_eng *e = NULL;
+    kvo_eng_conn *conn = NULL;
+    kvo_eng_result *r = calloc(w->n, sizeof *r);
+    kvo_eng_conn_params p = *cp;
+    p.file_dir = NULL; /* A's own host tier only: run 2 must not find its files */
+    int rc = r ? 0 : KVO_ENOMEM;
+    if (!rc && (rc = kvo_eng_create(cfg, &e)) != 0) (void)kvo__demo_fail("engine A");
+    if (!rc && (rc = kvo_eng_conn_create(e, &p, &conn)) != 0) (void)kvo__demo_fail("engine A");
+    if (!rc) {
+        kvo__demo_prog pg = {"engine A (stores to the remote tier)", quiet, 0};
+        kvo_eng_run_params rp = *base;
+        rp.prefix_cache = true;
+        rp.offload = kvo_eng_conn_offload(conn);
+        rp.release_align = (uint32_t)kvo_eng_conn_chunk_tokens(conn);
+        rp.evict_every = (uint32_t)evict_every;
+        rp.on_done_ctx = &pg;
+        if ((rc = kvo_eng_run(e, w->reqs, w->n, &rp, r)) != 0) (void)kvo__demo_fail("engine A run");
+        else if ((rc = kvo_eng_conn_flush(conn)) != 0) (void)kvo__demo_fail("engine A remote flush");
+    }
+    char why[256];
+    if (!rc && kvo_eng_results_compare(ra, r, w->n, cfg->vocab, why, sizeof why)) {
+        fprintf(stderr, "kvoffload demo: engine A differs from the recompute run: %s\n", why);
+        rc = KVO_ECORRUPT;
+    }
+    kvo_eng_conn_destroy(conn);
+    kvo_eng_destroy(e);
+    if (r) kvo_eng_results_free(r, w->n);
+    free(r);
+    return rc;
 }
 
 int kvo_cmd_demo(int argc, char **argv) {
@@ -367,9 +447,11 @@ int kvo_cmd_demo(int argc, char **argv) {
              host_mib = 4, file_mib = 64, conc = 4, evict_every = 0, seed = 1234, hash_tokens = 0;
     bool json = false, quiet = false;
     kvo_file_mode file_mode = KVO_FILE_WRITE_THROUGH;
+    const char *remote = NULL, *remote_prefix = NULL, *phase = "both";
     int rc = kvo__demo_options(argc, argv, &(kvo__demo_opts){
         &shape, &trace, &file_dir, &requests, &block_tokens, &max_blocks, &max_new, &engine_tokens, &chunk,
-        &host_mib, &file_mib, &conc, &evict_every, &seed, &hash_tokens, &json, &quiet, &file_mode});
+        &host_mib, &file_mib, &conc, &evict_every, &seed, &hash_tokens, &json, &quiet, &file_mode, &remote,
+        &remote_prefix, &phase});
     if (rc) return rc < 0 ? 0 : rc;
     kvo_eng_config cfg;
     if (kvo_eng_shape_config(shape, &cfg)) {
@@ -444,6 +526,14 @@ int kvo_cmd_demo(int argc, char **argv) {
     cp.file_dir = file_mib ? file_dir : NULL;
     cp.file_bytes = file_mib << 20;
     cp.file_mode = file_mode;
+    char prefix_buf[128];
+    if (remote) {
+        /* the KV bytes depend on the weights (shape, seed): keep runs with
+         * other weights apart */
+        snprintf(prefix_buf, sizeof prefix_buf, "kvo-demo-%s-%llu", shape, (unsigned long long)seed);
+        cp.remote_url = remote;
+        cp.remote_prefix = remote_prefix ? remote_prefix : prefix_buf;
+    }
     if (kvo_eng_conn_create(off_e, &cp, &conn)) {
         fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
         exit_code = KVO_EXIT_USAGE;
@@ -496,6 +586,12 @@ int kvo_cmd_demo(int argc, char **argv) {
     }
     double wall_a = kvo__demo_now() - t0;
 
+    /* --remote, phase both: a first engine stores the workload in the
+     * remote tier (its results must match too) */
+    if (remote && !strcmp(phase, "both") &&
+        kvo__demo_remote_store(&cfg, &cp, w, &p, ra, quiet, evict_every) != 0)
+        goto out;
+
     /* run 2: engine prefix cache + offloading */
     kvo__demo_prog pb = {"run 2/2 (offload)", quiet, 0};
     p.prefix_cache = true;
@@ -509,6 +605,10 @@ int kvo_cmd_demo(int argc, char **argv) {
         goto out;
     }
     double wall_b = kvo__demo_now() - t0;
+    if (remote && kvo_eng_conn_flush(conn)) { /* puts sent before exit (phase store) */
+        rc = kvo__demo_fail("remote tier flush");
+        goto out;
+    }
 
     kvo__demo_sum sa, sb;
     bool *cold = calloc(w->n ? w->n : 1, sizeof *cold);
@@ -525,7 +625,7 @@ int kvo_cmd_demo(int argc, char **argv) {
     size_t diff = kvo_eng_results_compare(ra, rb, w->n, c->vocab, why, sizeof why);
     uint64_t P = w->prompt_tokens, gen = sa.gen;
     double hit = P ? (double)(sb.local + sb.loaded) / (double)P : 0;
-    uint64_t loaded_host = sb.loaded - sb.loaded_file;
+    uint64_t loaded_host = sb.loaded - sb.loaded_file - sb.loaded_remote;
 
     if (json) {
         printf("{\"shape\":\"%s\",\"params\":%llu,\"requests\":%zu,\"prompt_tokens\":%llu,\"generated_tokens\":%llu,"
@@ -541,10 +641,11 @@ int kvo_cmd_demo(int argc, char **argv) {
         for (int k = 0; k < 2; k++) {
             const kvo__demo_sum *s = ss[k];
             printf("\"%s\":{\"tokens_computed\":%llu,\"tokens_engine_cache\":%llu,\"tokens_loaded_host\":%llu,"
-                   "\"tokens_loaded_file\":%llu,\"load_failures\":%llu,\"ttft_mean_ms\":%.3f,\"ttft_p50_ms\":%.3f,"
-                   "\"ttft_p90_ms\":%.3f,\"ttft_max_ms\":%.3f,\"ttft_p99_ms\":",
+                   "\"tokens_loaded_file\":%llu,\"tokens_loaded_remote\":%llu,\"load_failures\":%llu,"
+                   "\"ttft_mean_ms\":%.3f,\"ttft_p50_ms\":%.3f,\"ttft_p90_ms\":%.3f,\"ttft_max_ms\":%.3f,\"ttft_p99_ms\":",
                    names[k], (unsigned long long)s->computed, (unsigned long long)s->local,
-                   (unsigned long long)(s->loaded - s->loaded_file), (unsigned long long)s->loaded_file,
+                   (unsigned long long)(s->loaded - s->loaded_file - s->loaded_remote),
+                   (unsigned long long)s->loaded_file, (unsigned long long)s->loaded_remote,
                    (unsigned long long)s->failures, s->all.mean * 1e3, s->all.p50 * 1e3, s->all.p90 * 1e3,
                    s->all.max * 1e3);
             if (s->all.has_p99) printf("%.3f,", s->all.p99 * 1e3);
@@ -559,6 +660,14 @@ int kvo_cmd_demo(int argc, char **argv) {
                    s->wall > 0 ? (double)(P + gen) / s->wall : 0, (unsigned long long)s->bytes_loaded,
                    (unsigned long long)s->bytes_stored);
         }
+        if (remote)
+            printf("\"remote\":{\"phase\":\"%s\",\"reads\":%llu,\"read_bytes\":%llu,\"read_failures\":%llu,"
+                   "\"writes\":%llu,\"write_bytes\":%llu,\"writes_dropped\":%llu,\"exists_queries\":%llu,"
+                   "\"lookups_pending\":%llu},",
+                   phase, (unsigned long long)cs.remote_reads, (unsigned long long)cs.remote_read_bytes,
+                   (unsigned long long)cs.remote_read_failures, (unsigned long long)cs.remote_writes,
+                   (unsigned long long)cs.remote_write_bytes, (unsigned long long)cs.remote_writes_dropped,
+                   (unsigned long long)cs.remote_exists, (unsigned long long)cs.remote_lookups_pending);
         printf("\"hit_rate\":%.4f,\"engine_block_evictions\":%llu,\"connector_call_errors\":%llu,"
                "\"stores_skipped\":%llu,\"match\":%s",
                hit, (unsigned long long)es.block_evictions, (unsigned long long)kvo_eng_conn_hook_errors(conn),
@@ -572,10 +681,14 @@ int kvo_cmd_demo(int argc, char **argv) {
                (unsigned long long)sb.computed);
         printf("%-34s %16llu %16llu\n", "  reused from engine blocks", (unsigned long long)sa.local,
                (unsigned long long)sb.local);
-        printf("%-34s %16llu %16llu\n", "  loaded from host tier", (unsigned long long)(sa.loaded - sa.loaded_file),
+        printf("%-34s %16llu %16llu\n", "  loaded from host tier",
+               (unsigned long long)(sa.loaded - sa.loaded_file - sa.loaded_remote),
                (unsigned long long)loaded_host);
         printf("%-34s %16llu %16llu\n", "  loaded from file tier", (unsigned long long)sa.loaded_file,
                (unsigned long long)sb.loaded_file);
+        if (remote)
+            printf("%-34s %16llu %16llu\n", "  loaded from remote tier", (unsigned long long)sa.loaded_remote,
+                   (unsigned long long)sb.loaded_remote);
         printf("%-34s %15.1f%% %15.1f%%\n", "hit rate (prompt tokens reused)", 0.0, 100.0 * hit);
         /* TTFT from arrival (every request arrives when its run starts) */
         printf("%-34s %16.2f %16.2f\n", "wait for a slot, mean (ms)", sa.queue_mean * 1e3, sb.queue_mean * 1e3);
@@ -594,6 +707,14 @@ int kvo_cmd_demo(int argc, char **argv) {
             printf("%-34s %16s %16llu\n", "file tier writes", "-", (unsigned long long)cs.file_writes);
             printf("%-34s %16s %16llu\n", "file writes dropped", "-",
                    (unsigned long long)cs.file_writes_dropped);
+        }
+        if (remote) {
+            printf("%-34s %16s %16.2f\n", "remote reads (MiB)", "-", (double)cs.remote_read_bytes / 1048576.0);
+            printf("%-34s %16s %16llu\n", "remote read failures", "-",
+                   (unsigned long long)cs.remote_read_failures);
+            printf("%-34s %16s %16llu\n", "remote writes", "-", (unsigned long long)cs.remote_writes);
+            printf("%-34s %16s %16llu\n", "remote writes dropped", "-",
+                   (unsigned long long)cs.remote_writes_dropped);
         }
         printf("%-34s %16s %16llu\n", "stores skipped (no room)", "-",
                (unsigned long long)(cs.stores_skipped_nospace + cs.stores_skipped_queue));

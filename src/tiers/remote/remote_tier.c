@@ -92,6 +92,8 @@ int kvo_remote_tier_key_name(const kvo_remote_tier *t, const kvo_chunk_key *key,
     return 0;
 }
 
+uint64_t kvo_remote_tier_layout_hash(const kvo_remote_tier *t) { return t ? t->p.layout_hash : 0; }
+
 static const kvo_group_plan *key_group(const kvo_remote_tier *t, const kvo_chunk_key *k) {
     const kvo_group_plan *g = kvo_plan_group(t->plan, k->group);
     return g && g->offloaded ? g : NULL;
