@@ -113,6 +113,7 @@ static void kvo__xfree_engine(kvo_transfer *t) {
     if (t->efd >= 0) close(t->efd);
     if (t->layout) kvo__xlayout_free(t->layout);
     kvo__hmap_free(&t->tab);
+    kvo__xspare_free(t);
     kvo__free(t->ring);
     pthread_cond_destroy(&t->work_cv);
     pthread_cond_destroy(&t->done_cv);
