@@ -13,15 +13,17 @@
 #define BPC 8
 #define NBLK 64
 
-static void run_jobs(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n) {
-    uint64_t id;
-    ASSERT_OK(kvo_transfer_submit(t, dir, ops, n, &id));
-    ASSERT_OK(kvo_transfer_wait(t, &id, 1, -1));
-    kvo_xfer_result r;
+/* Submit k jobs of nops ops each (job i: dirs[i], ops[i]) at once, wait for
+ * all of them and check that each succeeded. */
+static void run_jobs(kvo_transfer *t, size_t k, const kvo_xfer_dir *dirs, kvo_xfer_op (*ops)[4], size_t nops) {
+    uint64_t ids[2];
+    for (size_t i = 0; i < k; i++) ASSERT_OK(kvo_transfer_submit(t, dirs[i], ops[i], nops, &ids[i]));
+    ASSERT_OK(kvo_transfer_wait(t, ids, k, -1));
+    kvo_xfer_result r[2];
     size_t got;
-    ASSERT_OK(kvo_transfer_poll(t, &r, 1, &got));
-    ASSERT_EQ_U64(got, 1);
-    ASSERT_EQ_INT(r.status, 0);
+    ASSERT_OK(kvo_transfer_poll(t, r, k, &got));
+    ASSERT_EQ_U64(got, k);
+    for (size_t i = 0; i < k; i++) ASSERT_EQ_INT(r[i].status, 0);
 }
 
 KVO_TEST(reused_job_memory_copies_and_checks_right) {
@@ -45,25 +47,17 @@ KVO_TEST(reused_job_memory_copies_and_checks_right) {
             src[b] = (b * 3 + (size_t)rep) % (NBLK / 2);        /* distinct within [0, 32) */
             dst[b] = NBLK / 2 + (b * 5 + (size_t)rep) % (NBLK / 2); /* distinct within [32, 64) */
         }
-        kvo_xfer_op st[4], ld[4];
+        kvo_xfer_op ops[2][4]; /* store, load */
+        static const kvo_xfer_dir dirs[2] = {KVO_XFER_STORE, KVO_XFER_LOAD};
         for (size_t c = 0; c < nops; c++) {
-            st[c] = (kvo_xfer_op){0, 0, BPC, src + c * BPC, slots + c * gp->slot_bytes, gp->slot_bytes};
-            ld[c] = (kvo_xfer_op){0, 0, BPC, dst + c * BPC, slots + c * gp->slot_bytes, gp->slot_bytes};
+            ops[0][c] = (kvo_xfer_op){0, 0, BPC, src + c * BPC, slots + c * gp->slot_bytes, gp->slot_bytes};
+            ops[1][c] = (kvo_xfer_op){0, 0, BPC, dst + c * BPC, slots + c * gp->slot_bytes, gp->slot_bytes};
         }
         if (rep % 3 == 0) { /* overlapping: the load waits for the store */
-            uint64_t ids[2];
-            ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, st, nops, &ids[0]));
-            ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_LOAD, ld, nops, &ids[1]));
-            ASSERT_OK(kvo_transfer_wait(t, ids, 2, -1));
-            kvo_xfer_result r[2];
-            size_t got;
-            ASSERT_OK(kvo_transfer_poll(t, r, 2, &got));
-            ASSERT_EQ_U64(got, 2);
-            ASSERT_EQ_INT(r[0].status, 0);
-            ASSERT_EQ_INT(r[1].status, 0);
+            run_jobs(t, 2, dirs, ops, nops);
         } else {
-            run_jobs(t, KVO_XFER_STORE, st, nops);
-            run_jobs(t, KVO_XFER_LOAD, ld, nops);
+            run_jobs(t, 1, &dirs[0], &ops[0], nops);
+            run_jobs(t, 1, &dirs[1], &ops[1], nops);
         }
         for (size_t b = 0; b < nb; b++) {
             memcpy(want, eng + src[b] * PAGE, PAGE);
