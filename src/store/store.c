@@ -555,10 +555,12 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
 /* ------------------------------------------------------ touch, remove -- */
 
 int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
-    kvo__pipe pp;
-    int rc = kvo__pipe_begin(s, &pp, keys, n, keys, "kvo_store_touch");
+    int rc = kvo__check_batch(s, keys, n, keys, "kvo_store_touch");
     if (rc) return rc;
+    kvo__store_lock(s);
+    kvo__pipe pp;
     bool memo = kvo__memo_all(s, keys, n);
+    if (!memo) kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
         uint32_t e = memo ? s->memo[i] : kvo__pipe_find(s, &pp, keys, n, i);
         if (e != KVO__NIL && s->ent[e].q != KVO__Q_NONE && s->ent[e].state == KVO__E_READY) s->pol->hit(s, e);
