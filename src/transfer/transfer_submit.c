@@ -3,7 +3,8 @@
  * Phases: validation (ops against the plan and the layout held at entry,
  * ops sharing a slot, a load writing an engine block twice), building the
  * job (one allocation: job, ops, engine block ids, resources, edge storage,
- * a load's duplicate-write set; a retired job's memory is reused when large
+ * a load's duplicate-write set, the slot check's records; the slot and
+ * duplicate checks run on the built job; a retired job's memory is reused when large
  * enough, so a steady stream of like jobs allocates nothing),
  * queueing (reserve table room, admission checks under the lock), dependency
  * linking (transfer_queue.c) and release to the ready list.  Validation and
@@ -30,11 +31,10 @@ static int kvo__xslotuse_cmp(const void *x, const void *y) {
 }
 
 /* Ops sharing a slot must be of one group, and in a store cover disjoint
- * blocks (two workers would race on the same bytes).  O(n log n) in ops. */
-static int kvo__xcheck_slots(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n) {
+ * blocks (two workers would race on the same bytes).  O(n log n) in ops;
+ * u: room for n records (in the job's allocation). */
+static int kvo__xcheck_slots(kvo_transfer *t, kvo_xfer_dir dir, const kvo__xop *ops, size_t n, kvo__xslotuse *u) {
     if (n < 2) return 0;
-    kvo__xslotuse *u = kvo__malloc(sizeof *u * n);
-    if (!u) return kvo__error(KVO_ENOMEM, "kvo_transfer_submit: out of memory checking %zu ops", n);
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
         if (ops[i].n_blocks)
@@ -55,7 +55,6 @@ static int kvo__xcheck_slots(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_o
                             u[i - 1].op, u[i].op, u[i - 1].first, u[i - 1].end, u[i].first, u[i].end,
                             (void *)u[i].slot);
     }
-    kvo__free(u);
     return rc;
 }
 
@@ -125,12 +124,12 @@ static int kvo__xvalidate_ops(kvo_transfer *t, const kvo__xlayout *L, kvo_xfer_d
         *total_blocks += op->n_blocks;
         *n_units += kvo__xunits_per_seg(G, op->n_blocks) * G->n_segs;
     }
-    return kvo__xcheck_slots(t, dir, ops, n);
+    return 0;
 }
 
 /* Building: one allocation holding the job, its ops, their engine block ids,
- * its resource list, its edge storage and (loads) the duplicate-write set's
- * table; `spare` (a retired job's memory, or NULL) is reused when it is large
+ * its resource list, its edge storage, (loads) the duplicate-write set's
+ * table and the slot check's records; `spare` (a retired job's memory, or NULL) is reused when it is large
  * enough, else freed.  A load is then checked for engine blocks written twice
  * (other repeats are fine: linking is idempotent). */
 static int kvo__xbuild_job(kvo_transfer *t, kvo__xlayout *L, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n,
@@ -143,7 +142,8 @@ static int kvo__xbuild_job(kvo_transfer *t, kvo__xlayout *L, kvo_xfer_dir dir, c
     if (dir == KVO_XFER_LOAD)
         for (dup_cap = 16; dup_cap < 2 * total_blocks; dup_cap *= 2) {}
     size_t sz = sizeof(kvo__xjob) + sizeof(kvo__xop) * n + sizeof(uint64_t) * total_blocks +
-                sizeof(kvo__xres) * max_res + sizeof(kvo__xedge) * cap_edges + KVO__XDUP_ESZ * dup_cap;
+                sizeof(kvo__xres) * max_res + sizeof(kvo__xedge) * cap_edges + KVO__XDUP_ESZ * dup_cap +
+                (n > 1 ? sizeof(kvo__xslotuse) * n : 0);
     kvo__xjob *j = spare;
     if (j && j->alloc_bytes >= sz) {
         size_t have = j->alloc_bytes;
@@ -186,8 +186,11 @@ static int kvo__xbuild_job(kvo_transfer *t, kvo__xlayout *L, kvo_xfer_dir dir, c
     }
     assert(unit == n_units);
     j->n_res = n_res;
+    unsigned char *dup_set = (unsigned char *)(j->edges + cap_edges);
+    int rc = kvo__xcheck_slots(t, dir, j->ops, n, (kvo__xslotuse *)(dup_set + KVO__XDUP_ESZ * dup_cap));
     /* A load must not write one engine block twice (two workers would race). */
-    return dir == KVO_XFER_LOAD ? kvo__xcheck_dup_writes(t, j->res, n_res, j->edges + cap_edges, dup_cap) : 0;
+    if (!rc && dir == KVO_XFER_LOAD) rc = kvo__xcheck_dup_writes(t, j->res, n_res, dup_set, dup_cap);
+    return rc;
 }
 
 /* Queueing, lock held: room in the table for j's resources and id, then
