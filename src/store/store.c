@@ -29,6 +29,19 @@
  * old interest fades (amortized O(1): 4 x width halvings per 8 x width adds).
  * Count-min only over-estimates, so a key is never refused after admit_after
  * real lookups made since the last halving.
+ *
+ * Memo.  A client's calls come in cycles over one batch: lookup, then
+ * prepare_load / complete_load / touch of its prefix, prepare_store of the
+ * batch, complete_store of the keys it said to write.  Each call used to mix
+ * and probe every key again.  The store remembers the last batch's resident
+ * entries by position (memo, written by lookup, by every resolve and, for
+ * the new keys in order, by prepare_store); a call whose keys are all found
+ * there uses them instead of probing.  A memo entry is used only after
+ * checking that it is resident (PENDING or READY) and holds the key: the
+ * index maps a key to at most one entry, so that entry is the one a probe
+ * would find, whatever happened since (the memo is never invalidated, only
+ * verified).  Any key not confirmed this way sends the whole call down the
+ * probing path.
  */
 #include <stdlib.h>
 
@@ -106,6 +119,7 @@ static int kvo__scratch(kvo_store *s, size_t n) {
     size_t want = 16;
     while (want < 2 * n) want *= 2;
     if (!rc) rc = kvo__grow((void **)&s->sc_set, &s->sc_setcap, want, sizeof *s->sc_set, 16, "store: scratch set");
+    if (!rc) rc = kvo__grow((void **)&s->memo, &s->memo_cap, n, sizeof *s->memo, 64, "store: scratch memo");
     return rc;
 }
 
@@ -266,6 +280,7 @@ void kvo_store_destroy(kvo_store *s) {
     kvo__free(s->sc_ent);
     kvo__free(s->sc_vict);
     kvo__free(s->sc_set);
+    kvo__free(s->memo);
     kvo__free(s);
 }
 
@@ -391,12 +406,17 @@ static int kvo__pipe_begin(kvo_store *s, kvo__pipe *p, const kvo_chunk_key *keys
 int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__scratch(s, n);
     if (rc) return rc;
+    if (kvo__memo_all(s, keys, n)) {
+        memcpy(s->sc_ent, s->memo, n * sizeof *s->sc_ent);
+        return 0;
+    }
     kvo__pipe pp;
     kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
         uint32_t e = kvo__pipe_find(s, &pp, keys, n, i);
         s->sc_ent[i] = e != KVO__NIL && s->ent[e].state != KVO__E_GHOST ? e : KVO__NIL;
     }
+    kvo__memo_set(s, s->sc_ent, n);
     return 0;
 }
 
@@ -422,6 +442,7 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
             st = es == KVO__E_READY ? KVO_READY : es == KVO__E_PENDING ? KVO_PENDING : KVO_MISS;
         }
         states[i] = st;
+        if (i < s->memo_cap) s->memo[i] = st == KVO_MISS ? KVO__NIL : e;
         if (st == KVO_READY) {
             s->hits++;
             s->g_hits[g]++;
@@ -433,6 +454,7 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
             if (s->cms) kvo__cms_add(s, &keys[i]);
         }
     }
+    s->memo_n = n <= s->memo_cap ? n : 0;
     kvo__store_unlock(s);
     return 0;
 }
@@ -533,11 +555,14 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
 /* ------------------------------------------------------ touch, remove -- */
 
 int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
-    kvo__pipe pp;
-    int rc = kvo__pipe_begin(s, &pp, keys, n, keys, "kvo_store_touch");
+    int rc = kvo__check_batch(s, keys, n, keys, "kvo_store_touch");
     if (rc) return rc;
+    kvo__store_lock(s);
+    kvo__pipe pp;
+    bool memo = kvo__memo_all(s, keys, n);
+    if (!memo) kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
-        uint32_t e = kvo__pipe_find(s, &pp, keys, n, i);
+        uint32_t e = memo ? s->memo[i] : kvo__pipe_find(s, &pp, keys, n, i);
         if (e != KVO__NIL && s->ent[e].q != KVO__Q_NONE && s->ent[e].state == KVO__E_READY) s->pol->hit(s, e);
     }
     kvo__store_unlock(s);

@@ -203,6 +203,9 @@ struct kvo_store {
     uint32_t *sc_vict;                     /* victims */
     uint64_t *sc_set;                      /* duplicate detection */
     size_t sc_cap, sc_vcap, sc_setcap;
+    /* the last batch's resident entries by position (store.c, "Memo") */
+    uint32_t *memo;
+    size_t memo_n, memo_cap;
 
     /* stats */
     uint64_t hits, misses, pending_hits, stores, store_skipped_present, store_not_admitted, rejected_stores;
@@ -255,6 +258,25 @@ static inline void kvo__store_lock(kvo_store *s) { pthread_mutex_lock(&s->mu); }
 static inline void kvo__store_unlock(kvo_store *s) { pthread_mutex_unlock(&s->mu); }
 /* Busy transitions: an entry leaves/enters the evictable set. */
 static inline void kvo__busy(kvo_store *s, uint32_t e, int d) { kvo__slots_busy(&s->sl, s->ent[e].slot, d); }
+/* The memo (store.c): true when every keys[i] (i < n) is the resident entry
+ * memo[i] (each verified by its state and key); memo_set records a batch's
+ * entries (NIL: not resident), when the memo has room. */
+static inline bool kvo__memo_all(const kvo_store *s, const kvo_chunk_key *keys, size_t n) {
+    if (n > s->memo_n) return false;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = s->memo[i];
+        if (e == KVO__NIL) return false;
+        const kvo__entry *x = &s->ent[e];
+        if ((x->state != KVO__E_READY && x->state != KVO__E_PENDING) || !kvo_chunk_key_eq(&x->key, &keys[i]))
+            return false;
+    }
+    return true;
+}
+static inline void kvo__memo_set(kvo_store *s, const uint32_t *ents, size_t n) {
+    if (n > s->memo_cap) n = 0;
+    else memcpy(s->memo, ents, n * sizeof *ents);
+    s->memo_n = n;
+}
 /* Validate a batch's arguments and keys (message names fn). */
 int kvo__check_batch(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn);
 /* Resolve a batch into s->sc_ent (grown to n): each key's resident entry

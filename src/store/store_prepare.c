@@ -182,7 +182,7 @@ static int kvo__ps_validate(kvo_store *s, const kvo_chunk_key *keys, size_t n, c
     int rc = kvo__resolve(s, keys, n);
     if (rc) return rc;
     size_t da, db;
-    if (kvo__find_dup(s, keys, n, &da, &db))
+    if (n > 1 && kvo__find_dup(s, keys, n, &da, &db))
         return kvo__error(KVO_EINVAL, "%s: key %zu repeats key %zu (group %u); a batch names each chunk once", fn,
                           db, da, keys[db].group);
     return 0;
@@ -326,8 +326,8 @@ static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evict
 }
 
 /* Commit, step 5b: new key i gets an entry (a revived ghost or a fresh one)
- * and a slot, PENDING. */
-static void kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, kvo_slot *slot_out) {
+ * and a slot, PENDING; returns the entry. */
+static uint32_t kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, kvo_slot *slot_out) {
     uint32_t g = key->group;
     uint32_t c = s->group_cls[g];
     /* resolution found no resident entry; only a ghost can be there (none
@@ -359,6 +359,7 @@ static void kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, kvo_slot 
     s->g_stores[g]++;
     slot_out->offset = off;
     slot_out->bytes = s->group_slot[g];
+    return e;
 }
 
 /* Undo steps 3 and 4: victims back in reverse order, protection lifted. */
@@ -409,17 +410,21 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
             if (kvo__protectable(s, s->sc_ent[i])) s->pol->hit(s, s->sc_ent[i]);
     }
     kvo__ps_commit_victims(s, nv, evicted, evicted_slots);
+    /* the memo becomes the new keys' entries in order: complete_store of
+     * exactly those keys (the usual next call) resolves without probing */
+    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         need[i] = e == KVO__NIL;
         if (e == KVO__NIL) {
-            kvo__ps_commit_new(s, &keys[i], &slots[i]);
+            s->memo[m++] = kvo__ps_commit_new(s, &keys[i], &slots[i]);
         } else {
             slots[i].offset = 0;
             slots[i].bytes = 0;
             kvo__unprotect(s, e);
         }
     }
+    s->memo_n = m;
     s->store_skipped_present += b.n_present;
     s->store_not_admitted += b.n_not_admitted;
     if (n_evicted) *n_evicted = nv;

@@ -44,13 +44,15 @@
  * (a store reading one engine block into two chunk positions, ops sharing a
  * slot) is linked once: linking is idempotent, so no sort or dedup pass is
  * needed; only a load writing one engine block twice is an error, found
- * before anything is queued with a temporary hash set (O(blocks)).
+ * before anything is queued with a hash set in the job's own memory
+ * (O(blocks)).
  * The job ids live in the same table (tag KVO__XTAG_JOB), for cancel and
  * wait.
  *
  * States: WAITING (edges pending) -> READY (in the ready list) -> RUNNING
  * (some unit claimed) -> finished (result posted, resources released,
- * successors released, memory freed).  A job that fails before it starts
+ * successors released, memory freed or kept on a short spare list for the
+ * next submit: transfer_queue.c).  A job that fails before it starts
  * (cancel, layout change, close, or a failed predecessor that wrote what it
  * reads) posts its result at once; if it still waits for predecessors it
  * stays in the graph as a ZOMBIE that copies nothing until they finish, so
@@ -113,6 +115,7 @@ static void kvo__xfree_engine(kvo_transfer *t) {
     if (t->efd >= 0) close(t->efd);
     if (t->layout) kvo__xlayout_free(t->layout);
     kvo__hmap_free(&t->tab);
+    kvo__xspare_free(t);
     kvo__free(t->ring);
     pthread_cond_destroy(&t->work_cv);
     pthread_cond_destroy(&t->done_cv);

@@ -139,6 +139,7 @@ struct kvo__xjob {
     kvo__xjob *lprev, *lnext;  /* live list (unfinished, not zombie) */
     kvo__xjob *work_next;      /* retire worklist, then free list */
     kvo__xjob *doom_next;      /* kvo__xfail_matching's list */
+    size_t alloc_bytes;        /* size of the job's one allocation */
     bool posted;               /* result posted */
 };
 
@@ -177,6 +178,8 @@ struct kvo_transfer {
     kvo__xjob *live_head;
     size_t n_live, n_zombies;
     kvo__hmap tab;             /* kvo__xent: resources and job ids */
+    kvo__xjob *spare;          /* retired jobs' memory kept for reuse (work_next list) */
+    uint32_t n_spare;
     kvo_xfer_result *ring;
     size_t ring_head, ring_count;
     kvo_transfer_stats st;
@@ -192,6 +195,14 @@ static inline kvo__xent *kvo__xtab_find(kvo_transfer *t, uint64_t a, uint64_t b)
 void kvo__xgc_layout_unref(kvo__xgc *gc, kvo__xlayout *l);
 /* Free what gc collected (lock not held). */
 void kvo__xgc_run(kvo__xgc *gc);
+/* Jobs' memory kept for reuse: at most KVO__XSPARE retired jobs, each at most
+ * KVO__XSPARE_BYTES (a submit takes the last one, so a steady stream of jobs
+ * allocates nothing).  kvo__xspare_take: lock held; the caller owns the
+ * result (or NULL).  kvo__xspare_free: at engine teardown. */
+#define KVO__XSPARE 4
+#define KVO__XSPARE_BYTES (UINT64_C(8) << 20)
+kvo__xjob *kvo__xspare_take(kvo_transfer *t);
+void kvo__xspare_free(kvo_transfer *t);
 void kvo__xready_push(kvo_transfer *t, kvo__xjob *j);
 void kvo__xready_remove(kvo_transfer *t, kvo__xjob *j);
 /* Link j into the graph: it depends on the last writer of what it touches

@@ -2,7 +2,10 @@
  * kvo_transfer_submit and its checks (see transfer.c's essay, "Ordering").
  * Phases: validation (ops against the plan and the layout held at entry,
  * ops sharing a slot, a load writing an engine block twice), building the
- * job (one allocation: job, ops, engine block ids, resources, edge storage),
+ * job (one allocation: job, ops, engine block ids, resources, edge storage,
+ * a load's duplicate-write set, the slot check's records; the slot and
+ * duplicate checks run on the built job; a retired job's memory is reused when large
+ * enough, so a steady stream of like jobs allocates nothing),
  * queueing (reserve table room, admission checks under the lock), dependency
  * linking (transfer_queue.c) and release to the ready list.  Validation and
  * building run without the lock.
@@ -10,6 +13,9 @@
 #include <stdlib.h>
 
 #include "transfer/transfer_internal.h"
+
+/* Entry size of the duplicate-write set (key, used, padding). */
+#define KVO__XDUP_ESZ 24
 
 typedef struct kvo__xslotuse {
     uintptr_t slot;
@@ -25,11 +31,10 @@ static int kvo__xslotuse_cmp(const void *x, const void *y) {
 }
 
 /* Ops sharing a slot must be of one group, and in a store cover disjoint
- * blocks (two workers would race on the same bytes).  O(n log n) in ops. */
-static int kvo__xcheck_slots(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n) {
+ * blocks (two workers would race on the same bytes).  O(n log n) in ops;
+ * u: room for n records (in the job's allocation). */
+static int kvo__xcheck_slots(kvo_transfer *t, kvo_xfer_dir dir, const kvo__xop *ops, size_t n, kvo__xslotuse *u) {
     if (n < 2) return 0;
-    kvo__xslotuse *u = kvo__malloc(sizeof *u * n);
-    if (!u) return kvo__error(KVO_ENOMEM, "kvo_transfer_submit: out of memory checking %zu ops", n);
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
         if (ops[i].n_blocks)
@@ -50,15 +55,16 @@ static int kvo__xcheck_slots(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_o
                             u[i - 1].op, u[i].op, u[i - 1].first, u[i - 1].end, u[i].first, u[i].end,
                             (void *)u[i].slot);
     }
-    kvo__free(u);
     return rc;
 }
 
-/* Any engine block written twice in res?  A temporary kvo__hmap set of
- * (block, group) pairs: O(n), one allocation per load job, no lock. */
-static int kvo__xcheck_dup_writes(kvo_transfer *t, const kvo__xres *res, size_t n) {
-    kvo__hmap set;
-    int rc = kvo__hmap_init(&set, 24, n, "kvo_transfer_submit: checking a load's engine blocks");
+/* Any engine block written twice in res?  A kvo__hmap set of (block, group)
+ * pairs in scratch memory of the job's allocation (cap entries of 24 bytes,
+ * cap a power of two >= 2 * writes): O(n), no allocation, no lock. */
+static int kvo__xcheck_dup_writes(kvo_transfer *t, const kvo__xres *res, size_t n, void *scratch, size_t cap) {
+    kvo__hmap set = {scratch, KVO__XDUP_ESZ, cap, 0};
+    memset(scratch, 0, cap * KVO__XDUP_ESZ);
+    int rc = 0;
     for (size_t r = 0; r < n && !rc; r++) {
         if (!res[r].write) continue;
         bool existed;
@@ -69,7 +75,6 @@ static int kvo__xcheck_dup_writes(kvo_transfer *t, const kvo__xres *res, size_t 
                             "blocks cannot load into the same engine block)",
                             (unsigned long long)res[r].a, kvo_plan_group(t->plan, (size_t)res[r].b)->name);
     }
-    kvo__hmap_free(&set);
     return rc;
 }
 
@@ -119,23 +124,40 @@ static int kvo__xvalidate_ops(kvo_transfer *t, const kvo__xlayout *L, kvo_xfer_d
         *total_blocks += op->n_blocks;
         *n_units += kvo__xunits_per_seg(G, op->n_blocks) * G->n_segs;
     }
-    return kvo__xcheck_slots(t, dir, ops, n);
+    return 0;
 }
 
 /* Building: one allocation holding the job, its ops, their engine block ids,
- * its resource list and its edge storage; a load is then checked for engine
- * blocks written twice (other repeats are fine: linking is idempotent). */
+ * its resource list, its edge storage, (loads) the duplicate-write set's
+ * table and the slot check's records; `spare` (a retired job's memory, or NULL) is reused when it is large
+ * enough, else freed.  A load is then checked for engine blocks written twice
+ * (other repeats are fine: linking is idempotent). */
 static int kvo__xbuild_job(kvo_transfer *t, kvo__xlayout *L, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n,
-                           uint64_t total_blocks, uint64_t n_units, uint64_t group_mask, kvo__xjob **out) {
+                           uint64_t total_blocks, uint64_t n_units, uint64_t group_mask, kvo__xjob *spare,
+                           kvo__xjob **out) {
     size_t max_res = n + (size_t)total_blocks, n_res = 0;
     uint64_t cap_edges = (uint64_t)max_res * (1 + KVO__XREADERS);
     if (cap_edges > t->max_queued) cap_edges = t->max_queued;
+    size_t dup_cap = 0;
+    if (dir == KVO_XFER_LOAD)
+        for (dup_cap = 16; dup_cap < 2 * total_blocks; dup_cap *= 2) {}
     size_t sz = sizeof(kvo__xjob) + sizeof(kvo__xop) * n + sizeof(uint64_t) * total_blocks +
-                sizeof(kvo__xres) * max_res + sizeof(kvo__xedge) * cap_edges;
-    kvo__xjob *j = *out = kvo__calloc(1, sz);
-    if (!j)
-        return kvo__error(KVO_ENOMEM, "kvo_transfer_submit: out of memory for a job of %zu ops, %llu blocks", n,
-                          (unsigned long long)total_blocks);
+                sizeof(kvo__xres) * max_res + sizeof(kvo__xedge) * cap_edges + KVO__XDUP_ESZ * dup_cap +
+                (n > 1 ? sizeof(kvo__xslotuse) * n : 0);
+    kvo__xjob *j = spare;
+    if (j && j->alloc_bytes >= sz) {
+        size_t have = j->alloc_bytes;
+        memset(j, 0, sizeof *j);
+        j->alloc_bytes = have;
+    } else {
+        kvo__free(spare);
+        j = kvo__calloc(1, sz);
+        if (!j)
+            return kvo__error(KVO_ENOMEM, "kvo_transfer_submit: out of memory for a job of %zu ops, %llu blocks",
+                              n, (unsigned long long)total_blocks);
+        j->alloc_bytes = sz;
+    }
+    *out = j;
     j->ops = (kvo__xop *)(j + 1);
     uint64_t *blocks = (uint64_t *)(j->ops + n);
     j->res = (kvo__xres *)(blocks + total_blocks);
@@ -151,12 +173,8 @@ static int kvo__xbuild_job(kvo_transfer *t, kvo__xlayout *L, kvo_xfer_dir dir, c
         const kvo_xfer_op *op = &ops[i];
         kvo__xop *x = &j->ops[i];
         const kvo__xgroup *G = &L->groups[op->group];
-        x->group = op->group;
-        x->first_block = op->first_block;
-        x->n_blocks = op->n_blocks;
-        x->slot = op->slot;
-        x->blocks = blocks + bpos;
-        x->unit_start = unit;
+        *x = (kvo__xop){.group = op->group, .first_block = op->first_block, .n_blocks = op->n_blocks,
+                        .slot = op->slot, .blocks = blocks + bpos, .unit_start = unit};
         if (op->n_blocks == 0) continue;
         memcpy(blocks + bpos, op->engine_blocks, sizeof(uint64_t) * op->n_blocks);
         bpos += op->n_blocks;
@@ -168,8 +186,11 @@ static int kvo__xbuild_job(kvo_transfer *t, kvo__xlayout *L, kvo_xfer_dir dir, c
     }
     assert(unit == n_units);
     j->n_res = n_res;
+    unsigned char *dup_set = (unsigned char *)(j->edges + cap_edges);
+    int rc = kvo__xcheck_slots(t, dir, j->ops, n, (kvo__xslotuse *)(dup_set + KVO__XDUP_ESZ * dup_cap));
     /* A load must not write one engine block twice (two workers would race). */
-    return dir == KVO_XFER_LOAD ? kvo__xcheck_dup_writes(t, j->res, n_res) : 0;
+    if (!rc && dir == KVO_XFER_LOAD) rc = kvo__xcheck_dup_writes(t, j->res, n_res, dup_set, dup_cap);
+    return rc;
 }
 
 /* Queueing, lock held: room in the table for j's resources and id, then
@@ -194,7 +215,7 @@ static int kvo__xadmit(kvo_transfer *t, const kvo__xjob *j) {
 }
 
 /* The layout to validate against, referenced; lock taken and dropped. */
-static int kvo__xhold_layout(kvo_transfer *t, kvo__xlayout **out) {
+static int kvo__xhold_layout(kvo_transfer *t, kvo__xlayout **out, kvo__xjob **spare) {
     int rc = 0;
     pthread_mutex_lock(&t->mu);
     if (t->closed) rc = kvo__error(KVO_ECLOSED, "kvo_transfer_submit: the transfer engine is closed");
@@ -203,6 +224,7 @@ static int kvo__xhold_layout(kvo_transfer *t, kvo__xlayout **out) {
     else {
         *out = t->layout;
         t->layout->refs++;
+        *spare = kvo__xspare_take(t);
     }
     pthread_mutex_unlock(&t->mu);
     return rc;
@@ -216,14 +238,16 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
                           (int)dir);
     kvo__xgc gc = {0};
     kvo__xlayout *L = NULL;
-    int rc = kvo__xhold_layout(t, &L);
+    kvo__xjob *spare = NULL;
+    int rc = kvo__xhold_layout(t, &L, &spare);
     if (rc) return rc;
 
     /* Validation and building, unlocked. */
     uint64_t total_blocks = 0, n_units = 0, group_mask = 0;
     kvo__xjob *j = NULL;
     rc = kvo__xvalidate_ops(t, L, dir, ops, n, &total_blocks, &n_units, &group_mask);
-    if (!rc) rc = kvo__xbuild_job(t, L, dir, ops, n, total_blocks, n_units, group_mask, &j);
+    if (!rc) rc = kvo__xbuild_job(t, L, dir, ops, n, total_blocks, n_units, group_mask, spare, &j);
+    else kvo__free(spare);
 
     /* Queueing. */
     pthread_mutex_lock(&t->mu);
