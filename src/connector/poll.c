@@ -127,6 +127,7 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
                 (void)kvo_store_remove(c->store, &j->keys[i], 1);
             }
     if (!r || r->gen != j->gen || r->load_job != j->id) return; /* preempted or aborted */
+    kvo__conn_hist_add(&c->load_ns, kvo__now_ns() - j->t0_ns);
     r->load_job = 0;
     kvo__conn_req_set_state(c, r, REQ_ACTIVE);
     kvo_completion cp;
