@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "connector/connector_internal.h"
+#include "tiers/file_testing.h"
 #include "connector_sim.h"
 
 static kvo_plan *plan2(void) {
@@ -438,14 +439,14 @@ KVO_TEST(writeback_backpressure_counted) {
     ASSERT_EQ_U64(st.file_writes, ts.writes + ts.dropped_nospace + ts.dropped_io);
     ASSERT_EQ_U64(st.file_writes + st.file_writes_dropped + st.file_writes_skipped, st.host.evictions);
     /* a full disk: the writes fail in the tier, counted there */
-    kvo_file_tier_inject_write_error(ENOSPC, 2);
+    kvo__file_tier_inject_write_error(ENOSPC, 2);
     uint64_t q0 = st.file_writes;
     for (; k < 80 && st.file_writes < q0 + 2; k++) {
         fill(tok, 400, 500 + k * 11);
         store_prompt(&f.s, f.t, 1 + k, tok, 400);
         st = conn_stats(&f.s);
     }
-    kvo_file_tier_inject_write_error(0, 0);
+    kvo__file_tier_inject_write_error(0, 0);
     ASSERT_GE_U64(st.file_writes, q0 + 2);
     ts = tier_stats(f.t);
     ASSERT_EQ_U64(ts.dropped_nospace, 2);

@@ -484,12 +484,12 @@ KVO_TEST(enospc_injected) {
     kvo_file_tier_params p = params(subdir("ns"), plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    kvo_file_tier_inject_write_error(ENOSPC, 5);
+    kvo__file_tier_inject_write_error(ENOSPC, 5);
     check_nospace(t, plan, 1);
     kvo_file_tier_stats s;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_nospace, 5);
-    kvo_file_tier_inject_write_error(EIO, 2);
+    kvo__file_tier_inject_write_error(EIO, 2);
     const kvo_group_plan *g = kvo_plan_group(plan, 1);
     unsigned char *buf = calloc(1, g->chunk_bytes);
     for (int i = 0; i < 3; i++) {
@@ -501,7 +501,7 @@ KVO_TEST(enospc_injected) {
     ASSERT_OK(kvo_file_tier_flush(t, 20000));
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_io, 2);
-    kvo_file_tier_inject_write_error(0, 0);
+    kvo__file_tier_inject_write_error(0, 0);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }

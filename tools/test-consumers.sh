@@ -49,6 +49,16 @@ if [ -n "$internal" ]; then
   exit 1
 fi
 say "  $(printf '%s\n' "$exported" | wc -l) symbols, all kvo_*"
+# Test-only hooks are built only with KVO_TESTING (tests on): neither
+# installed library may carry them.
+hooks=$( (nm -D --defined-only "$so"; nm --defined-only "$libdir/libkvoffload.a" 2>/dev/null) |
+         awk '{print $NF}' | grep -i 'inject' || true)
+if [ -n "$hooks" ]; then
+  echo "FAIL: installed libraries carry test-only hooks:" >&2
+  printf '  %s\n' $hooks >&2
+  exit 1
+fi
+say "  no test-only hooks (inject*) in libkvoffload.so or libkvoffload.a"
 
 say "installed CLI: $("$prefix/bin/kvoffload" version | head -n1)"
 

@@ -425,11 +425,6 @@ typedef int (*kvo_file_walk_fn)(const kvo_file_walk_entry *e, void *ctx);
  *  return, or 0. */
 KVO_API int kvo_file_walk(const char *ns_dir, uint32_t flags, kvo_file_walk_fn fn, void *ctx);
 
-/** Test hook: make the next `count` file writes fail with errno `err` (e.g.
- *  ENOSPC, EIO) as if the file system returned it; count 0 clears.  Process-
- *  wide; for tests of failure handling. */
-KVO_API void kvo_file_tier_inject_write_error(int err, uint32_t count);
-
 #ifdef __cplusplus
 }
 #endif

@@ -429,9 +429,11 @@ void kvo__conn_finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t b
 /* Count one load that took ns. */
 void kvo__conn_hist_add(kvo__hist *h, uint64_t ns);
 
-/* ---- test hooks (create.c) ---- */
+/* ---- test hooks (create.c), built only with KVO_TESTING ---- */
+#ifdef KVO_TESTING
 /* The next n load jobs of c complete as failed (KVO_EIO) whatever the copy
  * did; the next n store jobs likewise when stores is true. */
 void kvo__connector_inject_failures(kvo_connector *c, uint32_t loads, uint32_t stores);
+#endif
 
 #endif

@@ -219,12 +219,14 @@ kvo_store *kvo_connector_store(kvo_connector *c) { return c ? c->store : NULL; }
 kvo_transfer *kvo_connector_transfer(kvo_connector *c) { return c ? c->xfer : NULL; }
 kvo_arena *kvo_connector_arena(kvo_connector *c) { return c ? c->arena : NULL; }
 
+#ifdef KVO_TESTING
 void kvo__connector_inject_failures(kvo_connector *c, uint32_t loads, uint32_t stores) {
     kvo__conn_lock(c);
     c->inject_load_fail = loads;
     c->inject_store_fail = stores;
     kvo__conn_unlock(c);
 }
+#endif
 
 int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out) {
     if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_request_stats: NULL argument");

@@ -52,22 +52,6 @@
 
 #include "tiers/file_internal.h"
 
-/* Test hook (process-wide). */
-static atomic_int g_inject_err;
-static atomic_uint g_inject_count;
-
-void kvo_file_tier_inject_write_error(int err, uint32_t count) {
-    atomic_store(&g_inject_err, err);
-    atomic_store(&g_inject_count, count);
-}
-
-int kvo__file_take_injected(void) {
-    unsigned c = atomic_load(&g_inject_count);
-    while (c > 0) {
-        if (atomic_compare_exchange_weak(&g_inject_count, &c, c - 1)) return atomic_load(&g_inject_err);
-    }
-    return 0;
-}
 
 const char *kvo_file_io_name(kvo_file_io_kind k) {
     switch (k) {
