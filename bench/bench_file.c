@@ -270,8 +270,9 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t n, uint64_t ch
             else done++;
         }
         kvo_file_completion c[DEPTH];
-        kvo_file_tier_wait(t, 1000);
-        size_t m = kvo_file_tier_poll(t, c, DEPTH);
+        kvo_file_tier_wait(t, KVO_MS(1000));
+        size_t m = 0;
+        (void)kvo_file_tier_poll(t, c, DEPTH, &m);
         for (size_t i = 0; i < m; i++) {
             busy[c[i].user_data] = 0;
             done++;

@@ -101,7 +101,7 @@ static const kvo_block_table *kvo__tables(kvo_eng_conn *c, kvo_eng_req *r) {
 
 static void kvo__drain(kvo_eng_conn *c) {
     size_t n;
-    while ((n = kvo_connector_poll(c->conn, c->comp, sizeof c->comp / sizeof c->comp[0])) > 0) {
+    while (kvo_connector_poll(c->conn, c->comp, sizeof c->comp / sizeof c->comp[0], &n) == 0 && n > 0) {
         for (size_t i = 0; i < n; i++) {
             const kvo_completion *k = &c->comp[i];
             if (k->type != KVO_COMPLETION_LOAD) continue;
@@ -437,10 +437,10 @@ int kvo_eng_conn_flush(kvo_eng_conn *c) {
         struct pollfd pfd = {kvo_connector_event_fd(c->conn), POLLIN, 0};
         (void)poll(&pfd, 1, 10);
     }
-    if (c->rt && kvo_remote_tier_flush(c->rt, 60000))
+    if (c->rt && kvo_remote_tier_flush(c->rt, KVO_MS(60000)))
         return kvo__eng_error(KVO_ETIMEDOUT, "offload: remote puts still queued after 60 s");
     if (!c->ft) return 0;
-    int rc = c->p.file_mode == KVO_FILE_WRITE_BACK ? kvo_connector_flush_to_file(c->conn, 60000, NULL)
-                                                   : kvo_file_tier_flush(c->ft, 60000);
+    int rc = c->p.file_mode == KVO_FILE_WRITE_BACK ? kvo_connector_flush_to_file(c->conn, KVO_MS(60000), NULL)
+                                                   : kvo_file_tier_flush(c->ft, KVO_MS(60000));
     return rc ? kvo__eng_lib_error(rc, "offload: file tier flush") : 0;
 }

@@ -89,7 +89,8 @@ static size_t drain_completions(sim *s, kvo_completion *out, size_t cap) {
     }
     size_t n = 0;
     for (;;) {
-        size_t k = kvo_connector_poll(s->c, out + n, cap - n > 4 ? 4 : cap - n);
+        size_t k = 0;
+        ASSERT_OK(kvo_connector_poll(s->c, out + n, cap - n > 4 ? 4 : cap - n, &k));
         n += k;
         if (k == 0 || n == cap) return n;
     }
@@ -133,7 +134,11 @@ static kvo_lookup_result sim_with_hit(sim *s, sim_req *r, uint32_t *tok, uint32_
 static void load_and_queue(sim *s, sim_req *r, uint64_t b) {
     issue_load(s, r, b);
     ASSERT_OK(kvo_connector_wait_request(s->c, 2));
-    ASSERT_EQ_U64(kvo_connector_poll(s->c, NULL, 0), 0); /* results processed, completion queued */
+    {
+        size_t np_ = 99;
+        ASSERT_OK(kvo_connector_poll(s->c, NULL, 0, &np_));
+        ASSERT_EQ_U64(np_, 0); /* results processed, completion queued */
+    }
 }
 
 /* Nothing is left pinned or pending in the host tier. */
@@ -194,7 +199,8 @@ KVO_TEST(stale_completion_never_reports_a_newer_load) {
     size_t loads = 0;
     for (int spin = 0; spin < 2000000; spin++) {
         kvo_completion one;
-        size_t n = kvo_connector_poll(s.c, &one, 1);
+        size_t n = 0;
+        ASSERT_OK(kvo_connector_poll(s.c, &one, 1, &n));
         if (n && one.request == 2 && one.type == KVO_COMPLETION_LOAD) {
             ASSERT_EQ_INT(one.status, 0);
             ASSERT_EQ_U64(one.tokens_valid, lr.tokens);
@@ -240,7 +246,7 @@ KVO_TEST(abort_drops_queued_completion_before_id_reuse) {
     size_t released = 0;
     if (busy) {
         ASSERT_OK(kvo_connector_wait_request(s.c, 2));
-        (void)kvo_connector_poll(s.c, NULL, 0); /* RELEASED queued, request retired */
+        (void)kvo_connector_poll(s.c, NULL, 0, &(size_t){0}); /* RELEASED queued, request retired */
         sim_req r3;
         lr = add_lookup(&s, &r3, 2, other, 100);
         ASSERT_OK(kvo_connector_abort(s.c, 2));

@@ -262,7 +262,8 @@ KVO_TEST(preempt_while_file_reads_run) {
         /* let the orphaned reads finish */
         for (int spin = 0; spin < 100000; spin++) {
             kvo_completion cps[8];
-            size_t n = kvo_connector_poll(f.s.c, cps, 8);
+            size_t n = 0;
+            ASSERT_OK(kvo_connector_poll(f.s.c, cps, 8, &n));
             for (size_t i = 0; i < n; i++) ASSERT_NE_U64(cps[i].request, id);
             kvo_store_stats hs;
             ASSERT_OK(kvo_store_get_stats(kvo_connector_store(f.s.c), &hs));
@@ -397,7 +398,7 @@ KVO_TEST(writeback_flush_persist_restart) {
     ASSERT_OK(kvo_connector_flush_to_file(f.s.c, -1, &nq));
     ASSERT_EQ_U64(nq, na);
     ASSERT_EQ_U64(tier_stats(f.t).writes, na);
-    ASSERT_OK(kvo_connector_flush_to_file(f.s.c, 10000, &nq)); /* all held: nothing rewritten */
+    ASSERT_OK(kvo_connector_flush_to_file(f.s.c, KVO_MS(10000), &nq)); /* all held: nothing rewritten */
     ASSERT_EQ_U64(nq, 0);
     st = conn_stats(&f.s);
     ASSERT_GE_U64(st.file_writes_skipped, na);
@@ -501,7 +502,7 @@ typedef struct flusher {
 static void *flush_loop(void *arg) {
     flusher *x = arg;
     while (!__atomic_load_n(&x->stop, __ATOMIC_SEQ_CST) && x->rc == 0) {
-        x->rc = kvo_connector_flush_to_file(x->c, 10000, NULL);
+        x->rc = kvo_connector_flush_to_file(x->c, KVO_MS(10000), NULL);
         x->rounds++;
     }
     return NULL;

@@ -100,13 +100,13 @@ static void write_keys(kvo_file_tier *t, const kvo_plan *plan, const kvo_chunk_k
         int r = 1;
         ASSERT_OK(kvo_file_tier_write(t, &keys[i], &src, 1, NULL, &r, NULL));
         if (r == KVO_EAGAIN) { /* back-pressure: let the queue drain */
-            ASSERT_OK(kvo_file_tier_flush(t, 20000));
+            ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
             ASSERT_OK(kvo_file_tier_write(t, &keys[i], &src, 1, NULL, &r, NULL));
         }
         free(buf); /* the tier copied it */
         ASSERT_EQ_INT(r, 0);
     }
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
 }
 
 /* Read one key synchronously; returns the completion result and checks the
@@ -126,9 +126,9 @@ static int read_key(kvo_file_tier *t, const kvo_plan *plan, const kvo_chunk_key 
     kvo_file_completion c;
     size_t got = 0;
     for (int spin = 0; spin < 2000 && !got; spin++) {
-        int w = kvo_file_tier_wait(t, 5000);
+        int w = kvo_file_tier_wait(t, KVO_MS(5000));
         if (w && w != KVO_ETIMEDOUT) FAILF("wait: %s", kvo_last_error());
-        got = kvo_file_tier_poll(t, &c, 1);
+        ASSERT_OK(kvo_file_tier_poll(t, &c, 1, &got));
     }
     ASSERT_EQ_U64(got, 1);
     ASSERT_EQ_U64(c.user_data, 77);
@@ -455,7 +455,7 @@ static void check_nospace(kvo_file_tier *t, const kvo_plan *plan, int expect_som
         fill_key(buf, g->chunk_bytes, &k);
         const void *src = buf;
         ASSERT_OK(kvo_file_tier_write(t, &k, &src, 1, NULL, NULL, NULL));
-        ASSERT_OK(kvo_file_tier_flush(t, 20000));
+        ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     }
     free(buf);
     kvo_file_tier_stats s;
@@ -498,7 +498,7 @@ KVO_TEST(enospc_injected) {
         ASSERT_OK(kvo_file_tier_write(t, &k, &src, 1, NULL, NULL, NULL));
     }
     free(buf);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_io, 2);
     kvo__file_tier_inject_write_error(0, 0);
@@ -574,7 +574,7 @@ static int share_child(const kvo_plan *plan, const char *root, uint64_t first, u
         if (r != 0 && r != KVO_EEXIST) return 11;
     }
     free(buf);
-    if (kvo_file_tier_flush(t, 20000)) return 12;
+    if (kvo_file_tier_flush(t, KVO_MS(20000))) return 12;
     /* read everything, waiting for the other writer */
     uint64_t found = 0;
     for (int round = 0; round < 500 && found < total; round++) {
@@ -700,7 +700,7 @@ KVO_TEST(fanout_at_create_and_recycling_burst) {
     kvo_chunk_key keys[44];
     for (int i = 0; i < 24; i++) keys[i] = key_n((uint64_t)i + 7000, 0);
     write_keys(t, plan, keys, 24);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     kvo_file_tier_stats a, b;
     ASSERT_OK(kvo_file_tier_get_stats(t, &a));
     /* 20 writes queued at once (under max_pending_writes, more than the
@@ -708,7 +708,7 @@ KVO_TEST(fanout_at_create_and_recycling_burst) {
      * so one is always ready to evict) */
     for (int i = 24; i < 44; i++) keys[i] = key_n((uint64_t)i + 7000, 0);
     write_keys(t, plan, keys + 24, 20);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     ASSERT_OK(kvo_file_tier_get_stats(t, &b));
     ASSERT_EQ_U64(b.writes - a.writes, 20);
     ASSERT_EQ_U64(b.recycled_files - a.recycled_files, 20);
@@ -750,7 +750,7 @@ KVO_TEST(backpressure_drops) {
     }
     size_t queued = 0;
     ASSERT_OK(kvo_file_tier_write(t, keys, srcs, N, NULL, res, &queued));
-    ASSERT_OK(kvo_file_tier_flush(t, 30000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(30000)));
     kvo_file_tier_stats s;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_GE_U64(queued, 2);
@@ -786,7 +786,8 @@ KVO_TEST(write_completions_and_event_fd) {
         struct pollfd pf = {fd, POLLIN, 0};
         poll(&pf, 1, 1000);
         kvo_file_completion c[3];
-        size_t n = kvo_file_tier_poll(t, c, 3);
+        size_t n = 0;
+        ASSERT_OK(kvo_file_tier_poll(t, c, 3, &n));
         for (size_t i = 0; i < n; i++) {
             ASSERT_EQ_INT(c[i].op, KVO_FILE_OP_WRITE);
             ASSERT_EQ_INT(c[i].result, 0);
@@ -1013,7 +1014,7 @@ KVO_TEST(staging_shared_between_groups) {
         ASSERT_OK(kvo_file_tier_write(t, &b[i], &src, 1, NULL, &r, NULL));
         ASSERT_EQ_INT(r, 0);
         free(buf);
-        ASSERT_OK(kvo_file_tier_flush(t, 20000));
+        ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     }
     kvo_file_tier_stats s;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
@@ -1041,7 +1042,7 @@ KVO_TEST(backpressure_latency) {
     int r = 1;
     ASSERT_OK(kvo_file_tier_write(t, &k[0], &src, 1, NULL, &r, NULL));
     ASSERT_EQ_INT(r, 0);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000)); /* latency now ~20 ms */
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000))); /* latency now ~20 ms */
     /* k[1] takes 300 ms, so it is surely still queued when k[2] arrives,
      * however slow this machine (sanitizers, parallel tests) is. */
     atomic_store(&kvo__file_test_write_delay_us, 300000);
@@ -1050,7 +1051,7 @@ KVO_TEST(backpressure_latency) {
     ASSERT_OK(kvo_file_tier_write(t, &k[2], &src, 1, NULL, &r, NULL));
     ASSERT_EQ_INT(r, KVO_EAGAIN); /* k[1] still queued and writes are slow */
     atomic_store(&kvo__file_test_write_delay_us, 0);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     kvo_file_tier_stats s;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_backpressure, 1);
@@ -1117,8 +1118,8 @@ static void *conc_reader(void *arg) {
         kvo_file_completion comp;
         size_t got = 0;
         while (!got) {
-            kvo_file_tier_wait(c->t, 1000);
-            got = kvo_file_tier_poll(c->t, &comp, 1);
+            kvo_file_tier_wait(c->t, KVO_MS(1000));
+            ASSERT_OK(kvo_file_tier_poll(c->t, &comp, 1, &got));
         }
         if (comp.result == 0) {
             const kvo_group_plan *g = kvo_plan_group(c->plan, k.group);
@@ -1151,7 +1152,7 @@ KVO_TEST(concurrent_threads) {
     }
     for (int i = 0; i <= NW; i++) pthread_join(th[i], NULL);
     for (int i = 0; i <= NW; i++) ASSERT_EQ_INT(ctx[i].failures, 0);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     /* The writers may outrun the disk so far that every write found the
      * quota full of pending writes (dropped with ENOSPC, no eviction): write
      * more keys one at a time so the quota surely turns over. */
@@ -1163,7 +1164,7 @@ KVO_TEST(concurrent_threads) {
         int r = 1;
         ASSERT_OK(kvo_file_tier_write(t, &k, &src, 1, NULL, &r, NULL));
         ASSERT_EQ_INT(r, 0);
-        ASSERT_OK(kvo_file_tier_flush(t, 20000));
+        ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     }
     free(buf);
     kvo_file_tier_stats s;
@@ -1200,8 +1201,8 @@ static int wait_read(kvo_file_tier *t) {
     kvo_file_completion c;
     size_t got = 0;
     while (!got) {
-        kvo_file_tier_wait(t, 5000);
-        got = kvo_file_tier_poll(t, &c, 1);
+        kvo_file_tier_wait(t, KVO_MS(5000));
+        ASSERT_OK(kvo_file_tier_poll(t, &c, 1, &got));
     }
     return c.result;
 }
@@ -1253,7 +1254,7 @@ KVO_TEST(round_trip_engine_transfer_file) {
     ASSERT_EQ_INT(res[0], 0);
     ASSERT_EQ_INT(res[1], 0);
     memset(slot0, 0x11, gf->slot_bytes); /* the tier copied: reuse at once */
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     kvo_file_tier_destroy(t);
 
     /* another slot layout sees nothing of it */

@@ -586,10 +586,11 @@ typedef struct kvo_completion {
  *  writes stored chunks through to the file tier in write-through mode,
  *  finishes file reads and
  *  submits the loads that waited for them) and move up to cap completions for
- *  the engine to out; returns the count.  Call every step (or when event_fd
+ *  the engine to out; *n = the count.  Call every step (or when event_fd
  *  is readable).  With a file or remote tier, the connector consumes all of the tier's
- *  completions (leave its write_completions off). */
-KVO_API size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap);
+ *  completions (leave its write_completions off).  Errors: KVO_EINVAL (NULL
+ *  c or n, out NULL with cap > 0). */
+KVO_API int kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap, size_t *n);
 
 /** A file descriptor readable when poll may have work (the transfer engine's
  *  eventfd; with a file tier, also watch kvo_file_tier_event_fd, with a
@@ -677,12 +678,12 @@ KVO_API int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
  *  file_writes_dropped.
  *  Chunks stored or evicted concurrently may be missed or seen twice
  *  (harmless).  The connector lock is released while waiting; other calls
- *  may run meanwhile.  timeout_ms bounds the whole call (-1: none).
+ *  may run meanwhile.  timeout_ns bounds the whole call (< 0: none).
  *  *n_queued (may be NULL): chunks queued by this call.
  *  Errors: KVO_EINVAL (NULL c), KVO_ESTATE (no file tier), KVO_ETIMEDOUT
  *  (the writes did not finish in time; they continue), KVO_ECLOSED (the
  *  tier is shutting down). */
-KVO_API int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_queued);
+KVO_API int kvo_connector_flush_to_file(kvo_connector *c, int64_t timeout_ns, uint64_t *n_queued);
 
 /** Events for an external router or index: the host store's stored /
  *  evicted / removed events (kvo_store_drain_events).  Returns the count. */

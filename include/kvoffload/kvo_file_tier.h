@@ -252,14 +252,15 @@ typedef struct kvo_file_completion {
     uint64_t latency_ns;  /* from queueing to completion */
 } kvo_file_completion;
 
-/** Move up to cap finished completions to out (oldest first); returns the
- *  count (0 when none).  Never blocks. */
-KVO_API size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap);
+/** Move up to cap finished completions to out (oldest first); *n = the
+ *  count (0 when none).  Never blocks.  Errors: KVO_EINVAL (NULL t or n, out
+ *  NULL with cap > 0). */
+KVO_API int kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap, size_t *n);
 
-/** Block until a completion is waiting or timeout_ms passes (-1: forever,
+/** Block until a completion is waiting or timeout_ns passes (< 0: forever,
  *  but returns KVO_ENOTFOUND at once if no read or reported write is in
- *  flight).  0, KVO_ETIMEDOUT, KVO_ENOTFOUND. */
-KVO_API int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms);
+ *  flight; 0: no wait).  0, KVO_ETIMEDOUT, KVO_ENOTFOUND. */
+KVO_API int kvo_file_tier_wait(kvo_file_tier *t, int64_t timeout_ns);
 
 /** An eventfd (EFD_NONBLOCK) that is readable while completions wait; poll
  *  drains it.  Owned by the tier; valid until destroy. */
@@ -267,9 +268,9 @@ KVO_API int kvo_file_tier_event_fd(const kvo_file_tier *t);
 
 /** Wait until no write is queued or running (so every write queued before
  *  this call has finished: written or dropped).  With writers on other
- *  threads this may wait for their writes too.  timeout_ms -1 = forever.
+ *  threads this may wait for their writes too.  timeout_ns < 0 = forever.
  *  0 or KVO_ETIMEDOUT. */
-KVO_API int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms);
+KVO_API int kvo_file_tier_flush(kvo_file_tier *t, int64_t timeout_ns);
 
 /** Mark keys as used now (eviction recency).  Absent keys are ignored. */
 KVO_API int kvo_file_tier_touch(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);

@@ -169,22 +169,22 @@ typedef struct kvo_remote_completion {
     uint64_t latency_ns;  /* from queueing to completion */
 } kvo_remote_completion;
 
-/** Move up to cap completions to out (oldest first); the count.  Never
- *  blocks. */
-KVO_API size_t kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t cap);
+/** Move up to cap completions to out (oldest first); *n = the count.  Never
+ *  blocks.  Errors: KVO_EINVAL (NULL t or n, out NULL with cap > 0). */
+KVO_API int kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t cap, size_t *n);
 
-/** Block until a completion waits or timeout_ms passes (-1: forever, but
+/** Block until a completion waits or timeout_ns passes (< 0: forever, but
  *  KVO_ENOTFOUND at once when nothing that reports is in flight).
  *  0, KVO_ETIMEDOUT, KVO_ENOTFOUND. */
-KVO_API int kvo_remote_tier_wait(kvo_remote_tier *t, int timeout_ms);
+KVO_API int kvo_remote_tier_wait(kvo_remote_tier *t, int64_t timeout_ns);
 
 /** An eventfd (EFD_NONBLOCK), readable while completions wait; poll drains
  *  it.  Owned by the tier; valid until destroy. */
 KVO_API int kvo_remote_tier_event_fd(const kvo_remote_tier *t);
 
-/** Wait until no put is queued or running.  timeout_ms -1 = forever.
+/** Wait until no put is queued or running.  timeout_ns < 0 = forever.
  *  0 or KVO_ETIMEDOUT. */
-KVO_API int kvo_remote_tier_flush(kvo_remote_tier *t, int timeout_ms);
+KVO_API int kvo_remote_tier_flush(kvo_remote_tier *t, int64_t timeout_ns);
 
 /** The Redis key of a chunk into out (cap bytes); KVO_ERANGE if it does not
  *  fit (128 bytes always do).  For tools and tests. */

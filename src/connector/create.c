@@ -152,7 +152,8 @@ fail:
 static void kvo__drain_reads(kvo_connector *c) {
     while (c->file && c->reads.e && c->reads.n) {
         kvo_file_completion fc[32];
-        size_t n = kvo_file_tier_poll(c->file, fc, 32);
+        size_t n = 0;
+        (void)kvo_file_tier_poll(c->file, fc, 32, &n);
         for (size_t i = 0; i < n; i++) {
             if (fc[i].op != KVO_FILE_OP_READ) continue;
             kvo__map_entry *e = kvo__map_get(&c->reads, fc[i].user_data);
@@ -160,7 +161,7 @@ static void kvo__drain_reads(kvo_connector *c) {
             kvo__free(e->p);
             kvo__map_del(&c->reads, e);
         }
-        if (n == 0 && kvo_file_tier_wait(c->file, 100) == KVO_ENOTFOUND) break;
+        if (n == 0 && kvo_file_tier_wait(c->file, KVO_MS(100)) == KVO_ENOTFOUND) break;
     }
 }
 

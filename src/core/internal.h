@@ -118,4 +118,12 @@ int kvo__read_file(const char *path, size_t max_bytes, const char *what, char **
 /* Monotonic clock in nanoseconds. */
 uint64_t kvo__now_ns(void);
 
+/* A public timeout (int64_t ns; < 0 forever, 0 no wait) as the milliseconds
+ * a condition-variable wait uses: -1 forever, else rounded up, capped. */
+static inline int kvo__timeout_ms(int64_t ns) {
+    if (ns < 0) return -1;
+    int64_t ms = ns / 1000000 + (ns % 1000000 != 0);
+    return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
 #endif

@@ -518,8 +518,9 @@ int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const 
 
 /* -------------------------------------------------------- completion -- */
 
-size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap) {
-    if (!t || !out || !cap) return 0;
+int kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap, size_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!t || !n_out || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_file_tier_poll: NULL argument");
     pthread_mutex_lock(&t->mu);
     size_t n = t->cq_len < cap ? t->cq_len : cap;
     for (size_t i = 0; i < n; i++) {
@@ -533,7 +534,8 @@ size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap
         (void)r;
     }
     pthread_mutex_unlock(&t->mu);
-    return n;
+    *n_out = n;
+    return 0;
 }
 
 static void deadline_ts(int timeout_ms, struct timespec *ts) {
@@ -546,8 +548,9 @@ static void deadline_ts(int timeout_ms, struct timespec *ts) {
     }
 }
 
-int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms) {
+int kvo_file_tier_wait(kvo_file_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_file_tier_wait: NULL tier");
+    int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
     if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
     int rc = 0;
@@ -569,8 +572,9 @@ int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms) {
     return 0;
 }
 
-int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms) {
+int kvo_file_tier_flush(kvo_file_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_file_tier_flush: NULL tier");
+    int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
     if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
     int rc = 0;

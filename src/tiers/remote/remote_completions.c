@@ -13,8 +13,9 @@
 
 /* ------------------------------------------------------- completions -- */
 
-size_t kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t cap) {
-    if (!t || !out) return 0;
+int kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t cap, size_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!t || !n_out || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_remote_tier_poll: NULL argument");
     pthread_mutex_lock(&t->mu);
     size_t n = 0;
     while (n < cap && t->cq_len) {
@@ -28,7 +29,8 @@ size_t kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size
         (void)r;
     }
     pthread_mutex_unlock(&t->mu);
-    return n;
+    *n_out = n;
+    return 0;
 }
 
 static void deadline_ts(int timeout_ms, struct timespec *ts) {
@@ -41,8 +43,9 @@ static void deadline_ts(int timeout_ms, struct timespec *ts) {
     }
 }
 
-int kvo_remote_tier_wait(kvo_remote_tier *t, int timeout_ms) {
+int kvo_remote_tier_wait(kvo_remote_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_remote_tier_wait: NULL tier");
+    int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
     if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
     int rc = 0;
@@ -64,8 +67,9 @@ int kvo_remote_tier_wait(kvo_remote_tier *t, int timeout_ms) {
 
 int kvo_remote_tier_event_fd(const kvo_remote_tier *t) { return t ? t->efd : -1; }
 
-int kvo_remote_tier_flush(kvo_remote_tier *t, int timeout_ms) {
+int kvo_remote_tier_flush(kvo_remote_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_remote_tier_flush: NULL tier");
+    int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
     if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
     int rc = 0;
