@@ -89,7 +89,7 @@ static uint64_t async_drops(const kvo_file_tier_stats *a, const kvo_file_tier_st
  * (other than back-pressure) or dropped later. */
 static double tier_write_pass(kvo_file_tier *t, uint64_t first, uint64_t n, uint64_t chunk, unsigned char *src,
                               uint64_t *dropped, uint64_t *recycled) {
-    kvo_file_tier_stats a, b;
+    kvo_file_tier_stats a = KVO_FILE_TIER_STATS_INIT, b = KVO_FILE_TIER_STATS_INIT;
     kvo_file_tier_get_stats(t, &a);
     uint64_t refused = 0;
     double t0 = kvo_bench_now();
@@ -343,7 +343,7 @@ static int rebuild(const kvo_bench_out *o, const char *dir, uint64_t files) {
     double t0 = kvo_bench_now();
     if (kvo_file_tier_create(&p, &t)) return -1;
     double dt = kvo_bench_now() - t0;
-    kvo_file_tier_stats st;
+    kvo_file_tier_stats st = KVO_FILE_TIER_STATS_INIT;
     kvo_file_tier_get_stats(t, &st);
     kvo_file_tier_destroy(t);
     double scan = (double)st.scan_ns * 1e-9;

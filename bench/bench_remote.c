@@ -209,7 +209,7 @@ static double tier_put_pass(kvo_remote_tier *t, const bcfg *c, const unsigned ch
     }
     kvo_remote_tier_flush(t, -1);
     double dt = kvo_bench_now() - t0;
-    kvo_remote_tier_stats s;
+    kvo_remote_tier_stats s = KVO_REMOTE_TIER_STATS_INIT;
     kvo_remote_tier_get_stats(t, &s);
     return s.dropped_io ? -1.0 : (double)(n * c->size) / dt / 1e9;
 }

@@ -259,7 +259,7 @@ static int kvo__h_finish(void *ctx, kvo_eng_req *r) {
     if (!q) return 0;
     int rc = 0;
     if (q->added) {
-        kvo_request_stats st;
+        kvo_request_stats st = KVO_REQUEST_STATS_INIT;
         kvo_eng_result *res = kvo_eng_req_result(r);
         if (!kvo_connector_request_stats(c->conn, q->id, &st)) {
             res->tokens_loaded_file = (uint32_t)st.tokens_loaded_file;
@@ -429,7 +429,7 @@ int kvo_eng_conn_flush(kvo_eng_conn *c) {
      * PENDING entry (bounded: 60 s). */
     for (int waited_ms = 0;; waited_ms += 10) {
         kvo__drain(c);
-        kvo_connector_stats st;
+        kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
         int rc = kvo_connector_get_stats(c->conn, &st);
         if (rc) return kvo__eng_lib_error(rc, "offload: flush");
         if (st.host.pending == 0) break;

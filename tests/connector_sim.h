@@ -310,7 +310,7 @@ static inline void sim_drain(sim *s) {
     for (int spin = 0; spin < 200000; spin++) {
         kvo_completion cp[16];
         (void)kvo_connector_poll(s->c, cp, 16, &(size_t){0});
-        kvo_transfer_stats ts;
+        kvo_transfer_stats ts = KVO_TRANSFER_STATS_INIT;
         ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s->c), &ts));
         if (ts.jobs_queued == 0 && ts.results_pending == 0) {
             (void)kvo_connector_poll(s->c, cp, 16, &(size_t){0});

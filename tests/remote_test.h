@@ -215,7 +215,7 @@ static inline int exists_one(kvo_remote_tier *t, const kvo_chunk_key *k) {
 }
 
 static inline kvo_remote_tier_stats stats(kvo_remote_tier *t) {
-    kvo_remote_tier_stats s;
+    kvo_remote_tier_stats s = KVO_REMOTE_TIER_STATS_INIT;
     ASSERT_OK(kvo_remote_tier_get_stats(t, &s));
     return s;
 }

@@ -81,7 +81,7 @@ static void issue_load(sim *s, sim_req *r, uint64_t b) {
 /* Every completion waiting now (after the copies in flight finished). */
 static size_t drain_completions(sim *s, kvo_completion *out, size_t cap) {
     for (int spin = 0;; spin++) { /* every copy finished (sim_drain would consume completions) */
-        kvo_transfer_stats ts;
+        kvo_transfer_stats ts = KVO_TRANSFER_STATS_INIT;
         ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s->c), &ts));
         if (ts.jobs_queued == 0) break;
         if (spin > 200000) FAILF("transfers never drained");
@@ -143,7 +143,7 @@ static void load_and_queue(sim *s, sim_req *r, uint64_t b) {
 
 /* Nothing is left pinned or pending in the host tier. */
 static void check_host_idle(sim *s) {
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s->c, &st));
     ASSERT_EQ_U64(st.host.pinned, 0);
     ASSERT_EQ_U64(st.host.pending, 0);
@@ -206,7 +206,7 @@ KVO_TEST(stale_completion_never_reports_a_newer_load) {
             ASSERT_EQ_U64(one.tokens_valid, lr.tokens);
             if (loads++ == 0) check_loaded(&s, &r, lr.tokens);
         }
-        kvo_transfer_stats ts;
+        kvo_transfer_stats ts = KVO_TRANSFER_STATS_INIT;
         ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s.c), &ts));
         if (!n && loads && ts.jobs_queued == 0 && ts.results_pending == 0) break;
         if (!n) usleep(50);
@@ -381,7 +381,7 @@ static void sim_with_tier(sim *s, kvo_plan *p, kvo_file_tier *t, kvo_file_mode m
 }
 
 static uint64_t tier_writes(kvo_file_tier *t) {
-    kvo_file_tier_stats ts;
+    kvo_file_tier_stats ts = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_flush(t, -1));
     ASSERT_OK(kvo_file_tier_get_stats(t, &ts));
     return ts.writes;

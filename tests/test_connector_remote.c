@@ -135,7 +135,7 @@ static void fx_stored(fx *f, int port, const char *pfx, uint32_t salt) {
 }
 
 static kvo_connector_stats cstats(sim *s) {
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s->c, &st));
     return st;
 }

@@ -259,8 +259,7 @@ KVO_TEST(prometheus_text_parses_and_matches_stats) {
     expo *e = calloc(1, sizeof *e);
     ASSERT_NOT_NULL(e);
     parse_expo(t.p, e);
-    kvo_connector_stats cs;
-    memset(&cs, 0, sizeof cs);
+    kvo_connector_stats cs = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s.c, &cs));
     ASSERT_EQ_U64(cs.loads, 2);
     ASSERT_EQ_DBL(value_of(e, "kvoffload_loads_total", NULL), (double)cs.loads);

@@ -179,7 +179,7 @@ static void round_trip(kvo_file_io_kind io, kvo_file_direct_mode direct) {
     /* a group that is not offloaded is rejected */
     kvo_chunk_key bad = key_n(1, 2);
     ASSERT_ERR(kvo_file_tier_lookup(t, &bad, 1, st), KVO_EINVAL);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.writes, 12);
     ASSERT_EQ_U64(s.reads, 12);
@@ -218,7 +218,7 @@ KVO_TEST(restart_persistence) {
 
     t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.scanned_files, 20);
     ASSERT_EQ_U64(s.files, 20);
@@ -315,7 +315,7 @@ KVO_TEST(corruption_kinds) {
         uint8_t s;
         ASSERT_OK(kvo_file_tier_lookup(t, &keys[kind], 1, &s));
         ASSERT_EQ_INT(s, KVO_MISS);
-        kvo_file_tier_stats fs;
+        kvo_file_tier_stats fs = KVO_FILE_TIER_STATS_INIT;
         ASSERT_OK(kvo_file_tier_get_stats(t, &fs));
         ASSERT_EQ_U64(fs.corrupt_removed, corrupt_before + 1);
         corrupt_before = fs.corrupt_removed;
@@ -354,7 +354,7 @@ KVO_TEST(corruption_found_after_restart) {
     FILE *f = fopen(foreign, "w");
     fputs("not a chunk\n", f);
     fclose(f);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.scanned_files, 3); /* the directory was removed at scan */
     ASSERT_EQ_U64(s.scan_removed, 2);   /* ... and the old temporary file */
@@ -409,7 +409,7 @@ static void sigkill_during_writes(bool named_temps) {
 
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_GT_U64(s.scanned_files, 0);
     uint64_t ok = 0, bad = 0;
@@ -447,7 +447,7 @@ KVO_TEST(sigkill_during_writes_named_temps) { sigkill_during_writes(true); }
 
 static void check_nospace(kvo_file_tier *t, const kvo_plan *plan, int expect_some_ok) {
     const kvo_group_plan *g = kvo_plan_group(plan, 0);
-    kvo_file_tier_stats s0;
+    kvo_file_tier_stats s0 = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s0));
     unsigned char *buf = malloc(g->chunk_bytes);
     for (uint64_t i = 0; i < 40; i++) {
@@ -458,7 +458,7 @@ static void check_nospace(kvo_file_tier *t, const kvo_plan *plan, int expect_som
         ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     }
     free(buf);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     uint64_t writes = s.writes - s0.writes, nospace = s.dropped_nospace - s0.dropped_nospace;
     ASSERT_GT_U64(nospace, 0);
@@ -486,7 +486,7 @@ KVO_TEST(enospc_injected) {
     ASSERT_OK(kvo_file_tier_create(&p, &t));
     kvo__file_tier_inject_write_error(ENOSPC, 5);
     check_nospace(t, plan, 1);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_nospace, 5);
     kvo__file_tier_inject_write_error(EIO, 2);
@@ -522,7 +522,7 @@ KVO_TEST(enospc_small_tmpfs) {
         /* O_DIRECT on tmpfs depends on the kernel (6.6+ has it): probed, whatever it is */
         /* a quota above what the file system holds is clamped: old files are
          * evicted instead of new writes failing */
-        kvo_file_tier_stats s;
+        kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
         ASSERT_OK(kvo_file_tier_get_stats(t, &s));
         ASSERT_LT_U64(s.quota_bytes, 256 * 1024);
         const kvo_group_plan *g = kvo_plan_group(plan, 0);
@@ -624,7 +624,7 @@ KVO_TEST(quota_eviction) {
         keys[i] = key_n((uint64_t)i + 3000, 0);
         write_keys(t, plan, &keys[i], 1);
     }
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_LE_U64(s.bytes_used, p.quota_bytes);
     ASSERT_GT_U64(s.files, 0);
@@ -701,7 +701,7 @@ KVO_TEST(fanout_at_create_and_recycling_burst) {
     for (int i = 0; i < 24; i++) keys[i] = key_n((uint64_t)i + 7000, 0);
     write_keys(t, plan, keys, 24);
     ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
-    kvo_file_tier_stats a, b;
+    kvo_file_tier_stats a = KVO_FILE_TIER_STATS_INIT, b = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &a));
     /* 20 writes queued at once (under max_pending_writes, more than the
      * old 16-file pool): each evicts one of the 24 (at most 20 are pending,
@@ -751,7 +751,7 @@ KVO_TEST(backpressure_drops) {
     size_t queued = 0;
     ASSERT_OK(kvo_file_tier_write(t, keys, srcs, N, NULL, res, &queued));
     ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(30000)));
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_GE_U64(queued, 2);
     ASSERT_LT_U64(queued, N);
@@ -970,7 +970,7 @@ KVO_TEST(quota_mixed_sizes) {
     kvo_chunk_key *ks = malloc(n_small * sizeof *ks);
     for (uint64_t i = 0; i < n_small; i++) ks[i] = key_n(i + 123456, 1);
     write_keys(t, plan, ks, n_small);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_GT_U64(s.files, 64);
     kvo_chunk_key kb[2] = {key_n(1, 0), key_n(2, 0)};
@@ -1016,7 +1016,7 @@ KVO_TEST(staging_shared_between_groups) {
         free(buf);
         ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     }
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_backpressure, 0);
     ASSERT_LE_U64(s.staging_bytes, p.max_staging_bytes);
@@ -1052,7 +1052,7 @@ KVO_TEST(backpressure_latency) {
     ASSERT_EQ_INT(r, KVO_EAGAIN); /* k[1] still queued and writes are slow */
     atomic_store(&kvo__file_test_write_delay_us, 0);
     ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_backpressure, 1);
     ASSERT_GT_U64(s.write_latency_ns, 2000000);
@@ -1167,7 +1167,7 @@ KVO_TEST(concurrent_threads) {
         ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     }
     free(buf);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_LE_U64(s.bytes_used, p.quota_bytes);
     ASSERT_EQ_U64(s.corrupt_removed, 0);
@@ -1309,7 +1309,7 @@ KVO_TEST(round_trip_engine_transfer_file) {
     ASSERT_EQ_INT(kvo_test_run(cmd, NULL), 0);
     ASSERT_OK(kvo_file_tier_create(&p2, &t));
     ASSERT_EQ_INT(read_key(t, plan, &keys[1], true), KVO_ECORRUPT);
-    kvo_file_tier_stats fs;
+    kvo_file_tier_stats fs = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &fs));
     ASSERT_EQ_U64(fs.corrupt_removed, 1);
     kvo_file_tier_destroy(t);
@@ -1335,7 +1335,7 @@ KVO_TEST(quota_max_files) {
         keys[i] = key_n((uint64_t)i + 800, (uint32_t)(i % 2));
         write_keys(t, plan, &keys[i], 1);
     }
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_LE_U64(s.files, 3);
     ASSERT_EQ_U64(s.evictions, 8 - s.files);

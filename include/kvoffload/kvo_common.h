@@ -37,7 +37,9 @@
  *  kvo_X_default_params() and the KVO_X_INIT initialisers do this for you,
  *  so code that starts from the defaults never writes it by hand (for a
  *  struct the library fills, e.g. statistics, the caller initialises it with
- *  its KVO_X_INIT before the call).  New fields
+ *  its KVO_X_INIT before the call, e.g. kvo_store_stats st =
+ *  KVO_STORE_STATS_INIT; -- every params and statistics struct follows
+ *  this, docs/api.md lists them).  New fields
  *  are only ever appended.  The library reads (or writes) only the first
  *  struct_size bytes: a program compiled against an older, shorter struct
  *  keeps working with a newer library, which uses the defaults for the fields

@@ -227,6 +227,7 @@ typedef enum kvo_file_mode {
 } kvo_file_mode;
 
 typedef struct kvo_connector_params {
+    size_t struct_size;   /* sizeof(kvo_connector_params): kvo_connector_default_params() sets it */
     const kvo_plan *plan;         /* required; must outlive the connector */
     /* Host tier */
     uint64_t host_bytes;          /* arena bytes; required, >= the largest slot */
@@ -607,6 +608,7 @@ KVO_API int kvo_connector_invalid_blocks(kvo_connector *c, uint64_t id, uint32_t
 /* ------------------------------------------------------------- reporting -- */
 
 typedef struct kvo_request_stats {
+    size_t struct_size;   /* sizeof(kvo_request_stats): KVO_REQUEST_STATS_INIT sets it */
     uint64_t prompt_tokens;
     uint64_t tokens;              /* sequence length now */
     uint64_t lookups, pending_lookups;
@@ -624,12 +626,16 @@ typedef struct kvo_request_stats {
                                       the remote tier (then not counted in
                                       tokens_loaded_file) */
 } kvo_request_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_request_stats st = KVO_REQUEST_STATS_INIT; */
+#define KVO_REQUEST_STATS_INIT {sizeof(kvo_request_stats)}
 
 /** Statistics of a live (or finished, not yet retired) request.
  *  Errors: KVO_ENOTFOUND. */
 KVO_API int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out);
 
 typedef struct kvo_connector_stats {
+    size_t struct_size;   /* sizeof(kvo_connector_stats): KVO_CONNECTOR_STATS_INIT sets it */
     uint64_t requests_added, requests_live, requests_finished;
     uint64_t lookups, lookup_hits, lookup_pending, lookup_tokens, hit_tokens;
     uint64_t loads, load_failures, checksum_failures;
@@ -663,6 +669,9 @@ typedef struct kvo_connector_stats {
     uint64_t remote_budget_expired; /* lookups that answered without the
                                        remote queries still running */
 } kvo_connector_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT; */
+#define KVO_CONNECTOR_STATS_INIT {sizeof(kvo_connector_stats)}
 
 KVO_API int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
 

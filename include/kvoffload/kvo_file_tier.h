@@ -104,6 +104,7 @@ KVO_API const char *kvo_file_io_name(kvo_file_io_kind k);
 KVO_API const char *kvo_file_fsync_name(kvo_file_fsync_policy p);
 
 typedef struct kvo_file_tier_params {
+    size_t struct_size;   /* sizeof(kvo_file_tier_params): kvo_file_tier_default_params() sets it */
     const char *root;              /* required; created if missing (copied) */
     const kvo_plan *plan;          /* required; must outlive the tier */
     uint64_t quota_bytes;          /* required: bytes of payload slots kept
@@ -293,6 +294,7 @@ KVO_API uint64_t kvo_file_tier_layout_hash(const kvo_file_tier *t);
 KVO_API int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
 
 typedef struct kvo_file_tier_stats {
+    size_t struct_size;   /* sizeof(kvo_file_tier_stats): KVO_FILE_TIER_STATS_INIT sets it */
     uint64_t quota_bytes;       /* in force (after the clamp at create) */
     uint64_t bytes_used;        /* payload slot bytes of indexed files */
     uint64_t files;             /* indexed files */
@@ -317,6 +319,9 @@ typedef struct kvo_file_tier_stats {
     uint64_t staging_bytes;     /* staging memory holding queued writes now */
     uint64_t write_latency_ns;  /* moving average */
 } kvo_file_tier_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_file_tier_stats st = KVO_FILE_TIER_STATS_INIT; */
+#define KVO_FILE_TIER_STATS_INIT {sizeof(kvo_file_tier_stats)}
 
 KVO_API int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out);
 

@@ -57,6 +57,7 @@ extern "C" {
 #define KVO_REMOTE_HEADER_BYTES 4096u
 
 typedef struct kvo_remote_tier_params {
+    size_t struct_size;   /* sizeof(kvo_remote_tier_params): kvo_remote_tier_default_params() sets it */
     const char *url;               /* required: redis://[user:pass@]host:port
                                       [,host:port...] (seed nodes; copied).
                                       Only one user:pass, before the first
@@ -200,6 +201,7 @@ KVO_API uint64_t kvo_remote_tier_layout_hash(const kvo_remote_tier *t);
 KVO_API uint32_t kvo_remote_key_slot(const char *key, size_t len);
 
 typedef struct kvo_remote_tier_stats {
+    size_t struct_size;   /* sizeof(kvo_remote_tier_stats): KVO_REMOTE_TIER_STATS_INIT sets it */
     uint64_t puts, put_bytes;          /* values stored */
     uint64_t gets, get_bytes;          /* values loaded and verified */
     uint64_t get_misses;               /* absent */
@@ -220,6 +222,9 @@ typedef struct kvo_remote_tier_stats {
     uint64_t pending_writes, pending_reads; /* in flight now */
     uint64_t staging_bytes;            /* staging memory held now */
 } kvo_remote_tier_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_remote_tier_stats st = KVO_REMOTE_TIER_STATS_INIT; */
+#define KVO_REMOTE_TIER_STATS_INIT {sizeof(kvo_remote_tier_stats)}
 
 KVO_API int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *out);
 

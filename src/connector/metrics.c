@@ -64,6 +64,9 @@ typedef struct kvo__snap {
 
 static int kvo__snapshot(kvo_connector *c, kvo__snap *s) {
     memset(s, 0, sizeof *s);
+    s->cs.struct_size = sizeof s->cs;
+    s->ts.struct_size = sizeof s->ts;
+    s->fs.struct_size = sizeof s->fs;
     kvo__conn_lock(c);
     s->hist = c->load_ns;
     s->completions = c->cq_n;

@@ -74,6 +74,7 @@ const char *kvo_file_fsync_name(kvo_file_fsync_policy p) {
 kvo_file_tier_params kvo_file_tier_default_params(void) {
     kvo_file_tier_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     p.policy = KVO_POLICY_LRU;
     p.fsync = KVO_FILE_FSYNC_NONE;
     p.io = KVO_FILE_IO_AUTO;
@@ -289,6 +290,8 @@ out:
 }
 
 int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
+    kvo_file_tier_params p_in_;
+    KVO__PARAMS_IN(p, kvo_file_tier_params, p_in_, kvo_file_tier_default_params, layout_hash, "kvo_file_tier_create");
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_file_tier_create: NULL argument");
     if (!p->root || !p->root[0]) return kvo__error(KVO_EINVAL, "file tier: no root directory given");
     if (!p->plan) return kvo__error(KVO_EINVAL, "file tier: no plan given");
@@ -593,9 +596,9 @@ int kvo_file_tier_flush(kvo_file_tier *t, int64_t timeout_ns) {
     return 0;
 }
 
-int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
+static int kvo__file_tier_get_stats_fill(kvo_file_tier *t, kvo_file_tier_stats *out) {
     if (!t || !out) return kvo__error(KVO_EINVAL, "kvo_file_tier_get_stats: NULL argument");
-    kvo_store_stats ss, sst;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT, sst = KVO_STORE_STATS_INIT;
     int rc = kvo_store_get_stats(t->index, &ss);
     if (rc) return rc;
     bool have_sst = kvo_store_get_stats(t->stage_index, &sst) == 0; /* not under mu: see Locking */
@@ -609,6 +612,13 @@ int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
     out->bytes_used = ss.bytes_used;
     out->files = ss.entries - ss.pending;
     return 0;
+}
+
+int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
+    kvo_file_tier_stats full = KVO_FILE_TIER_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_file_tier_get_stats", kvo_file_tier_stats, write_latency_ns, "KVO_FILE_TIER_STATS_INIT",
+                   out, full,
+                   kvo__file_tier_get_stats_fill(t, &full));
 }
 
 /* For file_pin.c (the tier's struct is private to this file). */

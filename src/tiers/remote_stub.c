@@ -11,6 +11,7 @@
 kvo_remote_tier_params kvo_remote_tier_default_params(void) {
     kvo_remote_tier_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     return p;
 }
 int kvo_remote_tier_create(const kvo_remote_tier_params *p, kvo_remote_tier **out) {

@@ -637,8 +637,7 @@ int kvo_cmd_demo(int argc, char **argv) {
     kvo__demo_summarize(ra, w->n, wall_a, cold, &sa);
     kvo__demo_summarize(rb, w->n, wall_b, cold, &sb);
     free(cold);
-    kvo_connector_stats cs;
-    memset(&cs, 0, sizeof cs);
+    kvo_connector_stats cs = KVO_CONNECTOR_STATS_INIT;
     (void)kvo_connector_get_stats(kvo_eng_conn_connector(conn), &cs);
     kvo_eng_stats es;
     kvo_eng_get_stats(off_e, &es);

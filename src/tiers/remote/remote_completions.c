@@ -85,9 +85,9 @@ int kvo_remote_tier_flush(kvo_remote_tier *t, int64_t timeout_ns) {
     return rc;
 }
 
-int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *out) {
+static int kvo__remote_tier_get_stats_fill(kvo_remote_tier *t, kvo_remote_tier_stats *out) {
     if (!t || !out) return kvo__error(KVO_EINVAL, "kvo_remote_tier_get_stats: NULL argument");
-    kvo_store_stats sst;
+    kvo_store_stats sst = KVO_STORE_STATS_INIT;
     bool have_sst = kvo_store_get_stats(t->stage_index, &sst) == 0;
     pthread_mutex_lock(&t->mu);
     *out = t->st;
@@ -103,4 +103,11 @@ int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *out) {
     out->batches = atomic_load(&c->batches);
     kvo__rc_nodes(t->rc, &out->nodes, &out->nodes_down);
     return 0;
+}
+
+int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *out) {
+    kvo_remote_tier_stats full = KVO_REMOTE_TIER_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_remote_tier_get_stats", kvo_remote_tier_stats, staging_bytes, "KVO_REMOTE_TIER_STATS_INIT",
+                   out, full,
+                   kvo__remote_tier_get_stats_fill(t, &full));
 }
