@@ -61,6 +61,16 @@ static void store_and_load(sim *s, const uint32_t *tok, size_t n, int loads) {
     }
 }
 
+/* A connector with n tokens stored and loaded back `loads` times. */
+static void sim_with_loads(sim *s, size_t n, uint32_t mul, int loads) {
+    sim_init(s, one_group_plan(), NULL, 256);
+    uint32_t *tok = malloc(n * sizeof *tok);
+    ASSERT_NOT_NULL(tok);
+    for (size_t i = 0; i < n; i++) tok[i] = (uint32_t)(i * mul + 5);
+    store_and_load(s, tok, n, loads);
+    free(tok);
+}
+
 /* Grow-as-needed text sink. */
 typedef struct text {
     char *p;
@@ -250,10 +260,7 @@ static void check_histogram(const expo *e, const char *base, double *count) {
 
 KVO_TEST(prometheus_text_parses_and_matches_stats) {
     sim s;
-    sim_init(&s, one_group_plan(), NULL, 256);
-    uint32_t tok[300];
-    for (size_t i = 0; i < 300; i++) tok[i] = (uint32_t)(i * 13 + 5);
-    store_and_load(&s, tok, 300, 2);
+    sim_with_loads(&s, 300, 13, 2);
     text t = {NULL, 0, 0, -1};
     ASSERT_OK(kvo_connector_stats_write(s.c, KVO_STATS_PROMETHEUS, text_write, &t));
     expo *e = calloc(1, sizeof *e);
@@ -289,10 +296,7 @@ KVO_TEST(prometheus_text_parses_and_matches_stats) {
 
 KVO_TEST(json_matches_the_text) {
     sim s;
-    sim_init(&s, one_group_plan(), NULL, 256);
-    uint32_t tok[200];
-    for (size_t i = 0; i < 200; i++) tok[i] = (uint32_t)(i * 29 + 3);
-    store_and_load(&s, tok, 200, 1);
+    sim_with_loads(&s, 200, 29, 1);
     text tp = {NULL, 0, 0, -1}, tj = {NULL, 0, 0, -1};
     ASSERT_OK(kvo_connector_stats_write(s.c, KVO_STATS_PROMETHEUS, text_write, &tp));
     ASSERT_OK(kvo_connector_stats_write(s.c, KVO_STATS_JSON, text_write, &tj));
