@@ -241,7 +241,8 @@ class ConnectorParams(ctypes.Structure):
                 ("min_hit_tokens", c_uint64), ("scratch_groups", c_uint64), ("max_hit_tokens", c_uint64),
                 ("sliding_store", c_int),
                 ("checkpoint_interval", c_uint64), ("verify_checksums", c_bool), ("file_tier", c_void_p),
-                ("file_mode", c_int), ("file_persist_on_destroy", c_bool), ("max_requests", c_uint32)]
+                ("file_mode", c_int), ("file_persist_on_destroy", c_bool), ("max_requests", c_uint32),
+                ("remote_tier", c_void_p), ("remote_lookup_budget_us", c_uint32), ("remote_exists_ttl_ms", c_uint32)]
 
 
 class RequestDesc(ctypes.Structure):
@@ -255,7 +256,8 @@ class RequestDesc(ctypes.Structure):
 class LookupResultC(ctypes.Structure):
     _fields_ = [("status", c_int), ("tokens", c_uint64), ("tokens_if_pending", c_uint64),
                 ("local_tokens", c_uint64), ("tokens_host", c_uint64), ("tokens_file", c_uint64),
-                ("limiting_group", c_int32), ("reason", c_int)]
+                ("limiting_group", c_int32), ("reason", c_int), ("tokens_remote", c_uint64),
+                ("remote_pending", c_bool)]
 
 
 class BlockTable(ctypes.Structure):
@@ -272,15 +274,20 @@ _CONN_STATS = ["requests_added", "requests_live", "requests_finished", "lookups"
                "tokens_loaded_host", "tokens_loaded_file", "bytes_loaded", "bytes_stored", "chunks_stored",
                "chunks_loaded", "stores_skipped_nospace", "stores_skipped_queue", "stores_failed", "file_writes",
                "file_reads", "file_read_failures", "file_writebacks", "file_writes_skipped", "file_writes_dropped"]
+# after `host` (fields appended since; the struct_size convention)
+_CONN_STATS_REMOTE = ["tokens_loaded_remote", "remote_reads", "remote_read_bytes", "remote_read_failures",
+                      "remote_writes", "remote_write_bytes", "remote_writes_dropped", "remote_exists",
+                      "remote_exists_refused", "remote_lookups_pending", "remote_budget_expired"]
 
 
 class ConnectorStats(ctypes.Structure):
-    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _CONN_STATS] + [("host", StoreStats)]
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _CONN_STATS] + [("host", StoreStats)] + \
+        [(n, c_uint64) for n in _CONN_STATS_REMOTE]
 
 
 _REQ_STATS = ["prompt_tokens", "tokens", "lookups", "pending_lookups", "local_tokens", "tokens_loaded",
               "tokens_loaded_host", "tokens_loaded_file", "tokens_computed", "bytes_loaded", "bytes_stored",
-              "chunks_loaded", "chunks_stored", "stores_skipped", "load_failures"]
+              "chunks_loaded", "chunks_stored", "stores_skipped", "load_failures", "tokens_loaded_remote"]
 
 
 class RequestStats(ctypes.Structure):

@@ -661,7 +661,7 @@ class Connector(_Handle):
     def stats(self) -> dict[str, Any]:
         s = _stats(L.ConnectorStats)
         check(lib.kvo_connector_get_stats(self._h, byref(s)), "kvo_connector_get_stats")
-        d: dict[str, Any] = {n: getattr(s, n) for n in L._CONN_STATS}
+        d: dict[str, Any] = {n: getattr(s, n) for n in L._CONN_STATS + L._CONN_STATS_REMOTE}
         d["host"] = {n: getattr(s.host, n) for n in L._STORE_STATS}
         return d
 
