@@ -89,7 +89,7 @@ static uint64_t async_drops(const kvo_file_tier_stats *a, const kvo_file_tier_st
  * (other than back-pressure) or dropped later. */
 static double tier_write_pass(kvo_file_tier *t, uint64_t first, uint64_t n, uint64_t chunk, unsigned char *src,
                               uint64_t *dropped, uint64_t *recycled) {
-    kvo_file_tier_stats a, b;
+    kvo_file_tier_stats a = KVO_FILE_TIER_STATS_INIT, b = KVO_FILE_TIER_STATS_INIT;
     kvo_file_tier_get_stats(t, &a);
     uint64_t refused = 0;
     double t0 = kvo_bench_now();
@@ -270,8 +270,9 @@ static int tier_bw(const char *dir, kvo_file_io_kind io, uint64_t n, uint64_t ch
             else done++;
         }
         kvo_file_completion c[DEPTH];
-        kvo_file_tier_wait(t, 1000);
-        size_t m = kvo_file_tier_poll(t, c, DEPTH);
+        kvo_file_tier_wait(t, KVO_MS(1000));
+        size_t m = 0;
+        (void)kvo_file_tier_poll(t, c, DEPTH, &m);
         for (size_t i = 0; i < m; i++) {
             busy[c[i].user_data] = 0;
             done++;
@@ -342,7 +343,7 @@ static int rebuild(const kvo_bench_out *o, const char *dir, uint64_t files) {
     double t0 = kvo_bench_now();
     if (kvo_file_tier_create(&p, &t)) return -1;
     double dt = kvo_bench_now() - t0;
-    kvo_file_tier_stats st;
+    kvo_file_tier_stats st = KVO_FILE_TIER_STATS_INIT;
     kvo_file_tier_get_stats(t, &st);
     kvo_file_tier_destroy(t);
     double scan = (double)st.scan_ns * 1e-9;

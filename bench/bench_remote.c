@@ -209,7 +209,7 @@ static double tier_put_pass(kvo_remote_tier *t, const bcfg *c, const unsigned ch
     }
     kvo_remote_tier_flush(t, -1);
     double dt = kvo_bench_now() - t0;
-    kvo_remote_tier_stats s;
+    kvo_remote_tier_stats s = KVO_REMOTE_TIER_STATS_INIT;
     kvo_remote_tier_get_stats(t, &s);
     return s.dropped_io ? -1.0 : (double)(n * c->size) / dt / 1e9;
 }
@@ -238,9 +238,10 @@ static double tier_get_pass(kvo_remote_tier *t, const bcfg *c, unsigned char *bu
                 free_list[n_free++] = (uint32_t)uds[j];
                 issued--; /* keys are issued in order: only the tail can be refused */
             }
-        kvo_remote_tier_wait(t, 1000);
+        kvo_remote_tier_wait(t, KVO_MS(1000));
         kvo_remote_completion cq[64];
-        size_t m = kvo_remote_tier_poll(t, cq, 64);
+        size_t m = 0;
+        (void)kvo_remote_tier_poll(t, cq, 64, &m);
         for (size_t j = 0; j < m; j++) {
             free_list[n_free++] = (uint32_t)cq[j].user_data;
             bytes += cq[j].bytes;

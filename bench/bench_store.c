@@ -185,7 +185,7 @@ static int bs_index(const kvo_bench_out *o, uint64_t nkeys, double seconds) {
     double med[3][2];
     for (int op = 0; op < 3; op++)
         for (int w = 0; w < 2; w++) med[op][w] = bs_median(rt[op].v[w], rt[op].n);
-    kvo_store_stats ss;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
     if (!rc) rc = kvo_store_get_stats(s, &ss);
     if (!rc) {
         char name[96];
@@ -325,7 +325,7 @@ static int bs_space(const kvo_bench_out *o) {
         if ((rc = kvo_store_prepare_store(s, keys, n, need, sl, NULL, NULL, 0, NULL)) ||
             (rc = kvo_store_complete_store(s, keys, n, true)))
             break;
-        kvo_store_stats ss;
+        kvo_store_stats ss = KVO_STORE_STATS_INIT;
         kvo_store_get_stats(s, &ss);
         if (q >= 1000) {
             double u = (double)ss.bytes_used / (double)ss.capacity_bytes;

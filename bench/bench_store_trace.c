@@ -368,7 +368,7 @@ static int bs_vllm_bench(const kvo_bench_out *o, const bs_trace *t, const char *
     /* the bare index gets the store's entry count */
     kvo_plan *p = NULL;
     kvo_store *s = bs_trace_store(KVO_POLICY_LRU, blocks, &p);
-    kvo_store_stats ss;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
     if (!s || kvo_store_get_stats(s, &ss)) {
         kvo_store_destroy(s);
         kvo_plan_destroy(p);

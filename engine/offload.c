@@ -101,7 +101,7 @@ static const kvo_block_table *kvo__tables(kvo_eng_conn *c, kvo_eng_req *r) {
 
 static void kvo__drain(kvo_eng_conn *c) {
     size_t n;
-    while ((n = kvo_connector_poll(c->conn, c->comp, sizeof c->comp / sizeof c->comp[0])) > 0) {
+    while (kvo_connector_poll(c->conn, c->comp, sizeof c->comp / sizeof c->comp[0], &n) == 0 && n > 0) {
         for (size_t i = 0; i < n; i++) {
             const kvo_completion *k = &c->comp[i];
             if (k->type != KVO_COMPLETION_LOAD) continue;
@@ -259,7 +259,7 @@ static int kvo__h_finish(void *ctx, kvo_eng_req *r) {
     if (!q) return 0;
     int rc = 0;
     if (q->added) {
-        kvo_request_stats st;
+        kvo_request_stats st = KVO_REQUEST_STATS_INIT;
         kvo_eng_result *res = kvo_eng_req_result(r);
         if (!kvo_connector_request_stats(c->conn, q->id, &st)) {
             res->tokens_loaded_file = (uint32_t)st.tokens_loaded_file;
@@ -429,7 +429,7 @@ int kvo_eng_conn_flush(kvo_eng_conn *c) {
      * PENDING entry (bounded: 60 s). */
     for (int waited_ms = 0;; waited_ms += 10) {
         kvo__drain(c);
-        kvo_connector_stats st;
+        kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
         int rc = kvo_connector_get_stats(c->conn, &st);
         if (rc) return kvo__eng_lib_error(rc, "offload: flush");
         if (st.host.pending == 0) break;
@@ -437,10 +437,10 @@ int kvo_eng_conn_flush(kvo_eng_conn *c) {
         struct pollfd pfd = {kvo_connector_event_fd(c->conn), POLLIN, 0};
         (void)poll(&pfd, 1, 10);
     }
-    if (c->rt && kvo_remote_tier_flush(c->rt, 60000))
+    if (c->rt && kvo_remote_tier_flush(c->rt, KVO_MS(60000)))
         return kvo__eng_error(KVO_ETIMEDOUT, "offload: remote puts still queued after 60 s");
     if (!c->ft) return 0;
-    int rc = c->p.file_mode == KVO_FILE_WRITE_BACK ? kvo_connector_flush_to_file(c->conn, 60000, NULL)
-                                                   : kvo_file_tier_flush(c->ft, 60000);
+    int rc = c->p.file_mode == KVO_FILE_WRITE_BACK ? kvo_connector_flush_to_file(c->conn, KVO_MS(60000), NULL)
+                                                   : kvo_file_tier_flush(c->ft, KVO_MS(60000));
     return rc ? kvo__eng_lib_error(rc, "offload: file tier flush") : 0;
 }

@@ -293,7 +293,8 @@ static inline void sim_slide(sim *s, sim_req *r) {
 static inline kvo_completion sim_wait_completion(sim *s, uint64_t id, uint32_t type) {
     for (int spin = 0; spin < 2000000; spin++) {
         kvo_completion cp[16];
-        size_t n = kvo_connector_poll(s->c, cp, 16);
+        size_t n = 0;
+        ASSERT_OK(kvo_connector_poll(s->c, cp, 16, &n));
         for (size_t i = 0; i < n; i++)
             if (cp[i].request == id && cp[i].type == type) return cp[i];
         if (n == 0) {
@@ -308,11 +309,11 @@ static inline kvo_completion sim_wait_completion(sim *s, uint64_t id, uint32_t t
 static inline void sim_drain(sim *s) {
     for (int spin = 0; spin < 200000; spin++) {
         kvo_completion cp[16];
-        (void)kvo_connector_poll(s->c, cp, 16);
-        kvo_transfer_stats ts;
+        (void)kvo_connector_poll(s->c, cp, 16, &(size_t){0});
+        kvo_transfer_stats ts = KVO_TRANSFER_STATS_INIT;
         ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s->c), &ts));
         if (ts.jobs_queued == 0 && ts.results_pending == 0) {
-            (void)kvo_connector_poll(s->c, cp, 16);
+            (void)kvo_connector_poll(s->c, cp, 16, &(size_t){0});
             return;
         }
         struct timespec t = {0, 100000};

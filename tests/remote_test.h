@@ -145,13 +145,13 @@ static inline size_t put_range(kvo_remote_tier *t, const kvo_plan *plan, uint64_
         int r = 0;
         ASSERT_OK(kvo_remote_tier_put(t, &k, &src, 1, NULL, &r, &q));
         if (r == KVO_EAGAIN) { /* queue full: let it drain, try once more */
-            ASSERT_OK(kvo_remote_tier_flush(t, 60000));
+            ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(60000)));
             ASSERT_OK(kvo_remote_tier_put(t, &k, &src, 1, NULL, &r, &q));
         }
         queued += q;
     }
     free(buf);
-    ASSERT_OK(kvo_remote_tier_flush(t, 60000));
+    ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(60000)));
     return queued;
 }
 
@@ -172,9 +172,10 @@ static inline size_t get_range(kvo_remote_tier *t, const kvo_plan *plan, uint64_
         if (results) results[i] = 1; /* not completed */
     }
     for (size_t done = 0; done < queued;) {
-        ASSERT_OK(kvo_remote_tier_wait(t, 30000)); /* bounded: never hangs */
+        ASSERT_OK(kvo_remote_tier_wait(t, KVO_MS(30000))); /* bounded: never hangs */
         kvo_remote_completion c[16];
-        size_t m = kvo_remote_tier_poll(t, c, 16);
+        size_t m = 0;
+        ASSERT_OK(kvo_remote_tier_poll(t, c, 16, &m));
         for (size_t j = 0; j < m; j++) {
             ASSERT_EQ_U64(c[j].op, KVO_REMOTE_OP_GET);
             ASSERT_LT_U64(c[j].user_data, n);
@@ -202,15 +203,19 @@ static inline int exists_one(kvo_remote_tier *t, const kvo_chunk_key *k) {
     size_t q = 0;
     ASSERT_OK(kvo_remote_tier_exists(t, k, 1, NULL, NULL, &q));
     ASSERT_EQ_U64(q, 1);
-    ASSERT_OK(kvo_remote_tier_wait(t, 30000));
+    ASSERT_OK(kvo_remote_tier_wait(t, KVO_MS(30000)));
     kvo_remote_completion c;
-    ASSERT_EQ_U64(kvo_remote_tier_poll(t, &c, 1), 1);
+    {
+        size_t np_ = 99;
+        ASSERT_OK(kvo_remote_tier_poll(t, &c, 1, &np_));
+        ASSERT_EQ_U64(np_, 1);
+    }
     ASSERT_EQ_U64(c.op, KVO_REMOTE_OP_EXISTS);
     return c.result;
 }
 
 static inline kvo_remote_tier_stats stats(kvo_remote_tier *t) {
-    kvo_remote_tier_stats s;
+    kvo_remote_tier_stats s = KVO_REMOTE_TIER_STATS_INIT;
     ASSERT_OK(kvo_remote_tier_get_stats(t, &s));
     return s;
 }

@@ -95,7 +95,7 @@ static int st_cmp_off(const void *a, const void *b) {
 /* Internal invariants + no two slots overlap + all within capacity. */
 static inline void st_check(kvo_store *s) {
     if (kvo__store_check(s)) FAILF("store check: %s", kvo_last_error());
-    kvo_store_stats st;
+    kvo_store_stats st = KVO_STORE_STATS_INIT;
     if (kvo_store_get_stats(s, &st)) FAILF("stats");
     size_t cap = (size_t)st.entries + 1, n = 0, got;
     kvo_store_entry *all = malloc(cap * sizeof *all);

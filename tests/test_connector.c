@@ -183,7 +183,7 @@ static uint64_t run_conversation(sim *s, uint64_t id0, const conv_opts *o) {
             ASSERT_OK(kvo_connector_append_tokens(s->c, r.id, &tk, 1));
             if (k + 1 < o->gen_tokens) compute_to(s, &r, n_seq, 64);
         }
-        kvo_request_stats rs;
+        kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
         ASSERT_OK(kvo_connector_request_stats(s->c, r.id, &rs));
         ASSERT_EQ_U64(rs.tokens_loaded, b);
         ASSERT_EQ_U64(rs.tokens, n_seq);
@@ -214,7 +214,7 @@ KVO_TEST(presets_conversations_hit_and_load_exact_bytes) {
         conv_opts o = {3, 300 + 7 * (size_t)i, 150, 40, scratch, true};
         uint64_t hit = run_conversation(&s, 1000, &o);
         if (hit == 0) FAILF("preset %s: no hit in a 3-turn conversation", name);
-        kvo_connector_stats st;
+        kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
         ASSERT_OK(kvo_connector_get_stats(s.c, &st));
         ASSERT_EQ_U64(st.load_failures, 0);
         ASSERT_EQ_U64(st.host.pinned, 0);
@@ -299,7 +299,7 @@ static void random_mixes(const uint32_t *tpbs, size_t ntpb, int iters) {
         conv_opts o = {3, 200 + kvo_test_rand() % 200, 60 + kvo_test_rand() % 100, 10 + kvo_test_rand() % 30, scratch,
                        true};
         (void)run_conversation(&s, 100 * (uint64_t)iter, &o);
-        kvo_connector_stats st;
+        kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
         ASSERT_OK(kvo_connector_get_stats(s.c, &st));
         ASSERT_EQ_U64(st.host.pinned, 0);
         ASSERT_EQ_U64(st.load_failures, 0);
@@ -381,7 +381,7 @@ KVO_TEST(pending_means_ask_again_later) {
     kvo_completion cp = sim_wait_completion(&s, 2, KVO_COMPLETION_LOAD);
     ASSERT_EQ_INT(cp.status, 0);
     check_loaded(&s, &b, 384);
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(s.c, 2, &rs));
     ASSERT_EQ_U64(rs.pending_lookups, 1);
     ASSERT_EQ_U64(rs.tokens_loaded, 384);
@@ -442,13 +442,13 @@ KVO_TEST(injected_load_failure_gives_invalid_blocks) {
     /* the engine recomputes; the request goes on normally */
     b.computed = 0;
     compute_to(&s, &b, 400, 100);
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(s.c, 2, &rs));
     ASSERT_EQ_U64(rs.load_failures, 1);
     ASSERT_EQ_U64(rs.tokens_loaded, 0);
     finish_req(&s, &b);
     sim_req_free(&s, &b);
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s.c, &st));
     ASSERT_EQ_U64(st.host.pinned, 0);
     ASSERT_EQ_U64(st.load_failures, 1);
@@ -493,7 +493,7 @@ KVO_TEST(corrupt_slot_is_detected_never_loaded) {
     kvo_completion c1 = sim_wait_completion(&s, 2, KVO_COMPLETION_LOAD);
     ASSERT_EQ_INT(c1.status, KVO_ECORRUPT);
     ASSERT_EQ_U64(c1.tokens_valid, 0);
-    kvo_connector_stats cs;
+    kvo_connector_stats cs = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s.c, &cs));
     ASSERT_EQ_U64(cs.checksum_failures, 1);
     ASSERT_EQ_U64(cs.host.pinned, 0);
@@ -563,9 +563,9 @@ KVO_TEST(preemption_mid_load) {
     kvo_completion cps[16];
     size_t n = 0;
     sim_drain(&s);
-    n = kvo_connector_poll(s.c, cps, 16);
+    ASSERT_OK(kvo_connector_poll(s.c, cps, 16, &n));
     for (size_t i = 0; i < n; i++) ASSERT_NE_U64(cps[i].request, 2); /* no completion for it */
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s.c, &st));
     ASSERT_EQ_U64(st.host.pinned, 0);
     /* resumed later: the same hit, loaded completely */
@@ -631,7 +631,7 @@ KVO_TEST(local_prefix_loads_only_the_rest) {
     }
     /* the sliding group loaded only its window [336, 384) */
     for (size_t i = L / 16; i < 384 / 16; i++) ASSERT_EQ_INT(b.tab[1][i] != KVO_NO_BLOCK, i >= 336 / 16);
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(s.c, 2, &rs));
     ASSERT_EQ_U64(rs.local_tokens, L);
     ASSERT_EQ_U64(rs.tokens_loaded, 384 - L);
@@ -653,7 +653,7 @@ KVO_TEST(checkpoint_policy_stores_fewer_sliding_chunks_and_still_hits) {
         conv_opts o = {3, 800, 200, 30, 0, pol == 0};
         uint64_t hit = run_conversation(&s, 10, &o);
         ASSERT_GT_U64(hit, 0);
-        kvo_connector_stats st;
+        kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
         ASSERT_OK(kvo_connector_get_stats(s.c, &st));
         stored[pol] = st.host.groups[1].chunks;
         sim_destroy(&s);
@@ -764,7 +764,7 @@ KVO_TEST(bad_input_fails_one_request_only) {
     size_t n;
     ASSERT_ERR(kvo_connector_invalid_blocks(s.c, 11, 7, ids, 4, &n), KVO_EINVAL);
     /* the good request is unaffected */
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(s.c, 10, &rs));
     ASSERT_EQ_U64(rs.chunks_stored, 6 + 12);
     finish_req(&s, &good);
@@ -793,7 +793,7 @@ KVO_TEST(huge_token_count_fails_cleanly) {
     ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 1, .tokens = tok, .n_tokens = 40}));
     ASSERT_ERR(kvo_connector_append_tokens(s.c, 1, tok, SIZE_MAX), KVO_ENOMEM);
     ASSERT_ERR(kvo_connector_append_tokens(s.c, 1, tok, SIZE_MAX / 2), KVO_ENOMEM);
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(s.c, 1, &rs));
     ASSERT_EQ_U64(rs.tokens, 40);
     ASSERT_OK(kvo_connector_append_tokens(s.c, 1, tok, 8));
@@ -858,7 +858,7 @@ KVO_TEST(allocation_failures_are_clean) {
         sim_drain(&s);
         done = loaded && fa_allocations() <= k; /* nothing failed */
         fa_arm(-1);
-        kvo_connector_stats st;
+        kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
         ASSERT_OK(kvo_connector_get_stats(s.c, &st));
         ASSERT_EQ_U64(st.host.pinned, 0);
         ASSERT_EQ_U64(st.host.pending, 0);
@@ -882,14 +882,14 @@ KVO_TEST(abort_out_of_memory_changes_nothing) {
     sim_req a;
     kvo__transfer_pause(kvo_connector_transfer(s.c), true); /* the store stays in flight */
     prefill(&s, &a, 1, tok, 400, false);
-    kvo_transfer_stats ts;
+    kvo_transfer_stats ts = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s.c), &ts));
     ASSERT_GT_U64(ts.jobs_queued, 0);
     fa_arm(0);
     int rc = kvo_connector_abort(s.c, 1);
     fa_arm(-1);
     ASSERT_ERR(rc, KVO_ENOMEM);
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(s.c, 1, &rs));
     kvo__transfer_pause(kvo_connector_transfer(s.c), false);
     ASSERT_OK(kvo_connector_abort(s.c, 1));
@@ -1007,7 +1007,7 @@ static void *thr_main(void *arg) {
             /* wait for our completion: the poller thread moves it to us via
              * request stats */
             for (;;) {
-                kvo_request_stats rs;
+                kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
                 if (kvo_connector_request_stats(s->c, id, &rs)) abort();
                 if (rs.tokens_loaded || rs.load_failures) {
                     have = rs.tokens_loaded;
@@ -1054,7 +1054,9 @@ static void *poller_main(void *arg) {
     sim *s = arg;
     while (!__atomic_load_n(&poller_stop, __ATOMIC_ACQUIRE)) {
         kvo_completion cp[32];
-        if (kvo_connector_poll(s->c, cp, 32) == 0) {
+        size_t np = 0;
+        (void)kvo_connector_poll(s->c, cp, 32, &np);
+        if (np == 0) {
             struct timespec ts = {0, 100000};
             nanosleep(&ts, NULL);
         }
@@ -1082,7 +1084,7 @@ KVO_TEST(threads_scheduler_and_poller) {
     __atomic_store_n(&poller_stop, 1, __ATOMIC_RELEASE);
     pthread_join(pt, NULL);
     ASSERT_GT_U64(hits, 0);
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s.c, &st));
     ASSERT_EQ_U64(st.load_failures, 0);
     ASSERT_EQ_U64(st.host.pinned, 0);
@@ -1110,11 +1112,11 @@ KVO_TEST(stores_skip_rather_than_evict_pinned) {
     ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
     ASSERT_EQ_U64(lr.tokens, 384);
     prefill(&s, &c2, 3, other, 400, true);
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s.c, &st));
     ASSERT_GT_U64(st.stores_skipped_nospace, 0);
     ASSERT_GE_U64(st.host.pinned, 15);
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(s.c, 3, &rs));
     ASSERT_EQ_U64(rs.stores_skipped, st.stores_skipped_nospace);
     ASSERT_OK(kvo_connector_abort(s.c, 3));

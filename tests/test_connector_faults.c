@@ -81,7 +81,7 @@ static void issue_load(sim *s, sim_req *r, uint64_t b) {
 /* Every completion waiting now (after the copies in flight finished). */
 static size_t drain_completions(sim *s, kvo_completion *out, size_t cap) {
     for (int spin = 0;; spin++) { /* every copy finished (sim_drain would consume completions) */
-        kvo_transfer_stats ts;
+        kvo_transfer_stats ts = KVO_TRANSFER_STATS_INIT;
         ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s->c), &ts));
         if (ts.jobs_queued == 0) break;
         if (spin > 200000) FAILF("transfers never drained");
@@ -89,7 +89,8 @@ static size_t drain_completions(sim *s, kvo_completion *out, size_t cap) {
     }
     size_t n = 0;
     for (;;) {
-        size_t k = kvo_connector_poll(s->c, out + n, cap - n > 4 ? 4 : cap - n);
+        size_t k = 0;
+        ASSERT_OK(kvo_connector_poll(s->c, out + n, cap - n > 4 ? 4 : cap - n, &k));
         n += k;
         if (k == 0 || n == cap) return n;
     }
@@ -133,12 +134,16 @@ static kvo_lookup_result sim_with_hit(sim *s, sim_req *r, uint32_t *tok, uint32_
 static void load_and_queue(sim *s, sim_req *r, uint64_t b) {
     issue_load(s, r, b);
     ASSERT_OK(kvo_connector_wait_request(s->c, 2));
-    ASSERT_EQ_U64(kvo_connector_poll(s->c, NULL, 0), 0); /* results processed, completion queued */
+    {
+        size_t np_ = 99;
+        ASSERT_OK(kvo_connector_poll(s->c, NULL, 0, &np_));
+        ASSERT_EQ_U64(np_, 0); /* results processed, completion queued */
+    }
 }
 
 /* Nothing is left pinned or pending in the host tier. */
 static void check_host_idle(sim *s) {
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s->c, &st));
     ASSERT_EQ_U64(st.host.pinned, 0);
     ASSERT_EQ_U64(st.host.pending, 0);
@@ -194,13 +199,14 @@ KVO_TEST(stale_completion_never_reports_a_newer_load) {
     size_t loads = 0;
     for (int spin = 0; spin < 2000000; spin++) {
         kvo_completion one;
-        size_t n = kvo_connector_poll(s.c, &one, 1);
+        size_t n = 0;
+        ASSERT_OK(kvo_connector_poll(s.c, &one, 1, &n));
         if (n && one.request == 2 && one.type == KVO_COMPLETION_LOAD) {
             ASSERT_EQ_INT(one.status, 0);
             ASSERT_EQ_U64(one.tokens_valid, lr.tokens);
             if (loads++ == 0) check_loaded(&s, &r, lr.tokens);
         }
-        kvo_transfer_stats ts;
+        kvo_transfer_stats ts = KVO_TRANSFER_STATS_INIT;
         ASSERT_OK(kvo_transfer_get_stats(kvo_connector_transfer(s.c), &ts));
         if (!n && loads && ts.jobs_queued == 0 && ts.results_pending == 0) break;
         if (!n) usleep(50);
@@ -240,7 +246,7 @@ KVO_TEST(abort_drops_queued_completion_before_id_reuse) {
     size_t released = 0;
     if (busy) {
         ASSERT_OK(kvo_connector_wait_request(s.c, 2));
-        (void)kvo_connector_poll(s.c, NULL, 0); /* RELEASED queued, request retired */
+        (void)kvo_connector_poll(s.c, NULL, 0, &(size_t){0}); /* RELEASED queued, request retired */
         sim_req r3;
         lr = add_lookup(&s, &r3, 2, other, 100);
         ASSERT_OK(kvo_connector_abort(s.c, 2));
@@ -375,7 +381,7 @@ static void sim_with_tier(sim *s, kvo_plan *p, kvo_file_tier *t, kvo_file_mode m
 }
 
 static uint64_t tier_writes(kvo_file_tier *t) {
-    kvo_file_tier_stats ts;
+    kvo_file_tier_stats ts = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_flush(t, -1));
     ASSERT_OK(kvo_file_tier_get_stats(t, &ts));
     return ts.writes;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "connector/connector_internal.h"
+#include "tiers/file_testing.h"
 #include "connector_sim.h"
 
 static kvo_plan *plan2(void) {
@@ -144,7 +145,7 @@ KVO_TEST(host_miss_hits_file_then_restart) {
     uint32_t tok[400];
     fill(tok, 400, 1);
     store_prompt(&f.s, f.t, 1, tok, 400);
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
     ASSERT_EQ_U64(st.file_writes, st.chunks_stored);
     /* the host forgets everything: the files serve the hit */
@@ -158,7 +159,7 @@ KVO_TEST(host_miss_hits_file_then_restart) {
     ASSERT_EQ_INT(cp.status, 0);
     ASSERT_EQ_U64(cp.tokens_valid, 384);
     check_blocks(&f.s, &r, 384);
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(f.s.c, 2, &rs));
     ASSERT_EQ_U64(rs.tokens_loaded_file, 384);
     ASSERT_OK(kvo_connector_abort(f.s.c, 2));
@@ -215,7 +216,7 @@ KVO_TEST(corrupt_files_fail_the_load) {
     ASSERT_NE_INT(cp.status, 0);
     ASSERT_EQ_U64(cp.tokens_valid, 0);
     ASSERT_EQ_U64(cp.n_invalid_blocks, 0); /* nothing was copied into the engine */
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
     ASSERT_GT_U64(st.file_read_failures, 0);
     ASSERT_EQ_U64(st.host.pinned, 0);
@@ -261,14 +262,15 @@ KVO_TEST(preempt_while_file_reads_run) {
         /* let the orphaned reads finish */
         for (int spin = 0; spin < 100000; spin++) {
             kvo_completion cps[8];
-            size_t n = kvo_connector_poll(f.s.c, cps, 8);
+            size_t n = 0;
+            ASSERT_OK(kvo_connector_poll(f.s.c, cps, 8, &n));
             for (size_t i = 0; i < n; i++) ASSERT_NE_U64(cps[i].request, id);
-            kvo_store_stats hs;
+            kvo_store_stats hs = KVO_STORE_STATS_INIT;
             ASSERT_OK(kvo_store_get_stats(kvo_connector_store(f.s.c), &hs));
             if (hs.pending == 0) break;
             usleep(100);
         }
-        kvo_store_stats hs;
+        kvo_store_stats hs = KVO_STORE_STATS_INIT;
         ASSERT_OK(kvo_store_get_stats(kvo_connector_store(f.s.c), &hs));
         ASSERT_EQ_U64(hs.pending, 0);
         ASSERT_EQ_U64(hs.pinned, 0);
@@ -280,14 +282,14 @@ KVO_TEST(preempt_while_file_reads_run) {
 /* ----------------------------------------------------------- write-back -- */
 
 static kvo_file_tier_stats tier_stats(kvo_file_tier *t) {
-    kvo_file_tier_stats ts;
+    kvo_file_tier_stats ts = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_flush(t, -1));
     ASSERT_OK(kvo_file_tier_get_stats(t, &ts));
     return ts;
 }
 
 static kvo_connector_stats conn_stats(sim *s) {
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s->c, &st));
     return st;
 }
@@ -396,7 +398,7 @@ KVO_TEST(writeback_flush_persist_restart) {
     ASSERT_OK(kvo_connector_flush_to_file(f.s.c, -1, &nq));
     ASSERT_EQ_U64(nq, na);
     ASSERT_EQ_U64(tier_stats(f.t).writes, na);
-    ASSERT_OK(kvo_connector_flush_to_file(f.s.c, 10000, &nq)); /* all held: nothing rewritten */
+    ASSERT_OK(kvo_connector_flush_to_file(f.s.c, KVO_MS(10000), &nq)); /* all held: nothing rewritten */
     ASSERT_EQ_U64(nq, 0);
     st = conn_stats(&f.s);
     ASSERT_GE_U64(st.file_writes_skipped, na);
@@ -424,7 +426,7 @@ KVO_TEST(writeback_backpressure_counted) {
     fx f;
     fx_open(&f, 1, KVO_FILE_WRITE_BACK, 2, false);
     uint32_t tok[400];
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     uint32_t k = 0;
     for (; k < 40; k++) {
         fill(tok, 400, 500 + k * 11);
@@ -438,14 +440,14 @@ KVO_TEST(writeback_backpressure_counted) {
     ASSERT_EQ_U64(st.file_writes, ts.writes + ts.dropped_nospace + ts.dropped_io);
     ASSERT_EQ_U64(st.file_writes + st.file_writes_dropped + st.file_writes_skipped, st.host.evictions);
     /* a full disk: the writes fail in the tier, counted there */
-    kvo_file_tier_inject_write_error(ENOSPC, 2);
+    kvo__file_tier_inject_write_error(ENOSPC, 2);
     uint64_t q0 = st.file_writes;
     for (; k < 80 && st.file_writes < q0 + 2; k++) {
         fill(tok, 400, 500 + k * 11);
         store_prompt(&f.s, f.t, 1 + k, tok, 400);
         st = conn_stats(&f.s);
     }
-    kvo_file_tier_inject_write_error(0, 0);
+    kvo__file_tier_inject_write_error(0, 0);
     ASSERT_GE_U64(st.file_writes, q0 + 2);
     ts = tier_stats(f.t);
     ASSERT_EQ_U64(ts.dropped_nospace, 2);
@@ -500,7 +502,7 @@ typedef struct flusher {
 static void *flush_loop(void *arg) {
     flusher *x = arg;
     while (!__atomic_load_n(&x->stop, __ATOMIC_SEQ_CST) && x->rc == 0) {
-        x->rc = kvo_connector_flush_to_file(x->c, 10000, NULL);
+        x->rc = kvo_connector_flush_to_file(x->c, KVO_MS(10000), NULL);
         x->rounds++;
     }
     return NULL;

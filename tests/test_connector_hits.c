@@ -43,7 +43,7 @@ KVO_TEST(vllm_12_16_prompt_85_local_48) {
     ASSERT_EQ_U64(lr.tokens, 80); /* vLLM: 80; the step rule: 48 */
     ASSERT_EQ_U64(lr.local_tokens, 48);
     cr_compute(&s, &r, 85, 5);
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(s.c, 2, &rs));
     ASSERT_EQ_U64(rs.tokens_loaded, 32);
     cr_finish(&s, &r);

@@ -66,7 +66,7 @@ static int lookup_settled(sim *s, uint64_t id, kvo_lookup_result *lr, bool *remo
         ASSERT_OK(kvo_connector_lookup(s->c, id, 0, lr));
         if (lr->status != KVO_HIT_PENDING) return i;
         if (lr->remote_pending && remote_pending) *remote_pending = true;
-        (void)kvo_connector_poll(s->c, NULL, 0);
+        (void)kvo_connector_poll(s->c, NULL, 0, &(size_t){0});
         nap_ms(1);
     }
     FAILF("request %llu: lookups still PENDING after 20000 tries", (unsigned long long)id);
@@ -131,11 +131,11 @@ static void fx_stored(fx *f, int port, const char *pfx, uint32_t salt) {
     fill(f->tok, 400, salt);
     make_conn(&f->a, f->p, f->t, 20000);
     sim_store_prompt(&f->a, 1, f->tok, 400);
-    ASSERT_OK(kvo_remote_tier_flush(f->t, 30000));
+    ASSERT_OK(kvo_remote_tier_flush(f->t, KVO_MS(30000)));
 }
 
 static kvo_connector_stats cstats(sim *s) {
-    kvo_connector_stats st;
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s->c, &st));
     return st;
 }
@@ -192,7 +192,7 @@ KVO_TEST(loads_byte_exact) {
     /* the answers land meanwhile: a later lookup hits the remote tier */
     bool hit = false;
     for (int i = 0; i < 2000 && !hit; i++) {
-        (void)kvo_connector_poll(c.c, NULL, 0);
+        (void)kvo_connector_poll(c.c, NULL, 0, &(size_t){0});
         nap_ms(1);
         hit = try_load(&c, 5 + (uint64_t)i, tok, 400, &lr, &cp, NULL) && lr.tokens == 384;
     }
@@ -271,7 +271,7 @@ KVO_TEST(layout_change_follows_tier_format) {
     uint32_t other[400];
     fill(other, 400, 4);
     sim_store_prompt(&f.a, 2, other, 400);
-    ASSERT_OK(kvo_remote_tier_flush(f.t, 30000));
+    ASSERT_OK(kvo_remote_tier_flush(f.t, KVO_MS(30000)));
     kvo_connector_stats s1 = cstats(&f.a);
     uint64_t stored = s1.chunks_stored - s0.chunks_stored, put = s1.remote_writes - s0.remote_writes;
     ASSERT_GT_U64(put, 0);        /* group 1 */
@@ -330,7 +330,7 @@ KVO_TEST(master_kill_during_traffic) {
     for (int i = 0; i < NP; i++) {
         fill(tok[i], 400, 10 + (uint32_t)i);
         sim_store_prompt(&a, 1 + (uint64_t)i, tok[i], 400);
-        ASSERT_OK(kvo_remote_tier_flush(t, 30000)); /* below max_pending_writes: nothing dropped */
+        ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(30000))); /* below max_pending_writes: nothing dropped */
     }
     ASSERT_EQ_U64(cstats(&a).remote_writes_dropped, 0);
     sim_destroy(&a);
@@ -356,7 +356,7 @@ KVO_TEST(master_kill_during_traffic) {
          * so the recovery is judged on writes made after it) */
         fill(fresh, 400, 1000 + (uint32_t)round);
         sim_store_prompt(&b, id++, fresh, 400);
-        ASSERT_OK(kvo_remote_tier_flush(t, 30000));
+        ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(30000)));
         kvo_store_clear(kvo_connector_store(b.c));
         bool hit = try_load(&b, id++, fresh, 400, &lr, &cp, NULL);
         if (hit && cp.status == 0 && lr.tokens == 384 && lr.tokens_remote == 384)
@@ -370,7 +370,7 @@ KVO_TEST(master_kill_during_traffic) {
     ASSERT_EQ_U64(full_rounds, 2);  /* traffic resumed after the promotion */
     ASSERT_GT_U64(degraded, 0);     /* the outage was seen: misses or failed loads */
     ASSERT_GT_U64(ok_loads, 0);
-    ASSERT_OK(kvo_remote_tier_flush(t, 30000));
+    ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(30000)));
     kvo_remote_tier_stats rs = stats(t);
     kvo_connector_stats st = cstats(&b);
     ASSERT_GT_U64(rs.dropped_io + st.remote_writes_dropped, 0); /* stores to the dead master: counted */
@@ -394,7 +394,7 @@ KVO_TEST(cluster_down_serves_host) {
     sim a;
     make_conn(&a, p, t, 50000);
     sim_store_prompt(&a, 1, t1, 400);
-    ASSERT_OK(kvo_remote_tier_flush(t, 30000));
+    ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(30000)));
     stop_private();
     kvo_lookup_result lr;
     kvo_completion cp;
@@ -408,7 +408,7 @@ KVO_TEST(cluster_down_serves_host) {
     uint64_t before = cstats(&a).chunks_stored;
     sim_store_prompt(&a, 4, t3, 400);
     ASSERT_GT_U64(cstats(&a).chunks_stored, before);
-    ASSERT_OK(kvo_remote_tier_flush(t, 30000));
+    ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(30000)));
     ASSERT_GT_U64(stats(t).dropped_io + cstats(&a).remote_writes_dropped, 0);
     ASSERT_TRUE(try_load(&a, 5, t3, 400, &lr, &cp, NULL));
     ASSERT_EQ_INT(cp.status, 0);

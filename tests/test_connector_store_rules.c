@@ -56,7 +56,7 @@ static void pressure_then_room(bool at_finish) {
     cr_add(&s, &r, 2, t2, 65, NULL);
     cr_compute(&s, &r, at_finish ? 64 : 32, 64);
     sim_drain(&s);
-    kvo_request_stats rs;
+    kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
     ASSERT_OK(kvo_connector_request_stats(s.c, 2, &rs));
     ASSERT_EQ_U64(rs.stores_skipped, at_finish ? 4 : 2);
     uint8_t st[8];
@@ -272,7 +272,7 @@ KVO_TEST(reset_drops_everything_with_requests_in_flight) {
     uint8_t st[16];
     ASSERT_EQ_U64(cr_ready_chunks(&s, 3, 0, st, 16), 0);
     ASSERT_EQ_U64(cr_ready_chunks(&s, 2, 0, st, 16), 0);
-    kvo_connector_stats cs;
+    kvo_connector_stats cs = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s.c, &cs));
     ASSERT_EQ_U64(cs.host.entries, 0);
     cr_finish(&s, &b);

@@ -74,7 +74,7 @@ static void env_open(cu_env *e, kvo_plan *plan, const kvo_cuda_params *cp) {
     tp.device = "cuda";
     tp.device_index = cp->device_index;
     ASSERT_OK(kvo_transfer_create(&tp, &e->t));
-    kvo_transfer_stats st;
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(e->t, &st));
     ASSERT_EQ_STR(st.device, "cuda");
 }

@@ -246,7 +246,7 @@ static void check_restart(kvo_file_mode mode, uint64_t host_first) {
     sums s = sum(b, w->n);
     ASSERT_EQ_U64(s.failures, 0);
     ASSERT_EQ_U64(kvo_eng_conn_hook_errors(c), 0);
-    kvo_connector_stats cs;
+    kvo_connector_stats cs = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(kvo_eng_conn_connector(c), &cs));
     if (mode == KVO_FILE_WRITE_BACK) {
         ASSERT_GT_U64(s.loaded, 0);

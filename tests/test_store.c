@@ -43,7 +43,7 @@ KVO_TEST(lifecycle_miss_pending_ready_pin) {
     ASSERT_ERR(kvo_store_complete_load(s, k, 1), KVO_ESTATE);
     ASSERT_OK(kvo_store_peek(s, &k[0], &e));
     ASSERT_EQ_U64(e.pins, 0);
-    kvo_store_stats ss;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &ss));
     ASSERT_EQ_U64(ss.hits, 2);
     ASSERT_EQ_U64(ss.misses, 2);
@@ -84,7 +84,7 @@ KVO_TEST(slots_follow_key_order_and_skip_present) {
     }
     ASSERT_OK(kvo_store_peek(s, &k[2], &e));
     ASSERT_EQ_U64(e.slot.offset, before.offset);
-    kvo_store_stats ss;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &ss));
     ASSERT_EQ_U64(ss.store_skipped_present, 1);
     /* preparing again: everything present (PENDING or READY) is skipped */
@@ -100,7 +100,7 @@ static kvo_store *small4(kvo_plan **pp, kvo_policy_kind pol) {
     static const uint64_t pg[] = {4096};
     *pp = st_plan(1, pg);
     kvo_store *s = st_store(*pp, 4 * 4096, pol);
-    kvo_store_stats ss;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &ss));
     ASSERT_EQ_U64(ss.groups[0].capacity_chunks, 4);
     return s;
@@ -112,7 +112,7 @@ KVO_TEST(per_group_capacity_exact) {
     kvo_chunk_key k[5];
     for (int i = 0; i < 5; i++) k[i] = st_key(0, (uint64_t)i);
     ASSERT_EQ_U64(st_put(s, k, 4), 0); /* exactly 4 fit without eviction */
-    kvo_store_stats ss;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &ss));
     ASSERT_EQ_U64(ss.bytes_used, ss.capacity_bytes);
     ASSERT_EQ_U64(st_put(s, &k[4], 1), 1); /* the fifth evicts one */
@@ -170,7 +170,7 @@ KVO_TEST(pinned_and_pending_never_evicted) {
     ASSERT_OK(kvo_store_prepare_store(s, two, 2, need, sl, ev, evs, 4, &nev));
     ASSERT_EQ_U64(nev, 2);
     /* now nothing is evictable: k0 pinned, k3 k5 k6 pending */
-    kvo_store_stats before, after;
+    kvo_store_stats before = KVO_STORE_STATS_INIT, after = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &before));
     ASSERT_ERR(kvo_store_prepare_store(s, &k[7], 1, need, sl, ev, evs, 4, &nev), KVO_ENOSPC);
     ASSERT_CONTAINS(kvo_last_error(), "pinned");
@@ -191,7 +191,7 @@ KVO_TEST(eviction_all_or_nothing) {
     st_put(s, k, 4);
     kvo_slot ld[2];
     ASSERT_OK(kvo_store_prepare_load(s, k, 2, ld)); /* k0, k1 pinned: 2 evictable */
-    kvo_store_stats b, a;
+    kvo_store_stats b = KVO_STORE_STATS_INIT, a = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &b));
     uint8_t need[3] = {7, 7, 7};
     kvo_slot sl[3];
@@ -300,7 +300,7 @@ KVO_TEST(bad_input_changes_nothing) {
     st_put(s, k, 1);
     uint8_t st[3], need[3];
     kvo_slot sl[3];
-    kvo_store_stats b, a;
+    kvo_store_stats b = KVO_STORE_STATS_INIT, a = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &b));
     ASSERT_ERR(kvo_store_lookup(NULL, k, 1, st), KVO_EINVAL);
     ASSERT_ERR(kvo_store_lookup(s, NULL, 1, st), KVO_EINVAL);
@@ -381,7 +381,7 @@ KVO_TEST(refused_complete_load_keeps_pins) {
         ASSERT_OK(kvo_store_peek(s, &k[i], &e));
         ASSERT_EQ_U64(e.pins, 1);
     }
-    kvo_store_stats st;
+    kvo_store_stats st = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &st));
     ASSERT_EQ_U64(st.pinned, 2);
     st_check(s);
@@ -482,7 +482,7 @@ KVO_TEST(admission_after_n_lookups) {
     ASSERT_OK(kvo_store_lookup(s, &k, 1, &st));
     ASSERT_OK(kvo_store_prepare_store(s, &k, 1, &need, &sl, NULL, NULL, 0, NULL));
     ASSERT_EQ_INT(need, 1); /* twice: admitted */
-    kvo_store_stats ss;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &ss));
     ASSERT_EQ_U64(ss.store_not_admitted, 2);
     ASSERT_EQ_U64(ss.stores, 1);
@@ -503,7 +503,7 @@ KVO_TEST(max_entries_bounds_the_index) {
     for (int i = 0; i < 8; i++) k[i] = st_key(0, (uint64_t)i);
     ASSERT_EQ_U64(st_put(s, k, 5), 0);
     ASSERT_EQ_U64(st_put(s, &k[5], 3), 3); /* bytes are free, entries are not */
-    kvo_store_stats ss;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &ss));
     ASSERT_EQ_U64(ss.entries, 5);
     ASSERT_EQ_U64(ss.groups[0].capacity_chunks, 5);

@@ -65,7 +65,7 @@ static void run_requests(kvo_store *s, const kvo_plan *p, int nreq, uint64_t ski
         size_t nl = n < 8 ? n : 8;
         ASSERT_OK(kvo_store_prepare_load(s, keys, nl, slots));
         ASSERT_OK(kvo_store_complete_load(s, keys, nl));
-        kvo_store_stats st;
+        kvo_store_stats st = KVO_STORE_STATS_INIT;
         ASSERT_OK(kvo_store_get_stats(s, &st));
         if (measure && st.evictions > 0) {
             double u = (double)st.bytes_used / (double)st.capacity_bytes;
@@ -83,7 +83,7 @@ static void run_requests(kvo_store *s, const kvo_plan *p, int nreq, uint64_t ski
 }
 
 static uint64_t stored_bytes(kvo_store *s) {
-    kvo_store_stats st;
+    kvo_store_stats st = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(s, &st));
     uint64_t b = 0;
     for (size_t g = 0; g < st.n_groups; g++) b += st.groups[g].stores * st.groups[g].slot_bytes;
@@ -95,7 +95,7 @@ static frag_result run_frag(const char *preset, uint64_t block_size, uint64_t ca
     kvo_plan *p = st_preset_plan(preset, block_size);
     kvo_store *s = st_store(p, capacity, pol);
     frag_result r = {1.0, 0, 0, 0, 0};
-    kvo_store_stats st;
+    kvo_store_stats st = KVO_STORE_STATS_INIT;
     /* phase 1 (optional): only some groups store; phase 2: all of them */
     if (first_phase_skip) run_requests(s, p, 400, first_phase_skip, false, &r);
     /* warm up: the store turns over three times (bytes stored since the

@@ -63,7 +63,7 @@ static void *worker(void *arg) {
             if (rc && rc != KVO_EBUSY) abort();
         }
         if (it % 500 == 0) {
-            kvo_store_stats ss;
+            kvo_store_stats ss = KVO_STORE_STATS_INIT;
             if (kvo_store_get_stats(t->s, &ss)) abort();
             kvo_store_event ev[64];
             kvo_store_drain_events(t->s, ev, 64, NULL);
@@ -90,7 +90,7 @@ KVO_TEST(concurrent_batches) {
             stored += a[i].stored;
         }
         ASSERT_GT_U64(stored, 100);
-        kvo_store_stats ss;
+        kvo_store_stats ss = KVO_STORE_STATS_INIT;
         ASSERT_OK(kvo_store_get_stats(s, &ss));
         ASSERT_EQ_U64(ss.pinned, 0);
         ASSERT_EQ_U64(ss.pending, 0);

@@ -86,13 +86,13 @@ static void write_keys(kvo_file_tier *t, const kvo_plan *plan, const kvo_chunk_k
         int r = 1;
         ASSERT_OK(kvo_file_tier_write(t, &keys[i], &src, 1, NULL, &r, NULL));
         if (r == KVO_EAGAIN) {
-            ASSERT_OK(kvo_file_tier_flush(t, 20000));
+            ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
             ASSERT_OK(kvo_file_tier_write(t, &keys[i], &src, 1, NULL, &r, NULL));
         }
         ASSERT_EQ_INT(r, 0);
     }
     free(buf);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
 }
 
 /* Read one key; the completion's result (0: bytes checked, padding too). */
@@ -111,9 +111,9 @@ static int read_key(kvo_file_tier *t, const kvo_plan *plan, const kvo_chunk_key 
     kvo_file_completion c;
     size_t got = 0;
     for (int spin = 0; spin < 100 && !got; spin++) {
-        int w = kvo_file_tier_wait(t, 5000);
+        int w = kvo_file_tier_wait(t, KVO_MS(5000));
         if (w && w != KVO_ETIMEDOUT) FAILF("wait: %s", kvo_last_error());
-        got = kvo_file_tier_poll(t, &c, 1);
+        ASSERT_OK(kvo_file_tier_poll(t, &c, 1, &got));
     }
     ASSERT_EQ_U64(got, 1);
     if (c.result == 0) {
@@ -191,7 +191,7 @@ KVO_TEST(fifo_chunk_not_adopted_by_scan) {
     ASSERT_EQ_INT(st[0], KVO_MISS); /* a FIFO is no chunk */
     ASSERT_EQ_INT(st[1], KVO_READY);
     ASSERT_EQ_INT(read_key(t, plan, &keys[1]), 0);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.scanned_files, 2);
     ASSERT_GE_U64(s.scan_removed, 1); /* reported (and removed: not a chunk) */
@@ -399,8 +399,8 @@ KVO_TEST(file_size_limit_drops_write) {
         kvo_chunk_key k = key_n(5);
         int r = 1;
         if (kvo_file_tier_write(t, &k, &src, 1, NULL, &r, NULL) || r) _exit(12);
-        if (kvo_file_tier_flush(t, 20000)) _exit(13);
-        kvo_file_tier_stats s;
+        if (kvo_file_tier_flush(t, KVO_MS(20000))) _exit(13);
+        kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
         if (kvo_file_tier_get_stats(t, &s) || s.writes != 0 || s.dropped_nospace + s.dropped_io != 1) _exit(14);
         kvo_file_tier_destroy(t);
         free(buf);
@@ -499,7 +499,7 @@ KVO_TEST(restart_on_full_disk_keeps_files) {
     char ns[KVO__FILE_PATH_MAX];
     snprintf(ns, sizeof ns, "%s", kvo_file_tier_dir(t));
     /* fill the quota the tier clamped to, then the rest of the disk */
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     const kvo_group_plan *g = kvo_plan_group(plan, 0);
     size_t n = (size_t)(s.quota_bytes / g->slot_bytes);

@@ -100,13 +100,13 @@ static void write_keys(kvo_file_tier *t, const kvo_plan *plan, const kvo_chunk_k
         int r = 1;
         ASSERT_OK(kvo_file_tier_write(t, &keys[i], &src, 1, NULL, &r, NULL));
         if (r == KVO_EAGAIN) { /* back-pressure: let the queue drain */
-            ASSERT_OK(kvo_file_tier_flush(t, 20000));
+            ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
             ASSERT_OK(kvo_file_tier_write(t, &keys[i], &src, 1, NULL, &r, NULL));
         }
         free(buf); /* the tier copied it */
         ASSERT_EQ_INT(r, 0);
     }
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
 }
 
 /* Read one key synchronously; returns the completion result and checks the
@@ -126,9 +126,9 @@ static int read_key(kvo_file_tier *t, const kvo_plan *plan, const kvo_chunk_key 
     kvo_file_completion c;
     size_t got = 0;
     for (int spin = 0; spin < 2000 && !got; spin++) {
-        int w = kvo_file_tier_wait(t, 5000);
+        int w = kvo_file_tier_wait(t, KVO_MS(5000));
         if (w && w != KVO_ETIMEDOUT) FAILF("wait: %s", kvo_last_error());
-        got = kvo_file_tier_poll(t, &c, 1);
+        ASSERT_OK(kvo_file_tier_poll(t, &c, 1, &got));
     }
     ASSERT_EQ_U64(got, 1);
     ASSERT_EQ_U64(c.user_data, 77);
@@ -179,7 +179,7 @@ static void round_trip(kvo_file_io_kind io, kvo_file_direct_mode direct) {
     /* a group that is not offloaded is rejected */
     kvo_chunk_key bad = key_n(1, 2);
     ASSERT_ERR(kvo_file_tier_lookup(t, &bad, 1, st), KVO_EINVAL);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.writes, 12);
     ASSERT_EQ_U64(s.reads, 12);
@@ -218,7 +218,7 @@ KVO_TEST(restart_persistence) {
 
     t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.scanned_files, 20);
     ASSERT_EQ_U64(s.files, 20);
@@ -315,7 +315,7 @@ KVO_TEST(corruption_kinds) {
         uint8_t s;
         ASSERT_OK(kvo_file_tier_lookup(t, &keys[kind], 1, &s));
         ASSERT_EQ_INT(s, KVO_MISS);
-        kvo_file_tier_stats fs;
+        kvo_file_tier_stats fs = KVO_FILE_TIER_STATS_INIT;
         ASSERT_OK(kvo_file_tier_get_stats(t, &fs));
         ASSERT_EQ_U64(fs.corrupt_removed, corrupt_before + 1);
         corrupt_before = fs.corrupt_removed;
@@ -354,7 +354,7 @@ KVO_TEST(corruption_found_after_restart) {
     FILE *f = fopen(foreign, "w");
     fputs("not a chunk\n", f);
     fclose(f);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.scanned_files, 3); /* the directory was removed at scan */
     ASSERT_EQ_U64(s.scan_removed, 2);   /* ... and the old temporary file */
@@ -409,7 +409,7 @@ static void sigkill_during_writes(bool named_temps) {
 
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_GT_U64(s.scanned_files, 0);
     uint64_t ok = 0, bad = 0;
@@ -447,7 +447,7 @@ KVO_TEST(sigkill_during_writes_named_temps) { sigkill_during_writes(true); }
 
 static void check_nospace(kvo_file_tier *t, const kvo_plan *plan, int expect_some_ok) {
     const kvo_group_plan *g = kvo_plan_group(plan, 0);
-    kvo_file_tier_stats s0;
+    kvo_file_tier_stats s0 = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s0));
     unsigned char *buf = malloc(g->chunk_bytes);
     for (uint64_t i = 0; i < 40; i++) {
@@ -455,10 +455,10 @@ static void check_nospace(kvo_file_tier *t, const kvo_plan *plan, int expect_som
         fill_key(buf, g->chunk_bytes, &k);
         const void *src = buf;
         ASSERT_OK(kvo_file_tier_write(t, &k, &src, 1, NULL, NULL, NULL));
-        ASSERT_OK(kvo_file_tier_flush(t, 20000));
+        ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     }
     free(buf);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     uint64_t writes = s.writes - s0.writes, nospace = s.dropped_nospace - s0.dropped_nospace;
     ASSERT_GT_U64(nospace, 0);
@@ -484,12 +484,12 @@ KVO_TEST(enospc_injected) {
     kvo_file_tier_params p = params(subdir("ns"), plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    kvo_file_tier_inject_write_error(ENOSPC, 5);
+    kvo__file_tier_inject_write_error(ENOSPC, 5);
     check_nospace(t, plan, 1);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_nospace, 5);
-    kvo_file_tier_inject_write_error(EIO, 2);
+    kvo__file_tier_inject_write_error(EIO, 2);
     const kvo_group_plan *g = kvo_plan_group(plan, 1);
     unsigned char *buf = calloc(1, g->chunk_bytes);
     for (int i = 0; i < 3; i++) {
@@ -498,10 +498,10 @@ KVO_TEST(enospc_injected) {
         ASSERT_OK(kvo_file_tier_write(t, &k, &src, 1, NULL, NULL, NULL));
     }
     free(buf);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_io, 2);
-    kvo_file_tier_inject_write_error(0, 0);
+    kvo__file_tier_inject_write_error(0, 0);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
@@ -522,7 +522,7 @@ KVO_TEST(enospc_small_tmpfs) {
         /* O_DIRECT on tmpfs depends on the kernel (6.6+ has it): probed, whatever it is */
         /* a quota above what the file system holds is clamped: old files are
          * evicted instead of new writes failing */
-        kvo_file_tier_stats s;
+        kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
         ASSERT_OK(kvo_file_tier_get_stats(t, &s));
         ASSERT_LT_U64(s.quota_bytes, 256 * 1024);
         const kvo_group_plan *g = kvo_plan_group(plan, 0);
@@ -574,7 +574,7 @@ static int share_child(const kvo_plan *plan, const char *root, uint64_t first, u
         if (r != 0 && r != KVO_EEXIST) return 11;
     }
     free(buf);
-    if (kvo_file_tier_flush(t, 20000)) return 12;
+    if (kvo_file_tier_flush(t, KVO_MS(20000))) return 12;
     /* read everything, waiting for the other writer */
     uint64_t found = 0;
     for (int round = 0; round < 500 && found < total; round++) {
@@ -624,7 +624,7 @@ KVO_TEST(quota_eviction) {
         keys[i] = key_n((uint64_t)i + 3000, 0);
         write_keys(t, plan, &keys[i], 1);
     }
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_LE_U64(s.bytes_used, p.quota_bytes);
     ASSERT_GT_U64(s.files, 0);
@@ -700,15 +700,15 @@ KVO_TEST(fanout_at_create_and_recycling_burst) {
     kvo_chunk_key keys[44];
     for (int i = 0; i < 24; i++) keys[i] = key_n((uint64_t)i + 7000, 0);
     write_keys(t, plan, keys, 24);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
-    kvo_file_tier_stats a, b;
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
+    kvo_file_tier_stats a = KVO_FILE_TIER_STATS_INIT, b = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &a));
     /* 20 writes queued at once (under max_pending_writes, more than the
      * old 16-file pool): each evicts one of the 24 (at most 20 are pending,
      * so one is always ready to evict) */
     for (int i = 24; i < 44; i++) keys[i] = key_n((uint64_t)i + 7000, 0);
     write_keys(t, plan, keys + 24, 20);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     ASSERT_OK(kvo_file_tier_get_stats(t, &b));
     ASSERT_EQ_U64(b.writes - a.writes, 20);
     ASSERT_EQ_U64(b.recycled_files - a.recycled_files, 20);
@@ -750,8 +750,8 @@ KVO_TEST(backpressure_drops) {
     }
     size_t queued = 0;
     ASSERT_OK(kvo_file_tier_write(t, keys, srcs, N, NULL, res, &queued));
-    ASSERT_OK(kvo_file_tier_flush(t, 30000));
-    kvo_file_tier_stats s;
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(30000)));
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_GE_U64(queued, 2);
     ASSERT_LT_U64(queued, N);
@@ -786,7 +786,8 @@ KVO_TEST(write_completions_and_event_fd) {
         struct pollfd pf = {fd, POLLIN, 0};
         poll(&pf, 1, 1000);
         kvo_file_completion c[3];
-        size_t n = kvo_file_tier_poll(t, c, 3);
+        size_t n = 0;
+        ASSERT_OK(kvo_file_tier_poll(t, c, 3, &n));
         for (size_t i = 0; i < n; i++) {
             ASSERT_EQ_INT(c[i].op, KVO_FILE_OP_WRITE);
             ASSERT_EQ_INT(c[i].result, 0);
@@ -969,7 +970,7 @@ KVO_TEST(quota_mixed_sizes) {
     kvo_chunk_key *ks = malloc(n_small * sizeof *ks);
     for (uint64_t i = 0; i < n_small; i++) ks[i] = key_n(i + 123456, 1);
     write_keys(t, plan, ks, n_small);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_GT_U64(s.files, 64);
     kvo_chunk_key kb[2] = {key_n(1, 0), key_n(2, 0)};
@@ -1013,9 +1014,9 @@ KVO_TEST(staging_shared_between_groups) {
         ASSERT_OK(kvo_file_tier_write(t, &b[i], &src, 1, NULL, &r, NULL));
         ASSERT_EQ_INT(r, 0);
         free(buf);
-        ASSERT_OK(kvo_file_tier_flush(t, 20000));
+        ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     }
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_backpressure, 0);
     ASSERT_LE_U64(s.staging_bytes, p.max_staging_bytes);
@@ -1041,7 +1042,7 @@ KVO_TEST(backpressure_latency) {
     int r = 1;
     ASSERT_OK(kvo_file_tier_write(t, &k[0], &src, 1, NULL, &r, NULL));
     ASSERT_EQ_INT(r, 0);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000)); /* latency now ~20 ms */
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000))); /* latency now ~20 ms */
     /* k[1] takes 300 ms, so it is surely still queued when k[2] arrives,
      * however slow this machine (sanitizers, parallel tests) is. */
     atomic_store(&kvo__file_test_write_delay_us, 300000);
@@ -1050,8 +1051,8 @@ KVO_TEST(backpressure_latency) {
     ASSERT_OK(kvo_file_tier_write(t, &k[2], &src, 1, NULL, &r, NULL));
     ASSERT_EQ_INT(r, KVO_EAGAIN); /* k[1] still queued and writes are slow */
     atomic_store(&kvo__file_test_write_delay_us, 0);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
-    kvo_file_tier_stats s;
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.dropped_backpressure, 1);
     ASSERT_GT_U64(s.write_latency_ns, 2000000);
@@ -1117,8 +1118,8 @@ static void *conc_reader(void *arg) {
         kvo_file_completion comp;
         size_t got = 0;
         while (!got) {
-            kvo_file_tier_wait(c->t, 1000);
-            got = kvo_file_tier_poll(c->t, &comp, 1);
+            kvo_file_tier_wait(c->t, KVO_MS(1000));
+            ASSERT_OK(kvo_file_tier_poll(c->t, &comp, 1, &got));
         }
         if (comp.result == 0) {
             const kvo_group_plan *g = kvo_plan_group(c->plan, k.group);
@@ -1151,7 +1152,7 @@ KVO_TEST(concurrent_threads) {
     }
     for (int i = 0; i <= NW; i++) pthread_join(th[i], NULL);
     for (int i = 0; i <= NW; i++) ASSERT_EQ_INT(ctx[i].failures, 0);
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     /* The writers may outrun the disk so far that every write found the
      * quota full of pending writes (dropped with ENOSPC, no eviction): write
      * more keys one at a time so the quota surely turns over. */
@@ -1163,10 +1164,10 @@ KVO_TEST(concurrent_threads) {
         int r = 1;
         ASSERT_OK(kvo_file_tier_write(t, &k, &src, 1, NULL, &r, NULL));
         ASSERT_EQ_INT(r, 0);
-        ASSERT_OK(kvo_file_tier_flush(t, 20000));
+        ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     }
     free(buf);
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_LE_U64(s.bytes_used, p.quota_bytes);
     ASSERT_EQ_U64(s.corrupt_removed, 0);
@@ -1200,8 +1201,8 @@ static int wait_read(kvo_file_tier *t) {
     kvo_file_completion c;
     size_t got = 0;
     while (!got) {
-        kvo_file_tier_wait(t, 5000);
-        got = kvo_file_tier_poll(t, &c, 1);
+        kvo_file_tier_wait(t, KVO_MS(5000));
+        ASSERT_OK(kvo_file_tier_poll(t, &c, 1, &got));
     }
     return c.result;
 }
@@ -1253,7 +1254,7 @@ KVO_TEST(round_trip_engine_transfer_file) {
     ASSERT_EQ_INT(res[0], 0);
     ASSERT_EQ_INT(res[1], 0);
     memset(slot0, 0x11, gf->slot_bytes); /* the tier copied: reuse at once */
-    ASSERT_OK(kvo_file_tier_flush(t, 20000));
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
     kvo_file_tier_destroy(t);
 
     /* another slot layout sees nothing of it */
@@ -1308,7 +1309,7 @@ KVO_TEST(round_trip_engine_transfer_file) {
     ASSERT_EQ_INT(kvo_test_run(cmd, NULL), 0);
     ASSERT_OK(kvo_file_tier_create(&p2, &t));
     ASSERT_EQ_INT(read_key(t, plan, &keys[1], true), KVO_ECORRUPT);
-    kvo_file_tier_stats fs;
+    kvo_file_tier_stats fs = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &fs));
     ASSERT_EQ_U64(fs.corrupt_removed, 1);
     kvo_file_tier_destroy(t);
@@ -1334,7 +1335,7 @@ KVO_TEST(quota_max_files) {
         keys[i] = key_n((uint64_t)i + 800, (uint32_t)(i % 2));
         write_keys(t, plan, &keys[i], 1);
     }
-    kvo_file_tier_stats s;
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_LE_U64(s.files, 3);
     ASSERT_EQ_U64(s.evictions, 8 - s.files);

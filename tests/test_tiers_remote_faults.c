@@ -143,12 +143,13 @@ static void *traffic_main(void *arg) {
         }
         kvo_remote_tier_get(tr->t, keys, dsts, 16, uds, NULL, &q);
         for (size_t done = 0; done < q;) {
-            if (kvo_remote_tier_wait(tr->t, 30000) != 0) {
+            if (kvo_remote_tier_wait(tr->t, KVO_MS(30000)) != 0) {
                 atomic_fetch_add(&tr->hung, 1);
                 break;
             }
             kvo_remote_completion c[16];
-            size_t m = kvo_remote_tier_poll(tr->t, c, 16);
+            size_t m = 0;
+            ASSERT_OK(kvo_remote_tier_poll(tr->t, c, 16, &m));
             for (size_t j = 0; j < m; j++) {
                 if (c[j].result != 0) {
                     atomic_fetch_add(&tr->misses, 1);

@@ -342,7 +342,7 @@ static void roundtrip(int kind, uint64_t bpc, int nt, uint32_t threads, bool con
             ASSERT_MEM_EQ(J.slots[k], slot_copy + pos, sz);
             pos += sz;
         }
-    kvo_transfer_stats st;
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(t, &st));
     ASSERT_EQ_U64(st.jobs_ok, 2);
     ASSERT_EQ_U64(st.bytes_stored, J.bytes);
@@ -399,7 +399,7 @@ KVO_TEST(merging_counts_copies) {
     uint64_t id;
     ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, &op, 1, &id));
     ASSERT_EQ_INT(wait_one(t, id).status, 0);
-    kvo_transfer_stats st;
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(t, &st));
     ASSERT_EQ_U64(st.copies, 1);
     op.engine_blocks = shuf;
@@ -508,7 +508,7 @@ KVO_TEST(submit_errors_queue_nothing) {
 
     /* Nothing of the failed submits ran: engine untouched, one job counted. */
     ASSERT_MEM_EQ(S.L.mem, before, S.L.bytes);
-    kvo_transfer_stats st;
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(S.t, &st));
     ASSERT_EQ_U64(st.jobs_submitted, 1);
     ASSERT_EQ_U64(id, 1);
@@ -668,7 +668,7 @@ KVO_TEST(many_readers_then_writer) {
     uint64_t b15 = 15;
     kvo_xfer_op st = {2, 0, 1, &b15, slot, gp->slot_bytes};
     ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, &st, 1, &ids[10]));
-    kvo_transfer_stats stt;
+    kvo_transfer_stats stt = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(S.t, &stt));
     ASSERT_GE_U64(stt.dep_waits, 1);
     kvo__transfer_pause(S.t, false);
@@ -984,7 +984,7 @@ KVO_TEST(many_concurrent_jobs) {
     pthread_join(pt, &prc);
     ASSERT_NULL(prc);
     for (int i = 0; i < 4; i++) ASSERT_EQ_INT(c[i].fails, 0);
-    kvo_transfer_stats st;
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(S.t, &st));
     ASSERT_EQ_U64(st.jobs_ok, 4 * 80);
     simple_close(&S);
@@ -1280,7 +1280,7 @@ KVO_TEST(huge_pages_split_into_parts) {
     ASSERT_MEM_EQ(slot + 5 + page, mem + 3 + 1 * stride, page);
     for (size_t i = 0; i < 5; i++) ASSERT_EQ_INT(slot[i], POISON);
     for (size_t i = 5 + 2 * page; i < gp->slot_bytes + 64; i++) ASSERT_EQ_INT(slot[i], POISON);
-    kvo_transfer_stats st;
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(t, &st));
     ASSERT_EQ_U64(st.copies, 8); /* 4 parts per page */
     ASSERT_MEM_EQ(mem, orig, bytes + 64);

@@ -118,7 +118,7 @@ KVO_TEST(device_selected_by_name) {
     kvo_transfer *t;
     ASSERT_OK(kvo_transfer_create(&tp, &t));
     ASSERT_EQ_INT(TD.opened_index, 3);
-    kvo_transfer_stats st;
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(t, &st));
     ASSERT_EQ_STR(st.device, "test");
     ASSERT_EQ_STR(st.copy_kind, "test-memcpy");
@@ -182,7 +182,7 @@ KVO_TEST(device_failure_fails_job_and_its_readers_only) {
     }
     ASSERT_MEM_EQ(DEVMEM + 3 * 600, before, 600); /* the dependent load wrote nothing */
     for (int k = 0; k < 600; k++) ASSERT_EQ_INT(DEVMEM[6 * 600 + k], 0x77);
-    kvo_transfer_stats stt;
+    kvo_transfer_stats stt = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(t, &stt));
     ASSERT_EQ_U64(stt.jobs_failed, 1);
     ASSERT_EQ_U64(stt.jobs_canceled, 1);

@@ -288,7 +288,7 @@ KVO_TEST(copy_kind_reported) {
     tp.nontemporal = 0;
     kvo_transfer *t;
     ASSERT_OK(kvo_transfer_create(&tp, &t));
-    kvo_transfer_stats st;
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(t, &st));
     ASSERT_EQ_STR(st.copy_kind, "memcpy");
     ASSERT_EQ_STR(st.device, "host");
@@ -344,7 +344,7 @@ KVO_TEST(worked_example_from_docs) {
     kvo_xfer_op op = {0, 0, 3, blocks, slot, sizeof slot};
     ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, &op, 1, &id));
     ASSERT_OK(kvo_transfer_wait(t, &id, 1, -1));
-    kvo_transfer_stats st;
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(t, &st));
     ASSERT_EQ_U64(st.copies, 8);
     ASSERT_EQ_U64(st.bytes_stored, 1200);

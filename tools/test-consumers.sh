@@ -49,20 +49,32 @@ if [ -n "$internal" ]; then
   exit 1
 fi
 say "  $(printf '%s\n' "$exported" | wc -l) symbols, all kvo_*"
+# Test-only hooks are built only with KVO_TESTING (tests on): neither
+# installed library may carry them.
+hooks=$( (nm -D --defined-only "$so"; nm --defined-only "$libdir/libkvoffload.a" 2>/dev/null) |
+         awk '{print $NF}' | grep -i 'inject' || true)
+if [ -n "$hooks" ]; then
+  echo "FAIL: installed libraries carry test-only hooks:" >&2
+  printf '  %s\n' $hooks >&2
+  exit 1
+fi
+say "  no test-only hooks (inject*) in libkvoffload.so or libkvoffload.a"
 
 say "installed CLI: $("$prefix/bin/kvoffload" version | head -n1)"
 
 # The consumers are copied out of the tree: they see only the prefix.
 cp -r tests/consumers "$work/consumers"
 
+# (ldd output is captured first: `ldd | grep -q` under pipefail fails when
+# grep exits early and ldd gets SIGPIPE.)
 run_pair() { # dir: run consumer_shared and consumer_static, check the shared one's library
   local d=$1
   "$d/consumer_shared"
   "$d/consumer_static" >/dev/null
   if command -v ldd >/dev/null; then
-    ldd "$d/consumer_shared" | grep -q "libkvoffload.so" ||
+    grep -q "libkvoffload.so" <<<"$(ldd "$d/consumer_shared")" ||
       { echo "FAIL: $d/consumer_shared does not load libkvoffload.so" >&2; exit 1; }
-    if ldd "$d/consumer_static" | grep -q "libkvoffload.so"; then
+    if grep -q "libkvoffload.so" <<<"$(ldd "$d/consumer_static")"; then
       echo "FAIL: $d/consumer_static loads libkvoffload.so" >&2; exit 1
     fi
   fi
@@ -71,7 +83,7 @@ run_pair() { # dir: run consumer_shared and consumer_static, check the shared on
 say "1/3 find_package(kvoffload)"
 cmake -S "$work/consumers/find_package" -B "$work/fp" $gen -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/fp" $jobs >/dev/null
-ldd "$work/fp/consumer_shared" | grep -q "$libdir/libkvoffload.so" ||
+grep -q "$libdir/libkvoffload.so" <<<"$(ldd "$work/fp/consumer_shared")" ||
   { echo "FAIL: find_package consumer does not load the installed libkvoffload.so" >&2; exit 1; }
 run_pair "$work/fp"
 

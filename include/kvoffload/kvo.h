@@ -8,5 +8,6 @@
 #include "kvo_transfer.h"
 #include "kvo_file_tier.h"
 #include "kvo_connector.h"
+#include "kvo_metrics.h"
 #include "kvo_config.h"
 #endif

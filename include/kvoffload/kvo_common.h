@@ -19,6 +19,12 @@
  *    ever returned (the errno text goes into the kvo_last_error() message).
  *  - The library never aborts or exits on bad input.  Debug builds (no NDEBUG)
  *    assert internal invariants, never caller input.
+ *  - Timeouts are int64_t nanoseconds everywhere (transfer, file and remote
+ *    tiers, connector): negative waits forever (KVO_TIMEOUT_FOREVER), 0 does
+ *    not wait; KVO_MS(n) converts milliseconds.
+ *  - Polls have one shape: int X_poll(h, out, cap, size_t *n) moves up to
+ *    cap items to out, sets *n to the count and returns 0 or KVO_EINVAL;
+ *    they never block.
  *  - Logging: rare operational events only, through kvo_set_log() (below).
  *  - docs/api.md describes these rules, versions and exported symbols.
  *
@@ -31,7 +37,9 @@
  *  kvo_X_default_params() and the KVO_X_INIT initialisers do this for you,
  *  so code that starts from the defaults never writes it by hand (for a
  *  struct the library fills, e.g. statistics, the caller initialises it with
- *  its KVO_X_INIT before the call).  New fields
+ *  its KVO_X_INIT before the call, e.g. kvo_store_stats st =
+ *  KVO_STORE_STATS_INIT; -- every params and statistics struct follows
+ *  this, docs/api.md lists them).  New fields
  *  are only ever appended.  The library reads (or writes) only the first
  *  struct_size bytes: a program compiled against an older, shorter struct
  *  keeps working with a newer library, which uses the defaults for the fields
@@ -179,6 +187,11 @@ KVO_API int kvo_set_log(kvo_log_fn fn, void *ctx, kvo_log_level level);
 
 /** "debug", "info", "warn", "error", "off"; "?" for other values. */
 KVO_API const char *kvo_log_level_name(kvo_log_level level);
+
+/** Timeouts (one unit everywhere): int64_t nanoseconds; a negative value
+ *  waits forever, 0 does not wait.  KVO_MS(250) = 250 milliseconds. */
+#define KVO_TIMEOUT_FOREVER INT64_C(-1)
+#define KVO_MS(ms) ((int64_t)(ms) * INT64_C(1000000))
 
 /** A 128-bit value (hash, fingerprint).  lo/hi as XXH3-128's low64/high64. */
 typedef struct kvo_u128 {

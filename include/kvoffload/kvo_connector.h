@@ -227,6 +227,7 @@ typedef enum kvo_file_mode {
 } kvo_file_mode;
 
 typedef struct kvo_connector_params {
+    size_t struct_size;   /* sizeof(kvo_connector_params): kvo_connector_default_params() sets it */
     const kvo_plan *plan;         /* required; must outlive the connector */
     /* Host tier */
     uint64_t host_bytes;          /* arena bytes; required, >= the largest slot */
@@ -586,10 +587,11 @@ typedef struct kvo_completion {
  *  writes stored chunks through to the file tier in write-through mode,
  *  finishes file reads and
  *  submits the loads that waited for them) and move up to cap completions for
- *  the engine to out; returns the count.  Call every step (or when event_fd
+ *  the engine to out; *n = the count.  Call every step (or when event_fd
  *  is readable).  With a file or remote tier, the connector consumes all of the tier's
- *  completions (leave its write_completions off). */
-KVO_API size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap);
+ *  completions (leave its write_completions off).  Errors: KVO_EINVAL (NULL
+ *  c or n, out NULL with cap > 0). */
+KVO_API int kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap, size_t *n);
 
 /** A file descriptor readable when poll may have work (the transfer engine's
  *  eventfd; with a file tier, also watch kvo_file_tier_event_fd, with a
@@ -606,6 +608,7 @@ KVO_API int kvo_connector_invalid_blocks(kvo_connector *c, uint64_t id, uint32_t
 /* ------------------------------------------------------------- reporting -- */
 
 typedef struct kvo_request_stats {
+    size_t struct_size;   /* sizeof(kvo_request_stats): KVO_REQUEST_STATS_INIT sets it */
     uint64_t prompt_tokens;
     uint64_t tokens;              /* sequence length now */
     uint64_t lookups, pending_lookups;
@@ -623,12 +626,16 @@ typedef struct kvo_request_stats {
                                       the remote tier (then not counted in
                                       tokens_loaded_file) */
 } kvo_request_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_request_stats st = KVO_REQUEST_STATS_INIT; */
+#define KVO_REQUEST_STATS_INIT {sizeof(kvo_request_stats)}
 
 /** Statistics of a live (or finished, not yet retired) request.
  *  Errors: KVO_ENOTFOUND. */
 KVO_API int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out);
 
 typedef struct kvo_connector_stats {
+    size_t struct_size;   /* sizeof(kvo_connector_stats): KVO_CONNECTOR_STATS_INIT sets it */
     uint64_t requests_added, requests_live, requests_finished;
     uint64_t lookups, lookup_hits, lookup_pending, lookup_tokens, hit_tokens;
     uint64_t loads, load_failures, checksum_failures;
@@ -662,6 +669,9 @@ typedef struct kvo_connector_stats {
     uint64_t remote_budget_expired; /* lookups that answered without the
                                        remote queries still running */
 } kvo_connector_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT; */
+#define KVO_CONNECTOR_STATS_INIT {sizeof(kvo_connector_stats)}
 
 KVO_API int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
 
@@ -677,12 +687,12 @@ KVO_API int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
  *  file_writes_dropped.
  *  Chunks stored or evicted concurrently may be missed or seen twice
  *  (harmless).  The connector lock is released while waiting; other calls
- *  may run meanwhile.  timeout_ms bounds the whole call (-1: none).
+ *  may run meanwhile.  timeout_ns bounds the whole call (< 0: none).
  *  *n_queued (may be NULL): chunks queued by this call.
  *  Errors: KVO_EINVAL (NULL c), KVO_ESTATE (no file tier), KVO_ETIMEDOUT
  *  (the writes did not finish in time; they continue), KVO_ECLOSED (the
  *  tier is shutting down). */
-KVO_API int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_queued);
+KVO_API int kvo_connector_flush_to_file(kvo_connector *c, int64_t timeout_ns, uint64_t *n_queued);
 
 /** Events for an external router or index: the host store's stored /
  *  evicted / removed events (kvo_store_drain_events).  Returns the count. */

@@ -104,6 +104,7 @@ KVO_API const char *kvo_file_io_name(kvo_file_io_kind k);
 KVO_API const char *kvo_file_fsync_name(kvo_file_fsync_policy p);
 
 typedef struct kvo_file_tier_params {
+    size_t struct_size;   /* sizeof(kvo_file_tier_params): kvo_file_tier_default_params() sets it */
     const char *root;              /* required; created if missing (copied) */
     const kvo_plan *plan;          /* required; must outlive the tier */
     uint64_t quota_bytes;          /* required: bytes of payload slots kept
@@ -252,14 +253,15 @@ typedef struct kvo_file_completion {
     uint64_t latency_ns;  /* from queueing to completion */
 } kvo_file_completion;
 
-/** Move up to cap finished completions to out (oldest first); returns the
- *  count (0 when none).  Never blocks. */
-KVO_API size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap);
+/** Move up to cap finished completions to out (oldest first); *n = the
+ *  count (0 when none).  Never blocks.  Errors: KVO_EINVAL (NULL t or n, out
+ *  NULL with cap > 0). */
+KVO_API int kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap, size_t *n);
 
-/** Block until a completion is waiting or timeout_ms passes (-1: forever,
+/** Block until a completion is waiting or timeout_ns passes (< 0: forever,
  *  but returns KVO_ENOTFOUND at once if no read or reported write is in
- *  flight).  0, KVO_ETIMEDOUT, KVO_ENOTFOUND. */
-KVO_API int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms);
+ *  flight; 0: no wait).  0, KVO_ETIMEDOUT, KVO_ENOTFOUND. */
+KVO_API int kvo_file_tier_wait(kvo_file_tier *t, int64_t timeout_ns);
 
 /** An eventfd (EFD_NONBLOCK) that is readable while completions wait; poll
  *  drains it.  Owned by the tier; valid until destroy. */
@@ -267,9 +269,9 @@ KVO_API int kvo_file_tier_event_fd(const kvo_file_tier *t);
 
 /** Wait until no write is queued or running (so every write queued before
  *  this call has finished: written or dropped).  With writers on other
- *  threads this may wait for their writes too.  timeout_ms -1 = forever.
+ *  threads this may wait for their writes too.  timeout_ns < 0 = forever.
  *  0 or KVO_ETIMEDOUT. */
-KVO_API int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms);
+KVO_API int kvo_file_tier_flush(kvo_file_tier *t, int64_t timeout_ns);
 
 /** Mark keys as used now (eviction recency).  Absent keys are ignored. */
 KVO_API int kvo_file_tier_touch(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
@@ -292,6 +294,7 @@ KVO_API uint64_t kvo_file_tier_layout_hash(const kvo_file_tier *t);
 KVO_API int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n);
 
 typedef struct kvo_file_tier_stats {
+    size_t struct_size;   /* sizeof(kvo_file_tier_stats): KVO_FILE_TIER_STATS_INIT sets it */
     uint64_t quota_bytes;       /* in force (after the clamp at create) */
     uint64_t bytes_used;        /* payload slot bytes of indexed files */
     uint64_t files;             /* indexed files */
@@ -316,6 +319,9 @@ typedef struct kvo_file_tier_stats {
     uint64_t staging_bytes;     /* staging memory holding queued writes now */
     uint64_t write_latency_ns;  /* moving average */
 } kvo_file_tier_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_file_tier_stats st = KVO_FILE_TIER_STATS_INIT; */
+#define KVO_FILE_TIER_STATS_INIT {sizeof(kvo_file_tier_stats)}
 
 KVO_API int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out);
 
@@ -424,11 +430,6 @@ typedef int (*kvo_file_walk_fn)(const kvo_file_walk_entry *e, void *ctx);
  *  directory: the message names it and the system error); else fn's nonzero
  *  return, or 0. */
 KVO_API int kvo_file_walk(const char *ns_dir, uint32_t flags, kvo_file_walk_fn fn, void *ctx);
-
-/** Test hook: make the next `count` file writes fail with errno `err` (e.g.
- *  ENOSPC, EIO) as if the file system returned it; count 0 clears.  Process-
- *  wide; for tests of failure handling. */
-KVO_API void kvo_file_tier_inject_write_error(int err, uint32_t count);
 
 #ifdef __cplusplus
 }

@@ -143,6 +143,7 @@ typedef struct kvo_group_override {
 /** How to chunk.  Give at most one of block_size and blocks_per_chunk; overrides
  *  may be combined with either or with the automatic plan. */
 typedef struct kvo_plan_params {
+    size_t struct_size;   /* sizeof(kvo_plan_params): kvo_plan_default_params() sets it */
     /* Legacy: tokens per offloaded chunk.  Group g gets block_size /
      * tokens_per_block_g blocks per chunk.  0 = not given. */
     uint64_t block_size;

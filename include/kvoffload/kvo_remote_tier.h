@@ -57,6 +57,7 @@ extern "C" {
 #define KVO_REMOTE_HEADER_BYTES 4096u
 
 typedef struct kvo_remote_tier_params {
+    size_t struct_size;   /* sizeof(kvo_remote_tier_params): kvo_remote_tier_default_params() sets it */
     const char *url;               /* required: redis://[user:pass@]host:port
                                       [,host:port...] (seed nodes; copied).
                                       Only one user:pass, before the first
@@ -169,22 +170,22 @@ typedef struct kvo_remote_completion {
     uint64_t latency_ns;  /* from queueing to completion */
 } kvo_remote_completion;
 
-/** Move up to cap completions to out (oldest first); the count.  Never
- *  blocks. */
-KVO_API size_t kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t cap);
+/** Move up to cap completions to out (oldest first); *n = the count.  Never
+ *  blocks.  Errors: KVO_EINVAL (NULL t or n, out NULL with cap > 0). */
+KVO_API int kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t cap, size_t *n);
 
-/** Block until a completion waits or timeout_ms passes (-1: forever, but
+/** Block until a completion waits or timeout_ns passes (< 0: forever, but
  *  KVO_ENOTFOUND at once when nothing that reports is in flight).
  *  0, KVO_ETIMEDOUT, KVO_ENOTFOUND. */
-KVO_API int kvo_remote_tier_wait(kvo_remote_tier *t, int timeout_ms);
+KVO_API int kvo_remote_tier_wait(kvo_remote_tier *t, int64_t timeout_ns);
 
 /** An eventfd (EFD_NONBLOCK), readable while completions wait; poll drains
  *  it.  Owned by the tier; valid until destroy. */
 KVO_API int kvo_remote_tier_event_fd(const kvo_remote_tier *t);
 
-/** Wait until no put is queued or running.  timeout_ms -1 = forever.
+/** Wait until no put is queued or running.  timeout_ns < 0 = forever.
  *  0 or KVO_ETIMEDOUT. */
-KVO_API int kvo_remote_tier_flush(kvo_remote_tier *t, int timeout_ms);
+KVO_API int kvo_remote_tier_flush(kvo_remote_tier *t, int64_t timeout_ns);
 
 /** The Redis key of a chunk into out (cap bytes); KVO_ERANGE if it does not
  *  fit (128 bytes always do).  For tools and tests. */
@@ -200,6 +201,7 @@ KVO_API uint64_t kvo_remote_tier_layout_hash(const kvo_remote_tier *t);
 KVO_API uint32_t kvo_remote_key_slot(const char *key, size_t len);
 
 typedef struct kvo_remote_tier_stats {
+    size_t struct_size;   /* sizeof(kvo_remote_tier_stats): KVO_REMOTE_TIER_STATS_INIT sets it */
     uint64_t puts, put_bytes;          /* values stored */
     uint64_t gets, get_bytes;          /* values loaded and verified */
     uint64_t get_misses;               /* absent */
@@ -220,6 +222,9 @@ typedef struct kvo_remote_tier_stats {
     uint64_t pending_writes, pending_reads; /* in flight now */
     uint64_t staging_bytes;            /* staging memory held now */
 } kvo_remote_tier_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_remote_tier_stats st = KVO_REMOTE_TIER_STATS_INIT; */
+#define KVO_REMOTE_TIER_STATS_INIT {sizeof(kvo_remote_tier_stats)}
 
 KVO_API int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *out);
 

@@ -49,6 +49,7 @@ KVO_API const char *kvo_policy_name(kvo_policy_kind k);
 KVO_API int kvo_policy_parse(const char *name, kvo_policy_kind *out);
 
 typedef struct kvo_store_params {
+    size_t struct_size;   /* sizeof(kvo_store_params): kvo_store_default_params() sets it */
     const kvo_plan *plan;       /* required; must outlive the store */
     uint64_t capacity_bytes;    /* required, >= the largest slot_bytes */
     kvo_policy_kind policy;     /* default LRU */
@@ -197,6 +198,7 @@ typedef struct kvo_store_group_stats {
 } kvo_store_group_stats;
 
 typedef struct kvo_store_stats {
+    size_t struct_size;   /* sizeof(kvo_store_stats): KVO_STORE_STATS_INIT sets it */
     uint64_t capacity_bytes;
     uint64_t bytes_used;      /* slot bytes held by entries */
     uint64_t bytes_reserved;  /* bytes no slot can use: the tails of segments
@@ -211,6 +213,9 @@ typedef struct kvo_store_stats {
     size_t n_groups;
     kvo_store_group_stats groups[KVO_MAX_GROUPS];
 } kvo_store_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_store_stats st = KVO_STORE_STATS_INIT; */
+#define KVO_STORE_STATS_INIT {sizeof(kvo_store_stats)}
 
 /** A consistent snapshot of the counters.  Errors: KVO_EINVAL (NULL). */
 KVO_API int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out);
@@ -219,6 +224,7 @@ KVO_API int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out);
 
 /** Host memory for a store's slots: one region, allocated once, pre-faulted. */
 typedef struct kvo_arena_params {
+    size_t struct_size;   /* sizeof(kvo_arena_params): kvo_arena_default_params() sets it */
     uint64_t bytes;          /* required */
     bool huge_pages;         /* try MAP_HUGETLB, else madvise(MADV_HUGEPAGE) */
     bool lock;               /* mlock the region (fails if RLIMIT_MEMLOCK is low) */

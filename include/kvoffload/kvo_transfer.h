@@ -76,6 +76,7 @@ typedef struct kvo_xfer_op {
 } kvo_xfer_op;
 
 typedef struct kvo_transfer_params {
+    size_t struct_size;   /* sizeof(kvo_transfer_params): kvo_transfer_default_params() sets it */
     const kvo_plan *plan;     /* required; must outlive the engine */
     uint32_t threads;         /* worker threads, 1..KVO_TRANSFER_MAX_THREADS; default 2 */
     uint32_t max_queued_jobs; /* unfinished jobs (canceled ones still waiting
@@ -195,6 +196,7 @@ KVO_API int kvo_transfer_layout_hash(const kvo_transfer *t, uint64_t *out);
 KVO_API int kvo_layout_hash(const kvo_plan *plan, const kvo_segment *segs, size_t n, uint64_t *out);
 
 typedef struct kvo_transfer_stats {
+    size_t struct_size;   /* sizeof(kvo_transfer_stats): KVO_TRANSFER_STATS_INIT sets it */
     uint64_t jobs_submitted, jobs_ok, jobs_failed, jobs_canceled;
     uint64_t jobs_queued;       /* unfinished now (waiting, ready or running) */
     uint64_t results_pending;   /* finished, not yet polled */
@@ -205,6 +207,9 @@ typedef struct kvo_transfer_stats {
     const char *copy_kind;      /* "avx2-stream", "sse2-stream", "memcpy" (static) */
     const char *device;         /* "host", ... (static) */
 } kvo_transfer_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT; */
+#define KVO_TRANSFER_STATS_INIT {sizeof(kvo_transfer_stats)}
 
 KVO_API int kvo_transfer_get_stats(kvo_transfer *t, kvo_transfer_stats *out);
 

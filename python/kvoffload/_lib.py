@@ -125,7 +125,7 @@ class GroupOverride(ctypes.Structure):
 
 
 class PlanParams(ctypes.Structure):
-    _fields_ = [("block_size", c_uint64), ("blocks_per_chunk", c_uint64), ("overrides", POINTER(GroupOverride)),
+    _fields_ = [("struct_size", c_size_t)] + [("block_size", c_uint64), ("blocks_per_chunk", c_uint64), ("overrides", POINTER(GroupOverride)),
                 ("n_overrides", c_size_t), ("target_chunk_bytes", c_uint64), ("dtype", c_char_p),
                 ("tp_rank", c_uint32), ("tp_size", c_uint32)]
 
@@ -139,8 +139,9 @@ class GroupPlan(ctypes.Structure):
 
 
 class StoreParams(ctypes.Structure):
-    _fields_ = [("plan", c_void_p), ("capacity_bytes", c_uint64), ("policy", c_int), ("admit_after", c_uint32),
-                ("max_entries", c_uint64), ("event_capacity", c_uint32), ("segment_bytes", c_uint64)]
+    _fields_ = [("struct_size", c_size_t)] + [("plan", c_void_p), ("capacity_bytes", c_uint64), ("policy", c_int), ("admit_after", c_uint32),
+                ("max_entries", c_uint64), ("event_capacity", c_uint32), ("segment_bytes", c_uint64),
+                ("ignore_present", c_bool)]
 
 
 class Slot(ctypes.Structure):
@@ -168,18 +169,18 @@ _STORE_STATS = ["capacity_bytes", "bytes_used", "bytes_reserved", "entries", "pi
 
 
 class StoreStats(ctypes.Structure):
-    _fields_ = [(n, c_uint64) for n in _STORE_STATS] + [("n_groups", c_size_t),
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _STORE_STATS] + [("n_groups", c_size_t),
                                                         ("groups", StoreGroupStats * KVO_MAX_GROUPS)]
 
 
 class ArenaParams(ctypes.Structure):
-    _fields_ = [("bytes", c_uint64), ("huge_pages", c_bool), ("lock", c_bool), ("prefault", c_bool),
+    _fields_ = [("struct_size", c_size_t)] + [("bytes", c_uint64), ("huge_pages", c_bool), ("lock", c_bool), ("prefault", c_bool),
                 ("shm_path", c_char_p), ("shm_unlink", c_bool), ("require_huge_pages", c_bool),
                 ("share_processes", c_uint32), ("share_fingerprint", U128), ("share_timeout_ms", c_uint32)]
 
 
 class FileTierParams(ctypes.Structure):
-    _fields_ = [("root", c_char_p), ("plan", c_void_p), ("quota_bytes", c_uint64), ("policy", c_int),
+    _fields_ = [("struct_size", c_size_t)] + [("root", c_char_p), ("plan", c_void_p), ("quota_bytes", c_uint64), ("policy", c_int),
                 ("max_files", c_uint64), ("fsync", c_int), ("io", c_int), ("direct", c_int),
                 ("io_threads", c_uint32), ("queue_depth", c_uint32), ("max_pending_writes", c_uint32),
                 ("max_staging_bytes", c_uint64), ("write_latency_limit_ms", c_uint32),
@@ -195,7 +196,7 @@ _FILE_STATS = ["quota_bytes", "bytes_used", "files", "scanned_files", "scan_remo
 
 
 class FileTierStats(ctypes.Structure):
-    _fields_ = [(n, c_uint64) for n in _FILE_STATS]
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _FILE_STATS]
 
 
 class FileCompletion(ctypes.Structure):
@@ -204,7 +205,7 @@ class FileCompletion(ctypes.Structure):
 
 
 class TransferParams(ctypes.Structure):
-    _fields_ = [("plan", c_void_p), ("threads", c_uint32), ("max_queued_jobs", c_uint32), ("nontemporal", c_int),
+    _fields_ = [("struct_size", c_size_t)] + [("plan", c_void_p), ("threads", c_uint32), ("max_queued_jobs", c_uint32), ("nontemporal", c_int),
                 ("device", c_char_p), ("device_index", c_int)]
 
 
@@ -228,31 +229,35 @@ _XFER_STATS = ["jobs_submitted", "jobs_ok", "jobs_failed", "jobs_canceled", "job
 
 
 class TransferStats(ctypes.Structure):
-    _fields_ = [(n, c_uint64) for n in _XFER_STATS] + [("nontemporal", c_bool), ("copy_kind", c_char_p),
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _XFER_STATS] + [("nontemporal", c_bool), ("copy_kind", c_char_p),
                                                        ("device", c_char_p)]
 
 
 class ConnectorParams(ctypes.Structure):
-    _fields_ = [("plan", c_void_p), ("host_bytes", c_uint64), ("policy", c_int), ("admit_after", c_uint32),
+    _fields_ = [("struct_size", c_size_t)] + [("plan", c_void_p), ("host_bytes", c_uint64), ("policy", c_int), ("admit_after", c_uint32),
                 ("event_capacity", c_uint32), ("huge_pages", c_bool), ("lock_memory", c_bool),
                 ("prefault", c_bool), ("shm_path", c_char_p), ("transfer_threads", c_uint32),
                 ("max_queued_jobs", c_uint32), ("nontemporal", c_int), ("salt", c_void_p), ("salt_len", c_size_t),
-                ("min_hit_tokens", c_uint64), ("scratch_groups", c_uint64), ("sliding_store", c_int),
+                ("min_hit_tokens", c_uint64), ("scratch_groups", c_uint64), ("max_hit_tokens", c_uint64),
+                ("sliding_store", c_int),
                 ("checkpoint_interval", c_uint64), ("verify_checksums", c_bool), ("file_tier", c_void_p),
-                ("file_mode", c_int), ("file_persist_on_destroy", c_bool), ("max_requests", c_uint32)]
+                ("file_mode", c_int), ("file_persist_on_destroy", c_bool), ("max_requests", c_uint32),
+                ("remote_tier", c_void_p), ("remote_lookup_budget_us", c_uint32), ("remote_exists_ttl_ms", c_uint32)]
 
 
 class RequestDesc(ctypes.Structure):
     _fields_ = [("id", c_uint64), ("tokens", POINTER(c_uint32)), ("n_tokens", c_size_t),
                 ("unit_hashes", POINTER(U128)), ("n_units", c_size_t), ("prompt_tokens", c_uint64),
                 ("cache_salt", c_void_p), ("cache_salt_len", c_size_t), ("extra", c_void_p),
-                ("extra_len", c_size_t)]
+                ("extra_len", c_size_t), ("max_load_tokens", c_uint64), ("max_offload_tokens", c_uint64),
+                ("offload_prompt_only", c_bool)]
 
 
 class LookupResultC(ctypes.Structure):
     _fields_ = [("status", c_int), ("tokens", c_uint64), ("tokens_if_pending", c_uint64),
                 ("local_tokens", c_uint64), ("tokens_host", c_uint64), ("tokens_file", c_uint64),
-                ("limiting_group", c_int32), ("reason", c_int)]
+                ("limiting_group", c_int32), ("reason", c_int), ("tokens_remote", c_uint64),
+                ("remote_pending", c_bool)]
 
 
 class BlockTable(ctypes.Structure):
@@ -269,19 +274,24 @@ _CONN_STATS = ["requests_added", "requests_live", "requests_finished", "lookups"
                "tokens_loaded_host", "tokens_loaded_file", "bytes_loaded", "bytes_stored", "chunks_stored",
                "chunks_loaded", "stores_skipped_nospace", "stores_skipped_queue", "stores_failed", "file_writes",
                "file_reads", "file_read_failures", "file_writebacks", "file_writes_skipped", "file_writes_dropped"]
+# after `host` (fields appended since; the struct_size convention)
+_CONN_STATS_REMOTE = ["tokens_loaded_remote", "remote_reads", "remote_read_bytes", "remote_read_failures",
+                      "remote_writes", "remote_write_bytes", "remote_writes_dropped", "remote_exists",
+                      "remote_exists_refused", "remote_lookups_pending", "remote_budget_expired"]
 
 
 class ConnectorStats(ctypes.Structure):
-    _fields_ = [(n, c_uint64) for n in _CONN_STATS] + [("host", StoreStats)]
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _CONN_STATS] + [("host", StoreStats)] + \
+        [(n, c_uint64) for n in _CONN_STATS_REMOTE]
 
 
 _REQ_STATS = ["prompt_tokens", "tokens", "lookups", "pending_lookups", "local_tokens", "tokens_loaded",
               "tokens_loaded_host", "tokens_loaded_file", "tokens_computed", "bytes_loaded", "bytes_stored",
-              "chunks_loaded", "chunks_stored", "stores_skipped", "load_failures"]
+              "chunks_loaded", "chunks_stored", "stores_skipped", "load_failures", "tokens_loaded_remote"]
 
 
 class RequestStats(ctypes.Structure):
-    _fields_ = [(n, c_uint64) for n in _REQ_STATS]
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _REQ_STATS]
 
 
 # -------------------------------------------------------------- prototypes --
@@ -355,9 +365,9 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_file_tier_lookup": (c_int, [P, KEYS, c_size_t, c_void_p]),
     "kvo_file_tier_write": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
     "kvo_file_tier_read": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
-    "kvo_file_tier_poll": (c_size_t, [P, c_void_p, c_size_t]),
-    "kvo_file_tier_wait": (c_int, [P, c_int]),
-    "kvo_file_tier_flush": (c_int, [P, c_int]),
+    "kvo_file_tier_poll": (c_int, [P, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "kvo_file_tier_wait": (c_int, [P, c_int64]),
+    "kvo_file_tier_flush": (c_int, [P, c_int64]),
     "kvo_file_tier_touch": (c_int, [P, KEYS, c_size_t]),
     "kvo_file_tier_remove": (c_int, [P, KEYS, c_size_t]),
     "kvo_file_tier_get_stats": (c_int, [P, POINTER(FileTierStats)]),
@@ -385,7 +395,7 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_connector_finish": (c_int, [P, c_uint64, c_uint64, c_void_p, c_size_t, POINTER(c_bool)]),
     "kvo_connector_preempt": (c_int, [P, c_uint64]),
     "kvo_connector_abort": (c_int, [P, c_uint64]),
-    "kvo_connector_poll": (c_size_t, [P, c_void_p, c_size_t]),
+    "kvo_connector_poll": (c_int, [P, c_void_p, c_size_t, POINTER(c_size_t)]),
     "kvo_connector_request_stats": (c_int, [P, c_uint64, POINTER(RequestStats)]),
     "kvo_connector_get_stats": (c_int, [P, POINTER(ConnectorStats)]),
     "kvo_connector_drain_events": (c_size_t, [P, c_void_p, c_size_t, POINTER(c_uint64)]),

@@ -104,9 +104,23 @@ def _segments(segments: Sequence[Mapping[str, int]]) -> Any:
     return arr
 
 
+def _stats(t: type) -> Any:
+    """A statistics struct with struct_size set (the library refuses 0)."""
+    s = t()
+    s.struct_size = ctypes.sizeof(t)
+    return s
+
+
+def _ns(timeout_ms: int) -> int:
+    """A millisecond timeout as the library's int64_t nanoseconds (< 0: forever)."""
+    return -1 if timeout_ms < 0 else timeout_ms * 1_000_000
+
+
 def _struct_dict(s: ctypes.Structure) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, _t in s._fields_:
+        if name == "struct_size":
+            continue
         v = getattr(s, name)
         if isinstance(v, bytes):
             v = v.decode()
@@ -371,7 +385,7 @@ class Store(_Handle):
 
     def stats(self) -> dict[str, Any]:
         """kvo_store_get_stats as a dict (groups: one dict per plan group)."""
-        s = L.StoreStats()
+        s = _stats(L.StoreStats)
         check(lib.kvo_store_get_stats(self._h, byref(s)), "kvo_store_get_stats")
         d = {n: getattr(s, n) for n in L._STORE_STATS}
         d["groups"] = [{n: getattr(s.groups[i], n) for n in L._GROUP_STATS} for i in range(s.n_groups)]
@@ -465,18 +479,19 @@ class FileTier(_Handle):
 
     def poll(self, cap: int = 256) -> list[dict[str, Any]]:
         buf = (L.FileCompletion * cap)()
-        n = lib.kvo_file_tier_poll(self._h, buf, cap)
+        n = ctypes.c_size_t(0)
+        check(lib.kvo_file_tier_poll(self._h, buf, cap, byref(n)), "kvo_file_tier_poll")
         return [{"user_data": c.user_data, "group": c.key.group, "op": c.op, "result": c.result,
-                 "bytes": c.bytes} for c in buf[:n]]
+                 "bytes": c.bytes} for c in buf[:n.value]]
 
     def wait(self, timeout_ms: int = -1) -> int:
-        rc = lib.kvo_file_tier_wait(self._h, timeout_ms)
+        rc = lib.kvo_file_tier_wait(self._h, _ns(timeout_ms))
         if rc not in (0, L.KVO_ETIMEDOUT, L.KVO_ENOTFOUND):
             check(rc, "kvo_file_tier_wait")
         return rc
 
     def flush(self, timeout_ms: int = -1) -> None:
-        check(lib.kvo_file_tier_flush(self._h, timeout_ms), "kvo_file_tier_flush")
+        check(lib.kvo_file_tier_flush(self._h, _ns(timeout_ms)), "kvo_file_tier_flush")
 
     def touch(self, keys: np.ndarray) -> None:
         self._batch("kvo_file_tier_touch", keys)
@@ -485,7 +500,7 @@ class FileTier(_Handle):
         self._batch("kvo_file_tier_remove", keys)
 
     def stats(self) -> dict[str, Any]:
-        s = L.FileTierStats()
+        s = _stats(L.FileTierStats)
         check(lib.kvo_file_tier_get_stats(self._h, byref(s)), "kvo_file_tier_get_stats")
         return _struct_dict(s)
 
@@ -547,7 +562,7 @@ class Transfer(_Handle):
         check(lib.kvo_transfer_wait(self._h, _ptr(ids), len(ids), timeout_ns), "kvo_transfer_wait")
 
     def stats(self) -> dict[str, Any]:
-        s = L.TransferStats()
+        s = _stats(L.TransferStats)
         check(lib.kvo_transfer_get_stats(self._h, byref(s)), "kvo_transfer_get_stats")
         return _struct_dict(s)
 
@@ -634,18 +649,19 @@ class Connector(_Handle):
 
     def poll(self, cap: int = 256) -> list[dict[str, int]]:
         buf = (L.Completion * cap)()
-        n = lib.kvo_connector_poll(self._h, buf, cap)
-        return [_struct_dict(c) for c in buf[:n]]
+        n = ctypes.c_size_t(0)
+        check(lib.kvo_connector_poll(self._h, buf, cap, byref(n)), "kvo_connector_poll")
+        return [_struct_dict(c) for c in buf[:n.value]]
 
     def request_stats(self, req_id: int) -> dict[str, int]:
-        s = L.RequestStats()
+        s = _stats(L.RequestStats)
         check(lib.kvo_connector_request_stats(self._h, req_id, byref(s)), "kvo_connector_request_stats")
         return _struct_dict(s)
 
     def stats(self) -> dict[str, Any]:
-        s = L.ConnectorStats()
+        s = _stats(L.ConnectorStats)
         check(lib.kvo_connector_get_stats(self._h, byref(s)), "kvo_connector_get_stats")
-        d: dict[str, Any] = {n: getattr(s, n) for n in L._CONN_STATS}
+        d: dict[str, Any] = {n: getattr(s, n) for n in L._CONN_STATS + L._CONN_STATS_REMOTE}
         d["host"] = {n: getattr(s.host, n) for n in L._STORE_STATS}
         return d
 

@@ -151,6 +151,14 @@ typedef struct kvo__read {
 
 typedef struct kvo__job kvo__job;
 
+/* Load latency histogram (metrics.c): counts per fixed bucket (the last one
+ * is +Inf), not cumulative; updated under mu where loads complete. */
+#define KVO__LOAD_BUCKETS 16
+typedef struct kvo__hist {
+    uint64_t n[KVO__LOAD_BUCKETS + 1];
+    uint64_t sum_ns, count;
+} kvo__hist;
+
 typedef struct kvo__req {
     uint64_t id;
     int state;
@@ -217,6 +225,7 @@ struct kvo__job {
     kvo_xfer_op *ops;
     uint64_t *eblk;
     uint64_t tokens, local, host_tokens, file_tokens, remote_tokens;
+    uint64_t t0_ns; /* loads: when kvo_connector_load accepted it */
 };
 
 struct kvo_connector {
@@ -284,6 +293,7 @@ struct kvo_connector {
     uint32_t epoch; /* bumped by kvo_connector_reset */
     uint32_t inject_load_fail, inject_store_fail;
     kvo_connector_stats st;
+    kvo__hist load_ns; /* kvo_connector_load -> completion polled */
 };
 
 /* ---- small helpers shared by every file ---- */
@@ -415,9 +425,15 @@ uint64_t kvo__conn_tier_groups(kvo_connector *c, uint64_t tier_hash);
 /* A file or remote read (user data ud) finished with result (bytes moved). */
 void kvo__conn_finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t bytes);
 
-/* ---- test hooks (create.c) ---- */
+/* ---- metrics.c ---- */
+/* Count one load that took ns. */
+void kvo__conn_hist_add(kvo__hist *h, uint64_t ns);
+
+/* ---- test hooks (create.c), built only with KVO_TESTING ---- */
+#ifdef KVO_TESTING
 /* The next n load jobs of c complete as failed (KVO_EIO) whatever the copy
  * did; the next n store jobs likewise when stores is true. */
 void kvo__connector_inject_failures(kvo_connector *c, uint32_t loads, uint32_t stores);
+#endif
 
 #endif

@@ -69,7 +69,7 @@ int kvo_connector_reset(kvo_connector *c, uint64_t *n_removed) {
             }
         r->hit_stale = true;
     }
-    kvo_store_stats before, after;
+    kvo_store_stats before = KVO_STORE_STATS_INIT, after = KVO_STORE_STATS_INIT;
     int rc = kvo_store_get_stats(c->store, &before);
     (void)kvo_store_clear(c->store);
     if (!rc) rc = kvo_store_get_stats(c->store, &after);

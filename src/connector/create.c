@@ -19,6 +19,7 @@
 kvo_connector_params kvo_connector_default_params(void) {
     kvo_connector_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     p.policy = KVO_POLICY_LRU;
     p.event_capacity = 4096;
     p.prefault = true;
@@ -35,6 +36,8 @@ kvo_connector_params kvo_connector_default_params(void) {
 }
 
 int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
+    kvo_connector_params p_in_;
+    KVO__PARAMS_IN(p, kvo_connector_params, p_in_, kvo_connector_default_params, max_requests, "kvo_connector_create");
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_connector_create: params and out must not be NULL");
     if (!p->plan) return kvo__error(KVO_EINVAL, "kvo_connector_create: params.plan is required");
     const kvo_plan *plan = p->plan;
@@ -152,7 +155,8 @@ fail:
 static void kvo__drain_reads(kvo_connector *c) {
     while (c->file && c->reads.e && c->reads.n) {
         kvo_file_completion fc[32];
-        size_t n = kvo_file_tier_poll(c->file, fc, 32);
+        size_t n = 0;
+        (void)kvo_file_tier_poll(c->file, fc, 32, &n);
         for (size_t i = 0; i < n; i++) {
             if (fc[i].op != KVO_FILE_OP_READ) continue;
             kvo__map_entry *e = kvo__map_get(&c->reads, fc[i].user_data);
@@ -160,7 +164,7 @@ static void kvo__drain_reads(kvo_connector *c) {
             kvo__free(e->p);
             kvo__map_del(&c->reads, e);
         }
-        if (n == 0 && kvo_file_tier_wait(c->file, 100) == KVO_ENOTFOUND) break;
+        if (n == 0 && kvo_file_tier_wait(c->file, KVO_MS(100)) == KVO_ENOTFOUND) break;
     }
 }
 
@@ -219,14 +223,16 @@ kvo_store *kvo_connector_store(kvo_connector *c) { return c ? c->store : NULL; }
 kvo_transfer *kvo_connector_transfer(kvo_connector *c) { return c ? c->xfer : NULL; }
 kvo_arena *kvo_connector_arena(kvo_connector *c) { return c ? c->arena : NULL; }
 
+#ifdef KVO_TESTING
 void kvo__connector_inject_failures(kvo_connector *c, uint32_t loads, uint32_t stores) {
     kvo__conn_lock(c);
     c->inject_load_fail = loads;
     c->inject_store_fail = stores;
     kvo__conn_unlock(c);
 }
+#endif
 
-int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out) {
+static int kvo__connector_request_stats_fill(kvo_connector *c, uint64_t id, kvo_request_stats *out) {
     if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_request_stats: NULL argument");
     kvo__conn_lock(c);
     kvo__req *r = kvo__conn_req_get(c, id);
@@ -242,12 +248,25 @@ int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats
     return rc;
 }
 
-int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out) {
+int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out) {
+    kvo_request_stats full = KVO_REQUEST_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_connector_request_stats", kvo_request_stats, load_failures, "KVO_REQUEST_STATS_INIT", out, full,
+                   kvo__connector_request_stats_fill(c, id, &full));
+}
+
+static int kvo__connector_get_stats_fill(kvo_connector *c, kvo_connector_stats *out) {
     if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_get_stats: NULL argument");
     kvo__conn_lock(c);
     *out = c->st;
     kvo__conn_unlock(c);
+    out->host.struct_size = sizeof out->host;
     return kvo_store_get_stats(c->store, &out->host);
+}
+
+int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out) {
+    kvo_connector_stats full = KVO_CONNECTOR_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_connector_get_stats", kvo_connector_stats, host, "KVO_CONNECTOR_STATS_INIT", out, full,
+                   kvo__connector_get_stats_fill(c, &full));
 }
 
 size_t kvo_connector_drain_events(kvo_connector *c, kvo_store_event *out, size_t cap, uint64_t *dropped) {

@@ -177,6 +177,7 @@ static kvo__job *kvo__build_load_job(kvo_connector *c, kvo__req *r, const kvo_bl
     j->host_tokens = r->hit_host_tokens;
     j->file_tokens = r->hit_file_tokens;
     j->remote_tokens = r->hit_remote_tokens;
+    j->t0_ns = kvo__now_ns();
     return j;
 }
 

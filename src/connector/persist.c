@@ -112,22 +112,21 @@ int kvo__conn_prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_t 
     }
 }
 
-/* Milliseconds left until deadline (ns, 0 = none: -1). */
-static int kvo__ms_left(uint64_t deadline) {
+/* Nanoseconds left until deadline (ns, 0 = none: -1). */
+static int64_t kvo__ns_left(uint64_t deadline) {
     if (!deadline) return -1;
     uint64_t now = kvo__now_ns();
     if (now >= deadline) return 0;
-    uint64_t ms = (deadline - now + 999999u) / 1000000u;
-    return ms > INT_MAX ? INT_MAX : (int)ms;
+    return deadline - now > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)(deadline - now);
 }
 
-int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_queued) {
+int kvo_connector_flush_to_file(kvo_connector *c, int64_t timeout_ns, uint64_t *n_queued) {
     if (n_queued) *n_queued = 0;
     if (!c) return kvo__error(KVO_EINVAL, "kvo_connector_flush_to_file: c must not be NULL");
     if (!c->file)
         return kvo__error(KVO_ESTATE, "kvo_connector_flush_to_file: no file tier attached (params.file_tier)");
     enum { B = 64 };
-    uint64_t deadline = timeout_ms < 0 ? 0 : kvo__now_ns() + (uint64_t)timeout_ms * 1000000u + 1;
+    uint64_t deadline = timeout_ns < 0 ? 0 : kvo__now_ns() + (uint64_t)timeout_ns + 1;
     kvo_store_entry ents[B];
     kvo_chunk_key keys[B];
     kvo_slot slots[B];
@@ -138,7 +137,7 @@ int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_qu
         size_t n = 0, m = 0;
         if (queued) { /* pace: one batch in the tier's queue at a time, so that
                          the tier's back-pressure does not refuse the next */
-            rc = kvo_file_tier_flush(c->file, kvo__ms_left(deadline));
+            rc = kvo_file_tier_flush(c->file, kvo__ns_left(deadline));
             if (rc) break;
         }
         kvo__conn_lock(c);
@@ -169,7 +168,7 @@ int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_qu
              * refused if it is still in host memory at the same slot */
             c->st.file_writes_dropped += dropped - k;
             kvo__conn_unlock(c);
-            int w = kvo_file_tier_flush(c->file, kvo__ms_left(deadline));
+            int w = kvo_file_tier_flush(c->file, kvo__ns_left(deadline));
             kvo__conn_lock(c);
             if (w) {
                 c->st.file_writes_dropped += k;
@@ -188,13 +187,13 @@ int kvo_connector_flush_to_file(kvo_connector *c, int timeout_ms, uint64_t *n_qu
         }
         kvo__conn_unlock(c);
     } while (!rc && cursor);
-    if (!rc) rc = kvo_file_tier_flush(c->file, kvo__ms_left(deadline));
+    if (!rc) rc = kvo_file_tier_flush(c->file, kvo__ns_left(deadline));
     if (n_queued) *n_queued = queued;
     if (rc == KVO_ETIMEDOUT)
         return kvo__error(KVO_ETIMEDOUT,
-                          "kvo_connector_flush_to_file: file writes not finished after %d ms (%llu chunks queued "
+                          "kvo_connector_flush_to_file: file writes not finished after %lld ns (%llu chunks queued "
                           "by this call; they continue)",
-                          timeout_ms, (unsigned long long)queued);
+                          (long long)timeout_ns, (unsigned long long)queued);
     if (rc == KVO_ECLOSED) return kvo__error(KVO_ECLOSED, "kvo_connector_flush_to_file: the file tier is closing");
     return rc;
 }

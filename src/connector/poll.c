@@ -127,6 +127,7 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
                 (void)kvo_store_remove(c->store, &j->keys[i], 1);
             }
     if (!r || r->gen != j->gen || r->load_job != j->id) return; /* preempted or aborted */
+    kvo__conn_hist_add(&c->load_ns, kvo__now_ns() - j->t0_ns);
     r->load_job = 0;
     kvo__conn_req_set_state(c, r, REQ_ACTIVE);
     kvo_completion cp;
@@ -244,13 +245,14 @@ void kvo__conn_finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t b
     kvo__free(rd);
 }
 
-size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap) {
-    if (!c) return 0;
+int kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap, size_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!c || !n_out || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_connector_poll: NULL argument");
     kvo__conn_lock(c);
     if (c->file) { /* the connector consumes the tier's completions */
         kvo_file_completion fc[32];
         size_t n;
-        while ((n = kvo_file_tier_poll(c->file, fc, 32)) > 0)
+        while (kvo_file_tier_poll(c->file, fc, 32, &n) == 0 && n > 0)
             for (size_t i = 0; i < n; i++)
                 if (fc[i].op == KVO_FILE_OP_READ) kvo__conn_finish_read(c, fc[i].user_data, fc[i].result, 0);
     }
@@ -263,7 +265,8 @@ size_t kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap) {
         c->cq_n--;
     }
     kvo__conn_unlock(c);
-    return n;
+    *n_out = n;
+    return 0;
 }
 
 int kvo_connector_event_fd(const kvo_connector *c) { return c ? kvo_transfer_event_fd(c->xfer) : -1; }

@@ -170,7 +170,7 @@ void kvo__conn_remote_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo
 void kvo__conn_remote_poll(kvo_connector *c) {
     kvo_remote_completion rc[32];
     size_t n;
-    while ((n = kvo_remote_tier_poll(c->remote, rc, 32)) > 0)
+    while (kvo_remote_tier_poll(c->remote, rc, 32, &n) == 0 && n > 0)
         for (size_t i = 0; i < n; i++) {
             const kvo_remote_completion *x = &rc[i];
             if (x->op == KVO_REMOTE_OP_EXISTS) {
@@ -193,7 +193,8 @@ void kvo__conn_remote_free(kvo_connector *c) {
          * none may land in the arena after it is unmapped */
         while (c->remote_reads_inflight) {
             kvo_remote_completion rc[32];
-            size_t n = kvo_remote_tier_poll(c->remote, rc, 32);
+            size_t n = 0;
+            (void)kvo_remote_tier_poll(c->remote, rc, 32, &n);
             for (size_t i = 0; i < n; i++) {
                 if (rc[i].op != KVO_REMOTE_OP_GET) continue;
                 c->remote_reads_inflight--;

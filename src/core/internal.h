@@ -85,6 +85,38 @@ int kvo__check_struct_size(const char *fn, const char *type, size_t given, size_
 #define KVO__CHECK_STRUCT_SIZE(fn, type, ptr, T, last_v1, init)                          \
     kvo__check_struct_size(fn, type, (ptr)->struct_size,                                  \
                            offsetof(T, last_v1) + sizeof(((T *)0)->last_v1), init)
+/* Create functions: when p is not NULL, check its struct_size, copy its
+ * first struct_size bytes over the defaults in `local` and point p at
+ * local (the library then sees a whole struct of this version). */
+#define KVO__PARAMS_IN(p, T, local, defaults, last_v1, fn)                                 \
+    do {                                                                                 \
+        if (p) {                                                                         \
+            int rc_ = KVO__CHECK_STRUCT_SIZE(fn, #T, p, T, last_v1, #defaults "()");     \
+            if (rc_) return rc_;                                                         \
+            local = defaults();                                                          \
+            memcpy(&local, p, (p)->struct_size < sizeof local ? (p)->struct_size : sizeof local); \
+            local.struct_size = sizeof local;                                            \
+            p = &local;                                                                  \
+        }                                                                                \
+    } while (0)
+/* get_stats: copy a whole statistics struct into the caller's, whose
+ * struct_size (checked, at least the first field past it) says how many
+ * bytes it has; its struct_size stays. */
+static inline void kvo__copy_out(void *dst, const void *src, size_t full) {
+    size_t given = *(const size_t *)dst, n = given < full ? given : full;
+    memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t), n - sizeof(size_t));
+}
+/* The body of a public get_stats: check out's struct_size (KVO_EINVAL
+ * naming `init`), run `fill` (an int call filling the local `full`), copy
+ * full into out up to out's struct_size. */
+#define KVO__STATS_OUT(fn, T, last_v1, init, out, full, fill)                 \
+    do {                                                                    \
+        if (!(out)) return kvo__error(KVO_EINVAL, fn ": NULL statistics struct"); \
+        int rc_ = KVO__CHECK_STRUCT_SIZE(fn, #T, out, T, last_v1, init);    \
+        if (!rc_) rc_ = (fill);                                             \
+        if (!rc_) kvo__copy_out(out, &(full), sizeof(full));                \
+        return rc_;                                                         \
+    } while (0)
 /* True when the caller's struct (struct_size bytes) includes `field`. */
 #define KVO__HAS_FIELD(ptr, T, field) \
     ((ptr)->struct_size >= offsetof(T, field) + sizeof(((T *)0)->field))
@@ -117,5 +149,13 @@ int kvo__read_file(const char *path, size_t max_bytes, const char *what, char **
 
 /* Monotonic clock in nanoseconds. */
 uint64_t kvo__now_ns(void);
+
+/* A public timeout (int64_t ns; < 0 forever, 0 no wait) as the milliseconds
+ * a condition-variable wait uses: -1 forever, else rounded up, capped. */
+static inline int kvo__timeout_ms(int64_t ns) {
+    if (ns < 0) return -1;
+    int64_t ms = ns / 1000000 + (ns % 1000000 != 0);
+    return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
 
 #endif

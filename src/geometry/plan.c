@@ -46,6 +46,7 @@
 kvo_plan_params kvo_plan_default_params(void) {
     kvo_plan_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     p.target_chunk_bytes = UINT64_C(1) << 20;
     return p;
 }
@@ -148,6 +149,8 @@ static void kvo__fingerprint(kvo_plan *p, const kvo_plan_params *prm) {
 }
 
 int kvo_plan_create(const kvo_model *m, const kvo_plan_params *params, kvo_plan **out) {
+    kvo_plan_params params_in_;
+    KVO__PARAMS_IN(params, kvo_plan_params, params_in_, kvo_plan_default_params, tp_size, "kvo_plan_create");
     kvo_plan_params dflt = kvo_plan_default_params();
     const kvo_plan_params *prm = params ? params : &dflt;
     if (!m || !out) return kvo__error(KVO_EINVAL, "kvo_plan_create: model and out must not be NULL");

@@ -68,6 +68,7 @@ int kvo_policy_parse(const char *name, kvo_policy_kind *out) {
 kvo_store_params kvo_store_default_params(void) {
     kvo_store_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     p.policy = KVO_POLICY_LRU;
     return p;
 }
@@ -158,6 +159,8 @@ static void kvo__cms_add(kvo_store *s, const kvo_chunk_key *k) {
 /* ------------------------------------------------------------- create -- */
 
 int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
+    kvo_store_params p_in_;
+    KVO__PARAMS_IN(p, kvo_store_params, p_in_, kvo_store_default_params, segment_bytes, "kvo_store_create");
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_store_create: NULL %s", !p ? "params" : "out");
     if (!p->plan) return kvo__error(KVO_EINVAL, "kvo_store_create: params.plan is required");
     if ((unsigned)p->policy > KVO_POLICY_PREFIX)

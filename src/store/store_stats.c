@@ -8,7 +8,7 @@
 
 /* -------------------------------------------------------------- stats -- */
 
-int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out) {
+static int kvo__store_get_stats_fill(kvo_store *s, kvo_store_stats *out) {
     if (!s || !out) return kvo__error(KVO_EINVAL, "kvo_store_get_stats: NULL argument");
     kvo__store_lock(s);
     memset(out, 0, sizeof *out);
@@ -52,6 +52,12 @@ int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out) {
     }
     kvo__store_unlock(s);
     return 0;
+}
+
+int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out) {
+    kvo_store_stats full = KVO_STORE_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_store_get_stats", kvo_store_stats, groups, "KVO_STORE_STATS_INIT", out, full,
+                   kvo__store_get_stats_fill(s, &full));
 }
 
 /* ------------------------------------------------------------ checking -- */

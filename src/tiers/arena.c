@@ -243,6 +243,7 @@ int kvo_arena_sweep_stale(const char *dir, const char *prefix, size_t *n_removed
 kvo_arena_params kvo_arena_default_params(void) {
     kvo_arena_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     p.prefault = true;
     return p;
 }
@@ -268,6 +269,8 @@ static void kvo__prefault(void *base, uint64_t len, bool shared) {
 }
 
 int kvo_arena_create(const kvo_arena_params *p, kvo_arena **out) {
+    kvo_arena_params p_in_;
+    KVO__PARAMS_IN(p, kvo_arena_params, p_in_, kvo_arena_default_params, require_huge_pages, "kvo_arena_create");
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_arena_create: NULL %s", !p ? "params" : "out");
     if (p->bytes == 0) return kvo__error(KVO_EINVAL, "kvo_arena_create: bytes is 0");
     uint64_t len = kvo__align_up_u64(p->bytes, 4096);

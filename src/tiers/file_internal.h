@@ -231,8 +231,9 @@ static inline uint64_t kvo__file_stage_size(const kvo_group_plan *g) { return KV
 static inline void kvo__file_stage_release(kvo_file_tier *t, const kvo_chunk_key *k) {
     kvo_store_complete_store(t->stage_index, k, 1, false);
 }
-/* Test hook: the errno the next file write fails with (0: none). */
-int kvo__file_take_injected(void);
+/* Test hook: the errno the next file write fails with (0: none; always 0
+ * without KVO_TESTING). */
+#include "tiers/file_testing.h"
 
 /* --- quota index and recycling (file_quota.c) --- */
 /* Reserve quota for one key (prepare_store), deleting or recycling the files

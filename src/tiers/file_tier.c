@@ -52,22 +52,6 @@
 
 #include "tiers/file_internal.h"
 
-/* Test hook (process-wide). */
-static atomic_int g_inject_err;
-static atomic_uint g_inject_count;
-
-void kvo_file_tier_inject_write_error(int err, uint32_t count) {
-    atomic_store(&g_inject_err, err);
-    atomic_store(&g_inject_count, count);
-}
-
-int kvo__file_take_injected(void) {
-    unsigned c = atomic_load(&g_inject_count);
-    while (c > 0) {
-        if (atomic_compare_exchange_weak(&g_inject_count, &c, c - 1)) return atomic_load(&g_inject_err);
-    }
-    return 0;
-}
 
 const char *kvo_file_io_name(kvo_file_io_kind k) {
     switch (k) {
@@ -90,6 +74,7 @@ const char *kvo_file_fsync_name(kvo_file_fsync_policy p) {
 kvo_file_tier_params kvo_file_tier_default_params(void) {
     kvo_file_tier_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     p.policy = KVO_POLICY_LRU;
     p.fsync = KVO_FILE_FSYNC_NONE;
     p.io = KVO_FILE_IO_AUTO;
@@ -305,6 +290,8 @@ out:
 }
 
 int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
+    kvo_file_tier_params p_in_;
+    KVO__PARAMS_IN(p, kvo_file_tier_params, p_in_, kvo_file_tier_default_params, layout_hash, "kvo_file_tier_create");
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_file_tier_create: NULL argument");
     if (!p->root || !p->root[0]) return kvo__error(KVO_EINVAL, "file tier: no root directory given");
     if (!p->plan) return kvo__error(KVO_EINVAL, "file tier: no plan given");
@@ -534,8 +521,9 @@ int kvo_file_tier_read(kvo_file_tier *t, const kvo_chunk_key *keys, void *const 
 
 /* -------------------------------------------------------- completion -- */
 
-size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap) {
-    if (!t || !out || !cap) return 0;
+int kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap, size_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!t || !n_out || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_file_tier_poll: NULL argument");
     pthread_mutex_lock(&t->mu);
     size_t n = t->cq_len < cap ? t->cq_len : cap;
     for (size_t i = 0; i < n; i++) {
@@ -549,7 +537,8 @@ size_t kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap
         (void)r;
     }
     pthread_mutex_unlock(&t->mu);
-    return n;
+    *n_out = n;
+    return 0;
 }
 
 static void deadline_ts(int timeout_ms, struct timespec *ts) {
@@ -562,8 +551,9 @@ static void deadline_ts(int timeout_ms, struct timespec *ts) {
     }
 }
 
-int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms) {
+int kvo_file_tier_wait(kvo_file_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_file_tier_wait: NULL tier");
+    int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
     if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
     int rc = 0;
@@ -585,8 +575,9 @@ int kvo_file_tier_wait(kvo_file_tier *t, int timeout_ms) {
     return 0;
 }
 
-int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms) {
+int kvo_file_tier_flush(kvo_file_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_file_tier_flush: NULL tier");
+    int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
     if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
     int rc = 0;
@@ -605,9 +596,9 @@ int kvo_file_tier_flush(kvo_file_tier *t, int timeout_ms) {
     return 0;
 }
 
-int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
+static int kvo__file_tier_get_stats_fill(kvo_file_tier *t, kvo_file_tier_stats *out) {
     if (!t || !out) return kvo__error(KVO_EINVAL, "kvo_file_tier_get_stats: NULL argument");
-    kvo_store_stats ss, sst;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT, sst = KVO_STORE_STATS_INIT;
     int rc = kvo_store_get_stats(t->index, &ss);
     if (rc) return rc;
     bool have_sst = kvo_store_get_stats(t->stage_index, &sst) == 0; /* not under mu: see Locking */
@@ -621,6 +612,13 @@ int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
     out->bytes_used = ss.bytes_used;
     out->files = ss.entries - ss.pending;
     return 0;
+}
+
+int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
+    kvo_file_tier_stats full = KVO_FILE_TIER_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_file_tier_get_stats", kvo_file_tier_stats, write_latency_ns, "KVO_FILE_TIER_STATS_INIT",
+                   out, full,
+                   kvo__file_tier_get_stats_fill(t, &full));
 }
 
 /* For file_pin.c (the tier's struct is private to this file). */

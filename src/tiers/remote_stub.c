@@ -11,6 +11,7 @@
 kvo_remote_tier_params kvo_remote_tier_default_params(void) {
     kvo_remote_tier_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     return p;
 }
 int kvo_remote_tier_create(const kvo_remote_tier_params *p, kvo_remote_tier **out) {
@@ -27,11 +28,15 @@ int kvo_remote_tier_get(kvo_remote_tier *t, const kvo_chunk_key *k, void *const 
                         int *r, size_t *q) { (void)t; (void)k; (void)d; (void)n; (void)u; (void)r; (void)q; KVO__NOTSUP; }
 int kvo_remote_tier_exists(kvo_remote_tier *t, const kvo_chunk_key *k, size_t n, const uint64_t *u, int *r,
                            size_t *q) { (void)t; (void)k; (void)n; (void)u; (void)r; (void)q; KVO__NOTSUP; }
-size_t kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *o, size_t c) { (void)t; (void)o; (void)c; return 0; }
-int kvo_remote_tier_wait(kvo_remote_tier *t, int ms) { (void)t; (void)ms; KVO__NOTSUP; }
+int kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *o, size_t c, size_t *n) {
+    (void)t; (void)o; (void)c;
+    if (n) *n = 0;
+    return 0;
+}
+int kvo_remote_tier_wait(kvo_remote_tier *t, int64_t ns) { (void)t; (void)ns; KVO__NOTSUP; }
 int kvo_remote_tier_event_fd(const kvo_remote_tier *t) { (void)t; return -1; }
 uint64_t kvo_remote_tier_layout_hash(const kvo_remote_tier *t) { (void)t; return 0; }
-int kvo_remote_tier_flush(kvo_remote_tier *t, int ms) { (void)t; (void)ms; return 0; }
+int kvo_remote_tier_flush(kvo_remote_tier *t, int64_t ns) { (void)t; (void)ns; return 0; }
 int kvo_remote_tier_key_name(const kvo_remote_tier *t, const kvo_chunk_key *k, char *o, size_t c) { (void)t; (void)k; (void)o; (void)c; KVO__NOTSUP; }
 uint32_t kvo_remote_key_slot(const char *key, size_t len) { (void)key; (void)len; return 0; }
 int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *o) { (void)t; (void)o; KVO__NOTSUP; }

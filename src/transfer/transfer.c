@@ -91,6 +91,7 @@
 kvo_transfer_params kvo_transfer_default_params(void) {
     kvo_transfer_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     p.threads = 2;
     p.max_queued_jobs = 4096;
     p.nontemporal = -1;
@@ -124,6 +125,8 @@ static void kvo__xfree_engine(kvo_transfer *t) {
 }
 
 int kvo_transfer_create(const kvo_transfer_params *p, kvo_transfer **out) {
+    kvo_transfer_params p_in_;
+    KVO__PARAMS_IN(p, kvo_transfer_params, p_in_, kvo_transfer_default_params, device_index, "kvo_transfer_create");
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_transfer_create: params and out must not be NULL");
     if (!p->plan) return kvo__error(KVO_EINVAL, "kvo_transfer_create: params.plan is required");
     if (p->threads < 1 || p->threads > KVO_TRANSFER_MAX_THREADS)
@@ -407,7 +410,7 @@ void kvo__transfer_allow_units(kvo_transfer *t, int64_t units) {
     pthread_mutex_unlock(&t->mu);
 }
 
-int kvo_transfer_get_stats(kvo_transfer *t, kvo_transfer_stats *out) {
+static int kvo__transfer_get_stats_fill(kvo_transfer *t, kvo_transfer_stats *out) {
     if (!t || !out) return kvo__error(KVO_EINVAL, "kvo_transfer_get_stats: t and out must not be NULL");
     pthread_mutex_lock(&t->mu);
     *out = t->st;
@@ -415,4 +418,10 @@ int kvo_transfer_get_stats(kvo_transfer *t, kvo_transfer_stats *out) {
     out->results_pending = t->ring_count;
     pthread_mutex_unlock(&t->mu);
     return 0;
+}
+
+int kvo_transfer_get_stats(kvo_transfer *t, kvo_transfer_stats *out) {
+    kvo_transfer_stats full = KVO_TRANSFER_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_transfer_get_stats", kvo_transfer_stats, device, "KVO_TRANSFER_STATS_INIT", out, full,
+                   kvo__transfer_get_stats_fill(t, &full));
 }

@@ -68,6 +68,8 @@ static void kvo__demo_usage(FILE *f) {
             "                     remote_url, remote_key_prefix) from a\n"
             "                     kvo_config JSON file (docs/config.md; vLLM and LMCache names work);\n"
             "                     options given on the command line win\n"
+            "  --metrics FILE     at the end, write the offload run's connector metrics to FILE as\n"
+            "                     Prometheus text (FILE ending in .json: as JSON; docs/metrics.md)\n"
             "Options take their value as --opt VALUE or --opt=VALUE.\n"
             "Exit status: 0 outputs matched, 1 a difference or a failure, 2 bad usage or input.\n");
 }
@@ -268,13 +270,30 @@ static const char *kvo__find_sample(char *buf, size_t cap) {
     return NULL;
 }
 
+static int kvo__demo_to_file(const char *d, size_t n, void *f) { return fwrite(d, 1, n, f) == n ? 0 : -1; }
+
+/* --metrics FILE: the connector's metrics (Prometheus text; JSON for *.json). */
+static int kvo__demo_metrics(const char *path, kvo_connector *conn) {
+    size_t n = strlen(path);
+    unsigned fmt = n > 5 && !strcmp(path + n - 5, ".json") ? KVO_STATS_JSON : KVO_STATS_PROMETHEUS;
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "kvoffload demo: --metrics: cannot create '%s': %s\n", path, strerror(errno));
+        return -1;
+    }
+    int rc = kvo_connector_stats_write(conn, fmt, kvo__demo_to_file, f);
+    if (fclose(f) && !rc) rc = KVO_EIO;
+    if (rc) fprintf(stderr, "kvoffload demo: --metrics: writing '%s' failed: %s\n", path, kvo_last_error());
+    return rc;
+}
+
 static int kvo__demo_fail(const char *what) {
     fprintf(stderr, "kvoffload demo: %s: %s\n", what, kvo_eng_last_error());
     return KVO_EXIT_FAIL;
 }
 
 typedef struct kvo__demo_opts {
-    const char **shape, **trace, **file_dir;
+    const char **shape, **trace, **file_dir, **metrics;
     uint64_t *requests, *block_tokens, *max_blocks, *max_new, *engine_tokens, *chunk, *host_mib, *file_mib, *conc,
         *evict_every, *seed, *hash_tokens;
     bool *json, *quiet;
@@ -340,6 +359,7 @@ static int kvo__demo_options(int argc, char **argv, const kvo__demo_opts *o) {
         {"seed", required_argument, NULL, 'S'}, {"hash-tokens", required_argument, NULL, 'T'},
         {"config", required_argument, NULL, 'K'}, {"remote", required_argument, NULL, 'R'},
         {"remote-prefix", required_argument, NULL, 'P'}, {"phase", required_argument, NULL, 'p'},
+        {"metrics", required_argument, NULL, 'M'},
         {NULL, 0, NULL, 0},
     };
     /* value options: the variable and the accepted range */
@@ -374,6 +394,7 @@ static int kvo__demo_options(int argc, char **argv, const kvo__demo_opts *o) {
             }
             *o->phase = optarg;
             break;
+        case 'M': *o->metrics = optarg; break;
         case 'm':
             if (strcmp(optarg, "through") && strcmp(optarg, "back")) {
                 fprintf(stderr, "kvoffload demo: --file-mode is '%s'; use through or back\n", optarg);
@@ -442,14 +463,14 @@ static int kvo__demo_remote_store(const kvo_eng_config *cfg, const kvo_eng_conn_
 }
 
 int kvo_cmd_demo(int argc, char **argv) {
-    const char *shape = "hybrid-state", *trace = NULL, *file_dir = NULL;
+    const char *shape = "hybrid-state", *trace = NULL, *file_dir = NULL, *metrics = NULL;
     uint64_t requests = 48, block_tokens = 16, max_blocks = 48, max_new = 4, engine_tokens = 0, chunk = 64,
              host_mib = 4, file_mib = 64, conc = 4, evict_every = 0, seed = 1234, hash_tokens = 0;
     bool json = false, quiet = false;
     kvo_file_mode file_mode = KVO_FILE_WRITE_THROUGH;
     const char *remote = NULL, *remote_prefix = NULL, *phase = "both";
     int rc = kvo__demo_options(argc, argv, &(kvo__demo_opts){
-        &shape, &trace, &file_dir, &requests, &block_tokens, &max_blocks, &max_new, &engine_tokens, &chunk,
+        &shape, &trace, &file_dir, &metrics, &requests, &block_tokens, &max_blocks, &max_new, &engine_tokens, &chunk,
         &host_mib, &file_mib, &conc, &evict_every, &seed, &hash_tokens, &json, &quiet, &file_mode, &remote,
         &remote_prefix, &phase});
     if (rc) return rc < 0 ? 0 : rc;
@@ -616,8 +637,7 @@ int kvo_cmd_demo(int argc, char **argv) {
     kvo__demo_summarize(ra, w->n, wall_a, cold, &sa);
     kvo__demo_summarize(rb, w->n, wall_b, cold, &sb);
     free(cold);
-    kvo_connector_stats cs;
-    memset(&cs, 0, sizeof cs);
+    kvo_connector_stats cs = KVO_CONNECTOR_STATS_INIT;
     (void)kvo_connector_get_stats(kvo_eng_conn_connector(conn), &cs);
     kvo_eng_stats es;
     kvo_eng_get_stats(off_e, &es);
@@ -730,6 +750,7 @@ int kvo_cmd_demo(int argc, char **argv) {
                    (unsigned long long)gen, w->n, c->vocab);
     }
     exit_code = diff ? KVO_EXIT_FAIL : KVO_EXIT_OK;
+    if (metrics && kvo__demo_metrics(metrics, kvo_eng_conn_connector(conn))) exit_code = KVO_EXIT_FAIL;
 out:
     (void)rc;
     kvo_eng_conn_destroy(conn);

@@ -235,7 +235,7 @@ int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, rp_res
             if (!rc && m) rc = kvo_store_complete_store(s, todo, m, true);
         }
     }
-    kvo_store_stats ss;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
     if (!rc && !kvo_store_get_stats(s, &ss)) out->evictions = ss.evictions;
     out->blocks = t->nids;
     free(keys); free(todo); free(st); free(need); free(sl);

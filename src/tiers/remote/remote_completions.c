@@ -13,8 +13,9 @@
 
 /* ------------------------------------------------------- completions -- */
 
-size_t kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t cap) {
-    if (!t || !out) return 0;
+int kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t cap, size_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!t || !n_out || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_remote_tier_poll: NULL argument");
     pthread_mutex_lock(&t->mu);
     size_t n = 0;
     while (n < cap && t->cq_len) {
@@ -28,7 +29,8 @@ size_t kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size
         (void)r;
     }
     pthread_mutex_unlock(&t->mu);
-    return n;
+    *n_out = n;
+    return 0;
 }
 
 static void deadline_ts(int timeout_ms, struct timespec *ts) {
@@ -41,8 +43,9 @@ static void deadline_ts(int timeout_ms, struct timespec *ts) {
     }
 }
 
-int kvo_remote_tier_wait(kvo_remote_tier *t, int timeout_ms) {
+int kvo_remote_tier_wait(kvo_remote_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_remote_tier_wait: NULL tier");
+    int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
     if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
     int rc = 0;
@@ -64,8 +67,9 @@ int kvo_remote_tier_wait(kvo_remote_tier *t, int timeout_ms) {
 
 int kvo_remote_tier_event_fd(const kvo_remote_tier *t) { return t ? t->efd : -1; }
 
-int kvo_remote_tier_flush(kvo_remote_tier *t, int timeout_ms) {
+int kvo_remote_tier_flush(kvo_remote_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_remote_tier_flush: NULL tier");
+    int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
     if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
     int rc = 0;
@@ -81,9 +85,9 @@ int kvo_remote_tier_flush(kvo_remote_tier *t, int timeout_ms) {
     return rc;
 }
 
-int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *out) {
+static int kvo__remote_tier_get_stats_fill(kvo_remote_tier *t, kvo_remote_tier_stats *out) {
     if (!t || !out) return kvo__error(KVO_EINVAL, "kvo_remote_tier_get_stats: NULL argument");
-    kvo_store_stats sst;
+    kvo_store_stats sst = KVO_STORE_STATS_INIT;
     bool have_sst = kvo_store_get_stats(t->stage_index, &sst) == 0;
     pthread_mutex_lock(&t->mu);
     *out = t->st;
@@ -99,4 +103,11 @@ int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *out) {
     out->batches = atomic_load(&c->batches);
     kvo__rc_nodes(t->rc, &out->nodes, &out->nodes_down);
     return 0;
+}
+
+int kvo_remote_tier_get_stats(kvo_remote_tier *t, kvo_remote_tier_stats *out) {
+    kvo_remote_tier_stats full = KVO_REMOTE_TIER_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_remote_tier_get_stats", kvo_remote_tier_stats, staging_bytes, "KVO_REMOTE_TIER_STATS_INIT",
+                   out, full,
+                   kvo__remote_tier_get_stats_fill(t, &full));
 }

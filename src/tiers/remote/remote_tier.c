@@ -58,6 +58,7 @@
 kvo_remote_tier_params kvo_remote_tier_default_params(void) {
     kvo_remote_tier_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     p.key_prefix = "kvo";
     p.io_threads = 4;
     p.batch_max = 16;
@@ -414,6 +415,9 @@ static int start(kvo_remote_tier *t, const kvo_remote_tier_params *pp) {
 }
 
 int kvo_remote_tier_create(const kvo_remote_tier_params *pp, kvo_remote_tier **out) {
+    kvo_remote_tier_params pp_in_;
+    KVO__PARAMS_IN(pp, kvo_remote_tier_params, pp_in_, kvo_remote_tier_default_params, write_completions,
+                   "kvo_remote_tier_create");
     if (!pp || !out) return kvo__error(KVO_EINVAL, "kvo_remote_tier_create: NULL params or out");
     if (!pp->plan) return kvo__error(KVO_EINVAL, "remote tier: no plan given");
     if (!pp->url || !pp->url[0])
