@@ -75,7 +75,7 @@ KVO_TEST(reused_job_memory_copies_and_checks_right) {
         for (size_t i = 0; i < NBLK / 2 * PAGE; i++)
             if (eng[i] != (unsigned char)(i * 7 + i / PAGE)) FAILF("engine byte %zu changed", i);
     }
-    kvo_transfer_stats ts;
+    kvo_transfer_stats ts = KVO_TRANSFER_STATS_INIT;
     ASSERT_OK(kvo_transfer_get_stats(t, &ts));
     ASSERT_EQ_U64(ts.jobs_ok, 48);
     kvo_transfer_destroy(t);
