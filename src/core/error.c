@@ -8,6 +8,7 @@
  */
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/internal.h"
 
@@ -89,6 +90,22 @@ uint64_t kvo__now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void kvo__deadline_ts(int timeout_ms, struct timespec *ts) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += timeout_ms / 1000;
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+void kvo__efd_drain(int fd) {
+    uint64_t v;
+    ssize_t r = read(fd, &v, sizeof v); /* EAGAIN when already empty */
+    (void)r;
 }
 
 void kvo_u128_hex(kvo_u128 v, char out[33]) {

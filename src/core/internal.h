@@ -150,6 +150,14 @@ int kvo__read_file(const char *path, size_t max_bytes, const char *what, char **
 /* Monotonic clock in nanoseconds. */
 uint64_t kvo__now_ns(void);
 
+/* The CLOCK_REALTIME deadline timeout_ms from now, for pthread_cond_timedwait
+ * (timeout_ms >= 0). */
+struct timespec;
+void kvo__deadline_ts(int timeout_ms, struct timespec *ts);
+
+/* Empty an eventfd (non-blocking; nothing to do when it is already empty). */
+void kvo__efd_drain(int fd);
+
 /* A public timeout (int64_t ns; < 0 forever, 0 no wait) as the milliseconds
  * a condition-variable wait uses: -1 forever, else rounded up, capped. */
 static inline int kvo__timeout_ms(int64_t ns) {

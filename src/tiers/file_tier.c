@@ -532,30 +532,18 @@ int kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap, s
     }
     t->cq_len -= n;
     if (t->cq_len == 0 && n) {
-        uint64_t v;
-        ssize_t r = read(t->efd, &v, sizeof v);
-        (void)r;
+        kvo__efd_drain(t->efd);
     }
     pthread_mutex_unlock(&t->mu);
     *n_out = n;
     return 0;
 }
 
-static void deadline_ts(int timeout_ms, struct timespec *ts) {
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += timeout_ms / 1000;
-    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 int kvo_file_tier_wait(kvo_file_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_file_tier_wait: NULL tier");
     int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
-    if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
+    if (timeout_ms >= 0) kvo__deadline_ts(timeout_ms, &ts);
     int rc = 0;
     pthread_mutex_lock(&t->mu);
     while (t->cq_len == 0) {
@@ -579,7 +567,7 @@ int kvo_file_tier_flush(kvo_file_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_file_tier_flush: NULL tier");
     int timeout_ms = kvo__timeout_ms(timeout_ns);
     struct timespec ts;
-    if (timeout_ms >= 0) deadline_ts(timeout_ms, &ts);
+    if (timeout_ms >= 0) kvo__deadline_ts(timeout_ms, &ts);
     int rc = 0;
     pthread_mutex_lock(&t->mu);
     while (t->pending_writes > 0) {

@@ -291,11 +291,7 @@ int kvo_transfer_poll(kvo_transfer *t, kvo_xfer_result *out, size_t cap, size_t 
         t->ring_head = (t->ring_head + 1) % t->max_queued;
         t->ring_count--;
     }
-    if (k && t->ring_count == 0) {
-        uint64_t v;
-        ssize_t r = read(t->efd, &v, sizeof v);
-        (void)r; /* EAGAIN when already zero: fine */
-    }
+    if (k && t->ring_count == 0) kvo__efd_drain(t->efd);
     pthread_mutex_unlock(&t->mu);
     *n = k;
     return 0;

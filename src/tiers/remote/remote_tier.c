@@ -124,6 +124,19 @@ static void stage_release(kvo_remote_tier *t, const kvo_chunk_key *k) {
     kvo_store_complete_store(t->stage_index, k, 1, false);
 }
 
+/* Return op to its pool and its count of pending ops (under t->mu). */
+static void op_free(kvo_remote_tier *t, rop *op) {
+    if (op->kind == KVO_REMOTE_OP_PUT) {
+        t->pending_writes--;
+        op->next = t->free_w;
+        t->free_w = op;
+    } else {
+        t->pending_reads--;
+        op->next = t->free_r;
+        t->free_r = op;
+    }
+}
+
 /* Finish ops: counters, completions, pool, wake-ups.  Under no lock. */
 static void finish(kvo_remote_tier *t, rop **ops, size_t n) {
     uint64_t now = kvo__now_ns();
@@ -144,15 +157,7 @@ static void finish(kvo_remote_tier *t, rop **ops, size_t n) {
             posted = true;
         }
         if (op->report) t->inflight_reports--;
-        if (op->kind == KVO_REMOTE_OP_PUT) {
-            t->pending_writes--;
-            op->next = t->free_w;
-            t->free_w = op;
-        } else {
-            t->pending_reads--;
-            op->next = t->free_r;
-            t->free_r = op;
-        }
+        op_free(t, op);
     }
     if (posted) { /* under mu: readable whenever cq_len > 0 is seen */
         uint64_t one = 1;
@@ -518,15 +523,7 @@ static rop *reserve_write(kvo_remote_tier *t, bool *closed) {
 /* Give back a reserved op that was not queued; count why. */
 static void unreserve(kvo_remote_tier *t, rop *op, uint64_t *counter) {
     pthread_mutex_lock(&t->mu);
-    if (op->kind == KVO_REMOTE_OP_PUT) {
-        t->pending_writes--;
-        op->next = t->free_w;
-        t->free_w = op;
-    } else {
-        t->pending_reads--;
-        op->next = t->free_r;
-        t->free_r = op;
-    }
+    op_free(t, op);
     t->inflight_reports -= op->report;
     if (counter) (*counter)++;
     pthread_cond_broadcast(&t->done_cv);
