@@ -461,7 +461,8 @@ static unsigned long long json_num(const char *s, const char *after, const char 
     return k ? strtoull(k + strlen(key), NULL, 10) : 0;
 }
 
-static char *run_cli(const char *args) {
+/* noinline: gcc 12 -O3 otherwise warns (falsely) that the output may dangle */
+__attribute__((noinline)) static char *run_cli(const char *args) {
     char cmd[1024], *out = NULL;
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KVO_CLI_PATH, args);
     int rc = kvo_test_run(cmd, &out);
