@@ -14,6 +14,7 @@
 #define KVO_EXIT_OK 0
 #define KVO_EXIT_FAIL 1
 #define KVO_EXIT_USAGE 2
+#define KVO_EXIT_REPAIRED 3 /* fsck --repair: problems were found and every one was repaired */
 
 /* Every subcommand: argv[0] is the subcommand's name. */
 int kvo_cmd_plan(int argc, char **argv);

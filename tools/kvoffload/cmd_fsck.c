@@ -70,8 +70,8 @@ static void fsck_usage(FILE *f) {
             "  --remove-damaged  with --repair: remove a namespace whose manifest is damaged\n"
             "  A namespace of a newer format version is reported and never touched.\n"
             "  --json     one JSON object\n"
-            "Exit status: 0 clean, 1 problems found (removed or not), 2 usage or not a\n"
-            "file-tier directory.\n");
+            "Exit status: 0 clean, 3 problems found and every one repaired (--repair),\n"
+            "1 problems left, 2 usage or not a file-tier directory.\n");
 }
 
 static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -510,5 +510,6 @@ int kvo_cmd_fsck(int argc, char **argv) {
                    (unsigned long long)(c.problems - c.removed));
         printf("\n");
     }
-    return c.problems ? KVO_EXIT_FAIL : KVO_EXIT_OK;
+    if (!c.problems) return KVO_EXIT_OK;
+    return c.repair && c.removed >= c.problems ? KVO_EXIT_REPAIRED : KVO_EXIT_FAIL;
 }
