@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "connector/connector_internal.h"
+#include "kvoffload/kvo_metrics.h"
 #include "connector_sim.h"
 #include "remote_test.h"
 
@@ -175,6 +176,17 @@ KVO_TEST(loads_byte_exact) {
     ASSERT_GT_U64(st.remote_lookups_pending, 0);
     ASSERT_EQ_U64(st.host.pending, 0);
     ASSERT_EQ_U64(st.host.pinned, 0);
+    {   /* the remote figures are metrics series too */
+        static char text[1 << 16];
+        size_t len = 0;
+        ASSERT_OK(kvo_connector_stats_format(b.c, KVO_STATS_PROMETHEUS, text, sizeof text, &len));
+        char want[96];
+        snprintf(want, sizeof want, "kvoffload_loaded_tokens_total{tier=\"remote\"} %llu",
+                 (unsigned long long)st.tokens_loaded_remote);
+        ASSERT_NOT_NULL(strstr(text, want));
+        snprintf(want, sizeof want, "kvoffload_remote_reads_total %llu", (unsigned long long)st.remote_reads);
+        ASSERT_NOT_NULL(strstr(text, want));
+    }
     /* the chunks read are host chunks now: the next lookup hits host */
     ASSERT_TRUE(try_load(&b, 3, tok, 400, &lr, &cp, NULL));
     ASSERT_EQ_U64(lr.tokens_host, 384);

@@ -57,7 +57,7 @@ typedef struct kvo__snap {
     kvo_connector_stats cs;
     kvo_transfer_stats ts;
     kvo_file_tier_stats fs;
-    bool file;
+    bool file, remote;
     kvo__hist hist;
     uint64_t completions; /* queued for the engine, not yet polled */
 } kvo__snap;
@@ -77,6 +77,7 @@ static int kvo__snapshot(kvo_connector *c, kvo__snap *s) {
         rc = kvo_file_tier_get_stats(c->file, &s->fs);
         s->file = true;
     }
+    s->remote = c->remote != NULL;
     return rc;
 }
 
@@ -88,7 +89,7 @@ typedef struct kvo__sample {
     uint64_t v;
 } kvo__sample;
 
-#define KVO__MAX_SAMPLES 80
+#define KVO__MAX_SAMPLES 96
 
 typedef struct kvo__series {
     kvo__sample s[KVO__MAX_SAMPLES];
@@ -154,6 +155,25 @@ static void kvo__file_series(kvo__series *o, const kvo__snap *s) {
     G_("file_staging_bytes", "Staging memory holding queued file writes now.", f->staging_bytes);
 }
 
+/* The connector's remote-tier counters (kvo_connector_stats.remote_*). */
+static void kvo__remote_series(kvo__series *o, const kvo__snap *s) {
+    const kvo_connector_stats *c = &s->cs;
+    C_("remote_reads_total", "Remote-tier chunks read into host slots for hits.", c->remote_reads);
+    C_("remote_read_bytes_total", "Bytes read from the remote tier.", c->remote_read_bytes);
+    C_("remote_read_failures_total", "Remote reads that failed (absent, corrupt, node down).",
+       c->remote_read_failures);
+    C_("remote_writes_total", "Chunks put to the remote tier.", c->remote_writes);
+    C_("remote_written_bytes_total", "Bytes put to the remote tier.", c->remote_write_bytes);
+    C_("remote_dropped_writes_total", "Remote puts refused (back-pressure, tier down).", c->remote_writes_dropped);
+    C_("remote_exists_queries_total", "Remote presence queries queued.", c->remote_exists);
+    C_("remote_exists_refused_total", "Remote presence queries not queued (too many in flight).",
+       c->remote_exists_refused);
+    C_("remote_lookups_pending_total", "Lookups answered PENDING for remote presence queries.",
+       c->remote_lookups_pending);
+    C_("remote_budget_expired_total", "Lookups that answered without the remote tier (budget spent).",
+       c->remote_budget_expired);
+}
+
 static void kvo__series_build(kvo__series *o, const kvo__snap *s) {
     const kvo_connector_stats *c = &s->cs;
     const kvo_transfer_stats *t = &s->ts;
@@ -173,6 +193,8 @@ static void kvo__series_build(kvo__series *o, const kvo__snap *s) {
         "host", c->tokens_loaded_host);
     CL_("loaded_tokens_total", "Tokens loaded, by the tier their chunks came from (file: at least one).", "tier",
         "file", c->tokens_loaded_file);
+    CL_("loaded_tokens_total", "Tokens loaded, by the tier their chunks came from (file: at least one).", "tier",
+        "remote", c->tokens_loaded_remote);
     C_("loaded_chunks_total", "Chunks loaded into engine blocks.", c->chunks_loaded);
     C_("loaded_bytes_total", "Bytes loaded into engine blocks.", c->bytes_loaded);
     C_("stored_chunks_total", "Chunks stored from engine blocks.", c->chunks_stored);
@@ -187,6 +209,7 @@ static void kvo__series_build(kvo__series *o, const kvo__snap *s) {
     C_("host_rejected_stores_total", "Host stores refused: no room without evicting pinned or pending chunks.",
        c->host.rejected_stores);
     if (s->file) kvo__file_series(o, s);
+    if (s->remote) kvo__remote_series(o, s);
     const char *jh = "Transfer jobs finished, by result.";
     C_("transfer_jobs_submitted_total", "Transfer jobs submitted.", t->jobs_submitted);
     CL_("transfer_jobs_total", jh, "result", "ok", t->jobs_ok);
