@@ -4,9 +4,12 @@
  *
  * Phases (kvo__lookup_once): list the chunk keys above local_tokens and ask
  * the host store, then the file tier for the host misses, then the remote
- * tier's presence answers for what is left (remote.c: never a wait); let
- * agree.c pick the longest boundary every group supports; list the chunks
- * that boundary needs (the hit); pin the host ones and start file and
+ * tier's presence answers for what is left (remote.c: never a wait), then
+ * the host store for state snapshots off the block grid (only for groups
+ * that ever had one stored: kvo_connector_store_snapshot); let agree.c pick
+ * the longest boundary every group supports; list the chunks that boundary
+ * needs (the hit; for a state group at a boundary off its block grid,
+ * exactly the snapshot there); pin the host ones and start file and
  * remote reads into freshly reserved host slots for the others.  A pin that
  * races with an eviction retries the whole lookup (bounded); a file (remote)
  * read that cannot start retries without the file (remote) tier.  The hit stays pinned until load (which takes the

@@ -21,6 +21,9 @@
  * submitted as one transfer job; its blocks are counted in the block map so
  * that wait_blocks can find it.
  *
+ * Snapshots off the block grid (kvo_connector_store_snapshot) go through
+ * the same batch path as one entry under a snapshot key, never retried.
+ *
  * Locks: under c->mu; the scratch arrays (s_*) are guarded by it.
  */
 #include "connector/connector_internal.h"
