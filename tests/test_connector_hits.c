@@ -109,21 +109,106 @@ KVO_TEST(one_group_prompt_256_hits_255) {
 
 /* vLLM's Mamba-hybrid case: 4-token attention blocks, 16-token state
  * blocks, a previous request of 28 tokens, a 40-token prompt sharing them.
- * The connector keys and stores state snapshots only at block boundaries,
- * so it serves 16 (vLLM: 28 from a snapshot at the end of the previous
- * prompt; kvo_agree serves 28 given such a snapshot, see
- * test_connector_agree.c: the connector does not take it yet). */
-KVO_TEST(mamba_hybrid_block_snapshots_only) {
+ * The previous request hands the state at the end of its prompt (28, not a
+ * block boundary) to kvo_connector_store_snapshot when `snapshot`; the new
+ * request's lookup returns the hit. */
+static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot) {
     sim_group gs[] = {{"attn", KVO_GROUP_FULL, 4, 0, 1, true, false}, {"mamba", KVO_GROUP_STATE, 16, 0, 1, true, false}};
     kvo_connector_params cp = kvo_connector_default_params();
     cp.min_hit_tokens = 4;
-    sim s;
-    sim_init(&s, sim_plan("mamba", 4, gs, 2), &cp, 64);
+    sim_init(s, sim_plan("mamba", 4, gs, 2), &cp, 64);
+    sim_req a;
+    cr_add(s, &a, 1, tok, 28, NULL);
+    cr_compute(s, &a, 28, 4);
+    uint64_t spare = sim_alloc(s, 1);
+    if (snapshot) {
+        /* the engine's state after 28 tokens, in a block of its own */
+        uint8_t buf[4096];
+        ASSERT_LE_U64(s->page[1], sizeof buf);
+        for (uint32_t l = 0; l < s->layers[1]; l++) {
+            sim_pattern(tok, 28, 1, l, 0, buf, s->page[1]);
+            memcpy(sim_page(s, 1, l, spare), buf, s->page[1]);
+        }
+        ASSERT_ERR(kvo_connector_store_snapshot(s->c, 1, 0, 28, spare), KVO_EINVAL); /* not a state group */
+        ASSERT_ERR(kvo_connector_store_snapshot(s->c, 1, 1, 30, spare), KVO_EINVAL); /* not a unit end */
+        ASSERT_ERR(kvo_connector_store_snapshot(s->c, 1, 1, 32, spare), KVO_EINVAL); /* beyond the units */
+        ASSERT_OK(kvo_connector_store_snapshot(s->c, 1, 1, 28, spare));
+    }
+    cr_finish(s, &a);
+    sim_free_block(s, 1, spare);
+    sim_req r;
+    cr_add(s, &r, 2, tok, 40, NULL);
+    kvo_lookup_result lr;
+    ASSERT_OK(kvo_connector_lookup(s->c, 2, 0, &lr));
+    ASSERT_EQ_INT(lr.status, KVO_HIT);
+    uint64_t b = lr.tokens;
+    for (size_t g = 0; g < 2; g++) {
+        uint64_t tpb = g ? 16 : 4, nb = (b + tpb - 1) / tpb;
+        sim_table_len(s, &r, g, (size_t)nb);
+        for (uint64_t i = 0; i < nb; i++) r.tab[g][i] = sim_alloc(s, g);
+    }
+    kvo_block_table t[2];
+    sim_tables(s, &r, t);
+    ASSERT_OK(kvo_connector_load(s->c, 2, b, t, 2));
+    kvo_completion c = sim_wait_completion(s, 2, KVO_COMPLETION_LOAD);
+    ASSERT_EQ_INT(c.status, 0);
+    ASSERT_EQ_U64(c.tokens_valid, b);
+    for (uint64_t i = 0; i < b / 4; i++) ASSERT_TRUE(sim_block_ok(s, &r, 0, i));
+    /* the state at b, byte-exact, in the entry of the block holding b - 1 */
+    uint8_t want[4096];
+    for (uint32_t l = 0; l < s->layers[1]; l++) {
+        sim_pattern(tok, b, 1, l, 0, want, s->page[1]);
+        ASSERT_TRUE(memcmp(sim_page(s, 1, l, r.tab[1][(b - 1) / 16]), want, s->page[1]) == 0);
+    }
+    /* the engine goes on from b (the state block fully computed at 32) */
+    r.computed = b;
+    cr_compute(s, &r, 40, 4);
+    ASSERT_TRUE(sim_block_ok(s, &r, 1, 1));
+    cr_finish(s, &r);
+    return lr;
+}
+
+KVO_TEST(mamba_hybrid_snapshot_at_28) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 5);
-    (void)cr_run(&s, 1, tok, 28, 4, NULL);
-    kvo_lookup_result lr = cr_run(&s, 2, tok, 40, 4, NULL);
-    ASSERT_EQ_U64(lr.tokens, 16);
+    sim s;
+    kvo_lookup_result lr = mamba_run(&s, tok, true);
+    ASSERT_EQ_U64(lr.tokens, 28); /* vLLM: 28 */
+    sim_destroy(&s);
+}
+
+KVO_TEST(mamba_hybrid_block_snapshots_only) {
+    uint32_t tok[40];
+    cr_tokens(tok, 40, 5);
+    sim s;
+    kvo_lookup_result lr = mamba_run(&s, tok, false);
+    ASSERT_EQ_U64(lr.tokens, 16); /* no snapshot at 28: the block boundary */
+    sim_destroy(&s);
+}
+
+/* A snapshot key never equals a chunk key: the chunk key at the same
+ * position (a 16-token state block ending at 16) stays a different entry. */
+KVO_TEST(snapshot_key_differs_from_chunk_key) {
+    uint32_t tok[40];
+    cr_tokens(tok, 40, 9);
+    sim s;
+    (void)mamba_run(&s, tok, false);
+    sim_req a;
+    cr_add(&s, &a, 3, tok, 40, NULL);
+    cr_compute(&s, &a, 16, 4);
+    uint8_t st[4];
+    (void)cr_ready_chunks(&s, 3, 1, st, 4);
+    ASSERT_TRUE(st[0]); /* the state block ending at 16 is stored */
+    kvo_store_stats s0 = KVO_STORE_STATS_INIT, s1 = KVO_STORE_STATS_INIT;
+    ASSERT_OK(kvo_store_get_stats(kvo_connector_store(s.c), &s0));
+    uint64_t spare = sim_alloc(&s, 1);
+    ASSERT_OK(kvo_connector_store_snapshot(s.c, 3, 1, 16, spare));
+    ASSERT_OK(kvo_connector_wait_request(s.c, 3));
+    ASSERT_OK(kvo_store_get_stats(kvo_connector_store(s.c), &s1));
+    ASSERT_EQ_U64(s1.stores, s0.stores + 1); /* a new entry, not "present" */
+    ASSERT_EQ_U64(s1.store_skipped_present, s0.store_skipped_present);
+    cr_finish(&s, &a);
+    sim_free_block(&s, 1, spare);
     sim_destroy(&s);
 }
 

@@ -519,6 +519,26 @@ KVO_API int kvo_connector_load(kvo_connector *c, uint64_t id, uint64_t tokens, c
 KVO_API int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens, const kvo_block_table *tables,
                          size_t n_tables);
 
+/** Store a state snapshot that is not on a block boundary: engine block
+ *  `engine_block` of state group `group` holds the state after the
+ *  request's first `tokens` tokens (e.g. the end of its prompt).  Later
+ *  lookups of any request sharing those tokens may end their hit at
+ *  `tokens` (docs/lookup.md); such a load writes the snapshot into the
+ *  table entry of the block holding token `tokens - 1` (entry
+ *  ceil(tokens / tokens_per_block) - 1, where a block-boundary snapshot at
+ *  that position would go) and nothing else of that group.  `tokens` must
+ *  be a multiple of tokens_per_hash (the snapshot is keyed by the unit hash
+ *  ending there, in a key space no chunk key can reach) within the units
+ *  known.  The copy is queued like update's stores (best effort: no room is
+ *  counted, never retried); the engine must not modify or free the block
+ *  before wait_blocks / wait_request / a RELEASED completion says so.
+ *  Thread-safe.  Errors: KVO_ENOTFOUND, KVO_ESTATE (a load in flight,
+ *  finished, no layout), KVO_EINVAL (not an offloaded state group, tokens
+ *  0, not a multiple of tokens_per_hash or beyond the units known, block
+ *  id beyond the layout's num_blocks). */
+KVO_API int kvo_connector_store_snapshot(kvo_connector *c, uint64_t id, uint32_t group, uint64_t tokens,
+                                         uint64_t engine_block);
+
 /** A block reference for wait_blocks. */
 typedef struct kvo_block_ref {
     uint32_t group;

@@ -134,6 +134,8 @@ typedef struct kvo__hit_item {
     uint64_t chunk;
     uint8_t tier;    /* where the data came from: TIER_HOST / _FILE / _REMOTE */
     uint8_t pinned;  /* pinned in the host store */
+    uint8_t snap;    /* a state snapshot at the hit (request.c's snapshot
+                        key), loaded into the block holding token hit - 1 */
 } kvo__hit_item;
 
 /* A file-tier or remote-tier read into a host slot (PENDING in the host
@@ -290,6 +292,14 @@ struct kvo_connector {
     kvo_chunk_key *ev_keys;
     kvo_slot *ev_slots;
     size_t ev_cap;
+    /* snapshots off block boundaries (kvo_connector_store_snapshot):
+     * snap_groups bit g: one was ever stored for group g (lookups of other
+     * groups never ask for them); scratch of their lookup */
+    uint64_t snap_groups;
+    kvo_chunk_key *sn_keys;
+    uint8_t *sn_st;
+    kvo_agree_snapshot *sn;
+    size_t sn_cap;
     uint32_t epoch; /* bumped by kvo_connector_reset */
     uint32_t inject_load_fail, inject_store_fail;
     kvo_connector_stats st;
@@ -315,6 +325,11 @@ static inline void *kvo__conn_slot_ptr(kvo_connector *c, kvo_slot s) { return c-
 /* Scratch arrays (s_keys, s_u8, s_slots, s_grp, s_chunk, s_tier) for n
  * chunk entries. */
 int kvo__conn_scratch(kvo_connector *c, size_t n);
+/* The key of r's state snapshot of group g after unit `unit` (the state
+ * after (unit + 1) * tokens_per_hash tokens): XXH3-128(unit hash || one tag
+ * byte), 17 input bytes, a length no unit hash input has (16 + 4 per token
+ * + extra >= 20), so it never equals a chunk key. */
+void kvo__conn_snap_key(const kvo__req *r, uint32_t g, size_t unit, kvo_chunk_key *out);
 /* Sets and returns KVO_ENOTFOUND naming id. */
 int kvo__conn_req_missing(uint64_t id);
 void kvo__conn_job_free(kvo__job *j);

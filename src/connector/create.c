@@ -209,6 +209,9 @@ void kvo_connector_destroy(kvo_connector *c) {
     kvo__free(c->s_tier);
     kvo__free(c->s_fst);
     kvo__free(c->s_fkeys);
+    kvo__free(c->sn_keys);
+    kvo__free(c->sn_st);
+    kvo__free(c->sn);
     kvo__free(c->s_fidx);
     kvo__free(c->sums);
     kvo__free(c->ev_keys);

@@ -89,6 +89,11 @@ static const kvo_group_plan *kvo__item_blocks(kvo_connector *c, const kvo__req *
                                               uint64_t *first, uint64_t *nb) {
     const kvo_group_plan *gp = kvo_plan_group(c->plan, it->key.group);
     uint64_t lo, hi;
+    if (it->snap) { /* a snapshot: into the block holding token hit - 1 */
+        *first = (r->hit_tokens - 1) / gp->tokens_per_block;
+        *nb = 1;
+        return gp;
+    }
     kvo__conn_need_range(gp, it->chunk, r->hit_local, r->hit_tokens, &lo, &hi);
     /* the last block may be only partly needed: rounded up (the engine
      * recomputes from the hit over its tail) */
@@ -154,7 +159,8 @@ static kvo__job *kvo__build_load_job(kvo_connector *c, kvo__req *r, const kvo_bl
         const kvo_group_plan *gp = kvo__item_blocks(c, r, it, &first, &nb);
         kvo_xfer_op *op = &j->ops[i];
         op->group = it->key.group;
-        op->first_block = (uint32_t)(first - it->chunk * gp->blocks_per_chunk);
+        /* a snapshot slot holds it in its first block (store.c) */
+        op->first_block = it->snap ? 0 : (uint32_t)(first - it->chunk * gp->blocks_per_chunk);
         op->n_blocks = (uint32_t)nb;
         op->engine_blocks = &j->eblk[bi];
         op->slot = kvo__conn_slot_ptr(c, it->slot); /* file items: slot reserved at lookup */

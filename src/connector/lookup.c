@@ -4,9 +4,12 @@
  *
  * Phases (kvo__lookup_once): list the chunk keys above local_tokens and ask
  * the host store, then the file tier for the host misses, then the remote
- * tier's presence answers for what is left (remote.c: never a wait); let
- * agree.c pick the longest boundary every group supports; list the chunks
- * that boundary needs (the hit); pin the host ones and start file and
+ * tier's presence answers for what is left (remote.c: never a wait), then
+ * the host store for state snapshots off the block grid (only for groups
+ * that ever had one stored: kvo_connector_store_snapshot); let agree.c pick
+ * the longest boundary every group supports; list the chunks that boundary
+ * needs (the hit; for a state group at a boundary off its block grid,
+ * exactly the snapshot there); pin the host ones and start file and
  * remote reads into freshly reserved host slots for the others.  A pin that
  * races with an eviction retries the whole lookup (bounded); a file (remote)
  * read that cannot start retries without the file (remote) tier.  The hit stays pinned until load (which takes the
@@ -288,12 +291,55 @@ static int kvo__file_states(kvo_connector *c, const size_t *off, size_t nk, size
     return 0;
 }
 
+/* Phase 2, snapshots: for every offloaded state group some snapshot was
+ * ever stored for (c->snap_groups), the host store's states of the
+ * snapshot keys at each unit end p in (L, bmax] that is not a block
+ * boundary (block snapshots are the chunks), ascending, into c->sn at
+ * soff[g] (nsn[g] of them).  Bounded by the request's units. */
+static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *soff, size_t *nsn) {
+    uint64_t bmax = kvo__conn_bmax(c, r, L), tph = kvo_plan_tokens_per_hash(c->plan);
+    uint64_t hi = bmax < r->n_units * tph ? bmax : r->n_units * tph;
+    size_t total = 0;
+    for (size_t g = 0; g < c->ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        soff[g] = total;
+        nsn[g] = 0;
+        if (!gp->offloaded || gp->kind != KVO_GROUP_STATE || !((c->snap_groups >> g) & 1) || hi <= L) continue;
+        total += (size_t)(hi / tph - L / tph);
+    }
+    if (!total) return 0;
+    const kvo__arr a[] = {{(void **)&c->sn_keys, sizeof *c->sn_keys},
+                          {(void **)&c->sn_st, sizeof *c->sn_st},
+                          {(void **)&c->sn, sizeof *c->sn}};
+    int rc = kvo__grow_all(&c->sn_cap, total, a, sizeof a / sizeof a[0], 16, "connector: snapshots");
+    if (rc) return rc;
+    size_t n = 0;
+    for (size_t g = 0; g < c->ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        if (!gp->offloaded || gp->kind != KVO_GROUP_STATE || !((c->snap_groups >> g) & 1) || hi <= L) continue;
+        soff[g] = n;
+        for (uint64_t p = (L / tph + 1) * tph; p <= hi; p += tph) {
+            if (p % gp->tokens_per_block == 0) continue;
+            kvo__conn_snap_key(r, (uint32_t)g, (size_t)(p / tph - 1), &c->sn_keys[n]);
+            c->sn[n++].tokens = p;
+        }
+        nsn[g] = n - soff[g];
+    }
+    if (n && (rc = kvo_store_lookup(c->store, c->sn_keys, n, c->sn_st))) return rc;
+    for (size_t i = 0; i < n; i++) c->sn[i].state = c->sn_st[i];
+    return 0;
+}
+
 /* Phase 3: the boundary every group agrees on, into out.  *b: the boundary
  * to load, 0 when there is nothing to pin (no hit, or a pending one). */
 static int kvo__agree_hit(kvo_connector *c, kvo__req *r, uint64_t L, const size_t *off, size_t *ncs,
-                          kvo_lookup_result *out, uint64_t *b) {
+                          const size_t *soff, const size_t *nsn, kvo_lookup_result *out, uint64_t *b) {
     const uint8_t *ptr[KVO_MAX_GROUPS];
-    for (size_t g = 0; g < c->ng; g++) ptr[g] = c->s_u8 + off[g];
+    const kvo_agree_snapshot *sp[KVO_MAX_GROUPS];
+    for (size_t g = 0; g < c->ng; g++) {
+        ptr[g] = c->s_u8 + off[g];
+        sp[g] = nsn[g] ? c->sn + soff[g] : NULL;
+    }
     kvo_agree_input in;
     memset(&in, 0, sizeof in);
     uint64_t bmax = kvo__conn_bmax(c, r, L);
@@ -307,6 +353,8 @@ static int kvo__agree_hit(kvo_connector *c, kvo__req *r, uint64_t L, const size_
     in.chunk_states = ptr;
     in.n_chunks = ncs;
     in.boundary_align = 1; /* any token count: the load rounds the last block up */
+    in.snapshots = sp;
+    in.n_snapshots = nsn;
     kvo_agree_result ar;
     int rc = kvo_agree(&in, &ar);
     if (rc) return rc;
@@ -328,9 +376,22 @@ static int kvo__agree_hit(kvo_connector *c, kvo__req *r, uint64_t L, const size_
 static int kvo__hit_build(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b, const size_t *off,
                           const size_t *ncs, size_t *nh) {
     *nh = 0;
+    uint32_t tph = kvo_plan_tokens_per_hash(c->plan);
     for (size_t g = 0; g < c->ng; g++) {
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
         if (!gp->offloaded) continue;
+        if (gp->kind == KVO_GROUP_STATE && b % gp->tokens_per_block) {
+            /* not a block boundary: agree took a READY snapshot at b */
+            int rc = kvo__grow((void **)&r->hit, &r->cap_hit, *nh + 1, sizeof *r->hit, 16, "connector");
+            if (rc) return rc;
+            kvo__hit_item *it = &r->hit[(*nh)++];
+            memset(it, 0, sizeof *it);
+            kvo__conn_snap_key(r, (uint32_t)g, (size_t)(b / tph - 1), &it->key);
+            it->chunk = (b - 1) / gp->tokens_per_block / gp->blocks_per_chunk;
+            it->tier = TIER_HOST;
+            it->snap = 1;
+            continue;
+        }
         for (size_t ch = 0; ch < ncs[g]; ch++) {
             uint64_t lo, hi;
             kvo__conn_need_range(gp, ch, L, b, &lo, &hi);
@@ -342,6 +403,7 @@ static int kvo__hit_build(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b,
             it->chunk = ch;
             it->tier = c->s_tier[off[g] + ch];
             it->pinned = 0;
+            it->snap = 0;
             memset(&it->slot, 0, sizeof it->slot);
         }
     }
@@ -377,12 +439,14 @@ static int kvo__hit_pin(kvo_connector *c, kvo__req *r, size_t nh, size_t *nhost)
  * error. */
 static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_lookup_result *out, bool use_file,
                             bool use_remote) {
-    size_t off[KVO_MAX_GROUPS], ncs[KVO_MAX_GROUPS], nk = 0, nh = 0, nhost = 0;
+    size_t off[KVO_MAX_GROUPS], ncs[KVO_MAX_GROUPS], soff[KVO_MAX_GROUPS], nsn[KVO_MAX_GROUPS];
+    size_t nk = 0, nh = 0, nhost = 0;
     uint64_t b = 0;
     bool rpending = false;
     int rc = kvo__host_states(c, r, L, off, ncs, &nk);
     if (!rc && nk) rc = kvo__lookup_tiers(c, r, off, nk, use_file, use_remote, &rpending);
-    if (!rc) rc = kvo__agree_hit(c, r, L, off, ncs, out, &b);
+    if (!rc) rc = kvo__snap_states(c, r, L, soff, nsn);
+    if (!rc) rc = kvo__agree_hit(c, r, L, off, ncs, soff, nsn, out, &b);
     if (!rc && out->status == KVO_HIT_PENDING) out->remote_pending = rpending;
     if (rc || !b) return rc;
     if ((rc = kvo__hit_build(c, r, L, b, off, ncs, &nh))) return rc;

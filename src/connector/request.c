@@ -21,6 +21,13 @@ int kvo__conn_scratch(kvo_connector *c, size_t n) {
     return kvo__grow_all(&c->s_cap, n, a, sizeof a / sizeof a[0], 64, "connector: chunk entries");
 }
 
+void kvo__conn_snap_key(const kvo__req *r, uint32_t g, size_t unit, kvo_chunk_key *out) {
+    static const uint8_t tag = 0x53; /* 'S' */
+    memset(out, 0, sizeof *out);
+    out->hash = kvo_hash_unit(r->units[unit], NULL, 0, &tag, 1);
+    out->group = g;
+}
+
 int kvo__conn_req_missing(uint64_t id) {
     return kvo__error(KVO_ENOTFOUND, "connector: no live request with id %llu", (unsigned long long)id);
 }

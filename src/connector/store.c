@@ -21,6 +21,9 @@
  * submitted as one transfer job; its blocks are counted in the block map so
  * that wait_blocks can find it.
  *
+ * Snapshots off the block grid (kvo_connector_store_snapshot) go through
+ * the same batch path as one entry under a snapshot key, never retried.
+ *
  * Locks: under c->mu; the scratch arrays (s_*) are guarded by it.
  */
 #include "connector/connector_internal.h"
@@ -296,4 +299,64 @@ int kvo_connector_update(kvo_connector *c, uint64_t id, uint64_t computed_tokens
     }
     kvo__conn_unlock(c);
     return rc;
+}
+
+/* A snapshot off the block grid (kvo_connector_store_snapshot): one batch
+ * entry keyed by kvo__conn_snap_key, stored through the batch path from a
+ * table whose every block of the chunk is the engine's block (the slot's
+ * first block is what a load reads).  Not retried: the engine's block
+ * changes as the request goes on. */
+int kvo_connector_store_snapshot(kvo_connector *c, uint64_t id, uint32_t group, uint64_t tokens,
+                                 uint64_t engine_block) {
+    if (!c) return kvo__error(KVO_EINVAL, "kvo_connector_store_snapshot: c must not be NULL");
+    uint32_t tph = kvo_plan_tokens_per_hash(c->plan);
+    kvo__conn_lock(c);
+    kvo__req *r = kvo__conn_req_get(c, id);
+    const kvo_group_plan *gp = group < c->ng ? kvo_plan_group(c->plan, group) : NULL;
+    int rc = 0;
+    if (!r) rc = kvo__conn_req_missing(id);
+    else if (r->state != REQ_ACTIVE)
+        rc = kvo__error(KVO_ESTATE, "request %llu: snapshot while %s", (unsigned long long)id,
+                        r->state == REQ_LOADING ? "a load is in flight" : "finished");
+    else if (!c->layout_set)
+        rc = kvo__error(KVO_ESTATE, "request %llu: no engine layout registered (kvo_connector_set_layout)",
+                        (unsigned long long)id);
+    else if (!gp || !gp->offloaded || gp->kind != KVO_GROUP_STATE)
+        rc = kvo__error(KVO_EINVAL, "request %llu: group %u is not an offloaded state group", (unsigned long long)id,
+                        group);
+    else if (tokens == 0 || tokens % tph || tokens / tph > r->n_units)
+        rc = kvo__error(KVO_EINVAL,
+                        "request %llu: snapshot at %llu tokens; must be a positive multiple of tokens_per_hash %u "
+                        "within the %llu tokens whose units are known",
+                        (unsigned long long)id, (unsigned long long)tokens, tph,
+                        (unsigned long long)(r->n_units * tph));
+    else if (engine_block >= c->lay_blocks[group])
+        rc = kvo__error(KVO_EINVAL, "request %llu: group '%s': engine block %llu beyond the layout's num_blocks %llu",
+                        (unsigned long long)id, gp->name, (unsigned long long)engine_block,
+                        (unsigned long long)c->lay_blocks[group]);
+    if (rc || !kvo__conn_may_store(c, r)) {
+        kvo__conn_unlock(c);
+        return rc;
+    }
+    uint64_t *blk = kvo__malloc(gp->blocks_per_chunk * sizeof *blk);
+    kvo_block_table t[KVO_MAX_GROUPS];
+    memset(t, 0, sizeof t);
+    if (!blk || (rc = kvo__conn_scratch(c, 1))) {
+        kvo__free(blk);
+        kvo__conn_unlock(c);
+        return rc ? rc : kvo__error(KVO_ENOMEM, "request %llu: out of memory", (unsigned long long)id);
+    }
+    for (uint64_t k = 0; k < gp->blocks_per_chunk; k++) blk[k] = engine_block;
+    t[group].blocks = blk;
+    t[group].n = gp->blocks_per_chunk;
+    kvo__conn_snap_key(r, group, (size_t)(tokens / tph - 1), &c->s_keys[0]);
+    c->s_grp[0] = group;
+    c->s_chunk[0] = 0;
+    size_t nretry = r->n_retry;
+    c->snap_groups |= UINT64_C(1) << group;
+    kvo__store_batch(c, r, t, 1);
+    r->n_retry = nretry; /* never retried */
+    kvo__free(blk);
+    kvo__conn_unlock(c);
+    return 0;
 }
