@@ -10,6 +10,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kvoffload/kvo_geometry.h"
+
 typedef struct kvo_bench_out {
     bool json;
 } kvo_bench_out;
@@ -21,6 +23,11 @@ double kvo_bench_now(void); /* seconds, monotonic */
 /* This thread's CPU seconds: for single-threaded figures on a shared
  * machine, time this thread was descheduled is not counted. */
 double kvo_bench_thread_cpu(void);
+
+/* A plan of one full-attention group "kv" (16-token blocks, one layer of
+ * page_bytes) with blocks_per_chunk blocks per chunk; NULL on failure (the
+ * library's message in kvo_last_error()).  The caller destroys it. */
+kvo_plan *kvo_bench_plan_one(const char *name, uint64_t page_bytes, uint32_t blocks_per_chunk);
 
 /* Each benchmark: argv[0] is its name. */
 int kvo_bench_store(int argc, char **argv, const kvo_bench_out *o);

@@ -39,21 +39,9 @@ static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *
 static void rm_rf(const char *path) { nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
 
 static kvo_plan *bench_plan(uint64_t chunk_bytes) {
-    kvo_model *m = NULL;
-    kvo_plan *p = NULL;
     char name[64];
     snprintf(name, sizeof name, "bench-file-%llu", (unsigned long long)chunk_bytes);
-    if (kvo_model_create(name, 16, &m)) return NULL;
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "kv");
-    g.tokens_per_block = 16;
-    g.layers = 1;
-    g.page_bytes = chunk_bytes / 2;
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 2;
-    if (kvo_model_add_group(m, &g) || kvo_plan_create(m, &pp, &p)) p = NULL;
-    kvo_model_destroy(m);
-    return p;
+    return kvo_bench_plan_one(name, chunk_bytes / 2, 2);
 }
 
 static kvo_chunk_key bkey(uint64_t i) {

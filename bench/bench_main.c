@@ -24,6 +24,22 @@ double kvo_bench_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+kvo_plan *kvo_bench_plan_one(const char *name, uint64_t page_bytes, uint32_t blocks_per_chunk) {
+    kvo_model *m = NULL;
+    kvo_plan *p = NULL;
+    if (kvo_model_create(name, 16, &m)) return NULL;
+    kvo_group_desc g = kvo_group_desc_default();
+    snprintf(g.name, sizeof g.name, "kv");
+    g.tokens_per_block = 16;
+    g.layers = 1;
+    g.page_bytes = page_bytes;
+    kvo_plan_params pp = kvo_plan_default_params();
+    pp.blocks_per_chunk = blocks_per_chunk;
+    if (kvo_model_add_group(m, &g) || kvo_plan_create(m, &pp, &p)) p = NULL;
+    kvo_model_destroy(m);
+    return p;
+}
+
 double kvo_bench_thread_cpu(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);

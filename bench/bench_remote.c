@@ -165,19 +165,7 @@ static double raw_pass(const bcfg *c, const raw_map *m, bool get, const unsigned
 /* ------------------------------------------------------------ tier -- */
 
 static kvo_plan *bench_plan(uint64_t chunk_bytes) {
-    kvo_model *m = NULL;
-    kvo_plan *p = NULL;
-    if (kvo_model_create("bench-remote", 16, &m)) return NULL;
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "kv");
-    g.tokens_per_block = 16;
-    g.layers = 1;
-    g.page_bytes = chunk_bytes / 2;
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 2;
-    if (kvo_model_add_group(m, &g) || kvo_plan_create(m, &pp, &p)) p = NULL;
-    kvo_model_destroy(m);
-    return p;
+    return kvo_bench_plan_one("bench-remote", chunk_bytes / 2, 2);
 }
 
 static kvo_chunk_key bkey(uint64_t size, uint64_t i) {

@@ -176,19 +176,9 @@ static double kvo__bgather_time(unsigned char *eng, unsigned char *slots, const 
 
 int kvo__bsetup_make(kvo__bsetup *b, uint64_t page, uint64_t total, unsigned char *slots) {
     memset(b, 0, sizeof *b);
-    kvo_model *m = NULL;
-    int rc = kvo_model_create("bench-transfer", 16, &m);
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "kv");
-    g.tokens_per_block = 16;
-    g.layers = 1;
-    g.page_bytes = page;
-    if (!rc) rc = kvo_model_add_group(m, &g);
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = (UINT64_C(2) << 20) / page ? (UINT64_C(2) << 20) / page : 1;
-    if (!rc) rc = kvo_plan_create(m, &pp, &b->plan);
-    kvo_model_destroy(m);
-    if (rc) return rc;
+    uint64_t per = (UINT64_C(2) << 20) / page; /* 2 MiB chunks */
+    b->plan = kvo_bench_plan_one("bench-transfer", page, per ? (uint32_t)per : 1);
+    if (!b->plan) return KVO_EINVAL;
     const kvo_group_plan *gp = kvo_plan_group(b->plan, 0);
     uint64_t nblk = total / page, bpc = gp->blocks_per_chunk;
     b->n_ops = (size_t)(nblk / bpc);

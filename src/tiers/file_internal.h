@@ -304,10 +304,6 @@ extern atomic_int kvo__file_test_no_tmpfile;
  * disk, for the latency back-pressure test). */
 extern atomic_int kvo__file_test_write_delay_us;
 
-/* For file_pin.c: the quota index and params.layout_hash of t. */
-kvo_store *kvo__file_tier_index(kvo_file_tier *t);
-uint64_t kvo__file_tier_layout(const kvo_file_tier *t);
-
 /* True once destroy began and no read is queued (ring exit condition). */
 bool kvo__file_tier_closing(kvo_file_tier *t);
 

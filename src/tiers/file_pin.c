@@ -21,7 +21,7 @@ int kvo_file_tier_pin(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) {
     if (!t || (n && !keys)) return kvo__error(KVO_EINVAL, "kvo_file_tier_pin: NULL argument");
     enum { B = 64 }; /* batches with a stack buffer: no allocation */
     kvo_slot slots[B];
-    kvo_store *ix = kvo__file_tier_index(t);
+    kvo_store *ix = t->index;
     for (size_t i = 0; i < n; i += B) {
         size_t b = n - i < B ? n - i : B;
         int rc = kvo_store_prepare_load(ix, keys + i, b, slots);
@@ -36,7 +36,7 @@ int kvo_file_tier_pin(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) {
 int kvo_file_tier_unpin(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) {
     if (!t || (n && !keys)) return kvo__error(KVO_EINVAL, "kvo_file_tier_unpin: NULL argument");
     if (n == 0) return 0;
-    return kvo_store_complete_load(kvo__file_tier_index(t), keys, n);
+    return kvo_store_complete_load(t->index, keys, n);
 }
 
-uint64_t kvo_file_tier_layout_hash(const kvo_file_tier *t) { return t ? kvo__file_tier_layout(t) : 0; }
+uint64_t kvo_file_tier_layout_hash(const kvo_file_tier *t) { return t ? t->p.layout_hash : 0; }

@@ -610,5 +610,3 @@ int kvo_file_tier_get_stats(kvo_file_tier *t, kvo_file_tier_stats *out) {
 }
 
 /* For file_pin.c (the tier's struct is private to this file). */
-kvo_store *kvo__file_tier_index(kvo_file_tier *t) { return t->index; }
-uint64_t kvo__file_tier_layout(const kvo_file_tier *t) { return t->p.layout_hash; }
