@@ -2,6 +2,7 @@
  * LRU against a reference LRU written here, the Mooncake trace's figures
  * (shared/traces/README.md), the prefix policy's goals (docs/replay.md), and
  * the command's errors and plot. */
+#include <math.h>
 #include <stdlib.h>
 
 #include <jansson.h>
@@ -217,7 +218,8 @@ static const char *mooncake(void) {
 
 /* shared/traces/README.md: LRU 42.35 % at 10k blocks, infinite 64.0 %.  MIN
  * 0.6174 (the issue's 0.6157 broke parent/child ties the wrong way: see
- * replay_min.c); the prefix policy beats LRU by a point (docs/replay.md). */
+ * replay_min.c); the prefix policy beats LRU by two points (0.4466,
+ * docs/replay.md). */
 KVO_TEST(mooncake_10k_lru_min_infinite_prefix) {
     rows r;
     replay(mooncake(), "--policy lru,prefix --capacity 10000", &r);
@@ -227,22 +229,129 @@ KVO_TEST(mooncake_10k_lru_min_infinite_prefix) {
     ASSERT_EQ_U64(r.blocks[row(&r, "lru", 10000)], 121877);
     double pre = r.rate[row(&r, "prefix", 10000)];
     if (getenv("KVO_TEST_VERBOSE")) printf("prefix at 10k: %.4f\n", pre);
-    ASSERT_TRUE(pre >= r.rate[row(&r, "lru", 10000)] + 0.01);
+    ASSERT_TRUE(pre >= r.rate[row(&r, "lru", 10000)] + 0.015);
     ASSERT_TRUE(pre <= r.rate[row(&r, "min", 10000)]);
 }
 
-/* Over a sweep the prefix policy stays within half a point of LRU at worst
- * (it is below LRU by up to 0.33 points around 4.5k blocks: docs/replay.md)
- * and never above MIN, and MIN never above the infinite cache. */
+/* Over a 15-point sweep the prefix policy never hits less than LRU, never
+ * more than MIN, and MIN never more than the infinite cache. */
 KVO_TEST(mooncake_sweep_prefix_never_below_lru) {
     rows r;
-    replay(mooncake(), "--policy lru,prefix --capacity 1000:41000:6", &r);
-    for (uint64_t c = 1000; c <= 41000; c += 8000) {
-        double lru = r.rate[row(&r, "lru", c)], pre = r.rate[row(&r, "prefix", c)], min = r.rate[row(&r, "min", c)];
-        if (pre < lru - 0.005 || pre > min || min > r.rate[row(&r, "infinite", c)])
-            FAILF("capacity %llu: lru %.4f prefix %.4f min %.4f", (unsigned long long)c, lru, pre, min);
+    replay(mooncake(), "--policy lru,prefix --capacity 1000:43000:15", &r);
+    for (uint64_t c = 1000; c <= 43000; c += 3000) {
+        size_t l = row(&r, "lru", c), p = row(&r, "prefix", c), m = row(&r, "min", c);
+        if (r.hits[p] < r.hits[l] || r.hits[p] > r.hits[m] || r.hits[m] > r.hits[row(&r, "infinite", c)])
+            FAILF("capacity %llu: lru %.4f prefix %.4f min %.4f", (unsigned long long)c, r.rate[l], r.rate[p],
+                  r.rate[m]);
     }
 }
+
+/* ------------------------------------------------ two other workloads -- */
+
+/* Written as a trace file, seeded by the test seed:
+ * chat: conversations arrive ~every 0.7 time units; each has 1 + Exp(3)
+ *   turns, 90 units apart on average, each turn the previous prompt plus 1-4
+ *   new blocks, after one of 8 shared 4-block system prompts.  Reuse is
+ *   recent: LRU is hard to beat and protecting reused blocks hurts.
+ * docs: 1500 documents of 8-60 blocks, picked with Zipf(0.9) popularity,
+ *   each request adding a 1-3-block question.  Popular documents among
+ *   one-off ones: protection wins.
+ * *distinct gets the number of distinct blocks. */
+static double rnd01(void) { return (double)(kvo_test_rand() >> 11) / 9007199254740992.0; }
+static double rexp(double mean) { return -mean * log(1.0 - rnd01()); }
+
+static const char *write_workload(const char *name, bool chat, uint64_t *distinct) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", kvo_test_tmpdir(), name);
+    FILE *f = fopen(path, "w");
+    if (!f) FAILF("cannot write %s", path);
+    enum { NCONV = 1500, NDOC = 1500, NREQ = 4000, MAXB = 160 };
+    uint32_t next = 0;
+    static uint32_t ids[NCONV > NDOC ? NCONV : NDOC][MAXB];
+    static size_t len[NCONV > NDOC ? NCONV : NDOC];
+    static double when[NCONV];
+    static int left[NCONV];
+    if (chat) {
+        uint32_t sys[8][4];
+        for (int p = 0; p < 8; p++) for (int b = 0; b < 4; b++) sys[p][b] = next++;
+        double t = 0;
+        for (int c = 0; c < NCONV; c++) {
+            t += rexp(0.7);
+            when[c] = t;
+            left[c] = 1 + (int)rexp(3.0);
+            if (left[c] > 30) left[c] = 30;
+            memcpy(ids[c], sys[kvo_test_rand() % 8], sizeof sys[0]);
+            len[c] = 4;
+        }
+        for (;;) { /* the conversation whose turn comes first */
+            int c = -1;
+            for (int k = 0; k < NCONV; k++)
+                if (left[k] > 0 && (c < 0 || when[k] < when[c])) c = k;
+            if (c < 0) break;
+            size_t add = 1 + kvo_test_rand() % 4;
+            for (size_t b = 0; b < add && len[c] < MAXB; b++) ids[c][len[c]++] = next++;
+            fprintf(f, "{\"hash_ids\": [");
+            for (size_t b = 0; b < len[c]; b++) fprintf(f, "%s%u", b ? ", " : "", ids[c][b]);
+            fprintf(f, "]}\n");
+            left[c]--;
+            when[c] += rexp(90.0);
+        }
+    } else {
+        static double cdf[NDOC];
+        double sum = 0;
+        for (int d = 0; d < NDOC; d++) {
+            len[d] = 8 + kvo_test_rand() % 53;
+            for (size_t b = 0; b < len[d]; b++) ids[d][b] = next++;
+            sum += 1.0 / pow(d + 1, 0.9);
+            cdf[d] = sum;
+        }
+        for (int r = 0; r < NREQ; r++) {
+            double u = rnd01() * sum;
+            int d = 0;
+            while (d < NDOC - 1 && cdf[d] < u) d++;
+            fprintf(f, "{\"hash_ids\": [");
+            for (size_t b = 0; b < len[d]; b++) fprintf(f, "%u, ", ids[d][b]);
+            size_t q = 1 + kvo_test_rand() % 3;
+            for (size_t b = 0; b < q; b++) fprintf(f, "%s%u", b ? ", " : "", next++);
+            fprintf(f, "]}\n");
+        }
+    }
+    fclose(f);
+    *distinct = next;
+    return path;
+}
+
+/* On both, at 2 % to 50 % of the distinct blocks, the prefix policy stays
+ * within a point of LRU at worst, and on docs it wins at small capacities.
+ * (On chat, over 20 seeds, the worst point was 0.75 points below LRU, 15 of
+ * 20 seeds never below: when a protecting setting leads in the simulations
+ * the real store switches to it from a different state and can lose a
+ * little; docs/replay.md.) */
+static void workload_vs_lru(bool chat) {
+    uint64_t distinct;
+    const char *path = write_workload(chat ? "chat.jsonl" : "docs.jsonl", chat, &distinct);
+    static const double frac[] = {0.02, 0.05, 0.1, 0.2, 0.3, 0.5};
+    uint64_t caps[6];
+    char args[512];
+    int o = snprintf(args, sizeof args, "--no-min --policy lru,prefix --capacity ");
+    for (int i = 0; i < 6; i++) {
+        caps[i] = (uint64_t)(frac[i] * (double)distinct);
+        o += snprintf(args + o, sizeof args - (size_t)o, "%s%llu", i ? "," : "", (unsigned long long)caps[i]);
+    }
+    rows r;
+    replay(path, args, &r);
+    for (int i = 0; i < 6; i++) {
+        double lru = r.rate[row(&r, "lru", caps[i])], pre = r.rate[row(&r, "prefix", caps[i])];
+        if (getenv("KVO_TEST_VERBOSE")) printf("%s %llu: lru %.4f prefix %.4f\n", chat ? "chat" : "docs",
+                                               (unsigned long long)caps[i], lru, pre);
+        if (pre < lru - 0.02) FAILF("capacity %llu: lru %.4f prefix %.4f", (unsigned long long)caps[i], lru, pre);
+        if (!chat && i == 0 && pre < lru + 0.03)
+            FAILF("docs at %llu: prefix %.4f, LRU %.4f: protection should win", (unsigned long long)caps[i], pre, lru);
+    }
+}
+
+KVO_TEST(chat_workload_prefix_keeps_up_with_lru) { workload_vs_lru(true); }
+KVO_TEST(docs_workload_prefix_beats_lru) { workload_vs_lru(false); }
 
 /* ------------------------------------------------------ command errors -- */
 

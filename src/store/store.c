@@ -216,7 +216,9 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     }
     s->max_entries = p->max_entries ? p->max_entries : slots_total;
     if (s->max_entries > slots_total) s->max_entries = slots_total;
-    s->ghost_cap = (p->policy == KVO_POLICY_LRU) ? 0 : s->max_entries;
+    /* ghosts: none for LRU; as many as residents for ARC and S3-FIFO; 4x for
+     * prefix, whose reuse signal is a key coming back (policy_prefix.c) */
+    s->ghost_cap = p->policy == KVO_POLICY_LRU ? 0 : p->policy == KVO_POLICY_PREFIX ? 4 * s->max_entries : s->max_entries;
     if (s->max_entries + s->ghost_cap >= (UINT64_C(1) << 30)) {
         rc = kvo__error(KVO_ERANGE, "kvo_store_create: %llu entries is over the 2^30 limit; set max_entries",
                         (unsigned long long)s->max_entries);
@@ -256,6 +258,7 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
         }
         s->events.cap = p->event_capacity;
     }
+    if (s->pol->init && (rc = s->pol->init(s))) goto fail;
     if (pthread_mutex_init(&s->mu, NULL)) {
         rc = kvo__error(KVO_ENOMEM, "kvo_store_create: pthread_mutex_init failed");
         goto fail;
@@ -263,6 +266,7 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     *out = s;
     return 0;
 fail:
+    if (s->pol->fini) s->pol->fini(s);
     kvo__slots_free(&s->sl);
     kvo__index_free(&s->ix);
     kvo__free(s->ent_base);
@@ -275,6 +279,7 @@ fail:
 void kvo_store_destroy(kvo_store *s) {
     if (!s) return;
     pthread_mutex_destroy(&s->mu);
+    if (s->pol->fini) s->pol->fini(s);
     kvo__slots_free(&s->sl);
     kvo__index_free(&s->ix);
     kvo__free(s->ent_base);

@@ -34,6 +34,7 @@ typedef struct kvo__entry {
     uint32_t pins;
     uint32_t prev, next; /* policy queue links; next = free-pool link when FREE */
     uint32_t tpos;     /* position in the index table */
+    uint32_t stamp;    /* prefix policy: use counter at the last use */
     uint8_t state;
     uint8_t cls;       /* slot size class */
     uint8_t q;         /* policy queue */
@@ -156,12 +157,32 @@ typedef struct kvo__policy_ops {
     void (*evicted)(struct kvo_store *s, uint32_t e);
     /* A ghost is being revived for a new store: unlink it from its queue. */
     void (*ghost_claim)(struct kvo_store *s, uint32_t e);
+    /* Optional (NULL): allocate / free the policy's own state at store
+     * create (after the pool; 0 or a KVO_E* code with a message) / destroy. */
+    int (*init)(struct kvo_store *s);
+    void (*fini)(struct kvo_store *s);
 } kvo__policy_ops;
 
 extern const kvo__policy_ops kvo__policy_lru;
 extern const kvo__policy_ops kvo__policy_arc;
 extern const kvo__policy_ops kvo__policy_s3fifo;
 extern const kvo__policy_ops kvo__policy_prefix;
+
+/* ------------------------------------------- miniature simulations (minisim.c) -- */
+/* The prefix policy's knob settings, in eighths of the cache size
+ * (UINT32_MAX: infinite), one simulation each. */
+#define KVO__MINI_N 6
+extern const uint32_t kvo__mini_knob8[KVO__MINI_N];
+typedef struct kvo__mini kvo__mini;
+/* Simulations for a store of at most max_entries keys: ~1.5 MiB whatever the
+ * size.  0 or KVO_ENOMEM (message set). */
+int kvo__mini_create(kvo__mini **out, uint64_t max_entries);
+void kvo__mini_destroy(kvo__mini *m);
+/* One use of the key whose kvo__key_mix is mix, by a store now holding
+ * `resident` keys; updates the simulations when the key is in the sample. */
+void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident);
+/* The setting (index into kvo__mini_knob8) with the most recent hits. */
+uint32_t kvo__mini_best(const kvo__mini *m);
 
 /* ----------------------------------------------------------------- store -- */
 typedef struct kvo__event_ring {
@@ -190,7 +211,8 @@ struct kvo_store {
     /* policy state */
     kvo__list q[9];
     uint64_t arc_p;                        /* ARC target size of T1 (entries) */
-    uint64_t pfx_clock;                    /* prefix policy: priority of the last victim */
+    uint32_t pfx_clock;                    /* prefix policy: uses so far (ent.stamp) */
+    kvo__mini *pfx_mini;                   /* prefix policy: its simulations */
 
     /* admission: count-min sketch, 4 rows of uint8, halved every `cms_period` adds */
     uint8_t *cms;
@@ -313,5 +335,8 @@ int kvo__store_check(kvo_store *s);
 uint64_t kvo__store_queue_len(kvo_store *s, int q);
 uint64_t kvo__store_arc_p(kvo_store *s);
 uint64_t kvo__store_reclaims(kvo_store *s);
+/* The prefix policy's current knob, in eighths of the cache (UINT32_MAX:
+ * infinite; 0 for other policies). */
+uint32_t kvo__store_prefix_knob(kvo_store *s);
 
 #endif

@@ -65,6 +65,9 @@ int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out) {
 uint64_t kvo__store_queue_len(kvo_store *s, int q) { return s->q[q].n; }
 uint64_t kvo__store_arc_p(kvo_store *s) { return s->arc_p; }
 uint64_t kvo__store_reclaims(kvo_store *s) { return s->reclaims; }
+uint32_t kvo__store_prefix_knob(kvo_store *s) {
+    return s->pfx_mini ? kvo__mini_knob8[kvo__mini_best(s->pfx_mini)] : 0;
+}
 
 int kvo__store_check(kvo_store *s) {
     uint64_t resident = 0, ghosts = 0, pinned = 0, pending = 0, bytes = 0, queued = 0;

@@ -1,0 +1,208 @@
+/*
+ * Miniature simulations for the prefix policy (policy_prefix.c): which
+ * setting of its one knob would have hit most on this workload, lately.
+ *
+ * The prefix policy keeps two LRU lists, P (keys used once) and M (keys used
+ * again, or stored again after an eviction), and evicts P's oldest key unless
+ * M's oldest key is older than that by more than a threshold A (in uses).
+ * A = 0 is exactly LRU (the older of the two tails); A = infinity protects
+ * every reused key against any once-used one.  Which is right depends on the
+ * workload: chat traffic (a conversation's next turn reuses its last turn
+ * soon) wants recency, shared-document traffic (a few long prefixes reused
+ * by many requests, among many one-off ones) wants protection.  So the store
+ * runs the same policy, keys only, at KVO__MINI_N settings of A side by side
+ * on a hashed sample of its keys, and follows the one with the most hits.
+ *
+ * Layout: a key is sampled when the low `shift` bits of its 64-bit mix are
+ * zero (the same keys every time, so each simulation sees every use of the
+ * keys it tracks); shift is chosen at create so that max_entries >> shift <=
+ * KVO__MINI_CAP.  Simulation i holds at most resident >> shift keys (the real
+ * store's current size, scaled by the sample rate: Waldspurger et al.,
+ * "Cache Modeling and Optimization using Miniature Simulations", USENIX ATC
+ * '17) and remembers 4 times as many evicted keys, like the store's ghosts.
+ * Nodes live in one fixed pool per simulation (free list), found through one
+ * kvo__hmap keyed (mix, simulation); everything is allocated at create, so a
+ * use never allocates.  Each simulation's score is its hits with exponential
+ * decay (half-life ~11 fills of the simulated cache, KVO__MINI_HL), so the
+ * choice follows phase changes.  The store starts at A = 0 (LRU) and moves
+ * to another setting only when that one has 5 % more hits than the current
+ * one (KVO__MINI_MARGIN): without this margin the choice flickers between
+ * near-equal settings and costs up to 0.2 points against LRU on chat traces;
+ * with it no point of 90-capacity sweeps over five traces is below LRU.
+ *
+ * Cost: one hash test per use; for the sampled 1/2^shift of uses, one map
+ * lookup and O(1) list work per simulation.  Memory: about 1.5 MiB per store
+ * whatever its size.  Not thread-safe: the store's lock covers it.
+ */
+
+#include "core/hmap.h"
+#include "store/store_internal.h"
+
+#define KVO__MINI_CAP 1024u      /* most keys a simulation holds */
+#define KVO__MINI_GHOSTS 4u      /* evicted keys remembered, per key held */
+#define KVO__MINI_HL 16.0        /* score memory, in fills of the simulated cache */
+#define KVO__MINI_MARGIN 0.05    /* switch setting only for 5 % more hits */
+#define MNIL UINT32_MAX
+
+/* The knob settings, in units of the cache's size in keys (eighths): 0 = LRU,
+ * ..., UINT32_MAX = never prefer a reused key's eviction. */
+const uint32_t kvo__mini_knob8[KVO__MINI_N] = {0, 4, 8, 16, 32, UINT32_MAX};
+
+enum { MQ_P = 0, MQ_M = 1, MQ_G = 2 };
+
+typedef struct mnode {
+    uint64_t key;
+    uint32_t prev, next, stamp;
+    uint8_t q;
+} mnode;
+
+typedef struct msim {
+    mnode *node;
+    uint32_t free;              /* free list through next */
+    uint32_t head[3], tail[3];  /* per queue: head = most recent */
+    uint32_t n[3];
+    uint32_t clock;
+    double score;
+} msim;
+
+struct kvo__mini {
+    unsigned shift;
+    uint64_t mask;
+    uint32_t nodes;             /* per simulation */
+    uint32_t best;
+    double decay;               /* recomputed when the simulated size changes */
+    uint32_t decay_cap;
+    kvo__hmap map;              /* (mix, sim) -> node index */
+    msim sim[KVO__MINI_N];
+};
+
+typedef struct mref {
+    uint64_t k0, k1;
+    uint32_t used;
+    uint32_t node;
+} mref;
+
+int kvo__mini_create(kvo__mini **out, uint64_t max_entries) {
+    *out = NULL;
+    kvo__mini *m = kvo__calloc(1, sizeof *m);
+    if (!m) return kvo__error(KVO_ENOMEM, "kvo_store_create: out of memory for the prefix policy's simulations");
+    while ((max_entries >> m->shift) > KVO__MINI_CAP) m->shift++;
+    m->mask = (UINT64_C(1) << m->shift) - 1;
+    uint64_t cap = max_entries >> m->shift;
+    if (cap < 8) cap = 8;
+    m->nodes = (uint32_t)(cap * (1 + KVO__MINI_GHOSTS) + 1);
+    int rc = kvo__hmap_init(&m->map, sizeof(mref), (size_t)m->nodes * KVO__MINI_N, "the prefix policy's simulations");
+    for (int i = 0; !rc && i < KVO__MINI_N; i++) {
+        msim *s = &m->sim[i];
+        s->node = kvo__malloc((size_t)m->nodes * sizeof *s->node);
+        if (!s->node) {
+            rc = kvo__error(KVO_ENOMEM, "kvo_store_create: out of memory for the prefix policy's simulations");
+            break;
+        }
+        for (uint32_t j = 0; j < m->nodes; j++) s->node[j].next = j + 1 < m->nodes ? j + 1 : MNIL;
+        s->free = 0;
+        for (int q = 0; q < 3; q++) s->head[q] = s->tail[q] = MNIL;
+    }
+    if (rc) {
+        kvo__mini_destroy(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void kvo__mini_destroy(kvo__mini *m) {
+    if (!m) return;
+    for (int i = 0; i < KVO__MINI_N; i++) kvo__free(m->sim[i].node);
+    kvo__hmap_free(&m->map);
+    kvo__free(m);
+}
+
+static void m_unlink(msim *s, uint32_t x) {
+    mnode *n = &s->node[x];
+    if (n->prev != MNIL) s->node[n->prev].next = n->next; else s->head[n->q] = n->next;
+    if (n->next != MNIL) s->node[n->next].prev = n->prev; else s->tail[n->q] = n->prev;
+    s->n[n->q]--;
+}
+
+static void m_push(msim *s, uint32_t x, uint8_t q) {
+    mnode *n = &s->node[x];
+    n->q = q;
+    n->prev = MNIL;
+    n->next = s->head[q];
+    if (s->head[q] != MNIL) s->node[s->head[q]].prev = x; else s->tail[q] = x;
+    s->head[q] = x;
+    s->n[q]++;
+}
+
+/* Forget node x entirely (a ghost falling off the history). */
+static void m_drop(kvo__mini *m, msim *s, int i, uint32_t x) {
+    m_unlink(s, x);
+    mref *r = kvo__hmap_find(&m->map, s->node[x].key, (uint64_t)i);
+    if (r) kvo__hmap_erase(&m->map, r);
+    s->node[x].next = s->free;
+    s->free = x;
+}
+
+/* Evict one key of simulation i (knob a, in uses) into its ghost history. */
+static void m_evict(kvo__mini *m, msim *s, int i, uint64_t a, uint32_t cap) {
+    uint32_t tp = s->tail[MQ_P], tm = s->tail[MQ_M], v;
+    if (tp == MNIL) v = tm;
+    else if (tm == MNIL) v = tp;
+    else {
+        int32_t d = (int32_t)(s->node[tp].stamp - s->node[tm].stamp); /* > 0: M's oldest is older */
+        v = d > 0 && (uint64_t)d > a ? tm : tp;
+    }
+    m_unlink(s, v);
+    m_push(s, v, MQ_G);
+    while (s->n[MQ_G] > (uint64_t)cap * KVO__MINI_GHOSTS) m_drop(m, s, i, s->tail[MQ_G]);
+}
+
+/* One use of key `mix` in simulation i holding at most cap keys; 1 on a hit. */
+static int m_ref(kvo__mini *m, int i, uint64_t mix, uint32_t cap) {
+    msim *s = &m->sim[i];
+    uint64_t a = kvo__mini_knob8[i] == UINT32_MAX ? UINT64_MAX : (uint64_t)kvo__mini_knob8[i] * cap / 8;
+    s->clock++;
+    bool existed;
+    mref *r = kvo__hmap_insert(&m->map, mix, (uint64_t)i, &existed);
+    uint32_t x;
+    int hit = 0;
+    uint8_t q = MQ_P;
+    if (existed) {
+        x = r->node;
+        hit = s->node[x].q != MQ_G;
+        q = MQ_M; /* used again, or back from the history */
+        m_unlink(s, x);
+    } else {
+        /* the pool holds 5 * cap + 1 nodes: cap held, 4 * cap remembered, this one */
+        assert(s->free != MNIL);
+        x = s->free;
+        s->free = s->node[x].next;
+        s->node[x].key = mix;
+        r->node = x;
+    }
+    if (!hit)
+        while (s->n[MQ_P] + s->n[MQ_M] >= cap) m_evict(m, s, i, a, cap);
+    s->node[x].stamp = s->clock;
+    m_push(s, x, q);
+    return hit;
+}
+
+void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident) {
+    if (mix & m->mask) return;
+    uint64_t c = resident >> m->shift;
+    uint32_t cap = (uint32_t)(c < 8 ? 8 : c > m->nodes / (1 + KVO__MINI_GHOSTS) ? m->nodes / (1 + KVO__MINI_GHOSTS) : c);
+    if (cap != m->decay_cap) {
+        m->decay_cap = cap;
+        m->decay = 1.0 - 1.0 / ((double)cap * KVO__MINI_HL);
+    }
+    uint32_t best = 0;
+    for (int i = 0; i < KVO__MINI_N; i++) {
+        msim *s = &m->sim[i];
+        s->score = s->score * m->decay + m_ref(m, i, mix, cap);
+        if (s->score > m->sim[best].score) best = (uint32_t)i;
+    }
+    if (m->sim[best].score > m->sim[m->best].score * (1 + KVO__MINI_MARGIN)) m->best = best;
+}
+
+uint32_t kvo__mini_best(const kvo__mini *m) { return m->best; }
