@@ -39,8 +39,9 @@ typedef enum kvo_policy_kind {
     KVO_POLICY_LRU = 0,    /* default */
     KVO_POLICY_ARC = 1,
     KVO_POLICY_S3FIFO = 2,
-    KVO_POLICY_PREFIX = 3  /* prefix-aware frequency with ageing (src/store/policy_prefix.c,
-                              docs/replay.md) */
+    KVO_POLICY_PREFIX = 3  /* recency or protection of reused prefixes, chosen online by
+                              miniature simulations (src/store/policy_prefix.c,
+                              docs/replay.md); keeps 4x as many ghosts as entries */
 } kvo_policy_kind;
 
 /** "lru", "arc", "s3fifo", "prefix". */
