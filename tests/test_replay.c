@@ -218,7 +218,7 @@ static const char *mooncake(void) {
 
 /* shared/traces/README.md: LRU 42.35 % at 10k blocks, infinite 64.0 %.  MIN
  * 0.6174 (the issue's 0.6157 broke parent/child ties the wrong way: see
- * replay_min.c); the prefix policy beats LRU by two points (0.4466,
+ * replay_min.c); the prefix policy beats LRU by two points (0.4450,
  * docs/replay.md). */
 KVO_TEST(mooncake_10k_lru_min_infinite_prefix) {
     rows r;
@@ -321,12 +321,9 @@ static const char *write_workload(const char *name, bool chat, uint64_t *distinc
     return path;
 }
 
-/* On both, at 2 % to 50 % of the distinct blocks, the prefix policy stays
- * within a point of LRU at worst, and on docs it wins at small capacities.
- * (On chat, over 20 seeds, the worst point was 0.75 points below LRU, 15 of
- * 20 seeds never below: when a protecting setting leads in the simulations
- * the real store switches to it from a different state and can lose a
- * little; docs/replay.md.) */
+/* On both, at 2 % to 50 % of the distinct blocks, the prefix policy never
+ * hits less than LRU (checked over 40 seeds for chat, 10 for docs:
+ * docs/replay.md), and on docs it wins by 3 points or more at 2 %. */
 static void workload_vs_lru(bool chat) {
     uint64_t distinct;
     const char *path = write_workload(chat ? "chat.jsonl" : "docs.jsonl", chat, &distinct);
@@ -341,16 +338,17 @@ static void workload_vs_lru(bool chat) {
     rows r;
     replay(path, args, &r);
     for (int i = 0; i < 6; i++) {
-        double lru = r.rate[row(&r, "lru", caps[i])], pre = r.rate[row(&r, "prefix", caps[i])];
+        size_t l = row(&r, "lru", caps[i]), p = row(&r, "prefix", caps[i]);
+        double lru = r.rate[l], pre = r.rate[p];
         if (getenv("KVO_TEST_VERBOSE")) printf("%s %llu: lru %.4f prefix %.4f\n", chat ? "chat" : "docs",
                                                (unsigned long long)caps[i], lru, pre);
-        if (pre < lru - 0.02) FAILF("capacity %llu: lru %.4f prefix %.4f", (unsigned long long)caps[i], lru, pre);
+        if (r.hits[p] < r.hits[l]) FAILF("capacity %llu: lru %.4f prefix %.4f", (unsigned long long)caps[i], lru, pre);
         if (!chat && i == 0 && pre < lru + 0.03)
             FAILF("docs at %llu: prefix %.4f, LRU %.4f: protection should win", (unsigned long long)caps[i], pre, lru);
     }
 }
 
-KVO_TEST(chat_workload_prefix_keeps_up_with_lru) { workload_vs_lru(true); }
+KVO_TEST(chat_workload_prefix_never_below_lru) { workload_vs_lru(true); }
 KVO_TEST(docs_workload_prefix_beats_lru) { workload_vs_lru(false); }
 
 /* ------------------------------------------------------ command errors -- */
