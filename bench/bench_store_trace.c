@@ -1,17 +1,10 @@
 /*
  * `bench store` on the Mooncake trace (shared/traces, 512-token blocks):
  *
- * 1. Policy hit rates.  Per request, the prefix-chained ids of its blocks,
- *    replayed through a store of one group with one slot per block: a
- *    request's prefix hits are its leading READY blocks; then every block of
- *    the request is stored (present ones count as used).  The limit is
- *    Belady's MIN at the same capacity on the same reference sequence
- *    (evict, or do not admit, the block whose next use is farthest; optimal
- *    for block hits).  MIN counts a block hit whenever the block is cached;
- *    here only prefix hits count, which MIN's choice favours anyway: a
- *    block's prefix is always used just before it, so it is never the one
- *    used farthest in the future while the block itself is cached.  The
- *    infinite cache's rate is reported beside it.
+ * 1. Policy hit rates, from the replay engine of `kvoffload replay`
+ *    (tools/kvoffload/replay.h: the same trace loader, store replay, exact
+ *    Belady's MIN and infinite cache, docs/replay.md), for every policy at
+ *    10k and 30k blocks; the limit is MIN at the same capacity.
  *
  * 2. vLLM's CPU-manager cycle, per request: look keys up until the first
  *    miss, prepare_load + complete_load + touch the hits, prepare_store the
@@ -36,189 +29,39 @@
 
 #include "bench_store.h"
 #include "cli.h"
+#include "replay.h"
 
+/* The trace (dense block ids, replay.h) and one chunk key per reference. */
 typedef struct bs_trace {
-    uint64_t *ids;
-    size_t *start; /* request r: ids[start[r] .. start[r+1]) */
+    rp_trace rp;
+    const size_t *start; /* request r: keys[start[r] .. start[r+1]) */
     size_t nreq, nids, maxn;
-    kvo_chunk_key *keys; /* per id, built once */
+    kvo_chunk_key *keys;
 } bs_trace;
 
 static void bs_trace_free(bs_trace *t) {
-    free(t->ids);
-    free(t->start);
+    rp_trace_free(&t->rp);
     free(t->keys);
+    t->keys = NULL;
 }
 
 static int bs_trace_load(const char *path, bs_trace *t) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    size_t cap_ids = 1 << 17, cap_req = 1 << 12;
-    t->ids = malloc(cap_ids * sizeof *t->ids);
-    t->start = malloc((cap_req + 1) * sizeof *t->start);
-    t->nreq = t->nids = 0;
-    char *line = NULL;
-    size_t lcap = 0;
-    while (t->ids && t->start && getline(&line, &lcap, f) > 0) {
-        char *p = strstr(line, "\"hash_ids\"");
-        if (!p || !(p = strchr(p, '['))) continue;
-        if (t->nreq + 1 >= cap_req) {
-            cap_req *= 2;
-            size_t *ns = realloc(t->start, (cap_req + 1) * sizeof *ns);
-            if (!ns) break;
-            t->start = ns;
-        }
-        t->start[t->nreq] = t->nids;
-        p++;
-        for (;;) {
-            while (*p == ' ' || *p == ',') p++;
-            if (*p < '0' || *p > '9') break;
-            if (t->nids == cap_ids) {
-                cap_ids *= 2;
-                uint64_t *ni = realloc(t->ids, cap_ids * sizeof *ni);
-                if (!ni) break;
-                t->ids = ni;
-            }
-            t->ids[t->nids++] = strtoull(p, &p, 10);
-        }
-        t->nreq++;
-    }
-    free(line);
-    fclose(f);
-    if (!t->ids || !t->start || t->nreq == 0) return -1;
-    t->start[t->nreq] = t->nids;
+    char err[256];
+    memset(t, 0, sizeof *t);
+    if (rp_trace_load(path, &t->rp, err, sizeof err)) return -1;
+    t->start = t->rp.starts;
+    t->nreq = t->rp.nreq;
+    t->nids = t->rp.nids;
+    t->maxn = t->rp.maxlen;
     t->keys = malloc((t->nids + 1) * sizeof *t->keys);
     if (!t->keys) return -1;
     for (size_t i = 0; i < t->nids; i++) {
-        t->keys[i].hash.lo = kvo__bs_mix(t->ids[i]);
-        t->keys[i].hash.hi = t->ids[i];
+        t->keys[i].hash.lo = kvo__bs_mix(t->rp.ids[i]);
+        t->keys[i].hash.hi = t->rp.ids[i];
         t->keys[i].group = 0;
         t->keys[i].reserved = 0;
     }
-    t->maxn = 0;
-    for (size_t r = 0; r < t->nreq; r++)
-        if (t->start[r + 1] - t->start[r] > t->maxn) t->maxn = t->start[r + 1] - t->start[r];
     return 0;
-}
-
-/* ------------------------------------------------------------ limits -- */
-
-/* Position of each reference's next use (SIZE_MAX: none), by a reverse scan
- * with an open-addressed map id -> last position seen. */
-static size_t *bs_next_use(const bs_trace *t) {
-    uint64_t n = 16;
-    while (n < t->nids * 2) n <<= 1;
-    uint64_t *kid = malloc(n * sizeof *kid);
-    size_t *pos = malloc(n * sizeof *pos), *next = malloc((t->nids + 1) * sizeof *next);
-    if (!kid || !pos || !next) {
-        free(kid);
-        free(pos);
-        free(next);
-        return NULL;
-    }
-    memset(kid, 0xFF, n * sizeof *kid);
-    for (size_t i = t->nids; i-- > 0;) {
-        uint64_t id = t->ids[i], h = kvo__bs_mix(id) & (n - 1);
-        while (kid[h] != UINT64_MAX && kid[h] != id) h = (h + 1) & (n - 1);
-        next[i] = kid[h] == id ? pos[h] : SIZE_MAX;
-        kid[h] = id;
-        pos[h] = i;
-    }
-    free(kid);
-    free(pos);
-    return next;
-}
-
-/* A max-heap of (next use, id slot) for MIN. */
-typedef struct bs_hent {
-    size_t next;
-    uint64_t slot;
-} bs_hent;
-
-static void bs_heap_down(bs_hent *heap, size_t hn, size_t k) {
-    for (;;) {
-        size_t l = 2 * k + 1, m = k;
-        if (l < hn && heap[l].next > heap[m].next) m = l;
-        if (l + 1 < hn && heap[l + 1].next > heap[m].next) m = l + 1;
-        if (m == k) return;
-        bs_hent x = heap[k];
-        heap[k] = heap[m];
-        heap[m] = x;
-        k = m;
-    }
-}
-
-static void bs_heap_pop(bs_hent *heap, size_t *hn) {
-    heap[0] = heap[--*hn];
-    bs_heap_down(heap, *hn, 0);
-}
-
-/* Belady's MIN with bypass at `cap` blocks (cap 0: the infinite cache):
- * the heap holds every cached id's next use, with lazy deletion (cnext[slot]
- * is an id's current next use + 1, 0 when not cached; next-use positions are
- * unique, so a stale entry never matches again).  Returns the prefix hit
- * rate, or -1 when out of memory. */
-static double bs_trace_min(const bs_trace *t, const size_t *next, uint64_t cap) {
-    uint64_t n = 16;
-    while (n < t->nids * 2) n <<= 1;
-    uint64_t *kid = malloc(n * sizeof *kid);
-    size_t *cnext = calloc(n, sizeof *cnext);
-    size_t hcap = 2 * t->nids + 2, hn = 0;
-    bs_hent *heap = malloc(hcap * sizeof *heap);
-    if (!kid || !cnext || !heap) {
-        free(kid);
-        free(cnext);
-        free(heap);
-        return -1;
-    }
-    memset(kid, 0xFF, n * sizeof *kid);
-    uint64_t hits = 0, used = 0;
-    for (size_t r = 0; r < t->nreq; r++) {
-        bool prefix = true;
-        for (size_t i = t->start[r]; i < t->start[r + 1]; i++) {
-            uint64_t id = t->ids[i], h = kvo__bs_mix(id) & (n - 1);
-            while (kid[h] != UINT64_MAX && kid[h] != id) h = (h + 1) & (n - 1);
-            kid[h] = id;
-            bool hit = cnext[h] != 0;
-            prefix = prefix && hit;
-            hits += prefix;
-            if (!cap) {
-                cnext[h] = 1;
-                continue;
-            }
-            size_t nu = next[i] == SIZE_MAX ? SIZE_MAX : next[i] + 1;
-            if (hit && nu == SIZE_MAX) { /* never used again: free its room now */
-                cnext[h] = 0;
-                used--;
-                continue;
-            }
-            if (!hit) {
-                if (nu == SIZE_MAX) continue; /* never used again: bypass */
-                if (used == cap) {
-                    while (hn && cnext[heap[0].slot] != heap[0].next) bs_heap_pop(heap, &hn); /* stale */
-                    if (!hn || heap[0].next < nu) continue; /* this block is used last: bypass */
-                    cnext[heap[0].slot] = 0;
-                    bs_heap_pop(heap, &hn);
-                    used--;
-                }
-                used++;
-            }
-            cnext[h] = nu;
-            size_t k = hn++; /* hn <= hcap: one push per reference */
-            heap[k].next = nu;
-            heap[k].slot = h;
-            while (k && heap[(k - 1) / 2].next < heap[k].next) {
-                bs_hent x = heap[k];
-                heap[k] = heap[(k - 1) / 2];
-                heap[(k - 1) / 2] = x;
-                k = (k - 1) / 2;
-            }
-        }
-    }
-    free(kid);
-    free(cnext);
-    free(heap);
-    return (double)hits / (double)t->nids;
 }
 
 /* ------------------------------------------------- policies on a store -- */
@@ -265,14 +108,13 @@ static int bs_store_all(kvo_store *s, const kvo_chunk_key *keys, size_t n, bs_sc
     return rc;
 }
 
-/* One pass over the trace on a store with policy pol: per request a
- * lookup, then (vllm) prepare_load + complete_load + touch of the prefix
- * hits, then the request stored.  *sec: the thread's CPU seconds; *ops: key
- * operations counted as the Python peer counts them; *hits: prefix hits. */
-static int bs_replay(const bs_trace *t, kvo_policy_kind pol, uint64_t blocks, bool vllm, double *sec, uint64_t *ops,
-                     uint64_t *hits) {
+/* vLLM's cycle over the trace on an LRU store: per request a lookup, then
+ * prepare_load + complete_load + touch of the prefix hits, then the request
+ * stored.  *sec: the thread's CPU seconds; *ops: key operations counted as
+ * the Python peer counts them; *hits: prefix hits. */
+static int bs_vllm_cycle(const bs_trace *t, uint64_t blocks, double *sec, uint64_t *ops, uint64_t *hits) {
     kvo_plan *p = NULL;
-    kvo_store *s = bs_trace_store(pol, blocks, &p);
+    kvo_store *s = bs_trace_store(KVO_POLICY_LRU, blocks, &p);
     bs_scratch x;
     int rc = s ? bs_scratch_init(&x, t->maxn) : KVO_EINVAL;
     *ops = *hits = 0;
@@ -284,7 +126,7 @@ static int bs_replay(const bs_trace *t, kvo_policy_kind pol, uint64_t blocks, bo
         if ((rc = kvo_store_lookup(s, keys, n, x.st))) break;
         size_t h = 0;
         while (h < n && x.st[h] == KVO_READY) h++;
-        if (vllm && h &&
+        if (h &&
             ((rc = kvo_store_prepare_load(s, keys, h, x.sl)) || (rc = kvo_store_complete_load(s, keys, h)) ||
              (rc = kvo_store_touch(s, keys, h))))
             break;
@@ -383,7 +225,7 @@ static int bs_vllm_bench(const kvo_bench_out *o, const bs_trace *t, const char *
     for (int round = 0; round < 4 && !rc; round++) {
         double sec;
         uint64_t ops;
-        if ((rc = bs_replay(t, KVO_POLICY_LRU, blocks, true, &sec, &ops, &hits))) break;
+        if ((rc = bs_vllm_cycle(t, blocks, &sec, &ops, &hits))) break;
         if ((double)ops / sec > best) best = (double)ops / sec;
         if ((rc = bs_vllm_bare(t, entries, &sec, &ops))) break;
         if ((double)ops / sec > bare) bare = (double)ops / sec;
@@ -436,31 +278,24 @@ int kvo__bs_trace_bench(const kvo_bench_out *o, const char *path, bool peer) {
         if (!o->json) printf("  (Mooncake trace not found: pass --trace PATH for the trace figures)\n");
         return 0;
     }
-    size_t *next = bs_next_use(&t);
-    double inf = next ? bs_trace_min(&t, next, 0) : -1;
     static const uint64_t caps[] = {10000, 30000};
-    static const kvo_policy_kind pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO};
-    int rc = next && inf >= 0 ? 0 : KVO_ENOMEM;
+    static const kvo_policy_kind pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_PREFIX};
+    rp_result inf, min, r;
+    rp_replay_infinite(&t.rp, &inf);
+    int rc = 0;
     char name[96];
     for (size_t c = 0; c < 2 && !rc; c++) {
-        double min = bs_trace_min(&t, next, caps[c]);
-        if (min < 0) {
-            rc = KVO_ENOMEM;
-            break;
-        }
+        if ((rc = rp_replay_min(&t.rp, caps[c], &min))) break;
+        double minr = (double)min.hits / (double)min.blocks;
         snprintf(name, sizeof name, "store.trace_prefix_hit_rate_min_%llublocks", (unsigned long long)caps[c]);
-        kvo_bench_report(o, name, 100 * min, "%", "infinite_cache", 100 * inf);
-        for (size_t k = 0; k < 3 && !rc; k++) {
-            double sec;
-            uint64_t ops, hits;
-            if ((rc = bs_replay(&t, pols[k], caps[c], false, &sec, &ops, &hits))) break;
-            double hr = (double)hits / (double)t.nids;
+        kvo_bench_report(o, name, 100 * minr, "%", "infinite_cache", 100.0 * (double)inf.hits / (double)inf.blocks);
+        for (size_t k = 0; k < sizeof pols / sizeof pols[0] && !rc; k++) {
+            if ((rc = rp_replay_store(&t.rp, pols[k], caps[c], &r))) break;
             snprintf(name, sizeof name, "store.trace_prefix_hit_rate_%s_%llublocks", kvo_policy_name(pols[k]),
                      (unsigned long long)caps[c]);
-            kvo_bench_report(o, name, 100 * hr, "%", "belady_min", 100 * min);
+            kvo_bench_report(o, name, 100.0 * (double)r.hits / (double)r.blocks, "%", "belady_min", 100 * minr);
         }
     }
-    free(next);
     if (!rc) rc = bs_vllm_bench(o, &t, used, peer);
     else rc = kvo_cli_fail("bench store", rc);
     bs_trace_free(&t);
