@@ -220,8 +220,10 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
      * prefix, whose reuse signal is a key coming back (policy_prefix.c) */
     s->ghost_cap = p->policy == KVO_POLICY_LRU ? 0 : p->policy == KVO_POLICY_PREFIX ? 4 * s->max_entries : s->max_entries;
     if (s->max_entries + s->ghost_cap >= (UINT64_C(1) << 30)) {
-        rc = kvo__error(KVO_ERANGE, "kvo_store_create: %llu entries is over the 2^30 limit; set max_entries",
-                        (unsigned long long)s->max_entries);
+        rc = kvo__error(KVO_ERANGE,
+                        "kvo_store_create: %llu entries + %llu ghosts (policy %s) is over the 2^30 limit; set "
+                        "max_entries",
+                        (unsigned long long)s->max_entries, (unsigned long long)s->ghost_cap, s->pol->name);
         goto fail;
     }
     s->pool_cap = (uint32_t)(s->max_entries + s->ghost_cap);
