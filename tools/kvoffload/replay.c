@@ -11,6 +11,8 @@
  * blocks, the prefix hits are the leading READY ones; then prepare_store +
  * complete_store of all of them (present blocks count as used), in batches of
  * at most the capacity so that requests longer than the cache still replay.
+ * `--ignore-present` plays vLLM's manager instead: hits touched, present
+ * blocks left alone by the store.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -203,7 +205,7 @@ static int rp_plan(kvo_plan **out) {
     return rc;
 }
 
-int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, rp_result *out) {
+int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, bool ignore_present, rp_result *out) {
     memset(out, 0, sizeof *out);
     kvo_plan *p = NULL;
     kvo_store *s = NULL;
@@ -212,6 +214,7 @@ int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, rp_res
     sp.plan = p;
     sp.capacity_bytes = cap * RP_SLOT;
     sp.policy = pol;
+    sp.ignore_present = ignore_present;
     if (!rc) rc = kvo_store_create(&sp, &s);
     size_t n = t->maxlen ? t->maxlen : 1;
     kvo_chunk_key *keys = malloc(n * sizeof *keys), *todo = malloc(n * sizeof *todo);
@@ -226,6 +229,8 @@ int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, rp_res
         size_t h = 0;
         while (!rc && h < len && st[h] == KVO_READY) h++;
         out->hits += h;
+        /* vLLM touches a load's blocks deepest first: the root ends most recent */
+        for (size_t i = h; !rc && ignore_present && i > 0; i--) rc = kvo_store_touch(s, &keys[i - 1], 1);
         for (size_t b = 0; !rc && b < len; b += cap) {
             size_t nb = len - b < cap ? len - b : (size_t)cap;
             rc = kvo_store_prepare_store(s, keys + b, nb, need, sl, NULL, NULL, 0, NULL);

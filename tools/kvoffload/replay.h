@@ -4,6 +4,7 @@
 #ifndef KVO_REPLAY_H
 #define KVO_REPLAY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,8 +30,11 @@ void rp_trace_free(rp_trace *t);
 /* Replay through a kvo_store of cap blocks with policy pol: per request, its
  * prefix hits are its leading READY blocks (lookup), then all its blocks are
  * stored (present ones count as used), in batches of at most cap blocks.
- * Returns 0 or a KVO_E* code (message in kvo_last_error). */
-int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, rp_result *out);
+ * With ignore_present, vLLM's manager instead: the prefix hits are touched
+ * (its load), and a store leaves present blocks alone
+ * (kvo_store_params.ignore_present).  Returns 0 or a KVO_E* code (message in
+ * kvo_last_error). */
+int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, bool ignore_present, rp_result *out);
 /* Belady's MIN at cap blocks, same batches (replay_min.c). */
 int rp_replay_min(const rp_trace *t, uint64_t cap, rp_result *out);
 /* The infinite cache: a block hits when seen before and its prefix hit. */
