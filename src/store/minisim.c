@@ -44,7 +44,6 @@
 #include "store/store_internal.h"
 
 #define KVO__MINI_CAP 1024u      /* most keys a simulation holds */
-#define KVO__MINI_GHOSTS 4u      /* evicted keys remembered, per key held */
 #define KVO__MINI_HL 16.0        /* score memory, in fills of the simulated cache */
 #define KVO__MINI_MARGIN 0.05    /* leave LRU only for 5 % more hits */
 #define MNIL UINT32_MAX
@@ -95,7 +94,7 @@ int kvo__mini_create(kvo__mini **out, uint64_t max_entries) {
     m->mask = (UINT64_C(1) << m->shift) - 1;
     uint64_t cap = max_entries >> m->shift;
     if (cap < 8) cap = 8;
-    m->nodes = (uint32_t)(cap * (1 + KVO__MINI_GHOSTS) + 1);
+    m->nodes = (uint32_t)(cap * (1 + KVO__PREFIX_GHOSTS) + 1);
     int rc = kvo__hmap_init(&m->map, sizeof(mref), (size_t)m->nodes * KVO__MINI_N, "the prefix policy's simulations");
     for (int i = 0; !rc && i < KVO__MINI_N; i++) {
         msim *s = &m->sim[i];
@@ -160,7 +159,7 @@ static void m_evict(kvo__mini *m, msim *s, int i, uint64_t a, uint32_t cap) {
     }
     m_unlink(s, v);
     m_push(s, v, MQ_G);
-    while (s->n[MQ_G] > (uint64_t)cap * KVO__MINI_GHOSTS) m_drop(m, s, i, s->tail[MQ_G]);
+    while (s->n[MQ_G] > (uint64_t)cap * KVO__PREFIX_GHOSTS) m_drop(m, s, i, s->tail[MQ_G]);
 }
 
 /* One use of key `mix` in simulation i holding at most cap keys; 1 on a hit. */
@@ -196,7 +195,7 @@ static int m_ref(kvo__mini *m, int i, uint64_t mix, uint32_t cap) {
 void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident) {
     if (mix & m->mask) return;
     uint64_t c = resident >> m->shift;
-    uint32_t cap = (uint32_t)(c < 8 ? 8 : c > m->nodes / (1 + KVO__MINI_GHOSTS) ? m->nodes / (1 + KVO__MINI_GHOSTS) : c);
+    uint32_t cap = (uint32_t)(c < 8 ? 8 : c > m->nodes / (1 + KVO__PREFIX_GHOSTS) ? m->nodes / (1 + KVO__PREFIX_GHOSTS) : c);
     if (cap != m->decay_cap) {
         m->decay_cap = cap;
         m->decay = 1.0 - 1.0 / ((double)cap * KVO__MINI_HL);

@@ -169,6 +169,9 @@ extern const kvo__policy_ops kvo__policy_s3fifo;
 extern const kvo__policy_ops kvo__policy_prefix;
 
 /* ------------------------------------------- miniature simulations (minisim.c) -- */
+/* Evicted keys the prefix policy remembers per key the store can hold (the
+ * store's ghost_cap, and the same in its simulations). */
+#define KVO__PREFIX_GHOSTS 4u
 /* The prefix policy's knob settings, in eighths of the cache size
  * (UINT32_MAX: infinite), one simulation each. */
 #define KVO__MINI_N 6
