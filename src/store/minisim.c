@@ -195,7 +195,8 @@ static int m_ref(kvo__mini *m, int i, uint64_t mix, uint32_t cap) {
 void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident) {
     if (mix & m->mask) return;
     uint64_t c = resident >> m->shift;
-    uint32_t cap = (uint32_t)(c < 8 ? 8 : c > m->nodes / (1 + KVO__PREFIX_GHOSTS) ? m->nodes / (1 + KVO__PREFIX_GHOSTS) : c);
+    uint64_t most = m->nodes / (1 + KVO__PREFIX_GHOSTS);
+    uint32_t cap = (uint32_t)(c < 8 ? 8 : c > most ? most : c);
     if (cap != m->decay_cap) {
         m->decay_cap = cap;
         m->decay = 1.0 - 1.0 / ((double)cap * KVO__MINI_HL);

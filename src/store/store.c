@@ -218,7 +218,9 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     if (s->max_entries > slots_total) s->max_entries = slots_total;
     /* ghosts: none for LRU; as many as residents for ARC and S3-FIFO; 4x for
      * prefix, whose reuse signal is a key coming back (policy_prefix.c) */
-    s->ghost_cap = p->policy == KVO_POLICY_LRU ? 0 : p->policy == KVO_POLICY_PREFIX ? KVO__PREFIX_GHOSTS * s->max_entries : s->max_entries;
+    s->ghost_cap = p->policy == KVO_POLICY_LRU      ? 0
+                 : p->policy == KVO_POLICY_PREFIX ? KVO__PREFIX_GHOSTS * s->max_entries
+                                                  : s->max_entries;
     if (s->max_entries + s->ghost_cap >= (UINT64_C(1) << 30)) {
         rc = kvo__error(KVO_ERANGE,
                         "kvo_store_create: %llu entries + %llu ghosts (policy %s) is over the 2^30 limit; set "
