@@ -34,7 +34,7 @@
  * shared-documents traces it gains up to 10 points.  Counted in hits, it is
  * never below LRU at any point of 90-capacity sweeps over five traces, where
  * ARC and S3-FIFO fall 2-7 points below LRU on chat (they do beat this
- * policy by up to 1.5 points on Mooncake above ~16k blocks and by up to 3.5
+ * policy by up to 2.2 points on Mooncake above ~16k blocks and by up to 3.5
  * on shared documents: the price of leaving LRU only for a clear gain).
  * The rest of the gap to Belady's MIN is dead chunks of requests that look
  * like the ones that get reused: no recency or frequency signal separates
