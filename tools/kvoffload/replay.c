@@ -180,7 +180,7 @@ void rp_replay_infinite(const rp_trace *t, rp_result *out) {
     free(seen);
 }
 
-static kvo_chunk_key rp_key(uint32_t id) {
+kvo_chunk_key rp_trace_key(uint32_t id) {
     kvo_chunk_key k;
     memset(&k, 0, sizeof k);
     uint64_t h = ((uint64_t)id + 1) * UINT64_C(0x9E3779B97F4A7C15);
@@ -224,7 +224,7 @@ int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, bool i
     for (size_t r = 0; !rc && r < t->nreq; r++) {
         size_t len = t->starts[r + 1] - t->starts[r];
         if (!len) continue;
-        for (size_t i = 0; i < len; i++) keys[i] = rp_key(t->ids[t->starts[r] + i]);
+        for (size_t i = 0; i < len; i++) keys[i] = rp_trace_key(t->ids[t->starts[r] + i]);
         rc = kvo_store_lookup(s, keys, len, st);
         size_t h = 0;
         while (!rc && h < len && st[h] == KVO_READY) h++;

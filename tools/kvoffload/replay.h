@@ -26,6 +26,9 @@ typedef struct rp_result {
  * skipped).  Returns 0, or -1 with a message (file, line, what) in err. */
 int rp_trace_load(const char *path, rp_trace *t, char *err, size_t errlen);
 void rp_trace_free(rp_trace *t);
+/* The chunk key the replays give dense block id `id` (group 0 of a one-group
+ * plan); bench store times its own calls on the same keys. */
+kvo_chunk_key rp_trace_key(uint32_t id);
 
 /* Replay through a kvo_store of cap blocks with policy pol: per request, its
  * prefix hits are its leading READY blocks (lookup), then all its blocks are
