@@ -153,10 +153,7 @@ static void m_evict(kvo__mini *m, msim *s, int i, uint64_t a, uint32_t cap) {
     uint32_t tp = s->tail[MQ_P], tm = s->tail[MQ_M], v;
     if (tp == MNIL) v = tm;
     else if (tm == MNIL) v = tp;
-    else {
-        int32_t d = (int32_t)(s->node[tp].stamp - s->node[tm].stamp); /* > 0: M's oldest is older */
-        v = d > 0 && (uint64_t)d > a ? tm : tp;
-    }
+    else v = kvo__prefix_take_m(s->node[tp].stamp, s->node[tm].stamp, a) ? tm : tp;
     m_unlink(s, v);
     m_push(s, v, MQ_G);
     while (s->n[MQ_G] > (uint64_t)cap * KVO__PREFIX_GHOSTS) m_drop(m, s, i, s->tail[MQ_G]);
@@ -165,7 +162,7 @@ static void m_evict(kvo__mini *m, msim *s, int i, uint64_t a, uint32_t cap) {
 /* One use of key `mix` in simulation i holding at most cap keys; 1 on a hit. */
 static int m_ref(kvo__mini *m, int i, uint64_t mix, uint32_t cap) {
     msim *s = &m->sim[i];
-    uint64_t a = kvo__mini_knob8[i] == UINT32_MAX ? UINT64_MAX : (uint64_t)kvo__mini_knob8[i] * cap / 8;
+    uint64_t a = kvo__prefix_gap(kvo__mini_knob8[i], cap);
     s->clock++;
     bool existed;
     mref *r = kvo__hmap_insert(&m->map, mix, (uint64_t)i, &existed);

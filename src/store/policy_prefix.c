@@ -51,11 +51,6 @@
 #define PFX_P KVO__Q_T1
 #define PFX_M KVO__Q_T2
 
-static uint64_t pfx_knob(kvo_store *s) {
-    uint32_t k8 = kvo__mini_knob8[kvo__mini_best(s->pfx_mini)];
-    return k8 == UINT32_MAX ? UINT64_MAX : (uint64_t)k8 * s->resident / 8;
-}
-
 /* A use of e (not queued now) by the store: stamp it, queue it in q, and
  * tell the simulations. */
 static void pfx_use_in(kvo_store *s, uint32_t e, uint8_t q) {
@@ -87,8 +82,8 @@ static uint32_t pfx_take(kvo_store *s) {
     if (tp == KVO__NIL) e = tm;
     else if (tm == KVO__NIL) e = tp;
     else {
-        int32_t d = (int32_t)(s->ent[tp].stamp - s->ent[tm].stamp); /* > 0: M's oldest is older */
-        e = d > 0 && (uint64_t)d > pfx_knob(s) ? tm : tp;
+        uint64_t gap = kvo__prefix_gap(kvo__mini_knob8[kvo__mini_best(s->pfx_mini)], s->resident);
+        e = kvo__prefix_take_m(s->ent[tp].stamp, s->ent[tm].stamp, gap) ? tm : tp;
     }
     if (e == KVO__NIL) return e;
     uint8_t q = s->ent[e].q;

@@ -176,6 +176,18 @@ extern const kvo__policy_ops kvo__policy_prefix;
  * (UINT32_MAX: infinite), one simulation each. */
 #define KVO__MINI_N 6
 extern const uint32_t kvo__mini_knob8[KVO__MINI_N];
+/* The prefix policy's rule, one definition for the store and its
+ * simulations.  The knob k8 (eighths of a cache of `size` keys) as an age
+ * gap in uses: */
+static inline uint64_t kvo__prefix_gap(uint32_t k8, uint64_t size) {
+    return k8 == UINT32_MAX ? UINT64_MAX : (uint64_t)k8 * size / 8;
+}
+/* Whether the victim is M's oldest (last used at stamp m) rather than P's
+ * oldest (stamp p): M's is older by more than gap uses. */
+static inline bool kvo__prefix_take_m(uint32_t p, uint32_t m, uint64_t gap) {
+    int32_t d = (int32_t)(p - m);
+    return d > 0 && (uint64_t)d > gap;
+}
 typedef struct kvo__mini kvo__mini;
 /* Simulations for a store of at most max_entries keys: ~1.5 MiB whatever the
  * size.  0 or KVO_ENOMEM (message set). */
