@@ -189,12 +189,10 @@ static void kvo__series_build(kvo__series *o, const kvo__snap *s) {
     C_("loads_total", "Loads issued.", c->loads);
     C_("load_failures_total", "Loads that completed with an error (the engine recomputes).", c->load_failures);
     C_("checksum_failures_total", "Chunks that failed checksum verification on load.", c->checksum_failures);
-    CL_("loaded_tokens_total", "Tokens loaded, by the tier their chunks came from (file: at least one).", "tier",
-        "host", c->tokens_loaded_host);
-    CL_("loaded_tokens_total", "Tokens loaded, by the tier their chunks came from (file: at least one).", "tier",
-        "file", c->tokens_loaded_file);
-    CL_("loaded_tokens_total", "Tokens loaded, by the tier their chunks came from (file: at least one).", "tier",
-        "remote", c->tokens_loaded_remote);
+    const char *lh = "Tokens loaded, by the tier their chunks came from (file: at least one).";
+    CL_("loaded_tokens_total", lh, "tier", "host", c->tokens_loaded_host);
+    CL_("loaded_tokens_total", lh, "tier", "file", c->tokens_loaded_file);
+    CL_("loaded_tokens_total", lh, "tier", "remote", c->tokens_loaded_remote);
     C_("loaded_chunks_total", "Chunks loaded into engine blocks.", c->chunks_loaded);
     C_("loaded_bytes_total", "Bytes loaded into engine blocks.", c->bytes_loaded);
     C_("stored_chunks_total", "Chunks stored from engine blocks.", c->chunks_stored);
