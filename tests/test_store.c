@@ -393,6 +393,72 @@ KVO_TEST(refused_complete_load_keeps_pins) {
     kvo_plan_destroy(p);
 }
 
+/* retire: an unpinned key goes at once; a pinned one is hidden from every
+ * reader at once and goes with its last pin (a key pinned twice by two
+ * readers: the first unpin keeps it, the second drops it). */
+KVO_TEST(retire_hides_pinned_keys_until_the_last_unpin) {
+    static const uint64_t pg[] = {4096};
+    kvo_plan *p = st_plan(1, pg);
+    kvo_store *s = st_store(p, 16 * 4096, KVO_POLICY_LRU);
+    kvo_chunk_key k[4] = {st_key(0, 1), st_key(0, 2), st_key(0, 3), st_key(0, 4)};
+    st_put(s, k, 3);
+    kvo_slot sl[2];
+    kvo_chunk_key two[2] = {k[1], k[1]};
+    ASSERT_OK(kvo_store_prepare_load(s, two, 2, sl)); /* k1 pinned twice */
+    ASSERT_OK(kvo_store_remove(s, &k[3], 1));          /* absent: fine */
+    kvo_chunk_key rt[3] = {k[0], k[1], k[3]};          /* unpinned, pinned, absent */
+    ASSERT_OK(kvo_store_retire(s, rt, 3));
+    ASSERT_EQ_INT(st_state(s, k[0]), KVO_MISS);
+    ASSERT_EQ_INT(st_state(s, k[1]), KVO_MISS); /* hidden while pinned */
+    ASSERT_EQ_INT(st_state(s, k[2]), KVO_READY);
+    kvo_store_entry e;
+    ASSERT_ERR(kvo_store_peek(s, &k[1], &e), KVO_ENOTFOUND);
+    ASSERT_ERR(kvo_store_prepare_load(s, &k[1], 1, sl), KVO_ENOTFOUND);
+    ASSERT_OK(kvo_store_remove(s, &k[1], 1)); /* gone for callers: not EBUSY */
+    uint64_t cur = 0;
+    size_t n = 0;
+    kvo_store_entry all[8];
+    ASSERT_OK(kvo_store_scan(s, &cur, all, 8, &n));
+    ASSERT_EQ_U64(n, 2); /* k1's slot is still held: listed, as MISS */
+    for (size_t i = 0; i < n; i++)
+        ASSERT_EQ_INT(all[i].state, kvo_chunk_key_eq(&all[i].key, &k[1]) ? KVO_MISS : KVO_READY);
+    /* a store of the retired key is skipped (its slot is still read) */
+    uint8_t need = 9;
+    kvo_slot ns;
+    ASSERT_OK(kvo_store_prepare_store(s, &k[1], 1, &need, &ns, NULL, NULL, 0, NULL));
+    ASSERT_EQ_INT(need, 0);
+    st_check(s);
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
+    ASSERT_OK(kvo_store_get_stats(s, &ss));
+    ASSERT_EQ_U64(ss.pinned, 1);
+    ASSERT_OK(kvo_store_complete_load(s, &k[1], 1)); /* one reader left */
+    ASSERT_OK(kvo_store_get_stats(s, &ss));
+    ASSERT_EQ_U64(ss.pinned, 1);
+    ASSERT_EQ_U64(ss.bytes_used, 2 * 4096);
+    st_check(s);
+    ASSERT_OK(kvo_store_complete_load(s, &k[1], 1)); /* the last: dropped */
+    ASSERT_OK(kvo_store_get_stats(s, &ss));
+    ASSERT_EQ_U64(ss.pinned, 0);
+    ASSERT_EQ_U64(ss.bytes_used, 4096);
+    ASSERT_ERR(kvo_store_complete_load(s, &k[1], 1), KVO_ESTATE);
+    /* events: 3 stored, 2 removed (k0 at once, k1 at its last unpin) */
+    kvo_store_event ev[16];
+    size_t ne = kvo_store_drain_events(s, ev, 16, NULL);
+    int cnt[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < ne; i++) cnt[ev[i].type]++;
+    ASSERT_EQ_INT(cnt[KVO_EVENT_STORED], 3);
+    ASSERT_EQ_INT(cnt[KVO_EVENT_REMOVED], 2);
+    /* it can be stored again, fresh */
+    ASSERT_EQ_U64(st_put(s, &k[1], 1), 0);
+    ASSERT_EQ_INT(st_state(s, k[1]), KVO_READY);
+    ASSERT_OK(kvo_store_prepare_load(s, &k[1], 1, sl));
+    ASSERT_OK(kvo_store_complete_load(s, &k[1], 1));
+    ASSERT_ERR(kvo_store_retire(s, NULL, 1), KVO_EINVAL);
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
 KVO_TEST(touch_remove_clear_scan_events) {
     kvo_plan *p;
     kvo_store *s = small4(&p, KVO_POLICY_LRU);

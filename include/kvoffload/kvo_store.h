@@ -155,6 +155,15 @@ KVO_API int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n);
 /** Remove READY unpinned keys (absent ones ignored).  KVO_EBUSY if one is
  *  pinned or pending (nothing removed). */
 KVO_API int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n);
+/** Remove keys whose data is known bad or gone (a file that failed
+ *  verification), even while readers pin them: an unpinned READY key is
+ *  removed now (a REMOVED event); a pinned one is retired, that is hidden at
+ *  once (lookup says MISS, prepare_load and peek KVO_ENOTFOUND, scan lists
+ *  it as MISS while its slot is held, prepare_store reports it present and
+ *  skips it, remove ignores it) and
+ *  removed when its last pin is released.  Absent and PENDING keys are
+ *  ignored.  Errors: KVO_EINVAL (NULL, n 0, bad group); nothing changed. */
+KVO_API int kvo_store_retire(kvo_store *s, const kvo_chunk_key *keys, size_t n);
 /** Remove every READY unpinned entry (REMOVED events); returns how many
  *  remain (pinned/pending).  Work proportional to the entries. */
 KVO_API size_t kvo_store_clear(kvo_store *s);
@@ -163,7 +172,8 @@ KVO_API size_t kvo_store_clear(kvo_store *s);
 typedef struct kvo_store_entry {
     kvo_chunk_key key;
     kvo_slot slot;
-    uint8_t state;     /* kvo_lookup_state */
+    uint8_t state;     /* kvo_lookup_state; MISS: retired, its slot held
+                          until the last unpin (kvo_store_retire) */
     uint32_t pins;
 } kvo_store_entry;
 /** Iterate in chunks: start with *cursor = 0; fills up to cap entries, sets

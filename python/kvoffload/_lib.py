@@ -343,6 +343,7 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_store_complete_load": (c_int, [P, KEYS, c_size_t]),
     "kvo_store_touch": (c_int, [P, KEYS, c_size_t]),
     "kvo_store_remove": (c_int, [P, KEYS, c_size_t]),
+    "kvo_store_retire": (c_int, [P, KEYS, c_size_t]),
     "kvo_store_clear": (c_size_t, [P]),
     "kvo_store_peek": (c_int, [P, KEYS, POINTER(StoreEntry)]),
     "kvo_store_drain_events": (c_size_t, [P, c_void_p, c_size_t, POINTER(c_uint64)]),

@@ -359,6 +359,10 @@ class Store(_Handle):
     def remove(self, keys: np.ndarray) -> None:
         self._batch("kvo_store_remove", keys)
 
+    def retire(self, keys: np.ndarray) -> None:
+        """Remove keys now, or hide pinned ones and drop them at their last unpin."""
+        self._batch("kvo_store_retire", keys)
+
     def clear(self) -> int:
         """Remove every READY unpinned entry; returns how many remain."""
         return lib.kvo_store_clear(self._h)

@@ -83,7 +83,8 @@ static bool kvo__hit_touches(const kvo__req *r, uint64_t mask) {
 }
 
 /* Remove the READY host chunks of the groups in mask (scan in batches; a
- * key removed meanwhile or still pinned is left to its owner). */
+ * key still pinned by a load of the old format is retired: hidden now, gone
+ * when that load ends). */
 static void kvo__drop_host_groups(kvo_connector *c, uint64_t mask) {
     enum { B = 64 };
     kvo_store_entry ents[B];
@@ -93,7 +94,7 @@ static void kvo__drop_host_groups(kvo_connector *c, uint64_t mask) {
         if (kvo_store_scan(c->store, &cursor, ents, B, &n)) break;
         for (size_t i = 0; i < n; i++)
             if (ents[i].state == KVO_READY && ((mask >> ents[i].key.group) & 1))
-                (void)kvo_store_remove(c->store, &ents[i].key, 1);
+                (void)kvo_store_retire(c->store, &ents[i].key, 1);
     } while (cursor);
 }
 

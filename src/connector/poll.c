@@ -114,17 +114,17 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         status = KVO_EIO;
     }
     (void)kvo_store_complete_load(c->store, j->keys, j->n_keys);
-    if (j->epoch != c->epoch) /* pinned through a reset: drop now */
-        (void)kvo_store_remove(c->store, j->keys, j->n_keys);
+    if (j->epoch != c->epoch) /* pinned through a reset: drop now (retired while other loads pin it) */
+        (void)kvo_store_retire(c->store, j->keys, j->n_keys);
     if (status == 0 && c->sums)
         for (size_t i = 0; i < j->n_keys; i++)
             if (c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] != kvo__conn_slot_sum(c, &j->keys[i], j->slots[i])) {
                 /* a corrupt chunk must not be hit again: drop its entry
-                 * (fails with KVO_EBUSY if another load pinned it; that
-                 * load's own check catches it) */
+                 * (retired while another load pins it: hidden from
+                 * lookups now, gone when that load ends) */
                 status = KVO_ECORRUPT;
                 c->st.checksum_failures++;
-                (void)kvo_store_remove(c->store, &j->keys[i], 1);
+                (void)kvo_store_retire(c->store, &j->keys[i], 1);
             }
     if (!r || r->gen != j->gen || r->load_job != j->id) return; /* preempted or aborted */
     kvo__conn_hist_add(&c->load_ns, kvo__now_ns() - j->t0_ns);

@@ -452,6 +452,7 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
         if (e != KVO__NIL) {
             uint8_t es = s->ent[e].state;
             st = es == KVO__E_READY ? KVO_READY : es == KVO__E_PENDING ? KVO_PENDING : KVO_MISS;
+            if (s->ent[e].flags & KVO__F_RETIRED) st = KVO_MISS;
         }
         states[i] = st;
         if (i < s->memo_cap) s->memo[i] = st == KVO_MISS ? KVO__NIL : e;
@@ -471,13 +472,14 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
     return 0;
 }
 
-/* A resident entry as the public kvo_store_entry (peek, scan). */
+/* A resident entry as the public kvo_store_entry (peek, scan); a retired
+ * one says MISS (its slot is held until its last unpin). */
 static void kvo__entry_out(const kvo_store *s, uint32_t e, kvo_store_entry *out) {
     const kvo__entry *x = &s->ent[e];
     out->key = x->key;
     out->slot.offset = x->offset;
     out->slot.bytes = s->group_slot[x->key.group];
-    out->state = x->state == KVO__E_READY ? KVO_READY : KVO_PENDING;
+    out->state = x->flags & KVO__F_RETIRED ? KVO_MISS : x->state == KVO__E_READY ? KVO_READY : KVO_PENDING;
     out->pins = x->pins;
 }
 
@@ -486,7 +488,7 @@ int kvo_store_peek(kvo_store *s, const kvo_chunk_key *key, kvo_store_entry *out)
     if (rc) return rc;
     kvo__store_lock(s);
     uint32_t e = kvo__index_find(s, key);
-    if (e == KVO__NIL || s->ent[e].state == KVO__E_GHOST) {
+    if (e == KVO__NIL || s->ent[e].state == KVO__E_GHOST || (s->ent[e].flags & KVO__F_RETIRED)) {
         kvo__store_unlock(s);
         return kvo__error(KVO_ENOTFOUND, "kvo_store_peek: key of group %u is not stored", key->group);
     }
@@ -502,9 +504,9 @@ int kvo_store_prepare_load(kvo_store *s, const kvo_chunk_key *keys, size_t n, kv
     if (rc) return rc;
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
-        if (e == KVO__NIL) {
-            rc = kvo__error(KVO_ENOTFOUND, "%s: key %zu (group %u) is not stored (evicted or never stored)", fn, i,
-                            keys[i].group);
+        if (e == KVO__NIL || (s->ent[e].flags & KVO__F_RETIRED)) {
+            rc = kvo__error(KVO_ENOTFOUND, "%s: key %zu (group %u) is not stored (evicted, removed or never stored)",
+                            fn, i, keys[i].group);
             goto out;
         }
         if (s->ent[e].state == KVO__E_PENDING) {
@@ -556,10 +558,20 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
             x->flags |= KVO__F_BATCH; /* handle each entry once */
             kvo__busy(s, e, -1);
             s->pinned--;
-            s->pol->reinsert(s, e);
+            if (!(x->flags & KVO__F_RETIRED)) s->pol->reinsert(s, e);
         }
     }
     for (size_t i = 0; i < n && !rc; i++) s->ent[s->sc_ent[i]].flags &= (uint8_t)~KVO__F_BATCH;
+    /* retired entries go with their last pin (after the flag sweep: a key
+     * given twice names its entry twice) */
+    for (size_t i = 0; i < n && !rc; i++) {
+        uint32_t e = s->sc_ent[i];
+        if (s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0 && (s->ent[e].flags & KVO__F_RETIRED)) {
+            s->ent[e].flags &= (uint8_t)~KVO__F_RETIRED;
+            s->removals++;
+            kvo__resident_drop(s, e, KVO_EVENT_REMOVED);
+        }
+    }
     kvo__store_unlock(s);
     return rc;
 }
@@ -587,7 +599,8 @@ int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     if (rc) return rc;
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
-        if (e != KVO__NIL && (s->ent[e].state == KVO__E_PENDING || s->ent[e].pins)) {
+        if (e != KVO__NIL && !(s->ent[e].flags & KVO__F_RETIRED) &&
+            (s->ent[e].state == KVO__E_PENDING || s->ent[e].pins)) {
             rc = kvo__error(KVO_EBUSY, "%s: key %zu (group %u) is %s; nothing removed", fn, i, keys[i].group,
                             s->ent[e].pins ? "pinned by a load" : "being written");
             goto out;
@@ -595,13 +608,31 @@ int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
-        if (e == KVO__NIL || s->ent[e].state != KVO__E_READY) continue; /* absent or a duplicate already gone */
+        /* absent, a duplicate already gone, or retired (gone for callers) */
+        if (e == KVO__NIL || s->ent[e].state != KVO__E_READY || (s->ent[e].flags & KVO__F_RETIRED)) continue;
         s->removals++;
         kvo__resident_drop(s, e, KVO_EVENT_REMOVED);
     }
 out:
     kvo__store_unlock(s);
     return rc;
+}
+
+int kvo_store_retire(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
+    int rc = kvo__batch_begin(s, keys, n, keys, "kvo_store_retire");
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t e = s->sc_ent[i];
+        if (e == KVO__NIL || s->ent[e].state != KVO__E_READY) continue; /* absent, PENDING or gone already */
+        if (s->ent[e].pins) {
+            s->ent[e].flags |= KVO__F_RETIRED; /* complete_load drops it */
+        } else {
+            s->removals++;
+            kvo__resident_drop(s, e, KVO_EVENT_REMOVED);
+        }
+    }
+    kvo__store_unlock(s);
+    return 0;
 }
 
 size_t kvo_store_clear(kvo_store *s) {

@@ -17,7 +17,9 @@ enum { KVO__E_FREE = 0, KVO__E_PENDING = 1, KVO__E_READY = 2, KVO__E_GHOST = 3 }
 enum {
     KVO__F_PROTECT = 1,   /* READY key of the current prepare_store batch: not evictable */
     KVO__F_VICTIM = 2,    /* planned victim of the current prepare_store */
-    KVO__F_BATCH = 4      /* seen in the current batch (duplicate detection) */
+    KVO__F_BATCH = 4,     /* seen in the current batch (duplicate detection) */
+    KVO__F_RETIRED = 8    /* lasting: a pinned READY key kvo_store_retire removed; hidden
+                             (lookups miss, loads ENOTFOUND), dropped at its last unpin */
 };
 /* Policy queue ids (entry.q); 0 = in no queue. */
 enum {

@@ -83,6 +83,8 @@ int kvo__store_check(kvo_store *s) {
         }
         if (x->flags & (KVO__F_BATCH | KVO__F_VICTIM | KVO__F_PROTECT))
             return kvo__error(KVO_ECORRUPT, "check: entry %u keeps call-time flags 0x%x", e, x->flags);
+        if ((x->flags & KVO__F_RETIRED) && (x->state != KVO__E_READY || x->pins == 0))
+            return kvo__error(KVO_ECORRUPT, "check: entry %u retired but not a pinned READY entry", e);
         resident++;
         bytes += s->group_slot[x->key.group];
         if (x->slot == KVO__NIL || s->sl.slot[x->slot].entry != e)

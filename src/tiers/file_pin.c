@@ -9,9 +9,9 @@
  * host chunks whose write-back needs file quota (docs/connector.md), and
  * unpins once its reads are queued (each read holds its own pin).
  *
- * A read that finds its file corrupt drops the key from the index only if
- * no other pin is held; one dropped while a pin is still held stays indexed
- * until the next read of it (which then misses and drops it).
+ * A read that finds its file corrupt or gone retires the key in the index
+ * (kvo_store_retire): lookups miss it at once, and the entry goes with the
+ * last pin, this one or a reader's.
  *
  * Locks: the index's own lock; no file I/O.
  */

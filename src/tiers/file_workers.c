@@ -102,8 +102,10 @@ void kvo__fop_finish(kvo_file_tier *t, kvo__fop *op) {
         kvo_store_complete_store(t->index, &op->key, 1, ok);
         kvo__file_stage_release(t, &op->key);
     } else {
+        /* a bad or missing file leaves the index now, even while other
+         * readers pin it (retired: hidden, dropped at the last unpin) */
+        if (op->result == KVO_ECORRUPT || op->result == KVO_ENOTFOUND) kvo_store_retire(t->index, &op->key, 1);
         kvo_store_complete_load(t->index, &op->key, 1);
-        if (op->result == KVO_ECORRUPT || op->result == KVO_ENOTFOUND) kvo_store_remove(t->index, &op->key, 1);
     }
     pthread_mutex_lock(&t->mu);
     if (op->kind == KVO__FOP_WRITE) {
