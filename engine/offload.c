@@ -158,8 +158,7 @@ static int kvo__h_lookup(void *ctx, kvo_eng_req *r, uint32_t local, uint32_t *hi
     if (!q->added) {
         uint32_t n = 0;
         const uint32_t *toks = kvo_eng_req_tokens(r, &n);
-        kvo_request_desc d;
-        memset(&d, 0, sizeof d);
+        kvo_request_desc d = KVO_REQUEST_DESC_INIT;
         d.id = id;
         d.tokens = toks;
         d.n_tokens = kvo_eng_req_prompt_len(r);

@@ -27,7 +27,7 @@ static inline void cr_add(sim *s, sim_req *r, uint64_t id, const uint32_t *tok, 
                           const kvo_request_desc *d0) {
     sim_req_init(r, id);
     sim_req_tokens(r, tok, n);
-    kvo_request_desc d = d0 ? *d0 : (kvo_request_desc){0};
+    kvo_request_desc d = d0 ? *d0 : (kvo_request_desc)KVO_REQUEST_DESC_INIT;
     d.id = id;
     d.tokens = tok;
     d.n_tokens = n;

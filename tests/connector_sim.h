@@ -350,7 +350,7 @@ static inline void sim_store_prompt(sim *s, uint64_t id, const uint32_t *tok, si
     sim_req r;
     sim_req_init(&r, id);
     sim_req_tokens(&r, tok, n);
-    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
+    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = id, .tokens = tok, .n_tokens = n}));
     sim_compute(s, &r, n);
     kvo_block_table tb[SIM_MAXG];
     sim_tables(s, &r, tb);

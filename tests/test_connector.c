@@ -142,7 +142,7 @@ static uint64_t run_conversation(sim *s, uint64_t id0, const conv_opts *o) {
         sim_req r;
         sim_req_init(&r, id0 + (uint64_t)turn);
         sim_req_tokens(&r, seq, n_seq);
-        kvo_request_desc d = {0};
+        kvo_request_desc d = KVO_REQUEST_DESC_INIT;
         d.id = r.id;
         d.tokens = seq;
         d.n_tokens = n_seq;
@@ -237,7 +237,7 @@ KVO_TEST(noncacheable_group_blocks_hits_by_default) {
      * the same arena would hit; here just check the reason */
     uint32_t tok[600];
     for (int i = 0; i < 600; i++) tok[i] = (uint32_t)i;
-    kvo_request_desc d = {.id = 99, .tokens = tok, .n_tokens = 600};
+    kvo_request_desc d = {.struct_size = sizeof(kvo_request_desc), .id = 99, .tokens = tok, .n_tokens = 600};
     ASSERT_OK(kvo_connector_add_request(s.c, &d));
     kvo_lookup_result lr;
     ASSERT_OK(kvo_connector_lookup(s.c, 99, 0, &lr));
@@ -336,7 +336,7 @@ static void fill_tokens(uint32_t *t, size_t n, uint32_t salt) {
 static void prefill(sim *s, sim_req *r, uint64_t id, const uint32_t *tok, size_t n, bool poll_stores) {
     sim_req_init(r, id);
     sim_req_tokens(r, tok, n);
-    kvo_request_desc d = {.id = id, .tokens = tok, .n_tokens = n};
+    kvo_request_desc d = {.struct_size = sizeof(kvo_request_desc), .id = id, .tokens = tok, .n_tokens = n};
     ASSERT_OK(kvo_connector_add_request(s->c, &d));
     sim_compute(s, r, n);
     do_update(s, r);
@@ -361,7 +361,7 @@ KVO_TEST(pending_means_ask_again_later) {
     prefill(&s, &a, 1, tok, 400, false); /* stores submitted, results not polled */
     sim_req_init(&b, 2);
     sim_req_tokens(&b, tok, 400);
-    kvo_request_desc d = {.id = 2, .tokens = tok, .n_tokens = 400};
+    kvo_request_desc d = {.struct_size = sizeof(kvo_request_desc), .id = 2, .tokens = tok, .n_tokens = 400};
     ASSERT_OK(kvo_connector_add_request(s.c, &d));
     kvo_lookup_result lr;
     ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
@@ -397,7 +397,7 @@ KVO_TEST(pending_means_ask_again_later) {
 static void lookup_and_load(sim *s, sim_req *r, uint64_t id, const uint32_t *tok, size_t n, uint64_t *b_out) {
     sim_req_init(r, id);
     sim_req_tokens(r, tok, n);
-    kvo_request_desc d = {.id = id, .tokens = tok, .n_tokens = n};
+    kvo_request_desc d = {.struct_size = sizeof(kvo_request_desc), .id = id, .tokens = tok, .n_tokens = n};
     ASSERT_OK(kvo_connector_add_request(s->c, &d));
     kvo_lookup_result lr;
     ASSERT_OK(kvo_connector_lookup(s->c, id, 0, &lr));
@@ -597,7 +597,7 @@ KVO_TEST(local_prefix_loads_only_the_rest) {
      * 0x77; L = 48 is mid-chunk for the full group (32-token chunks) */
     sim_req_init(&b, 2);
     sim_req_tokens(&b, tok, 400);
-    kvo_request_desc d = {.id = 2, .tokens = tok, .n_tokens = 400};
+    kvo_request_desc d = {.struct_size = sizeof(kvo_request_desc), .id = 2, .tokens = tok, .n_tokens = 400};
     ASSERT_OK(kvo_connector_add_request(s.c, &d));
     uint64_t L = 48;
     for (size_t g = 0; g < 2; g++) {
@@ -674,7 +674,7 @@ KVO_TEST(unit_hash_mode_and_salts) {
     sim_req a;
     sim_req_init(&a, 1);
     sim_req_tokens(&a, tok, 400);
-    kvo_request_desc d = {.id = 1, .unit_hashes = units, .n_units = 25, .prompt_tokens = 400};
+    kvo_request_desc d = {.struct_size = sizeof(kvo_request_desc), .id = 1, .unit_hashes = units, .n_units = 25, .prompt_tokens = 400};
     ASSERT_OK(kvo_connector_add_request(s.c, &d));
     sim_compute(&s, &a, 400);
     do_update(&s, &a);
@@ -683,18 +683,18 @@ KVO_TEST(unit_hash_mode_and_salts) {
     ASSERT_OK(kvo_connector_abort(s.c, 1));
     sim_req_free(&s, &a);
     kvo_lookup_result lr;
-    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 2, .unit_hashes = units, .n_units = 25,
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 2, .unit_hashes = units, .n_units = 25,
                                                                    .prompt_tokens = 401}));
     ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
     ASSERT_EQ_U64(lr.tokens, 384);
     /* another tenant salt: no hit */
-    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 3, .unit_hashes = units, .n_units = 25,
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 3, .unit_hashes = units, .n_units = 25,
                                                                    .prompt_tokens = 401, .cache_salt = "t2",
                                                                    .cache_salt_len = 2}));
     ASSERT_OK(kvo_connector_lookup(s.c, 3, 0, &lr));
     ASSERT_EQ_U64(lr.tokens, 0);
     /* token mode with the same tokens does not collide with hash mode */
-    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 4, .tokens = tok, .n_tokens = 400}));
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 4, .tokens = tok, .n_tokens = 400}));
     ASSERT_OK(kvo_connector_lookup(s.c, 4, 0, &lr));
     ASSERT_EQ_U64(lr.tokens, 0);
     ASSERT_ERR(kvo_connector_append_unit_hashes(s.c, 2, units, 1, 500), KVO_EINVAL);
@@ -717,18 +717,18 @@ KVO_TEST(bad_input_fails_one_request_only) {
     ASSERT_ERR(kvo_connector_finish(s.c, 5, 0, NULL, 0, &busy), KVO_ENOTFOUND);
     ASSERT_ERR(kvo_connector_preempt(s.c, 5), KVO_ENOTFOUND);
     ASSERT_ERR(kvo_connector_abort(s.c, 5), KVO_ENOTFOUND);
-    ASSERT_ERR(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 1}), KVO_EINVAL);
-    ASSERT_ERR(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 1, .tokens = tok, .n_tokens = 0}),
+    ASSERT_ERR(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 1}), KVO_EINVAL);
+    ASSERT_ERR(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 1, .tokens = tok, .n_tokens = 0}),
                KVO_EINVAL);
     ASSERT_ERR(kvo_connector_add_request(
-                   s.c, &(kvo_request_desc){.id = 1, .unit_hashes = (kvo_u128[1]){{1, 2}}, .n_units = 1,
+                   s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 1, .unit_hashes = (kvo_u128[1]){{1, 2}}, .n_units = 1,
                                             .prompt_tokens = 40}),
                KVO_EINVAL);
     /* a healthy request next to a misbehaving one */
     sim_req good, bad;
     prefill(&s, &good, 10, tok, 200, true);
-    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 11, .tokens = tok, .n_tokens = 200}));
-    ASSERT_ERR(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 11, .tokens = tok, .n_tokens = 200}),
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 11, .tokens = tok, .n_tokens = 200}));
+    ASSERT_ERR(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 11, .tokens = tok, .n_tokens = 200}),
                KVO_EEXIST);
     sim_req_init(&bad, 11);
     sim_req_tokens(&bad, tok, 200);
@@ -790,7 +790,7 @@ KVO_TEST(huge_token_count_fails_cleanly) {
     sim_init(&s, two_group_plan(), NULL, 512);
     uint32_t tok[40];
     fill_tokens(tok, 40, 3);
-    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 1, .tokens = tok, .n_tokens = 40}));
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 1, .tokens = tok, .n_tokens = 40}));
     ASSERT_ERR(kvo_connector_append_tokens(s.c, 1, tok, SIZE_MAX), KVO_ENOMEM);
     ASSERT_ERR(kvo_connector_append_tokens(s.c, 1, tok, SIZE_MAX / 2), KVO_ENOMEM);
     kvo_request_stats rs = KVO_REQUEST_STATS_INIT;
@@ -825,7 +825,7 @@ KVO_TEST(allocation_failures_are_clean) {
         sim_req_tokens(&a, tok, 400);
         sim_req_init(&b, 2);
         sim_req_tokens(&b, tok, 400);
-        if (ok_or_nomem(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 1, .tokens = tok, .n_tokens = 400}))) {
+        if (ok_or_nomem(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 1, .tokens = tok, .n_tokens = 400}))) {
             sim_compute(&s, &a, 400);
             kvo_block_table t[SIM_MAXG];
             sim_tables(&s, &a, t);
@@ -837,7 +837,7 @@ KVO_TEST(allocation_failures_are_clean) {
         }
         sim_drain(&s);
         bool loaded = false;
-        if (ok_or_nomem(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 2, .tokens = tok, .n_tokens = 400}))) {
+        if (ok_or_nomem(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 2, .tokens = tok, .n_tokens = 400}))) {
             kvo_lookup_result lr;
             if (ok_or_nomem(kvo_connector_lookup(s.c, 2, 0, &lr)) && lr.status == KVO_HIT) {
                 alloc_for_load(&s, &b, 0, lr.tokens);
@@ -955,7 +955,7 @@ KVO_TEST(create_errors) {
     ASSERT_EQ_U64(kvo_connector_step(c), 16);
     /* no layout: loads and updates are refused */
     uint32_t tok[64] = {0};
-    ASSERT_OK(kvo_connector_add_request(c, &(kvo_request_desc){.id = 1, .tokens = tok, .n_tokens = 64}));
+    ASSERT_OK(kvo_connector_add_request(c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 1, .tokens = tok, .n_tokens = 64}));
     uint64_t blk[4] = {0, 1, 2, 3};
     kvo_block_table t[2] = {{blk, 4}, {blk, 4}};
     ASSERT_ERR(kvo_connector_update(c, 1, 64, t, 2), KVO_ESTATE);
@@ -987,7 +987,7 @@ static void *thr_main(void *arg) {
         sim_req r;
         sim_req_init(&r, id);
         sim_req_tokens(&r, tok, 320);
-        if (kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = 320})) abort();
+        if (kvo_connector_add_request(s->c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = id, .tokens = tok, .n_tokens = 320})) abort();
         kvo_lookup_result lr;
         do {
             if (kvo_connector_lookup(s->c, id, 0, &lr)) abort();
@@ -1107,7 +1107,7 @@ KVO_TEST(stores_skip_rather_than_evict_pinned) {
     /* pin the hit (15 chunks), then store another 37 chunks */
     sim_req_init(&b, 2);
     sim_req_tokens(&b, tok, 400);
-    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 2, .tokens = tok, .n_tokens = 400}));
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 2, .tokens = tok, .n_tokens = 400}));
     kvo_lookup_result lr;
     ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
     ASSERT_EQ_U64(lr.tokens, 384);
@@ -1160,7 +1160,7 @@ KVO_TEST(checkpoint_interval_serves_divergent_prompts) {
         ASSERT_OK(kvo_connector_finish(s.c, 1, 800, t, 2, &busy));
         if (busy) (void)sim_wait_completion(&s, 1, KVO_COMPLETION_RELEASED);
         sim_req_free(&s, &a);
-        ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 2, .tokens = tok2, .n_tokens = 600}));
+        ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 2, .tokens = tok2, .n_tokens = 600}));
         kvo_lookup_result lr;
         ASSERT_OK(kvo_connector_lookup(s.c, 2, 0, &lr));
         ASSERT_EQ_U64(lr.tokens, with_interval ? 384 : 0);

@@ -64,7 +64,7 @@ static void store_prompt(sim *s, kvo_file_tier *t, uint64_t id, const uint32_t *
 static kvo_lookup_result add_lookup(sim *s, sim_req *r, uint64_t id, const uint32_t *tok, size_t n) {
     sim_req_init(r, id);
     sim_req_tokens(r, tok, n);
-    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
+    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = id, .tokens = tok, .n_tokens = n}));
     kvo_lookup_result lr;
     ASSERT_OK(kvo_connector_lookup(s->c, id, 0, &lr));
     return lr;

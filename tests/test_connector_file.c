@@ -65,7 +65,7 @@ static kvo_completion load_prompt(sim *s, sim_req *r, uint64_t id, const uint32_
                                   kvo_lookup_result *res) {
     sim_req_init(r, id);
     sim_req_tokens(r, tok, n);
-    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
+    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = id, .tokens = tok, .n_tokens = n}));
     ASSERT_OK(kvo_connector_lookup(s->c, id, 0, res));
     ASSERT_EQ_INT(res->status, KVO_HIT);
     uint64_t b = res->tokens;
@@ -238,7 +238,7 @@ KVO_TEST(preempt_while_file_reads_run) {
     for (int round = 0; round < 5; round++) {
         kvo_store_clear(kvo_connector_store(f.s.c));
         uint64_t id = 10 + (uint64_t)round;
-        ASSERT_OK(kvo_connector_add_request(f.s.c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = 400}));
+        ASSERT_OK(kvo_connector_add_request(f.s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = id, .tokens = tok, .n_tokens = 400}));
         kvo_lookup_result lr;
         ASSERT_OK(kvo_connector_lookup(f.s.c, id, 0, &lr));
         ASSERT_EQ_INT(lr.status, KVO_HIT);
@@ -484,7 +484,7 @@ KVO_TEST(writeback_skips_corrupt_host_chunks) {
     ASSERT_EQ_U64(st.checksum_failures, na);
     ASSERT_GT_U64(st.file_writebacks, 0);
     for (size_t i = 0; i < na; i++) ASSERT_EQ_INT(file_state(f.t, &a[i]), KVO_MISS);
-    ASSERT_OK(kvo_connector_add_request(f.s.c, &(kvo_request_desc){.id = 99, .tokens = tok[0], .n_tokens = 400}));
+    ASSERT_OK(kvo_connector_add_request(f.s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 99, .tokens = tok[0], .n_tokens = 400}));
     kvo_lookup_result lr;
     ASSERT_OK(kvo_connector_lookup(f.s.c, 99, 0, &lr));
     ASSERT_EQ_INT(lr.status, KVO_HIT_NONE);

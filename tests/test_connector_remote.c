@@ -89,7 +89,7 @@ static bool try_load(sim *s, uint64_t id, const uint32_t *tok, size_t n, kvo_loo
     sim_req r;
     sim_req_init(&r, id);
     sim_req_tokens(&r, tok, n);
-    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
+    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = id, .tokens = tok, .n_tokens = n}));
     (void)lookup_settled(s, id, lr, remote_pending);
     bool hit = lr->status == KVO_HIT;
     if (hit) {
@@ -196,7 +196,7 @@ KVO_TEST(loads_byte_exact) {
     /* budget 0: the first lookup answers the local result at once */
     sim c;
     make_conn(&c, p, t, 0);
-    ASSERT_OK(kvo_connector_add_request(c.c, &(kvo_request_desc){.id = 4, .tokens = tok, .n_tokens = 400}));
+    ASSERT_OK(kvo_connector_add_request(c.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 4, .tokens = tok, .n_tokens = 400}));
     ASSERT_OK(kvo_connector_lookup(c.c, 4, 0, &lr));
     ASSERT_TRUE(lr.status != KVO_HIT_PENDING);
     ASSERT_GT_U64(cstats(&c).remote_budget_expired, 0);

@@ -175,7 +175,7 @@ KVO_TEST(max_load_and_max_hit_tokens_cap_the_hit) {
         sim s;
         sim_init(&s, plan_one(), &cp, 64);
         (void)cr_run(&s, 1, tok, 256, 64, NULL);
-        kvo_request_desc d = {0};
+        kvo_request_desc d = KVO_REQUEST_DESC_INIT;
         if (!which) d.max_load_tokens = 100;
         kvo_lookup_result lr = cr_run(&s, 2, tok, 256, 64, &d);
         ASSERT_EQ_U64(lr.tokens, which ? 70 : 100);
@@ -200,7 +200,7 @@ KVO_TEST(max_offload_tokens_and_prompt_only_limit_stores) {
     sim_init(&s, plan_one(), NULL, 128);
     uint32_t tok[256];
     cr_tokens(tok, 256, 16);
-    kvo_request_desc d = {0};
+    kvo_request_desc d = KVO_REQUEST_DESC_INIT;
     d.max_offload_tokens = 100;
     sim_req r;
     cr_add(&s, &r, 1, tok, 256, &d);

@@ -267,7 +267,7 @@ static void paths_case(uint64_t page, int batch, kvo_cuda_stats *st) {
 }
 
 static void t_paths(void) {
-    kvo_cuda_stats st;
+    kvo_cuda_stats st = KVO_CUDA_STATS_INIT;
     paths_case(4096, -1, &st);
     ASSERT_GE_U64(st.kernel_launches, 2);
     ASSERT_EQ_U64(st.kernel_pieces, 32);
@@ -304,7 +304,7 @@ static void t_errors(void) {
     ASSERT_EQ_INT(run_job(e.t, KVO_XFER_STORE, &op, 1), 0);
     ASSERT_OK(kvo_cuda_unpin_host(e.cu, hostbuf));
     ASSERT_ERR(kvo_cuda_unpin_host(e.cu, hostbuf), KVO_ENOTFOUND);
-    kvo_cuda_stats st;
+    kvo_cuda_stats st = KVO_CUDA_STATS_INIT;
     ASSERT_OK(kvo_cuda_get_stats(e.cu, &st));
     ASSERT_EQ_U64(st.errors, 1);
     /* A second context for the same device is refused. */
@@ -362,6 +362,28 @@ static void t_ordering(void) {
 #endif
 
 /* Device tests: skipped (exit 77) without CUDA or without a device. */
+/* The struct_size convention (kvo_common.h) on the CUDA structs: checked
+ * before any device is touched, so it runs on machines without a GPU. */
+KVO_TEST(struct_size_checked_without_a_device) {
+#if KVO_HAVE_CUDA
+    kvo_cuda_params cp = kvo_cuda_default_params();
+    ASSERT_EQ_U64(cp.struct_size, sizeof cp);
+    cp.struct_size = 0;
+    kvo_cuda *cu = NULL;
+    ASSERT_ERR(kvo_cuda_create(&cp, &cu), KVO_EINVAL);
+    ASSERT_CONTAINS(kvo_last_error(), "kvo_cuda_default_params");
+    ASSERT_NULL(cu);
+    kvo_cuda_stats st = KVO_CUDA_STATS_INIT;
+    ASSERT_EQ_U64(st.struct_size, sizeof st);
+    ASSERT_ERR(kvo_cuda_get_stats(NULL, &st), KVO_EINVAL);
+    st.struct_size = 0;
+    ASSERT_ERR(kvo_cuda_get_stats(NULL, &st), KVO_EINVAL);
+    ASSERT_CONTAINS(kvo_last_error(), "KVO_CUDA_STATS_INIT");
+#else
+    SKIP("built without CUDA");
+#endif
+}
+
 KVO_TEST(roundtrip_every_preset_byte_exact) {
     need_device();
 #if KVO_HAVE_CUDA

@@ -34,7 +34,7 @@ static void store_and_load(sim *s, const uint32_t *tok, size_t n, int loads) {
     sim_req a;
     sim_req_init(&a, 1);
     sim_req_tokens(&a, tok, n);
-    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = 1, .tokens = tok, .n_tokens = n}));
+    ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 1, .tokens = tok, .n_tokens = n}));
     sim_compute(s, &a, n);
     do_update(s, &a);
     sim_drain(s);
@@ -45,7 +45,7 @@ static void store_and_load(sim *s, const uint32_t *tok, size_t n, int loads) {
         uint64_t id = 2 + (uint64_t)k;
         sim_req_init(&b, id);
         sim_req_tokens(&b, tok, n);
-        ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.id = id, .tokens = tok, .n_tokens = n}));
+        ASSERT_OK(kvo_connector_add_request(s->c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = id, .tokens = tok, .n_tokens = n}));
         kvo_lookup_result lr;
         ASSERT_OK(kvo_connector_lookup(s->c, id, 0, &lr));
         ASSERT_EQ_INT(lr.status, KVO_HIT);

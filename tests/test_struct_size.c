@@ -75,6 +75,30 @@ KVO_TEST(create_refuses_a_struct_without_it) {
     kvo_plan_destroy(plan);
 }
 
+/* kvo_request_desc: the initialiser sets it; 0, or a size short of the
+ * first layout, is refused naming the initialiser. */
+KVO_TEST(request_desc_follows_it) {
+    kvo_request_desc d0 = KVO_REQUEST_DESC_INIT;
+    ASSERT_EQ_U64(d0.struct_size, sizeof d0);
+    kvo_plan *plan = tiny_plan();
+    kvo_connector_params cp = kvo_connector_default_params();
+    cp.plan = plan;
+    cp.host_bytes = 4u << 20;
+    kvo_connector *c = NULL;
+    ASSERT_OK(kvo_connector_create(&cp, &c));
+    uint32_t tok[64];
+    for (int i = 0; i < 64; i++) tok[i] = (uint32_t)i;
+    kvo_request_desc d = {.id = 1, .tokens = tok, .n_tokens = 64}; /* struct_size 0 */
+    ASSERT_ERR(kvo_connector_add_request(c, &d), KVO_EINVAL);
+    ASSERT_CONTAINS(kvo_last_error(), "KVO_REQUEST_DESC_INIT");
+    d.struct_size = offsetof(kvo_request_desc, offload_prompt_only); /* short of the first layout */
+    ASSERT_ERR(kvo_connector_add_request(c, &d), KVO_EINVAL);
+    d.struct_size = sizeof d;
+    ASSERT_OK(kvo_connector_add_request(c, &d));
+    kvo_connector_destroy(c);
+    kvo_plan_destroy(plan);
+}
+
 /* A params struct exactly as long as the first layout works. */
 KVO_TEST(create_accepts_the_full_struct) {
     kvo_plan *plan = tiny_plan();
@@ -119,7 +143,7 @@ KVO_TEST(get_stats_checks_and_fills_only_struct_size_bytes) {
     ASSERT_EQ_U64(big.newer_field, UINT64_C(0xCDCDCDCDCDCDCDCD));
     ASSERT_EQ_U64(big.st.struct_size, sizeof big);
     /* request stats: the same check */
-    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.id = 7, .tokens = (uint32_t[]){1, 2, 3}, .n_tokens = 3}));
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 7, .tokens = (uint32_t[]){1, 2, 3}, .n_tokens = 3}));
     kvo_request_stats rs;
     memset(&rs, 0, sizeof rs);
     ASSERT_ERR(kvo_connector_request_stats(s.c, 7, &rs), KVO_EINVAL);

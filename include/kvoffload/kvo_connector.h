@@ -350,6 +350,7 @@ KVO_API kvo_arena *kvo_connector_arena(kvo_connector *c);
 /* -------------------------------------------------------------- requests -- */
 
 typedef struct kvo_request_desc {
+    size_t struct_size;             /* sizeof(kvo_request_desc): KVO_REQUEST_DESC_INIT sets it */
     uint64_t id;                    /* engine's request id; unique while live */
     /* Either the prompt's token ids ... */
     const uint32_t *tokens;         /* copied (only partial-unit tail kept) */
@@ -378,10 +379,17 @@ typedef struct kvo_request_desc {
     uint64_t max_offload_tokens;
     bool offload_prompt_only;
 } kvo_request_desc;
+/** Initialiser (the struct_size convention, kvo_common.h): every field past
+ *  struct_size zero.  kvo_request_desc d = KVO_REQUEST_DESC_INIT; or, in one
+ *  expression, (kvo_request_desc){.struct_size = sizeof(kvo_request_desc),
+ *  .id = ..., .tokens = ..., .n_tokens = ...}. */
+#define KVO_REQUEST_DESC_INIT {sizeof(kvo_request_desc)}
 
-/** Register a request.  Errors: KVO_EINVAL (NULL, both or neither of tokens /
- *  unit_hashes, empty prompt, inconsistent prompt_tokens), KVO_EEXIST (id
- *  live), KVO_ENOSPC (max_requests live), KVO_ENOMEM. */
+/** Register a request.  d and what it points to are read during the call
+ *  only (copied).  Errors: KVO_EINVAL (NULL, struct_size not set by
+ *  KVO_REQUEST_DESC_INIT, both or neither of tokens / unit_hashes, empty
+ *  prompt, inconsistent prompt_tokens), KVO_EEXIST (id live), KVO_ENOSPC
+ *  (max_requests live), KVO_ENOMEM. */
 KVO_API int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d);
 
 /** Drop everything cached, e.g. after a weight update made every stored KV

@@ -46,6 +46,7 @@ extern "C" {
 #endif
 
 typedef struct kvo_cuda_params {
+    size_t struct_size;         /* sizeof(kvo_cuda_params): kvo_cuda_default_params sets it */
     int device_index;           /* CUDA device ordinal; default 0 */
     void *compute_stream;       /* cudaStream_t the engine computes on, or NULL (default) */
     uint64_t kernel_max_bytes;  /* pieces up to this size may be copied by the gather/scatter
@@ -71,7 +72,8 @@ KVO_API int kvo_cuda_device_count(int *count);
 
 /** Create the context of one device: its two streams (non-blocking), the
  *  check for batched copies.  *out is owned by the caller
- *  (kvo_cuda_destroy).  Errors: KVO_EINVAL (NULL, bad params), KVO_ENOTSUP
+ *  (kvo_cuda_destroy).  Errors: KVO_EINVAL (NULL, bad params, struct_size
+ *  not set by kvo_cuda_default_params), KVO_ENOTSUP
  *  (no such device, or batch = 1 without batched copies), KVO_EEXIST (a
  *  context for that index exists already), KVO_ENOMEM, KVO_EIO (a CUDA call
  *  failed; the message names it). */
@@ -109,6 +111,7 @@ KVO_API int kvo_cuda_unpin_host(kvo_cuda *cu, void *ptr);
 KVO_API int kvo_cuda_unpin_arena(kvo_cuda *cu, kvo_arena *arena);
 
 typedef struct kvo_cuda_stats {
+    size_t struct_size;        /* sizeof(kvo_cuda_stats): KVO_CUDA_STATS_INIT sets it */
     uint64_t units;            /* work units completed (one event each) */
     uint64_t memcpy_calls;     /* cudaMemcpyAsync calls */
     uint64_t batch_calls;      /* cudaMemcpyBatchAsync calls */
@@ -118,8 +121,12 @@ typedef struct kvo_cuda_stats {
     uint64_t errors;           /* units that failed */
     bool batch_available;      /* the runtime and driver have cudaMemcpyBatchAsync */
 } kvo_cuda_stats;
+/** Initialiser (the struct_size convention, kvo_common.h):
+ *  kvo_cuda_stats st = KVO_CUDA_STATS_INIT; */
+#define KVO_CUDA_STATS_INIT {sizeof(kvo_cuda_stats)}
 
-/** Counters since creation (relaxed snapshot).  Errors: KVO_EINVAL. */
+/** Counters since creation (relaxed snapshot), up to out's struct_size.
+ *  Errors: KVO_EINVAL (NULL, struct_size not set by KVO_CUDA_STATS_INIT). */
 KVO_API int kvo_cuda_get_stats(kvo_cuda *cu, kvo_cuda_stats *out);
 
 #ifdef __cplusplus

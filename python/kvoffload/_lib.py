@@ -246,7 +246,7 @@ class ConnectorParams(ctypes.Structure):
 
 
 class RequestDesc(ctypes.Structure):
-    _fields_ = [("id", c_uint64), ("tokens", POINTER(c_uint32)), ("n_tokens", c_size_t),
+    _fields_ = [("struct_size", c_size_t), ("id", c_uint64), ("tokens", POINTER(c_uint32)), ("n_tokens", c_size_t),
                 ("unit_hashes", POINTER(U128)), ("n_units", c_size_t), ("prompt_tokens", c_uint64),
                 ("cache_salt", c_void_p), ("cache_salt_len", c_size_t), ("extra", c_void_p),
                 ("extra_len", c_size_t), ("max_load_tokens", c_uint64), ("max_offload_tokens", c_uint64),

@@ -602,6 +602,7 @@ class Connector(_Handle):
     def add_request(self, req_id: int, tokens: Sequence[int], cache_salt: bytes = b"") -> None:
         toks = np.ascontiguousarray(tokens, dtype="<u4")
         d = L.RequestDesc()
+        d.struct_size = ctypes.sizeof(d)
         d.id, d.n_tokens = req_id, len(toks)
         d.tokens = ctypes.cast(toks.ctypes.data, ctypes.POINTER(ctypes.c_uint32))
         d.cache_salt, d.cache_salt_len = (cache_salt or None), len(cache_salt)

@@ -46,6 +46,7 @@ int kvo__cuda_error(cudaError_t e, const char *what) {
 kvo_cuda_params kvo_cuda_default_params(void) {
     kvo_cuda_params p;
     memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
     p.device_index = 0;
     p.compute_stream = NULL;
     p.kernel_max_bytes = 16384;
@@ -133,6 +134,8 @@ static int kvo__cuda_new(const kvo_cuda_params *p, kvo_cuda **out) {
 
 int kvo_cuda_create(const kvo_cuda_params *p, kvo_cuda **out) {
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_cuda_create: params and out must not be NULL");
+    kvo_cuda_params p_in_;
+    KVO__PARAMS_IN(p, kvo_cuda_params, p_in_, kvo_cuda_default_params, require_pinned, "kvo_cuda_create");
     kvo_cuda *cu;
     int rc = kvo__cuda_new(p, &cu);
     if (rc) return rc;
@@ -299,8 +302,9 @@ int kvo_cuda_unpin_arena(kvo_cuda *cu, kvo_arena *arena) {
     return kvo_cuda_unpin_host(cu, kvo_arena_base(arena));
 }
 
-int kvo_cuda_get_stats(kvo_cuda *cu, kvo_cuda_stats *out) {
-    if (!cu || !out) return kvo__error(KVO_EINVAL, "kvo_cuda_get_stats: cu and out must not be NULL");
+/* A whole snapshot of cu's counters into out. */
+static int kvo__cuda_stats_fill(kvo_cuda *cu, kvo_cuda_stats *out) {
+    if (!cu) return kvo__error(KVO_EINVAL, "kvo_cuda_get_stats: cu must not be NULL");
 #define KVO__LD(f) out->f = __atomic_load_n(&cu->st.f, __ATOMIC_RELAXED)
     KVO__LD(units);
     KVO__LD(memcpy_calls);
@@ -312,4 +316,10 @@ int kvo_cuda_get_stats(kvo_cuda *cu, kvo_cuda_stats *out) {
 #undef KVO__LD
     out->batch_available = cu->st.batch_available;
     return 0;
+}
+
+int kvo_cuda_get_stats(kvo_cuda *cu, kvo_cuda_stats *out) {
+    kvo_cuda_stats full = KVO_CUDA_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_cuda_get_stats", kvo_cuda_stats, batch_available, "KVO_CUDA_STATS_INIT", out, full,
+                   kvo__cuda_stats_fill(cu, &full));
 }
