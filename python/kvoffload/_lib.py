@@ -253,6 +253,14 @@ class RequestDesc(ctypes.Structure):
                 ("offload_prompt_only", c_bool)]
 
 
+class CudaParams(ctypes.Structure):
+    """kvo_cuda_params (kvo_cuda.h; the functions are bound where used: the
+    CUDA device is in the library only when built with it)."""
+    _fields_ = [("struct_size", c_size_t), ("device_index", ctypes.c_int), ("compute_stream", c_void_p),
+                ("kernel_max_bytes", c_uint64), ("kernel_min_pieces", c_uint32), ("batch", ctypes.c_int),
+                ("require_pinned", c_bool)]
+
+
 class LookupResultC(ctypes.Structure):
     _fields_ = [("status", c_int), ("tokens", c_uint64), ("tokens_if_pending", c_uint64),
                 ("local_tokens", c_uint64), ("tokens_host", c_uint64), ("tokens_file", c_uint64),

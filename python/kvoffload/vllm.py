@@ -437,12 +437,6 @@ class KvoffloadOffloadingManager(OffloadingManager):
 
 # ------------------------------------------------------------------ worker --
 
-class _CudaParams(ctypes.Structure):
-    _fields_ = [("device_index", ctypes.c_int), ("compute_stream", ctypes.c_void_p),
-                ("kernel_max_bytes", ctypes.c_uint64), ("kernel_min_pieces", ctypes.c_uint32),
-                ("batch", ctypes.c_int), ("require_pinned", ctypes.c_bool)]
-
-
 def _cuda_pin(arena: SharedArena, device_index: int) -> int:
     """A kvo_cuda for the device with the arena pinned (CUDA tensors).  Only
     when the library has the CUDA device (kvoffload_cuda) linked in."""
@@ -450,8 +444,8 @@ def _cuda_pin(arena: SharedArena, device_index: int) -> int:
     if not hasattr(lib, "kvo_cuda_create"):
         raise L.KvoError(L.KVO_ENOTSUP, f"{L.LIBRARY_PATH} has no CUDA device (kvoffload_cuda): the KV cache is on "
                          "the GPU; build the library with -DKVO_CUDA=ON", "KvoffloadOffloadingWorker")
-    lib.kvo_cuda_default_params.restype = _CudaParams
-    lib.kvo_cuda_create.argtypes = [ctypes.POINTER(_CudaParams), ctypes.POINTER(ctypes.c_void_p)]
+    lib.kvo_cuda_default_params.restype = L.CudaParams
+    lib.kvo_cuda_create.argtypes = [ctypes.POINTER(L.CudaParams), ctypes.POINTER(ctypes.c_void_p)]
     lib.kvo_cuda_pin_arena.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     p = lib.kvo_cuda_default_params()
     p.device_index = device_index

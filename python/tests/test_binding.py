@@ -47,7 +47,7 @@ def test_struct_sizes_match_c():
              "kvo_transfer_stats": L.TransferStats, "kvo_connector_params": L.ConnectorParams,
              "kvo_request_desc": L.RequestDesc, "kvo_lookup_result": L.LookupResultC,
              "kvo_completion": L.Completion, "kvo_connector_stats": L.ConnectorStats,
-             "kvo_request_stats": L.RequestStats}
+             "kvo_request_stats": L.RequestStats, "kvo_cuda_params": L.CudaParams}
     seen = 0
     for line in out.splitlines():
         name, size = line.split()
