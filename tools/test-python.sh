@@ -4,7 +4,9 @@
 #   tools/test-python.sh --vllm   also the vLLM tests (venv with vllm==0.33.0)
 # Environment: KVO_PY_VENV (default build/py-venv), KVO_VLLM_VENV (default
 # build/vllm-venv; an existing venv with vllm 0.33.0 is used as is),
-# KVO_LIBRARY (a prebuilt library; else build/libkvoffload.so).
+# KVO_LIBRARY (a prebuilt library; else build/libkvoffload.so),
+# KVO_TEST_REDIS (a cluster's host:port; else one is started on
+# KVO_TEST_REDIS_PORT, default 7100, when redis-server exists; KVO_NO_REDIS=1: none).
 # Extra arguments go to pytest.  "No tests collected" (pytest exit 5) fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +43,16 @@ run_pytest() {  # python, args...
   if [ $rc -eq 5 ]; then echo "test-python: no tests were collected (pytest exit 5)" >&2; return 1; fi
   return $rc
 }
+
+# -- the remote tier's tests need a Redis Cluster: a throw-away one on loopback
+# for this run (as tools/test.sh does) unless KVO_TEST_REDIS names one or
+# KVO_NO_REDIS=1 (then those tests skip)
+if [ -z "${KVO_TEST_REDIS:-}" ] && [ "${KVO_NO_REDIS:-0}" != 1 ] && command -v redis-server >/dev/null; then
+  rdir=$(mktemp -d "${TMPDIR:-/tmp}/kvo-py-redis.XXXXXX")
+  trap 'tools/redis-cluster.sh stop "$rdir" >/dev/null 2>&1 || true' EXIT INT TERM
+  KVO_TEST_REDIS=$(tools/redis-cluster.sh start "$rdir" "${KVO_TEST_REDIS_PORT:-7100}")
+  export KVO_TEST_REDIS
+fi
 
 venv=${KVO_PY_VENV:-build/py-venv}
 [ "${venv:0:1}" = / ] || venv="$root/$venv"

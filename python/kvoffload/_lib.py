@@ -204,6 +204,30 @@ class FileCompletion(ctypes.Structure):
                 ("bytes", c_uint64), ("latency_ns", c_uint64)]
 
 
+class RemoteTierParams(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("url", c_char_p), ("user", c_char_p), ("password", c_char_p),
+                ("plan", c_void_p), ("layout_hash", c_uint64), ("key_prefix", c_char_p), ("ttl_s", c_uint32),
+                ("io_threads", c_uint32), ("conns_per_node", c_uint32), ("batch_max", c_uint32),
+                ("batch_max_bytes", c_uint64), ("max_pending_writes", c_uint32), ("max_pending_reads", c_uint32),
+                ("max_staging_bytes", c_uint64), ("connect_timeout_ms", c_uint32), ("io_timeout_ms", c_uint32),
+                ("down_backoff_ms", c_uint32), ("max_redirects", c_uint32), ("write_completions", c_bool)]
+
+
+_REMOTE_STATS = ["puts", "put_bytes", "gets", "get_bytes", "get_misses", "exists_hits", "exists_misses",
+                 "put_skipped", "dropped_backpressure", "dropped_io", "read_errors", "refused_reads",
+                 "corrupt_deleted", "moved", "asked", "slot_refreshes", "node_failures", "batches", "nodes",
+                 "nodes_down", "pending_writes", "pending_reads", "staging_bytes"]
+
+
+class RemoteTierStats(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _REMOTE_STATS]
+
+
+class RemoteCompletion(ctypes.Structure):
+    _fields_ = [("user_data", c_uint64), ("key", ChunkKey), ("op", c_uint32), ("result", c_int),
+                ("bytes", c_uint64), ("latency_ns", c_uint64)]
+
+
 class TransferParams(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t)] + [("plan", c_void_p), ("threads", c_uint32), ("max_queued_jobs", c_uint32), ("nontemporal", c_int),
                 ("device", c_char_p), ("device_index", c_int)]
@@ -380,6 +404,18 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_file_tier_touch": (c_int, [P, KEYS, c_size_t]),
     "kvo_file_tier_remove": (c_int, [P, KEYS, c_size_t]),
     "kvo_file_tier_get_stats": (c_int, [P, POINTER(FileTierStats)]),
+    # remote tier (Redis Cluster; without hiredis create says KVO_ENOTSUP)
+    "kvo_remote_tier_default_params": (RemoteTierParams, []),
+    "kvo_remote_tier_create": (c_int, [POINTER(RemoteTierParams), POINTER(P)]),
+    "kvo_remote_tier_destroy": (None, [P]),
+    "kvo_remote_tier_put": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
+    "kvo_remote_tier_get": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
+    "kvo_remote_tier_exists": (c_int, [P, KEYS, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
+    "kvo_remote_tier_poll": (c_int, [P, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "kvo_remote_tier_wait": (c_int, [P, c_int64]),
+    "kvo_remote_tier_flush": (c_int, [P, c_int64]),
+    "kvo_remote_tier_key_name": (c_int, [P, KEYS, c_char_p, c_size_t]),
+    "kvo_remote_tier_get_stats": (c_int, [P, POINTER(RemoteTierStats)]),
     # transfer
     "kvo_transfer_default_params": (TransferParams, []),
     "kvo_transfer_create": (c_int, [POINTER(TransferParams), POINTER(P)]),

@@ -509,6 +509,108 @@ class FileTier(_Handle):
         return _struct_dict(s)
 
 
+# ------------------------------------------------------------- remote tier --
+
+class RemoteTier(_Handle):
+    """A chunk cache shared by engines in a Redis Cluster (kvo_remote_tier).
+
+    url: redis://[user:pass@]host:port[,host:port...] (seed nodes).  Values
+    are verified on every get (a corrupt or foreign value is a miss).  put,
+    get and exists queue and return per-key results at once (0 queued); get
+    and exists each give one completion (poll).  Raises KvoError with
+    KVO_ENOTSUP when the library was built without hiredis."""
+
+    _destroy = "kvo_remote_tier_destroy"
+
+    def __init__(self, url: str, plan: Plan, key_prefix: str = "kvo", layout_hash: int = 0, ttl_s: int = 0,
+                 io_threads: int = 0, user: Optional[str] = None, password: Optional[str] = None,
+                 io_timeout_ms: int = 0, max_pending_reads: int = 0, max_pending_writes: int = 0) -> None:
+        p = lib.kvo_remote_tier_default_params()
+        # keep the strings alive: the library copies them at create
+        self._s = [url.encode(), key_prefix.encode(), user.encode() if user else None,
+                   password.encode() if password else None]
+        p.url, p.key_prefix, p.user, p.password = self._s
+        p.plan, p.layout_hash, p.ttl_s = plan._h, layout_hash, ttl_s
+        if io_threads:
+            p.io_threads = io_threads
+        if io_timeout_ms:
+            p.io_timeout_ms = io_timeout_ms
+        if max_pending_reads:
+            p.max_pending_reads = max_pending_reads
+        if max_pending_writes:
+            p.max_pending_writes = max_pending_writes
+        h = c_void_p()
+        check(lib.kvo_remote_tier_create(byref(p), byref(h)), "kvo_remote_tier_create")
+        self._h: Optional[int] = h.value
+        self._s = []
+        self.plan = plan
+
+    def put(self, keys: np.ndarray, srcs: Sequence[int]) -> np.ndarray:
+        """Queue stores of the chunks at addresses srcs[i] (copied before
+        this returns); per-key results (0, KVO_EEXIST, KVO_EAGAIN...)."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        ptrs = np.asarray(srcs, dtype=np.uintp)
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_remote_tier_put(self._h, _ptr(keys), _ptr(ptrs), n, None, _ptr(res), None),
+              "kvo_remote_tier_put")
+        return res
+
+    def get(self, keys: np.ndarray, dsts: Sequence[int], user_data: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Queue loads into addresses dsts[i] (room for chunk_bytes, kept
+        untouched until the completion); per-key results."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        ptrs = np.asarray(dsts, dtype=np.uintp)
+        ud = np.asarray(user_data if user_data is not None else np.zeros(n), dtype="<u8")
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_remote_tier_get(self._h, _ptr(keys), _ptr(ptrs), n, _ptr(ud), _ptr(res), None),
+              "kvo_remote_tier_get")
+        return res
+
+    def exists(self, keys: np.ndarray, user_data: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Queue presence queries; per-key results; completions say 0
+        (present), KVO_ENOTFOUND or KVO_EIO."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        ud = np.asarray(user_data if user_data is not None else np.zeros(n), dtype="<u8")
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_remote_tier_exists(self._h, _ptr(keys), n, _ptr(ud), _ptr(res), None),
+              "kvo_remote_tier_exists")
+        return res
+
+    def poll(self, cap: int = 256) -> list[dict[str, Any]]:
+        buf = (L.RemoteCompletion * cap)()
+        n = ctypes.c_size_t(0)
+        check(lib.kvo_remote_tier_poll(self._h, buf, cap, byref(n)), "kvo_remote_tier_poll")
+        return [{"user_data": c.user_data, "group": c.key.group, "op": c.op, "result": c.result,
+                 "bytes": c.bytes} for c in buf[:n.value]]
+
+    def wait(self, timeout_ms: int = -1) -> int:
+        rc = lib.kvo_remote_tier_wait(self._h, _ns(timeout_ms))
+        if rc not in (0, L.KVO_ETIMEDOUT, L.KVO_ENOTFOUND):
+            check(rc, "kvo_remote_tier_wait")
+        return rc
+
+    def flush(self, timeout_ms: int = -1) -> int:
+        """Wait until no put is queued or running: 0 or KVO_ETIMEDOUT."""
+        rc = lib.kvo_remote_tier_flush(self._h, _ns(timeout_ms))
+        if rc not in (0, L.KVO_ETIMEDOUT):
+            check(rc, "kvo_remote_tier_flush")
+        return rc
+
+    def key_name(self, key: np.ndarray) -> str:
+        keys = _as_keys(key)
+        out = ctypes.create_string_buffer(256)
+        check(lib.kvo_remote_tier_key_name(self._h, _ptr(keys), out, 256), "kvo_remote_tier_key_name")
+        return out.value.decode()
+
+    def stats(self) -> dict[str, Any]:
+        s = _stats(L.RemoteTierStats)
+        check(lib.kvo_remote_tier_get_stats(self._h, byref(s)), "kvo_remote_tier_get_stats")
+        return _struct_dict(s)
+
+
 # ---------------------------------------------------------------- transfer --
 
 STORE, LOAD = 0, 1

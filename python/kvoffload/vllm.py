@@ -12,6 +12,7 @@ Use with vLLM's OffloadingConnector:
             "eviction_policy": "lru",           # lru | arc | s3fifo
             "kvo_file_root": "/var/cache/kvo",  # optional file tier
             "kvo_file_bytes": 100 << 30,
+            "kvo_redis_url": "redis://10.0.0.5:7000,10.0.0.6:7000",  # optional
         }}
 
 Scheduler side: KvoffloadOffloadingManager, an OffloadingManager whose index,
@@ -35,11 +36,29 @@ File tier (optional, kvo_file_root + kvo_file_bytes): the manager writes a
 chunk to files when its store completes ("write_through", default) or when
 the host tier evicts it ("write_back"); a host miss that the file tier holds
 is read back into a host slot (lookup answers HIT_PENDING until it lands).
+
+Remote tier (optional, kvo_redis_url; a Redis Cluster shared by a fleet):
+every chunk whose store completes is put to the cluster (write-through; the
+put copies the slot at once).  A key that neither the host nor the file tier
+holds is asked for with EXISTS: lookup answers RETRY (vLLM keeps scanning
+and asks again next step) until the answer lands; then a present key is read
+into a host slot (HIT_PENDING until it lands, then HIT) and an absent one is
+a MISS.  Answers are remembered for kvo_redis_answer_ttl_ms (default 2000).
+Values are verified on every read (a corrupt one is a miss).  Keys are
+namespaced by kvo_redis_prefix (default "kvo"), the plan's fingerprint and
+a layout hash of the parallel configuration (world size, bytes per block),
+so engines whose slots are laid out differently never share a value.
+Other keys: kvo_redis_ttl_s (values expire; 0: the server's LRU),
+kvo_redis_io_threads.  The password comes from the URL or from
+KVO_REDIS_PASSWORD (never from the config, which vLLM logs).
 """
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import re
+import time
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Optional
 
@@ -52,10 +71,11 @@ from vllm.v1.kv_offload.base import (CanonicalKVCaches, GPULoadStoreSpec, LoadSt
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 from . import _lib as L
-from .core import KEY_DTYPE, LOAD, MISS, PENDING, READY, STORE, FileTier, Model, Plan, Store, Transfer
+from .core import KEY_DTYPE, LOAD, MISS, PENDING, READY, STORE, FileTier, Model, Plan, RemoteTier, Store, Transfer
 from .shm import SharedArena
 
-_HIT, _MISS, _PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING
+_HIT, _MISS, _PENDING, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING, LookupResult.RETRY
+_OP_GET, _OP_EXISTS = 2, 3  # kvo_remote_op_kind
 _STATE_TO_RESULT = {READY: _HIT, PENDING: _PENDING}
 
 
@@ -107,6 +127,18 @@ def build_plan(config: OffloadingConfig) -> Plan:
     return Plan(model, blocks_per_chunk=config.cache.blocks_per_chunk, dtype=config.model.dtype or None)
 
 
+def layout_hash(config: OffloadingConfig) -> int:
+    """A 64-bit hash of how a slot's bytes are laid out beyond the plan's
+    fingerprint: the world size (each rank writes its own part of a slot)
+    and the bytes per block per rank.  Tiers shared by engines (remote, or
+    files with kvo_file_shared) are namespaced by it, so engines with other
+    parallel layouts never read each other's values."""
+    per_group = config.extra_config.get("kvo_group_bytes_per_block")
+    text = repr(("kvo-vllm-slot-layout/1", max(1, config.parallel.world_size), config.worker_kv_bytes_per_block,
+                 [int(x) for x in per_group] if per_group else None))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
+
+
 def arena_name(config: OffloadingConfig) -> str:
     n = config.extra_config.get("kvo_arena_name") or f"{config.engine_id}-dp{config.parallel.data_parallel_index}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", str(n))[:200]
@@ -120,7 +152,8 @@ class KvoffloadOffloadingManager(OffloadingManager):
     def __init__(self, plan: Plan, capacity_bytes: int, group_ids: Sequence[int], policy: str = "lru",
                  enable_events: bool = False, arena: Optional[SharedArena] = None,
                  file_tier: Optional[FileTier] = None, file_mode: str = "write_through",
-                 store_threshold: int = 0) -> None:
+                 store_threshold: int = 0, remote_tier: Optional[RemoteTier] = None,
+                 remote_answer_ttl_ms: int = 2000) -> None:
         self.plan = plan
         self.capacity_bytes = capacity_bytes
         self.policy = policy
@@ -132,6 +165,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self.file_tier = file_tier
         if file_tier is not None and arena is None:
             raise L.KvoError(L.KVO_EINVAL, "a file tier needs the shared arena (the chunk bytes)", "manager")
+        self.remote_tier = remote_tier
+        if remote_tier is not None and arena is None:
+            raise L.KvoError(L.KVO_EINVAL, "a remote tier needs the shared arena (the chunk bytes)", "manager")
+        self.remote_answer_ttl_s = max(0, remote_answer_ttl_ms) / 1000.0
         if file_mode not in ("write_through", "write_back"):
             raise L.KvoError(L.KVO_EINVAL, f"kvo_file_mode '{file_mode}': use write_through or write_back",
                              "manager")
@@ -148,6 +185,13 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._names: dict[bytes, OffloadKey] = {}     # kvo key bytes -> OffloadKey (stored/pending)
         self._pending: dict[bytes, int] = {}          # with a file tier: kvo key bytes -> slot offset
         self._promoting: dict[int, tuple[bytes, OffloadKey]] = {}  # file reads into host slots
+        self._fetching: dict[int, tuple[bytes, OffloadKey]] = {}   # remote gets into host slots
+        self._asking: dict[int, bytes] = {}                         # remote EXISTS in flight
+        self._asked: set[bytes] = set()                             # ... their keys
+        # remote answers: kvo key bytes -> (present, expiry); oldest first,
+        # bounded (an entry is only a hint: a wrong one costs a RETRY or a miss)
+        self._answers: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
+        self._answers_max = 1 << 16
         self._next_ud = 1
 
     def _new_store(self) -> Store:
@@ -212,9 +256,13 @@ class KvoffloadOffloadingManager(OffloadingManager):
         r = _STATE_TO_RESULT.get(st.value)
         if r is not None:
             return r
-        if self.file_tier is None:
+        if self.file_tier is not None:
+            r = self._promote(ck, key)
+            if r is not _MISS or self.remote_tier is None:
+                return r
+        if self.remote_tier is None:
             return _MISS
-        return self._promote(ck, key)
+        return self._remote_lookup(ck, key)
 
     def prefix_hits(self, keys: Sequence[OffloadKey]) -> int:
         """Batched form of the per-key lookup loop vLLM runs for a request's
@@ -255,6 +303,93 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._promoting[ud] = (ck, key)
         self._names[ck] = key
         return _PENDING
+
+    def _reserve_slot(self, ck: bytes, key: OffloadKey) -> Optional[int]:
+        """A PENDING host entry for a chunk about to be read from a lower
+        tier: its slot offset, -1 when the key is present already (PENDING or
+        READY), None when no room."""
+        keys = np.frombuffer(ck, dtype=KEY_DTYPE).copy()
+        try:
+            need, slots, ev, evs = self.store.prepare_store(keys)
+        except L.KvoError:
+            return None
+        self._on_evicted(ev.ctypes.data, evs.ctypes.data, len(ev))
+        if not need[0]:
+            return -1
+        return int(slots[0]["offset"])
+
+    def _remote_lookup(self, ck: bytes, key: OffloadKey) -> LookupResult:
+        """Host and file miss with a remote tier: ask the cluster (RETRY
+        until the answer lands), then read a present chunk into a host slot
+        (HIT_PENDING until it lands)."""
+        rt = self.remote_tier
+        assert rt is not None and self.arena is not None
+        if self._asking or self._fetching:
+            self._poll_remote()
+        now = time.monotonic()
+        ans = self._answers.get(ck)
+        if ans is not None and ans[1] < now:
+            del self._answers[ck]
+            ans = None
+        keys = np.frombuffer(ck, dtype=KEY_DTYPE).copy()
+        if ans is None:
+            if ck in self._asked:
+                return _RETRY
+            ud = self._next_ud
+            self._next_ud += 1
+            if rt.exists(keys, [ud])[0] != 0:  # too many in flight: no answer this time
+                return _MISS
+            self._asking[ud] = ck
+            self._asked.add(ck)
+            return _RETRY
+        if not ans[0]:
+            return _MISS
+        off = self._reserve_slot(ck, key)
+        if off is None:
+            return _MISS
+        if off < 0:
+            return _PENDING
+        ud = self._next_ud
+        self._next_ud += 1
+        if rt.get(keys, [self.arena.base + off], [ud])[0] != 0:
+            self.store.complete_store(keys, ok=False)
+            return _MISS
+        del self._answers[ck]  # the read's outcome decides from here
+        self._fetching[ud] = (ck, key)
+        self._names[ck] = key
+        return _PENDING
+
+    def _remember(self, ck: bytes, present: bool) -> None:
+        a = self._answers
+        a[ck] = (present, time.monotonic() + self.remote_answer_ttl_s)
+        a.move_to_end(ck)
+        while len(a) > self._answers_max:
+            a.popitem(last=False)
+
+    def _poll_remote(self) -> None:
+        if self.remote_tier is None or not (self._asking or self._fetching):
+            return
+        for c in self.remote_tier.poll():
+            ud = c["user_data"]
+            if c["op"] == _OP_EXISTS:
+                ck = self._asking.pop(ud, None)
+                if ck is not None:
+                    self._asked.discard(ck)
+                    self._remember(ck, c["result"] == 0)
+                continue
+            item = self._fetching.pop(ud, None) if c["op"] == _OP_GET else None
+            if item is None:
+                continue
+            ck, _key = item
+            ok = c["result"] == 0
+            self.store.complete_store(np.frombuffer(ck, dtype=KEY_DTYPE).copy(), ok=ok)
+            if not ok:
+                self._names.pop(ck, None)
+                self._remember(ck, False)
+
+    def _poll_tiers(self) -> None:
+        self._poll_file()
+        self._poll_remote()
 
     def _poll_file(self) -> None:
         if self.file_tier is None or not self._promoting:
@@ -348,7 +483,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
             for i in idx:
                 names[buf[24 * i:24 * i + 24]] = keys[i]
         spec = self._spec(buf, n, idx)
-        if self.file_tier is not None:
+        if self.file_tier is not None or self.remote_tier is not None:
             for j, i in enumerate(range(n) if idx is None else idx):
                 self._pending[buf[24 * i:24 * i + 24]] = int(spec.offsets[j])
         if evicted and self.events is not None:
@@ -382,12 +517,15 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if not success:
             for r in recs:
                 self._names.pop(r, None)
-        if self.file_tier is not None:
+        if self.file_tier is not None or self.remote_tier is not None:
             offs = [self._pending.pop(r, 0) for r in recs]
-            if success and self.file_mode == "write_through":
-                assert self.arena is not None
-                self.file_tier.write(np.frombuffer(buf, dtype=KEY_DTYPE).copy(),
-                                     [self.arena.base + o for o in offs])
+            if success and self.arena is not None:
+                ckeys = np.frombuffer(buf, dtype=KEY_DTYPE).copy()
+                srcs = [self.arena.base + o for o in offs]
+                if self.file_tier is not None and self.file_mode == "write_through":
+                    self.file_tier.write(ckeys, srcs)
+                if self.remote_tier is not None:
+                    self.remote_tier.put(ckeys, srcs)  # copied before it returns
         if self.events is not None:
             self.events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=not success,
                                                metadata_only=not success))
@@ -399,18 +537,22 @@ class KvoffloadOffloadingManager(OffloadingManager):
         yield from events
 
     def on_schedule_end(self, context: Any) -> None:
-        self._poll_file()
+        self._poll_tiers()
 
     def has_pending_work(self) -> bool:
-        self._poll_file()
-        return bool(self._promoting)
+        self._poll_tiers()
+        return bool(self._promoting or self._fetching or self._asking)
 
     def reset_cache(self) -> None:
-        # file reads still landing in host slots must finish before the
-        # slots can be handed out again
+        # file and remote reads still landing in host slots must finish
+        # before the slots can be handed out again
         while self._promoting and self.file_tier is not None:
             self.file_tier.wait(1000)
             self._poll_file()
+        while (self._fetching or self._asking) and self.remote_tier is not None:
+            self.remote_tier.wait(1000)
+            self._poll_remote()
+        self._answers.clear()
         old = self.store
         self.store = self._new_store()
         old.close()
@@ -422,6 +564,8 @@ class KvoffloadOffloadingManager(OffloadingManager):
         d = {"host": self.store.stats()}
         if self.file_tier is not None:
             d["file"] = self.file_tier.stats()
+        if self.remote_tier is not None:
+            d["remote"] = self.remote_tier.stats()
         return d
 
     def shutdown(self) -> None:
@@ -429,6 +573,14 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self.file_tier.flush(-1)
             self.file_tier.close()
             self.file_tier = None
+        if self.remote_tier is not None:
+            # destroy sends the queued puts (bounded by the I/O timeout) and
+            # cancels gets before the arena goes
+            self.remote_tier.close()
+            self.remote_tier = None
+            self._fetching.clear()
+            self._asking.clear()
+            self._asked.clear()
         self.store.close()
         if self.arena is not None:
             self.arena.close()
@@ -629,14 +781,35 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                 arena = self._arena()
             file_tier = None
             root = extra.get("kvo_file_root")
+            shared = bool(extra.get("kvo_file_shared", False))
             if root:
                 file_tier = FileTier(str(root), self.plan, _int(extra, "kvo_file_bytes", 0),
-                                     policy=self.policy, shared=bool(extra.get("kvo_file_shared", False)))
+                                     policy=self.policy, shared=shared,
+                                     layout_hash=layout_hash(self.config) if shared else 0)
+            remote_tier = None
+            url = extra.get("kvo_redis_url")
+            if url:
+                if not self.scheduler_maps_arena:
+                    raise L.KvoError(L.KVO_EINVAL, "kvo_redis_url needs the scheduler to map the arena "
+                                     "(kvo_scheduler_maps_arena true)", "KvoffloadOffloadingSpec")
+                try:
+                    remote_tier = RemoteTier(str(url), self.plan,
+                                             key_prefix=str(extra.get("kvo_redis_prefix", "kvo")),
+                                             layout_hash=layout_hash(self.config),
+                                             ttl_s=_int(extra, "kvo_redis_ttl_s", 0),
+                                             io_threads=_int(extra, "kvo_redis_io_threads", 0))
+                except BaseException:
+                    if file_tier is not None:
+                        file_tier.close()
+                    if arena is not None:
+                        arena.close()
+                    raise
             self._manager = KvoffloadOffloadingManager(
                 self.plan, self.capacity_bytes, [g.group_id for g in self.config.groups], policy=self.policy,
                 enable_events=self.kv_events_config.enable_kv_cache_events, arena=arena, file_tier=file_tier,
                 file_mode=str(extra.get("kvo_file_mode", "write_through")),
-                store_threshold=_int(extra, "store_threshold", 0))
+                store_threshold=_int(extra, "store_threshold", 0), remote_tier=remote_tier,
+                remote_answer_ttl_ms=_int(extra, "kvo_redis_answer_ttl_ms", 2000))
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

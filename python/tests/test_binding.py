@@ -47,7 +47,9 @@ def test_struct_sizes_match_c():
              "kvo_transfer_stats": L.TransferStats, "kvo_connector_params": L.ConnectorParams,
              "kvo_request_desc": L.RequestDesc, "kvo_lookup_result": L.LookupResultC,
              "kvo_completion": L.Completion, "kvo_connector_stats": L.ConnectorStats,
-             "kvo_request_stats": L.RequestStats, "kvo_cuda_params": L.CudaParams}
+             "kvo_request_stats": L.RequestStats, "kvo_cuda_params": L.CudaParams,
+             "kvo_remote_tier_params": L.RemoteTierParams, "kvo_remote_tier_stats": L.RemoteTierStats,
+             "kvo_remote_completion": L.RemoteCompletion}
     seen = 0
     for line in out.splitlines():
         name, size = line.split()
@@ -223,6 +225,61 @@ def test_file_tier_write_read(tmp_path):
     assert np.array_equal(src.view(g["slot_bytes"], g["chunk_bytes"]), src.view(0, g["chunk_bytes"]))
     assert ft.stats()["writes"] == 1
     ft.close()
+
+
+def redis_url():
+    """The test cluster's URL (tools/test-python.sh starts one and sets
+    KVO_TEST_REDIS), or skip."""
+    a = os.environ.get("KVO_TEST_REDIS")
+    if not a:
+        pytest.skip("KVO_TEST_REDIS not set (tools/test-python.sh starts a Redis Cluster when redis-server exists)")
+    return f"redis://{a}"
+
+
+def _remote_done(rt, want):
+    out = []
+    deadline = time.time() + 20
+    while len(out) < want and time.time() < deadline:
+        rt.wait(1000)
+        out += rt.poll()
+    assert len(out) == want, out
+    return out
+
+
+def test_remote_tier_put_exists_get(tmp_path):
+    url = redis_url()
+    p = small_plan()
+    g = p.groups[0]
+    prefix = f"pytest{os.getpid()}"
+    try:
+        rt = k.RemoteTier(url, p, key_prefix=prefix)
+    except k.KvoError as e:
+        if e.code == L.KVO_ENOTSUP:
+            pytest.skip("library built without hiredis")
+        raise
+    src = k.Arena(3 * g["slot_bytes"])
+    src.view(0, g["chunk_bytes"])[:] = (np.arange(g["chunk_bytes"]) * 7) % 253
+    keys = k.make_keys([11, 12], 0)
+    assert rt.put(keys[:1], [src.base])[0] == 0
+    assert rt.flush(20000) == 0
+    assert rt.key_name(keys[:1]).startswith(prefix + ":")
+    assert list(rt.exists(keys, [1, 2])) == [0, 0]
+    got = {c["user_data"]: c["result"] for c in _remote_done(rt, 2)}
+    assert got == {1: 0, 2: L.KVO_ENOTFOUND}
+    dst = src.base + g["slot_bytes"]
+    assert rt.get(keys[:1], [dst], [5])[0] == 0
+    c = _remote_done(rt, 1)[0]
+    assert c["result"] == 0 and c["user_data"] == 5 and c["bytes"] == g["chunk_bytes"]
+    assert np.array_equal(src.view(g["slot_bytes"], g["chunk_bytes"]), src.view(0, g["chunk_bytes"]))
+    st = rt.stats()
+    assert st["puts"] == 1 and st["gets"] == 1 and st["exists_hits"] == 1 and st["exists_misses"] == 1
+    # another layout never sees these values
+    other = k.RemoteTier(url, p, key_prefix=prefix, layout_hash=0x1234)
+    assert other.get(keys[:1], [src.base + 2 * g["slot_bytes"]], [9])[0] == 0
+    assert _remote_done(other, 1)[0]["result"] == L.KVO_ENOTFOUND
+    other.close()
+    rt.close()
+    src.close()
 
 
 def test_connector_store_and_hit():
