@@ -111,6 +111,42 @@ def _stats(t: type) -> Any:
     return s
 
 
+def _queue_io(h: Optional[int], func: str, keys: Any, addrs: Optional[Sequence[int]],
+              user_data: Optional[Sequence[int]], with_ud: bool) -> np.ndarray:
+    """One C call func(h, keys, [addrs,] n, user_data, results, NULL) of a
+    tier's queueing functions (write/read, put/get/exists): the per-key
+    results.  addrs None: the call takes no addresses (exists); with_ud
+    False: it takes NULL user data (write, put)."""
+    keys = _as_keys(keys)
+    n = len(keys)
+    args: list[Any] = [h, _ptr(keys)]
+    if addrs is not None:
+        ptrs = np.asarray(addrs, dtype=np.uintp)
+        args.append(_ptr(ptrs))
+    args.append(n)
+    ud = np.asarray(user_data if user_data is not None else np.zeros(n), dtype="<u8") if with_ud else None
+    res = np.empty(n, dtype=np.int32)
+    check(getattr(lib, func)(*args, _ptr(ud) if ud is not None else None, _ptr(res), None), func)
+    return res
+
+
+def _poll_completions(h: Optional[int], func: str, t: type, cap: int) -> list[dict[str, Any]]:
+    """A tier's poll (file or remote completions, the same fields) as dicts."""
+    buf = (t * cap)()
+    n = ctypes.c_size_t(0)
+    check(getattr(lib, func)(h, buf, cap, byref(n)), func)
+    return [{"user_data": c.user_data, "group": c.key.group, "op": c.op, "result": c.result, "bytes": c.bytes}
+            for c in buf[:n.value]]
+
+
+def _wait(h: Optional[int], func: str, timeout_ms: int) -> int:
+    """A tier's wait: 0, KVO_ETIMEDOUT or KVO_ENOTFOUND (nothing in flight)."""
+    rc = getattr(lib, func)(h, _ns(timeout_ms))
+    if rc not in (0, L.KVO_ETIMEDOUT, L.KVO_ENOTFOUND):
+        check(rc, func)
+    return rc
+
+
 def _ns(timeout_ms: int) -> int:
     """A millisecond timeout as the library's int64_t nanoseconds (< 0: forever)."""
     return -1 if timeout_ms < 0 else timeout_ms * 1_000_000
@@ -461,38 +497,18 @@ class FileTier(_Handle):
     def write(self, keys: np.ndarray, srcs: Sequence[int]) -> np.ndarray:
         """Queue writes of chunks at addresses srcs[i]; per-key results (0
         queued, KVO_EEXIST, KVO_EAGAIN, KVO_ENOSPC...)."""
-        keys = _as_keys(keys)
-        n = len(keys)
-        ptrs = np.asarray(srcs, dtype=np.uintp)
-        res = np.empty(n, dtype=np.int32)
-        check(lib.kvo_file_tier_write(self._h, _ptr(keys), _ptr(ptrs), n, None, _ptr(res), None),
-              "kvo_file_tier_write")
-        return res
+        return _queue_io(self._h, "kvo_file_tier_write", keys, srcs, None, False)
 
     def read(self, keys: np.ndarray, dsts: Sequence[int], user_data: Optional[Sequence[int]] = None) -> np.ndarray:
         """Queue reads into addresses dsts[i] (room for slot_bytes); per-key
         results; each 0 is followed by one completion (poll)."""
-        keys = _as_keys(keys)
-        n = len(keys)
-        ptrs = np.asarray(dsts, dtype=np.uintp)
-        ud = np.asarray(user_data if user_data is not None else np.zeros(n), dtype="<u8")
-        res = np.empty(n, dtype=np.int32)
-        check(lib.kvo_file_tier_read(self._h, _ptr(keys), _ptr(ptrs), n, _ptr(ud), _ptr(res), None),
-              "kvo_file_tier_read")
-        return res
+        return _queue_io(self._h, "kvo_file_tier_read", keys, dsts, user_data, True)
 
     def poll(self, cap: int = 256) -> list[dict[str, Any]]:
-        buf = (L.FileCompletion * cap)()
-        n = ctypes.c_size_t(0)
-        check(lib.kvo_file_tier_poll(self._h, buf, cap, byref(n)), "kvo_file_tier_poll")
-        return [{"user_data": c.user_data, "group": c.key.group, "op": c.op, "result": c.result,
-                 "bytes": c.bytes} for c in buf[:n.value]]
+        return _poll_completions(self._h, "kvo_file_tier_poll", L.FileCompletion, cap)
 
     def wait(self, timeout_ms: int = -1) -> int:
-        rc = lib.kvo_file_tier_wait(self._h, _ns(timeout_ms))
-        if rc not in (0, L.KVO_ETIMEDOUT, L.KVO_ENOTFOUND):
-            check(rc, "kvo_file_tier_wait")
-        return rc
+        return _wait(self._h, "kvo_file_tier_wait", timeout_ms)
 
     def flush(self, timeout_ms: int = -1) -> None:
         check(lib.kvo_file_tier_flush(self._h, _ns(timeout_ms)), "kvo_file_tier_flush")
@@ -548,49 +564,23 @@ class RemoteTier(_Handle):
     def put(self, keys: np.ndarray, srcs: Sequence[int]) -> np.ndarray:
         """Queue stores of the chunks at addresses srcs[i] (copied before
         this returns); per-key results (0, KVO_EEXIST, KVO_EAGAIN...)."""
-        keys = _as_keys(keys)
-        n = len(keys)
-        ptrs = np.asarray(srcs, dtype=np.uintp)
-        res = np.empty(n, dtype=np.int32)
-        check(lib.kvo_remote_tier_put(self._h, _ptr(keys), _ptr(ptrs), n, None, _ptr(res), None),
-              "kvo_remote_tier_put")
-        return res
+        return _queue_io(self._h, "kvo_remote_tier_put", keys, srcs, None, False)
 
     def get(self, keys: np.ndarray, dsts: Sequence[int], user_data: Optional[Sequence[int]] = None) -> np.ndarray:
         """Queue loads into addresses dsts[i] (room for chunk_bytes, kept
         untouched until the completion); per-key results."""
-        keys = _as_keys(keys)
-        n = len(keys)
-        ptrs = np.asarray(dsts, dtype=np.uintp)
-        ud = np.asarray(user_data if user_data is not None else np.zeros(n), dtype="<u8")
-        res = np.empty(n, dtype=np.int32)
-        check(lib.kvo_remote_tier_get(self._h, _ptr(keys), _ptr(ptrs), n, _ptr(ud), _ptr(res), None),
-              "kvo_remote_tier_get")
-        return res
+        return _queue_io(self._h, "kvo_remote_tier_get", keys, dsts, user_data, True)
 
     def exists(self, keys: np.ndarray, user_data: Optional[Sequence[int]] = None) -> np.ndarray:
         """Queue presence queries; per-key results; completions say 0
         (present), KVO_ENOTFOUND or KVO_EIO."""
-        keys = _as_keys(keys)
-        n = len(keys)
-        ud = np.asarray(user_data if user_data is not None else np.zeros(n), dtype="<u8")
-        res = np.empty(n, dtype=np.int32)
-        check(lib.kvo_remote_tier_exists(self._h, _ptr(keys), n, _ptr(ud), _ptr(res), None),
-              "kvo_remote_tier_exists")
-        return res
+        return _queue_io(self._h, "kvo_remote_tier_exists", keys, None, user_data, True)
 
     def poll(self, cap: int = 256) -> list[dict[str, Any]]:
-        buf = (L.RemoteCompletion * cap)()
-        n = ctypes.c_size_t(0)
-        check(lib.kvo_remote_tier_poll(self._h, buf, cap, byref(n)), "kvo_remote_tier_poll")
-        return [{"user_data": c.user_data, "group": c.key.group, "op": c.op, "result": c.result,
-                 "bytes": c.bytes} for c in buf[:n.value]]
+        return _poll_completions(self._h, "kvo_remote_tier_poll", L.RemoteCompletion, cap)
 
     def wait(self, timeout_ms: int = -1) -> int:
-        rc = lib.kvo_remote_tier_wait(self._h, _ns(timeout_ms))
-        if rc not in (0, L.KVO_ETIMEDOUT, L.KVO_ENOTFOUND):
-            check(rc, "kvo_remote_tier_wait")
-        return rc
+        return _wait(self._h, "kvo_remote_tier_wait", timeout_ms)
 
     def flush(self, timeout_ms: int = -1) -> int:
         """Wait until no put is queued or running: 0 or KVO_ETIMEDOUT."""

@@ -286,6 +286,16 @@ class KvoffloadOffloadingManager(OffloadingManager):
         keys = np.frombuffer(ck, dtype=KEY_DTYPE).copy()
         if self.file_tier.lookup(keys)[0] != READY:
             return _MISS
+        return self._read_into_host(ck, key, self.file_tier.read, self._promoting)
+
+    def _read_into_host(self, ck: bytes, key: OffloadKey, read: Any, inflight: dict) -> LookupResult:
+        """Start reading a lower tier's chunk (read: FileTier.read or
+        RemoteTier.get) into a fresh host slot, PENDING until the completion
+        (inflight[user_data] = (ck, key)): HIT_PENDING, or MISS when there is
+        no room or the read was refused; HIT_PENDING too when the key is in
+        the host tier already (READY or PENDING)."""
+        assert self.arena is not None
+        keys = np.frombuffer(ck, dtype=KEY_DTYPE).copy()
         try:
             need, slots, ev, evs = self.store.prepare_store(keys)
         except L.KvoError:
@@ -293,30 +303,14 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._on_evicted(ev.ctypes.data, evs.ctypes.data, len(ev))
         if not need[0]:
             return _PENDING
-        off = int(slots[0]["offset"])
         ud = self._next_ud
         self._next_ud += 1
-        res = self.file_tier.read(keys, [self.arena.base + off], [ud])
-        if res[0] != 0:
+        if read(keys, [self.arena.base + int(slots[0]["offset"])], [ud])[0] != 0:
             self.store.complete_store(keys, ok=False)
             return _MISS
-        self._promoting[ud] = (ck, key)
+        inflight[ud] = (ck, key)
         self._names[ck] = key
         return _PENDING
-
-    def _reserve_slot(self, ck: bytes, key: OffloadKey) -> Optional[int]:
-        """A PENDING host entry for a chunk about to be read from a lower
-        tier: its slot offset, -1 when the key is present already (PENDING or
-        READY), None when no room."""
-        keys = np.frombuffer(ck, dtype=KEY_DTYPE).copy()
-        try:
-            need, slots, ev, evs = self.store.prepare_store(keys)
-        except L.KvoError:
-            return None
-        self._on_evicted(ev.ctypes.data, evs.ctypes.data, len(ev))
-        if not need[0]:
-            return -1
-        return int(slots[0]["offset"])
 
     def _remote_lookup(self, ck: bytes, key: OffloadKey) -> LookupResult:
         """Host and file miss with a remote tier: ask the cluster (RETRY
@@ -344,20 +338,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
             return _RETRY
         if not ans[0]:
             return _MISS
-        off = self._reserve_slot(ck, key)
-        if off is None:
-            return _MISS
-        if off < 0:
-            return _PENDING
-        ud = self._next_ud
-        self._next_ud += 1
-        if rt.get(keys, [self.arena.base + off], [ud])[0] != 0:
-            self.store.complete_store(keys, ok=False)
-            return _MISS
-        del self._answers[ck]  # the read's outcome decides from here
-        self._fetching[ud] = (ck, key)
-        self._names[ck] = key
-        return _PENDING
+        r = self._read_into_host(ck, key, rt.get, self._fetching)
+        if r is _PENDING:
+            self._answers.pop(ck, None)  # the read's outcome decides from here
+        return r
 
     def _remember(self, ck: bytes, present: bool) -> None:
         a = self._answers

@@ -458,6 +458,17 @@ def _redis_extra(prefix):
     return {"kvo_redis_url": f"redis://{a}", "kvo_redis_prefix": f"{prefix}{os.getpid()}"}
 
 
+def _engine_parts(page, extra, seed):
+    """A spec, its manager, two KV tensors (32 blocks of page bytes, random
+    from seed, both groups' layers) and its worker."""
+    spec = KvoffloadOffloadingSpec(make_config(kv_bytes=2 * page, extra=extra))
+    m = spec.get_manager()
+    ts = make_kv(32, page, seed=seed)
+    kv = CanonicalKVCaches(tensors=[CanonicalKVCacheTensor(t, page) for t in ts],
+                           group_data_refs=[[CanonicalKVCacheRef(0, page), CanonicalKVCacheRef(1, page)]])
+    return spec, m, ts, spec.get_worker(kv)
+
+
 def _settle(m, rounds=500):
     for _ in range(rounds):
         if not m.has_pending_work():
@@ -475,12 +486,7 @@ def test_remote_tier_shares_chunks_between_engines():
     rex = _redis_extra("vllm-share")
     rc = ReqContext("r")
     a = keys_of(1, 2)
-    spec_a = KvoffloadOffloadingSpec(make_config(kv_bytes=2 * page, extra=rex))
-    ma = spec_a.get_manager()
-    ta = make_kv(32, page, seed=1)
-    kv_a = CanonicalKVCaches(tensors=[CanonicalKVCacheTensor(t, page) for t in ta],
-                             group_data_refs=[[CanonicalKVCacheRef(0, page), CanonicalKVCacheRef(1, page)]])
-    wa = spec_a.get_worker(kv_a)
+    _spec_a, ma, ta, wa = _engine_parts(page, rex, seed=1)
     out = ma.prepare_store(a, rc)
     assert wa.submit_store(1, GPULoadStoreSpec([4, 5, 6, 7], group_sizes=[4], block_indices=[0]), out.store_spec)
     wa.wait({1})
@@ -489,12 +495,7 @@ def test_remote_tier_shares_chunks_between_engines():
     assert ma.remote_tier.flush(20000) == 0
     assert ma.stats()["remote"]["puts"] == 2
 
-    spec_b = KvoffloadOffloadingSpec(make_config(kv_bytes=2 * page, extra=rex))
-    mb = spec_b.get_manager()
-    tb = make_kv(32, page, seed=2)
-    kv_b = CanonicalKVCaches(tensors=[CanonicalKVCacheTensor(t, page) for t in tb],
-                             group_data_refs=[[CanonicalKVCacheRef(0, page), CanonicalKVCacheRef(1, page)]])
-    wb = spec_b.get_worker(kv_b)
+    _spec_b, mb, tb, wb = _engine_parts(page, rex, seed=2)
     try:
         never = keys_of(9, 1)[0]
         assert [mb.lookup(x, rc) for x in a + [never]] == [LookupResult.RETRY] * 3
