@@ -111,12 +111,30 @@ KVO_TEST(one_group_prompt_256_hits_255) {
  * blocks, a previous request of 28 tokens, a 40-token prompt sharing them.
  * The previous request hands the state at the end of its prompt (28, not a
  * block boundary) to kvo_connector_store_snapshot when `snapshot`; the new
- * request's lookup returns the hit. */
-static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot) {
+ * request's lookup returns the hit.  With ft, a file tier (write-through)
+ * behind the host tier, which forgets everything before the lookup: the hit
+ * comes from files, the snapshot's too (*ft: the tier; s->plan is the
+ * caller's to destroy after both). */
+static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot, kvo_file_tier **ft) {
     sim_group gs[] = {{"attn", KVO_GROUP_FULL, 4, 0, 1, true, false}, {"mamba", KVO_GROUP_STATE, 16, 0, 1, true, false}};
     kvo_connector_params cp = kvo_connector_default_params();
     cp.min_hit_tokens = 4;
-    sim_init(s, sim_plan("mamba", 4, gs, 2), &cp, 64);
+    kvo_plan *plan = sim_plan("mamba", 4, gs, 2);
+    if (ft) {
+        char root[1024];
+        snprintf(root, sizeof root, "%s/snapfiles", kvo_test_tmpdir());
+        kvo_file_tier_params fp = kvo_file_tier_default_params();
+        fp.root = root;
+        fp.plan = plan;
+        fp.quota_bytes = 16ull << 20;
+        fp.log_interval_s = 3600;
+        ASSERT_OK(kvo_file_tier_create(&fp, ft));
+        cp.file_tier = *ft;
+        cp.file_mode = KVO_FILE_WRITE_THROUGH;
+        cp.verify_checksums = true;
+    }
+    sim_init(s, plan, &cp, 64);
+    s->keep_plan = ft != NULL;
     sim_req a;
     cr_add(s, &a, 1, tok, 28, NULL);
     cr_compute(s, &a, 28, 4);
@@ -136,11 +154,16 @@ static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot) {
     }
     cr_finish(s, &a);
     sim_free_block(s, 1, spare);
+    if (ft) { /* only the files remember */
+        ASSERT_OK(kvo_file_tier_flush(*ft, -1));
+        kvo_store_clear(kvo_connector_store(s->c));
+    }
     sim_req r;
     cr_add(s, &r, 2, tok, 40, NULL);
     kvo_lookup_result lr;
     ASSERT_OK(kvo_connector_lookup(s->c, 2, 0, &lr));
     ASSERT_EQ_INT(lr.status, KVO_HIT);
+    if (ft) ASSERT_EQ_U64(lr.tokens_host, 0);
     uint64_t b = lr.tokens;
     for (size_t g = 0; g < 2; g++) {
         uint64_t tpb = g ? 16 : 4, nb = (b + tpb - 1) / tpb;
@@ -172,16 +195,37 @@ KVO_TEST(mamba_hybrid_snapshot_at_28) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 5);
     sim s;
-    kvo_lookup_result lr = mamba_run(&s, tok, true);
+    kvo_lookup_result lr = mamba_run(&s, tok, true, NULL);
     ASSERT_EQ_U64(lr.tokens, 28); /* vLLM: 28 */
     sim_destroy(&s);
+}
+
+/* The same through a file tier: the snapshot at 28 was written through to
+ * files with the chunks; with the host tier empty the lookup still hits 28
+ * (it used to stop at the block boundary, 16: snapshots were looked up in
+ * the host store only), and the load reads the snapshot from its file. */
+KVO_TEST(mamba_hybrid_snapshot_from_files) {
+    uint32_t tok[40];
+    cr_tokens(tok, 40, 5);
+    sim s;
+    kvo_file_tier *ft = NULL;
+    kvo_lookup_result lr = mamba_run(&s, tok, true, &ft);
+    ASSERT_EQ_U64(lr.tokens, 28);
+    ASSERT_EQ_U64(lr.tokens_file, 28);
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
+    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
+    ASSERT_GT_U64(st.file_reads, 7); /* 7 attention chunks and the snapshot */
+    kvo_plan *plan = s.plan;
+    sim_destroy(&s);
+    kvo_file_tier_destroy(ft);
+    kvo_plan_destroy(plan);
 }
 
 KVO_TEST(mamba_hybrid_block_snapshots_only) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 5);
     sim s;
-    kvo_lookup_result lr = mamba_run(&s, tok, false);
+    kvo_lookup_result lr = mamba_run(&s, tok, false, NULL);
     ASSERT_EQ_U64(lr.tokens, 16); /* no snapshot at 28: the block boundary */
     sim_destroy(&s);
 }
@@ -192,7 +236,7 @@ KVO_TEST(snapshot_key_differs_from_chunk_key) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 9);
     sim s;
-    (void)mamba_run(&s, tok, false);
+    (void)mamba_run(&s, tok, false, NULL);
     sim_req a;
     cr_add(&s, &a, 3, tok, 40, NULL);
     cr_compute(&s, &a, 16, 4);

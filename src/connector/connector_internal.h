@@ -294,10 +294,12 @@ struct kvo_connector {
     size_t ev_cap;
     /* snapshots off block boundaries (kvo_connector_store_snapshot):
      * snap_groups bit g: one was ever stored for group g (lookups of other
-     * groups never ask for them); scratch of their lookup */
+     * groups never ask for them); scratch of their lookup (sn_tier: the
+     * TIER_* that holds each, host or file) */
     uint64_t snap_groups;
     kvo_chunk_key *sn_keys;
     uint8_t *sn_st;
+    uint8_t *sn_tier;
     kvo_agree_snapshot *sn;
     size_t sn_cap;
     uint32_t epoch; /* bumped by kvo_connector_reset */

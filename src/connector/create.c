@@ -211,6 +211,7 @@ void kvo_connector_destroy(kvo_connector *c) {
     kvo__free(c->s_fkeys);
     kvo__free(c->sn_keys);
     kvo__free(c->sn_st);
+    kvo__free(c->sn_tier);
     kvo__free(c->sn);
     kvo__free(c->s_fidx);
     kvo__free(c->sums);

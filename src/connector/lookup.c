@@ -291,12 +291,15 @@ static int kvo__file_states(kvo_connector *c, const size_t *off, size_t nk, size
     return 0;
 }
 
+static void kvo__snap_file_states(kvo_connector *c, size_t n);
+
 /* Phase 2, snapshots: for every offloaded state group some snapshot was
- * ever stored for (c->snap_groups), the host store's states of the
- * snapshot keys at each unit end p in (L, bmax] that is not a block
- * boundary (block snapshots are the chunks), ascending, into c->sn at
- * soff[g] (nsn[g] of them).  Bounded by the request's units. */
-static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *soff, size_t *nsn) {
+ * ever stored for (c->snap_groups), the states of the snapshot keys at each
+ * unit end p in (L, bmax] that is not a block boundary (block snapshots are
+ * the chunks), ascending, into c->sn at soff[g] (nsn[g] of them): the host
+ * store's, then (use_file) the file tier's for the host misses, with the
+ * tier in c->sn_tier.  Bounded by the request's units. */
+static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *soff, size_t *nsn, bool use_file) {
     uint64_t bmax = kvo__conn_bmax(c, r, L), tph = kvo_plan_tokens_per_hash(c->plan);
     uint64_t hi = bmax < r->n_units * tph ? bmax : r->n_units * tph;
     size_t total = 0;
@@ -310,6 +313,7 @@ static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *s
     if (!total) return 0;
     const kvo__arr a[] = {{(void **)&c->sn_keys, sizeof *c->sn_keys},
                           {(void **)&c->sn_st, sizeof *c->sn_st},
+                          {(void **)&c->sn_tier, sizeof *c->sn_tier},
                           {(void **)&c->sn, sizeof *c->sn}};
     int rc = kvo__grow_all(&c->sn_cap, total, a, sizeof a / sizeof a[0], 16, "connector: snapshots");
     if (rc) return rc;
@@ -326,8 +330,32 @@ static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *s
         nsn[g] = n - soff[g];
     }
     if (n && (rc = kvo_store_lookup(c->store, c->sn_keys, n, c->sn_st))) return rc;
+    memset(c->sn_tier, TIER_HOST, n);
+    if (use_file && c->file_groups && n) kvo__snap_file_states(c, n);
     for (size_t i = 0; i < n; i++) c->sn[i].state = c->sn_st[i];
     return 0;
+}
+
+/* The file tier's states of the n snapshot keys the host misses (groups
+ * whose format the tier holds): READY there -> READY, tier TIER_FILE (the
+ * load reads it into a host slot like a chunk).  Best effort: without
+ * scratch memory the host's answer stands. */
+static void kvo__snap_file_states(kvo_connector *c, size_t n) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) m += c->sn_st[i] == KVO_MISS && ((c->file_groups >> c->sn_keys[i].group) & 1);
+    if (!m || kvo__fscratch(c, m)) return;
+    m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (c->sn_st[i] == KVO_MISS && ((c->file_groups >> c->sn_keys[i].group) & 1)) {
+            c->s_fkeys[m] = c->sn_keys[i];
+            c->s_fidx[m++] = i;
+        }
+    if (kvo_file_tier_lookup(c->file, c->s_fkeys, m, c->s_fst)) return;
+    for (size_t k = 0; k < m; k++)
+        if (c->s_fst[k] == KVO_READY) {
+            c->sn_st[c->s_fidx[k]] = KVO_READY;
+            c->sn_tier[c->s_fidx[k]] = TIER_FILE;
+        }
 }
 
 /* Phase 3: the boundary every group agrees on, into out.  *b: the boundary
@@ -374,7 +402,7 @@ static int kvo__agree_hit(kvo_connector *c, kvo__req *r, uint64_t L, const size_
 /* Phase 4: list in r->hit the chunks the load of boundary b will read
  * (*nh of them), each with the tier phase 2 found it in. */
 static int kvo__hit_build(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b, const size_t *off,
-                          const size_t *ncs, size_t *nh) {
+                          const size_t *ncs, const size_t *soff, const size_t *nsn, size_t *nh) {
     *nh = 0;
     uint32_t tph = kvo_plan_tokens_per_hash(c->plan);
     for (size_t g = 0; g < c->ng; g++) {
@@ -389,6 +417,8 @@ static int kvo__hit_build(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b,
             kvo__conn_snap_key(r, (uint32_t)g, (size_t)(b / tph - 1), &it->key);
             it->chunk = (b - 1) / gp->tokens_per_block / gp->blocks_per_chunk;
             it->tier = TIER_HOST;
+            for (size_t i = soff[g]; i < soff[g] + nsn[g]; i++) /* the snapshot at b: its tier */
+                if (c->sn[i].tokens == b) it->tier = c->sn_tier[i];
             it->snap = 1;
             continue;
         }
@@ -445,11 +475,11 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
     bool rpending = false;
     int rc = kvo__host_states(c, r, L, off, ncs, &nk);
     if (!rc && nk) rc = kvo__lookup_tiers(c, r, off, nk, use_file, use_remote, &rpending);
-    if (!rc) rc = kvo__snap_states(c, r, L, soff, nsn);
+    if (!rc) rc = kvo__snap_states(c, r, L, soff, nsn, use_file);
     if (!rc) rc = kvo__agree_hit(c, r, L, off, ncs, soff, nsn, out, &b);
     if (!rc && out->status == KVO_HIT_PENDING) out->remote_pending = rpending;
     if (rc || !b) return rc;
-    if ((rc = kvo__hit_build(c, r, L, b, off, ncs, &nh))) return rc;
+    if ((rc = kvo__hit_build(c, r, L, b, off, ncs, soff, nsn, &nh))) return rc;
     if ((rc = kvo__hit_pin(c, r, nh, &nhost))) return rc;
     r->n_hit = nh;
     r->hit_pinned = true;
