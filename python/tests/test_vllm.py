@@ -499,11 +499,14 @@ def test_remote_tier_shares_chunks_between_engines():
     try:
         never = keys_of(9, 1)[0]
         assert [mb.lookup(x, rc) for x in a + [never]] == [LookupResult.RETRY] * 3
-        # asked again before the answer: no second question (exists_hits below)
+        # asked again: RETRY before the answer lands, HIT_PENDING once it has
+        # (the read starts); never a second question (exists_hits below)
         assert mb.lookup(a[0], rc) in (LookupResult.RETRY, LookupResult.HIT_PENDING)
         _settle(mb)
         assert mb.lookup(never, rc) == LookupResult.MISS
-        assert [mb.lookup(x, rc) for x in a] == [LookupResult.HIT_PENDING] * 2
+        # a[0]'s read may have landed already (started by the second lookup)
+        assert mb.lookup(a[0], rc) in (LookupResult.HIT_PENDING, LookupResult.HIT)
+        assert mb.lookup(a[1], rc) == LookupResult.HIT_PENDING
         _settle(mb)
         assert [mb.lookup(x, rc) for x in a] == [LookupResult.HIT] * 2
         ls = mb.prepare_load(a, rc)
