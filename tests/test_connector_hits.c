@@ -5,7 +5,11 @@
  * that is only partly below the hit) holds exactly the engine's bytes.
  * docs/lookup.md has the before/after table these tests back.
  */
+#include <time.h>
+#include <unistd.h>
+
 #include "connector_rules_util.h"
+#include "kvoffload/kvo_remote_tier.h"
 
 /* Two full groups, 12- and 16-token blocks, one block per chunk. */
 static kvo_plan *plan_12_16(void) {
@@ -113,9 +117,11 @@ KVO_TEST(one_group_prompt_256_hits_255) {
  * block boundary) to kvo_connector_store_snapshot when `snapshot`; the new
  * request's lookup returns the hit.  With ft, a file tier (write-through)
  * behind the host tier, which forgets everything before the lookup: the hit
- * comes from files, the snapshot's too (*ft: the tier; s->plan is the
- * caller's to destroy after both). */
-static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot, kvo_file_tier **ft) {
+ * comes from files, the snapshot's too (*ft: the tier); with rt the same
+ * with the remote tier of KVO_TEST_REDIS (skipped without it).  s->plan is
+ * then the caller's to destroy after the tier. */
+static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot, kvo_file_tier **ft,
+                                   kvo_remote_tier **rt) {
     sim_group gs[] = {{"attn", KVO_GROUP_FULL, 4, 0, 1, true, false}, {"mamba", KVO_GROUP_STATE, 16, 0, 1, true, false}};
     kvo_connector_params cp = kvo_connector_default_params();
     cp.min_hit_tokens = 4;
@@ -133,8 +139,27 @@ static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot, k
         cp.file_mode = KVO_FILE_WRITE_THROUGH;
         cp.verify_checksums = true;
     }
+    if (rt) {
+        const char *seed = getenv("KVO_TEST_REDIS");
+        if (!seed || !seed[0]) {
+            kvo_plan_destroy(plan);
+            SKIP("KVO_TEST_REDIS not set (tools/test.sh starts a cluster)");
+        }
+        char url[160], pfx[64];
+        snprintf(url, sizeof url, "redis://%s", seed);
+        snprintf(pfx, sizeof pfx, "snap%ld-%llu", (long)getpid(), (unsigned long long)kvo_test_seed());
+        kvo_remote_tier_params rp = kvo_remote_tier_default_params();
+        rp.url = url;
+        rp.plan = plan;
+        rp.key_prefix = pfx;
+        rp.io_threads = 2;
+        ASSERT_OK(kvo_remote_tier_create(&rp, rt));
+        cp.remote_tier = *rt;
+        cp.verify_checksums = true;
+        cp.remote_lookup_budget_us = 5000000; /* lookups wait for the cluster's answers */
+    }
     sim_init(s, plan, &cp, 64);
-    s->keep_plan = ft != NULL;
+    s->keep_plan = ft || rt;
     sim_req a;
     cr_add(s, &a, 1, tok, 28, NULL);
     cr_compute(s, &a, 28, 4);
@@ -154,16 +179,21 @@ static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot, k
     }
     cr_finish(s, &a);
     sim_free_block(s, 1, spare);
-    if (ft) { /* only the files remember */
-        ASSERT_OK(kvo_file_tier_flush(*ft, -1));
-        kvo_store_clear(kvo_connector_store(s->c));
-    }
+    if (ft) ASSERT_OK(kvo_file_tier_flush(*ft, -1));
+    if (rt) ASSERT_OK(kvo_remote_tier_flush(*rt, KVO_MS(20000)));
+    if (ft || rt) kvo_store_clear(kvo_connector_store(s->c)); /* only the lower tier remembers */
     sim_req r;
     cr_add(s, &r, 2, tok, 40, NULL);
     kvo_lookup_result lr;
-    ASSERT_OK(kvo_connector_lookup(s->c, 2, 0, &lr));
+    for (int i = 0; i < 20000; i++) { /* remote: PENDING while presence answers are out */
+        ASSERT_OK(kvo_connector_lookup(s->c, 2, 0, &lr));
+        if (lr.status != KVO_HIT_PENDING) break;
+        (void)kvo_connector_poll(s->c, NULL, 0, &(size_t){0});
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
     ASSERT_EQ_INT(lr.status, KVO_HIT);
-    if (ft) ASSERT_EQ_U64(lr.tokens_host, 0);
+    if (ft || rt) ASSERT_EQ_U64(lr.tokens_host, 0);
     uint64_t b = lr.tokens;
     for (size_t g = 0; g < 2; g++) {
         uint64_t tpb = g ? 16 : 4, nb = (b + tpb - 1) / tpb;
@@ -195,7 +225,7 @@ KVO_TEST(mamba_hybrid_snapshot_at_28) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 5);
     sim s;
-    kvo_lookup_result lr = mamba_run(&s, tok, true, NULL);
+    kvo_lookup_result lr = mamba_run(&s, tok, true, NULL, NULL);
     ASSERT_EQ_U64(lr.tokens, 28); /* vLLM: 28 */
     sim_destroy(&s);
 }
@@ -209,7 +239,7 @@ KVO_TEST(mamba_hybrid_snapshot_from_files) {
     cr_tokens(tok, 40, 5);
     sim s;
     kvo_file_tier *ft = NULL;
-    kvo_lookup_result lr = mamba_run(&s, tok, true, &ft);
+    kvo_lookup_result lr = mamba_run(&s, tok, true, &ft, NULL);
     ASSERT_EQ_U64(lr.tokens, 28);
     ASSERT_EQ_U64(lr.tokens_file, 28);
     kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
@@ -221,11 +251,31 @@ KVO_TEST(mamba_hybrid_snapshot_from_files) {
     kvo_plan_destroy(plan);
 }
 
+/* And through the remote tier (Redis Cluster): the snapshot is asked for
+ * like the chunks (lookups PENDING until the answers land), read into a
+ * host slot and loaded byte-exact. */
+KVO_TEST(mamba_hybrid_snapshot_from_remote) {
+    uint32_t tok[40];
+    cr_tokens(tok, 40, 6);
+    sim s;
+    kvo_remote_tier *rt = NULL;
+    kvo_lookup_result lr = mamba_run(&s, tok, true, NULL, &rt);
+    ASSERT_EQ_U64(lr.tokens, 28);
+    ASSERT_EQ_U64(lr.tokens_remote, 28);
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
+    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
+    ASSERT_GT_U64(st.remote_reads, 7); /* 7 attention chunks and the snapshot */
+    kvo_plan *plan = s.plan;
+    sim_destroy(&s);
+    kvo_remote_tier_destroy(rt);
+    kvo_plan_destroy(plan);
+}
+
 KVO_TEST(mamba_hybrid_block_snapshots_only) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 5);
     sim s;
-    kvo_lookup_result lr = mamba_run(&s, tok, false, NULL);
+    kvo_lookup_result lr = mamba_run(&s, tok, false, NULL, NULL);
     ASSERT_EQ_U64(lr.tokens, 16); /* no snapshot at 28: the block boundary */
     sim_destroy(&s);
 }
@@ -236,7 +286,7 @@ KVO_TEST(snapshot_key_differs_from_chunk_key) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 9);
     sim s;
-    (void)mamba_run(&s, tok, false, NULL);
+    (void)mamba_run(&s, tok, false, NULL, NULL);
     sim_req a;
     cr_add(&s, &a, 3, tok, 40, NULL);
     cr_compute(&s, &a, 16, 4);

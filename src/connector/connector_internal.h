@@ -426,7 +426,23 @@ void kvo__conn_remote_free(kvo_connector *c);
  * present; PENDING while a query runs, within r's budget; otherwise MISS),
  * queueing queries for keys without a fresh answer.  *pending: some chunk
  * was made PENDING by a query. */
-void kvo__conn_remote_states(kvo_connector *c, kvo__req *r, const size_t *off, size_t nk, bool *pending);
+/* One lookup's presence questions to the remote tier (remote.c): begin
+ * (the request's wait budget), ask for any number of key sets, end (the
+ * budget's bookkeeping; *pending when an answer the lookup may wait for is
+ * still out). */
+typedef struct kvo__rround {
+    uint64_t now, ttl;
+    bool wait;     /* the request's budget is not spent: in-flight answers count as PENDING */
+    bool inflight; /* some answer is still out */
+} kvo__rround;
+void kvo__conn_remote_begin(kvo_connector *c, kvo__req *r, kvo__rround *rr);
+/* The cluster's answers for the n keys whose states are MISS: PRESENT ->
+ * READY with tier TIER_REMOTE, a question in flight -> PENDING (budget
+ * left), none yet -> one is queued.  States at st[at] / tier[at], at =
+ * off[c->s_grp[i]] + c->s_chunk[i] with off (the chunks of phase 1), else i. */
+void kvo__conn_remote_ask(kvo_connector *c, kvo__rround *rr, const kvo_chunk_key *keys, size_t n, const size_t *off,
+                          uint8_t *st, uint8_t *tier);
+void kvo__conn_remote_end(kvo_connector *c, kvo__req *r, const kvo__rround *rr, bool *pending);
 /* Queue remote gets of n keys into dsts (like kvo_file_tier_read). */
 int kvo__conn_remote_get(kvo_connector *c, const kvo_chunk_key *keys, void *const *dsts, size_t n,
                          const uint64_t *ud, int *res, size_t *nq);

@@ -253,10 +253,9 @@ static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *o
 static int kvo__file_states(kvo_connector *c, const size_t *off, size_t nk, size_t nmiss);
 
 /* Phase 2: ask the host store for the nk keys of phase 1, then (use_file)
- * the file tier for the host misses; file hits get TIER_FILE; then
- * (use_remote) the remote tier's answers for what is still missing. */
-static int kvo__lookup_tiers(kvo_connector *c, kvo__req *r, const size_t *off, size_t nk, bool use_file,
-                             bool use_remote, bool *rpending) {
+ * the file tier for the host misses; file hits get TIER_FILE; then (rr not
+ * NULL) the remote tier's answers for what is still missing. */
+static int kvo__lookup_tiers(kvo_connector *c, const size_t *off, size_t nk, bool use_file, kvo__rround *rr) {
     uint8_t *hs = (uint8_t *)c->s_slots; /* s_cap * 16 bytes >= nk */
     int rc = kvo_store_lookup(c->store, c->s_keys, nk, hs);
     if (rc) return rc;
@@ -267,7 +266,7 @@ static int kvo__lookup_tiers(kvo_connector *c, kvo__req *r, const size_t *off, s
     }
     if (!nmiss) return 0;
     if (use_file && c->file_groups && (rc = kvo__file_states(c, off, nk, nmiss))) return rc;
-    if (use_remote && c->remote_groups) kvo__conn_remote_states(c, r, off, nk, rpending);
+    if (rr) kvo__conn_remote_ask(c, rr, c->s_keys, nk, off, c->s_u8, c->s_tier);
     return 0;
 }
 
@@ -297,9 +296,11 @@ static void kvo__snap_file_states(kvo_connector *c, size_t n);
  * ever stored for (c->snap_groups), the states of the snapshot keys at each
  * unit end p in (L, bmax] that is not a block boundary (block snapshots are
  * the chunks), ascending, into c->sn at soff[g] (nsn[g] of them): the host
- * store's, then (use_file) the file tier's for the host misses, with the
- * tier in c->sn_tier.  Bounded by the request's units. */
-static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *soff, size_t *nsn, bool use_file) {
+ * store's, then (use_file) the file tier's and (rr) the remote tier's for
+ * what is still missing, with the tier in c->sn_tier.  Bounded by the
+ * request's units. */
+static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *soff, size_t *nsn, bool use_file,
+                            kvo__rround *rr) {
     uint64_t bmax = kvo__conn_bmax(c, r, L), tph = kvo_plan_tokens_per_hash(c->plan);
     uint64_t hi = bmax < r->n_units * tph ? bmax : r->n_units * tph;
     size_t total = 0;
@@ -332,6 +333,7 @@ static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *s
     if (n && (rc = kvo_store_lookup(c->store, c->sn_keys, n, c->sn_st))) return rc;
     memset(c->sn_tier, TIER_HOST, n);
     if (use_file && c->file_groups && n) kvo__snap_file_states(c, n);
+    if (rr && n) kvo__conn_remote_ask(c, rr, c->sn_keys, n, NULL, c->sn_st, c->sn_tier);
     for (size_t i = 0; i < n; i++) c->sn[i].state = c->sn_st[i];
     return 0;
 }
@@ -473,9 +475,12 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
     size_t nk = 0, nh = 0, nhost = 0;
     uint64_t b = 0;
     bool rpending = false;
+    kvo__rround rround, *rr = use_remote && c->remote_groups ? &rround : NULL;
+    if (rr) kvo__conn_remote_begin(c, r, rr);
     int rc = kvo__host_states(c, r, L, off, ncs, &nk);
-    if (!rc && nk) rc = kvo__lookup_tiers(c, r, off, nk, use_file, use_remote, &rpending);
-    if (!rc) rc = kvo__snap_states(c, r, L, soff, nsn, use_file);
+    if (!rc && nk) rc = kvo__lookup_tiers(c, off, nk, use_file, rr);
+    if (!rc) rc = kvo__snap_states(c, r, L, soff, nsn, use_file, rr);
+    if (rr) kvo__conn_remote_end(c, r, rr, &rpending);
     if (!rc) rc = kvo__agree_hit(c, r, L, off, ncs, soff, nsn, out, &b);
     if (!rc && out->status == KVO_HIT_PENDING) out->remote_pending = rpending;
     if (rc || !b) return rc;

@@ -7,8 +7,10 @@
  * threads talk to the network), so nothing here ever waits for Redis while
  * c->mu is held, and lookup never stalls the scheduler.
  *
- * Presence.  Lookup needs to know which of the chunks that host and file
- * miss the cluster holds, without waiting for it.  rpres maps a 64-bit
+ * Presence.  Lookup needs to know which of the chunks (and state snapshots,
+ * lookup.c) that host and file miss the cluster holds, without waiting for
+ * it.  One lookup asks in a round: begin (the request's budget), ask once
+ * per key set, end (the budget's bookkeeping over all of them).  rpres maps a 64-bit
  * digest of each asked key to its answer: IN FLIGHT (an EXISTS query is
  * queued), PRESENT or ABSENT, with the time it was queued or answered.  A
  * lookup uses an answer younger than remote_exists_ttl_ms; a key without
@@ -74,40 +76,45 @@ static int kvo__rscratch(kvo_connector *c, size_t n) {
     return kvo__grow_all(&c->r_cap, n, a, sizeof a / sizeof a[0], 64, "connector: remote queries");
 }
 
-void kvo__conn_remote_states(kvo_connector *c, kvo__req *r, const size_t *off, size_t nk, bool *pending) {
-    uint64_t now = kvo__now_ns(), ttl = (uint64_t)c->p.remote_exists_ttl_ms * 1000000u;
+void kvo__conn_remote_begin(kvo_connector *c, kvo__req *r, kvo__rround *rr) {
+    rr->now = kvo__now_ns();
+    rr->ttl = (uint64_t)c->p.remote_exists_ttl_ms * 1000000u;
     uint64_t budget = (uint64_t)c->p.remote_lookup_budget_us * 1000u;
-    bool wait = r->remote_wait_ns ? now - r->remote_wait_ns < budget : budget > 0, inflight = false;
-    size_t *idx = NULL, nq = 0;
-    int *res = NULL;
-    if (kvo__rscratch(c, nk)) return; /* no remote answer this time */
-    idx = c->r_idx;
-    res = c->r_res;
+    rr->wait = r->remote_wait_ns ? rr->now - r->remote_wait_ns < budget : budget > 0;
+    rr->inflight = false;
     if (c->rpres.n >= KVO__RPRES_MAX) { /* a cache: start over */
         kvo__map_free(&c->rpres);
-        if (kvo__map_init(&c->rpres, 256)) return;
+        (void)kvo__map_init(&c->rpres, 256); /* on failure rpres stays empty: no answers, no queries */
     }
-    for (size_t i = 0; i < nk; i++) {
-        size_t at = off[c->s_grp[i]] + c->s_chunk[i];
-        if (c->s_u8[at] != KVO_MISS || !((c->remote_groups >> c->s_grp[i]) & 1)) continue;
-        kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&c->s_keys[i]));
-        if (e && e->a != RP_INFLIGHT && now - e->b < ttl) {
+}
+
+void kvo__conn_remote_ask(kvo_connector *c, kvo__rround *rr, const kvo_chunk_key *keys, size_t n, const size_t *off,
+                          uint8_t *st, uint8_t *tier) {
+    size_t nq = 0;
+    if (!c->rpres.cap || kvo__rscratch(c, n)) return; /* no remote answer this time */
+    size_t *idx = c->r_idx;
+    int *res = c->r_res;
+    for (size_t i = 0; i < n; i++) {
+        size_t at = off ? off[c->s_grp[i]] + c->s_chunk[i] : i;
+        if (st[at] != KVO_MISS || !((c->remote_groups >> keys[i].group) & 1)) continue;
+        kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&keys[i]));
+        if (e && e->a != RP_INFLIGHT && rr->now - e->b < rr->ttl) {
             if (e->a == RP_PRESENT) {
-                c->s_u8[at] = KVO_READY;
-                c->s_tier[at] = TIER_REMOTE;
+                st[at] = KVO_READY;
+                tier[at] = TIER_REMOTE;
             }
             continue;
         }
-        if (e && e->a == RP_INFLIGHT && now - e->b < KVO__RPRES_STALE_NS) {
-            inflight = true;
-            if (wait) c->s_u8[at] = KVO_PENDING;
+        if (e && e->a == RP_INFLIGHT && rr->now - e->b < KVO__RPRES_STALE_NS) {
+            rr->inflight = true;
+            if (rr->wait) st[at] = KVO_PENDING;
             continue;
         }
-        if (!e && (c->rpres.n >= KVO__RPRES_MAX || kvo__map_put(&c->rpres, kvo__rdigest(&c->s_keys[i]), &e) < 0))
+        if (!e && (c->rpres.n >= KVO__RPRES_MAX || kvo__map_put(&c->rpres, kvo__rdigest(&keys[i]), &e) < 0))
             continue;
         e->a = RP_INFLIGHT;
-        e->b = now;
-        c->r_keys[nq] = c->s_keys[i];
+        e->b = rr->now;
+        c->r_keys[nq] = keys[i];
         idx[nq++] = at;
     }
     size_t queued = 0;
@@ -115,8 +122,8 @@ void kvo__conn_remote_states(kvo_connector *c, kvo__req *r, const size_t *off, s
         int rc = kvo_remote_tier_exists(c->remote, c->r_keys, nq, NULL, res, &queued);
         for (size_t i = 0; i < nq; i++) {
             if (rc == 0 && res[i] == 0) {
-                inflight = true;
-                if (wait) c->s_u8[idx[i]] = KVO_PENDING;
+                rr->inflight = true;
+                if (rr->wait) st[idx[i]] = KVO_PENDING;
                 continue;
             }
             kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&c->r_keys[i])); /* refused: unknown */
@@ -125,12 +132,15 @@ void kvo__conn_remote_states(kvo_connector *c, kvo__req *r, const size_t *off, s
         }
         c->st.remote_exists += queued;
     }
-    if (!inflight) {
+}
+
+void kvo__conn_remote_end(kvo_connector *c, kvo__req *r, const kvo__rround *rr, bool *pending) {
+    if (!rr->inflight) {
         r->remote_wait_ns = 0; /* every answer is in: the next wait gets a fresh budget */
         return;
     }
-    if (!r->remote_wait_ns) r->remote_wait_ns = now;
-    if (wait) *pending = true;
+    if (!r->remote_wait_ns) r->remote_wait_ns = rr->now;
+    if (rr->wait) *pending = true;
     else c->st.remote_budget_expired++;
 }
 
