@@ -230,46 +230,33 @@ KVO_TEST(mamba_hybrid_snapshot_at_28) {
     sim_destroy(&s);
 }
 
-/* The same through a file tier: the snapshot at 28 was written through to
- * files with the chunks; with the host tier empty the lookup still hits 28
- * (it used to stop at the block boundary, 16: snapshots were looked up in
- * the host store only), and the load reads the snapshot from its file. */
-KVO_TEST(mamba_hybrid_snapshot_from_files) {
+/* The snapshot case through a lower tier, the host tier empty at the
+ * lookup (remote: false = files, true = the cluster): the snapshot at 28
+ * was written through with the chunks, the lookup still hits 28 from that
+ * tier (it used to stop at the block boundary, 16: snapshots were looked up
+ * in the host store only), and the load reads the snapshot from there. */
+static void mamba_snapshot_from_tier(bool remote) {
     uint32_t tok[40];
-    cr_tokens(tok, 40, 5);
+    cr_tokens(tok, 40, remote ? 6 : 5);
     sim s;
     kvo_file_tier *ft = NULL;
-    kvo_lookup_result lr = mamba_run(&s, tok, true, &ft, NULL);
+    kvo_remote_tier *rt = NULL;
+    kvo_lookup_result lr = mamba_run(&s, tok, true, remote ? NULL : &ft, remote ? &rt : NULL);
     ASSERT_EQ_U64(lr.tokens, 28);
-    ASSERT_EQ_U64(lr.tokens_file, 28);
+    ASSERT_EQ_U64(remote ? lr.tokens_remote : lr.tokens_file, 28);
     kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
     ASSERT_OK(kvo_connector_get_stats(s.c, &st));
-    ASSERT_GT_U64(st.file_reads, 7); /* 7 attention chunks and the snapshot */
+    ASSERT_GT_U64(remote ? st.remote_reads : st.file_reads, 7); /* 7 attention chunks and the snapshot */
     kvo_plan *plan = s.plan;
     sim_destroy(&s);
     kvo_file_tier_destroy(ft);
-    kvo_plan_destroy(plan);
-}
-
-/* And through the remote tier (Redis Cluster): the snapshot is asked for
- * like the chunks (lookups PENDING until the answers land), read into a
- * host slot and loaded byte-exact. */
-KVO_TEST(mamba_hybrid_snapshot_from_remote) {
-    uint32_t tok[40];
-    cr_tokens(tok, 40, 6);
-    sim s;
-    kvo_remote_tier *rt = NULL;
-    kvo_lookup_result lr = mamba_run(&s, tok, true, NULL, &rt);
-    ASSERT_EQ_U64(lr.tokens, 28);
-    ASSERT_EQ_U64(lr.tokens_remote, 28);
-    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
-    ASSERT_OK(kvo_connector_get_stats(s.c, &st));
-    ASSERT_GT_U64(st.remote_reads, 7); /* 7 attention chunks and the snapshot */
-    kvo_plan *plan = s.plan;
-    sim_destroy(&s);
     kvo_remote_tier_destroy(rt);
     kvo_plan_destroy(plan);
 }
+
+KVO_TEST(mamba_hybrid_snapshot_from_files) { mamba_snapshot_from_tier(false); }
+/* The cluster answers presence like for chunks (lookups PENDING meanwhile). */
+KVO_TEST(mamba_hybrid_snapshot_from_remote) { mamba_snapshot_from_tier(true); }
 
 KVO_TEST(mamba_hybrid_block_snapshots_only) {
     uint32_t tok[40];
