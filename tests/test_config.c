@@ -84,7 +84,8 @@ KVO_TEST(own_names) {
     applied a = load_apply("{\"model\": \"gemma-4-31b-like\", \"host_bytes\": 65536, \"policy\": \"s3fifo\","
                            " \"transfer_threads\": 3, \"verify_checksums\": true, \"file_mode\": \"write_back\","
                            " \"sliding_store\": \"checkpoints\", \"checkpoint_interval\": 512, \"salt\": \"tenant-a\","
-                           " \"file_root\": \"/var/tmp/kvo\", \"file_quota_bytes\": 1048576, \"prefault\": false}",
+                           " \"file_root\": \"/var/tmp/kvo\", \"file_quota_bytes\": 1048576, \"prefault\": false,"
+                           " \"snapshot_groups\": 4}",
                            &c);
     const kvo_connector_params cp = a.conn;
     const kvo_file_tier_params fp = a.file;
@@ -97,6 +98,7 @@ KVO_TEST(own_names) {
     ASSERT_EQ_INT(cp.file_mode, KVO_FILE_WRITE_BACK);
     ASSERT_EQ_INT(cp.sliding_store, KVO_SLIDING_STORE_CHECKPOINTS);
     ASSERT_EQ_U64(cp.checkpoint_interval, 512);
+    ASSERT_EQ_U64(cp.snapshot_groups, 4);
     ASSERT_EQ_U64(cp.salt_len, 8);
     ASSERT_MEM_EQ(cp.salt, "tenant-a", 8);
     ASSERT_EQ_STR(fp.root, "/var/tmp/kvo");

@@ -119,9 +119,11 @@ KVO_TEST(one_group_prompt_256_hits_255) {
  * behind the host tier, which forgets everything before the lookup: the hit
  * comes from files, the snapshot's too (*ft: the tier); with rt the same
  * with the remote tier of KVO_TEST_REDIS (skipped without it).  s->plan is
- * then the caller's to destroy after the tier. */
+ * then the caller's to destroy after the tier.  restart >= 0 (with a tier):
+ * instead of clearing the host tier, a new connector (a restarted process)
+ * does the lookup, with snapshot_groups = restart. */
 static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot, kvo_file_tier **ft,
-                                   kvo_remote_tier **rt) {
+                                   kvo_remote_tier **rt, int restart) {
     sim_group gs[] = {{"attn", KVO_GROUP_FULL, 4, 0, 1, true, false}, {"mamba", KVO_GROUP_STATE, 16, 0, 1, true, false}};
     kvo_connector_params cp = kvo_connector_default_params();
     cp.min_hit_tokens = 4;
@@ -181,7 +183,14 @@ static kvo_lookup_result mamba_run(sim *s, const uint32_t *tok, bool snapshot, k
     sim_free_block(s, 1, spare);
     if (ft) ASSERT_OK(kvo_file_tier_flush(*ft, -1));
     if (rt) ASSERT_OK(kvo_remote_tier_flush(*rt, KVO_MS(20000)));
-    if (ft || rt) kvo_store_clear(kvo_connector_store(s->c)); /* only the lower tier remembers */
+    if ((ft || rt) && restart >= 0) {
+        sim_destroy(s);
+        cp.snapshot_groups = (uint64_t)restart;
+        sim_init(s, plan, &cp, 64);
+        s->keep_plan = true;
+    } else if (ft || rt) {
+        kvo_store_clear(kvo_connector_store(s->c)); /* only the lower tier remembers */
+    }
     sim_req r;
     cr_add(s, &r, 2, tok, 40, NULL);
     kvo_lookup_result lr;
@@ -225,7 +234,7 @@ KVO_TEST(mamba_hybrid_snapshot_at_28) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 5);
     sim s;
-    kvo_lookup_result lr = mamba_run(&s, tok, true, NULL, NULL);
+    kvo_lookup_result lr = mamba_run(&s, tok, true, NULL, NULL, -1);
     ASSERT_EQ_U64(lr.tokens, 28); /* vLLM: 28 */
     sim_destroy(&s);
 }
@@ -241,7 +250,7 @@ static void mamba_snapshot_from_tier(bool remote) {
     sim s;
     kvo_file_tier *ft = NULL;
     kvo_remote_tier *rt = NULL;
-    kvo_lookup_result lr = mamba_run(&s, tok, true, remote ? NULL : &ft, remote ? &rt : NULL);
+    kvo_lookup_result lr = mamba_run(&s, tok, true, remote ? NULL : &ft, remote ? &rt : NULL, -1);
     ASSERT_EQ_U64(lr.tokens, 28);
     ASSERT_EQ_U64(remote ? lr.tokens_remote : lr.tokens_file, 28);
     kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
@@ -258,11 +267,42 @@ KVO_TEST(mamba_hybrid_snapshot_from_files) { mamba_snapshot_from_tier(false); }
 /* The cluster answers presence like for chunks (lookups PENDING meanwhile). */
 KVO_TEST(mamba_hybrid_snapshot_from_remote) { mamba_snapshot_from_tier(true); }
 
+/* A restarted process (a new connector on yesterday's files) knows of no
+ * snapshot until it stores one: by default its lookups do not ask for them
+ * (16, the block boundary); snapshot_groups says the tiers hold some (28).
+ * A mask naming a group that is not an offloaded state group is refused. */
+KVO_TEST(mamba_hybrid_snapshot_after_restart) {
+    for (int told = 0; told < 2; told++) {
+        uint32_t tok[40];
+        cr_tokens(tok, 40, 7 + (uint64_t)told); /* other prompts: the first round's files stay */
+        sim s;
+        kvo_file_tier *ft = NULL;
+        kvo_lookup_result lr = mamba_run(&s, tok, true, &ft, NULL, told ? 2 : 0);
+        ASSERT_EQ_U64(lr.tokens, (uint64_t)(told ? 28 : 16));
+        ASSERT_EQ_U64(lr.tokens_file, lr.tokens);
+        kvo_plan *plan = s.plan;
+        if (told) {
+            kvo_connector_params cp = kvo_connector_default_params();
+            cp.plan = plan;
+            cp.host_bytes = 1u << 20;
+            cp.snapshot_groups = 1; /* the attention group */
+            kvo_connector *c = NULL;
+            ASSERT_ERR(kvo_connector_create(&cp, &c), KVO_EINVAL);
+            ASSERT_CONTAINS(kvo_last_error(), "'attn'");
+            cp.snapshot_groups = 4; /* beyond the plan */
+            ASSERT_ERR(kvo_connector_create(&cp, &c), KVO_EINVAL);
+        }
+        sim_destroy(&s);
+        kvo_file_tier_destroy(ft);
+        kvo_plan_destroy(plan);
+    }
+}
+
 KVO_TEST(mamba_hybrid_block_snapshots_only) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 5);
     sim s;
-    kvo_lookup_result lr = mamba_run(&s, tok, false, NULL, NULL);
+    kvo_lookup_result lr = mamba_run(&s, tok, false, NULL, NULL, -1);
     ASSERT_EQ_U64(lr.tokens, 16); /* no snapshot at 28: the block boundary */
     sim_destroy(&s);
 }
@@ -273,7 +313,7 @@ KVO_TEST(snapshot_key_differs_from_chunk_key) {
     uint32_t tok[40];
     cr_tokens(tok, 40, 9);
     sim s;
-    (void)mamba_run(&s, tok, false, NULL, NULL);
+    (void)mamba_run(&s, tok, false, NULL, NULL, -1);
     sim_req a;
     cr_add(&s, &a, 3, tok, 40, NULL);
     cr_compute(&s, &a, 16, 4);

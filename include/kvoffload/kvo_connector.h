@@ -300,6 +300,13 @@ typedef struct kvo_connector_params {
                                      wait.  Default 20000 (20 ms) */
     uint32_t remote_exists_ttl_ms; /* how long an EXISTS answer is reused by
                                      later lookups; default 1000 */
+    uint64_t snapshot_groups;     /* bit g: state group g has snapshots off
+                                     the block grid in the tiers already
+                                     (stored by an earlier process), so
+                                     lookups ask for them from the start;
+                                     a group gets its bit anyway at its
+                                     first kvo_connector_store_snapshot.
+                                     Default 0 */
 } kvo_connector_params;
 
 KVO_API kvo_connector_params kvo_connector_default_params(void);
@@ -309,7 +316,8 @@ typedef struct kvo_connector kvo_connector;
 /** Create a connector: arena, store and transfer engine.  *out owned by the
  *  caller (kvo_connector_destroy).  Errors: KVO_EINVAL (no plan, host_bytes
  *  below the largest slot, checkpoint_interval not a multiple of the step,
- *  scratch_groups naming a cacheable group: the message names group and
+ *  scratch_groups naming a cacheable group, snapshot_groups naming a group
+ *  that is not an offloaded state group: the message names group and
  *  numbers), KVO_ENOMEM, and the arena's / transfer engine's errors. */
 KVO_API int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out);
 

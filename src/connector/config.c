@@ -35,7 +35,7 @@ typedef enum kvo__cfg_field {
     F_PREFAULT, F_SHM_PATH, F_TRANSFER_THREADS, F_MAX_QUEUED_JOBS, F_SALT, F_MIN_HIT_TOKENS,
     F_SCRATCH_GROUPS, F_SLIDING_STORE, F_CHECKPOINT_INTERVAL, F_VERIFY_CHECKSUMS, F_MAX_REQUESTS,
     F_FILE_MODE, F_FILE_PERSIST, F_FILE_ROOT, F_FILE_QUOTA, F_REMOTE_URL, F_LOCAL_CPU,
-    F_REMOTE_PREFIX, F_REMOTE_BUDGET,
+    F_REMOTE_PREFIX, F_REMOTE_BUDGET, F_SNAPSHOT_GROUPS,
     F_IGNORED, F_NESTED,
     KVO__CFG_NFIELDS
 } kvo__cfg_field;
@@ -80,6 +80,7 @@ static const kvo__cfg_key kvo__keys[] = {
     {"salt", F_SALT, T_STR},
     {"min_hit_tokens", F_MIN_HIT_TOKENS, T_U64},
     {"scratch_groups", F_SCRATCH_GROUPS, T_U64},
+    {"snapshot_groups", F_SNAPSHOT_GROUPS, T_U64},
     {"sliding_store", F_SLIDING_STORE, T_SLIDING},
     {"checkpoint_interval", F_CHECKPOINT_INTERVAL, T_U64},
     {"verify_checksums", F_VERIFY_CHECKSUMS, T_BOOL},
@@ -349,6 +350,7 @@ int kvo_config_apply_connector(const kvo_config *c, kvo_connector_params *p) {
     }
     if (KVO__HAS(c, F_MIN_HIT_TOKENS)) p->min_hit_tokens = u[F_MIN_HIT_TOKENS];
     if (KVO__HAS(c, F_SCRATCH_GROUPS)) p->scratch_groups = u[F_SCRATCH_GROUPS];
+    if (KVO__HAS(c, F_SNAPSHOT_GROUPS)) p->snapshot_groups = u[F_SNAPSHOT_GROUPS];
     if (KVO__HAS(c, F_SLIDING_STORE)) p->sliding_store = (kvo_sliding_store)u[F_SLIDING_STORE];
     if (KVO__HAS(c, F_CHECKPOINT_INTERVAL)) p->checkpoint_interval = u[F_CHECKPOINT_INTERVAL];
     if (KVO__HAS(c, F_VERIFY_CHECKSUMS)) p->verify_checksums = u[F_VERIFY_CHECKSUMS];

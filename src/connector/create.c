@@ -70,6 +70,18 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
                               "(only non-cacheable groups can be scratch)",
                               kvo_plan_group(plan, g)->name);
     }
+    for (size_t g = 0; g < 64; g++) {
+        if (!((p->snapshot_groups >> g) & 1)) continue;
+        if (g >= ng)
+            return kvo__error(KVO_EINVAL, "kvo_connector_create: snapshot_groups names group %zu; the plan has %zu",
+                              g, ng);
+        const kvo_group_plan *gp = kvo_plan_group(plan, g);
+        if (gp->kind != KVO_GROUP_STATE || !gp->offloaded)
+            return kvo__error(KVO_EINVAL,
+                              "kvo_connector_create: snapshot_groups names group '%s', which is not an offloaded "
+                              "state group (only those have snapshots off the block grid)",
+                              gp->name);
+    }
     if ((unsigned)p->sliding_store > KVO_SLIDING_STORE_REACHABLE)
         return kvo__error(KVO_EINVAL,
                           "kvo_connector_create: sliding_store %d is not ALL (0), CHECKPOINTS (1) or REACHABLE (2)",
@@ -84,6 +96,7 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     c->p = *p;
     c->plan = plan;
     c->ng = ng;
+    c->snap_groups = p->snapshot_groups;
     c->step = step;
     c->min_hit = p->min_hit_tokens ? p->min_hit_tokens : kvo__agree_min_hit_default(plan);
     c->fingerprint = kvo_plan_fingerprint(plan);
