@@ -323,6 +323,14 @@ static inline uint64_t kvo__conn_block_key(uint32_t group, uint64_t block) { ret
 
 static inline void *kvo__conn_slot_ptr(kvo_connector *c, kvo_slot s) { return c->arena_base + s.offset; }
 
+/* Where a lookup keeps the state of key i of a key set it asks a lower tier
+ * about: with off, the chunks of phase 1 (s_keys; state at off[group] +
+ * chunk in s_u8 / s_tier); without, position i (the snapshots: sn_st /
+ * sn_tier). */
+static inline size_t kvo__conn_state_at(const kvo_connector *c, const size_t *off, size_t i) {
+    return off ? off[c->s_grp[i]] + c->s_chunk[i] : i;
+}
+
 /* ---- request.c: request table, scratch ---- */
 /* Scratch arrays (s_keys, s_u8, s_slots, s_grp, s_chunk, s_tier) for n
  * chunk entries. */
@@ -421,11 +429,6 @@ int kvo__conn_remote_init(kvo_connector *c);
 /* Wait for the remote reads into the arena still running, then free the
  * remote state (destroy). */
 void kvo__conn_remote_free(kvo_connector *c);
-/* After the host and file lookups: the states of the nk chunks in s_keys
- * that both missed, from the EXISTS answers (READY + TIER_REMOTE when
- * present; PENDING while a query runs, within r's budget; otherwise MISS),
- * queueing queries for keys without a fresh answer.  *pending: some chunk
- * was made PENDING by a query. */
 /* One lookup's presence questions to the remote tier (remote.c): begin
  * (the request's wait budget), ask for any number of key sets, end (the
  * budget's bookkeeping; *pending when an answer the lookup may wait for is
@@ -439,7 +442,7 @@ void kvo__conn_remote_begin(kvo_connector *c, kvo__req *r, kvo__rround *rr);
 /* The cluster's answers for the n keys whose states are MISS: PRESENT ->
  * READY with tier TIER_REMOTE, a question in flight -> PENDING (budget
  * left), none yet -> one is queued.  States at st[at] / tier[at], at =
- * off[c->s_grp[i]] + c->s_chunk[i] with off (the chunks of phase 1), else i. */
+ * kvo__conn_state_at(c, off, i). */
 void kvo__conn_remote_ask(kvo_connector *c, kvo__rround *rr, const kvo_chunk_key *keys, size_t n, const size_t *off,
                           uint8_t *st, uint8_t *tier);
 void kvo__conn_remote_end(kvo_connector *c, kvo__req *r, const kvo__rround *rr, bool *pending);

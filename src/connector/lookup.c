@@ -250,7 +250,8 @@ static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *o
     return 0;
 }
 
-static int kvo__file_states(kvo_connector *c, const size_t *off, size_t nk, size_t nmiss);
+static int kvo__file_ask(kvo_connector *c, const kvo_chunk_key *keys, size_t n, const size_t *off, uint8_t *st,
+                         uint8_t *tier);
 
 /* Phase 2: ask the host store for the nk keys of phase 1, then (use_file)
  * the file tier for the host misses; file hits get TIER_FILE; then (rr not
@@ -265,32 +266,35 @@ static int kvo__lookup_tiers(kvo_connector *c, const size_t *off, size_t nk, boo
         nmiss += hs[i] == KVO_MISS;
     }
     if (!nmiss) return 0;
-    if (use_file && c->file_groups && (rc = kvo__file_states(c, off, nk, nmiss))) return rc;
+    if (use_file && c->file_groups && (rc = kvo__file_ask(c, c->s_keys, nk, off, c->s_u8, c->s_tier))) return rc;
     if (rr) kvo__conn_remote_ask(c, rr, c->s_keys, nk, off, c->s_u8, c->s_tier);
     return 0;
 }
 
-/* Phase 2, file part: the file tier's states of the nmiss host misses. */
-static int kvo__file_states(kvo_connector *c, const size_t *off, size_t nk, size_t nmiss) {
-    const uint8_t *hs = (const uint8_t *)c->s_slots;
-    int rc;
-    if ((rc = kvo__fscratch(c, nmiss))) return rc;
+/* Phase 2, file part: the file tier's states (READY or PENDING, tier
+ * TIER_FILE) of the n keys whose state is still MISS and whose group's
+ * format the tier holds; states at st[at] / tier[at] as in
+ * kvo__conn_remote_ask (chunks of phase 1 with off, snapshots without). */
+static int kvo__file_ask(kvo_connector *c, const kvo_chunk_key *keys, size_t n, const size_t *off, uint8_t *st,
+                         uint8_t *tier) {
+    int rc = kvo__fscratch(c, n);
+    if (rc) return rc;
     size_t m = 0;
-    for (size_t i = 0; i < nk; i++)
-        if (hs[i] == KVO_MISS && ((c->file_groups >> c->s_grp[i]) & 1)) { /* format held by the tier */
-            c->s_fkeys[m] = c->s_keys[i];
-            c->s_fidx[m++] = off[c->s_grp[i]] + c->s_chunk[i];
+    for (size_t i = 0; i < n; i++) {
+        size_t at = kvo__conn_state_at(c, off, i);
+        if (st[at] == KVO_MISS && ((c->file_groups >> keys[i].group) & 1)) {
+            c->s_fkeys[m] = keys[i];
+            c->s_fidx[m++] = at;
         }
-    if (kvo_file_tier_lookup(c->file, c->s_fkeys, m, c->s_fst) == 0)
-        for (size_t i = 0; i < m; i++) {
-            if (c->s_fst[i] == KVO_MISS) continue;
-            c->s_u8[c->s_fidx[i]] = c->s_fst[i];
-            c->s_tier[c->s_fidx[i]] = TIER_FILE;
+    }
+    if (m && kvo_file_tier_lookup(c->file, c->s_fkeys, m, c->s_fst) == 0)
+        for (size_t k = 0; k < m; k++) {
+            if (c->s_fst[k] == KVO_MISS) continue;
+            st[c->s_fidx[k]] = c->s_fst[k];
+            tier[c->s_fidx[k]] = TIER_FILE;
         }
     return 0;
 }
-
-static void kvo__snap_file_states(kvo_connector *c, size_t n);
 
 /* Phase 2, snapshots: for every offloaded state group some snapshot was
  * ever stored for (c->snap_groups), the states of the snapshot keys at each
@@ -332,32 +336,11 @@ static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *s
     }
     if (n && (rc = kvo_store_lookup(c->store, c->sn_keys, n, c->sn_st))) return rc;
     memset(c->sn_tier, TIER_HOST, n);
-    if (use_file && c->file_groups && n) kvo__snap_file_states(c, n);
+    if (use_file && c->file_groups && n && (rc = kvo__file_ask(c, c->sn_keys, n, NULL, c->sn_st, c->sn_tier)))
+        return rc;
     if (rr && n) kvo__conn_remote_ask(c, rr, c->sn_keys, n, NULL, c->sn_st, c->sn_tier);
     for (size_t i = 0; i < n; i++) c->sn[i].state = c->sn_st[i];
     return 0;
-}
-
-/* The file tier's states of the n snapshot keys the host misses (groups
- * whose format the tier holds): READY there -> READY, tier TIER_FILE (the
- * load reads it into a host slot like a chunk).  Best effort: without
- * scratch memory the host's answer stands. */
-static void kvo__snap_file_states(kvo_connector *c, size_t n) {
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) m += c->sn_st[i] == KVO_MISS && ((c->file_groups >> c->sn_keys[i].group) & 1);
-    if (!m || kvo__fscratch(c, m)) return;
-    m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (c->sn_st[i] == KVO_MISS && ((c->file_groups >> c->sn_keys[i].group) & 1)) {
-            c->s_fkeys[m] = c->sn_keys[i];
-            c->s_fidx[m++] = i;
-        }
-    if (kvo_file_tier_lookup(c->file, c->s_fkeys, m, c->s_fst)) return;
-    for (size_t k = 0; k < m; k++)
-        if (c->s_fst[k] == KVO_READY) {
-            c->sn_st[c->s_fidx[k]] = KVO_READY;
-            c->sn_tier[c->s_fidx[k]] = TIER_FILE;
-        }
 }
 
 /* Phase 3: the boundary every group agrees on, into out.  *b: the boundary

@@ -95,7 +95,7 @@ void kvo__conn_remote_ask(kvo_connector *c, kvo__rround *rr, const kvo_chunk_key
     size_t *idx = c->r_idx;
     int *res = c->r_res;
     for (size_t i = 0; i < n; i++) {
-        size_t at = off ? off[c->s_grp[i]] + c->s_chunk[i] : i;
+        size_t at = kvo__conn_state_at(c, off, i);
         if (st[at] != KVO_MISS || !((c->remote_groups >> keys[i].group) & 1)) continue;
         kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&keys[i]));
         if (e && e->a != RP_INFLIGHT && rr->now - e->b < rr->ttl) {
