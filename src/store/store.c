@@ -561,15 +561,16 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
             if (!(x->flags & KVO__F_RETIRED)) s->pol->reinsert(s, e);
         }
     }
-    for (size_t i = 0; i < n && !rc; i++) s->ent[s->sc_ent[i]].flags &= (uint8_t)~KVO__F_BATCH;
-    /* retired entries go with their last pin (after the flag sweep: a key
-     * given twice names its entry twice) */
+    /* clear the marks; a retired entry goes with its last pin (here, not
+     * above: a key given twice names its entry twice, and a later copy
+     * finds it gone, no longer READY) */
     for (size_t i = 0; i < n && !rc; i++) {
-        uint32_t e = s->sc_ent[i];
-        if (s->ent[e].state == KVO__E_READY && s->ent[e].pins == 0 && (s->ent[e].flags & KVO__F_RETIRED)) {
-            s->ent[e].flags &= (uint8_t)~KVO__F_RETIRED;
+        kvo__entry *x = &s->ent[s->sc_ent[i]];
+        x->flags &= (uint8_t)~KVO__F_BATCH;
+        if (x->state == KVO__E_READY && x->pins == 0 && (x->flags & KVO__F_RETIRED)) {
+            x->flags &= (uint8_t)~KVO__F_RETIRED;
             s->removals++;
-            kvo__resident_drop(s, e, KVO_EVENT_REMOVED);
+            kvo__resident_drop(s, s->sc_ent[i], KVO_EVENT_REMOVED);
         }
     }
     kvo__store_unlock(s);
