@@ -133,12 +133,9 @@ uint64_t kvo__conn_best_boundary(kvo_connector *c, uint64_t x) {
 
 int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d) {
     if (!c || !d) return kvo__error(KVO_EINVAL, "kvo_connector_add_request: c and d must not be NULL");
-    int rc0 = KVO__CHECK_STRUCT_SIZE("kvo_connector_add_request", "kvo_request_desc", d, kvo_request_desc,
-                                     offload_prompt_only, "KVO_REQUEST_DESC_INIT");
-    if (rc0) return rc0;
-    kvo_request_desc whole = KVO_REQUEST_DESC_INIT; /* fields past the caller's struct_size: zero */
-    memcpy(&whole, d, d->struct_size < sizeof whole ? d->struct_size : sizeof whole);
-    d = &whole;
+    kvo_request_desc d_in_; /* fields past the caller's struct_size: zero */
+    KVO__STRUCT_IN(d, kvo_request_desc, d_in_, (kvo_request_desc)KVO_REQUEST_DESC_INIT, offload_prompt_only,
+                   "kvo_connector_add_request", "KVO_REQUEST_DESC_INIT");
     uint32_t tph = kvo_plan_tokens_per_hash(c->plan);
     bool hash_mode = d->unit_hashes != NULL;
     if (hash_mode == (d->tokens != NULL))

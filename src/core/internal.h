@@ -85,20 +85,24 @@ int kvo__check_struct_size(const char *fn, const char *type, size_t given, size_
 #define KVO__CHECK_STRUCT_SIZE(fn, type, ptr, T, last_v1, init)                          \
     kvo__check_struct_size(fn, type, (ptr)->struct_size,                                  \
                            offsetof(T, last_v1) + sizeof(((T *)0)->last_v1), init)
-/* Create functions: when p is not NULL, check its struct_size, copy its
- * first struct_size bytes over the defaults in `local` and point p at
- * local (the library then sees a whole struct of this version). */
-#define KVO__PARAMS_IN(p, T, local, defaults, last_v1, fn)                                 \
+/* A caller's struct in: when p is not NULL, check its struct_size (an
+ * error names `init`, what sets it), copy its first struct_size bytes over
+ * the value `whole` in `local` and point p at local (the library then sees a
+ * whole struct of this version). */
+#define KVO__STRUCT_IN(p, T, local, whole, last_v1, fn, init)                              \
     do {                                                                                 \
         if (p) {                                                                         \
-            int rc_ = KVO__CHECK_STRUCT_SIZE(fn, #T, p, T, last_v1, #defaults "()");     \
+            int rc_ = KVO__CHECK_STRUCT_SIZE(fn, #T, p, T, last_v1, init);               \
             if (rc_) return rc_;                                                         \
-            local = defaults();                                                          \
+            local = whole;                                                               \
             memcpy(&local, p, (p)->struct_size < sizeof local ? (p)->struct_size : sizeof local); \
             local.struct_size = sizeof local;                                            \
             p = &local;                                                                  \
         }                                                                                \
     } while (0)
+/* Create functions: the defaults under the caller's params. */
+#define KVO__PARAMS_IN(p, T, local, defaults, last_v1, fn) \
+    KVO__STRUCT_IN(p, T, local, defaults(), last_v1, fn, #defaults "()")
 /* get_stats: copy a whole statistics struct into the caller's, whose
  * struct_size (checked, at least the first field past it) says how many
  * bytes it has; its struct_size stays. */
