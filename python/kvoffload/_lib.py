@@ -223,6 +223,9 @@ class RemoteTierStats(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _REMOTE_STATS]
 
 
+REMOTE_OP_PUT, REMOTE_OP_GET, REMOTE_OP_EXISTS = 1, 2, 3  # kvo_remote_op_kind
+
+
 class RemoteCompletion(ctypes.Structure):
     _fields_ = [("user_data", c_uint64), ("key", ChunkKey), ("op", c_uint32), ("result", c_int),
                 ("bytes", c_uint64), ("latency_ns", c_uint64)]

@@ -75,7 +75,6 @@ from .core import KEY_DTYPE, LOAD, MISS, PENDING, READY, STORE, FileTier, Model,
 from .shm import SharedArena
 
 _HIT, _MISS, _PENDING, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING, LookupResult.RETRY
-_OP_GET, _OP_EXISTS = 2, 3  # kvo_remote_op_kind
 _STATE_TO_RESULT = {READY: _HIT, PENDING: _PENDING}
 
 
@@ -325,13 +324,12 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if ans is not None and ans[1] < now:
             del self._answers[ck]
             ans = None
-        keys = np.frombuffer(ck, dtype=KEY_DTYPE).copy()
         if ans is None:
             if ck in self._asked:
                 return _RETRY
             ud = self._next_ud
             self._next_ud += 1
-            if rt.exists(keys, [ud])[0] != 0:  # too many in flight: no answer this time
+            if rt.exists(np.frombuffer(ck, dtype=KEY_DTYPE).copy(), [ud])[0] != 0:  # too many in flight
                 return _MISS
             self._asking[ud] = ck
             self._asked.add(ck)
@@ -355,13 +353,13 @@ class KvoffloadOffloadingManager(OffloadingManager):
             return
         for c in self.remote_tier.poll():
             ud = c["user_data"]
-            if c["op"] == _OP_EXISTS:
+            if c["op"] == L.REMOTE_OP_EXISTS:
                 ck = self._asking.pop(ud, None)
                 if ck is not None:
                     self._asked.discard(ck)
                     self._remember(ck, c["result"] == 0)
                 continue
-            item = self._fetching.pop(ud, None) if c["op"] == _OP_GET else None
+            item = self._fetching.pop(ud, None) if c["op"] == L.REMOTE_OP_GET else None
             if item is None:
                 continue
             ck, _key = item
