@@ -44,15 +44,10 @@ run_pytest() {  # python, args...
   return $rc
 }
 
-# -- the remote tier's tests need a Redis Cluster: a throw-away one on loopback
-# for this run (as tools/test.sh does) unless KVO_TEST_REDIS names one or
-# KVO_NO_REDIS=1 (then those tests skip)
-if [ -z "${KVO_TEST_REDIS:-}" ] && [ "${KVO_NO_REDIS:-0}" != 1 ] && command -v redis-server >/dev/null; then
-  rdir=$(mktemp -d "${TMPDIR:-/tmp}/kvo-py-redis.XXXXXX")
-  trap 'tools/redis-cluster.sh stop "$rdir" >/dev/null 2>&1 || true' EXIT INT TERM
-  KVO_TEST_REDIS=$(tools/redis-cluster.sh start "$rdir" "${KVO_TEST_REDIS_PORT:-7100}")
-  export KVO_TEST_REDIS
-fi
+# -- the remote tier's tests: a throw-away Redis Cluster on 127.0.0.1:7100-7105
+# for this run (tools/test-redis.sh; they skip without one)
+. tools/test-redis.sh
+kvo_test_redis_start 7100
 
 venv=${KVO_PY_VENV:-build/py-venv}
 [ "${venv:0:1}" = / ] || venv="$root/$venv"

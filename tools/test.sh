@@ -22,15 +22,10 @@ cmake --build "$dir" -j"$(nproc)"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
-# The remote tier's tests need a Redis Cluster: start a throw-away one on
-# loopback (tools/redis-cluster.sh) for this run unless KVO_TEST_REDIS names one
-# already or KVO_NO_REDIS=1 (then those tests report SKIPPED).
-if [ -z "${KVO_TEST_REDIS:-}" ] && [ "${KVO_NO_REDIS:-0}" != 1 ] && command -v redis-server >/dev/null; then
-  rdir=$(mktemp -d "${TMPDIR:-/tmp}/kvo-test-redis.XXXXXX")
-  trap 'tools/redis-cluster.sh stop "$rdir" >/dev/null 2>&1 || true' EXIT INT TERM
-  KVO_TEST_REDIS=$(tools/redis-cluster.sh start "$rdir" "${KVO_TEST_REDIS_PORT:-7000}")
-  export KVO_TEST_REDIS
-fi
+# The remote tier's tests: a throw-away Redis Cluster on 127.0.0.1:7000-7005
+# for this run (tools/test-redis.sh; their tests report SKIPPED without one).
+. tools/test-redis.sh
+kvo_test_redis_start 7000
 run=""
 # ThreadSanitizer cannot map its shadow memory with high ASLR entropy; run without ASLR.
 if [ "$mode" = tsan ] && command -v setarch >/dev/null; then run="setarch $(uname -m) -R"; fi
