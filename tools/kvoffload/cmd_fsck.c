@@ -289,8 +289,8 @@ static bool size_unbelievable(const fsck_ns *n, const kvo_file_walk_entry *e, ch
     if (G) {
         uint64_t want = KVO_FILE_HEADER_BYTES + G->slot_bytes;
         if (size == want) return false;
-        snprintf(why, cap, "%llu bytes, but a chunk file of group %u (%s) is %llu bytes (header + %llu-byte slot): "
-                 "not read", (unsigned long long)size, e->key.group, G->name, (unsigned long long)want,
+        snprintf(why, cap, "%s: %llu bytes, but a chunk file of group %u (%s) is %llu bytes (header + %llu-byte "
+                 "slot): not read", size < want ? "truncated" : "too long", (unsigned long long)size, e->key.group, G->name, (unsigned long long)want,
                  (unsigned long long)G->slot_bytes);
         return true;
     }
@@ -327,7 +327,7 @@ static int fsck_visit(const kvo_file_walk_entry *e, void *arg) {
         return 0;
     }
     char why[512];
-    if (size_unbelievable(n, e, why, sizeof why)) {
+    if (e->is_regular && size_unbelievable(n, e, why, sizeof why)) { /* others: kvo_file_inspect says what */
         bad_file(c, n->bad, e->path, why);
         return 0;
     }
