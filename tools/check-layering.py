@@ -4,6 +4,7 @@
 Each directory under ROOT/src (default ROOT: the checkout holding this script) is
 one unit, and so is each of its subdirectories: src/tiers and src/tiers/uring are
 two units, and a use from one into the other is not counted (it crosses folders).
+ROOT/engine (the reference engine), when present, is checked the same way.
 
 For every .c (and .cu) file of a unit it finds
   - the kvo__* (internal) and kvo_* (public) functions it defines: non-static,
@@ -18,6 +19,7 @@ than one file is a cycle: it is printed as a path of file names with the first
 name that makes each step, and the exit status is 1. Without a cycle the script
 prints one summary line and exits 0. Standard library only.
 """
+import itertools
 import os
 import re
 import sys
@@ -237,7 +239,8 @@ def main(argv):
         return 2
     units = files = uses = 0
     cycles = []
-    for folder, dirs, _ in os.walk(src):
+    walk = [os.path.join(root, "engine")] if os.path.isdir(os.path.join(root, "engine")) else []
+    for folder, dirs, _ in itertools.chain(*(os.walk(top) for top in [src] + walk)):
         dirs.sort()
         if folder == src:
             continue

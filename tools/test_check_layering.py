@@ -98,6 +98,17 @@ class CheckLayering(unittest.TestCase):
         rc, out = self.check(root)
         self.assertEqual(rc, 1, out)
 
+    def test_engine_folder_is_checked(self):
+        root = self.tree({"a/leaf.c": "int kvo__leaf(void) { return 1; }\n"})
+        for name, text in {"x.c": "int kvo__y(void);\nint kvo__x(void) { return kvo__y(); }\n",
+                           "y.c": "int kvo__x(void);\nint kvo__y(void) { return kvo__x(); }\n"}.items():
+            os.makedirs(os.path.join(root, "engine"), exist_ok=True)
+            with open(os.path.join(root, "engine", name), "w") as f:
+                f.write(text)
+        rc, out = self.check(root)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("cycle in engine/: x.c -> y.c (kvo__y) -> x.c (kvo__x)", out)
+
     def test_missing_src_is_a_usage_error(self):
         root = tempfile.mkdtemp(prefix="kvo-layering-")
         self.addCleanup(os.rmdir, root)
