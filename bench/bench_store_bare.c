@@ -8,8 +8,8 @@
  * of 64-byte entries (key, LRU links, table position, slot offset, state),
  * 64-byte aligned; deletion by backward shift; one doubly linked LRU list.
  * Sizes equal the store's for the same key count (src/store/index.c), the
- * key mix is the store's (kvo__key_mix, copied: the store's internals are
- * not public), and batches probe with the store's two-stage prefetch (the
+ * key mix is the store's (kvo__key_mix from src/store/key_mix.h, the same
+ * inline function the index calls), and batches probe with the store's two-stage prefetch (the
  * table slot 8 keys ahead, the entry 4 ahead).  So per key it takes the
  * same random misses as the store:
  *   - lookup: the key's table slot, its entry;
@@ -32,6 +32,7 @@
 #include <sys/mman.h>
 
 #include "bench_store.h"
+#include "store/key_mix.h"
 
 #define BB_NIL UINT32_MAX
 #define BB_EMPTY UINT64_MAX
@@ -54,16 +55,8 @@ struct kvo__bs_bare {
     size_t vcap;
 };
 
-/* The store's kvo__key_mix (src/store/store_internal.h). */
-static inline uint64_t bb_mix(const kvo_chunk_key *k) {
-    uint64_t h = k->hash.lo ^ (k->hash.hi * UINT64_C(0x9E3779B97F4A7C15)) ^ ((uint64_t)k->group << 56);
-    h ^= h >> 33;
-    h *= UINT64_C(0xFF51AFD7ED558CCD);
-    h ^= h >> 33;
-    h *= UINT64_C(0xC4CEB9FE1A85EC53);
-    h ^= h >> 33;
-    return h;
-}
+/* The store's own key mix (src/store/key_mix.h). */
+static inline uint64_t bb_mix(const kvo_chunk_key *k) { return kvo__key_mix(k); }
 
 static void *bb_alloc(size_t n) {
     size_t a = (size_t)2 << 20;

@@ -15,8 +15,8 @@
  * moves every chunk.  Limit and jobs run interleaved, --reps rounds, best of
  * each.  Pages up to the kernel threshold (16 KiB) are also measured with the
  * kernel off (".copy_engine_only"), so the run shows which is faster.
- * Goals (issue 14): >= 0.9 of the limit for pages >= 64 KiB, >= 0.75 at
- * 16 KiB; no GPU has run this yet (docs/gpu.md).
+ * Goals (docs/gpu.md, "The GPU check"): >= 0.9 of the limit for pages
+ * >= 64 KiB, >= 0.75 at 16 KiB; no GPU has run this yet.
  *
  * Without CUDA in the build, or without a device, it fails with a message.
  */

@@ -1,4 +1,12 @@
-/* Internal declarations shared by the reference engine's files. */
+/* Internal declarations shared by the reference engine's files.
+ *
+ * Layering (a file calls only files below it; tools/check-layering.py checks):
+ *   offload.c                 the engine <-> kvoffload connector glue
+ *   sched.c   workload.c      the scheduler; the request generator
+ *   transformer.c             the model: shapes, weights, forward pass
+ *   kvcache.c                 the paged block pools
+ *   errors.c                  kvo_eng_last_error's message (a leaf)
+ */
 #ifndef KVO_ENGINE_INTERNAL_H
 #define KVO_ENGINE_INTERNAL_H
 
@@ -10,10 +18,12 @@
 
 #include "kvo_engine.h"
 
+/* errors.c: set kvo_eng_last_error() and return code. */
 int kvo__eng_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Pass a library failure on, prefixing its message. */
 int kvo__eng_lib_error(int code, const char *what);
 
+/* transformer.c: the weights' random stream. */
 uint64_t kvo__eng_splitmix(uint64_t *state);
 static inline uint64_t kvo__eng_mix64(uint64_t x) {
     x ^= x >> 30;
@@ -66,7 +76,7 @@ static inline float *kvo__eng_page(const kvo__eng_pool *p, uint32_t layer, uint6
     return (float *)((char *)p->mem + ((uint64_t)layer * p->num_blocks + block) * p->page_bytes);
 }
 
-/* ---- the model (model.c) ---------------------------------------------- */
+/* ---- the model (transformer.c) ----------------------------------------- */
 
 typedef struct kvo__eng_layer {
     uint32_t group;         /* pool index */

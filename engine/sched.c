@@ -33,7 +33,7 @@
  *
  * Each step visits the running requests in admission order; a request's
  * tokens are always computed one at a time in position order, so outputs do
- * not depend on the batch or the step split (see model.c).
+ * not depend on the batch or the step split (see transformer.c).
  */
 #include <math.h>
 #include <time.h>

@@ -97,13 +97,6 @@ static int run_job(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, si
     return r.status;
 }
 
-static void fill_random(unsigned char *p, size_t n) {
-    for (size_t i = 0; i < n; i += 8) {
-        uint64_t x = kvo_test_rand();
-        memcpy(p + i, &x, n - i < 8 ? n - i : 8);
-    }
-}
-
 /* Byte-exact device -> slot -> device for every offloaded group of plan:
  * 2 chunks of shuffled engine blocks per group, each layer a segment. */
 static void roundtrip_plan(kvo_plan *plan, const char *name) {
@@ -123,7 +116,7 @@ static void roundtrip_plan(kvo_plan *plan, const char *name) {
     unsigned char *host = malloc(dev_bytes), *back = malloc(dev_bytes), *dev;
     ASSERT_TRUE(segs && host && back);
     CU_OK(cudaMalloc((void **)&dev, dev_bytes));
-    fill_random(host, dev_bytes);
+    xt_fill_random(host, dev_bytes);
     CU_OK(cudaMemcpy(dev, host, dev_bytes, cudaMemcpyHostToDevice));
     kvo_arena_params ap = kvo_arena_default_params();
     ap.bytes = slot_total;
@@ -244,7 +237,7 @@ static void paths_case(uint64_t page, int batch, kvo_cuda_stats *st) {
     unsigned char *host = malloc(bytes), *back = malloc(bytes), *dev, *slot;
     CU_OK(cudaMalloc((void **)&dev, bytes));
     CU_OK(cudaHostAlloc((void **)&slot, 16 * page, cudaHostAllocDefault)); /* not via kvo_cuda_pin_* */
-    fill_random(host, bytes);
+    xt_fill_random(host, bytes);
     CU_OK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
     kvo_segment seg = {0, dev, nb, page, page};
     ASSERT_OK(kvo_transfer_set_layout(e.t, &seg, 1));

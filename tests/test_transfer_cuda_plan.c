@@ -1,5 +1,5 @@
 /*
- * The CUDA device's copy planning (src/transfer/cuda/plan.c): pure C, runs on
+ * The CUDA device's copy planning (src/transfer/cuda/cuda_plan.c): pure C, runs on
  * every build, with or without CUDA.  Checks coalescing, the kernel /
  * batch / single-copy decisions and that no byte is lost or duplicated.
  */
@@ -7,7 +7,7 @@
 
 #include "kvo_test.h"
 #include "xfer_test_util.h"
-#include "transfer/cuda/plan.h"
+#include "transfer/cuda/cuda_plan.h"
 
 /* Sum of bytes and an order-independent signature of the byte pairs
  * (dst + k, src + k) copied: sum over every byte of A*d + B*s + C*d*s, in

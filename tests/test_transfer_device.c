@@ -9,6 +9,7 @@
 #include "kvo_test.h"
 #include "transfer/device.h"
 #include "transfer/transfer_internal.h"
+#include "xfer_test_util.h"
 
 typedef struct tdev {
     int opened_index;
@@ -86,22 +87,8 @@ const kvo__xfer_device_ops kvo__xfer_device_test = {
     .nontemporal = td_nt,
 };
 
-static kvo_plan *plan1(void) {
-    kvo_model *m;
-    ASSERT_OK(kvo_model_create("dev", 16, &m));
-    kvo_group_desc d = kvo_group_desc_default();
-    snprintf(d.name, sizeof d.name, "kv");
-    d.tokens_per_block = 16;
-    d.layers = 2;
-    d.page_bytes = 300;
-    ASSERT_OK(kvo_model_add_group(m, &d));
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 2;
-    kvo_plan *p;
-    ASSERT_OK(kvo_plan_create(m, &pp, &p));
-    kvo_model_destroy(m);
-    return p;
-}
+/* One group "kv": 2 layers of 300-byte pages, chunks of 2 blocks. */
+static kvo_plan *plan1(void) { return xt_one_group_plan(2, 300, 2); }
 
 static unsigned char DEVMEM[64 * 1024];
 

@@ -9,34 +9,17 @@
 #include "kvo_test.h"
 #include "transfer/copy.h"
 #include "transfer/transfer_internal.h"
+#include "xfer_test_util.h"
 
 /* Groups: "attn" 2 layers x 100-byte pages, "ssm" (state) 1 layer x 4000,
  * "enc" not cacheable. */
 static kvo_plan *plan3(void) {
-    kvo_model *m;
-    ASSERT_OK(kvo_model_create("layout-test", 16, &m));
-    kvo_group_desc d = kvo_group_desc_default();
-    snprintf(d.name, sizeof d.name, "attn");
-    d.tokens_per_block = 16;
-    d.layers = 2;
-    d.page_bytes = 100;
-    ASSERT_OK(kvo_model_add_group(m, &d));
-    snprintf(d.name, sizeof d.name, "ssm");
-    d.kind = KVO_GROUP_STATE;
-    d.layers = 1;
-    d.page_bytes = 4000;
-    ASSERT_OK(kvo_model_add_group(m, &d));
-    snprintf(d.name, sizeof d.name, "enc");
-    d.kind = KVO_GROUP_FULL;
-    d.cacheable = false;
-    d.page_bytes = 64;
-    ASSERT_OK(kvo_model_add_group(m, &d));
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 2;
-    kvo_plan *p;
-    ASSERT_OK(kvo_plan_create(m, &pp, &p));
-    kvo_model_destroy(m);
-    return p;
+    static const xt_gspec gs[] = {
+        {"attn", KVO_GROUP_FULL, 2, 100, true},
+        {"ssm", KVO_GROUP_STATE, 1, 4000, true},
+        {"enc", KVO_GROUP_FULL, 1, 64, false},
+    };
+    return xt_group_plan(gs, 3, 2);
 }
 
 static unsigned char MEM[1 << 20];

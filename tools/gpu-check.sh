@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check of the CUDA transfer device (docs/gpu.md), one script that
-# finishes in well under 4 minutes on a machine with one NVIDIA GPU:
+# The GPU check of the CUDA transfer device (docs/gpu.md), one script for a
+# machine with one NVIDIA GPU; under 4 minutes, most of it the build (each
+# step is cut off at 150 s):
 #   1. configure and build with -DKVO_CUDA=ON (build-gpu/),
 #   2. ctest -L cuda (device tests must PASS here, not skip),
 #   3. the byte-exact round trip device -> host slot -> device for the

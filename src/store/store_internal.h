@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include "core/internal.h"
+#include "store/key_mix.h"
 
 #define KVO__NIL UINT32_MAX
 
@@ -68,20 +69,6 @@ int kvo__index_init(kvo__index *ix, uint64_t max_items);
  * *base with kvo__free.  NULL when out of memory. */
 void *kvo__store_big_alloc(size_t n, void **base);
 void kvo__index_free(kvo__index *ix);
-/* A full 64-bit mix of the key (murmur3's finalizer over lo, hi and group):
- * keys are XXH3 outputs in production, but engines may hand in their own
- * unit hashes and tests use structured ones; probe lengths must not depend
- * on that. */
-static inline uint64_t kvo__key_mix(const kvo_chunk_key *k) {
-    uint64_t h = k->hash.lo ^ (k->hash.hi * UINT64_C(0x9E3779B97F4A7C15)) ^ ((uint64_t)k->group << 56);
-    h ^= h >> 33;
-    h *= UINT64_C(0xFF51AFD7ED558CCD);
-    h ^= h >> 33;
-    h *= UINT64_C(0xC4CEB9FE1A85EC53);
-    h ^= h >> 33;
-    return h;
-}
-
 /* ----------------------------------------------------------------- slots -- */
 #define KVO__MAX_CLASSES KVO_MAX_GROUPS
 typedef struct kvo__slots {

@@ -8,10 +8,11 @@
  * visible before the core publishes completion.  The per-worker context is
  * the device state itself: the host device keeps no per-thread state.
  *
- * Other devices (CUDA, a later issue) are listed below through weak
- * references: a build that compiles their file defines the symbol and the
- * device becomes selectable by name; the core and the public header do not
- * change.
+ * Other devices are listed below through weak references: the CUDA device
+ * (src/transfer/cuda/device_cuda.c, in libkvoffload_cuda when KVO_CUDA is
+ * on) and the "test" device of tests/test_transfer_device.c.  A program that
+ * links the file defining the symbol makes the device selectable by name;
+ * the core and the public header do not change.
  */
 #include <stdio.h>
 

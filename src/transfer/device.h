@@ -13,21 +13,23 @@
  * copy() may be asynchronous (a CUDA device enqueues on the worker's stream);
  * unit_end() returns only when every copy issued since the previous unit_end
  * is complete and visible to other threads (the host device issues an sfence
- * after streaming stores; a CUDA device synchronises its stream), and reports
- * the first failure.  copy() is never called with zero bytes.
+ * after streaming stores; the CUDA device records an event after the unit's
+ * copies and polls it), and reports the first failure.  copy() is never
+ * called with zero bytes.
  *
- * Adding a device: define `const kvo__xfer_device_ops kvo__xfer_device_cuda`
- * in its own file (src/transfer/cuda/device_cuda.c, built by the
- * KVO_CUDA option); kvo__xfer_device_find (device.c) already refers to
- * it weakly, so the core and the public header stay unchanged, and users
- * select it with kvo_transfer_params.device = "cuda".  A device for another
- * kind of memory adds one weak reference there.  tests/test_transfer_device.c
- * plugs in a "test" device this way (memcpy copies, injected DMA errors).
- * The CUDA device (docs/gpu.md) collects a unit's copies, enqueues them
- * (kernel, batched or single copies) on its stream for the direction and
- * polls a CUDA event in unit_end; slots are pinned host memory (the store's
- * arena); check_engine_range asks cudaPointerGetAttributes that a segment is
- * device memory.
+ * Adding a device: define a `const kvo__xfer_device_ops` in the device's own
+ * file and add one weak reference to it in device.c (kvo__xfer_device_find
+ * and kvo__xfer_device_names); the core and the public header stay
+ * unchanged, and users select it with kvo_transfer_params.device = "<name>".
+ * Two devices plug in this way: the CUDA device (kvo__xfer_device_cuda,
+ * src/transfer/cuda/device_cuda.c, built into libkvoffload_cuda by the
+ * KVO_CUDA option; docs/gpu.md) and the "test" device of
+ * tests/test_transfer_device.c (memcpy copies, injected DMA errors).  The
+ * CUDA device collects a unit's copies, enqueues them (kernel, batched or
+ * single copies) on its stream for the direction and polls a CUDA event in
+ * unit_end; slots are pinned host memory (the store's arena);
+ * check_engine_range asks cudaPointerGetAttributes that a segment is device
+ * memory.
  */
 #ifndef KVO_TRANSFER_DEVICE_H
 #define KVO_TRANSFER_DEVICE_H

@@ -1,4 +1,18 @@
-/* Internal structures of the transfer layer. */
+/*
+ * Internal structures of the transfer layer.
+ *
+ * Layering (a file calls only the files below it; tools/check-layering.py
+ * checks it in CI):
+ *   transfer.c          create/destroy, poll, wait, cancel, stats (the facade)
+ *   transfer_submit.c   kvo_transfer_submit's phases (public, called by none)
+ *   transfer_worker.c   the worker threads: claim a unit, copy, finish
+ *   transfer_queue.c    queues, dependencies, work units, results
+ *   layout.c            layout registration, validation, the layout hash
+ *   device.c            the device registry and the host device
+ *   copy.c              the host copy routines (memcpy, streaming stores)
+ * The CUDA device (cuda/, its own folder and library) calls into device.h's
+ * contract only; the core never calls it but through kvo__xfer_device_ops.
+ */
 #ifndef KVO_TRANSFER_INTERNAL_H
 #define KVO_TRANSFER_INTERNAL_H
 

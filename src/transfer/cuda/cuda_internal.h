@@ -1,6 +1,13 @@
 /* CUDA device: the per-device context shared by cuda.c (public API, pinned
  * ranges) and device_cuda.c (the transfer device).  Includes CUDA headers:
- * only files under src/transfer/cuda/ include it. */
+ * only files under src/transfer/cuda/ include it.
+ *
+ * Layering (a file calls only the files below it; tools/check-layering.py):
+ *   device_cuda.c   the transfer device (kvo__xfer_device_cuda)
+ *   cuda.c          kvo_cuda_*: contexts per device, pinned ranges, events
+ *   kernels.cu      the gather/scatter kernel
+ *   cuda_plan.c     how one unit's copies are issued (no CUDA header)
+ */
 #ifndef KVO_TRANSFER_CUDA_INTERNAL_H
 #define KVO_TRANSFER_CUDA_INTERNAL_H
 
@@ -9,7 +16,7 @@
 
 #include "core/internal.h"
 #include "kvoffload/kvo_cuda.h"
-#include "transfer/cuda/plan.h"
+#include "transfer/cuda/cuda_plan.h"
 
 #define KVO__CUDA_MAX_DEVICES 64
 

@@ -12,7 +12,7 @@
  * records a piece in the worker's array (no CUDA call, nothing allocated once
  * the array has grown to the largest unit); unit_end() then
  *   1. resolves each slot to its pinned range (one read lock per unit),
- *   2. plans the pieces (plan.c: coalesce, kernel for many small pages,
+ *   2. plans the pieces (cuda_plan.c: coalesce, kernel for many small pages,
  *      cudaMemcpyBatchAsync for several pieces, else cudaMemcpyAsync),
  *   3. enqueues them on the device's stream for the direction (with the
  *      compute-stream waits of kvo_cuda.h when one was passed),

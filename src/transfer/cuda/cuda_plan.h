@@ -1,7 +1,7 @@
 /* CUDA device: planning of one work unit's copies (pure C, no CUDA headers;
- * see plan.c). */
-#ifndef KVO_TRANSFER_CUDA_PLAN_H
-#define KVO_TRANSFER_CUDA_PLAN_H
+ * see cuda_plan.c). */
+#ifndef KVO_TRANSFER_CUDA_CUDA_PLAN_H
+#define KVO_TRANSFER_CUDA_CUDA_PLAN_H
 
 #include <stdbool.h>
 #include <stddef.h>

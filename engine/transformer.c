@@ -26,24 +26,6 @@
 
 #include "engine_internal.h"
 
-static _Thread_local char kvo__eng_msg[512];
-
-const char *kvo_eng_last_error(void) { return kvo__eng_msg; }
-
-int kvo__eng_error(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(kvo__eng_msg, sizeof kvo__eng_msg, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-int kvo__eng_lib_error(int code, const char *what) {
-    char tmp[400];
-    snprintf(tmp, sizeof tmp, "%s", kvo_last_error());
-    return kvo__eng_error(code, "%s: %s (%s)", what, tmp, kvo_error_name(code));
-}
-
 uint64_t kvo__eng_splitmix(uint64_t *state) {
     *state += 0x9e3779b97f4a7c15ULL;
     return kvo__eng_mix64(*state);

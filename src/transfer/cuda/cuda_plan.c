@@ -30,7 +30,7 @@
  * from the usual figures (copy-engine setup of about 2-5 us, PCIe Gen4/5);
  * no GPU has measured them here yet (docs/gpu.md).
  */
-#include "transfer/cuda/plan.h"
+#include "transfer/cuda/cuda_plan.h"
 
 kvo__cuda_plan_cfg kvo__cuda_plan_default_cfg(bool batch_ok) {
     kvo__cuda_plan_cfg c;
