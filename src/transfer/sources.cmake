@@ -12,7 +12,7 @@ kvo_sources(KVO_SOURCES transfer
 # The CUDA device's copy planning needs no CUDA: part of the core, so its
 # tests run on every build.
 kvo_sources(KVO_CUDA_PLAN_SOURCES transfer/cuda
-  plan.c
+  cuda_plan.c
 )
 # The CUDA device itself (nvcc and the toolkit; KVO_CUDA): its own library.
 kvo_sources(KVO_CUDA_SOURCES transfer/cuda
