@@ -14,8 +14,14 @@
 
 #include "kvo_test.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "tiers/file_internal.h"
 
@@ -94,6 +100,83 @@ static inline char *ftf_subdir(const char *name) {
     char *buf = bufs[next++ % 8];
     snprintf(buf, 1024, "%s/%s", kvo_test_tmpdir(), name);
     return buf;
+}
+
+/* A fresh tmpfs of the given size (a mount option value: "256k", "4m") at
+ * ftf_subdir(name), for tests of a full disk.  Skips the test (destroying
+ * plan) when not root or when mounting fails. */
+static inline const char *ftf_small_tmpfs(const char *name, const char *size, kvo_plan *plan) {
+    if (geteuid() != 0) {
+        kvo_plan_destroy(plan);
+        SKIP("needs root to mount a small tmpfs");
+    }
+    const char *mnt = ftf_subdir(name);
+    ASSERT_EQ_INT(mkdir(mnt, 0755), 0);
+    char opt[64];
+    snprintf(opt, sizeof opt, "size=%s", size);
+    if (mount("tmpfs", mnt, "tmpfs", 0, opt) != 0) {
+        kvo_plan_destroy(plan);
+        SKIP("cannot mount a tmpfs here: %s", strerror(errno));
+    }
+    return mnt;
+}
+
+/* Fill the file system under dir to the last block with a file "ballast"
+ * (another writer filling the disk); its path (valid until the next call). */
+static inline const char *ftf_fill_disk(const char *dir) {
+    static char ballast[1100];
+    snprintf(ballast, sizeof ballast, "%s/ballast", dir);
+    int fd = open(ballast, O_WRONLY | O_CREAT, 0644);
+    ASSERT_TRUE(fd >= 0);
+    char *junk = calloc(1, 4096);
+    while (write(fd, junk, 4096) == 4096) {
+    }
+    close(fd);
+    free(junk);
+    return ballast;
+}
+
+/* Decode a chunk file's header, let fn change it, encode it back (a valid
+ * header checksum over changed fields). */
+static inline void ftf_patch_header(const char *path, void (*fn)(kvo__file_hdr *h)) {
+    unsigned char hb[4096];
+    int fd = open(path, O_RDWR);
+    ASSERT_TRUE(fd >= 0);
+    ASSERT_EQ_INT(pread(fd, hb, 4096, 0), 4096);
+    kvo__file_hdr h;
+    ASSERT_OK(kvo__file_hdr_decode(hb, 4096, &h));
+    fn(&h);
+    kvo__file_hdr_encode(&h, hb);
+    ASSERT_EQ_INT(pwrite(fd, hb, 4096, 0), 4096);
+    close(fd);
+}
+
+/* Create a tier; skips the test (destroying plan) when what p asks for
+ * (io_uring, O_DIRECT) is not supported here (KVO_ENOTSUP). */
+static inline kvo_file_tier *ftf_create_or_skip(const kvo_file_tier_params *p, kvo_plan *plan) {
+    kvo_file_tier *t = NULL;
+    int rc = kvo_file_tier_create(p, &t);
+    if (rc == KVO_ENOTSUP) {
+        kvo_plan_destroy(plan);
+        SKIP("%s", kvo_last_error());
+    }
+    ASSERT_OK(rc);
+    return t;
+}
+
+/* Temporary files (".tmp." names) in a namespace's 256 fan-out directories. */
+static inline int ftf_count_temps(const char *ns) {
+    int tmps = 0;
+    for (int b = 0; b < 256; b++) {
+        char dirp[KVO__FILE_PATH_MAX + 8];
+        snprintf(dirp, sizeof dirp, "%s/%02x", ns, b);
+        DIR *d = opendir(dirp);
+        if (!d) continue;
+        struct dirent *e;
+        while ((e = readdir(d))) tmps += strncmp(e->d_name, KVO__FILE_TMP_PREFIX, sizeof KVO__FILE_TMP_PREFIX - 1) == 0;
+        closedir(d);
+    }
+    return tmps;
 }
 
 /* Write n keys (their ftf_fill bytes), waiting out back-pressure; flushed. */

@@ -100,13 +100,7 @@ static void fifo_read(kvo_file_io_kind io) {
     kvo_plan *plan = ftf_plan("ft-fifo-read", 5000, false);
     kvo_file_tier_params p = ftf_params(ftf_subdir(io == KVO_FILE_IO_URING ? "fifo-read-u" : "fifo-read-t"), plan);
     p.io = io;
-    kvo_file_tier *t = NULL;
-    int rc = kvo_file_tier_create(&p, &t);
-    if (rc == KVO_ENOTSUP) {
-        kvo_plan_destroy(plan);
-        SKIP("%s", kvo_last_error());
-    }
-    ASSERT_OK(rc);
+    kvo_file_tier *t = ftf_create_or_skip(&p, plan);
     kvo_chunk_key keys[2] = {ftf_key(10, 0), ftf_key(11, 0)};
     ftf_write_keys(t, plan, keys, 2);
     char path[KVO__FILE_PATH_MAX];
@@ -315,24 +309,19 @@ static void *cap_calloc(size_t n, size_t s, void *ctx) { (void)ctx; return n * s
 static void *cap_realloc(void *p, size_t n, void *ctx) { (void)ctx; return n > (64u << 20) ? NULL : realloc(p, n); }
 static void cap_free(void *p, void *ctx) { (void)ctx; free(p); }
 
+static void claim_512mib(kvo__file_hdr *h) {
+    h->chunk_bytes = (512ull << 20) - 100;
+    h->slot_bytes = 512ull << 20;
+}
+
 KVO_TEST(inspect_huge_payload_claim_bounded) {
     kvo_chunk_key keys[1];
     char ns[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX];
     kvo_plan *plan = populate(ftf_subdir("huge"), keys, 1, ns);
     ASSERT_OK(kvo_file_chunk_path(ns, &keys[0], path, sizeof path));
     /* a valid header claiming 512 MiB, and a sparse file of that size */
-    unsigned char hb[4096];
-    int fd = open(path, O_RDWR);
-    ASSERT_TRUE(fd >= 0);
-    ASSERT_EQ_INT(pread(fd, hb, 4096, 0), 4096);
-    kvo__file_hdr h;
-    ASSERT_OK(kvo__file_hdr_decode(hb, 4096, &h));
-    h.chunk_bytes = (512ull << 20) - 100;
-    h.slot_bytes = 512ull << 20;
-    kvo__file_hdr_encode(&h, hb);
-    ASSERT_EQ_INT(pwrite(fd, hb, 4096, 0), 4096);
-    ASSERT_EQ_INT(ftruncate(fd, 4096 + (off_t)h.slot_bytes), 0);
-    close(fd);
+    ftf_patch_header(path, claim_512mib);
+    ASSERT_EQ_INT(truncate(path, 4096 + (off_t)(512ull << 20)), 0);
     kvo_allocator a = KVO_ALLOCATOR_INIT(cap_malloc, cap_calloc, cap_realloc, cap_free, NULL);
     ASSERT_OK(kvo_set_allocator(&a));
     kvo_file_chunk_info info;
@@ -379,14 +368,8 @@ static int count_visit(const kvo_file_walk_entry *e, void *ctx) {
 }
 
 KVO_TEST(restart_on_full_disk_keeps_files) {
-    if (geteuid() != 0) SKIP("needs root to mount a small tmpfs");
     kvo_plan *plan = ftf_plan("ft-full", 5000, false);
-    const char *mnt = ftf_subdir("full-mnt");
-    ASSERT_EQ_INT(mkdir(mnt, 0755), 0);
-    if (mount("tmpfs", mnt, "tmpfs", 0, "size=4m") != 0) {
-        kvo_plan_destroy(plan);
-        SKIP("cannot mount a tmpfs here: %s", strerror(errno));
-    }
+    const char *mnt = ftf_small_tmpfs("full-mnt", "4m", plan);
     kvo_file_tier_params p = ftf_params(mnt, plan);
     p.direct = KVO_FILE_DIRECT_OFF;
     kvo_file_tier *t = NULL;
@@ -402,15 +385,7 @@ KVO_TEST(restart_on_full_disk_keeps_files) {
     for (size_t i = 0; i < n; i++) keys[i] = ftf_key(1000 + i, 0);
     ftf_write_keys(t, plan, keys, n);
     kvo_file_tier_destroy(t);
-    char ballast[1100];
-    snprintf(ballast, sizeof ballast, "%s/ballast", mnt);
-    int fd = open(ballast, O_WRONLY | O_CREAT, 0644);
-    ASSERT_TRUE(fd >= 0);
-    char *junk = calloc(1, 4096);
-    while (write(fd, junk, 4096) == 4096) {
-    }
-    close(fd);
-    free(junk);
+    ftf_fill_disk(mnt);
     size_t before = 0, after = 0;
     ASSERT_OK(kvo_file_walk(ns, 0, count_visit, &before));
     ASSERT_GT_U64(before, 20);

@@ -25,18 +25,6 @@ static const char *const c_names[C_KINDS] = {"flipped payload byte", "flipped he
                                              "wrong magic", "wrong geometry", "zero length", "directory",
                                              "another key's file", "future format version", "extended"};
 
-static void patch_header(const char *path, void (*fn)(kvo__file_hdr *h)) {
-    unsigned char hb[4096];
-    int fd = open(path, O_RDWR);
-    ASSERT_TRUE(fd >= 0);
-    ASSERT_EQ_INT(pread(fd, hb, 4096, 0), 4096);
-    kvo__file_hdr h;
-    ASSERT_OK(kvo__file_hdr_decode(hb, 4096, &h));
-    fn(&h);
-    kvo__file_hdr_encode(&h, hb);
-    ASSERT_EQ_INT(pwrite(fd, hb, 4096, 0), 4096);
-    close(fd);
-}
 static void more_layers(kvo__file_hdr *h) { h->layers += 1; h->page_bytes -= 8; }
 
 static void corrupt(const char *path, int kind, const char *other_path) {
@@ -63,7 +51,7 @@ static void corrupt(const char *path, int kind, const char *other_path) {
         ASSERT_EQ_INT(truncate(path, st.st_size + 4096), 0);
         break;
     }
-    case C_GEOMETRY: patch_header(path, more_layers); break;
+    case C_GEOMETRY: ftf_patch_header(path, more_layers); break;
     case C_ZERO: ASSERT_EQ_INT(truncate(path, 0), 0); break;
     case C_DIR:
         ASSERT_EQ_INT(unlink(path), 0);

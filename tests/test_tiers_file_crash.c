@@ -78,17 +78,7 @@ static void sigkill_during_writes(bool named_temps) {
     ASSERT_EQ_U64(ok + bad, s.scanned_files);
     ASSERT_EQ_U64(bad, 0); /* rename makes files appear whole */
     /* no temporary file of the dead writer is left */
-    char dirp[KVO__FILE_PATH_MAX];
-    int tmps = 0;
-    for (int b = 0; b < 256; b++) {
-        snprintf(dirp, sizeof dirp, "%s/%02x", kvo_file_tier_dir(t), b);
-        DIR *d = opendir(dirp);
-        if (!d) continue;
-        struct dirent *e;
-        while ((e = readdir(d))) tmps += strncmp(e->d_name, ".tmp.", 5) == 0;
-        closedir(d);
-    }
-    ASSERT_EQ_INT(tmps, 0);
+    ASSERT_EQ_INT(ftf_count_temps(kvo_file_tier_dir(t)), 0);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
     atomic_store(&kvo__file_test_no_tmpfile, 0);

@@ -25,13 +25,7 @@ static void round_trip(kvo_file_io_kind io, kvo_file_direct_mode direct) {
     kvo_file_tier_params p = ftf_params(ftf_subdir("rt"), plan);
     p.io = io;
     p.direct = direct;
-    kvo_file_tier *t = NULL;
-    int rc = kvo_file_tier_create(&p, &t);
-    if (rc == KVO_ENOTSUP) {
-        kvo_plan_destroy(plan);
-        SKIP("%s", kvo_last_error());
-    }
-    ASSERT_OK(rc);
+    kvo_file_tier *t = ftf_create_or_skip(&p, plan);
     if (io == KVO_FILE_IO_URING) ASSERT_EQ_STR(kvo_file_tier_backend(t), "io_uring");
     if (io == KVO_FILE_IO_THREADS) ASSERT_EQ_STR(kvo_file_tier_backend(t), "threads");
     kvo_chunk_key keys[12];

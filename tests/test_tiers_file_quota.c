@@ -81,14 +81,8 @@ KVO_TEST(enospc_injected) {
 }
 
 KVO_TEST(enospc_small_tmpfs) {
-    if (geteuid() != 0) SKIP("needs root to mount a small tmpfs");
     kvo_plan *plan = ftf_plan("ft-tmpfs", 8000, true);
-    const char *mnt = ftf_subdir("mnt");
-    ASSERT_EQ_INT(mkdir(mnt, 0755), 0);
-    if (mount("tmpfs", mnt, "tmpfs", 0, "size=256k") != 0) {
-        kvo_plan_destroy(plan);
-        SKIP("cannot mount a tmpfs here: %s", strerror(errno));
-    }
+    const char *mnt = ftf_small_tmpfs("mnt", "256k", plan);
     kvo_file_tier_params p = ftf_params(mnt, plan);
     kvo_file_tier *t = NULL;
     int rc = kvo_file_tier_create(&p, &t);
@@ -112,15 +106,7 @@ KVO_TEST(enospc_small_tmpfs) {
         /* another writer fills the disk (after this tier emptied itself, so
          * that no eviction can make room): writes fail with ENOSPC, dropped */
         ASSERT_OK(kvo_file_tier_remove(t, keys, 12));
-        char ballast[1100];
-        snprintf(ballast, sizeof ballast, "%s/ballast", mnt);
-        int fd = open(ballast, O_WRONLY | O_CREAT, 0644);
-        ASSERT_TRUE(fd >= 0);
-        char *junk = calloc(1, 4096);
-        while (write(fd, junk, 4096) == 4096) {
-        }
-        close(fd);
-        free(junk);
+        const char *ballast = ftf_fill_disk(mnt);
         (void)g;
         check_nospace(t, plan, 0);
         unlink(ballast);
@@ -174,17 +160,7 @@ KVO_TEST(quota_eviction) {
     snprintf(ns, sizeof ns, "%s", kvo_file_tier_dir(t));
     kvo_file_tier_destroy(t);
     /* files kept for recycling are gone with the tier */
-    int tmps = 0;
-    for (int b = 0; b < 256; b++) {
-        char dirp[KVO__FILE_PATH_MAX + 8];
-        snprintf(dirp, sizeof dirp, "%s/%02x", ns, b);
-        DIR *d = opendir(dirp);
-        if (!d) continue;
-        struct dirent *e;
-        while ((e = readdir(d))) tmps += strncmp(e->d_name, ".tmp.", 5) == 0;
-        closedir(d);
-    }
-    ASSERT_EQ_INT(tmps, 0);
+    ASSERT_EQ_INT(ftf_count_temps(ns), 0);
 
     /* a restart with a smaller quota evicts down to it */
     p.quota_bytes = 2 * g->slot_bytes;
