@@ -51,3 +51,8 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvoffloadConfigVersion.cm
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/kvoffloadConfig.cmake ${PROJECT_BINARY_DIR}/kvoffloadConfigVersion.cmake
         DESTINATION ${KVO_CMAKE_DIR})
+
+# The demo's bundled Mooncake sample: an installed `kvoffload demo` finds it
+# at <prefix>/share/kvoffload/data/ (next to the executable's ../share).
+install(FILES ${PROJECT_SOURCE_DIR}/data/mooncake_sample.jsonl ${PROJECT_SOURCE_DIR}/data/mooncake_sample.md
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/kvoffload/data)
