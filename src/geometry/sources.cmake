@@ -3,6 +3,7 @@
 kvo_sources(KVO_SOURCES geometry
   model.c
   model_json.c
+  model_open.c
   plan.c
   presets.c
 )

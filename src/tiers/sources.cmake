@@ -2,10 +2,12 @@
 # here: configuring fails when a .c or .cu file under src/ is in no list.
 kvo_sources(KVO_SOURCES tiers
   arena.c
+  file_common.c
   file_format.c
   file_ops.c
   file_pin.c
   file_probe.c
+  file_queue.c
   file_quota.c
   file_scan.c
   file_testing.c
@@ -24,4 +26,5 @@ kvo_sources(KVO_REDIS_SOURCES tiers/remote
   pipeline.c
   remote_completions.c
   remote_tier.c
+  reply.c
 )
