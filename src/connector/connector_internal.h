@@ -46,9 +46,11 @@
  *   5  request.c, remote.c    the request and job tables; the remote tier,
  *                             which hands finished reads back to its caller
  *   6  cq.c, persist.c, controls.c, agree.c, map.c, config.c   the leaves
- * So completion flows upward only by return: remote.c returns finished
- * gets to poll.c, which completes the read and submits the deferred load
- * (load.c); load.c and lifecycle.c emit into cq.c, which calls no one.
+ * Completion flows upward only by return: remote.c hands finished gets
+ * back to poll.c, which completes the read and submits the deferred load
+ * (load.c); the completions for the engine live in cq.c (reserved by
+ * load.c and lifecycle.c, emitted by load.c and poll.c, dropped by
+ * lifecycle.c), which calls no one.
  *
  * The design of the whole layer.
  *

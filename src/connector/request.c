@@ -1,7 +1,9 @@
 /*
  * The request table: adding requests, appending tokens or unit hashes, and
  * the small request helpers every other file uses (scratch arrays, state
- * changes that keep cq_owed exact, removal).
+ * changes that keep cq_owed exact, removal); the job table's tracking of
+ * the copies in flight (room reserved before a submit, so that registering
+ * the job cannot fail) and the block-table check that load and update share.
  *
  * A request keeps its chained unit hashes: tokens are hashed tokens_per_hash
  * at a time (the partial unit waits in tail); engine-given unit hashes are
