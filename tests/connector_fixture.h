@@ -201,12 +201,8 @@ static inline uint64_t run_conversation(sim *s, uint64_t id0, const conv_opts *o
 
 /* --------------------------------------- the two-group plan and steps -- */
 
-/* gpt-oss-like, scaled: full + sliding, 16-token blocks. */
-static inline kvo_plan *two_group_plan(void) {
-    sim_group gs[] = {{"full", KVO_GROUP_FULL, 16, 0, 2, true, false},
-                      {"swa", KVO_GROUP_SLIDING, 16, 48, 1, true, false}};
-    return sim_plan("two", 16, gs, 2);
-}
+/* The two-group plan (connector_sim.h) under the model name "two". */
+static inline kvo_plan *two_group_plan(void) { return sim_two_group_plan("two"); }
 
 static inline void fill_tokens(uint32_t *t, size_t n, uint32_t salt) {
     for (size_t i = 0; i < n; i++) t[i] = (uint32_t)(i * 7 + salt) % 30011;
