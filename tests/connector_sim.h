@@ -105,6 +105,15 @@ static inline kvo_plan *sim_preset_plan(const char *preset) {
     return p;
 }
 
+/* Full + sliding (window 48), 16-token blocks, 2 and 1 blocks per chunk,
+ * 16 tokens per hash (gpt-oss-like, scaled down): the plan of most targeted
+ * connector tests.  name: the model's, which the keys' namespace mixes in. */
+static inline kvo_plan *sim_two_group_plan(const char *name) {
+    sim_group gs[] = {{"full", KVO_GROUP_FULL, 16, 0, 2, true, false},
+                      {"swa", KVO_GROUP_SLIDING, 16, 48, 1, true, false}};
+    return sim_plan(name, 16, gs, 2);
+}
+
 static inline void sim_init(sim *s, kvo_plan *plan, kvo_connector_params *cp, uint64_t nblocks) {
     memset(s, 0, sizeof *s);
     s->plan = plan;

@@ -19,11 +19,7 @@
 
 /* ------------------------------------------------------------ helpers -- */
 
-static kvo_plan *plan2(void) {
-    sim_group gs[] = {{"full", KVO_GROUP_FULL, 16, 0, 2, true, false},
-                      {"swa", KVO_GROUP_SLIDING, 16, 48, 1, true, false}};
-    return sim_plan("faults-two", 16, gs, 2);
-}
+static kvo_plan *plan2(void) { return sim_two_group_plan("faults-two"); }
 
 static void fill(uint32_t *t, size_t n, uint32_t salt) {
     for (size_t i = 0; i < n; i++) t[i] = (uint32_t)(i * 11 + salt) % 30029;

@@ -16,11 +16,7 @@
 #include "tiers/file_testing.h"
 #include "connector_sim.h"
 
-static kvo_plan *plan2(void) {
-    sim_group gs[] = {{"full", KVO_GROUP_FULL, 16, 0, 2, true, false},
-                      {"swa", KVO_GROUP_SLIDING, 16, 48, 1, true, false}};
-    return sim_plan("file-two", 16, gs, 2);
-}
+static kvo_plan *plan2(void) { return sim_two_group_plan("file-two"); }
 
 static kvo_file_tier *make_tier(const kvo_plan *p, const char *root, uint32_t max_pending_writes) {
     kvo_file_tier_params fp = kvo_file_tier_default_params();

@@ -19,11 +19,7 @@
 #include "connector_sim.h"
 #include "remote_test.h"
 
-static kvo_plan *plan2(void) {
-    sim_group gs[] = {{"full", KVO_GROUP_FULL, 16, 0, 2, true, false},
-                      {"swa", KVO_GROUP_SLIDING, 16, 48, 1, true, false}};
-    return sim_plan("remote-two", 16, gs, 2);
-}
+static kvo_plan *plan2(void) { return sim_two_group_plan("remote-two"); }
 
 static kvo_remote_tier *rtier(int port, const kvo_plan *p, const char *pfx) {
     char url[128];

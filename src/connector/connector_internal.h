@@ -1,32 +1,65 @@
 /*
  * Internal declarations of the connector layer (also used by its tests).
  *
- * The connector is split by job, one file each:
- *   create.c     create / destroy, accessors, statistics
- *   request.c    the request table, token and unit hashing, shared scratch
- *   lookup.c     lookup: chunk states, agreement, pinning the hit, file reads
- *   load.c       load: building and submitting the load job
- *   store.c      update: choosing, reserving and submitting store batches
- *   layout.c     set_layout: what a change of the slot format invalidates
+ * The connector is the engine-facing layer: request bookkeeping on top of
+ * the keys, the host store, the transfer engine and, optionally, the file
+ * and remote tiers.  It is split by job, one file each:
+ *   create.c     create / destroy, the accessors, the event drain
+ *   relayout.c   set_layout: what a change of the slot format invalidates
+ *   poll.c       the dispatcher: transfer results, file and remote reads
+ *                landing, the completions handed to the engine
  *   lifecycle.c  wait_blocks / wait_request / preempt / abort / finish
- *   poll.c       the completion ring, transfer results, file-read results
- *   persist.c    file-tier hand-off: write-through, write-back, flush
- *   controls.c   per-request limits, the lookup cap, reset (epochs)
+ *   load.c       load: building and submitting the load job
+ *   update.c     update, store_snapshot: choosing, reserving and
+ *                submitting store batches
+ *   lookup.c     lookup: chunk states, agreement, pinning the hit, starting
+ *                file and remote reads
+ *   metrics.c    statistics: get_stats, request_stats, the load histogram,
+ *                stats_write / stats_format (Prometheus, JSON)
+ *   request.c    the request table, token and unit hashing, shared
+ *                scratch, job tracking, block-table checks
  *   remote.c     remote-tier hand-off: presence queries, reads, puts
- * agree.c (the hit agreement) and map.c (the hash map) are helpers.
- * Functions shared between these files are named kvo__conn_* and declared
- * below; everything else is static.  Unless a comment says otherwise, a
- * kvo__conn_* function expects the caller to hold c->mu.
+ *   cq.c         the completion ring
+ *   persist.c    file-tier hand-off: checksums, write-through, write-back,
+ *                flush
+ *   controls.c   per-request limits, the lookup cap, reset (epochs)
+ *   agree.c      the hit agreement rule (kvo_agree)
+ *   map.c        the connector's hash tables
+ *   config.c     the configuration loader (kvo_config.h), on its own
+ * Functions shared between these files are named kvo__conn_* (kvo__map_*,
+ * kvo__agree_*) and declared below; everything else is static.  Unless a
+ * comment says otherwise, a kvo__conn_* function expects the caller to hold
+ * c->mu.
  *
- * The design of the whole layer.  The engine connector: request bookkeeping on top of the keys, the host
- * store, the transfer engine (and optionally the file tier).
+ * Layering.  The files form layers, top to leaves; a file calls the
+ * internal functions of files in lower layers only, never of its own layer
+ * or a higher one, so that each file reads (and can be tested) with only
+ * what is below it (tools/check-layering.py fails on a cycle):
+ *   1  create.c, relayout.c   build / tear down and reconfigure; both first
+ *                             finish the copies in flight through poll.c
+ *   2  poll.c, lifecycle.c    the dispatcher (results -> load.c, remote.c,
+ *                             persist.c, the ring); the end of a request
+ *                             (its last stores -> update.c)
+ *   3  load.c, update.c       the copies: one load job, store batches
+ *   4  lookup.c, metrics.c    the hit (asks remote.c, reserves through
+ *                             persist.c); the statistics
+ *   5  request.c, remote.c    the request and job tables; the remote tier,
+ *                             which hands finished reads back to its caller
+ *   6  cq.c, persist.c, controls.c, agree.c, map.c, config.c   the leaves
+ * Completion flows upward only by return: remote.c hands finished gets
+ * back to poll.c, which completes the read and submits the deferred load
+ * (load.c); the completions for the engine live in cq.c (reserved by
+ * load.c and lifecycle.c, emitted by load.c and poll.c, dropped by
+ * lifecycle.c), which calls no one.
+ *
+ * The design of the whole layer.
  *
  * Layout
  *  - One mutex protects everything below; it is held for bookkeeping and for
  *    calls into the store, the transfer engine's submit/poll/cancel and the
  *    file tier's queueing calls (library code that never blocks for long and
  *    never calls back), and released around every wait for copies (except
- *    set_layout's, see layout.c: a reconfiguration, not a per-step call).
+ *    set_layout's, see relayout.c: a reconfiguration, not a per-step call).
  *  - Requests live in a hash table by id.  Each keeps its chained unit
  *    hashes (16 bytes per tokens_per_hash tokens), the partial unit's tokens,
  *    how far each group has been considered for storing (next_chunk), the hit
@@ -78,7 +111,7 @@
  *    in cq_owed, and load / finish reserve cq_n + cq_owed + 1 entries before
  *    they accept, so a completion is never lost to a failed allocation.
  *  - Host chunks, file reads and file-tier use always match the registered
- *    layout's slot format per group (layout.c): a change drops what was
+ *    layout's slot format per group (relayout.c): a change drops what was
  *    stored in the old format and stops using files that hold it.
  *  - A load completion reports tokens_valid = the hit only if the copy
  *    succeeded (and, with verify_checksums, every slot matched its stored
@@ -146,7 +179,7 @@ typedef struct kvo__read {
     kvo_slot slot;
     uint64_t req;
     uint32_t gen;
-    uint32_t lay_epoch; /* lay_epoch of its group when started (layout.c) */
+    uint32_t lay_epoch; /* lay_epoch of its group when started (relayout.c) */
     uint32_t epoch;     /* the connector's reset epoch when started (controls.c) */
     size_t item;
 } kvo__read;
@@ -351,6 +384,16 @@ void kvo__conn_req_remove(kvo_connector *c, kvo__req *r);
 /* The best boundary <= x for a sequence whose chunks within x are all
  * present (checkpoint policy); 0 when none or out of memory. */
 uint64_t kvo__conn_best_boundary(kvo_connector *c, uint64_t x);
+/* Check that n_tables block tables cover `tokens` tokens of every offloaded
+ * group (KVO_EINVAL naming the group otherwise): ceil(tokens / tpb) entries
+ * when partial (a load's last block may be partly valid), else the whole
+ * blocks only (update: a partial block is never stored). */
+int kvo__conn_check_tables(kvo_connector *c, uint64_t id, const kvo_block_table *tables, size_t n_tables,
+                           uint64_t tokens, bool partial);
+/* Room for tracking one more job of r over n_blocks engine blocks, so that
+ * kvo__conn_job_register cannot fail. */
+int kvo__conn_job_reserve(kvo_connector *c, kvo__req *r, size_t n_blocks);
+void kvo__conn_job_register(kvo_connector *c, kvo__req *r, kvo__job *j);
 
 /* ---- lookup.c ---- */
 /* Token range [*lo, *hi) of chunk ch needed to serve boundary b above
@@ -362,16 +405,6 @@ void kvo__conn_need_range(const kvo_group_plan *gp, uint64_t ch, uint64_t L, uin
 void kvo__conn_unpin_hit(kvo_connector *c, kvo__req *r);
 
 /* ---- load.c ---- */
-/* Check that n_tables block tables cover `tokens` tokens of every offloaded
- * group (KVO_EINVAL naming the group otherwise): ceil(tokens / tpb) entries
- * when partial (a load's last block may be partly valid), else the whole
- * blocks only (update: a partial block is never stored). */
-int kvo__conn_check_tables(kvo_connector *c, uint64_t id, const kvo_block_table *tables, size_t n_tables,
-                           uint64_t tokens, bool partial);
-/* Room for tracking one more job of r over n_blocks engine blocks, so that
- * kvo__conn_job_register cannot fail. */
-int kvo__conn_job_reserve(kvo_connector *c, kvo__req *r, size_t n_blocks);
-void kvo__conn_job_register(kvo_connector *c, kvo__req *r, kvo__job *j);
 /* Emit a failed LOAD completion for a load that never reached the transfer
  * engine, unpin the hit, back to ACTIVE. */
 void kvo__conn_fail_load_now(kvo_connector *c, kvo__req *r, int status);
@@ -379,7 +412,7 @@ void kvo__conn_fail_load_now(kvo_connector *c, kvo__req *r, int status);
  * changed). */
 int kvo__conn_submit_load(kvo_connector *c, kvo__req *r, kvo__job *j);
 
-/* ---- store.c ---- */
+/* ---- update.c ---- */
 /* The checks of update (also used by finish with tables). */
 int kvo__conn_check_update(kvo_connector *c, kvo__req *r, uint64_t id, uint64_t computed,
                            const kvo_block_table *tables, size_t n_tables);
@@ -392,6 +425,10 @@ void kvo__conn_store_final_checkpoint(kvo_connector *c, kvo__req *r, const kvo_b
                                       uint64_t computed);
 
 /* ---- poll.c ---- */
+/* Consume every finished transfer job. */
+void kvo__conn_process_results(kvo_connector *c);
+
+/* ---- cq.c: the completion ring ---- */
 /* Room in the completion ring for every completion owed plus one more
  * (call before accepting a load or a finish). */
 int kvo__conn_cq_reserve_owed(kvo_connector *c);
@@ -400,8 +437,9 @@ void kvo__conn_emit(kvo_connector *c, const kvo_completion *cp);
 /* Take the LOAD completions of request id out of the ring (preempt, abort);
  * returns how many. */
 size_t kvo__conn_cq_drop_loads(kvo_connector *c, uint64_t id);
-/* Consume every finished transfer job. */
-void kvo__conn_process_results(kvo_connector *c);
+/* Move up to cap queued completions, oldest first, into out; returns how
+ * many. */
+size_t kvo__conn_cq_take(kvo_connector *c, kvo_completion *out, size_t cap);
 
 /* ---- persist.c ---- */
 /* XXH3-64 of the chunk in slot s (verify_checksums). */
@@ -451,21 +489,26 @@ int kvo__conn_remote_get(kvo_connector *c, const kvo_chunk_key *keys, void *cons
                          const uint64_t *ud, int *res, size_t *nq);
 /* Put n READY host chunks to the remote tier (write-through). */
 void kvo__conn_remote_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n);
-/* Consume the remote tier's completions (poll). */
-void kvo__conn_remote_poll(kvo_connector *c);
-/* Which groups a tier holds in the current layout (layout.c's rule), for a
- * tier namespaced by tier_hash (0: not namespaced). */
-uint64_t kvo__conn_tier_groups(kvo_connector *c, uint64_t tier_hash);
+/* A remote read into a host slot that finished: its user data (the
+ * kvo__read's id), its result, the bytes moved. */
+typedef struct kvo__read_done {
+    uint64_t ud;
+    int result;
+    uint64_t bytes;
+} kvo__read_done;
+#define KVO__REMOTE_POLL_BATCH 32
+/* Consume one batch (up to KVO__REMOTE_POLL_BATCH) of the remote tier's
+ * completions: presence answers land in rpres; the gets that finished are
+ * handed back in done (*n_done of them, at most the batch) for the caller
+ * (poll.c) to finish.  Returns how many completions it consumed (0: none
+ * left). */
+size_t kvo__conn_remote_poll(kvo_connector *c, kvo__read_done *done, size_t *n_done);
 
-/* ---- poll.c: reads into host slots ---- */
-/* A file or remote read (user data ud) finished with result (bytes moved). */
-void kvo__conn_finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t bytes);
-
-/* ---- metrics.c ---- */
+/* ---- metrics.c (also kvo_connector_get_stats / _request_stats) ---- */
 /* Count one load that took ns. */
 void kvo__conn_hist_add(kvo__hist *h, uint64_t ns);
 
-/* ---- test hooks (create.c), built only with KVO_TESTING ---- */
+/* ---- create.c: test hooks, built only with KVO_TESTING ---- */
 #ifdef KVO_TESTING
 /* The next n load jobs of c complete as failed (KVO_EIO) whatever the copy
  * did; the next n store jobs likewise when stores is true. */

@@ -8,7 +8,7 @@
  * so a capped hit is still one every group serves (never a plain
  * truncation, which could cut a state group between snapshots).  The store
  * limits (max_offload_tokens, offload_prompt_only) become one token count,
- * store_limit: store.c stores no chunk ending beyond it.
+ * store_limit: update.c stores no chunk ending beyond it.
  *
  * Reset and epochs.  kvo_connector_reset must drop every cached chunk while
  * requests are in flight, without waiting for copies.  The connector keeps

@@ -1,5 +1,5 @@
 /*
- * Connector creation and teardown, the accessors and the statistics.
+ * Connector creation and teardown, the accessors and the event drain.
  *
  * create validates the params against the plan (hit step, slot size,
  * checkpoint interval, scratch groups), then builds the arena, the host
@@ -248,43 +248,6 @@ void kvo__connector_inject_failures(kvo_connector *c, uint32_t loads, uint32_t s
     kvo__conn_unlock(c);
 }
 #endif
-
-static int kvo__connector_request_stats_fill(kvo_connector *c, uint64_t id, kvo_request_stats *out) {
-    if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_request_stats: NULL argument");
-    kvo__conn_lock(c);
-    kvo__req *r = kvo__conn_req_get(c, id);
-    int rc = 0;
-    if (!r) rc = kvo__conn_req_missing(id);
-    else {
-        *out = r->st;
-        out->tokens = r->n_tokens;
-        uint64_t have = r->st.local_tokens + r->st.tokens_loaded;
-        out->tokens_computed = r->prompt_tokens > have ? r->prompt_tokens - have : 0;
-    }
-    kvo__conn_unlock(c);
-    return rc;
-}
-
-int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out) {
-    kvo_request_stats full = KVO_REQUEST_STATS_INIT; /* struct_size convention: fill whole, copy out */
-    KVO__STATS_OUT("kvo_connector_request_stats", kvo_request_stats, load_failures, "KVO_REQUEST_STATS_INIT", out, full,
-                   kvo__connector_request_stats_fill(c, id, &full));
-}
-
-static int kvo__connector_get_stats_fill(kvo_connector *c, kvo_connector_stats *out) {
-    if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_get_stats: NULL argument");
-    kvo__conn_lock(c);
-    *out = c->st;
-    kvo__conn_unlock(c);
-    out->host.struct_size = sizeof out->host;
-    return kvo_store_get_stats(c->store, &out->host);
-}
-
-int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out) {
-    kvo_connector_stats full = KVO_CONNECTOR_STATS_INIT; /* struct_size convention: fill whole, copy out */
-    KVO__STATS_OUT("kvo_connector_get_stats", kvo_connector_stats, host, "KVO_CONNECTOR_STATS_INIT", out, full,
-                   kvo__connector_get_stats_fill(c, &full));
-}
 
 size_t kvo_connector_drain_events(kvo_connector *c, kvo_store_event *out, size_t cap, uint64_t *dropped) {
     if (!c) return 0;

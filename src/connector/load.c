@@ -14,45 +14,6 @@
  */
 #include "connector/connector_internal.h"
 
-int kvo__conn_check_tables(kvo_connector *c, uint64_t id, const kvo_block_table *tables, size_t n_tables,
-                      uint64_t tokens, bool partial) {
-    if (!tables || n_tables != c->ng)
-        return kvo__error(KVO_EINVAL, "request %llu: %zu block tables given; the plan has %zu groups",
-                          (unsigned long long)id, tables ? n_tables : 0, c->ng);
-    for (size_t g = 0; g < c->ng; g++) {
-        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
-        if (!gp->offloaded) continue;
-        uint64_t need = partial ? kvo__div_ceil_u64(tokens, gp->tokens_per_block) : tokens / gp->tokens_per_block;
-        if (tables[g].n < need || (tables[g].n && !tables[g].blocks))
-            return kvo__error(KVO_EINVAL,
-                              "request %llu: group '%s': block table has %zu entries; %llu tokens need %llu "
-                              "blocks of %u tokens",
-                              (unsigned long long)id, gp->name, tables[g].n, (unsigned long long)tokens,
-                              (unsigned long long)need, gp->tokens_per_block);
-    }
-    return 0;
-}
-
-/* Make room, before a submit, for tracking one more job of r reading or
- * writing n_blocks engine blocks, so that registering it cannot fail. */
-int kvo__conn_job_reserve(kvo_connector *c, kvo__req *r, size_t n_blocks) {
-    int rc = kvo__map_reserve(&c->jobs, 1);
-    if (!rc) rc = kvo__map_reserve(&c->blocks, n_blocks);
-    if (!rc) rc = kvo__grow((void **)&r->jobs, &r->cap_jobs, r->n_jobs + 1, sizeof *r->jobs, 16, "connector");
-    return rc;
-}
-
-/* Track a submitted job (room reserved by kvo__conn_job_reserve: cannot fail). */
-void kvo__conn_job_register(kvo_connector *c, kvo__req *r, kvo__job *j) {
-    kvo__map_entry *e = NULL;
-    int rc = kvo__map_put(&c->jobs, j->id, &e);
-    assert(rc == 0);
-    (void)rc;
-    e->p = j;
-    assert(r->n_jobs < r->cap_jobs);
-    r->jobs[r->n_jobs++] = j->id;
-}
-
 /* A LOAD completion for a load that never reached the transfer engine
  * (file reads failed, submit failed): nothing was written. */
 void kvo__conn_fail_load_now(kvo_connector *c, kvo__req *r, int status) {
@@ -159,7 +120,7 @@ static kvo__job *kvo__build_load_job(kvo_connector *c, kvo__req *r, const kvo_bl
         const kvo_group_plan *gp = kvo__item_blocks(c, r, it, &first, &nb);
         kvo_xfer_op *op = &j->ops[i];
         op->group = it->key.group;
-        /* a snapshot slot holds it in its first block (store.c) */
+        /* a snapshot slot holds it in its first block (update.c) */
         op->first_block = it->snap ? 0 : (uint32_t)(first - it->chunk * gp->blocks_per_chunk);
         op->n_blocks = (uint32_t)nb;
         op->engine_blocks = &j->eblk[bi];

@@ -1,6 +1,8 @@
 /*
- * Connector metrics: one snapshot of every counter the connector can reach,
- * written as Prometheus exposition text or JSON (kvo_metrics.h).
+ * Connector statistics: the kvo_connector_stats and kvo_request_stats
+ * structs (kvo_connector_get_stats, kvo_connector_request_stats), and the
+ * metrics, one snapshot of every counter the connector can reach, written
+ * as Prometheus exposition text or JSON (kvo_metrics.h).
  *
  * Layout.  A write goes in three steps.  (1) Snapshot: the connector's own
  * statistics and its load histogram under its lock, the host store's, the
@@ -49,6 +51,45 @@ void kvo__conn_hist_add(kvo__hist *h, uint64_t ns) {
     h->n[i]++;
     h->sum_ns += ns;
     h->count++;
+}
+
+/* ------------------------------------------- the statistics structs -- */
+
+static int kvo__connector_request_stats_fill(kvo_connector *c, uint64_t id, kvo_request_stats *out) {
+    if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_request_stats: NULL argument");
+    kvo__conn_lock(c);
+    kvo__req *r = kvo__conn_req_get(c, id);
+    int rc = 0;
+    if (!r) rc = kvo__conn_req_missing(id);
+    else {
+        *out = r->st;
+        out->tokens = r->n_tokens;
+        uint64_t have = r->st.local_tokens + r->st.tokens_loaded;
+        out->tokens_computed = r->prompt_tokens > have ? r->prompt_tokens - have : 0;
+    }
+    kvo__conn_unlock(c);
+    return rc;
+}
+
+int kvo_connector_request_stats(kvo_connector *c, uint64_t id, kvo_request_stats *out) {
+    kvo_request_stats full = KVO_REQUEST_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_connector_request_stats", kvo_request_stats, load_failures, "KVO_REQUEST_STATS_INIT", out, full,
+                   kvo__connector_request_stats_fill(c, id, &full));
+}
+
+static int kvo__connector_get_stats_fill(kvo_connector *c, kvo_connector_stats *out) {
+    if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_get_stats: NULL argument");
+    kvo__conn_lock(c);
+    *out = c->st;
+    kvo__conn_unlock(c);
+    out->host.struct_size = sizeof out->host;
+    return kvo_store_get_stats(c->store, &out->host);
+}
+
+int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out) {
+    kvo_connector_stats full = KVO_CONNECTOR_STATS_INIT; /* struct_size convention: fill whole, copy out */
+    KVO__STATS_OUT("kvo_connector_get_stats", kvo_connector_stats, host, "KVO_CONNECTOR_STATS_INIT", out, full,
+                   kvo__connector_get_stats_fill(c, &full));
 }
 
 /* ------------------------------------------------------------ snapshot -- */

@@ -31,7 +31,7 @@ uint64_t kvo__conn_slot_sum(kvo_connector *c, const kvo_chunk_key *k, kvo_slot s
  * checksum is never written (a file would give it a valid checksum of its
  * own): counted in checksum_failures, res KVO_ECORRUPT.  A chunk of a group
  * whose current slot format the tier does not hold (file_groups, see
- * layout.c) is dropped, res KVO_ESTATE.  res[i] (may be NULL): 0
+ * relayout.c) is dropped, res KVO_ESTATE.  res[i] (may be NULL): 0
  * queued, KVO_EEXIST held already, KVO_ECORRUPT, or why it was dropped
  * (KVO_EAGAIN back-pressure, KVO_ENOSPC quota, KVO_ECLOSED).  Counts
  * file_writes and file_writes_skipped; returns how many were dropped (the

@@ -1,19 +1,20 @@
 /*
- * The completion ring and result processing.
+ * poll: the dispatcher.  Everything that finishes in a lower layer comes
+ * back to the connector here and is turned into completions for the engine.
  *
- * Completions owed to the engine (a LOAD for each request LOADING, a
- * RELEASED for each FINISHED) have room reserved in the ring before they
- * become owed, so emitting never allocates.  poll consumes the file tier's
- * read completions and the remote tier's (remote.c: presence answers, gets
- * finishing host entries), submitting deferred loads,
- * then the transfer engine's results: store jobs complete their host
- * entries (taking checksums while still PENDING, handing write-through
- * chunks to the file tier), load jobs unpin and report, checked against
+ * kvo_connector_poll consumes, in order, the file tier's read completions,
+ * the remote tier's (remote.c keeps the presence answers and hands back the
+ * gets that finished), each finishing its host entry and, with the last
+ * read of a hit, submitting the request's deferred load (load.c); then the
+ * transfer engine's results: store jobs complete their host entries
+ * (taking checksums while still PENDING, handing write-through chunks to
+ * the file and remote tiers), load jobs unpin and report, checked against
  * the request's generation so that preempted or aborted requests get no
- * notification.  Completions already queued when a request is preempted or
- * aborted are taken out of the ring again (kvo__conn_cq_drop_loads).
+ * notification; then it hands the ring's completions (cq.c) to the engine.
+ * kvo__conn_process_results (the transfer results alone) is also what
+ * set_layout and destroy call to finish the copies in flight.
  *
- * Locks: everything under c->mu; the tier's and the engine's poll calls
+ * Locks: everything under c->mu; the tiers' and the engine's poll calls
  * never block.
  */
 #include "connector/connector_internal.h"
@@ -24,54 +25,6 @@ static void kvo__req_drop_job(kvo__req *r, uint64_t job) {
             r->jobs[i] = r->jobs[--r->n_jobs];
             return;
         }
-}
-
-/* Room in the completion ring for `need` entries. */
-static int kvo__cq_reserve(kvo_connector *c, size_t need) {
-    if (need > c->cq_cap) {
-        size_t ncap = c->cq_cap ? c->cq_cap : 64;
-        while (ncap < need) ncap *= 2;
-        kvo_completion *nq = kvo__malloc(ncap * sizeof *nq);
-        if (!nq) return kvo__error(KVO_ENOMEM, "connector: out of memory for completions");
-        for (size_t i = 0; i < c->cq_n; i++) nq[i] = c->cq[(c->cq_head + i) % c->cq_cap];
-        kvo__free(c->cq);
-        c->cq = nq;
-        c->cq_cap = ncap;
-        c->cq_head = 0;
-    }
-    return 0;
-}
-
-/* Room for every completion owed plus one more (call before accepting a
- * load or a finish). */
-int kvo__conn_cq_reserve_owed(kvo_connector *c) { return kvo__cq_reserve(c, c->cq_n + c->cq_owed + 1); }
-
-/* Drop the LOAD completions of request id still queued in the ring, keeping
- * the order of the others (preempt / abort: the engine must never see a
- * load of an earlier life of the request).  RELEASED completions stay: one
- * queued under a live request's id belongs to a finished earlier request
- * with that id, whose blocks the engine still has to free.  Only cq_n
- * shrinks; cq_owed counts completions not yet queued, so it is unchanged
- * and the ring keeps room for every one of them.  O(queued). */
-size_t kvo__conn_cq_drop_loads(kvo_connector *c, uint64_t id) {
-    size_t k = 0;
-    for (size_t i = 0; i < c->cq_n; i++) {
-        const kvo_completion *cp = &c->cq[(c->cq_head + i) % c->cq_cap];
-        if (cp->request == id && cp->type == KVO_COMPLETION_LOAD) continue;
-        c->cq[(c->cq_head + k) % c->cq_cap] = *cp;
-        k++;
-    }
-    size_t dropped = c->cq_n - k;
-    c->cq_n = k;
-    return dropped;
-}
-
-/* Queue a completion; room was reserved when it became owed. */
-void kvo__conn_emit(kvo_connector *c, const kvo_completion *cp) {
-    assert(c->cq_n < c->cq_cap);
-    if (c->cq_n == c->cq_cap && kvo__cq_reserve(c, c->cq_n + 1)) return; /* not reached */
-    c->cq[(c->cq_head + c->cq_n) % c->cq_cap] = *cp;
-    c->cq_n++;
 }
 
 static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_result *res, kvo__req *r) {
@@ -193,14 +146,16 @@ void kvo__conn_process_results(kvo_connector *c) {
     }
 }
 
-/* A file or remote read into a host slot finished. */
-void kvo__conn_finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t bytes) {
+/* A file or remote read into a host slot finished (user data ud, result,
+ * bytes moved): the host entry completes, and the request's deferred load
+ * is submitted once its last read is in. */
+static void kvo__finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t bytes) {
     kvo__map_entry *e = kvo__map_get(&c->reads, ud);
     if (!e) return;
     kvo__read *rd = e->p;
     kvo__map_del(&c->reads, e);
     /* a read started before its group's slot format changed holds the old
-     * format (layout.c), one started before a reset holds data of before the
+     * format (relayout.c), one started before a reset holds data of before the
      * reset (controls.c): never READY */
     bool ok = result == 0 && rd->lay_epoch == c->lay_epoch[rd->key.group] && rd->epoch == c->epoch;
     if (ok && c->sums) /* still PENDING, as for stores */
@@ -254,16 +209,16 @@ int kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap, size_t
         size_t n;
         while (kvo_file_tier_poll(c->file, fc, 32, &n) == 0 && n > 0)
             for (size_t i = 0; i < n; i++)
-                if (fc[i].op == KVO_FILE_OP_READ) kvo__conn_finish_read(c, fc[i].user_data, fc[i].result, 0);
+                if (fc[i].op == KVO_FILE_OP_READ) kvo__finish_read(c, fc[i].user_data, fc[i].result, 0);
     }
-    if (c->remote) kvo__conn_remote_poll(c);
+    if (c->remote) { /* presence answers stay in remote.c; finished gets come back */
+        kvo__read_done done[KVO__REMOTE_POLL_BATCH];
+        size_t nd;
+        while (kvo__conn_remote_poll(c, done, &nd) > 0)
+            for (size_t i = 0; i < nd; i++) kvo__finish_read(c, done[i].ud, done[i].result, done[i].bytes);
+    }
     kvo__conn_process_results(c);
-    size_t n = 0;
-    while (out && n < cap && c->cq_n) {
-        out[n++] = c->cq[c->cq_head];
-        c->cq_head = (c->cq_head + 1) % c->cq_cap;
-        c->cq_n--;
-    }
+    size_t n = kvo__conn_cq_take(c, out, cap);
     kvo__conn_unlock(c);
     *n_out = n;
     return 0;

@@ -30,20 +30,24 @@
  *
  * Reads.  A hit on PRESENT chunks reserves host slots (PENDING in the host
  * store) and queues gets into them, tracked as kvo__read records exactly
- * like file reads (lookup.c, poll.c): a load issued before they land waits
+ * like file reads (lookup.c): a load issued before they land waits
  * (deferred), a get that fails (absent, corrupt value, node down, timeout)
  * fails the load with tokens_valid = local_tokens, and its key is recorded
- * ABSENT.  remote_reads_inflight counts queued gets so that destroy can
- * wait for every one to land before the arena is unmapped.
+ * ABSENT.  kvo__conn_remote_poll does the tier's bookkeeping of a finished
+ * get and hands it back to its caller (poll.c), which finishes the host
+ * entry and the request's load: this file never calls up into the
+ * dispatcher.  remote_reads_inflight counts queued gets so that destroy
+ * can wait for every one to land before the arena is unmapped.
  *
  * Writes.  When a store job completes (poll.c), its chunks are put to the
  * tier, which copies them into its staging memory before returning
  * (write-through).  Puts the tier refuses (back-pressure, closing) are
  * counted in remote_writes_dropped; they never block the engine.  Groups
  * whose current slot format the tier does not hold (remote_groups, the
- * layout rule of layout.c) are neither asked, read nor written.
+ * layout rule of relayout.c) are neither asked, read nor written.
  *
- * Locks: everything runs under c->mu (the tier's calls never block).
+ * Layering (connector_internal.h): calls only map.c.  Locks: everything
+ * runs under c->mu (the tier's calls never block).
  */
 #include "connector/connector_internal.h"
 #include "kvoffload/kvo_remote_tier.h"
@@ -177,24 +181,25 @@ void kvo__conn_remote_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo
     }
 }
 
-void kvo__conn_remote_poll(kvo_connector *c) {
-    kvo_remote_completion rc[32];
-    size_t n;
-    while (kvo_remote_tier_poll(c->remote, rc, 32, &n) == 0 && n > 0)
-        for (size_t i = 0; i < n; i++) {
-            const kvo_remote_completion *x = &rc[i];
-            if (x->op == KVO_REMOTE_OP_EXISTS) {
-                /* EIO (node down) counts as absent for the TTL: no query
-                 * storm against a dead node, no wait */
-                kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&x->key));
-                if (e && e->a == RP_INFLIGHT)
-                    kvo__rpres_set(c, &x->key, x->result == 0 ? RP_PRESENT : RP_ABSENT, false);
-            } else if (x->op == KVO_REMOTE_OP_GET) {
-                if (c->remote_reads_inflight) c->remote_reads_inflight--;
-                if (x->result) kvo__rpres_set(c, &x->key, RP_ABSENT, true);
-                kvo__conn_finish_read(c, x->user_data, x->result, x->bytes);
-            }
+size_t kvo__conn_remote_poll(kvo_connector *c, kvo__read_done *done, size_t *n_done) {
+    kvo_remote_completion rc[KVO__REMOTE_POLL_BATCH];
+    size_t n = 0;
+    *n_done = 0;
+    if (kvo_remote_tier_poll(c->remote, rc, KVO__REMOTE_POLL_BATCH, &n) != 0) return 0;
+    for (size_t i = 0; i < n; i++) {
+        const kvo_remote_completion *x = &rc[i];
+        if (x->op == KVO_REMOTE_OP_EXISTS) {
+            /* EIO (node down) counts as absent for the TTL: no query
+             * storm against a dead node, no wait */
+            kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&x->key));
+            if (e && e->a == RP_INFLIGHT) kvo__rpres_set(c, &x->key, x->result == 0 ? RP_PRESENT : RP_ABSENT, false);
+        } else if (x->op == KVO_REMOTE_OP_GET) {
+            if (c->remote_reads_inflight) c->remote_reads_inflight--;
+            if (x->result) kvo__rpres_set(c, &x->key, RP_ABSENT, true);
+            done[(*n_done)++] = (kvo__read_done){x->user_data, x->result, x->bytes};
         }
+    }
+    return n;
 }
 
 void kvo__conn_remote_free(kvo_connector *c) {
@@ -202,9 +207,9 @@ void kvo__conn_remote_free(kvo_connector *c) {
         /* every queued get completes (bounded by the tier's I/O timeouts);
          * none may land in the arena after it is unmapped */
         while (c->remote_reads_inflight) {
-            kvo_remote_completion rc[32];
+            kvo_remote_completion rc[KVO__REMOTE_POLL_BATCH];
             size_t n = 0;
-            (void)kvo_remote_tier_poll(c->remote, rc, 32, &n);
+            (void)kvo_remote_tier_poll(c->remote, rc, KVO__REMOTE_POLL_BATCH, &n);
             for (size_t i = 0; i < n; i++) {
                 if (rc[i].op != KVO_REMOTE_OP_GET) continue;
                 c->remote_reads_inflight--;

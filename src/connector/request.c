@@ -1,7 +1,9 @@
 /*
  * The request table: adding requests, appending tokens or unit hashes, and
  * the small request helpers every other file uses (scratch arrays, state
- * changes that keep cq_owed exact, removal).
+ * changes that keep cq_owed exact, removal); the job table's tracking of
+ * the copies in flight (room reserved before a submit, so that registering
+ * the job cannot fail) and the block-table check that load and update share.
  *
  * A request keeps its chained unit hashes: tokens are hashed tokens_per_hash
  * at a time (the partial unit waits in tail); engine-given unit hashes are
@@ -9,7 +11,7 @@
  * request salt) instead.  add_request allocates the record before taking
  * c->mu; hashing, the table insert and the appends run under c->mu.
  * With sliding_store CHECKPOINTS, add_request records the best boundaries
- * of the prompt (and of prompt - 1), the checkpoints store.c keeps.
+ * of the prompt (and of prompt - 1), the checkpoints update.c keeps.
  */
 #include "connector/connector_internal.h"
 
@@ -60,6 +62,45 @@ void kvo__conn_req_remove(kvo_connector *c, kvo__req *r) {
     if (e) kvo__map_del(&c->reqs, e);
     c->st.requests_live--;
     kvo__conn_req_free(r);
+}
+
+int kvo__conn_check_tables(kvo_connector *c, uint64_t id, const kvo_block_table *tables, size_t n_tables,
+                      uint64_t tokens, bool partial) {
+    if (!tables || n_tables != c->ng)
+        return kvo__error(KVO_EINVAL, "request %llu: %zu block tables given; the plan has %zu groups",
+                          (unsigned long long)id, tables ? n_tables : 0, c->ng);
+    for (size_t g = 0; g < c->ng; g++) {
+        const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
+        if (!gp->offloaded) continue;
+        uint64_t need = partial ? kvo__div_ceil_u64(tokens, gp->tokens_per_block) : tokens / gp->tokens_per_block;
+        if (tables[g].n < need || (tables[g].n && !tables[g].blocks))
+            return kvo__error(KVO_EINVAL,
+                              "request %llu: group '%s': block table has %zu entries; %llu tokens need %llu "
+                              "blocks of %u tokens",
+                              (unsigned long long)id, gp->name, tables[g].n, (unsigned long long)tokens,
+                              (unsigned long long)need, gp->tokens_per_block);
+    }
+    return 0;
+}
+
+/* Make room, before a submit, for tracking one more job of r reading or
+ * writing n_blocks engine blocks, so that registering it cannot fail. */
+int kvo__conn_job_reserve(kvo_connector *c, kvo__req *r, size_t n_blocks) {
+    int rc = kvo__map_reserve(&c->jobs, 1);
+    if (!rc) rc = kvo__map_reserve(&c->blocks, n_blocks);
+    if (!rc) rc = kvo__grow((void **)&r->jobs, &r->cap_jobs, r->n_jobs + 1, sizeof *r->jobs, 16, "connector");
+    return rc;
+}
+
+/* Track a submitted job (room reserved by kvo__conn_job_reserve: cannot fail). */
+void kvo__conn_job_register(kvo_connector *c, kvo__req *r, kvo__job *j) {
+    kvo__map_entry *e = NULL;
+    int rc = kvo__map_put(&c->jobs, j->id, &e);
+    assert(rc == 0);
+    (void)rc;
+    e->p = j;
+    assert(r->n_jobs < r->cap_jobs);
+    r->jobs[r->n_jobs++] = j->id;
 }
 
 static int kvo__push_units(kvo__req *r, size_t n) {

@@ -64,7 +64,7 @@ static void kvo__group_layouts(const kvo_connector *c, const kvo_segment *segs, 
 
 /* Which groups a tier (file or remote) namespaced by layout hash `tier`
  * (0: not namespaced) holds in the current format (see above). */
-uint64_t kvo__conn_tier_groups(kvo_connector *c, uint64_t tier) {
+static uint64_t kvo__tier_groups(kvo_connector *c, uint64_t tier) {
     uint64_t all = 0, mask = 0, mine = 0;
     for (size_t g = 0; g < c->ng; g++) {
         all |= UINT64_C(1) << g;
@@ -138,8 +138,8 @@ int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n
     memcpy(c->lay_hash, hash, c->ng * sizeof *hash);
     memcpy(c->lay_blocks, blocks, c->ng * sizeof *blocks);
     c->layout_set = true;
-    c->file_groups = c->file ? kvo__conn_tier_groups(c, kvo_file_tier_layout_hash(c->file)) : 0;
-    c->remote_groups = c->remote ? kvo__conn_tier_groups(c, kvo_remote_tier_layout_hash(c->remote)) : 0;
+    c->file_groups = c->file ? kvo__tier_groups(c, kvo_file_tier_layout_hash(c->file)) : 0;
+    c->remote_groups = c->remote ? kvo__tier_groups(c, kvo_remote_tier_layout_hash(c->remote)) : 0;
     if (changed) kvo__invalidate(c, changed);
     kvo__conn_unlock(c);
     return 0;
