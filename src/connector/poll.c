@@ -161,8 +161,7 @@ static void kvo__finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t
     if (ok && c->sums) /* still PENDING, as for stores */
         c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__conn_slot_sum(c, &rd->key, rd->slot);
     (void)kvo_store_complete_store(c->store, &rd->key, 1, ok);
-    if (rd->tier == TIER_REMOTE) {
-        c->remote_reads_inflight--;
+    if (rd->tier == TIER_REMOTE) { /* remote_reads_inflight: counted down by kvo__conn_remote_poll */
         if (ok) {
             c->st.remote_reads++;
             c->st.remote_read_bytes += bytes;

@@ -4,8 +4,8 @@ kvo_sources(KVO_SOURCES connector
   agree.c
   config.c
   controls.c
+  cq.c
   create.c
-  layout.c
   lifecycle.c
   load.c
   lookup.c
@@ -13,7 +13,8 @@ kvo_sources(KVO_SOURCES connector
   metrics.c
   persist.c
   poll.c
+  relayout.c
   remote.c
   request.c
-  store.c
+  update.c
 )
