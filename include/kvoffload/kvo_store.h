@@ -242,8 +242,14 @@ typedef struct kvo_arena_params {
     bool prefault;           /* touch every page at creation (default true) */
     const char *shm_path;    /* NULL: anonymous memory; else a file (e.g. under
                                 /dev/shm) that several processes map shared:
-                                created and sized when absent or empty, mapped
-                                as is when it already has exactly `bytes` */
+                                created (0600) and sized when absent or empty,
+                                mapped as is when it already has exactly
+                                `bytes`.  An existing file must be a regular
+                                file of this uid with mode 0600 and no
+                                symbolic link may be at the name (O_NOFOLLOW):
+                                else KVO_ESTATE naming path, owner and mode,
+                                so another local user cannot plant the file
+                                (docs/security.md) */
     bool shm_unlink;         /* unlink shm_path when this arena is destroyed */
     bool require_huge_pages; /* huge_pages: fail (KVO_ENOTSUP) instead of
                                 falling back to normal pages */
@@ -273,7 +279,9 @@ typedef struct kvo_arena kvo_arena;
  *  Thread rule: the arena has no mutable state after creation; every accessor
  *  is safe from any thread.  Errors: KVO_EINVAL (NULL, bytes 0, shm file of
  *  another size), KVO_ENOMEM (mmap failed, message says how much),
- *  KVO_EIO (shm file), KVO_ENOTSUP (lock/huge pages refused when required). */
+ *  KVO_EIO (shm file), KVO_ESTATE (shm file of another uid, with group or
+ *  other permissions, or a symbolic link; owned sharing: another engine's),
+ *  KVO_ENOTSUP (lock/huge pages refused when required). */
 KVO_API int kvo_arena_create(const kvo_arena_params *p, kvo_arena **out);
 /** Unmap (and unlink when asked).  NULL is a no-op.  Slot pointers die here. */
 KVO_API void kvo_arena_destroy(kvo_arena *a);
@@ -291,8 +299,10 @@ KVO_API bool kvo_arena_creator(const kvo_arena *a);
 KVO_API kvo_u128 kvo_arena_instance(const kvo_arena *a);
 /** Remove files named dir/<prefix>* that are owned-sharing arenas none of
  *  whose recorded processes is alive (left by a crash during start-up);
- *  *n_removed (may be NULL) = how many.  Files in use, files without a valid
- *  header younger than 10 s, and other files are left alone.  Errors:
+ *  *n_removed (may be NULL) = how many; also files whose creator died
+ *  between writing the header and attaching.  Files in use, files without a
+ *  valid header younger than 10 s, files of other users and other files are
+ *  left alone.  Errors:
  *  KVO_EINVAL (NULL dir or prefix), KVO_EIO (dir cannot be read). */
 KVO_API int kvo_arena_sweep_stale(const char *dir, const char *prefix, size_t *n_removed);
 

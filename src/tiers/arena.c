@@ -29,8 +29,19 @@
  *    as the mappings, so a crash, however late, leaves nothing behind, and a
  *    later engine under the same name gets a fresh region.  A crash before
  *    everyone attached leaves a file whose recorded pids are all dead: the
- *    next creator under that name (or kvo_arena_sweep_stale) removes it.
+ *    next creator under that name (or kvo_arena_sweep_stale) removes it;
+ *    so does a file whose header says nobody attached yet while nobody holds
+ *    its lock (the creator holds it from before writing the header until it
+ *    attached: it died in between).
  *    Slot space starts after the header; base and slots never include it.
+ *
+ * Other local users (docs/security.md): a name under /dev/shm is guessable,
+ * so another user could plant a file there (mode 0666, a forged header) or a
+ * symbolic link to a file of theirs, and read or write the engine's KV
+ * through it.  Every file is therefore opened with O_NOFOLLOW (a link at the
+ * name is refused) and must be a regular file of this process's uid with no
+ * group or other permission bits (fstat); anything else is refused with a
+ * message naming the path, the owner and the mode, and left alone.
  *
  * The arena has no state that changes after creation, so every accessor is
  * thread-safe.
@@ -86,17 +97,57 @@ static bool kvo__shm_read(int fd, kvo__shm_header *h) {
     return pread(fd, h, sizeof *h, 0) == (ssize_t)sizeof *h && memcmp(h->magic, KVO__SHM_MAGIC, 8) == 0;
 }
 
-/* A file nobody can still be using: a header whose processes are all dead,
- * or no header 10 s after the file was made (its creator died at once). */
+/* A file nobody can still be using (the caller holds its flock): a header
+ * whose processes are all dead, a header nobody attached to (its creator
+ * holds the lock until it attached, so it died in between), or no header
+ * 10 s after the file was made (its creator died at once). */
 static bool kvo__shm_stale(int fd) {
     kvo__shm_header h;
     if (!kvo__shm_read(fd, &h)) {
         struct stat st;
         return fstat(fd, &st) == 0 && time(NULL) - st.st_mtime > 10;
     }
+    if (h.attached == 0) return true;
     for (uint32_t i = 0; i < KVO__SHM_PIDS; i++)
         if (kvo__pid_alive(h.pids[i])) return false;
-    return h.attached > 0 || h.expected == 0;
+    return true;
+}
+
+/* An arena file must be private to this uid: a regular file it owns with no
+ * group or other permission bits.  0, or KVO_ESTATE naming path, owner and
+ * mode (the file is not ours to remove). */
+static int kvo__shm_check_private(const char *path, int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return kvo__error(KVO_EIO, "kvo_arena_create: fstat '%s': %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0)
+        return kvo__error(KVO_ESTATE,
+                          "kvo_arena_create: '%s' is %s owned by uid %u with mode %04o; an arena file must be a "
+                          "regular file of this user (uid %u) with mode 0600, or another local user could read or "
+                          "write the KV cache: remove it (or use another name)",
+                          path, S_ISREG(st.st_mode) ? "a file" : "not a regular file", (unsigned)st.st_uid,
+                          (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+    return 0;
+}
+
+/* open(path, flags | O_NOFOLLOW | O_CLOEXEC, 0600) and the private check.
+ * -1 with *rc set (a symbolic link at the name is refused), or -1 with *rc
+ * 0 when the file vanished (without O_CREAT). */
+static int kvo__shm_open_private(const char *path, int flags, int *rc) {
+    int fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC, 0600);
+    *rc = 0;
+    if (fd < 0 && errno == ENOENT && !(flags & O_CREAT)) return -1; /* gone meanwhile: *rc 0, try again */
+    if (fd < 0) {
+        *rc = errno == ELOOP ? kvo__error(KVO_ESTATE, "kvo_arena_create: '%s' is a symbolic link: refused (an "
+                                          "arena file must be a regular file of this user; remove the link or use "
+                                          "another name)", path)
+                             : kvo__error(KVO_EIO, "kvo_arena_create: cannot open '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    if ((*rc = kvo__shm_check_private(path, fd)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 static void kvo__sleep_ms(long ms) {
@@ -135,12 +186,14 @@ static int kvo__shm_open_owned(const kvo_arena_params *p, uint64_t total, int *f
         }
         if (errno != EEXIST)
             return kvo__error(KVO_EIO, "kvo_arena_create: cannot create '%s': %s", p->shm_path, strerror(errno));
-        fd = open(p->shm_path, O_RDWR | O_CLOEXEC);
+        int rc = 0;
+        fd = kvo__shm_open_private(p->shm_path, O_RDWR, &rc);
+        if (fd < 0 && rc != 0) return rc; /* planted, a link: refused at once */
         if (fd >= 0 && flock(fd, LOCK_EX) == 0) {
             kvo__shm_header h;
             struct stat st;
             bool valid = kvo__shm_read(fd, &h);
-            if (valid && h.attached < h.expected && !(h.attached > 0 && kvo__shm_stale(fd))) {
+            if (valid && h.attached < h.expected && !kvo__shm_stale(fd)) {
                 if (h.version != KVO__SHM_VERSION || h.data_bytes != p->bytes ||
                     h.fingerprint.lo != p->share_fingerprint.lo || h.fingerprint.hi != p->share_fingerprint.hi) {
                     close(fd);
@@ -230,6 +283,11 @@ int kvo_arena_sweep_stale(const char *dir, const char *prefix, size_t *n_removed
         if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
         int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
         if (fd < 0) continue;
+        struct stat st;
+        if (fstat(fd, &st) != 0 || st.st_uid != geteuid()) { /* another user's: not ours to judge */
+            close(fd);
+            continue;
+        }
         kvo__shm_header h;
         bool ours = kvo__shm_read(fd, &h) || pread(fd, &h, 1, 0) == 0;  /* a header, or still empty */
         if (ours && flock(fd, LOCK_EX | LOCK_NB) == 0 && kvo__shm_stale(fd) && unlink(path) == 0) n++;
@@ -308,11 +366,8 @@ int kvo_arena_create(const kvo_arena_params *p, kvo_arena **out) {
             rc = kvo__error(KVO_ENOMEM, "kvo_arena_create: out of memory");
             goto fail;
         }
-        fd = open(p->shm_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-        if (fd < 0) {
-            rc = kvo__error(KVO_EIO, "kvo_arena_create: cannot open '%s': %s", p->shm_path, strerror(errno));
-            goto fail;
-        }
+        fd = kvo__shm_open_private(p->shm_path, O_RDWR | O_CREAT, &rc);
+        if (fd < 0) goto fail;
         struct stat st;
         if (fstat(fd, &st) != 0) {
             rc = kvo__error(KVO_EIO, "kvo_arena_create: fstat '%s': %s", p->shm_path, strerror(errno));
@@ -398,7 +453,7 @@ fail:
 /* The creator removes the name at the end if nobody else took it (the file
  * under the name is still its own: same instance id). */
 static void kvo__shm_unlink_own(const kvo_arena *a) {
-    int fd = open(a->shm_path, O_RDONLY | O_CLOEXEC);
+    int fd = open(a->shm_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return;
     kvo__shm_header h;
     if (kvo__shm_read(fd, &h) && h.instance.lo == a->instance.lo && h.instance.hi == a->instance.hi)
