@@ -18,7 +18,9 @@
  *  - The cluster client is the library's own (hiredis has no cluster
  *    support): CRC16 key slots, slot map from CLUSTER SLOTS, MOVED and ASK
  *    redirections, a small connection pool per node, pipelined batches,
- *    connect and I/O timeouts, failed nodes marked down with backoff.
+ *    connect timeouts and I/O deadlines (per reply, per batch: a node that
+ *    trickles its bytes cannot hold a worker), failed or slow nodes marked
+ *    down with backoff.
  *
  * Asynchrony and completion (the shape of kvo_file_tier)
  *  - put, get and exists queue operations and return at once; worker threads
@@ -87,7 +89,13 @@ typedef struct kvo_remote_tier_params {
                                       pre-faulted at create; default 64 MiB,
                                       at least one chunk */
     uint32_t connect_timeout_ms;   /* default 500 */
-    uint32_t io_timeout_ms;        /* per reply; default 2000 */
+    uint32_t io_timeout_ms;        /* a deadline per whole reply (however a
+                                      node spaces its bytes), and (max_redirects
+                                      + 1) x this per batch; at create each
+                                      seed costs at most connect_timeout_ms +
+                                      2 x this (AUTH, CLUSTER SLOTS); a node
+                                      past a deadline is marked down;
+                                      default 2000 */
     uint32_t down_backoff_ms;      /* first backoff of a failed node, doubled
                                       per failure up to 16x; default 500 */
     uint32_t max_redirects;        /* MOVED/ASK hops per operation; default 5 */

@@ -26,11 +26,15 @@
  * Pipelines
  *   exec groups a batch by node, writes every node's commands with writev
  *   straight from the callers' buffers (a SET's value is never copied into a
- *   hiredis output buffer), then reads every node's replies in order with
- *   redisGetReply.  Replies are small for SET and EXISTS, so writing all
- *   before reading cannot deadlock; GET requests are tiny.  Connections are
- *   blocking with SO_SNDTIMEO/SO_RCVTIMEO = io_timeout_ms (redisSetTimeout):
- *   a stuck node costs at most one timeout per round.
+ *   hiredis output buffer), then reads every node's replies in order
+ *   (reply.c's kvo__rc_get_reply).  Replies are small for SET and EXISTS, so
+ *   writing all before reading cannot deadlock; GET requests are tiny.
+ *   Deadlines, not per-recv timeouts (a node that trickles its bytes must
+ *   not hold anyone): each reply within io_timeout_ms of being awaited, each
+ *   batch within (max_redirects + 1) x io_timeout_ms of being sent, AUTH and
+ *   CLUSTER SLOTS within io_timeout_ms each, so a seed tried at create costs
+ *   at most connect_timeout_ms + 2 x io_timeout_ms.  A node past a deadline
+ *   is marked down like a failed one.
  *
  * Locking
  *   c->mu guards the slot map and node table (held for routing only, never
@@ -178,12 +182,19 @@ static redisContext *rc_connect(kvo__rc *c, const char *host, int port) {
         const char *argv[3] = {"AUTH", c->cfg.url.user, c->cfg.url.pass};
         int argc = c->cfg.url.user[0] ? 3 : 2;
         if (argc == 2) argv[1] = c->cfg.url.pass;
-        redisReply *r = redisCommandArgv(ctx, argc, argv, NULL);
-        if (!r || r->type == REDIS_REPLY_ERROR) {
+        redisReply *r = NULL;
+        if (kvo__rc_command(ctx, (void **)&r, kvo__now_ns() + (uint64_t)c->cfg.io_timeout_ms * 1000000u, argc,
+                            argv) != REDIS_OK || !r) {
+            kvo__error(KVO_EIO, "remote tier: no answer to AUTH from %s:%d: %s", host, port, ctx->errstr);
+            if (r) freeReplyObject(r);
+            redisFree(ctx);
+            return NULL;
+        }
+        if (r->type == REDIS_REPLY_ERROR) {
             kvo__error(KVO_EIO, "remote tier: authentication refused by %s:%d for user '%s': %s (check the "
                        "password in the url or KVO_REDIS_PASSWORD)", host, port,
-                       c->cfg.url.user[0] ? c->cfg.url.user : "default", r ? r->str : ctx->errstr);
-            if (r) freeReplyObject(r);
+                       c->cfg.url.user[0] ? c->cfg.url.user : "default", r->str);
+            freeReplyObject(r);
             redisFree(ctx);
             return NULL;
         }
@@ -297,8 +308,11 @@ static int parse_slots(kvo__rc *c, redisReply *r, const char *from_host) {
 static int refresh_from(kvo__rc *c, int ni) {
     redisContext *ctx = conn_take(c, ni);
     if (!ctx) return KVO_EIO;
-    redisReply *r = redisCommand(ctx, "CLUSTER SLOTS");
-    if (!r) {
+    const char *argv[2] = {"CLUSTER", "SLOTS"};
+    redisReply *r = NULL;
+    if (kvo__rc_command(ctx, (void **)&r, kvo__now_ns() + (uint64_t)c->cfg.io_timeout_ms * 1000000u, 2, argv) !=
+            REDIS_OK || !r) {
+        if (r) freeReplyObject(r);
         int rc = kvo__error(KVO_EIO, "remote tier: %s:%d: %s", c->nodes[ni].host, c->nodes[ni].port, ctx->errstr);
         redisFree(ctx);
         node_fail(c, ni);
@@ -419,6 +433,7 @@ redisContext *kvo__rc_conn_take(kvo__rc *c, int ni) { return conn_take(c, ni); }
 void kvo__rc_conn_give(kvo__rc *c, int ni, redisContext *ctx) { conn_give(c, ni, ctx); }
 void kvo__rc_node_fail(kvo__rc *c, int ni) { node_fail(c, ni); }
 uint32_t kvo__rc_max_redirects(const kvo__rc *c) { return c->cfg.max_redirects; }
+uint64_t kvo__rc_io_timeout_ns(const kvo__rc *c) { return (uint64_t)c->cfg.io_timeout_ms * 1000000u; }
 
 /* Down: also ask for a slot reload, so that a promoted replica is found
  * while the failed master is in backoff. */

@@ -13,7 +13,12 @@
  *   3. receive: per node, read the replies in order; a MOVED patches the
  *      slot map and leaves the command open for the next round, an ASK
  *      sends it with ASKING to the named node next round, TRYAGAIN waits
- *      10 ms; any other error reply, or an I/O error or timeout, fails it.
+ *      10 ms; WRONGTYPE (a GET of a key of another type) completes it
+ *      KVO_ECORRUPT; any other error reply, or an I/O error or a
+ *      deadline, fails it.
+ * Deadlines: each reply within io_timeout_ms of being awaited, the whole
+ * call (every hop of every command of 64) within (max_redirects + 1) x
+ * io_timeout_ms; a node past one is marked down (reply.c reads replies).
  * Commands are handled 64 at a time (the per-call workspace lives on the
  * stack: nothing is allocated per command except hiredis's reply objects).
  */
@@ -71,9 +76,11 @@ static void encode(const kvo__rc_cmd *cmd, char *pre, char *post, size_t *pre_le
 }
 
 /* writev all of iov (advancing it) on a blocking socket with a send
- * timeout.  0 or -1. */
-static int write_all(int fd, struct iovec *iov, int cnt) {
-    while (cnt > 0) {
+ * timeout (each writev is bounded by it), giving up once deadline_ns has
+ * passed: a node that reads slowly cannot hold us either.  0 or -1. */
+static int write_all(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns) {
+    for (bool first = true; cnt > 0; first = false) {
+        if (!first && kvo__now_ns() >= deadline_ns) return -1;
         ssize_t w = writev(fd, iov, cnt > 1024 ? 1024 : cnt);
         if (w < 0) {
             if (errno == EINTR) continue;
@@ -98,7 +105,7 @@ static void fail(kvo__rc_cmd *cmd) {
 }
 
 /* Send the commands order[a..b) (all for node ni) on ctx.  0 or -1. */
-static int send_group(pipe_ws *w, kvo__rc_cmd *cmds, int a, int b, redisContext *ctx) {
+static int send_group(pipe_ws *w, kvo__rc_cmd *cmds, int a, int b, redisContext *ctx, uint64_t deadline_ns) {
     int cnt = 0;
     for (int k = a; k < b; k++) {
         kvo__rc_cmd *cmd = &cmds[w->order[k]];
@@ -110,7 +117,7 @@ static int send_group(pipe_ws *w, kvo__rc_cmd *cmds, int a, int b, redisContext 
             w->iov[cnt++] = (struct iovec){w->post[k], ql};
         }
     }
-    return write_all(ctx->fd, w->iov, cnt);
+    return write_all(ctx->fd, w->iov, cnt, deadline_ns);
 }
 
 /* Handle one reply to cmd (taking ownership of r).  Returns true when the
@@ -159,15 +166,18 @@ static bool on_reply(kvo__rc *c, kvo__rc_cmd *cmd, redisReply *r, int ni) {
     return false;
 }
 
-/* Read the replies of order[a..b) from ctx.  0, or -1 on an I/O error
+/* Read the replies of order[a..b) from ctx, each within io_ns of being
+ * awaited and all by op_deadline.  0, or -1 on an I/O error or a deadline
  * (the unanswered commands failed). */
 static int recv_group(kvo__rc *c, pipe_ws *w, kvo__rc_cmd *cmds, int a, int b, redisContext *ctx, int ni,
-                      bool *wait) {
+                      bool *wait, uint64_t op_deadline) {
+    uint64_t io_ns = kvo__rc_io_timeout_ns(c);
     for (int k = a; k < b; k++) {
         kvo__rc_cmd *cmd = &cmds[w->order[k]];
         redisReply *r = NULL;
+        uint64_t now = kvo__now_ns(), by = now + io_ns < op_deadline ? now + io_ns : op_deadline;
         if (cmd->asking) {
-            if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r) {
+            if (kvo__rc_get_reply(ctx, (void **)&r, by) != REDIS_OK || !r) {
                 for (int j = k; j < b; j++) fail(&cmds[w->order[j]]);
                 return -1;
             }
@@ -175,7 +185,7 @@ static int recv_group(kvo__rc *c, pipe_ws *w, kvo__rc_cmd *cmds, int a, int b, r
             r = NULL;
         }
         ctx->reader->privdata = cmd->kind == KVO__RC_GET && cmd->sink_dst ? cmd : NULL;
-        int grc = redisGetReply(ctx, (void **)&r);
+        int grc = kvo__rc_get_reply(ctx, (void **)&r, by);
         ctx->reader->privdata = NULL;
         if (grc != REDIS_OK || !r) {
             for (int j = k; j < b; j++) fail(&cmds[w->order[j]]);
@@ -186,8 +196,9 @@ static int recv_group(kvo__rc *c, pipe_ws *w, kvo__rc_cmd *cmds, int a, int b, r
     return 0;
 }
 
-/* One round over the open commands.  Returns how many remain open. */
-static size_t round_once(kvo__rc *c, pipe_ws *w, kvo__rc_cmd *cmds, size_t n) {
+/* One round over the open commands, bounded by op_deadline.  Returns how
+ * many remain open. */
+static size_t round_once(kvo__rc *c, pipe_ws *w, kvo__rc_cmd *cmds, size_t n, uint64_t op_deadline) {
     kvo__rc_route(c, cmds, n);
     int m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -211,7 +222,7 @@ static size_t round_once(kvo__rc *c, pipe_ws *w, kvo__rc_cmd *cmds, size_t n) {
     for (int g = 0; g < ng; g++) {
         int ni = cmds[w->order[starts[g]]].node;
         w->ctx[g] = kvo__rc_node_down(c, ni) ? NULL : kvo__rc_conn_take(c, ni);
-        if (w->ctx[g] && send_group(w, cmds, starts[g], starts[g + 1], w->ctx[g]) != 0) {
+        if (w->ctx[g] && send_group(w, cmds, starts[g], starts[g + 1], w->ctx[g], op_deadline) != 0) {
             redisFree(w->ctx[g]);
             w->ctx[g] = NULL;
             kvo__rc_node_fail(c, ni);
@@ -223,7 +234,7 @@ static size_t round_once(kvo__rc *c, pipe_ws *w, kvo__rc_cmd *cmds, size_t n) {
     for (int g = 0; g < ng; g++) {
         if (!w->ctx[g]) continue;
         int ni = cmds[w->order[starts[g]]].node;
-        if (recv_group(c, w, cmds, starts[g], starts[g + 1], w->ctx[g], ni, &wait) != 0) {
+        if (recv_group(c, w, cmds, starts[g], starts[g + 1], w->ctx[g], ni, &wait, op_deadline) != 0) {
             redisFree(w->ctx[g]);
             kvo__rc_node_fail(c, ni);
         } else {
@@ -257,8 +268,11 @@ void kvo__rc_exec(kvo__rc *c, kvo__rc_ws *w, kvo__rc_cmd *cmds, size_t n) {
     if (!w) return;
     for (size_t base = 0; base < n; base += PIPE_MAX) {
         size_t m = n - base < PIPE_MAX ? n - base : PIPE_MAX;
-        for (uint32_t r = 0; r <= kvo__rc_max_redirects(c) + 1; r++)
-            if (round_once(c, w, cmds + base, m) == 0) break;
+        /* the operations' deadline: every hop they may take, one reply
+         * timeout each */
+        uint64_t op_deadline = kvo__now_ns() + ((uint64_t)kvo__rc_max_redirects(c) + 1) * kvo__rc_io_timeout_ns(c);
+        for (uint32_t r = 0; r <= kvo__rc_max_redirects(c) + 1 && kvo__now_ns() < op_deadline; r++)
+            if (round_once(c, w, cmds + base, m, op_deadline) == 0) break;
         for (size_t i = 0; i < m; i++)
             if (!cmds[base + i].done) fail(&cmds[base + i]);
     }

@@ -13,7 +13,8 @@
  *                         -> cluster.c, reply.c (through the reader)
  *   cluster.c             nodes, connection pools, the slot map, URL
  *                         parsing -> reply.c (kvo__rc_reader_setup)
- *   reply.c               leaf: hiredis reader functions (GET sinks)
+ *   reply.c               leaf: hiredis reader functions (GET sinks),
+ *                         replies and commands bounded by a deadline
  */
 #ifndef KVO_TIERS_REMOTE_INTERNAL_H
 #define KVO_TIERS_REMOTE_INTERNAL_H
@@ -92,7 +93,9 @@ typedef struct kvo__rc_cmd {
     size_t sink_hdr_len, sink_len;
     /* outputs */
     int result;                  /* 0 ok, KVO_ENOTFOUND (GET nil, EXISTS 0),
-                                    KVO_EIO (node down/failed/timeout, or an
+                                    KVO_ECORRUPT (GET of a key holding
+                                    another type: WRONGTYPE), KVO_EIO (node
+                                    down/failed/past a deadline, or another
                                     error reply) */
     void *reply;                 /* GET: the bulk reply */
     const char *str;             /* GET: the value bytes (inside reply) */
@@ -113,7 +116,8 @@ void kvo__rc_ws_destroy(kvo__rc_ws *w);
 /* Run n commands: route by slot, one pipeline per node (all nodes written,
  * then all read), follow MOVED (slot map updated, refreshed afterwards) and
  * ASK (ASKING + retry on the named node), fail fast on nodes in backoff.
- * Never blocks longer than about (max_redirects + 1) x io_timeout_ms. */
+ * Never blocks longer than (max_redirects + 1) x io_timeout_ms per 64
+ * commands (plus one send timeout), however a node spaces its bytes. */
 void kvo__rc_exec(kvo__rc *c, kvo__rc_ws *w, kvo__rc_cmd *cmds, size_t n);
 void kvo__rc_reply_free(void *reply);
 
@@ -128,11 +132,20 @@ int kvo__rc_redirect(kvo__rc *c, const char *target, int from_node, bool moved, 
 void kvo__rc_maybe_refresh(kvo__rc *c);
 void kvo__rc_count_batch(kvo__rc *c);
 uint32_t kvo__rc_max_redirects(const kvo__rc *c);
+uint64_t kvo__rc_io_timeout_ns(const kvo__rc *c);
 
 /* reply.c: install the reader functions on a new connection (cluster.c,
  * at connect); a GET with a sink is parsed into it while the reader's
  * privdata points at its kvo__rc_cmd (pipeline.c sets and clears it). */
 void kvo__rc_reader_setup(struct redisContext *ctx, uint64_t max_value_bytes);
+
+/* reply.c: one whole reply by deadline_ns (kvo__now_ns's clock), however
+ * the node spaces its bytes: REDIS_OK with *reply set, or REDIS_ERR with
+ * ctx->err / ctx->errstr set ("no whole reply within N ms (timed out)", EOF,
+ * protocol).  kvo__rc_command sends argv (NUL-terminated strings) first,
+ * within the same deadline.  The connection is unusable after an error. */
+int kvo__rc_get_reply(struct redisContext *ctx, void **reply, uint64_t deadline_ns);
+int kvo__rc_command(struct redisContext *ctx, void **reply, uint64_t deadline_ns, int argc, const char **argv);
 
 /* CRC16-XMODEM slot of a key with hash tags (kvo_remote_key_slot). */
 uint32_t kvo__rc_slot(const char *key, size_t len);

@@ -7,8 +7,22 @@
  * connection it opens (kvo__rc_reader_setup), pipeline.c points the
  * reader's privdata at the GET being read (a kvo__rc_cmd with a sink) and
  * back to NULL afterwards.  It calls no other file of the folder.
+ *
+ * Deadlines: hiredis's blocking redisGetReply bounds each recv by
+ * SO_RCVTIMEO, not a reply, so a node that trickles its reply (each gap
+ * under the timeout) could hold a worker -- or create -- for as long as it
+ * liked (issue 25).  kvo__rc_get_reply reads a reply with non-blocking recv
+ * while bytes are there and poll() up to an absolute deadline when none
+ * are; kvo__rc_command sends a command the same way.  The 64 KiB read
+ * buffer also means fewer system calls per large value than hiredis's
+ * 16 KiB reads.
  */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 
 #include <hiredis/hiredis.h>
 
@@ -83,4 +97,68 @@ void kvo__rc_reader_setup(redisContext *ctx, uint64_t max_value_bytes) {
     /* keep the grown input buffer between replies (hiredis frees an idle
      * buffer above maxbuf, 16 KiB by default) */
     ctx->reader->maxbuf = (size_t)(2 * max_value_bytes + (1u << 20));
+}
+
+/* ------------------------------------------------------ deadlines -- */
+
+/* Wait until fd is ready for ev or deadline_ns (kvo__now_ns's clock)
+ * passes.  0 ready (or an error the next I/O reports), -1 out of time or
+ * poll failed. */
+static int wait_fd(int fd, short ev, uint64_t deadline_ns) {
+    for (;;) {
+        uint64_t now = kvo__now_ns();
+        if (now >= deadline_ns) return -1;
+        uint64_t ms = (deadline_ns - now + 999999u) / 1000000u;
+        struct pollfd p = {fd, ev, 0};
+        int r = poll(&p, 1, ms > INT_MAX ? INT_MAX : (int)ms);
+        if (r > 0) return 0;
+        if (r < 0 && errno != EINTR) return -1;
+    }
+}
+
+static int ctx_error(redisContext *ctx, int err, const char *what, const char *detail) {
+    ctx->err = err;
+    snprintf(ctx->errstr, sizeof ctx->errstr, "%s%s%s", what, detail ? ": " : "", detail ? detail : "");
+    return REDIS_ERR;
+}
+
+static int ctx_timeout(redisContext *ctx, uint64_t t0, uint64_t deadline_ns) {
+    ctx->err = REDIS_ERR_IO;
+    snprintf(ctx->errstr, sizeof ctx->errstr, "no whole reply within %llu ms (timed out)",
+             (unsigned long long)(deadline_ns > t0 ? (deadline_ns - t0 + 999999u) / 1000000u : 0));
+    return REDIS_ERR;
+}
+
+int kvo__rc_get_reply(redisContext *ctx, void **reply, uint64_t deadline_ns) {
+    char buf[65536];
+    uint64_t t0 = kvo__now_ns();
+    *reply = NULL;
+    for (;;) {
+        if (redisReaderGetReply(ctx->reader, reply) != REDIS_OK)
+            return ctx_error(ctx, REDIS_ERR_PROTOCOL, "protocol error", ctx->reader->errstr);
+        if (*reply) return REDIS_OK;
+        if (kvo__now_ns() >= deadline_ns) return ctx_timeout(ctx, t0, deadline_ns);
+        ssize_t n = recv(ctx->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0) {
+            if (redisReaderFeed(ctx->reader, buf, (size_t)n) != REDIS_OK)
+                return ctx_error(ctx, REDIS_ERR_OOM, "out of memory", NULL);
+        } else if (n == 0) {
+            return ctx_error(ctx, REDIS_ERR_EOF, "server closed the connection", NULL);
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (wait_fd(ctx->fd, POLLIN, deadline_ns) != 0) return ctx_timeout(ctx, t0, deadline_ns);
+        } else if (errno != EINTR) {
+            return ctx_error(ctx, REDIS_ERR_IO, "recv", strerror(errno));
+        }
+    }
+}
+
+int kvo__rc_command(redisContext *ctx, void **reply, uint64_t deadline_ns, int argc, const char **argv) {
+    uint64_t t0 = kvo__now_ns();
+    *reply = NULL;
+    if (redisAppendCommandArgv(ctx, argc, argv, NULL) != REDIS_OK) return REDIS_ERR;
+    for (int done = 0; !done;) {
+        if (wait_fd(ctx->fd, POLLOUT, deadline_ns) != 0) return ctx_timeout(ctx, t0, deadline_ns);
+        if (redisBufferWrite(ctx, &done) != REDIS_OK) return REDIS_ERR;
+    }
+    return kvo__rc_get_reply(ctx, reply, deadline_ns);
 }
