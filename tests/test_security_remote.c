@@ -354,3 +354,51 @@ KVO_TEST(trickled_batch_hits_the_operation_deadline) {
     kvo_plan_destroy(plan);
 }
 
+/* ------------------------------------------------ item 9: WRONGTYPE -- */
+
+/* The fake answers GET with WRONGTYPE: a corrupt value, counted, deleted. */
+KVO_TEST(wrongtype_is_corrupt_counted_deleted) {
+    need_redis_build();
+    fake f = {.get_reply = "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"};
+    fake_start(&f);
+    kvo_plan *plan = make_plan();
+    char url[128];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f.port);
+    kvo_remote_tier_params p = fake_params(plan, url);
+    kvo_remote_tier *t = NULL;
+    ASSERT_OK(kvo_remote_tier_create(&p, &t));
+    int r = get_one(t, plan, 3);
+    kvo_remote_tier_stats s = stats(t);
+    kvo_remote_tier_destroy(t);
+    fake_stop(&f);
+    ASSERT_EQ_INT(r, KVO_ECORRUPT);
+    ASSERT_EQ_U64(s.corrupt_deleted, 1);
+    ASSERT_EQ_U64(s.read_errors, 0);
+    ASSERT_EQ_U64(s.node_failures, 0); /* the node is fine */
+    ASSERT_EQ_INT(atomic_load(&f.dels), 1);
+    kvo_plan_destroy(plan);
+}
+
+/* The same on a real cluster: a list under a tier key. */
+KVO_TEST(wrongtype_on_the_shared_cluster) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(port, plan, "wrongtype", NULL);
+    kvo_chunk_key k = ftf_key(42, 0);
+    char name[160], args[400];
+    ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
+    snprintf(args, sizeof args, "-c rpush %s not-a-chunk", name);
+    ASSERT_EQ_INT(rcli(port, NULL, args, NULL), 0);
+    int res[1];
+    ASSERT_EQ_U64(get_range(t, plan, 42, 1, res), 0);
+    ASSERT_EQ_INT(res[0], KVO_ECORRUPT);
+    kvo_remote_tier_stats s = stats(t);
+    ASSERT_EQ_U64(s.corrupt_deleted, 1);
+    ASSERT_EQ_U64(s.read_errors, 0);
+    ASSERT_EQ_INT(exists_one(t, &k), KVO_ENOTFOUND); /* deleted */
+    /* and the key is usable again */
+    ASSERT_EQ_U64(put_range(t, plan, 42, 1), 1);
+    ASSERT_EQ_U64(get_range(t, plan, 42, 1, res), 1);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}

@@ -138,6 +138,12 @@ static bool on_reply(kvo__rc *c, kvo__rc_cmd *cmd, redisReply *r, int ni) {
         } else if (!strncmp(r->str, "TRYAGAIN", 8) && cmd->hops < (int)kvo__rc_max_redirects(c)) {
             cmd->hops++;
             wait = true;
+        } else if (cmd->kind == KVO__RC_GET && !strncmp(r->str, "WRONGTYPE", 9)) {
+            /* a list, hash... under a tier key: not a value of ours, and the
+             * node is fine: corrupt (the tier deletes it), not a failure */
+            cmd->done = true;
+            cmd->asking = false;
+            cmd->result = KVO_ECORRUPT;
         } else fail(cmd);
         freeReplyObject(r);
         return wait;

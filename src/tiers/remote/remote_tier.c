@@ -25,7 +25,7 @@
  *   straight into a per-worker header buffer and the caller's destination
  *   (pipeline.c's reply functions) and verified there.  A value that fails verification is
  *   deleted (a second, small pipeline in the same batch) and reported as
- *   KVO_ECORRUPT.
+ *   KVO_ECORRUPT; so is a key holding another Redis type (WRONGTYPE).
  *
  * Back-pressure and faults
  *   pending_writes <= max_pending_writes and staging memory bound the puts:
@@ -272,8 +272,10 @@ static void run_batch(kvo_remote_tier *t, rworker *w, rop **ops, size_t n) {
         rop *op = ops[i];
         op->result = cmds[i].result;
         op->bytes = op->kind == KVO_REMOTE_OP_EXISTS ? 0 : op->g->chunk_bytes;
-        if (op->kind == KVO_REMOTE_OP_GET && op->result == 0) {
-            if (verify_value(t, op, hdrs + i * KVO_REMOTE_HEADER_BYTES, cmds[i].str, cmds[i].len) != 0) {
+        if (op->kind == KVO_REMOTE_OP_GET && (op->result == 0 || op->result == KVO_ECORRUPT)) {
+            /* ECORRUPT from exec: another type under the key (WRONGTYPE) */
+            if (op->result == KVO_ECORRUPT ||
+                verify_value(t, op, hdrs + i * KVO_REMOTE_HEADER_BYTES, cmds[i].str, cmds[i].len) != 0) {
                 op->result = KVO_ECORRUPT;
                 kvo__rc_cmd *d = &cmds[n + n_del++];
                 memset(d, 0, sizeof *d);
