@@ -30,10 +30,10 @@
 #if KVO_HAVE_REDIS
 #include <hiredis/hiredis.h>
 
+#include "tiers/remote/remote_internal.h" /* the tier's URL parser: one rule for both */
+
 typedef struct bcfg {
-    char host[64];
-    int port;
-    char user[128], pass[128];
+    kvo__rc_url url;   /* seed 0 is asked for the slot map; user, pass */
     uint32_t threads, batch;
     uint64_t total, size;
 } bcfg;
@@ -47,16 +47,25 @@ typedef struct raw_map {
     uint8_t slot_node[16384];
 } raw_map;
 
-static redisContext *raw_connect(const bcfg *c, const char *host, int port) {
+/* Connect and authenticate; NULL with why (never the password) when not
+ * NULL. */
+static redisContext *raw_connect(const bcfg *c, const char *host, int port, char *why, size_t cap) {
     redisContext *ctx = redisConnect(host, port);
     if (!ctx || ctx->err) {
+        if (why) snprintf(why, cap, "cannot connect to %s:%d: %s", host, port, ctx ? ctx->errstr : "out of memory");
         if (ctx) redisFree(ctx);
         return NULL;
     }
-    if (c->pass[0]) {
-        redisReply *r = c->user[0] ? redisCommand(ctx, "AUTH %s %s", c->user, c->pass)
-                                   : redisCommand(ctx, "AUTH %s", c->pass);
+    if (c->url.pass[0]) {
+        const char *argv[3] = {"AUTH", c->url.user, c->url.pass};
+        int argc = c->url.user[0] ? 3 : 2;
+        if (argc == 2) argv[1] = c->url.pass;
+        redisReply *r = redisCommandArgv(ctx, argc, argv, NULL);
         bool ok = r && r->type != REDIS_REPLY_ERROR;
+        if (!ok && why)
+            snprintf(why, cap, "authentication refused by %s:%d for user '%s': %s (check the password in the url "
+                     "or KVO_REDIS_PASSWORD)", host, port, c->url.user[0] ? c->url.user : "default",
+                     r ? r->str : ctx->errstr);
         if (r) freeReplyObject(r);
         if (!ok) {
             redisFree(ctx);
@@ -66,12 +75,14 @@ static redisContext *raw_connect(const bcfg *c, const char *host, int port) {
     return ctx;
 }
 
-static int raw_map_load(const bcfg *c, raw_map *m) {
-    redisContext *ctx = raw_connect(c, c->host, c->port);
+static int raw_map_load(const bcfg *c, raw_map *m, char *why, size_t cap) {
+    redisContext *ctx = raw_connect(c, c->url.host[0], c->url.port[0], why, cap);
     if (!ctx) return -1;
     redisReply *r = redisCommand(ctx, "CLUSTER SLOTS");
     int rc = -1;
     memset(m, 0, sizeof *m);
+    snprintf(why, cap, "cannot read CLUSTER SLOTS from %s:%d: %s", c->url.host[0], c->url.port[0],
+             !r ? ctx->errstr : r->type == REDIS_REPLY_ERROR ? r->str : "not a slot map");
     if (r && r->type == REDIS_REPLY_ARRAY) {
         rc = 0;
         for (size_t i = 0; i < r->elements && rc == 0; i++) {
@@ -112,7 +123,7 @@ static void *raw_thread(void *p) {
     raw_arg *a = p;
     redisContext *ctx[16] = {0};
     for (int k = 0; k < a->m->n; k++)
-        if (!(ctx[k] = raw_connect(a->c, a->m->host[k], a->m->port[k]))) a->failed = 1;
+        if (!(ctx[k] = raw_connect(a->c, a->m->host[k], a->m->port[k], NULL, 0))) a->failed = 1;
     uint32_t batch = a->c->batch;
     int node_of[256];
     for (uint64_t i = a->id; i < a->n_keys && !a->failed;) {
@@ -241,23 +252,14 @@ static double tier_get_pass(kvo_remote_tier *t, const bcfg *c, unsigned char *bu
     return (double)bytes / dt / 1e9;
 }
 
+/* The tier's parser (split at the last '@', percent-escapes decoded), then
+ * KVO_REDIS_USER / KVO_REDIS_PASSWORD as the tier takes them. */
 static int parse_url(const char *url, bcfg *c) {
-    if (strncmp(url, "redis://", 8)) return -1;
-    const char *p = url + 8, *at = strchr(p, '@');
-    if (at) {
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-        if (colon) {
-            snprintf(c->user, sizeof c->user, "%.*s", (int)(colon - p), p);
-            snprintf(c->pass, sizeof c->pass, "%.*s", (int)(at - colon - 1), colon + 1);
-        }
-        p = at + 1;
-    }
-    const char *colon = strchr(p, ':');
-    if (!colon || colon - p >= 64) return -1;
-    snprintf(c->host, sizeof c->host, "%.*s", (int)(colon - p), p);
-    c->port = atoi(colon + 1);
-    if (!c->pass[0] && getenv("KVO_REDIS_PASSWORD")) snprintf(c->pass, sizeof c->pass, "%s", getenv("KVO_REDIS_PASSWORD"));
-    return c->port > 0 ? 0 : -1;
+    if (kvo__rc_url_parse(url, &c->url)) return -1;
+    const char *u = getenv("KVO_REDIS_USER"), *pw = getenv("KVO_REDIS_PASSWORD");
+    if (!c->url.user[0] && u) snprintf(c->url.user, sizeof c->url.user, "%s", u);
+    if (!c->url.pass[0] && pw) snprintf(c->url.pass, sizeof c->url.pass, "%s", pw);
+    return 0;
 }
 
 static void size_name(uint64_t size, char *out, size_t cap) {
@@ -345,13 +347,16 @@ int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o) {
     bcfg c;
     memset(&c, 0, sizeof c);
     if (!url || parse_url(url, &c)) {
-        fprintf(stderr, "kvoffload bench remote: give --remote redis://host:port (a Redis Cluster seed)\n");
+        fprintf(stderr, "kvoffload bench remote: %s%sgive --remote redis://[user:pass@]host:port (a Redis Cluster "
+                "seed)\n", url ? kvo_last_error() : "", url ? "; " : "");
         return KVO_EXIT_USAGE;
     }
     c.threads = (uint32_t)threads;
     raw_map *m = malloc(sizeof *m);
-    if (!m || raw_map_load(&c, m)) {
-        fprintf(stderr, "kvoffload bench remote: cannot read CLUSTER SLOTS from %s:%d\n", c.host, c.port);
+    char why[512] = "out of memory";
+    if (!m || raw_map_load(&c, m, why, sizeof why)) {
+        fprintf(stderr, "kvoffload bench remote: %s\n", why);
+        memset(&c.url, 0, sizeof c.url);
         free(m);
         return KVO_EXIT_FAIL;
     }
@@ -370,6 +375,7 @@ int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o) {
         c.batch = (uint32_t)(b < batch ? (b ? b : 1) : batch);
         if (bench_size(url, &c, m, (uint32_t)reps, o)) rc = KVO_EXIT_FAIL;
     }
+    memset(&c.url, 0, sizeof c.url); /* no copy of the password left */
     free(m);
     return rc;
 }

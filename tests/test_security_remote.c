@@ -354,6 +354,126 @@ KVO_TEST(trickled_batch_hits_the_operation_deadline) {
     kvo_plan_destroy(plan);
 }
 
+/* --------------------------------------------- item 4: '@' in a secret -- */
+
+static char *log_lines;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void capture_log(kvo_log_level level, const char *msg, void *ctx) {
+    (void)level;
+    (void)ctx;
+    pthread_mutex_lock(&log_mu);
+    size_t have = log_lines ? strlen(log_lines) : 0, add = strlen(msg);
+    char *n = realloc(log_lines, have + add + 2);
+    if (n) {
+        memcpy(n + have, msg, add);
+        n[have + add] = '\n';
+        n[have + add + 1] = 0;
+        log_lines = n;
+    }
+    pthread_mutex_unlock(&log_mu);
+}
+
+static void assert_no_secret(const char *text, const char *secret) {
+    if (text && strstr(text, secret)) FAILF("the secret '%s' leaked: %s", secret, text);
+}
+
+/* Create against the fake with url; the result code.  Stats, the error
+ * message and the log must never contain `secret`. */
+static int create_with(fake *f, const kvo_plan *plan, const char *url, const char *secret) {
+    kvo_remote_tier_params p = fake_params(plan, url);
+    kvo_remote_tier *t = NULL;
+    int rc = kvo_remote_tier_create(&p, &t);
+    assert_no_secret(kvo_last_error(), secret);
+    if (rc == 0) {
+        ASSERT_EQ_INT(get_one(t, plan, 7), KVO_ENOTFOUND); /* it works */
+        kvo_remote_tier_destroy(t);
+    }
+    (void)f;
+    return rc;
+}
+
+KVO_TEST(password_with_at_sign_reaches_auth) {
+    need_redis_build();
+    kvo_set_log(capture_log, NULL, KVO_LOG_DEBUG);
+    unsetenv("KVO_REDIS_PASSWORD");
+    unsetenv("KVO_REDIS_USER");
+    fake f = {.password = "Secret@99"};
+    fake_start(&f);
+    kvo_plan *plan = make_plan();
+    char url[256];
+    snprintf(url, sizeof url, "redis://:Secret@99@127.0.0.1:%d", f.port); /* raw '@' */
+    ASSERT_OK(create_with(&f, plan, url, "Secret"));
+    snprintf(url, sizeof url, "redis://:Secret%%4099@127.0.0.1:%d", f.port); /* percent-encoded */
+    ASSERT_OK(create_with(&f, plan, url, "Secret"));
+    ASSERT_GE_INT(atomic_load(&f.auth_ok), 2);
+    ASSERT_EQ_INT(atomic_load(&f.auth_bad), 0);
+    /* a wrong one is refused, by name of node and user, without itself */
+    snprintf(url, sizeof url, "redis://:Wrong@Secret@127.0.0.1:%d", f.port);
+    ASSERT_ERR(create_with(&f, plan, url, "Secret"), KVO_EIO);
+    ASSERT_CONTAINS(kvo_last_error(), "authentication refused");
+    char where[64];
+    snprintf(where, sizeof where, "127.0.0.1:%d", f.port);
+    ASSERT_CONTAINS(kvo_last_error(), where);
+    fake_stop(&f);
+    /* an ACL user and a password with '@' and ':' */
+    fake g = {.user = "alice", .password = "p:w@d"};
+    fake_start(&g);
+    snprintf(url, sizeof url, "redis://alice:p:w@d@127.0.0.1:%d", g.port);
+    ASSERT_OK(create_with(&g, plan, url, "p:w@d"));
+    snprintf(url, sizeof url, "redis://alice:p%%3Aw%%40d@127.0.0.1:%d", g.port);
+    ASSERT_OK(create_with(&g, plan, url, "p:w@d"));
+    ASSERT_EQ_INT(atomic_load(&g.auth_bad), 0);
+    fake_stop(&g);
+    kvo_set_log(NULL, NULL, KVO_LOG_INFO);
+    assert_no_secret(log_lines, "Secret");
+    assert_no_secret(log_lines, "p:w@d");
+    free(log_lines);
+    log_lines = NULL;
+    kvo_plan_destroy(plan);
+}
+
+/* Nobody listens: the message names the host and port only. */
+KVO_TEST(unreachable_node_message_has_no_password) {
+    need_redis_build();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier_params p = fake_params(plan, "redis://:pw@Secret99@127.0.0.1:1");
+    kvo_remote_tier *t = NULL;
+    ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EIO);
+    assert_no_secret(kvo_last_error(), "Secret99");
+    ASSERT_CONTAINS(kvo_last_error(), "127.0.0.1:1");
+    /* a bad percent escape is refused without echoing the secret */
+    p.url = "redis://:Secret99%zz@127.0.0.1:1";
+    ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EINVAL);
+    assert_no_secret(kvo_last_error(), "Secret99");
+    ASSERT_CONTAINS(kvo_last_error(), "percent");
+    kvo_plan_destroy(plan);
+}
+
+/* `kvoffload bench remote` with a wrong password says so (not only "cannot
+ * read CLUSTER SLOTS") and never prints it. */
+KVO_TEST(bench_remote_says_password_refused) {
+    need_redis_build();
+    fake f = {.password = "Right@Pw"};
+    fake_start(&f);
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "env -u KVO_REDIS_PASSWORD %s bench remote --remote 'redis://:Wr0ng@Guess@127.0.0.1:%d' --total-mib 1 "
+             "--sizes 256 --reps 1 2>&1",
+             KVO_CLI_PATH, f.port);
+    int rc = kvo_test_run(cmd, &out);
+    fake_stop(&f);
+    ASSERT_NE_INT(rc, 0);
+    ASSERT_NOT_NULL(out);
+    assert_no_secret(out, "Guess");
+    assert_no_secret(out, "Wr0ng");
+    ASSERT_CONTAINS(out, "password");
+    ASSERT_CONTAINS(out, "refused");
+    ASSERT_GE_INT(atomic_load(&f.auth_bad), 1);
+    ASSERT_EQ_INT(atomic_load(&f.auth_ok), 0);
+    free(out);
+}
+
 /* ------------------------------------------------ item 9: WRONGTYPE -- */
 
 /* The fake answers GET with WRONGTYPE: a corrupt value, counted, deleted. */

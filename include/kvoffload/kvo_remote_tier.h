@@ -63,7 +63,11 @@ typedef struct kvo_remote_tier_params {
     const char *url;               /* required: redis://[user:pass@]host:port
                                       [,host:port...] (seed nodes; copied).
                                       Only one user:pass, before the first
-                                      host */
+                                      host; it ends at the last '@' (a
+                                      password may hold '@' and ':') and both
+                                      are percent-decoded (%40 = '@').
+                                      Prefer KVO_REDIS_PASSWORD: a URL ends
+                                      up in configs and logs */
     const char *user;              /* ACL user; overrides the URL's; NULL:
                                       URL, then env KVO_REDIS_USER */
     const char *password;          /* overrides the URL's; NULL: URL, then

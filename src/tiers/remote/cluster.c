@@ -109,19 +109,55 @@ uint32_t kvo__rc_slot(const char *key, size_t len) {
 
 /* -------------------------------------------------------------- URL -- */
 
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode s[0..n) into out (cap bytes, NUL-terminated).  Messages
+ * name the field, never its bytes. */
+static int url_decode(const char *s, size_t n, char *out, size_t cap, const char *what) {
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (ch == '%') {
+            int hi = i + 2 < n ? hex_digit(s[i + 1]) : -1, lo = i + 2 < n ? hex_digit(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
+                return kvo__error(KVO_EINVAL, "remote tier: a bad percent-escape in the url's %s (write %%XX: %%40 "
+                                  "for '@', %%3A for ':', %%25 for '%%'; %%00 is refused)", what);
+            ch = (char)(hi * 16 + lo);
+            i += 2;
+        }
+        if (o + 1 >= cap)
+            return kvo__error(KVO_EINVAL, "remote tier: %s in the url longer than %zu bytes", what, cap - 1);
+        out[o++] = ch;
+    }
+    out[o] = 0;
+    return 0;
+}
+
+/* redis://[user[:password]@]host:port,...  The credentials end at the LAST
+ * '@' (a host never holds one, a password may) and split at their first ':'
+ * (a user name has none); without ':' the whole is a password (AUTH pass).
+ * Both are percent-decoded.  Messages never show the credentials. */
 int kvo__rc_url_parse(const char *url, kvo__rc_url *out) {
     memset(out, 0, sizeof *out);
     if (!url || strncmp(url, "redis://", 8) != 0)
         return kvo__error(KVO_EINVAL, "remote tier: url must look like redis://[user:pass@]host:port[,host:port...]");
-    const char *p = url + 8, *at = strchr(p, '@');
+    const char *p = url + 8, *at = strrchr(p, '@');
     if (at) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
-        size_t ul = colon ? (size_t)(colon - p) : 0, pl = colon ? (size_t)(at - colon - 1) : (size_t)(at - p);
-        if (ul >= KVO__RC_SECRET_MAX || pl >= KVO__RC_SECRET_MAX)
-            return kvo__error(KVO_EINVAL, "remote tier: user or password in the url longer than %u bytes",
-                              KVO__RC_SECRET_MAX - 1);
-        memcpy(out->user, p, ul);
-        memcpy(out->pass, colon ? colon + 1 : p, pl);
+        int rc = 0;
+        if (colon) rc = url_decode(p, (size_t)(colon - p), out->user, sizeof out->user, "user");
+        if (!rc)
+            rc = colon ? url_decode(colon + 1, (size_t)(at - colon - 1), out->pass, sizeof out->pass, "password")
+                       : url_decode(p, (size_t)(at - p), out->pass, sizeof out->pass, "password");
+        if (rc) {
+            memset(out, 0, sizeof *out);
+            return rc;
+        }
         p = at + 1;
     }
     while (*p) {
