@@ -155,6 +155,17 @@ typedef struct kvo_file_tier_params {
                                       one plan: when given, the namespace is
                                       root/<fingerprint>-<layout hash, 16 hex>
                                       and every file records and checks it */
+    uint32_t file_mode;            /* permissions of the files the tier
+                                      creates; 0 = 0600 (default: the KV cache
+                                      is derived from users' prompts, no other
+                                      local user reads it).  0640 lets a group
+                                      read, 0660 also write (engines of
+                                      several users on one cache: give the
+                                      root that group).  Directories get the
+                                      matching search bits (0700, 0750, 0770).
+                                      Set exactly, whatever the umask.  Must
+                                      be 0600 plus read/write bits only, else
+                                      KVO_EINVAL.  docs/security.md */
 } kvo_file_tier_params;
 
 KVO_API kvo_file_tier_params kvo_file_tier_default_params(void);
@@ -173,9 +184,13 @@ typedef struct kvo_file_tier kvo_file_tier;
  *  every chunk is verified against both on read.  The quota clamp to the
  *  file system never evicts files that fit the configured quota.
  *  *out owned by the caller (kvo_file_tier_destroy).
+ *  Directories it makes are 0700 and files 0600 (params.file_mode to share
+ *  with a group); an existing namespace directory that is a symbolic link
+ *  is refused (lstat), as another local user could have put it there.
  *  Errors: KVO_EINVAL (NULL, no root or plan, quota below the largest slot:
- *  message names the group and sizes), KVO_EIO (root or namespace not
- *  creatable or not writable: message names the path and the system error),
+ *  message names the group and sizes; a bad file_mode), KVO_EIO (root or
+ *  namespace not creatable or not writable, or the namespace a symbolic
+ *  link: message names the path and the system error),
  *  KVO_ESTATE (the namespace's manifest has another format version,
  *  fingerprint or layout hash), KVO_ENOTSUP (io or direct forced ON but
  *  unavailable), KVO_ENOMEM (staging memory, index). */

@@ -514,7 +514,8 @@ static char *manifest_text(const kvo_plan *plan, uint64_t layout_hash) {
  * concurrent creator's manifest wins), rename(2) when replacing a damaged
  * one.  The temporary's name carries host, pid and nonce, so that the stale
  * rule (file_scan.c) removes it after a kill. */
-static int manifest_write(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash, bool replace) {
+static int manifest_write(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash, unsigned fmode,
+                          bool replace) {
     char *text = manifest_text(plan, layout_hash);
     if (!text) return kvo__error(KVO_ENOMEM, "cannot format the manifest");
     char tmp[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX];
@@ -522,7 +523,8 @@ static int manifest_write(const char *ns_dir, const kvo_plan *plan, uint64_t lay
     snprintf(tmp, sizeof tmp, "%s/%s%08x.%ld.%08x.%u.manifest", ns_dir, KVO__FILE_TMP_PREFIX, kvo__file_host_id(),
              (long)getpid(), kvo__file_process_nonce(), atomic_fetch_add(&counter, 1));
     snprintf(path, sizeof path, "%s/%s", ns_dir, KVO__FILE_MANIFEST);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, (mode_t)fmode);
+    kvo__file_set_mode(fd, fmode);
     if (fd < 0) {
         int e = errno;
         free(text);
@@ -556,7 +558,8 @@ static int manifest_write(const char *ns_dir, const kvo_plan *plan, uint64_t lay
     return 0;
 }
 
-int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash, bool *rebuilt) {
+int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash, unsigned fmode,
+                              bool *rebuilt) {
     kvo_u128 fp = kvo_plan_fingerprint(plan), have;
     uint64_t have_lh = 0;
     int64_t ver = 0;
@@ -580,7 +583,7 @@ int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t
      * rebuilt from the plan. */
     if (rc != KVO_ENOTFOUND && rc != KVO_EPARSE) return kvo__error_prefix(rc, "unusable namespace");
     bool replace = rc == KVO_EPARSE;
-    rc = manifest_write(ns_dir, plan, layout_hash, replace);
+    rc = manifest_write(ns_dir, plan, layout_hash, fmode, replace);
     if (rc) return rc;
     if (rebuilt) *rebuilt = replace;
     rc = kvo__file_manifest_read(ns_dir, &have, &have_lh, &ver, NULL);

@@ -25,7 +25,8 @@
  *   file_scan.c        -> file_quota, file_common, file_probe, file_format
  *   file_workers.c     -> uring/file_uring, file_ops, file_queue
  *   uring/file_uring.c -> file_ops, file_queue
- *   file_ops.c         -> file_quota, file_common, file_format, file_testing
+ *   file_ops.c         -> file_quota, file_common, file_format, file_probe,
+ *                         file_testing
  *   file_queue.c       leaf (the stores only)
  *   file_quota.c       -> file_common, file_format
  *   file_common.c      -> file_format
@@ -102,7 +103,8 @@ void kvo__file_subdir(const kvo_chunk_key *key, char out[3]);
 /* Manifest: write if absent, rebuild from the plan if damaged (unparsable
  * or not a regular file; *rebuilt, may be NULL, says so), else check.
  * KVO_EIO / KVO_ENOSPC / KVO_ESTATE (another version or layout). */
-int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash, bool *rebuilt);
+int kvo__file_manifest_ensure(const char *ns_dir, const kvo_plan *plan, uint64_t layout_hash, unsigned fmode,
+                              bool *rebuilt);
 /* Read a manifest's fingerprint, layout hash (0 when absent) and format
  * version (as written: never truncated), each out pointer may be NULL.
  * Strict: fingerprint 32 and layout_hash 16 lowercase hex digits exactly.
@@ -194,6 +196,8 @@ struct kvo_file_tier {
     const kvo_plan *plan;
     kvo_store *index;
     uint64_t quota;               /* quota_bytes, clamped to the file system */
+    unsigned fmode, dmode;        /* files / directories it creates
+                                     (params.file_mode; 0600 / 0700) */
     bool direct;
     bool tmpfile;                 /* O_TMPFILE + linkat works here */
     bool uring;
@@ -293,10 +297,15 @@ void kvo__file_workers_stop(kvo_file_tier *t);
 
 /* --- create-time probes (file_probe.c) --- */
 /* mkdir -p; 0 or KVO_EIO / KVO_ENOSPC / KVO_ERANGE with a message. */
-int kvo__file_mkdir_p(const char *path);
+int kvo__file_mkdir_p(const char *path, unsigned dmode);
 /* The 256 fan-out directories of a namespace (existing ones kept); 0 or
  * KVO_EIO / KVO_ENOSPC with a message. */
-int kvo__file_make_fanout(const char *ns_dir);
+int kvo__file_make_fanout(const char *ns_dir, unsigned dmode);
+/* Modes of what the tier creates (params.file_mode; docs/security.md): a
+ * new directory (mkdir, then chmod when group/other bits are asked for, as a
+ * umask may have cleared them) and a new file's fd.  -1/errno like mkdir. */
+int kvo__file_mkdir(const char *path, unsigned dmode);
+void kvo__file_set_mode(int fd, unsigned fmode);
 /* O_DIRECT with a real write + read (also the writability check): 0 and
  * *ok, or KVO_EIO / KVO_ENOMEM. */
 int kvo__file_probe_direct(kvo_file_tier *t, bool *ok);

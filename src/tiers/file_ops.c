@@ -45,14 +45,15 @@
 #include "tiers/file_internal.h"
 
 static int open_retry_mkdir(kvo_file_tier *t, const kvo_chunk_key *k, const char *path, int flags) {
-    int fd = open(path, flags, 0644);
+    int fd = open(path, flags, (mode_t)t->fmode);
     if (fd < 0 && errno == ENOENT) {
         char sub[3], dir[KVO__FILE_PATH_MAX];
         kvo__file_subdir(k, sub);
         snprintf(dir, sizeof dir, "%s/%s", t->ns_dir, sub);
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
-        fd = open(path, flags, 0644);
+        if (kvo__file_mkdir(dir, t->dmode) != 0 && errno != EEXIST) return -1;
+        fd = open(path, flags, (mode_t)t->fmode);
     }
+    kvo__file_set_mode(fd, t->fmode);
     return fd;
 }
 
@@ -242,7 +243,7 @@ static void write_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
             char sub[3], dir[KVO__FILE_PATH_MAX];
             kvo__file_subdir(&op->key, sub);
             snprintf(dir, sizeof dir, "%s/%s", t->ns_dir, sub);
-            if ((mkdir(dir, 0755) == 0 || errno == EEXIST) && rename(op->tmp, op->path) == 0) e = 0;
+            if ((kvo__file_mkdir(dir, t->dmode) == 0 || errno == EEXIST) && rename(op->tmp, op->path) == 0) e = 0;
         }
     }
     if (!e && t->p.fsync == KVO_FILE_FSYNC_FULL) fsync_dir(op->path);

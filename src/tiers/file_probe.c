@@ -3,7 +3,9 @@
  * can do, decided once in kvo_file_tier_create.
  *
  * What it owns
- *  - mkdir -p of the namespace directory, and its 256 fan-out directories
+ *  - mkdir -p of the namespace directory (0700 or params.file_mode's; an
+ *    existing one must not be a symbolic link), and its 256 fan-out
+ *    directories
  *    made up front (not on a write's path);
  *  - the O_DIRECT probe (a real 4 KiB write and read in the namespace: some
  *    file systems accept the flag at open and fail at I/O), which is also the
@@ -55,18 +57,35 @@ static int mkdir_error(const char *path, int e) {
                       "file tier: cannot create directory '%s': %s (is the root writable?)", path, strerror(e));
 }
 
-int kvo__file_mkdir_p(const char *path) {
+int kvo__file_mkdir(const char *path, unsigned dmode) {
+    if (mkdir(path, (mode_t)dmode) != 0) return -1;
+    if (dmode & 077) (void)chmod(path, (mode_t)dmode);
+    return 0;
+}
+
+void kvo__file_set_mode(int fd, unsigned fmode) {
+    if (fd >= 0 && (fmode & 077)) (void)fchmod(fd, (mode_t)fmode);
+}
+
+/* mkdir -p with dmode for what it makes; the last component (the namespace
+ * directory) must then be a real directory: lstat, not stat, so a symbolic
+ * link someone put at its name is refused, not followed. */
+int kvo__file_mkdir_p(const char *path, unsigned dmode) {
     char buf[KVO__FILE_PATH_MAX];
     if (kvo__strlcpy(buf, path, sizeof buf)) return kvo__error(KVO_ERANGE, "file tier: path too long: '%.64s...'", path);
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return mkdir_error(buf, errno);
+        if (kvo__file_mkdir(buf, dmode) != 0 && errno != EEXIST) return mkdir_error(buf, errno);
         *p = '/';
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return mkdir_error(buf, errno);
+    if (kvo__file_mkdir(buf, dmode) != 0 && errno != EEXIST) return mkdir_error(buf, errno);
     struct stat st;
-    if (stat(buf, &st) != 0) return mkdir_error(buf, errno);
+    if (lstat(buf, &st) != 0) return mkdir_error(buf, errno);
+    if (S_ISLNK(st.st_mode))
+        return kvo__error(KVO_EIO, "file tier: namespace directory '%s' is a symbolic link: refused (it must be a "
+                          "directory of this tier; another local user may have moved the cache away: remove the "
+                          "link)", buf);
     if (!S_ISDIR(st.st_mode)) return mkdir_error(buf, ENOTDIR);
     return 0;
 }
@@ -75,14 +94,16 @@ int kvo__file_mkdir_p(const char *path) {
  * made lazily, the first write into each paid a mkdir on the write path,
  * measured as 30 % of a fresh tier's write CPU (ext4 inode allocation).
  * 0 or KVO_EIO / KVO_ENOSPC with a message. */
-int kvo__file_make_fanout(const char *ns_dir) {
-    int dfd = open(ns_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+int kvo__file_make_fanout(const char *ns_dir, unsigned dmode) {
+    int dfd = open(ns_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
     if (dfd < 0) return mkdir_error(ns_dir, errno);
     static const char digits[] = "0123456789abcdef";
     int rc = 0;
     for (unsigned b = 0; b < 256 && rc == 0; b++) {
         char sub[3] = {digits[b >> 4], digits[b & 15], 0};
-        if (mkdirat(dfd, sub, 0755) != 0 && errno != EEXIST) {
+        if (mkdirat(dfd, sub, (mode_t)dmode) == 0) {
+            if (dmode & 077) (void)fchmodat(dfd, sub, (mode_t)dmode, 0);
+        } else if (errno != EEXIST) {
             char path[KVO__FILE_PATH_MAX];
             int e = errno;
             snprintf(path, sizeof path, "%s/%s", ns_dir, sub);
@@ -99,7 +120,7 @@ int kvo__file_probe_direct(kvo_file_tier *t, bool *ok) {
     char path[KVO__FILE_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s%08x.%ld.probe", t->ns_dir, KVO__FILE_TMP_PREFIX, t->hostid, t->pid);
     *ok = false;
-    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return kvo__error(KVO_EIO, "file tier directory '%s' is not writable: %s", t->ns_dir, strerror(errno));
     close(fd);
@@ -134,7 +155,7 @@ atomic_int kvo__file_test_write_delay_us;
 
 bool kvo__file_probe_tmpfile(kvo_file_tier *t) {
     if (atomic_load(&kvo__file_test_no_tmpfile)) return false;
-    int fd = open(t->ns_dir, O_TMPFILE | O_WRONLY | O_CLOEXEC | (t->direct ? O_DIRECT : 0), 0644);
+    int fd = open(t->ns_dir, O_TMPFILE | O_WRONLY | O_CLOEXEC | (t->direct ? O_DIRECT : 0), 0600);
     if (fd < 0) return false;
     char proc[64], path[KVO__FILE_PATH_MAX];
     snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);

@@ -134,6 +134,10 @@ static int check_params(const kvo_file_tier_params *p, uint64_t max_slot) {
     if (p->io > KVO_FILE_IO_THREADS || p->direct > KVO_FILE_DIRECT_OFF || p->fsync > KVO_FILE_FSYNC_FULL)
         return kvo__error(KVO_EINVAL, "file tier: unknown io (%d), direct (%d) or fsync (%d) value", (int)p->io,
                           (int)p->direct, (int)p->fsync);
+    if (p->file_mode && ((p->file_mode & ~0666u) || (p->file_mode & 0600u) != 0600u))
+        return kvo__error(KVO_EINVAL, "file tier: file_mode %04o: want 0600 plus group/other read or write bits "
+                          "(e.g. 0640: a group reads, 0660: it also writes); no execute, set-id or sticky bits",
+                          p->file_mode);
     if (strlen(p->root) > KVO__FILE_PATH_MAX - 200)
         return kvo__error(KVO_EINVAL, "file tier: root path too long (%zu bytes)", strlen(p->root));
     return 0;
@@ -145,6 +149,8 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
     kvo_file_tier *t = kvo__calloc(1, sizeof *t);
     if (!t) return kvo__error(KVO_ENOMEM, "file tier: out of memory");
     t->p = *p;
+    t->fmode = p->file_mode ? p->file_mode : 0600u;
+    t->dmode = t->fmode | ((t->fmode & 0444u) >> 2); /* read bits give search bits: 0600 -> 0700, 0640 -> 0750 */
     if (t->p.io_threads == 0) t->p.io_threads = 1;
     if (t->p.queue_depth == 0) t->p.queue_depth = 16;
     if (t->p.max_pending_writes == 0) t->p.max_pending_writes = 64;
@@ -182,8 +188,8 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
 
 /* Create phase 3: the namespace directory, the probes, the manifest. */
 static int open_namespace(kvo_file_tier *t) {
-    int rc = kvo__file_mkdir_p(t->ns_dir);
-    if (rc == 0) rc = kvo__file_make_fanout(t->ns_dir);
+    int rc = kvo__file_mkdir_p(t->ns_dir, t->dmode);
+    if (rc == 0) rc = kvo__file_make_fanout(t->ns_dir, t->dmode);
     if (rc) return rc;
     kvo__file_clean_ns_temps(t);
     rc = kvo__file_probe_direct(t, &t->direct);
@@ -192,7 +198,7 @@ static int open_namespace(kvo_file_tier *t) {
         return kvo__error(KVO_ENOTSUP, "file tier: O_DIRECT does not work on '%s' (tmpfs and some network file "
                           "systems refuse it); use direct = AUTO or OFF", t->ns_dir);
     bool rebuilt = false;
-    rc = kvo__file_manifest_ensure(t->ns_dir, t->plan, t->p.layout_hash, &rebuilt);
+    rc = kvo__file_manifest_ensure(t->ns_dir, t->plan, t->p.layout_hash, t->fmode, &rebuilt);
     if (rc) return rc;
     if (rebuilt)
         kvo__file_log(t, KVO__FLOG_CORRUPT, "%s/%s was damaged: rebuilt from the plan (chunk files are verified "
