@@ -163,15 +163,16 @@ def bench_lmcache(root, objects, repeat, obj_bytes=1 << 20):
     out = {}
 
     def wait(fd, poll, task):
+        # one notification may stand for several tasks: ask before sleeping
         while True:
-            select.select([fd], [], [], 30)
+            r = poll(task)
+            if r is not None:
+                return r
+            select.select([fd], [], [], 0.05)
             try:
                 os.eventfd_read(fd)
             except BlockingIOError:
                 pass
-            r = poll(task)
-            if r is not None:
-                return r
 
     def run(name, make, flush):
         res = {}
@@ -188,7 +189,10 @@ def bench_lmcache(root, objects, repeat, obj_bytes=1 << 20):
             tasks = [a.submit_store_task(keys[s: s + 32], srcs[s: s + 32]) for s in range(0, objects, 32)]
             done = {}
             while len(done) < len(tasks):
-                select.select([a.get_store_event_fd()], [], [], 30)
+                done.update(a.pop_completed_store_tasks())
+                if len(done) == len(tasks):
+                    break
+                select.select([a.get_store_event_fd()], [], [], 0.05)
                 try:
                     os.eventfd_read(a.get_store_event_fd())
                 except BlockingIOError:

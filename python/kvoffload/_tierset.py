@@ -170,13 +170,30 @@ class TierSet:
         ok = np.zeros(len(keys), dtype=bool)
         if len(keys) == 0:
             return ok
-        if self.file is not None:
-            r = self.file.write(keys, srcs)
-            ok |= (r == 0) | (r == L.KVO_EEXIST)
-        if self.remote is not None:
-            r = self.remote.put(keys, srcs)
-            ok |= (r == 0) | (r == L.KVO_EEXIST)
+        srcs = np.asarray(srcs, dtype=np.uintp)
+        for tier, call in ((self.file, "write"), (self.remote, "put")):
+            if tier is not None:
+                ok |= self._queue(tier, call, keys, srcs)
         return ok
+
+    def _queue(self, tier: Any, call: str, keys: np.ndarray, srcs: np.ndarray) -> np.ndarray:
+        """Queue writes; a batch larger than the tier's staging room is
+        dropped in part (KVO_EAGAIN): wait for the queue to drain and queue
+        the rest, so the engine's writer thread carries the back-pressure
+        instead of losing pages (until timeout_s)."""
+        todo = np.arange(len(keys))
+        ok = np.zeros(len(keys), dtype=bool)
+        deadline = time.monotonic() + self.timeout_s
+        flushed = False
+        while True:
+            r = getattr(tier, call)(keys[todo], srcs[todo])
+            ok[todo] = (r == 0) | (r == L.KVO_EEXIST)
+            again = todo[r == L.KVO_EAGAIN]
+            # stop when all went in, or an empty queue took none of them (a value larger than staging)
+            if not len(again) or (flushed and len(again) == len(todo)) or time.monotonic() > deadline:
+                return ok
+            tier.flush(max(1, int((deadline - time.monotonic()) * 1000)))
+            flushed, todo = True, again
 
     def flush(self, timeout_s: float = 30.0) -> None:
         if self.file is not None:

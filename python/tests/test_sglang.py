@@ -28,8 +28,8 @@ PS = 4  # tokens per page
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 
 
-def mha_host(layout, layers=3, heads=2, dim=8, dtype=torch.float16):
-    dev = MHATokenToKVPool(256, PS, dtype, heads, dim, layers, "cpu", False, start_layer=0, end_layer=layers - 1)
+def mha_host(layout, layers=3, heads=2, dim=8, dtype=torch.float16, tokens=256):
+    dev = MHATokenToKVPool(tokens, PS, dtype, heads, dim, layers, "cpu", False, start_layer=0, end_layer=layers - 1)
     return MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, PS, layout, pin_memory=False,
                                 device_capacity_tokens=dev.size, start_layer=dev.start_layer,
                                 end_layer=dev.end_layer)
@@ -129,6 +129,23 @@ def test_v1_zero_copy_round_trip_mha(tmp_path, layout):
     assert got == [True] * 6 + [False]
     for p, w in zip(dst, want):
         assert torch.equal(page(host, p), w)
+    be.close()
+
+
+def test_a_controller_batch_is_stored_whole(tmp_path):
+    """SGLang backs up 128 pages per call (STORAGE_BATCH_SIZE), more than the
+    file tier queues at once (64 writes): the back end waits instead of
+    dropping pages."""
+    host = mha_host("page_first", tokens=1024)
+    randomize(host, 11)
+    be = build(host, dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 26, interface_v1=1))
+    keys = [f"b{i}" for i in range(128)]
+    assert be.batch_set_v1(keys, indices(host, list(range(128)))) == [True] * 128
+    be.flush()
+    assert be.batch_exists(keys) == 128
+    assert be.batch_get_v1(keys, indices(host, list(range(200, 328)))) == [True] * 128
+    assert all(torch.equal(page(host, 200 + i), page(host, i)) for i in range(128))
+    assert be.get_stats()["kv"]["file"]["writes"] == 128
     be.close()
 
 
