@@ -63,7 +63,7 @@ if [ $with_vllm -eq 1 ]; then
   if ! "$vv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "0.33.0")' 2>/dev/null \
      || ! "$vv/bin/python" -c 'import pytest' 2>/dev/null; then
     start=$(date +%s)
-    "$vv/bin/pip" install -q -r python/requirements-vllm.txt
+    "$vv/bin/pip" install -q --no-cache-dir -r python/requirements-vllm.txt
     echo "test-python: pip install vllm took $(( $(date +%s) - start )) s"
   fi
   start=$(date +%s)

@@ -7,7 +7,9 @@ module directly only for calls the classes do not cover.
 
 Library lookup order: the ``KVO_LIBRARY`` environment variable (a path), a
 ``libkvoffload.so`` next to this package, then the system loader
-(``ctypes.util.find_library("kvoffload")``).
+(``ctypes.util.find_library("kvoffload")``).  The CUDA device library
+(``libkvoffload_cuda.so``, kvo_cuda_*) is loaded only when asked for
+(cuda_lib()): ``KVO_CUDA_LIBRARY``, else next to libkvoffload.so.
 """
 from __future__ import annotations
 
@@ -282,11 +284,18 @@ class RequestDesc(ctypes.Structure):
 
 
 class CudaParams(ctypes.Structure):
-    """kvo_cuda_params (kvo_cuda.h; the functions are bound where used: the
-    CUDA device is in the library only when built with it)."""
+    """kvo_cuda_params (kvo_cuda.h; the functions are in the CUDA device
+    library, cuda_lib() below)."""
     _fields_ = [("struct_size", c_size_t), ("device_index", ctypes.c_int), ("compute_stream", c_void_p),
                 ("kernel_max_bytes", c_uint64), ("kernel_min_pieces", c_uint32), ("batch", ctypes.c_int),
                 ("require_pinned", c_bool)]
+
+
+_CUDA_STATS = ["units", "memcpy_calls", "batch_calls", "batch_pieces", "kernel_launches", "kernel_pieces", "errors"]
+
+
+class CudaStats(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _CUDA_STATS] + [("batch_available", c_bool)]
 
 
 class LookupResultC(ctypes.Structure):
@@ -450,10 +459,30 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_connector_drain_events": (c_size_t, [P, c_void_p, c_size_t, POINTER(c_uint64)]),
 }
 
-for _name, (_res, _args) in _PROTOS.items():
-    _fn = getattr(lib, _name)
-    _fn.restype = _res
-    _fn.argtypes = _args
+# the CUDA device (kvo_cuda.h), bound on the library cuda_lib() loads
+_CUDA_PROTOS: dict[str, tuple[Any, list[Any]]] = {
+    "kvo_cuda_default_params": (CudaParams, []),
+    "kvo_cuda_device_count": (c_int, [POINTER(c_int)]),
+    "kvo_cuda_create": (c_int, [POINTER(CudaParams), POINTER(P)]),
+    "kvo_cuda_destroy": (None, [P]),
+    "kvo_cuda_set_compute_stream": (c_int, [P, c_void_p]),
+    "kvo_cuda_record_event": (c_int, [P, c_int, c_void_p]),
+    "kvo_cuda_pin_host": (c_int, [P, c_void_p, c_uint64]),
+    "kvo_cuda_pin_arena": (c_int, [P, P]),
+    "kvo_cuda_unpin_host": (c_int, [P, c_void_p]),
+    "kvo_cuda_unpin_arena": (c_int, [P, P]),
+    "kvo_cuda_get_stats": (c_int, [P, POINTER(CudaStats)]),
+}
+
+
+def _bind(dll: ctypes.CDLL, protos: dict[str, tuple[Any, list[Any]]]) -> None:
+    for name, (res, args) in protos.items():
+        fn = getattr(dll, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+_bind(lib, _PROTOS)
 
 
 def last_error() -> str:
@@ -478,4 +507,50 @@ def take_string(ptr: c_void_p) -> str:
 
 def version() -> str:
     return lib.kvo_version().decode()
+
+
+# ------------------------------------------------------------- CUDA device --
+
+CUDA_LIBRARY_NAMES = ("libkvoffload_cuda.so", "libkvoffload_cuda.so.0")
+_cuda: Optional[ctypes.CDLL] = None
+
+
+def _find_cuda_library() -> Optional[str]:
+    """KVO_CUDA_LIBRARY (a path), else libkvoffload_cuda.so next to the
+    loaded libkvoffload.so, else None."""
+    env = os.environ.get("KVO_CUDA_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(LIBRARY_PATH)) if os.path.sep in LIBRARY_PATH else ""
+    for d in [x for x in (here, os.path.dirname(os.path.abspath(__file__))) if x]:
+        for name in CUDA_LIBRARY_NAMES:
+            cand = os.path.join(d, name)
+            if os.path.exists(cand):
+                return cand
+    return None
+
+
+def cuda_lib() -> ctypes.CDLL:
+    """The CUDA device library (kvo_cuda_*), loaded on first use with its
+    prototypes bound: KVO_CUDA_LIBRARY, else libkvoffload_cuda.so next to
+    libkvoffload.so (or next to this package), else libkvoffload.so itself
+    when it exports kvo_cuda_create.  Raises KvoError KVO_ENOTSUP naming
+    where it looked when there is none or it does not load (no CUDA
+    runtime); importing kvoffload never needs it."""
+    global _cuda
+    if _cuda is not None:
+        return _cuda
+    path = _find_cuda_library()
+    if path is None and not hasattr(lib, "kvo_cuda_create"):
+        raise KvoError(KVO_ENOTSUP, "no CUDA device library: set KVO_CUDA_LIBRARY to the path of "
+                       f"libkvoffload_cuda.so, or put it next to {LIBRARY_PATH} (build with -DKVO_CUDA=ON); "
+                       f"{LIBRARY_PATH} itself has no kvo_cuda_create", "cuda_lib")
+    try:
+        dll = lib if path is None else ctypes.CDLL(path)
+        _bind(dll, _CUDA_PROTOS)
+    except (OSError, AttributeError) as e:
+        raise KvoError(KVO_ENOTSUP, f"CUDA device library {path} does not load or lacks kvo_cuda_*: {e} "
+                       "(it needs the CUDA runtime, libcudart, on the loader path)", "cuda_lib") from None
+    _cuda = dll
+    return dll
 

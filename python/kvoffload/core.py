@@ -1,5 +1,5 @@
 """Python classes over the kvoffload C objects: Model, Plan, Store, Arena,
-FileTier, Transfer, Connector.
+FileTier, RemoteTier, Transfer, Connector, CudaDevice.
 
 Conventions
  - Every object owns one C handle and frees it in close() (also called by
@@ -75,10 +75,11 @@ class _Handle:
 
     _destroy = ""
     _h: Optional[int] = None
+    _dll: Any = lib  # the library holding _destroy (CudaDevice: the CUDA device library)
 
     def close(self) -> None:
         if getattr(self, "_h", None):
-            getattr(lib, self._destroy)(self._h)
+            getattr(self._dll, self._destroy)(self._h)
             self._h = None
 
     def __enter__(self) -> Any:
@@ -763,3 +764,52 @@ class Connector(_Handle):
         return d
 
 
+
+
+# ------------------------------------------------------------- CUDA device --
+
+class CudaDevice(_Handle):
+    """The CUDA transfer device of one GPU (kvo_cuda, kvo_cuda.h): its
+    streams and the host memory pinned for DMA.  In the CUDA device library
+    (_lib.cuda_lib(): KVO_CUDA_LIBRARY or libkvoffload_cuda.so next to
+    libkvoffload.so); without it, creating one raises KvoError KVO_ENOTSUP
+    saying where it looked.  close() unpins the arenas pinned through it and
+    drops the context (freed once no transfer engine uses it: close the
+    engines first); an arena must stay mapped until then."""
+
+    _destroy = "kvo_cuda_destroy"
+
+    def __init__(self, device_index: int = 0, require_pinned: Optional[bool] = None) -> None:
+        self._pinned: list[Any] = []
+        dll = L.cuda_lib()
+        self._dll = dll
+        p = dll.kvo_cuda_default_params()
+        p.device_index = device_index
+        if require_pinned is not None:
+            p.require_pinned = require_pinned
+        h = c_void_p()
+        check(dll.kvo_cuda_create(byref(p), byref(h)), "kvo_cuda_create")
+        self._h: Optional[int] = h.value
+        self.device_index = device_index
+
+    def pin_arena(self, arena: "Arena") -> None:
+        """Page-lock an arena's region (kept until close or unpin_arena)."""
+        check(self._dll.kvo_cuda_pin_arena(self._h, arena._h), "kvo_cuda_pin_arena")
+        self._pinned.append(arena)
+
+    def unpin_arena(self, arena: "Arena") -> None:
+        self._pinned.remove(arena)
+        check(self._dll.kvo_cuda_unpin_arena(self._h, arena._h), "kvo_cuda_unpin_arena")
+
+    def stats(self) -> dict[str, Any]:
+        s = _stats(L.CudaStats)
+        check(self._dll.kvo_cuda_get_stats(self._h, byref(s)), "kvo_cuda_get_stats")
+        return _struct_dict(s)
+
+    def close(self) -> None:
+        if getattr(self, "_h", None):
+            for a in getattr(self, "_pinned", []):
+                if a._h:
+                    self._dll.kvo_cuda_unpin_arena(self._h, a._h)
+            self._pinned = []
+        super().close()

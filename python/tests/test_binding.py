@@ -49,7 +49,7 @@ def test_struct_sizes_match_c():
              "kvo_completion": L.Completion, "kvo_connector_stats": L.ConnectorStats,
              "kvo_request_stats": L.RequestStats, "kvo_cuda_params": L.CudaParams,
              "kvo_remote_tier_params": L.RemoteTierParams, "kvo_remote_tier_stats": L.RemoteTierStats,
-             "kvo_remote_completion": L.RemoteCompletion}
+             "kvo_remote_completion": L.RemoteCompletion, "kvo_cuda_stats": L.CudaStats}
     seen = 0
     for line in out.splitlines():
         name, size = line.split()
@@ -83,6 +83,23 @@ def test_library_lookup_order(tmp_path):
     env["KVO_LIBRARY"] = str(tmp_path / "missing.so")
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode != 0 and "missing.so" in bad.stderr
+
+
+def test_cuda_device_without_its_library_fails_clearly(monkeypatch):
+    """CudaDevice needs the CUDA device library (KVO_CUDA_LIBRARY, or
+    libkvoffload_cuda.so next to libkvoffload.so): without it, KVO_ENOTSUP
+    saying where it looked."""
+    monkeypatch.setattr(L, "_cuda", None)
+    monkeypatch.setenv("KVO_CUDA_LIBRARY", "/nonexistent/libkvoffload_cuda.so")
+    with pytest.raises(k.KvoError) as e:
+        k.CudaDevice(0)
+    assert e.value.code == L.KVO_ENOTSUP and "/nonexistent/libkvoffload_cuda.so" in e.value.message
+    monkeypatch.delenv("KVO_CUDA_LIBRARY")
+    if L._find_cuda_library() is not None or hasattr(L.lib, "kvo_cuda_create"):
+        pytest.skip("a CUDA device library is there")
+    with pytest.raises(k.KvoError) as e:
+        k.CudaDevice(0)
+    assert e.value.code == L.KVO_ENOTSUP and "KVO_CUDA_LIBRARY" in e.value.message
 
 
 def test_model_plan_dicts_and_legacy_block_size():

@@ -1,0 +1,461 @@
+"""kvoffload as a storage back end (L3) of SGLang's HiCache (sglang 0.5.23).
+
+Configuration (SGLang's dynamic back end):
+
+    --enable-hierarchical-cache --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "kvoffload",
+        "module_path": "kvoffload.sglang", "class_name": "KvoffloadHiCacheStorage",
+        "interface_v1": 1, "kvo_file_root": "/var/cache/kvoffload", "kvo_file_bytes": 500e9,
+        "kvo_redis_url": "redis://10.0.0.5:7000"}'
+
+How a page is stored.  One SGLang host page of one pool (KV, MLA KV, SWA,
+Mamba state, indexer, draft ...) is one value: one chunk of a one-group
+kvoffload plan, one file of the file tier, one key of the Redis Cluster.
+Each registered pool gets its own tiers (its own plan, so its own value
+size).  Two byte formats:
+
+ - "segments" (v1 and v2 calls): the pool's get_page_buffer_meta() names,
+   for every page, the memory regions that hold it (per layer K and V for
+   layer_first, one K and one V run for page_first ...).  They become
+   kvoffload transfer-engine segments (base, stride between pages, bytes),
+   and the transfer engine gathers a page into a staging slot (and scatters
+   it back) with its multi-threaded streaming copies: no per-page Python.
+ - "flat" (the base get/set calls, and pools whose regions are not affine in
+   the page index): SGLang's own flat data page (get_data_page /
+   set_from_flat_data_page).
+
+The layout hash that names a pool's namespace covers the model, the pool's
+class and name, its host layout, dtype, page size, the byte format and each
+region's size, so pages written with another layout, dtype or format are
+never found.  Keys are BLAKE2b-128 of the page hash with a salt of the pool
+and, for rank-sharded pools, of the TP rank (MLA KV is replicated across TP
+ranks and shared, as SGLang's own file back end does; Mamba state is always
+sharded), plus PP, attention-CP and DCP ranks.  Every read is verified by
+the tiers (checksums, key, namespace): a page is byte-exact or a miss.
+
+Extra config keys: kvo_file_root, kvo_file_bytes (per pool, default 64 GiB),
+kvo_redis_url (or KVO_REDIS_URL; password in the URL or KVO_REDIS_PASSWORD),
+kvo_redis_prefix (default "kvo"), kvo_redis_ttl_s, kvo_io_threads,
+kvo_transfer_threads (default 2), kvo_staging_bytes (per pool and direction,
+default 256 MiB), kvo_timeout_s (default 30), interface_v1 (SGLang's own: the
+zero-copy v1 calls for the KV pool), kvo_kv_format ("segments" or "flat"; by
+default segments with interface_v1, else flat).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from typing import Any, List, Optional
+
+import numpy as np
+import torch
+
+from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
+                                                  PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult)
+
+from ._tierset import TierSet, layout_hash, string_keys, value_plan
+from .core import LOAD, STORE, Arena, Transfer
+
+logger = logging.getLogger(__name__)
+
+LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+FORMAT_VERSION = 1
+
+
+def _region_segments(pool: Any) -> Optional[list[dict[str, int]]]:
+    """Transfer segments of a host pool's pages (block = host page), from
+    get_page_buffer_meta: region r of page p is at base_r + p * stride_r.
+    None when the pool has no such meta or its regions are not affine in
+    the page index (then the flat format is used)."""
+    meta = getattr(pool, "get_page_buffer_meta", None)
+    ps, n = pool.page_size, pool.page_num
+    if meta is None or n < 2:
+        return None
+    try:
+        p0, s0 = meta(torch.arange(0, ps, dtype=torch.int64))
+        p1, s1 = meta(torch.arange(ps, 2 * ps, dtype=torch.int64))
+        pl, sl = meta(torch.arange((n - 1) * ps, n * ps, dtype=torch.int64))
+    except (NotImplementedError, ValueError, AssertionError, AttributeError) as e:
+        logger.info("kvoffload: pool %s has no zero-copy page regions (%s): flat pages", type(pool).__name__, e)
+        return None
+    if not p0 or len(p0) != len(p1) or len(p0) != len(pl) or list(s0) != list(s1) or list(s0) != list(sl):
+        return None
+    segs = []
+    for b0, b1, bl, sz in zip(p0, p1, pl, s0):
+        stride = int(b1) - int(b0)
+        if stride < int(sz) or int(bl) != int(b0) + (n - 1) * stride:
+            return None
+        segs.append(dict(group=0, base=int(b0), num_blocks=n, block_stride=stride, page_bytes=int(sz)))
+    return segs
+
+
+def _torch_bytes(addr: int, n: int) -> torch.Tensor:
+    """A uint8 tensor over n bytes at addr (no copy; valid while the memory is)."""
+    return torch.frombuffer((ctypes.c_uint8 * n).from_address(addr), dtype=torch.uint8)
+
+
+class _PoolStore:
+    """One host pool's pages in kvoffload tiers: a plan, TierSet, staging
+    slots and (segments format) a transfer engine over the pool's memory."""
+
+    def __init__(self, owner: "KvoffloadHiCacheStorage", name: str, pool: Any, fmt: str) -> None:
+        layout = getattr(pool, "layout", None)
+        if layout not in LAYOUTS:
+            raise ValueError(f"kvoffload.sglang: pool '{name}' ({type(pool).__name__}) has host layout "
+                             f"{layout!r}; kvoffload stores {', '.join(LAYOUTS)} (set --hicache-mem-layout)")
+        self.name, self.pool, self.page_size = name, pool, int(pool.page_size)
+        self.segments = _region_segments(pool) if fmt == "segments" else None
+        self.fmt = "segments" if self.segments else "flat"
+        if self.fmt == "flat":
+            dummy = pool.get_dummy_flat_data_page()
+            self.flat_dtype, self.flat_numel = dummy.dtype, dummy.numel()
+            value_bytes = dummy.numel() * dummy.element_size()
+            regions: Any = value_bytes
+        else:
+            value_bytes = sum(s["page_bytes"] for s in self.segments)
+            regions = [s["page_bytes"] for s in self.segments]
+        self.value_bytes = value_bytes
+        cfg = owner.storage_config
+        sharded = name == PoolName.MAMBA or not cfg.is_mla_model
+        rank = (cfg.tp_rank, cfg.tp_size) if sharded else ("mla-replicated",)
+        self.salt = repr((name, rank, cfg.pp_rank, cfg.pp_size, cfg.attn_cp_rank, cfg.attn_cp_size,
+                          cfg.dcp_rank, cfg.dcp_size, cfg.logical_page_size)).encode()
+        dtype = str(getattr(pool, "dtype", ""))
+        lh = layout_hash("sglang-hicache", FORMAT_VERSION, owner.model_name, type(pool).__name__, name, layout,
+                         dtype, self.page_size, self.fmt, regions)
+        self.plan = value_plan(f"sglang:{owner.model_name}:{name}", value_bytes, self.page_size)
+        ex = owner.extra
+        self.tiers = TierSet(self.plan, file_root=owner.file_root, file_bytes=owner.file_bytes,
+                             redis_url=owner.redis_url, redis_prefix=ex.get("kvo_redis_prefix", "kvo"),
+                             layout=lh, io_threads=int(ex.get("kvo_io_threads", 0)),
+                             timeout_s=float(ex.get("kvo_timeout_s", 30.0)),
+                             redis_ttl_s=int(ex.get("kvo_redis_ttl_s", 0)))
+        slot = self.tiers.slot_bytes
+        self.batch = max(1, min(128, int(ex.get("kvo_staging_bytes", 256 << 20)) // slot))
+        # one staging area per direction: SGLang reads (prefetch) and writes (backup) on two threads
+        self._stage = {d: (Arena(self.batch * slot, prefault=False), threading.Lock()) for d in (LOAD, STORE)}
+        self.transfer: Optional[Transfer] = None
+        self._xfer_lock = threading.Lock()
+        if self.fmt == "segments":
+            self.transfer = Transfer(self.plan, threads=int(ex.get("kvo_transfer_threads", 2)))
+            self.transfer.set_layout(self.segments)
+
+    # -- helpers
+    def keys(self, keys: List[str]) -> np.ndarray:
+        return string_keys(keys, self.salt)
+
+    def _pages(self, host_indices: torch.Tensor, n: int) -> Optional[list[int]]:
+        """Host page numbers of n pages from SGLang's token indices (page i
+        starts at host_indices[i * page_size]); None when misaligned."""
+        idx = host_indices.reshape(-1)
+        if idx.numel() != n * self.page_size:
+            logger.error("kvoffload.sglang: pool %s: %d host indices for %d pages of %d tokens", self.name,
+                         idx.numel(), n, self.page_size)
+            return None
+        first = idx[:: self.page_size].to(torch.int64).cpu()
+        if bool((first % self.page_size).any()):
+            logger.error("kvoffload.sglang: pool %s: host indices are not page aligned", self.name)
+            return None
+        return (first // self.page_size).tolist()
+
+    def _copy(self, direction: int, pages: list[int], base: int, which: list[int]) -> bool:
+        """Transfer engine or flat copies between host pages and staging slots."""
+        slot = self.tiers.slot_bytes
+        if self.transfer is not None:
+            ops = [dict(group=0, engine_blocks=[pages[i]], slot=base + j * slot, slot_bytes=slot)
+                   for j, i in enumerate(which)]
+            return self._run(direction, ops)
+        for j, i in enumerate(which):
+            buf = _torch_bytes(base + j * slot, self.value_bytes)
+            index = pages[i] * self.page_size
+            if direction == STORE:
+                page = self.pool.get_data_page(index, flat=True)
+                buf.copy_(page.contiguous().view(torch.uint8).reshape(-1))
+            else:
+                self.pool.set_from_flat_data_page(index, buf.view(self.flat_dtype)[: self.flat_numel])
+        return True
+
+    def _run(self, direction: int, ops: list[dict[str, Any]]) -> bool:
+        """One transfer job, waited for; True when it copied everything.  Under
+        a lock: the reading and the writing thread share the engine's results."""
+        assert self.transfer is not None
+        with self._xfer_lock:
+            job = self.transfer.submit(direction, ops)
+            self.transfer.wait([job])
+            res = [r for r in self.transfer.poll() if r["job_id"] == job]
+        return len(res) == 1 and res[0]["status"] == 0
+
+    # -- host pages <-> tiers
+    def set_pages(self, keys: List[str], host_indices: torch.Tensor) -> List[bool]:
+        pages = self._pages(host_indices, len(keys))
+        if pages is None:
+            return [False] * len(keys)
+        kk = self.keys(keys)
+        out = np.zeros(len(keys), dtype=bool)
+        arena, lock = self._stage[STORE]
+        slot = self.tiers.slot_bytes
+        with lock:
+            for s in range(0, len(keys), self.batch):
+                which = list(range(s, min(s + self.batch, len(keys))))
+                if not self._copy(STORE, pages, arena.base, which):
+                    continue
+                out[s: s + len(which)] = self.tiers.write(kk[s: s + len(which)],
+                                                          [arena.base + j * slot for j in range(len(which))])
+        return out.tolist()
+
+    def get_pages(self, keys: List[str], host_indices: torch.Tensor) -> List[bool]:
+        pages = self._pages(host_indices, len(keys))
+        if pages is None:
+            return [False] * len(keys)
+        kk = self.keys(keys)
+        out = np.zeros(len(keys), dtype=bool)
+        arena, lock = self._stage[LOAD]
+        slot = self.tiers.slot_bytes
+        with lock:
+            for s in range(0, len(keys), self.batch):
+                m = min(self.batch, len(keys) - s)
+                ok = self.tiers.read(kk[s: s + m], [arena.base + j * slot for j in range(m)])
+                # only verified pages reach the host pool; the copy of a batch is one job
+                hit = [j for j in range(m) if ok[j]]
+                if hit:
+                    # staging slot j holds page s + j: compact the hits' slots into the job's order
+                    if self.transfer is not None:
+                        ops = [dict(group=0, engine_blocks=[pages[s + j]], slot=arena.base + j * slot,
+                                    slot_bytes=slot) for j in hit]
+                        if not self._run(LOAD, ops):
+                            continue
+                    else:
+                        for j in hit:
+                            buf = _torch_bytes(arena.base + j * slot, self.value_bytes)
+                            self.pool.set_from_flat_data_page(pages[s + j] * self.page_size,
+                                                              buf.view(self.flat_dtype)[: self.flat_numel])
+                    out[[s + j for j in hit]] = True
+        return out.tolist()
+
+    def set_values(self, keys: List[str], values: List[torch.Tensor]) -> List[bool]:
+        """The base API: flat data pages given as tensors."""
+        kk = self.keys(keys)
+        out = []
+        for k, v in zip(kk, values):
+            if v is None or v.numel() * v.element_size() != self.value_bytes:
+                out.append(False)
+                continue
+            src = v.contiguous().view(torch.uint8).reshape(-1).cpu()
+            out.append(bool(self.tiers.write(k.reshape(1), [src.data_ptr()])[0]))
+        return out
+
+    def get_values(self, keys: List[str], targets: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
+        kk = self.keys(keys)
+        arena, lock = self._stage[LOAD]
+        slot = self.tiers.slot_bytes
+        out: List[Optional[torch.Tensor]] = []
+        with lock:
+            for s in range(0, len(keys), self.batch):
+                m = min(self.batch, len(keys) - s)
+                ok = self.tiers.read(kk[s: s + m], [arena.base + j * slot for j in range(m)])
+                for j in range(m):
+                    t = targets[s + j] if targets else None
+                    if not ok[j]:
+                        out.append(None)
+                        continue
+                    buf = _torch_bytes(arena.base + j * slot, self.value_bytes)
+                    if t is None:
+                        t = buf.clone().view(self.flat_dtype)
+                    elif t.numel() * t.element_size() != self.value_bytes:
+                        out.append(None)
+                        continue
+                    else:
+                        t.view(torch.uint8).reshape(-1).copy_(buf)
+                    out.append(t)
+        return out
+
+    def exists(self, keys: List[str]) -> np.ndarray:
+        return self.tiers.exists(self.keys(keys))
+
+    def close(self) -> None:
+        if self.transfer is not None:
+            self.transfer.close()
+        self.tiers.close()
+        for arena, _ in self._stage.values():
+            arena.close()
+
+
+class KvoffloadHiCacheStorage(HiCacheStorage):
+    """HiCache storage back end over kvoffload's file tier and Redis Cluster
+    tier.  Built by SGLang's StorageBackendFactory as cls(storage_config,
+    kwargs); see the module docstring for the configuration."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
+        self.storage_config = storage_config
+        ex = dict(storage_config.extra_config or {})
+        self.extra = ex
+        self.model_name = (storage_config.model_name or "model").replace("/", "-")
+        self.file_root = ex.get("kvo_file_root")
+        self.file_bytes = int(float(ex.get("kvo_file_bytes", 64 << 30)))
+        self.redis_url = ex.get("kvo_redis_url") or os.environ.get("KVO_REDIS_URL")
+        if not self.file_root and not self.redis_url:
+            raise ValueError("kvoffload.sglang: set kvo_file_root (a directory) and/or kvo_redis_url "
+                             "(redis://host:port[,host:port]) in --hicache-storage-backend-extra-config")
+        fmt = ex.get("kvo_kv_format") or ("segments" if ex.get("interface_v1") else "flat")
+        if fmt not in ("segments", "flat"):
+            raise ValueError(f"kvoffload.sglang: kvo_kv_format {fmt!r} is not 'segments' or 'flat'")
+        self.kv_format = fmt
+        self.stores: dict[str, _PoolStore] = {}
+        self._lock = threading.Lock()
+        mem_pool_host = (kwargs or {}).get("mem_pool_host") if isinstance(kwargs, dict) else None
+        if mem_pool_host is not None:
+            self.register_mem_pool_host(mem_pool_host)
+
+    # -- registration
+    def _store_for(self, pool: Any, name: str, fmt: str) -> _PoolStore:
+        with self._lock:
+            st = self.stores.get(name)
+            if st is None or st.pool is not pool:
+                if st is not None:
+                    st.close()
+                st = self.stores[name] = _PoolStore(self, name, pool, fmt)
+            return st
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        self._store_for(mem_pool_host, PoolName.KV.value, self.kv_format)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        name = str(host_pool_name)
+        fmt = self.kv_format if name == PoolName.KV.value else "segments"
+        self._store_for(host_pool, name, fmt)
+
+    def _kv(self) -> _PoolStore:
+        st = self.stores.get(PoolName.KV.value)
+        if st is None:
+            raise RuntimeError("kvoffload.sglang: no KV host pool registered (register_mem_pool_host)")
+        return st
+
+    # -- base interface (flat data pages)
+    def _flat_kv(self) -> Optional[_PoolStore]:
+        st = self._kv()
+        if st.fmt != "flat":
+            logger.error("kvoffload.sglang: the base get/set calls need flat pages; this back end stores the "
+                         "KV pool's pages as segments (interface_v1 / kvo_kv_format): use the v1 calls")
+            return None
+        return st
+
+    def get(self, key: str, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> Optional[torch.Tensor]:
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> List[Optional[torch.Tensor]]:
+        st = self._flat_kv()
+        if st is None:
+            return [None] * len(keys)
+        return st.get_values(keys, list(target_locations) if target_locations is not None else [])
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> bool:
+        st = self._flat_kv()
+        if st is None or values is None:
+            return False
+        return all(st.set_values(keys, list(values)))
+
+    def exists(self, key: str) -> bool:
+        return bool(self._kv().exists([key])[0])
+
+    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        have = self._kv().exists(keys)
+        miss = np.flatnonzero(~have)
+        return int(miss[0]) if len(miss) else len(keys)
+
+    # -- v1: zero-copy with host indices (KV pool)
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        return self._kv().get_pages(keys, host_indices)
+
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        return self._kv().set_pages(keys, host_indices)
+
+    # -- v2: one PoolTransfer per pool
+    def _pool(self, name: Any) -> Optional[_PoolStore]:
+        st = self.stores.get(str(name))
+        if st is None:
+            logger.error("kvoffload.sglang: pool %s was never registered (register_mem_host_pool_v2)", name)
+        return st
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
+        kv_have = self._kv().exists(keys)
+        miss = np.flatnonzero(~kv_have)
+        kv_pages = int(miss[0]) if len(miss) else len(keys)
+        hit_count: dict[str, int] = {PoolName.KV: kv_pages} if kv_pages else {}
+        restorable = set(range(1, kv_pages + 1))
+        for t in pool_transfers or []:
+            if not restorable:
+                break
+            st = self._pool(t.name)
+            have = st.exists(keys[:kv_pages]) if st is not None else np.zeros(kv_pages, dtype=bool)
+            if t.hit_policy == PoolHitPolicy.ALL_PAGES:
+                m = np.flatnonzero(~have)
+                boundary = int(m[0]) if len(m) else kv_pages
+                pool_ok = set(range(1, boundary + 1))
+            elif t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                trailing = max(1, len(t.keys) if t.keys else 1)
+                pool_ok = {n for n in range(1, kv_pages + 1) if have[max(0, n - trailing): n].all()}
+                boundary = max(pool_ok, default=0)
+            else:
+                raise ValueError(f"kvoffload.sglang: pool {t.name}: hit policy {t.hit_policy} is not supported "
+                                 "(all_pages and trailing_pages are)")
+            if boundary:
+                hit_count[t.name] = boundary
+            restorable &= pool_ok
+        ordered = sorted(restorable)
+        return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
+
+    def _batch_v2(self, transfers: List[PoolTransfer], write: bool) -> dict[str, List[bool]]:
+        out: dict[str, List[bool]] = {}
+        for t in transfers:
+            keys = list(t.keys or [])
+            st = self._pool(t.name)
+            if st is None or t.host_indices is None:
+                out[t.name] = [False] * len(keys)
+                continue
+            out[t.name] = st.set_pages(keys, t.host_indices) if write else st.get_pages(keys, t.host_indices)
+        return out
+
+    def batch_get_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, List[bool]]:
+        return self._batch_v2(transfers, write=False)
+
+    def batch_set_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, List[bool]]:
+        return self._batch_v2(transfers, write=True)
+
+    # -- housekeeping
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until every queued write has landed (tests, shutdown)."""
+        for st in list(self.stores.values()):
+            st.tiers.flush(timeout_s)
+
+    def get_stats(self) -> dict[str, Any]:
+        return {name: dict(format=st.fmt, value_bytes=st.value_bytes, **st.tiers.stats())
+                for name, st in self.stores.items()}
+
+    def clear(self) -> bool:
+        logger.warning("kvoffload.sglang: clear() is not supported; values age out by the tiers' LRU")
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            for st in self.stores.values():
+                st.close()
+            self.stores.clear()
+
+
+__all__ = ["KvoffloadHiCacheStorage", "LAYOUTS"]

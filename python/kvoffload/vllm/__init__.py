@@ -1,0 +1,71 @@
+"""kvoffload as a vLLM (0.33) offloading backend.
+
+The package (the import path vLLM is given, spec_module_path
+"kvoffload.vllm", re-exports the spec):
+  config.py   the scheduler's plan from vLLM's OffloadingConfig, the slot
+              layout hash, the shared arena's name, the LoadStoreSpec type
+  manager.py  scheduler side: KvoffloadOffloadingManager over the host
+              store and the optional file and remote tiers
+  worker.py   worker side: KvoffloadOffloadingWorker (copies with the
+              transfer engine)
+  spec.py     KvoffloadOffloadingSpec, the factory vLLM instantiates
+
+Use with vLLM's OffloadingConnector:
+
+    kv_transfer_config = {
+        "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "KvoffloadOffloadingSpec",
+            "spec_module_path": "kvoffload.vllm",
+            "cpu_bytes_to_use": 8 << 30,        # host tier (slot space)
+            "blocks_per_chunk": 4,              # or "block_size" (legacy)
+            "eviction_policy": "lru",           # lru | arc | s3fifo
+            "kvo_file_root": "/var/cache/kvo",  # optional file tier
+            "kvo_file_bytes": 100 << 30,
+            "kvo_redis_url": "redis://10.0.0.5:7000,10.0.0.6:7000",  # optional
+        }}
+
+Scheduler side: KvoffloadOffloadingManager, an OffloadingManager whose index,
+slots and eviction are a kvoffload Store (one C call per batch; lookup, the
+one per-key call of vLLM's contract, is one C call per key).  Keys are vLLM's
+OffloadKey (block hash + big-endian group index); kvoffload keys take the
+first 16 bytes of the hash and the group's position among the offloaded
+groups.  Each group gets its own slot size (the C store's segments), so
+groups with 12- and 16-token blocks, sliding and full groups share one
+capacity without padding each other.
+
+Worker side: KvoffloadOffloadingWorker copies between vLLM's KV tensors and
+the slots with kvoffload's transfer engine (host device: CPU tensors; the CUDA
+device when the library was built with it).  The slots live in a SharedArena
+(kvoffload.shm) named after the engine id, mapped by the scheduler (for the
+file tier) and by every worker, so slot offsets handed out by the manager
+address the same bytes in all of them.  Each worker writes its own part of a
+slot (rank r at r * worker_chunk_bytes), like vLLM's CPU backend.
+
+File tier (optional, kvo_file_root + kvo_file_bytes): the manager writes a
+chunk to files when its store completes ("write_through", default) or when
+the host tier evicts it ("write_back"); a host miss that the file tier holds
+is read back into a host slot (lookup answers HIT_PENDING until it lands).
+
+Remote tier (optional, kvo_redis_url; a Redis Cluster shared by a fleet):
+every chunk whose store completes is put to the cluster (write-through; the
+put copies the slot at once).  A key that neither the host nor the file tier
+holds is asked for with EXISTS: lookup answers RETRY (vLLM keeps scanning
+and asks again next step) until the answer lands; then a present key is read
+into a host slot (HIT_PENDING until it lands, then HIT) and an absent one is
+a MISS.  Answers are remembered for kvo_redis_answer_ttl_ms (default 2000).
+Values are verified on every read (a corrupt one is a miss).  Keys are
+namespaced by kvo_redis_prefix (default "kvo"), the plan's fingerprint and
+a layout hash of the parallel configuration (world size, bytes per block),
+so engines whose slots are laid out differently never share a value.
+Other keys: kvo_redis_ttl_s (values expire; 0: the server's LRU),
+kvo_redis_io_threads.  The password comes from the URL or from
+KVO_REDIS_PASSWORD (never from the config, which vLLM logs).
+"""
+from .config import KvoffloadLoadStoreSpec, arena_name, build_plan, layout_hash
+from .manager import KvoffloadOffloadingManager
+from .spec import KvoffloadOffloadingSpec
+from .worker import KvoffloadOffloadingWorker
+
+__all__ = ["KvoffloadLoadStoreSpec", "KvoffloadOffloadingManager", "KvoffloadOffloadingSpec",
+           "KvoffloadOffloadingWorker", "arena_name", "build_plan", "layout_hash"]

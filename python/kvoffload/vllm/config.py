@@ -1,0 +1,85 @@
+"""What the scheduler and the workers derive alike from vLLM's
+OffloadingConfig: the kvoffload plan (one group per offloaded vLLM group,
+sized like vLLM's CPU backend sizes a chunk), the layout hash that namespaces
+shared tiers by the parallel layout of a slot, the shared arena's name, and
+KvoffloadLoadStoreSpec, the slot addresses the manager hands the workers."""
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import numpy as np
+
+from vllm.v1.kv_offload.base import LoadStoreSpec
+from vllm.v1.kv_offload.config import OffloadingConfig
+
+from .. import _lib as L
+from ..core import Model, Plan
+
+
+class KvoffloadLoadStoreSpec(LoadStoreSpec):
+    """Where chunks live in the shared arena: offsets[i] (bytes from the
+    start of slot space) of chunk i, of group groups[i] (index among the
+    offloaded groups), in the order of the keys the manager was given."""
+
+    def __init__(self, offsets: np.ndarray, groups: np.ndarray) -> None:
+        self.offsets = np.asarray(offsets, dtype=np.uint64)
+        self.groups = np.asarray(groups, dtype=np.uint32)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __repr__(self) -> str:
+        return f"KvoffloadLoadStoreSpec(offsets={self.offsets!r}, groups={self.groups!r})"
+
+
+
+
+def int_key(cfg: Any, key: str, default: int) -> int:
+    v = cfg.get(key)
+    return default if v is None else int(v)
+
+
+def build_plan(config: OffloadingConfig) -> Plan:
+    """The scheduler-side plan: one kvoffload group per offloaded vLLM group
+    (in config.groups order), each block sized like vLLM's CPU backend sizes
+    a chunk (worker_kv_bytes_per_block * world size, or the per-group list
+    kvo_group_bytes_per_block), blocks_per_chunk from vLLM."""
+    extra = config.extra_config
+    world = max(1, config.parallel.world_size)
+    per_group = extra.get("kvo_group_bytes_per_block")
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", config.model.name or "model")[-63:] or "model"
+    model = Model(name, config.cache.tokens_per_hash)
+    for i, g in enumerate(config.groups):
+        page = int(per_group[i]) if per_group else config.worker_kv_bytes_per_block * world
+        if page <= 0:
+            raise L.KvoError(L.KVO_EINVAL, f"vLLM group {g.group_id}: no KV bytes per block (worker_kv_bytes_per_"
+                             f"block={config.worker_kv_bytes_per_block}); give kvo_group_bytes_per_block",
+                             "build_plan")
+        tpc = g.tokens_per_block * config.cache.blocks_per_chunk
+        if g.sliding_window_size_in_chunks is None:
+            model.add_group(f"g{g.group_id}", g.tokens_per_block, 1, page)
+        else:
+            model.add_group(f"g{g.group_id}", g.tokens_per_block, 1, page, kind="sliding",
+                            window=max(1, g.sliding_window_size_in_chunks * tpc))
+    return Plan(model, blocks_per_chunk=config.cache.blocks_per_chunk, dtype=config.model.dtype or None)
+
+
+def layout_hash(config: OffloadingConfig) -> int:
+    """A 64-bit hash of how a slot's bytes are laid out beyond the plan's
+    fingerprint: the world size (each rank writes its own part of a slot)
+    and the bytes per block per rank.  Tiers shared by engines (remote, or
+    files with kvo_file_shared) are namespaced by it, so engines with other
+    parallel layouts never read each other's values."""
+    per_group = config.extra_config.get("kvo_group_bytes_per_block")
+    text = repr(("kvo-vllm-slot-layout/1", max(1, config.parallel.world_size), config.worker_kv_bytes_per_block,
+                 [int(x) for x in per_group] if per_group else None))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
+
+
+def arena_name(config: OffloadingConfig) -> str:
+    n = config.extra_config.get("kvo_arena_name") or f"{config.engine_id}-dp{config.parallel.data_parallel_index}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(n))[:200]
+
+

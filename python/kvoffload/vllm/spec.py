@@ -1,0 +1,96 @@
+"""KvoffloadOffloadingSpec: the OffloadingSpec vLLM's OffloadingConnector
+instantiates (spec_name "KvoffloadOffloadingSpec", spec_module_path
+"kvoffload.vllm" or "kvoffload.vllm.spec"): builds the plan, the shared
+arena and the tiers from kv_connector_extra_config, and hands out the
+scheduler's manager and the worker."""
+from __future__ import annotations
+
+from typing import Optional
+
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingSpec, OffloadingWorker
+from vllm.v1.kv_offload.config import OffloadingConfig
+
+from .. import _lib as L
+from ..core import FileTier, RemoteTier
+from ..shm import SharedArena
+from .config import arena_name, build_plan, int_key, layout_hash
+from .manager import KvoffloadOffloadingManager
+from .worker import KvoffloadOffloadingWorker
+
+
+class KvoffloadOffloadingSpec(OffloadingSpec):
+    """vLLM OffloadingSpec backed by kvoffload (see module doc for the
+    kv_connector_extra_config keys)."""
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        super().__init__(config)
+        extra = self.extra_config
+        self.capacity_bytes = int_key(extra, "cpu_bytes_to_use", 0)
+        if self.capacity_bytes <= 0:
+            raise L.KvoError(L.KVO_EINVAL, "kvoffload spec: cpu_bytes_to_use must be given in "
+                             "kv_connector_extra_config (bytes of host slot space)", "KvoffloadOffloadingSpec")
+        self.plan = build_plan(config)
+        self.policy = str(extra.get("eviction_policy", "lru"))
+        self.arena_name = arena_name(config)
+        # every worker maps the arena, and the scheduler unless told not to
+        # (kvo_scheduler_maps_arena false: no file tier then); the last of
+        # them to attach removes the name
+        self.scheduler_maps_arena = bool(extra.get("kvo_scheduler_maps_arena", True))
+        self.arena_expected = int_key(extra, "kvo_arena_processes",
+                                   max(1, config.parallel.world_size) + int(self.scheduler_maps_arena))
+        self._manager: Optional[KvoffloadOffloadingManager] = None
+        self._worker: Optional[KvoffloadOffloadingWorker] = None
+
+    def _arena(self) -> SharedArena:
+        return SharedArena(self.arena_name, self.capacity_bytes, self.plan.fingerprint,
+                           expected=self.arena_expected,
+                           directory=str(self.extra_config.get("kvo_shm_dir", "/dev/shm")))
+
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is None:
+            extra = self.extra_config
+            arena = None
+            if self.scheduler_maps_arena:
+                arena = self._arena()
+            file_tier = None
+            root = extra.get("kvo_file_root")
+            shared = bool(extra.get("kvo_file_shared", False))
+            if root:
+                file_tier = FileTier(str(root), self.plan, int_key(extra, "kvo_file_bytes", 0),
+                                     policy=self.policy, shared=shared,
+                                     layout_hash=layout_hash(self.config) if shared else 0)
+            remote_tier = None
+            url = extra.get("kvo_redis_url")
+            if url:
+                if not self.scheduler_maps_arena:
+                    raise L.KvoError(L.KVO_EINVAL, "kvo_redis_url needs the scheduler to map the arena "
+                                     "(kvo_scheduler_maps_arena true)", "KvoffloadOffloadingSpec")
+                try:
+                    remote_tier = RemoteTier(str(url), self.plan,
+                                             key_prefix=str(extra.get("kvo_redis_prefix", "kvo")),
+                                             layout_hash=layout_hash(self.config),
+                                             ttl_s=int_key(extra, "kvo_redis_ttl_s", 0),
+                                             io_threads=int_key(extra, "kvo_redis_io_threads", 0))
+                except BaseException:
+                    if file_tier is not None:
+                        file_tier.close()
+                    if arena is not None:
+                        arena.close()
+                    raise
+            self._manager = KvoffloadOffloadingManager(
+                self.plan, self.capacity_bytes, [g.group_id for g in self.config.groups], policy=self.policy,
+                enable_events=self.kv_events_config.enable_kv_cache_events, arena=arena, file_tier=file_tier,
+                file_mode=str(extra.get("kvo_file_mode", "write_through")),
+                store_threshold=int_key(extra, "store_threshold", 0), remote_tier=remote_tier,
+                remote_answer_ttl_ms=int_key(extra, "kvo_redis_answer_ttl_ms", 2000))
+        return self._manager
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._worker is None:
+            arena = self._arena()
+            try:
+                self._worker = KvoffloadOffloadingWorker(self, kv_caches, arena)
+            except BaseException:
+                arena.close()
+                raise
+        return self._worker

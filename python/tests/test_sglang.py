@@ -1,0 +1,323 @@
+"""kvoffload.sglang through SGLang 0.5.23's own classes: the dynamic-backend
+factory builds the back end, SGLang's host pools (MHA, MLA, Mamba) hold the
+pages in CPU memory, PoolTransfer drives the hybrid (v2) calls.  Every round
+trip compares bytes.  Run by tools/test-engines.sh (the engines venv);
+skipped where sglang is not installed unless KVO_TEST_ENGINES=1."""
+import os
+import time
+
+import pytest
+
+if os.environ.get("KVO_TEST_ENGINES") != "1":
+    pytest.importorskip("sglang")
+import torch  # noqa: E402
+
+from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import (HiCacheStorageConfig, PoolHitPolicy, PoolName,  # noqa: E402
+                                                  PoolTransfer)
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
+
+import kvoffload as k  # noqa: E402
+from kvoffload.sglang import KvoffloadHiCacheStorage  # noqa: E402
+
+PS = 4  # tokens per page
+LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
+
+
+def mha_host(layout, layers=3, heads=2, dim=8, dtype=torch.float16, tokens=256):
+    dev = MHATokenToKVPool(tokens, PS, dtype, heads, dim, layers, "cpu", False, start_layer=0, end_layer=layers - 1)
+    return MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, PS, layout, pin_memory=False,
+                                device_capacity_tokens=dev.size, start_layer=dev.start_layer,
+                                end_layer=dev.end_layer)
+
+
+def mla_host(layout, layers=2):
+    dev = MLATokenToKVPool(256, PS, torch.bfloat16, 16, 8, layers, "cpu", False, start_layer=0, end_layer=layers - 1)
+    return MLATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, PS, layout, pin_memory=False,
+                                device_capacity_tokens=dev.size, start_layer=dev.start_layer,
+                                end_layer=dev.end_layer, target_layer_num=layers)
+
+
+def mamba_host(slots=16):
+    info = MambaStateBufferInfo(temporal=torch.zeros(2, slots, 4, 8, dtype=torch.float32),
+                                conv=(torch.zeros(2, slots, 6, 3, dtype=torch.bfloat16),))
+    return MambaPoolHost(info, 2, 0, device_capacity=slots, pin_memory=False, layout="page_first")
+
+
+def randomize(host, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    bufs = [host.kv_buffer] if hasattr(host, "kv_buffer") and host.kv_buffer is not None else []
+    if isinstance(host, MambaPoolHost):
+        bufs = [host.temporal_buffer, *host.conv_buffer]
+    for b in bufs:
+        raw = b.view(torch.uint8) if b.is_contiguous() else None
+        assert raw is not None
+        raw.copy_(torch.randint(0, 256, raw.shape, generator=g, dtype=torch.uint8))
+
+
+def page(host, idx):
+    return host.get_data_page(idx * host.page_size, flat=True).contiguous().view(torch.uint8).clone()
+
+
+def indices(host, pages):
+    return torch.cat([torch.arange(p * host.page_size, (p + 1) * host.page_size) for p in pages]).to(torch.int64)
+
+
+def config(extra, tp_rank=0, tp_size=1, mla=False, model="tiny/model"):
+    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                                attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
+                                is_page_first_layout=True, model_name=model, extra_config=extra)
+
+
+def dynamic(extra):
+    return dict(backend_name="kvoffload", module_path="kvoffload.sglang", class_name="KvoffloadHiCacheStorage",
+                **extra)
+
+
+def build(host, extra, **kw):
+    """As SGLang's cache controller does: factory, then register the host pool."""
+    cfg = config(dynamic(extra), **kw)
+    be = StorageBackendFactory.create_backend("dynamic", cfg, host)
+    be.register_mem_pool_host(host)
+    return be
+
+
+def redis_url():
+    a = os.environ.get("KVO_TEST_REDIS")
+    if not a:
+        pytest.skip("KVO_TEST_REDIS not set (tools/test-engines.sh starts a Redis Cluster)")
+    return f"redis://{a}"
+
+
+def kvc_files(root):
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".kvc")]
+
+
+def test_factory_builds_kvoffload_backend(tmp_path):
+    host = mha_host("page_first")
+    be = build(host, dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24))
+    assert isinstance(be, KvoffloadHiCacheStorage)
+    assert be.stores["kv"].fmt == "flat"  # the base calls: SGLang's flat pages
+    be.close()
+    with pytest.raises(ValueError, match="kvo_file_root"):
+        build(host, {})
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_v1_zero_copy_round_trip_mha(tmp_path, layout):
+    host = mha_host(layout)
+    randomize(host, 1)
+    be = build(host, dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24, interface_v1=1))
+    st = be.stores["kv"]
+    assert st.fmt == "segments"  # the transfer engine gathers the pages
+    keys = [f"h{i}" for i in range(6)]
+    src = [3, 9, 4, 20, 21, 7]
+    want = [page(host, p) for p in src]
+    assert be.batch_exists(keys) == 0
+    assert be.batch_set_v1(keys, indices(host, src)) == [True] * 6
+    be.flush()
+    assert be.batch_exists(keys) == 6
+    assert be.batch_exists(keys[:3] + ["absent"] + keys[3:]) == 3
+    dst = [40, 41, 60, 2, 33, 50]
+    before = [page(host, p) for p in dst]
+    assert all(not torch.equal(a, b) for a, b in zip(before, want))
+    got = be.batch_get_v1(keys + ["absent"], indices(host, dst + [70]))
+    assert got == [True] * 6 + [False]
+    for p, w in zip(dst, want):
+        assert torch.equal(page(host, p), w)
+    be.close()
+
+
+def test_a_controller_batch_is_stored_whole(tmp_path):
+    """SGLang backs up 128 pages per call (STORAGE_BATCH_SIZE), more than the
+    file tier queues at once (64 writes): the back end waits instead of
+    dropping pages."""
+    host = mha_host("page_first", tokens=1024)
+    randomize(host, 11)
+    be = build(host, dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 26, interface_v1=1))
+    keys = [f"b{i}" for i in range(128)]
+    assert be.batch_set_v1(keys, indices(host, list(range(128)))) == [True] * 128
+    be.flush()
+    assert be.batch_exists(keys) == 128
+    assert be.batch_get_v1(keys, indices(host, list(range(200, 328)))) == [True] * 128
+    assert all(torch.equal(page(host, 200 + i), page(host, i)) for i in range(128))
+    assert be.get_stats()["kv"]["file"]["writes"] == 128
+    be.close()
+
+
+def test_base_get_set_flat_pages(tmp_path):
+    host = mha_host("layer_first")
+    randomize(host, 2)
+    be = build(host, dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24))
+    vals = [host.get_data_page(p * PS) for p in (5, 6, 7)]
+    assert be.batch_set(["a", "b", "c"], vals)
+    assert be.set("d", host.get_data_page(8 * PS))
+    be.flush()
+    assert be.exists("a") and not be.exists("zz")
+    out = be.batch_get(["a", "b", "c", "zz"], [host.get_dummy_flat_data_page() for _ in range(4)])
+    assert out[3] is None
+    for o, v in zip(out[:3], vals):
+        assert torch.equal(o.view(torch.uint8), v.contiguous().view(torch.uint8))
+    d = be.get("d", host.get_dummy_flat_data_page())
+    assert torch.equal(d.view(torch.uint8), host.get_data_page(8 * PS).contiguous().view(torch.uint8))
+    # the controller's generic path: set_from_flat_data_page of what get returned
+    host.set_from_flat_data_page(30 * PS, out[0])
+    assert torch.equal(page(host, 30), page(host, 5))
+    be.close()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_mla_pages_are_shared_by_tp_ranks(tmp_path, layout):
+    host = mla_host(layout)
+    randomize(host, 3)
+    extra = dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24, interface_v1=1)
+    r0 = build(host, extra, mla=True, tp_rank=0, tp_size=2)
+    assert r0.batch_set_v1(["p0", "p1"], indices(host, [1, 2])) == [True, True]
+    r0.flush()
+    want = [page(host, 1), page(host, 2)]
+    r0.close()
+    other = mla_host(layout)
+    r1 = build(other, extra, mla=True, tp_rank=1, tp_size=2)  # MLA KV is replicated: rank 1 reads rank 0's
+    assert r1.batch_get_v1(["p0", "p1"], indices(other, [10, 11])) == [True, True]
+    assert torch.equal(page(other, 10), want[0]) and torch.equal(page(other, 11), want[1])
+    r1.close()
+
+
+def test_mha_ranks_and_layouts_never_share_values(tmp_path):
+    extra = dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24, interface_v1=1)
+    host = mha_host("page_first")
+    randomize(host, 4)
+    r0 = build(host, extra, tp_rank=0, tp_size=2)
+    assert all(r0.batch_set_v1(["x", "y"], indices(host, [1, 2])))
+    r0.flush()
+    assert r0.batch_exists(["x", "y"]) == 2
+    r1 = build(mha_host("page_first"), extra, tp_rank=1, tp_size=2)  # MHA heads are sharded per rank
+    assert r1.batch_exists(["x", "y"]) == 0
+    lf = build(mha_host("layer_first"), extra, tp_rank=0, tp_size=2)  # same rank, other host layout
+    assert lf.batch_exists(["x", "y"]) == 0
+    other_model = build(mha_host("page_first"), extra, tp_rank=0, tp_size=2, model="other/model")
+    assert other_model.batch_exists(["x"]) == 0
+    for b in (r0, r1, lf, other_model):
+        b.close()
+
+
+def test_restart_finds_pages_again(tmp_path):
+    extra = dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24, interface_v1=1)
+    host = mha_host("page_first_direct")
+    randomize(host, 5)
+    keys = [f"r{i}" for i in range(10)]
+    be = build(host, extra)
+    assert all(be.batch_set_v1(keys, indices(host, list(range(10, 20)))))
+    want = [page(host, p) for p in range(10, 20)]
+    be.close()  # flushes; a new process would start here
+    fresh = mha_host("page_first_direct")
+    be2 = build(fresh, extra)
+    assert be2.batch_exists(keys) == 10
+    assert be2.batch_get_v1(keys, indices(fresh, list(range(40, 50)))) == [True] * 10
+    for p, w in zip(range(40, 50), want):
+        assert torch.equal(page(fresh, p), w)
+    be2.close()
+
+
+def test_corrupted_page_is_a_miss(tmp_path):
+    extra = dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24, interface_v1=1)
+    host = mha_host("page_first")
+    randomize(host, 6)
+    be = build(host, extra)
+    assert all(be.batch_set_v1(["good", "bad"], indices(host, [1, 2])))
+    be.flush()
+    files = kvc_files(tmp_path)
+    assert len(files) == 2
+    # flip one payload byte of every file; reading must never deliver it
+    for f in files:
+        with open(f, "r+b") as fh:
+            fh.seek(4096 + 17)
+            b = fh.read(1)
+            fh.seek(4096 + 17)
+            fh.write(bytes([b[0] ^ 0xFF]))
+    before = [page(host, 30), page(host, 31)]
+    assert be.batch_get_v1(["good", "bad"], indices(host, [30, 31])) == [False, False]
+    assert torch.equal(page(host, 30), before[0]) and torch.equal(page(host, 31), before[1])
+    assert be.get_stats()["kv"]["file"]["corrupt_removed"] == 2
+    assert be.batch_exists(["good"]) == 0  # removed on detection
+    be.close()
+
+
+def test_hybrid_pools_v2(tmp_path):
+    """A hybrid (attention + Mamba) model: KV pages and Mamba states, each
+    pool with its own transfer, as the hybrid cache controller calls them."""
+    kv, mamba = mha_host("page_first"), mamba_host()
+    randomize(kv, 7)
+    randomize(mamba, 8)
+    be = build(kv, dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24, interface_v1=1))
+    be.register_mem_host_pool_v2(kv, PoolName.KV)
+    be.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    be.on_host_pools_registered()
+    assert be.stores["mamba"].fmt == "segments"
+    keys = [f"k{i}" for i in range(5)]
+    kv_pages, state_slot = [3, 4, 5, 6, 7], 9
+    want_kv = [page(kv, p) for p in kv_pages]
+    want_state = page(mamba, state_slot)
+    assert all(be.batch_set_v1(keys, indices(kv, kv_pages)))
+    res = be.batch_set_v2([PoolTransfer(name=PoolName.MAMBA, host_indices=torch.tensor([state_slot]),
+                                        keys=keys[-1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)])
+    assert res == {PoolName.MAMBA: [True]}
+    be.flush()
+    probe = PoolTransfer(name=PoolName.MAMBA, keys=keys[-1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    hit = be.batch_exists_v2(keys, [probe])
+    assert hit.kv_hit_pages == 5 and hit.extra_pool_hit_pages == {PoolName.KV: 5, PoolName.MAMBA: 5}
+    assert hit.restorable_prefix_pages == [5]  # the state exists only at the end of page 5
+    # a prefix that ends where no state was stored has no restorable point
+    assert be.batch_exists_v2(keys[:3], [probe]).kv_hit_pages == 0
+    # restore into other host slots
+    got = be.batch_get_v2([
+        PoolTransfer(name=PoolName.KV, host_indices=indices(kv, [20, 21, 22, 23, 24]), keys=keys),
+        PoolTransfer(name=PoolName.MAMBA, host_indices=torch.tensor([2]), keys=keys[-1:]),
+    ])
+    assert got == {PoolName.KV: [True] * 5, PoolName.MAMBA: [True]}
+    for p, w in zip([20, 21, 22, 23, 24], want_kv):
+        assert torch.equal(page(kv, p), w)
+    assert torch.equal(page(mamba, 2), want_state)
+    # a pool that was never registered is a miss, not an exception
+    assert be.batch_get_v2([PoolTransfer(name=PoolName.SWA, host_indices=torch.tensor([0, 1, 2, 3]),
+                                         keys=["k0"])]) == {PoolName.SWA: [False]}
+    be.close()
+
+
+def test_unsupported_layout_is_refused(tmp_path):
+    host = mha_host("page_head")
+    with pytest.raises(ValueError, match="page_head"):
+        build(host, dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24))
+
+
+def test_redis_cluster_shares_pages_between_engines(tmp_path):
+    url = redis_url()
+    extra = dict(kvo_redis_url=url, kvo_redis_prefix=f"sgl{os.getpid()}{time.time_ns() % 100000}",
+                 interface_v1=1)
+    try:
+        a_host = mha_host("page_first")
+        a = build(a_host, extra)
+    except k.KvoError as e:
+        if e.name == "KVO_ENOTSUP":
+            pytest.skip("library built without hiredis")
+        raise
+    randomize(a_host, 9)
+    keys = [f"c{i}" for i in range(8)]
+    want = [page(a_host, p) for p in range(8)]
+    assert all(a.batch_set_v1(keys, indices(a_host, list(range(8)))))
+    a.flush()
+    # engine b: another process with its own file tier; the cluster answers what its files lack
+    b_host = mha_host("page_first")
+    b = build(b_host, dict(extra, kvo_file_root=str(tmp_path / "b"), kvo_file_bytes=1 << 24))
+    assert b.batch_exists(keys + ["nope"]) == 8
+    assert b.batch_get_v1(keys, indices(b_host, list(range(30, 38)))) == [True] * 8
+    for p, w in zip(range(30, 38), want):
+        assert torch.equal(page(b_host, p), w)
+    b.flush()
+    assert len(kvc_files(tmp_path / "b")) == 8  # what the cluster gave is kept locally
+    a.close()
+    b.close()
