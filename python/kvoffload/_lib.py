@@ -187,7 +187,7 @@ class FileTierParams(ctypes.Structure):
                 ("io_threads", c_uint32), ("queue_depth", c_uint32), ("max_pending_writes", c_uint32),
                 ("max_staging_bytes", c_uint64), ("write_latency_limit_ms", c_uint32),
                 ("write_completions", c_bool), ("shared", c_bool), ("scan", c_bool), ("log_interval_s", c_uint32),
-                ("layout_hash", c_uint64)]
+                ("layout_hash", c_uint64), ("file_mode", c_uint32)]
 
 
 _FILE_STATS = ["quota_bytes", "bytes_used", "files", "scanned_files", "scan_removed", "scan_ns", "hits", "misses",
@@ -495,6 +495,52 @@ def check(rc: int, func: str) -> int:
     if rc < 0:
         raise KvoError(rc, last_error(), func)
     return rc
+
+
+# ------------------------------------------------- checks at the boundary --
+# ctypes silently truncates an int that does not fit a field (2**32 + 5 into a
+# uint32 is 5, -1 into a uint64 is 2**64 - 1): every value that reaches a C
+# struct or argument from a user goes through check_int / set_fields.
+
+def check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """value as an int in [lo, hi]; else TypeError (a float, a string, None,
+    a bool), ValueError (below lo) or OverflowError (above hi), each naming
+    the parameter."""
+    if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+    v = value.__index__()
+    if v < lo:
+        raise ValueError(f"{name}={v} is below {lo}")
+    if v > hi:
+        raise OverflowError(f"{name}={v} does not fit: at most {hi}")
+    return v
+
+
+def int_range(ctype: Any) -> tuple[int, int]:
+    """The values a ctypes integer type holds."""
+    bits = 8 * ctypes.sizeof(ctype)
+    if ctype._type_.islower():  # signed: b h i l q
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def set_fields(struct: ctypes.Structure, names: Optional[dict[str, str]] = None, **values: Any) -> None:
+    """struct.<field> = value for each keyword, checked against the field's
+    ctypes integer type (check_int); errors name the caller's parameter
+    (names maps a field to it where they differ)."""
+    types = {f[0]: f[1] for f in type(struct)._fields_}
+    for field, v in values.items():
+        t = types[field]
+        if getattr(t, "_type_", None) in tuple("bBhHiIlLqQ"):
+            v = check_int((names or {}).get(field, field), v, *int_range(t))
+        setattr(struct, field, v)
+
+
+def need(name: str, value: Any, cls: type) -> Any:
+    """value when it is a cls, else TypeError naming the parameter."""
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be a {cls.__name__}, not {type(value).__name__}")
+    return value
 
 
 def take_string(ptr: c_void_p) -> str:

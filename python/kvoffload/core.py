@@ -11,19 +11,30 @@ Conventions
  - Failures raise KvoError with the KVO_E* code and kvo_last_error()'s text.
  - Thread rules are the C library's: a Store, Transfer or FileTier may be
    called from several threads (ctypes releases the GIL during calls).
+   close() is safe from any thread: it waits for the calls in flight on that
+   object in other threads, and later calls raise KvoError(KVO_ECLOSED); an
+   Arena's views keep its mapping alive (docs/security.md).
+ - Arguments are checked here, before C sees them: ints against the range
+   of the C field they fill (OverflowError / ValueError / TypeError naming
+   the parameter), address and user-data lists against the keys' length
+   (ValueError naming both).
 """
 from __future__ import annotations
 
 import ctypes
+import functools
+import inspect
 import json
 import os
+import re
+import threading
 from ctypes import byref, c_bool, c_size_t, c_uint64, c_void_p
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _lib as L
-from ._lib import KvoError, check, lib
+from ._lib import KvoError, check, check_int, lib, need, set_fields
 
 KEY_DTYPE = np.dtype([("lo", "<u8"), ("hi", "<u8"), ("group", "<u4"), ("reserved", "<u4")])
 SLOT_DTYPE = np.dtype([("offset", "<u8"), ("bytes", "<u8")])
@@ -47,40 +58,143 @@ def make_keys(hashes: Union[Sequence[bytes], Sequence[int], np.ndarray],
     """
     n = len(hashes)
     out = np.zeros(n, dtype=KEY_DTYPE)
+    if isinstance(groups, (list, tuple, np.ndarray)):
+        if len(groups) != n:
+            raise ValueError(f"make_keys: {len(groups)} groups for {n} hashes (one per hash, or one int for all)")
+        gs = [check_int("groups", g, 0, 0xFFFFFFFF) for g in groups]
+    else:
+        gs = check_int("groups", groups, 0, 0xFFFFFFFF)
     if n == 0:
         return out
     if isinstance(hashes, np.ndarray) and hashes.dtype == np.uint64:
+        if hashes.ndim != 2 or hashes.shape[1] != 2:
+            raise ValueError(f"make_keys: a uint64 hash array must have shape (n, 2), not {hashes.shape}")
         out["lo"] = hashes[:, 0]
         out["hi"] = hashes[:, 1]
     elif isinstance(hashes[0], (bytes, bytearray)):
+        if not all(isinstance(h, (bytes, bytearray)) for h in hashes):
+            raise TypeError("make_keys: hashes mix bytes and other types")
         raw = np.frombuffer(b"".join(bytes(h).ljust(16, b"\0")[:16] for h in hashes), dtype="<u8").reshape(n, 2)
         out["lo"] = raw[:, 0]
         out["hi"] = raw[:, 1]
     else:
-        out["lo"] = [int(h) & 0xFFFFFFFFFFFFFFFF for h in hashes]
-        out["hi"] = [int(h) >> 64 for h in hashes]
-    out["group"] = groups
+        ints = [check_int("hashes", h, 0, (1 << 128) - 1) for h in hashes]
+        out["lo"] = [h & 0xFFFFFFFFFFFFFFFF for h in ints]
+        out["hi"] = [h >> 64 for h in ints]
+    out["group"] = gs
     return out
 
 
 def _as_keys(keys: Any) -> np.ndarray:
     if isinstance(keys, np.ndarray) and keys.dtype == KEY_DTYPE:
+        if keys.ndim != 1:
+            raise ValueError(f"keys must be a 1-D array of kvoffload.KEY_DTYPE, not of shape {keys.shape} "
+                             "(use keys.ravel())")
         return np.ascontiguousarray(keys)
     raise TypeError("keys must be a numpy array of kvoffload.KEY_DTYPE (see make_keys)")
 
 
+def _uint64s(what: str, name: str, values: Any, n: int) -> np.ndarray:
+    """values (addresses or user data) as a contiguous 1-D uint64 array of
+    exactly n entries, checked: ValueError naming both lengths when they
+    differ (the C side reads n entries), TypeError for what is not an int."""
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise ValueError(f"{what}: {name} must be one-dimensional (one per key), not of shape {a.shape}")
+    if len(a) != n:
+        raise ValueError(f"{what}: {len(a)} {name} for {n} keys (one per key)")
+    if n == 0:
+        return np.zeros(0, dtype="<u8")
+    if a.dtype.kind == "u":
+        return np.ascontiguousarray(a, dtype="<u8")
+    if a.dtype.kind == "i":
+        if (a < 0).any():
+            raise ValueError(f"{what}: {name} must not be negative")
+        return np.ascontiguousarray(a, dtype="<u8")
+    if a.dtype == object:  # Python ints beyond int64
+        return np.array([check_int(name, v, 0, (1 << 64) - 1) for v in a], dtype="<u8")
+    raise TypeError(f"{what}: {name} must be ints, not {a.dtype}")
+
+
+def _guarded(fn: Any) -> Any:
+    """A public method of a handle class, run as a call in flight: close()
+    in another thread waits for it; after close() it raises KVO_ECLOSED."""
+    @functools.wraps(fn)
+    def call(self: "_Handle", *a: Any, **kw: Any) -> Any:
+        self._enter(fn.__name__)
+        try:
+            return fn(self, *a, **kw)
+        finally:
+            self._leave()
+    return call
+
+
 class _Handle:
     """One owned C handle: close() destroys it with the class's _destroy
-    function (also on garbage collection and at the end of a with block)."""
+    function (also on garbage collection and at the end of a with block).
+
+    Every public method of a subclass is wrapped (_guarded): it counts as a
+    call in flight while it runs.  close() marks the object closing, waits
+    until no call is in flight in another thread, then destroys the handle:
+    the C object is never freed under a running call.  Calls after (or
+    during) close() raise KvoError(KVO_ECLOSED); a call already running may
+    call further methods of the object (same thread) until it returns."""
 
     _destroy = ""
     _h: Optional[int] = None
     _dll: Any = lib  # the library holding _destroy (CudaDevice: the CUDA device library)
 
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        for name, fn in list(vars(cls).items()):
+            if not name.startswith("_") and name != "close" and inspect.isfunction(fn):
+                setattr(cls, name, _guarded(fn))
+
+    def __new__(cls, *a: Any, **kw: Any) -> Any:
+        self = super().__new__(cls)
+        self._cv = threading.Condition(threading.Lock())
+        self._calls: dict[int, int] = {}  # thread id -> depth of its calls in flight
+        self._closing = False
+        return self
+
+    def _enter(self, what: str) -> None:
+        me = threading.get_ident()
+        with self._cv:
+            depth = self._calls.get(me, 0)
+            if (self._closing or not self._h) and depth == 0:
+                name = f"{type(self).__name__}.{what}"
+                raise KvoError(L.KVO_ECLOSED, f"{name}: the object is closed (close() was called)", name)
+            self._calls[me] = depth + 1
+
+    def _leave(self) -> None:
+        me = threading.get_ident()
+        with self._cv:
+            depth = self._calls[me] - 1
+            if depth:
+                self._calls[me] = depth
+            else:
+                del self._calls[me]
+                self._cv.notify_all()
+
+    def _release(self, h: int) -> None:
+        """Free the C object (after every call in flight returned)."""
+        getattr(self._dll, self._destroy)(h)
+
     def close(self) -> None:
-        if getattr(self, "_h", None):
-            getattr(self._dll, self._destroy)(self._h)
-            self._h = None
+        cv = self.__dict__.get("_cv")
+        if cv is None:  # __new__ never ran: nothing of ours
+            return
+        me = threading.get_ident()
+        with cv:
+            if me in self._calls:
+                raise KvoError(L.KVO_EBUSY, f"{type(self).__name__}.close() from inside one of its own calls",
+                               f"{type(self).__name__}.close")
+            self._closing = True
+            while self._calls:
+                cv.wait()
+            h, self._h = self._h, None
+        if h:
+            self._release(h)
 
     def __enter__(self) -> Any:
         return self
@@ -89,7 +203,10 @@ class _Handle:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing sensible left to do
+            pass
 
     def _batch(self, func: str, keys: np.ndarray) -> None:
         """One C call func(handle, keys, n) on a batch of keys."""
@@ -117,15 +234,17 @@ def _queue_io(h: Optional[int], func: str, keys: Any, addrs: Optional[Sequence[i
     """One C call func(h, keys, [addrs,] n, user_data, results, NULL) of a
     tier's queueing functions (write/read, put/get/exists): the per-key
     results.  addrs None: the call takes no addresses (exists); with_ud
-    False: it takes NULL user data (write, put)."""
+    False: it takes NULL user data (write, put).  Addresses and user data
+    are checked against the keys first (_uint64s): C reads n of each."""
     keys = _as_keys(keys)
     n = len(keys)
     args: list[Any] = [h, _ptr(keys)]
     if addrs is not None:
-        ptrs = np.asarray(addrs, dtype=np.uintp)
+        ptrs = _uint64s(func, "addresses", addrs, n)
         args.append(_ptr(ptrs))
     args.append(n)
-    ud = np.asarray(user_data if user_data is not None else np.zeros(n), dtype="<u8") if with_ud else None
+    ud = (_uint64s(func, "user_data", user_data, n) if user_data is not None else np.zeros(n, dtype="<u8")) \
+        if with_ud else None
     res = np.empty(n, dtype=np.int32)
     check(getattr(lib, func)(*args, _ptr(ud) if ud is not None else None, _ptr(res), None), func)
     return res
@@ -184,8 +303,10 @@ class Model(_Handle):
         if _handle is not None:
             self._h: Optional[int] = _handle
             return
+        need("name", name, str)
+        tph = check_int("tokens_per_hash", tokens_per_hash, 0, 0xFFFFFFFF)
         h = c_void_p()
-        check(lib.kvo_model_create(name.encode(), tokens_per_hash, byref(h)), "kvo_model_create")
+        check(lib.kvo_model_create(name.encode(), tph, byref(h)), "kvo_model_create")
         self._h = h.value
         try:
             for g in groups:
@@ -198,12 +319,12 @@ class Model(_Handle):
                   window: int = 0, cacheable: bool = True, draft: bool = False) -> int:
         """Append a group; returns its id."""
         d = lib.kvo_group_desc_default()
-        d.name = name.encode()
+        d.name = need("name", name, str).encode()
         if kind not in _KINDS:
             raise KvoError(L.KVO_EINVAL, f"group '{name}': kind '{kind}' is not one of {sorted(_KINDS)}",
                            "Model.add_group")
         d.kind = _KINDS[kind]
-        d.tokens_per_block, d.layers, d.page_bytes, d.window = tokens_per_block, layers, page_bytes, window
+        set_fields(d, tokens_per_block=tokens_per_block, layers=layers, page_bytes=page_bytes, window=window)
         d.cacheable, d.draft = cacheable, draft
         check(lib.kvo_model_add_group(self._h, byref(d)), "kvo_model_add_group")
         return len(self.to_dict()["groups"]) - 1
@@ -212,7 +333,8 @@ class Model(_Handle):
     def open(cls, preset_or_path: str) -> "Model":
         """A built-in preset (Model.presets()) or a kvoffload-model/1 JSON file."""
         h = c_void_p()
-        check(lib.kvo_model_open(preset_or_path.encode(), byref(h)), "kvo_model_open")
+        check(lib.kvo_model_open(os.fsencode(need("preset_or_path", preset_or_path, str)), byref(h)),
+              "kvo_model_open")
         return cls("", 0, _handle=h.value)
 
     preset = open
@@ -233,8 +355,10 @@ class Model(_Handle):
                        tokens_per_hash: int) -> "Model":
         data = (json.dumps(config) if not isinstance(config, str) else config).encode()
         h = c_void_p()
-        check(lib.kvo_model_from_hf_config(data, len(data), name.encode(), tokens_per_block, tokens_per_hash,
-                                           byref(h)), "kvo_model_from_hf_config")
+        check(lib.kvo_model_from_hf_config(data, len(data), need("name", name, str).encode(),
+                                           check_int("tokens_per_block", tokens_per_block, 0, 0xFFFFFFFF),
+                                           check_int("tokens_per_hash", tokens_per_hash, 0, 0xFFFFFFFF), byref(h)),
+              "kvo_model_from_hf_config")
         return cls("", 0, _handle=h.value)
 
     def to_dict(self) -> dict[str, Any]:
@@ -257,19 +381,21 @@ class Plan(_Handle):
     def __init__(self, model: Model, block_size: int = 0, blocks_per_chunk: int = 0,
                  overrides: Optional[Mapping[str, int]] = None, target_chunk_bytes: Optional[int] = None,
                  dtype: Optional[str] = None, tp_rank: int = 0, tp_size: int = 0) -> None:
+        need("model", model, Model)
         p = lib.kvo_plan_default_params()
-        p.block_size, p.blocks_per_chunk = block_size, blocks_per_chunk
+        set_fields(p, block_size=block_size, blocks_per_chunk=blocks_per_chunk, tp_rank=tp_rank, tp_size=tp_size)
         names = []
         if overrides:
             arr = (L.GroupOverride * len(overrides))()
             for i, (g, b) in enumerate(overrides.items()):
                 names.append(g.encode())
-                arr[i].group, arr[i].blocks_per_chunk = names[-1], b
+                arr[i].group = names[-1]
+                set_fields(arr[i], names={"blocks_per_chunk": f"overrides[{g!r}]"}, blocks_per_chunk=b)
             p.overrides, p.n_overrides = arr, len(overrides)
         if target_chunk_bytes is not None:
-            p.target_chunk_bytes = target_chunk_bytes
+            set_fields(p, target_chunk_bytes=target_chunk_bytes)
         dt = dtype.encode() if dtype else None
-        p.dtype, p.tp_rank, p.tp_size = dt, tp_rank, tp_size
+        p.dtype = dt
         h = c_void_p()
         check(lib.kvo_plan_create(model._h, byref(p), byref(h)), "kvo_plan_create")
         self._h: Optional[int] = h.value
@@ -337,10 +463,11 @@ class Store(_Handle):
 
     def __init__(self, plan: Plan, capacity_bytes: int, policy: str = "lru", admit_after: int = 0,
                  max_entries: int = 0, event_capacity: int = 0, segment_bytes: int = 0) -> None:
+        need("plan", plan, Plan)
         p = lib.kvo_store_default_params()
-        p.plan, p.capacity_bytes, p.policy = plan._h, capacity_bytes, _policy(policy)
-        p.admit_after, p.max_entries, p.event_capacity, p.segment_bytes = (admit_after, max_entries,
-                                                                           event_capacity, segment_bytes)
+        p.plan, p.policy = plan._h, _policy(policy)
+        set_fields(p, capacity_bytes=capacity_bytes, admit_after=admit_after, max_entries=max_entries,
+                   event_capacity=event_capacity, segment_bytes=segment_bytes)
         h = c_void_p()
         check(lib.kvo_store_create(byref(p), byref(h)), "kvo_store_create")
         self._h: Optional[int] = h.value
@@ -433,10 +560,24 @@ class Store(_Handle):
         return d
 
 
+class _Mapping:
+    """Owns a C arena: destroys it when the last reference goes (the Arena
+    and every numpy view of it hold one), so a view never outlives the
+    memory it shows."""
+
+    def __init__(self, h: int) -> None:
+        self.h = h
+
+    def __del__(self) -> None:
+        lib.kvo_arena_destroy(self.h)
+
+
 class Arena(_Handle):
     """Host memory for slots (kvo_arena): anonymous, or a shared file
     (shm_path) that several processes map.  See kvoffload.shm.SharedArena for
-    the owned, checked shared arena the vLLM spec uses."""
+    the owned, checked shared arena the vLLM spec uses.  close() releases
+    the arena's own reference: the memory is unmapped once no view of it
+    (view()) is left either; view() after close() raises KVO_ECLOSED."""
 
     _destroy = "kvo_arena_destroy"
 
@@ -444,24 +585,34 @@ class Arena(_Handle):
                  prefault: bool = True, huge_pages: bool = False, lock: bool = False, share_processes: int = 0,
                  share_fingerprint: int = 0, share_timeout_ms: int = 0) -> None:
         p = lib.kvo_arena_default_params()
-        p.bytes, p.prefault, p.huge_pages, p.lock = nbytes, prefault, huge_pages, lock
-        self._path = shm_path.encode() if shm_path else None
+        set_fields(p, names={"bytes": "nbytes"}, bytes=nbytes, share_processes=share_processes,
+                   share_timeout_ms=share_timeout_ms)
+        p.prefault, p.huge_pages, p.lock = prefault, huge_pages, lock
+        self._path = os.fsencode(shm_path) if shm_path else None
         p.shm_path, p.shm_unlink = self._path, shm_unlink
-        p.share_processes, p.share_timeout_ms = share_processes, share_timeout_ms
-        p.share_fingerprint = L.U128(share_fingerprint & 0xFFFFFFFFFFFFFFFF, share_fingerprint >> 64)
+        fp = check_int("share_fingerprint", share_fingerprint, 0, (1 << 128) - 1)
+        p.share_fingerprint = L.U128(fp & 0xFFFFFFFFFFFFFFFF, fp >> 64)
         h = c_void_p()
         check(lib.kvo_arena_create(byref(p), byref(h)), "kvo_arena_create")
         self._h: Optional[int] = h.value
+        self._map: Optional[_Mapping] = _Mapping(h.value)
         self.base: int = lib.kvo_arena_base(self._h)
         self.size: int = lib.kvo_arena_size(self._h)
 
     def view(self, offset: int = 0, nbytes: Optional[int] = None) -> np.ndarray:
-        """A uint8 numpy view of [offset, offset+nbytes) (valid while open)."""
-        nbytes = self.size - offset if nbytes is None else nbytes
-        if offset < 0 or offset + nbytes > self.size:
+        """A uint8 numpy view of [offset, offset+nbytes); it keeps the
+        mapping alive (also after close())."""
+        offset = check_int("offset", offset, 0, self.size)
+        nbytes = self.size - offset if nbytes is None else check_int("nbytes", nbytes, 0, self.size)
+        if offset + nbytes > self.size:
             raise KvoError(L.KVO_ERANGE, f"arena view [{offset}, {offset + nbytes}) beyond {self.size} bytes",
                            "Arena.view")
-        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(self.base + offset))
+        buf = (ctypes.c_uint8 * nbytes).from_address(self.base + offset)
+        buf._kvo_mapping = self._map  # numpy -> memoryview -> buf -> the mapping
+        return np.ctypeslib.as_array(buf)
+
+    def _release(self, h: int) -> None:
+        self._map = None  # the views that are left keep it
 
 
 # --------------------------------------------------------------- file tier --
@@ -473,15 +624,19 @@ class FileTier(_Handle):
 
     def __init__(self, root: str, plan: Plan, quota_bytes: int, policy: str = "lru", io_threads: int = 0,
                  shared: bool = False, scan: bool = True, write_completions: bool = False,
-                 layout_hash: int = 0, max_staging_bytes: int = 0) -> None:
+                 layout_hash: int = 0, max_staging_bytes: int = 0, file_mode: int = 0) -> None:
+        """file_mode: permissions of the files it creates (0 = 0600; 0640 or
+        0660 to share with a group; directories get the search bits)."""
+        need("plan", plan, Plan)
         p = lib.kvo_file_tier_default_params()
         self._root = os.fsencode(root)
-        p.root, p.plan, p.quota_bytes, p.policy = self._root, plan._h, quota_bytes, _policy(policy)
+        p.root, p.plan, p.policy = self._root, plan._h, _policy(policy)
+        set_fields(p, quota_bytes=quota_bytes, layout_hash=layout_hash, file_mode=file_mode)
         if io_threads:
-            p.io_threads = io_threads
+            set_fields(p, io_threads=io_threads)
         if max_staging_bytes:
-            p.max_staging_bytes = max_staging_bytes
-        p.shared, p.scan, p.write_completions, p.layout_hash = shared, scan, write_completions, layout_hash
+            set_fields(p, max_staging_bytes=max_staging_bytes)
+        p.shared, p.scan, p.write_completions = shared, scan, write_completions
         h = c_void_p()
         check(lib.kvo_file_tier_create(byref(p), byref(h)), "kvo_file_tier_create")
         self._h: Optional[int] = h.value
@@ -528,6 +683,36 @@ class FileTier(_Handle):
 
 # ------------------------------------------------------------- remote tier --
 
+_URL_CREDS = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<creds>.*)@(?P<hosts>[^@]*)$", re.S)
+
+
+def url_has_password(url: str) -> bool:
+    """Whether a redis:// URL carries a password (the C parser's rule: the
+    credentials end at the last '@'; without ':' they are all password)."""
+    m = _URL_CREDS.match(url) if isinstance(url, str) else None
+    if not m:
+        return False
+    creds = m.group("creds")
+    return bool(creds.split(":", 1)[1] if ":" in creds else creds)
+
+
+def redact_url(url: str) -> str:
+    """url with its password replaced by *** (the user name stays), for logs
+    and messages; "<unparsable url>" for what is not scheme://...  The vLLM
+    spec logs kv_transfer_config: it should warn once, with this, when
+    url_has_password(kvo_redis_url) and point to KVO_REDIS_PASSWORD."""
+    if not isinstance(url, str) or "://" not in url:
+        return "<unparsable url>"
+    m = _URL_CREDS.match(url)
+    if not m:
+        return url
+    creds = m.group("creds")
+    if not url_has_password(url):
+        return url
+    user = creds.split(":", 1)[0] + ":" if ":" in creds else ""
+    return f"{m.group('scheme')}{user}***@{m.group('hosts')}"
+
+
 class RemoteTier(_Handle):
     """A chunk cache shared by engines in a Redis Cluster (kvo_remote_tier).
 
@@ -542,24 +727,27 @@ class RemoteTier(_Handle):
     def __init__(self, url: str, plan: Plan, key_prefix: str = "kvo", layout_hash: int = 0, ttl_s: int = 0,
                  io_threads: int = 0, user: Optional[str] = None, password: Optional[str] = None,
                  io_timeout_ms: int = 0, max_pending_reads: int = 0, max_pending_writes: int = 0) -> None:
+        need("url", url, str)
+        need("plan", plan, Plan)
         p = lib.kvo_remote_tier_default_params()
-        # keep the strings alive: the library copies them at create
-        self._s = [url.encode(), key_prefix.encode(), user.encode() if user else None,
-                   password.encode() if password else None]
-        p.url, p.key_prefix, p.user, p.password = self._s
-        p.plan, p.layout_hash, p.ttl_s = plan._h, layout_hash, ttl_s
-        if io_threads:
-            p.io_threads = io_threads
-        if io_timeout_ms:
-            p.io_timeout_ms = io_timeout_ms
-        if max_pending_reads:
-            p.max_pending_reads = max_pending_reads
-        if max_pending_writes:
-            p.max_pending_writes = max_pending_writes
+        p.plan = plan._h
+        set_fields(p, layout_hash=layout_hash, ttl_s=ttl_s)
+        for name, v in (("io_threads", io_threads), ("io_timeout_ms", io_timeout_ms),
+                        ("max_pending_reads", max_pending_reads), ("max_pending_writes", max_pending_writes)):
+            if v:
+                set_fields(p, **{name: v})
+        # the encoded strings live in this frame only (p refers to them until
+        # create returns; the library copies them): no copy of the password
+        # stays with the object, also when create fails
+        p.url, p.key_prefix = url.encode(), need("key_prefix", key_prefix, str).encode()
+        p.user = user.encode() if user else None
+        p.password = password.encode() if password else None
         h = c_void_p()
-        check(lib.kvo_remote_tier_create(byref(p), byref(h)), "kvo_remote_tier_create")
+        try:
+            check(lib.kvo_remote_tier_create(byref(p), byref(h)), "kvo_remote_tier_create")
+        finally:
+            p.url = p.user = p.password = None
         self._h: Optional[int] = h.value
-        self._s = []
         self.plan = plan
 
     def put(self, keys: np.ndarray, srcs: Sequence[int]) -> np.ndarray:
@@ -618,10 +806,12 @@ class Transfer(_Handle):
     _destroy = "kvo_transfer_destroy"
 
     def __init__(self, plan: Plan, threads: int = 2, device: Optional[str] = None, max_queued_jobs: int = 0) -> None:
+        need("plan", plan, Plan)
         p = lib.kvo_transfer_default_params()
-        p.plan, p.threads = plan._h, threads
+        p.plan = plan._h
+        set_fields(p, threads=threads)
         if max_queued_jobs:
-            p.max_queued_jobs = max_queued_jobs
+            set_fields(p, max_queued_jobs=max_queued_jobs)
         self._dev = device.encode() if device else None
         p.device = self._dev
         h = c_void_p()
@@ -676,9 +866,12 @@ class Connector(_Handle):
     def __init__(self, plan: Plan, host_bytes: int, policy: str = "lru", file_tier: Optional[FileTier] = None,
                  transfer_threads: int = 2, shm_path: Optional[str] = None, prefault: bool = True,
                  event_capacity: int = 4096) -> None:
+        need("plan", plan, Plan)
+        if file_tier is not None:
+            need("file_tier", file_tier, FileTier)
         p = lib.kvo_connector_default_params()
-        p.plan, p.host_bytes, p.policy, p.prefault = plan._h, host_bytes, _policy(policy), prefault
-        p.transfer_threads, p.event_capacity = transfer_threads, event_capacity
+        p.plan, p.policy, p.prefault = plan._h, _policy(policy), prefault
+        set_fields(p, host_bytes=host_bytes, transfer_threads=transfer_threads, event_capacity=event_capacity)
         self._shm = shm_path.encode() if shm_path else None
         p.shm_path = self._shm
         p.file_tier = file_tier._h if file_tier else None

@@ -63,8 +63,10 @@ class SharedArena:
         if not name or any(not (c.isalnum() or c in "-_.") for c in name):
             raise KvoError(L.KVO_EINVAL, f"shared arena name '{name}' must be letters, digits, '-', '_' or '.'",
                            "SharedArena")
+        L.check_int("expected", expected, 0, 0xFFFFFFFF)  # TypeError / OverflowError naming it
         if expected < 1:
             raise KvoError(L.KVO_EINVAL, f"shared arena '{name}': expected={expected} must be >= 1", "SharedArena")
+        L.check_int("data_bytes", data_bytes, 1, (1 << 64) - 1)
         self.path = os.path.join(directory, PREFIX + name)
         self.data_bytes = data_bytes
         self._arena: Optional[Arena] = Arena(data_bytes, shm_path=self.path, prefault=prefault,
