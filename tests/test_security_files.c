@@ -11,42 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "tiers/file_internal.h"
-
-static kvo_plan *make_plan(const char *name) {
-    kvo_model *m = NULL;
-    if (kvo_model_create(name, 16, &m)) FAILF("model: %s", kvo_last_error());
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "full");
-    g.tokens_per_block = 16;
-    g.layers = 2;
-    g.page_bytes = 4096;
-    if (kvo_model_add_group(m, &g)) FAILF("group: %s", kvo_last_error());
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 2;
-    kvo_plan *p = NULL;
-    if (kvo_plan_create(m, &pp, &p)) FAILF("plan: %s", kvo_last_error());
-    kvo_model_destroy(m);
-    return p;
-}
-
-static kvo_file_tier_params params(const char *root, const kvo_plan *plan) {
-    kvo_file_tier_params p = kvo_file_tier_default_params();
-    p.root = root;
-    p.plan = plan;
-    p.quota_bytes = 16ull << 20;
-    p.max_staging_bytes = 4ull << 20;
-    p.log_interval_s = 3600;
-    return p;
-}
-
-static char *subdir(const char *name) {
-    static char bufs[8][1024];
-    static int next;
-    char *buf = bufs[next++ % 8];
-    snprintf(buf, 1024, "%s/%s", kvo_test_tmpdir(), name);
-    return buf;
-}
+#include "file_tier_fixture.h"
 
 static unsigned mode_of(const char *path) {
     struct stat st;
@@ -57,19 +22,8 @@ static unsigned mode_of(const char *path) {
 /* Write one chunk and return its file's path (static buffer). */
 static const char *write_one(kvo_file_tier *t, const kvo_plan *plan, uint64_t i) {
     static char path[4096];
-    kvo_chunk_key k;
-    memset(&k, 0, sizeof k);
-    k.hash.lo = 0x1234 + i;
-    k.hash.hi = 0x5678 * (i + 1);
-    uint64_t cb = kvo_plan_group(plan, 0)->chunk_bytes;
-    unsigned char *buf = malloc(cb);
-    memset(buf, (int)(i + 1), cb);
-    const void *src = buf;
-    int r = 1;
-    ASSERT_OK(kvo_file_tier_write(t, &k, &src, 1, NULL, &r, NULL));
-    ASSERT_EQ_INT(r, 0);
-    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
-    free(buf);
+    kvo_chunk_key k = ftf_key(i, 0);
+    ftf_write_keys(t, plan, &k, 1);
     ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &k, path, sizeof path));
     return path;
 }
@@ -100,26 +54,26 @@ static void check_modes(const char *root, const kvo_plan *plan, const kvo_file_t
 }
 
 KVO_TEST(created_directories_0700_files_0600) {
-    kvo_plan *plan = make_plan("sec-files-private");
-    char *root = subdir("private/cache"); /* two levels made by the tier */
-    kvo_file_tier_params p = params(root, plan);
+    kvo_plan *plan = ftf_plan("sec-files-private", 4096, false);
+    char *root = ftf_subdir("private/cache"); /* two levels made by the tier */
+    kvo_file_tier_params p = ftf_params(root, plan);
     umask(0); /* whatever the umask lets through: the tier's own modes */
     check_modes(root, plan, &p, 0700, 0600);
-    ASSERT_EQ_U64(mode_of(subdir("private")), 0700);
+    ASSERT_EQ_U64(mode_of(ftf_subdir("private")), 0700);
     umask(022);
     kvo_plan_destroy(plan);
 }
 
 KVO_TEST(file_mode_shares_with_a_group) {
-    kvo_plan *plan = make_plan("sec-files-group");
-    char *root = subdir("group");
-    kvo_file_tier_params p = params(root, plan);
+    kvo_plan *plan = ftf_plan("sec-files-group", 4096, false);
+    char *root = ftf_subdir("group");
+    kvo_file_tier_params p = ftf_params(root, plan);
     p.file_mode = 0640;
     umask(0);
     check_modes(root, plan, &p, 0750, 0640);
     umask(022);
     p.file_mode = 0660;
-    char *root2 = subdir("group2");
+    char *root2 = ftf_subdir("group2");
     p.root = root2;
     umask(0);
     check_modes(root2, plan, &p, 0770, 0660);
@@ -128,8 +82,8 @@ KVO_TEST(file_mode_shares_with_a_group) {
 }
 
 KVO_TEST(file_mode_out_of_range_is_refused) {
-    kvo_plan *plan = make_plan("sec-files-badmode");
-    kvo_file_tier_params p = params(subdir("badmode"), plan);
+    kvo_plan *plan = ftf_plan("sec-files-badmode", 4096, false);
+    kvo_file_tier_params p = ftf_params(ftf_subdir("badmode"), plan);
     kvo_file_tier *t = NULL;
     unsigned bad[] = {01000 | 0600, 0200, 0400, 0755};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -142,9 +96,9 @@ KVO_TEST(file_mode_out_of_range_is_refused) {
 }
 
 KVO_TEST(symlinked_namespace_directory_is_refused) {
-    kvo_plan *plan = make_plan("sec-files-link");
-    char *root = subdir("link");
-    kvo_file_tier_params p = params(root, plan);
+    kvo_plan *plan = ftf_plan("sec-files-link", 4096, false);
+    char *root = ftf_subdir("link");
+    kvo_file_tier_params p = ftf_params(root, plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
     char ns[4096], elsewhere[4096];
@@ -165,7 +119,7 @@ KVO_TEST(symlinked_namespace_directory_is_refused) {
     ASSERT_CONTAINS(kvo_last_error(), ns);
     ASSERT_CONTAINS(kvo_last_error(), "symbolic link");
     /* a link as the root itself is the operator's choice and works */
-    char *root2 = subdir("link-root");
+    char *root2 = ftf_subdir("link-root");
     ASSERT_EQ_INT(symlink(root, root2), 0);
     ASSERT_EQ_INT(unlink(ns), 0);
     ASSERT_EQ_INT(rename(elsewhere, ns), 0);

@@ -226,6 +226,17 @@ static kvo_remote_tier_params fake_params(const kvo_plan *plan, const char *url)
     return p;
 }
 
+/* A tier on the fake (batch_max 0: the default). */
+static kvo_remote_tier *fake_tier(const fake *f, const kvo_plan *plan, uint32_t batch_max) {
+    char url[128];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
+    kvo_remote_tier_params p = fake_params(plan, url);
+    p.batch_max = batch_max;
+    kvo_remote_tier *t = NULL;
+    ASSERT_OK(kvo_remote_tier_create(&p, &t));
+    return t;
+}
+
 static void need_redis_build(void) {
 #if !KVO_HAVE_REDIS
     SKIP("built without hiredis");
@@ -283,11 +294,7 @@ KVO_TEST(trickled_get_reply_hits_its_deadline) {
     fake f = {.gap_ms = 50, .trickle_get = true, .get_reply = value};
     fake_start(&f);
     kvo_plan *plan = make_plan();
-    char url[128];
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f.port);
-    kvo_remote_tier_params p = fake_params(plan, url);
-    kvo_remote_tier *t = NULL;
-    ASSERT_OK(kvo_remote_tier_create(&p, &t));
+    kvo_remote_tier *t = fake_tier(&f, plan, 0);
     int r1 = get_one(t, plan, 1);
     kvo_remote_tier_stats s = stats(t);
     int gets_seen = atomic_load(&f.gets);
@@ -314,12 +321,7 @@ KVO_TEST(trickled_batch_hits_the_operation_deadline) {
     fake f = {.gap_ms = 40, .trickle_get = true};
     fake_start(&f);
     kvo_plan *plan = make_plan();
-    char url[128];
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f.port);
-    kvo_remote_tier_params p = fake_params(plan, url);
-    p.batch_max = 16;
-    kvo_remote_tier *t = NULL;
-    ASSERT_OK(kvo_remote_tier_create(&p, &t));
+    kvo_remote_tier *t = fake_tier(&f, plan, 16);
     enum { N = 16 };
     uint64_t cb = chunk_bytes(plan);
     unsigned char *bufs = malloc(N * cb);
@@ -482,11 +484,7 @@ KVO_TEST(wrongtype_is_corrupt_counted_deleted) {
     fake f = {.get_reply = "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"};
     fake_start(&f);
     kvo_plan *plan = make_plan();
-    char url[128];
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f.port);
-    kvo_remote_tier_params p = fake_params(plan, url);
-    kvo_remote_tier *t = NULL;
-    ASSERT_OK(kvo_remote_tier_create(&p, &t));
+    kvo_remote_tier *t = fake_tier(&f, plan, 0);
     int r = get_one(t, plan, 3);
     kvo_remote_tier_stats s = stats(t);
     kvo_remote_tier_destroy(t);
