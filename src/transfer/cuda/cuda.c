@@ -17,7 +17,15 @@
  * offset of their device-visible alias, under a reader-writer lock: workers
  * look up each slot (binary search, read lock held once per work unit);
  * pin/unpin take the write lock.  The ranges are few (one per arena), so the
- * insertion shift is cheap.
+ * insertion shift is cheap.  The registration behind them is process-wide
+ * (cudaHostRegister is, for portable memory) and counted over the contexts
+ * that pinned the range, so one arena serves several devices.
+ *
+ * Every function here that runs on a caller's thread and needs a device
+ * current brackets its CUDA calls with kvo__cuda_enter / kvo__cuda_leave:
+ * the caller's current device is never changed.  The job event pool (one
+ * cudaEvent_t per store in flight with a compute stream) grows on demand
+ * and lives as long as the context.
  */
 #include "transfer/cuda/cuda_internal.h"
 

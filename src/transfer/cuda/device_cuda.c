@@ -14,11 +14,14 @@
  *   1. resolves each slot to its pinned range (one read lock per unit),
  *   2. plans the pieces (cuda_plan.c: coalesce, kernel for many small pages,
  *      cudaMemcpyBatchAsync for several pieces, else cudaMemcpyAsync),
- *   3. enqueues them on the device's stream for the direction (with the
- *      compute-stream waits of kvo_cuda.h when one was passed),
+ *   3. enqueues them on the device's stream for the direction (a store first
+ *      waits on the GPU for the event job_submit recorded on the engine's
+ *      compute stream at submit; a refused cudaMemcpyBatchAsync falls back
+ *      to single copies, once and for good),
  *   4. records the worker's event after them and polls it (cudaEventQuery,
  *      spinning briefly, then yielding, then sleeping 20 us) until the
- *      copies have completed,
+ *      copies have completed or completion_timeout_ms passed
+ *      (KVO_ETIMEDOUT; the context is then marked hung),
  * and returns 0 or the KVO_E* code of the first failure.  The core posts the
  * job's result (the same completion, result ring and eventfd as the host
  * device) only after every unit returned, so a posted load is in device
@@ -29,6 +32,10 @@
  * unit: a failed job, never a crash.  Every worker shares the direction's
  * stream: while one waits for its event the others enqueue behind it, so the
  * copy engine stays busy with two or more workers.
+ *
+ * Threads: worker_init and worker_fini run on the thread creating or
+ * destroying the engine and put its current device back; unit_end runs on
+ * the worker's own thread and sets the device there once.
  */
 #include <sched.h>
 #include <time.h>
