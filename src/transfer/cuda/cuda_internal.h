@@ -3,10 +3,13 @@
  * only files under src/transfer/cuda/ include it.
  *
  * Layering (a file calls only the files below it; tools/check-layering.py):
- *   device_cuda.c   the transfer device (kvo__xfer_device_cuda)
+ *   device_cuda.c   the transfer device (kvo__xfer_device_cuda; in the
+ *                   shared library, its constructor attaches it)
  *   cuda.c          kvo_cuda_*: contexts per device, pinned ranges, events
  *   kernels.cu      the gather/scatter kernel
  *   cuda_plan.c     how one unit's copies are issued (no CUDA header)
+ *   cuda_shared.c   only in libkvoffload_cuda.so: the core functions the
+ *                   files above call, through libkvoffload.so's table
  */
 #ifndef KVO_TRANSFER_CUDA_INTERNAL_H
 #define KVO_TRANSFER_CUDA_INTERNAL_H
@@ -94,6 +97,8 @@ int kvo__cuda_stream_device(void *s);
  * error of kvo_xfer_device_attach prefixed with fn (cuda_shared.c). */
 #if KVO__CUDA_SHARED
 int kvo__cuda_attached(const char *fn);
+/* Attach ops to libkvoffload.so and take its core functions (at load). */
+void kvo__cuda_core_attach(const kvo__xfer_device_ops *ops);
 #else
 static inline int kvo__cuda_attached(const char *fn) {
     (void)fn;

@@ -5,8 +5,9 @@
  * the allocator, the struct_size check).  In a static build those are the
  * core's own; libkvoffload.so hides them, so this file defines them here
  * (hidden too) as calls through the table the core fills in
- * kvo_xfer_device_attach (src/transfer/device.h).  The attach runs from an
- * ELF constructor when the library is loaded (linked by a program, or
+ * kvo_xfer_device_attach (src/transfer/device.h).  The attach
+ * (kvo__cuda_core_attach) runs from an ELF constructor in device_cuda.c when
+ * the library is loaded (linked by a program, or
  * dlopen'ed by Python after libkvoffload.so, which the loader then finds by
  * its SONAME): from then on transfer engines find the device "cuda" by name
  * and every error lands in the core's kvo_last_error().
@@ -43,19 +44,24 @@ static int kvo__own_check(const char *fn, const char *type, size_t given, size_t
 static kvo__core_fns kvo__core = {kvo__own_verror, kvo__own_error_prefix, malloc, calloc, realloc, free,
                                   kvo__own_check};
 static int kvo__attach_rc = KVO_ESTATE;
+static const kvo__xfer_device_ops *kvo__attach_ops;
 
 static int kvo__cuda_attach_now(void) {
     kvo__core_fns fns;
-    int rc = kvo_xfer_device_attach(KVO__XFER_DEVICE_ABI, &kvo__xfer_device_cuda, sizeof kvo__xfer_device_cuda,
-                                    &fns, sizeof fns);
+    int rc = kvo_xfer_device_attach(KVO__XFER_DEVICE_ABI, kvo__attach_ops, sizeof *kvo__attach_ops, &fns,
+                                    sizeof fns);
     if (rc == 0) kvo__core = fns;
     return rc;
 }
 
-__attribute__((constructor)) static void kvo__cuda_attach(void) { kvo__attach_rc = kvo__cuda_attach_now(); }
+void kvo__cuda_core_attach(const kvo__xfer_device_ops *ops) {
+    kvo__attach_ops = ops;
+    __atomic_store_n(&kvo__attach_rc, kvo__cuda_attach_now(), __ATOMIC_RELEASE);
+}
 
 int kvo__cuda_attached(const char *fn) {
     if (__atomic_load_n(&kvo__attach_rc, __ATOMIC_ACQUIRE) == 0) return 0;
+    if (!kvo__attach_ops) return KVO_ESTATE; /* not loaded through its constructor: cannot happen */
     /* Again, on this thread: the core then sets kvo_last_error() to why it
      * refuses (or it accepts now, and the library works). */
     int rc = kvo__cuda_attach_now();

@@ -440,3 +440,8 @@ const kvo__xfer_device_ops kvo__xfer_device_cuda = {
     .unit_job = kvo__cuda_unit_job,
     .job_done = kvo__cuda_job_done,
 };
+
+#if KVO__CUDA_SHARED
+/* libkvoffload_cuda.so: make the device known to libkvoffload.so at load. */
+__attribute__((constructor)) static void kvo__cuda_load(void) { kvo__cuda_core_attach(&kvo__xfer_device_cuda); }
+#endif
