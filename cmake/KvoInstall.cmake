@@ -52,6 +52,11 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvoffloadConfigVersion.cm
 install(FILES ${PROJECT_BINARY_DIR}/kvoffloadConfig.cmake ${PROJECT_BINARY_DIR}/kvoffloadConfigVersion.cmake
         DESTINATION ${KVO_CMAKE_DIR})
 
+# The demo's bundled Mooncake sample: an installed `kvoffload demo` finds it
+# at <prefix>/share/kvoffload/data/ (next to the executable's ../share).
+install(FILES ${PROJECT_SOURCE_DIR}/data/mooncake_sample.jsonl ${PROJECT_SOURCE_DIR}/data/mooncake_sample.md
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/kvoffload/data)
+
 # --- the CUDA device (when built): libkvoffload_cuda.so, kvoffload-cuda.pc,
 # find_package(kvoffload COMPONENTS cuda) -> kvoffload::cuda.  Its own export
 # set, so that the core's package works where the CUDA part is absent.

@@ -19,7 +19,8 @@
  * max_trace_blocks blocks (a prefix, so sharing is kept).
  *
  * Without a trace, the same code runs on synthetic conversations: each turn
- * repeats the previous turn's blocks and appends new ones.
+ * repeats the previous turn's blocks and appends new ones, and conversations
+ * are interleaved so that a later turn finds its prefix in the tiers only.
  */
 #include <errno.h>
 #include <sys/stat.h>
@@ -127,27 +128,34 @@ static int kvo__parse_trace(const char *path, kvo__trace_rec **out, size_t *n_ou
     return 0;
 }
 
-/* Synthetic conversations: 6 turns each, 4 new blocks per turn on a shared
- * 8-block system prompt per conversation. */
+/* Synthetic conversations, built to exercise every tier under memory
+ * pressure: 3 turns each, 6 new blocks per turn on an 8-block system prompt
+ * of the conversation's own, and the conversations interleaved turn by turn
+ * (every conversation's turn 1, then every turn 2, ...).  Between two turns
+ * of one conversation all the others run, so its blocks have left the
+ * engine's cache (and, with enough conversations, the host tier) and must come
+ * back from the tiers: with consecutive turns the engine would reuse its own
+ * blocks and no tier would ever be read. */
 static int kvo__synthetic(size_t max_requests, kvo__trace_rec **out, size_t *n_out) {
-    size_t n = max_requests ? max_requests : 1, turns = 6;
+    size_t n = max_requests ? max_requests : 1, turns = 3;
+    size_t convs = (n + turns - 1) / turns;
     kvo__trace_rec *recs = calloc(n, sizeof *recs);
     if (!recs) return kvo__eng_error(KVO_ENOMEM, "workload: out of memory");
     uint64_t next_id = 1;
     for (size_t i = 0; i < n; i++) {
-        size_t conv = i / turns, turn = i % turns;
-        uint32_t nb = 8 + 4 * (uint32_t)(turn + 1);
+        size_t turn = i / convs;
+        uint32_t nb = 8 + 6 * (uint32_t)(turn + 1);
         kvo__trace_rec *r = &recs[i];
+        const kvo__trace_rec *prev = turn > 0 ? &recs[i - convs] : NULL; /* same conversation, previous turn */
         r->ids = malloc(nb * sizeof *r->ids);
         if (!r->ids) {
             kvo__recs_free(recs, i);
             return kvo__eng_error(KVO_ENOMEM, "workload: out of memory");
         }
         for (uint32_t b = 0; b < nb; b++) {
-            if (turn > 0 && b < recs[i - 1].n_ids) r->ids[b] = recs[i - 1].ids[b];
+            if (prev && b < prev->n_ids) r->ids[b] = prev->ids[b];
             else r->ids[b] = next_id++;
         }
-        (void)conv;
         r->n_ids = nb;
         r->input_len = (uint64_t)nb * 512 - 100;
         r->output_len = 8;

@@ -1,8 +1,9 @@
 /* Helpers of the remote-tier tests (test_tiers_remote*.c): the shared
  * cluster from env KVO_TEST_REDIS (skip without it), private clusters started
- * with tools/redis-cluster.sh and stopped at exit, a small plan, keys with
- * known bytes, and synchronous put/get/exists wrappers that bound every
- * wait and fail on wrong bytes. */
+ * with tools/redis-cluster.sh and stopped at exit, a small plan, and
+ * synchronous put/get/exists wrappers that bound every wait and fail on
+ * wrong bytes.  Plans, keys and their bytes are tests/file_tier_fixture.h's
+ * (shared with the file-tier tests). */
 #ifndef KVO_REMOTE_TEST_H
 #define KVO_REMOTE_TEST_H
 
@@ -15,7 +16,7 @@
 #include <xxhash.h>
 
 #include "kvoffload/kvo_remote_tier.h"
-#include "tiers/file_internal.h"
+#include "file_tier_fixture.h"
 
 #define CHUNK_PAGE 16384u /* 2 layers x 2 blocks x 16 KiB = 64 KiB chunks */
 
@@ -72,42 +73,10 @@ static inline int rcli(int port, const char *password, const char *args, char **
     return rc;
 }
 
-static inline kvo_plan *make_plan_named(const char *model) {
-    kvo_model *m = NULL;
-    if (kvo_model_create(model, 16, &m)) FAILF("model: %s", kvo_last_error());
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "full");
-    g.tokens_per_block = 16;
-    g.layers = 2;
-    g.page_bytes = CHUNK_PAGE;
-    if (kvo_model_add_group(m, &g)) FAILF("group: %s", kvo_last_error());
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 2;
-    kvo_plan *p = NULL;
-    if (kvo_plan_create(m, &pp, &p)) FAILF("plan: %s", kvo_last_error());
-    kvo_model_destroy(m);
-    return p;
-}
-
-static inline kvo_plan *make_plan(void) { return make_plan_named("remote-test"); }
+/* The remote tests' plan: one group of 64 KiB chunks (file_tier_fixture.h). */
+static inline kvo_plan *make_plan(void) { return ftf_plan("remote-test", CHUNK_PAGE, false); }
 
 static inline uint64_t chunk_bytes(const kvo_plan *p) { return kvo_plan_group(p, 0)->chunk_bytes; }
-
-static inline kvo_chunk_key key_n(uint64_t i) {
-    kvo_chunk_key k;
-    memset(&k, 0, sizeof k);
-    k.hash.lo = i * 0x9e3779b97f4a7c15ull + 12345;
-    k.hash.hi = ~i * 0xbf58476d1ce4e5b9ull;
-    return k;
-}
-
-static inline void fill_key(unsigned char *buf, uint64_t n, const kvo_chunk_key *k) {
-    uint64_t s = k->hash.lo ^ k->hash.hi;
-    for (uint64_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        buf[i] = (unsigned char)(s >> 56);
-    }
-}
 
 /* A key prefix unique to this test run (runs may share the cluster). */
 static inline const char *prefix(const char *test) {
@@ -131,15 +100,15 @@ static inline kvo_remote_tier *open_tier(int port, const kvo_plan *plan, const c
     return t;
 }
 
-/* Store keys first..first+n-1 (fill_key bytes), waiting for the queue when
+/* Store keys first..first+n-1 (ftf_fill bytes), waiting for the queue when
  * back-pressure drops one; flush.  Returns how many were queued. */
 static inline size_t put_range(kvo_remote_tier *t, const kvo_plan *plan, uint64_t first, size_t n) {
     uint64_t cb = chunk_bytes(plan);
     unsigned char *buf = malloc(cb);
     size_t queued = 0;
     for (size_t i = 0; i < n; i++) {
-        kvo_chunk_key k = key_n(first + i);
-        fill_key(buf, cb, &k);
+        kvo_chunk_key k = ftf_key(first + i, 0);
+        ftf_fill(buf, cb, &k);
         const void *src = buf;
         size_t q = 0;
         int r = 0;
@@ -162,7 +131,7 @@ static inline size_t get_range(kvo_remote_tier *t, const kvo_plan *plan, uint64_
     unsigned char *bufs = malloc(cb * n), *want = malloc(cb);
     size_t queued = 0, hits = 0;
     for (size_t i = 0; i < n; i++) {
-        kvo_chunk_key k = key_n(first + i);
+        kvo_chunk_key k = ftf_key(first + i, 0);
         void *dst = bufs + i * cb;
         uint64_t ud = i;
         int r = 0;
@@ -181,9 +150,9 @@ static inline size_t get_range(kvo_remote_tier *t, const kvo_plan *plan, uint64_
             ASSERT_LT_U64(c[j].user_data, n);
             if (results) results[c[j].user_data] = c[j].result;
             if (c[j].result == 0) {
-                kvo_chunk_key k = key_n(first + c[j].user_data);
+                kvo_chunk_key k = ftf_key(first + c[j].user_data, 0);
                 ASSERT_TRUE(kvo_chunk_key_eq(&k, &c[j].key));
-                fill_key(want, cb, &k);
+                ftf_fill(want, cb, &k);
                 ASSERT_MEM_EQ(bufs + c[j].user_data * cb, want, cb);
                 ASSERT_EQ_U64(c[j].bytes, cb);
                 hits++;

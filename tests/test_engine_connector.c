@@ -297,7 +297,7 @@ KVO_TEST(demo_command) {
 KVO_TEST(demo_json_and_usage) {
     char *out = NULL;
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' demo --requests 4 --max-blocks 8 --quiet --json --file-mib 0",
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' demo --requests 8 --max-blocks 8 --quiet --json --file-mib 0",
              KVO_SOURCE_DIR, KVO_CLI_PATH);
     int rc = kvo_test_run(cmd, &out);
     if (rc != 0) FAILF("demo --json exited %d: %s", rc, out ? out : "");
@@ -305,7 +305,7 @@ KVO_TEST(demo_json_and_usage) {
     json_t *o = json_loads(out, 0, &err);
     if (!o) FAILF("demo --json is not JSON (%s): %s", err.text, out);
     ASSERT_TRUE(json_is_true(json_object_get(o, "match")));
-    ASSERT_EQ_U64(json_integer_value(json_object_get(o, "requests")), 4);
+    ASSERT_EQ_U64(json_integer_value(json_object_get(o, "requests")), 8);
     ASSERT_NOT_NULL(json_object_get(json_object_get(o, "offload"), "ttft_p99_ms"));
     /* below 100 requests there is no p99 (it would be the maximum) */
     ASSERT_TRUE(json_is_null(json_object_get(json_object_get(o, "offload"), "ttft_p99_ms")));
@@ -313,14 +313,14 @@ KVO_TEST(demo_json_and_usage) {
     json_t *tt = json_object_get(json_object_get(o, "offload"), "ttft");
     json_int_t n_cold = json_integer_value(json_object_get(json_object_get(tt, "cold"), "n"));
     json_int_t n_warm = json_integer_value(json_object_get(json_object_get(tt, "warm"), "n"));
-    ASSERT_EQ_U64((uint64_t)(n_cold + n_warm), 4);
+    ASSERT_EQ_U64((uint64_t)(n_cold + n_warm), 8);
     ASSERT_TRUE(n_cold >= 1);
     ASSERT_TRUE(json_real_value(json_object_get(json_object_get(tt, "all"), "max_ms")) >=
                 json_real_value(json_object_get(json_object_get(tt, "all"), "p50_ms")));
     json_decref(o);
     free(out);
     snprintf(cmd, sizeof cmd,
-             "cd '%s' && '%s' demo --requests 4 --max-blocks 8 --quiet --json --host-mib 1 --file-mode back "
+             "cd '%s' && '%s' demo --requests 8 --max-blocks 8 --quiet --json --host-mib 1 --file-mode back "
              "--file-dir '%s'",
              KVO_SOURCE_DIR, KVO_CLI_PATH, kvo_test_tmpdir());
     rc = kvo_test_run(cmd, &out);

@@ -23,112 +23,7 @@
 
 #include <jansson.h>
 
-#include "tiers/file_internal.h"
-
-static kvo_plan *make_plan(const char *name, uint64_t page_bytes) {
-    kvo_model *m = NULL;
-    if (kvo_model_create(name, 16, &m)) FAILF("model: %s", kvo_last_error());
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "full");
-    g.tokens_per_block = 16;
-    g.layers = 2;
-    g.page_bytes = page_bytes;
-    if (kvo_model_add_group(m, &g)) FAILF("group: %s", kvo_last_error());
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 2;
-    kvo_plan *p = NULL;
-    if (kvo_plan_create(m, &pp, &p)) FAILF("plan: %s", kvo_last_error());
-    kvo_model_destroy(m);
-    return p;
-}
-
-static kvo_chunk_key key_n(uint64_t i) {
-    kvo_chunk_key k;
-    memset(&k, 0, sizeof k);
-    k.hash.lo = i * 0x9e3779b97f4a7c15ull + 4242;
-    k.hash.hi = ~i * 0xbf58476d1ce4e5b9ull;
-    return k;
-}
-
-static void fill_key(unsigned char *buf, uint64_t n, const kvo_chunk_key *k) {
-    uint64_t s = k->hash.lo;
-    for (uint64_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        buf[i] = (unsigned char)(s >> 56);
-    }
-}
-
-static kvo_file_tier_params params(const char *root, const kvo_plan *plan) {
-    kvo_file_tier_params p = kvo_file_tier_default_params();
-    p.root = root;
-    p.plan = plan;
-    p.quota_bytes = 64ull << 20;
-    p.max_staging_bytes = 8ull << 20;
-    p.log_interval_s = 3600;
-    return p;
-}
-
-static char *subdir(const char *name) {
-    static char bufs[8][1024];
-    static int next;
-    char *buf = bufs[next++ % 8];
-    snprintf(buf, 1024, "%s/%s", kvo_test_tmpdir(), name);
-    return buf;
-}
-
-/* Write n keys; returns how many were written (flushed). */
-static void write_keys(kvo_file_tier *t, const kvo_plan *plan, const kvo_chunk_key *keys, size_t n) {
-    const kvo_group_plan *g = kvo_plan_group(plan, 0);
-    unsigned char *buf = malloc(g->chunk_bytes);
-    for (size_t i = 0; i < n; i++) {
-        fill_key(buf, g->chunk_bytes, &keys[i]);
-        const void *src = buf;
-        int r = 1;
-        ASSERT_OK(kvo_file_tier_write(t, &keys[i], &src, 1, NULL, &r, NULL));
-        if (r == KVO_EAGAIN) {
-            ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
-            ASSERT_OK(kvo_file_tier_write(t, &keys[i], &src, 1, NULL, &r, NULL));
-        }
-        ASSERT_EQ_INT(r, 0);
-    }
-    free(buf);
-    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
-}
-
-/* Read one key; the completion's result (0: bytes checked, padding too). */
-static int read_key(kvo_file_tier *t, const kvo_plan *plan, const kvo_chunk_key *k) {
-    const kvo_group_plan *g = kvo_plan_group(plan, 0);
-    void *raw = NULL;
-    if (posix_memalign(&raw, 4096, g->slot_bytes)) FAILF("posix_memalign");
-    memset(raw, 0xee, g->slot_bytes);
-    void *d = raw;
-    int r = 1;
-    ASSERT_OK(kvo_file_tier_read(t, k, &d, 1, NULL, &r, NULL));
-    if (r != 0) {
-        free(raw);
-        return r;
-    }
-    kvo_file_completion c;
-    size_t got = 0;
-    for (int spin = 0; spin < 100 && !got; spin++) {
-        int w = kvo_file_tier_wait(t, KVO_MS(5000));
-        if (w && w != KVO_ETIMEDOUT) FAILF("wait: %s", kvo_last_error());
-        ASSERT_OK(kvo_file_tier_poll(t, &c, 1, &got));
-    }
-    ASSERT_EQ_U64(got, 1);
-    if (c.result == 0) {
-        unsigned char *want = malloc(g->chunk_bytes);
-        fill_key(want, g->chunk_bytes, k);
-        ASSERT_MEM_EQ(raw, want, g->chunk_bytes);
-        free(want);
-        const unsigned char *pad = (const unsigned char *)raw + g->chunk_bytes;
-        for (uint64_t i = 0; i < g->slot_bytes - g->chunk_bytes; i++)
-            if (pad[i]) FAILF("padding byte %llu is 0x%02x: a read returned non-zero padding",
-                              (unsigned long long)i, pad[i]);
-    }
-    free(raw);
-    return c.result;
-}
+#include "file_tier_fixture.h"
 
 static void key_path(kvo_file_tier *t, const kvo_chunk_key *k, char *out) {
     ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), k, out, KVO__FILE_PATH_MAX));
@@ -155,12 +50,12 @@ static bool exists(const char *path) {
 
 /* A tier with `n` keys written, destroyed; its namespace path into ns. */
 static kvo_plan *populate(const char *root, kvo_chunk_key *keys, size_t n, char *ns) {
-    kvo_plan *plan = make_plan("ft-faults", 5000);
-    kvo_file_tier_params p = params(root, plan);
+    kvo_plan *plan = ftf_plan("ft-faults", 5000, false);
+    kvo_file_tier_params p = ftf_params(root, plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    for (size_t i = 0; i < n; i++) keys[i] = key_n(i);
-    write_keys(t, plan, keys, n);
+    for (size_t i = 0; i < n; i++) keys[i] = ftf_key(i, 0);
+    ftf_write_keys(t, plan, keys, n);
     snprintf(ns, KVO__FILE_PATH_MAX, "%s", kvo_file_tier_dir(t));
     kvo_file_tier_destroy(t);
     return plan;
@@ -179,18 +74,18 @@ KVO_TEST(fifo_chunk_not_adopted_by_scan) {
     alarm(120);
     kvo_chunk_key keys[3];
     char ns[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX];
-    kvo_plan *plan = populate(subdir("fifo-scan"), keys, 3, ns);
+    kvo_plan *plan = populate(ftf_subdir("fifo-scan"), keys, 3, ns);
     ASSERT_OK(kvo_file_chunk_path(ns, &keys[0], path, sizeof path));
     ASSERT_EQ_INT(unlink(path), 0);
     ASSERT_EQ_INT(mkfifo(path, 0644), 0);
-    kvo_file_tier_params p = params(subdir("fifo-scan"), plan);
+    kvo_file_tier_params p = ftf_params(ftf_subdir("fifo-scan"), plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
     uint8_t st[3];
     ASSERT_OK(kvo_file_tier_lookup(t, keys, 3, st));
     ASSERT_EQ_INT(st[0], KVO_MISS); /* a FIFO is no chunk */
     ASSERT_EQ_INT(st[1], KVO_READY);
-    ASSERT_EQ_INT(read_key(t, plan, &keys[1]), 0);
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &keys[1], true), 0);
     kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.scanned_files, 2);
@@ -202,26 +97,20 @@ KVO_TEST(fifo_chunk_not_adopted_by_scan) {
 
 static void fifo_read(kvo_file_io_kind io) {
     alarm(120);
-    kvo_plan *plan = make_plan("ft-fifo-read", 5000);
-    kvo_file_tier_params p = params(subdir(io == KVO_FILE_IO_URING ? "fifo-read-u" : "fifo-read-t"), plan);
+    kvo_plan *plan = ftf_plan("ft-fifo-read", 5000, false);
+    kvo_file_tier_params p = ftf_params(ftf_subdir(io == KVO_FILE_IO_URING ? "fifo-read-u" : "fifo-read-t"), plan);
     p.io = io;
-    kvo_file_tier *t = NULL;
-    int rc = kvo_file_tier_create(&p, &t);
-    if (rc == KVO_ENOTSUP) {
-        kvo_plan_destroy(plan);
-        SKIP("%s", kvo_last_error());
-    }
-    ASSERT_OK(rc);
-    kvo_chunk_key keys[2] = {key_n(10), key_n(11)};
-    write_keys(t, plan, keys, 2);
+    kvo_file_tier *t = ftf_create_or_skip(&p, plan);
+    kvo_chunk_key keys[2] = {ftf_key(10, 0), ftf_key(11, 0)};
+    ftf_write_keys(t, plan, keys, 2);
     char path[KVO__FILE_PATH_MAX];
     key_path(t, &keys[0], path);
     ASSERT_EQ_INT(unlink(path), 0);
     ASSERT_EQ_INT(mkfifo(path, 0644), 0);
     /* the read completes (a miss), it does not block in open() */
-    ASSERT_EQ_INT(read_key(t, plan, &keys[0]), KVO_ECORRUPT);
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &keys[0], true), KVO_ECORRUPT);
     /* and later reads still work (the ring is not stalled) */
-    ASSERT_EQ_INT(read_key(t, plan, &keys[1]), 0);
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &keys[1], true), 0);
     uint8_t st;
     ASSERT_OK(kvo_file_tier_lookup(t, &keys[0], 1, &st));
     ASSERT_EQ_INT(st, KVO_MISS);
@@ -236,16 +125,16 @@ KVO_TEST(fifo_manifest_create_completes) {
     alarm(120);
     kvo_chunk_key keys[2];
     char ns[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate_man(subdir("fifo-man"), keys, 2, ns, man, sizeof man);
+    kvo_plan *plan = populate_man(ftf_subdir("fifo-man"), keys, 2, ns, man, sizeof man);
     ASSERT_EQ_INT(unlink(man), 0);
     ASSERT_EQ_INT(mkfifo(man, 0644), 0);
-    kvo_file_tier_params p = params(subdir("fifo-man"), plan);
+    kvo_file_tier_params p = ftf_params(ftf_subdir("fifo-man"), plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t)); /* rebuilt from the plan (item 7) */
     struct stat st;
     ASSERT_EQ_INT(stat(man, &st), 0);
     ASSERT_TRUE(S_ISREG(st.st_mode));
-    ASSERT_EQ_INT(read_key(t, plan, &keys[1]), 0);
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &keys[1], true), 0);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
     alarm(0);
@@ -254,7 +143,7 @@ KVO_TEST(fifo_manifest_create_completes) {
 KVO_TEST(fsck_fifo_completes) {
     kvo_chunk_key keys[3];
     char ns[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate_man(subdir("fsck-fifo"), keys, 3, ns, man, sizeof man);
+    kvo_plan *plan = populate_man(ftf_subdir("fsck-fifo"), keys, 3, ns, man, sizeof man);
     ASSERT_OK(kvo_file_chunk_path(ns, &keys[0], path, sizeof path));
     ASSERT_EQ_INT(unlink(path), 0);
     ASSERT_EQ_INT(mkfifo(path, 0644), 0);
@@ -278,7 +167,7 @@ KVO_TEST(fsck_fifo_completes) {
 KVO_TEST(fsck_repair_leaves_newer_version_alone) {
     kvo_chunk_key keys[3];
     char ns[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate_man(subdir("fsck-newer"), keys, 3, ns, man, sizeof man);
+    kvo_plan *plan = populate_man(ftf_subdir("fsck-newer"), keys, 3, ns, man, sizeof man);
     size_t len = 0;
     char *text = kvo_test_read_file(man, &len);
     ASSERT_NOT_NULL(text);
@@ -307,12 +196,12 @@ KVO_TEST(fsck_repair_leaves_newer_version_alone) {
 KVO_TEST(damaged_manifest_rebuilt_by_tier) {
     kvo_chunk_key keys[3];
     char ns[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate_man(subdir("man-dmg"), keys, 3, ns, man, sizeof man);
+    kvo_plan *plan = populate_man(ftf_subdir("man-dmg"), keys, 3, ns, man, sizeof man);
     write_text(man, "{\"format\": \"kvoffload-file\", \"format_vers");
-    kvo_file_tier_params p = params(subdir("man-dmg"), plan);
+    kvo_file_tier_params p = ftf_params(ftf_subdir("man-dmg"), plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    ASSERT_EQ_INT(read_key(t, plan, &keys[2]), 0); /* the data survived */
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &keys[2], true), 0); /* the data survived */
     kvo_file_tier_destroy(t);
     kvo_u128 fp;
     ASSERT_OK(kvo__file_manifest_read(ns, &fp, NULL, NULL, NULL));
@@ -323,7 +212,7 @@ KVO_TEST(damaged_manifest_rebuilt_by_tier) {
 KVO_TEST(fsck_damaged_manifest_reported_truthfully) {
     kvo_chunk_key keys[2];
     char ns[KVO__FILE_PATH_MAX], man[KVO__FILE_PATH_MAX + 32];
-    kvo_plan *plan = populate_man(subdir("fsck-dmg"), keys, 2, ns, man, sizeof man);
+    kvo_plan *plan = populate_man(ftf_subdir("fsck-dmg"), keys, 2, ns, man, sizeof man);
     write_text(man, "garbage");
     char args[KVO__FILE_PATH_MAX + 64], *out = NULL;
     snprintf(args, sizeof args, "fsck '%s' --repair", ns);
@@ -356,7 +245,7 @@ static long dead_pid(void) {
 KVO_TEST(stale_manifest_temp_removed) {
     kvo_chunk_key keys[1];
     char ns[KVO__FILE_PATH_MAX], old_tmp[KVO__FILE_PATH_MAX + 64], new_tmp[KVO__FILE_PATH_MAX + 96];
-    kvo_plan *plan = populate(subdir("man-tmp"), keys, 1, ns);
+    kvo_plan *plan = populate(ftf_subdir("man-tmp"), keys, 1, ns);
     /* the name older builds used (no host id: removed by the age rule) */
     snprintf(old_tmp, sizeof old_tmp, "%s/.tmp.manifest.%ld.0", ns, dead_pid());
     write_text(old_tmp, "{");
@@ -370,7 +259,7 @@ KVO_TEST(stale_manifest_temp_removed) {
     ASSERT_EQ_INT(cli(args, &out), 1);
     ASSERT_CONTAINS(out, "stale temporary");
     free(out);
-    kvo_file_tier_params p = params(subdir("man-tmp"), plan);
+    kvo_file_tier_params p = ftf_params(ftf_subdir("man-tmp"), plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
     kvo_file_tier_destroy(t);
@@ -382,12 +271,12 @@ KVO_TEST(stale_manifest_temp_removed) {
 /* ---- item 9: SIGXFSZ ------------------------------------------------------ */
 
 KVO_TEST(file_size_limit_drops_write) {
-    kvo_plan *plan = make_plan("ft-xfsz", 5000);
-    const char *root = subdir("xfsz");
+    kvo_plan *plan = ftf_plan("ft-xfsz", 5000, false);
+    const char *root = ftf_subdir("xfsz");
     pid_t c = fork();
     ASSERT_TRUE(c >= 0);
     if (c == 0) {
-        kvo_file_tier_params p = params(root, plan);
+        kvo_file_tier_params p = ftf_params(root, plan);
         p.io = KVO_FILE_IO_THREADS;
         kvo_file_tier *t = NULL;
         if (kvo_file_tier_create(&p, &t)) _exit(10);
@@ -396,7 +285,7 @@ KVO_TEST(file_size_limit_drops_write) {
         const kvo_group_plan *g = kvo_plan_group(plan, 0);
         unsigned char *buf = calloc(1, g->chunk_bytes);
         const void *src = buf;
-        kvo_chunk_key k = key_n(5);
+        kvo_chunk_key k = ftf_key(5, 0);
         int r = 1;
         if (kvo_file_tier_write(t, &k, &src, 1, NULL, &r, NULL) || r) _exit(12);
         if (kvo_file_tier_flush(t, KVO_MS(20000))) _exit(13);
@@ -420,24 +309,19 @@ static void *cap_calloc(size_t n, size_t s, void *ctx) { (void)ctx; return n * s
 static void *cap_realloc(void *p, size_t n, void *ctx) { (void)ctx; return n > (64u << 20) ? NULL : realloc(p, n); }
 static void cap_free(void *p, void *ctx) { (void)ctx; free(p); }
 
+static void claim_512mib(kvo__file_hdr *h) {
+    h->chunk_bytes = (512ull << 20) - 100;
+    h->slot_bytes = 512ull << 20;
+}
+
 KVO_TEST(inspect_huge_payload_claim_bounded) {
     kvo_chunk_key keys[1];
     char ns[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX];
-    kvo_plan *plan = populate(subdir("huge"), keys, 1, ns);
+    kvo_plan *plan = populate(ftf_subdir("huge"), keys, 1, ns);
     ASSERT_OK(kvo_file_chunk_path(ns, &keys[0], path, sizeof path));
     /* a valid header claiming 512 MiB, and a sparse file of that size */
-    unsigned char hb[4096];
-    int fd = open(path, O_RDWR);
-    ASSERT_TRUE(fd >= 0);
-    ASSERT_EQ_INT(pread(fd, hb, 4096, 0), 4096);
-    kvo__file_hdr h;
-    ASSERT_OK(kvo__file_hdr_decode(hb, 4096, &h));
-    h.chunk_bytes = (512ull << 20) - 100;
-    h.slot_bytes = 512ull << 20;
-    kvo__file_hdr_encode(&h, hb);
-    ASSERT_EQ_INT(pwrite(fd, hb, 4096, 0), 4096);
-    ASSERT_EQ_INT(ftruncate(fd, 4096 + (off_t)h.slot_bytes), 0);
-    close(fd);
+    ftf_patch_header(path, claim_512mib);
+    ASSERT_EQ_INT(truncate(path, 4096 + (off_t)(512ull << 20)), 0);
     kvo_allocator a = KVO_ALLOCATOR_INIT(cap_malloc, cap_calloc, cap_realloc, cap_free, NULL);
     ASSERT_OK(kvo_set_allocator(&a));
     kvo_file_chunk_info info;
@@ -456,21 +340,21 @@ KVO_TEST(inspect_huge_payload_claim_bounded) {
 
 KVO_TEST(unopenable_chunk_dropped_from_index) {
     alarm(120);
-    kvo_plan *plan = make_plan("ft-loop", 5000);
-    kvo_file_tier_params p = params(subdir("loop"), plan);
+    kvo_plan *plan = ftf_plan("ft-loop", 5000, false);
+    kvo_file_tier_params p = ftf_params(ftf_subdir("loop"), plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    kvo_chunk_key keys[2] = {key_n(20), key_n(21)};
-    write_keys(t, plan, keys, 2);
+    kvo_chunk_key keys[2] = {ftf_key(20, 0), ftf_key(21, 0)};
+    ftf_write_keys(t, plan, keys, 2);
     char path[KVO__FILE_PATH_MAX];
     key_path(t, &keys[0], path);
     ASSERT_EQ_INT(unlink(path), 0);
     ASSERT_EQ_INT(symlink(path, path), 0); /* ELOOP for everyone, root too */
-    ASSERT_NE_INT(read_key(t, plan, &keys[0]), 0);
+    ASSERT_NE_INT(ftf_read_key(t, plan, &keys[0], true), 0);
     uint8_t st;
     ASSERT_OK(kvo_file_tier_lookup(t, &keys[0], 1, &st));
     ASSERT_EQ_INT(st, KVO_MISS);
-    ASSERT_EQ_INT(read_key(t, plan, &keys[1]), 0);
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &keys[1], true), 0);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
     alarm(0);
@@ -484,15 +368,9 @@ static int count_visit(const kvo_file_walk_entry *e, void *ctx) {
 }
 
 KVO_TEST(restart_on_full_disk_keeps_files) {
-    if (geteuid() != 0) SKIP("needs root to mount a small tmpfs");
-    kvo_plan *plan = make_plan("ft-full", 5000);
-    const char *mnt = subdir("full-mnt");
-    ASSERT_EQ_INT(mkdir(mnt, 0755), 0);
-    if (mount("tmpfs", mnt, "tmpfs", 0, "size=4m") != 0) {
-        kvo_plan_destroy(plan);
-        SKIP("cannot mount a tmpfs here: %s", strerror(errno));
-    }
-    kvo_file_tier_params p = params(mnt, plan);
+    kvo_plan *plan = ftf_plan("ft-full", 5000, false);
+    const char *mnt = ftf_small_tmpfs("full-mnt", "4m", plan);
+    kvo_file_tier_params p = ftf_params(mnt, plan);
     p.direct = KVO_FILE_DIRECT_OFF;
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
@@ -504,18 +382,10 @@ KVO_TEST(restart_on_full_disk_keeps_files) {
     const kvo_group_plan *g = kvo_plan_group(plan, 0);
     size_t n = (size_t)(s.quota_bytes / g->slot_bytes);
     kvo_chunk_key *keys = calloc(n, sizeof *keys);
-    for (size_t i = 0; i < n; i++) keys[i] = key_n(1000 + i);
-    write_keys(t, plan, keys, n);
+    for (size_t i = 0; i < n; i++) keys[i] = ftf_key(1000 + i, 0);
+    ftf_write_keys(t, plan, keys, n);
     kvo_file_tier_destroy(t);
-    char ballast[1100];
-    snprintf(ballast, sizeof ballast, "%s/ballast", mnt);
-    int fd = open(ballast, O_WRONLY | O_CREAT, 0644);
-    ASSERT_TRUE(fd >= 0);
-    char *junk = calloc(1, 4096);
-    while (write(fd, junk, 4096) == 4096) {
-    }
-    close(fd);
-    free(junk);
+    ftf_fill_disk(mnt);
     size_t before = 0, after = 0;
     ASSERT_OK(kvo_file_walk(ns, 0, count_visit, &before));
     ASSERT_GT_U64(before, 20);
@@ -533,14 +403,14 @@ KVO_TEST(restart_on_full_disk_keeps_files) {
 /* ---- item 13: padding ----------------------------------------------------- */
 
 KVO_TEST(padding_flip_not_returned) {
-    kvo_plan *plan = make_plan("ft-pad", 5000);
+    kvo_plan *plan = ftf_plan("ft-pad", 5000, false);
     const kvo_group_plan *g = kvo_plan_group(plan, 0);
     ASSERT_GT_U64(g->slot_bytes, g->chunk_bytes); /* the plan has padding */
-    kvo_file_tier_params p = params(subdir("pad"), plan);
+    kvo_file_tier_params p = ftf_params(ftf_subdir("pad"), plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    kvo_chunk_key k = key_n(30);
-    write_keys(t, plan, &k, 1);
+    kvo_chunk_key k = ftf_key(30, 0);
+    ftf_write_keys(t, plan, &k, 1);
     char path[KVO__FILE_PATH_MAX];
     key_path(t, &k, path);
     int fd = open(path, O_RDWR);
@@ -549,7 +419,7 @@ KVO_TEST(padding_flip_not_returned) {
     ASSERT_EQ_INT(pwrite(fd, &b, 1, (off_t)(4096 + g->chunk_bytes + 3)), 1);
     close(fd);
     ASSERT_ERR(kvo_file_verify(path, plan, NULL, NULL), KVO_ECORRUPT);
-    ASSERT_EQ_INT(read_key(t, plan, &k), KVO_ECORRUPT);
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &k, true), KVO_ECORRUPT);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
@@ -572,8 +442,8 @@ static void replace_field(const char *man, const char *field, const char *value)
 }
 
 KVO_TEST(manifest_parse_strict) {
-    kvo_plan *plan = make_plan("ft-strict", 5000);
-    kvo_file_tier_params p = params(subdir("strict"), plan);
+    kvo_plan *plan = ftf_plan("ft-strict", 5000, false);
+    kvo_file_tier_params p = ftf_params(ftf_subdir("strict"), plan);
     p.layout_hash = 0x1234abcd5678ef00ull;
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));

@@ -52,7 +52,7 @@ KVO_TEST(roundtrip) {
     ASSERT_EQ_U64(s.staging_bytes, 0);
     int res[40];
     ASSERT_EQ_U64(get_range(t, plan, 0, 40, res), 40);
-    kvo_chunk_key k0 = key_n(0), kx = key_n(1000);
+    kvo_chunk_key k0 = ftf_key(0, 0), kx = ftf_key(1000, 0);
     ASSERT_EQ_INT(exists_one(t, &k0), 0);
     ASSERT_EQ_INT(exists_one(t, &kx), KVO_ENOTFOUND);
     ASSERT_EQ_U64(get_range(t, plan, 1000, 3, res), 0);
@@ -78,7 +78,7 @@ KVO_TEST(roundtrip) {
     }
     ASSERT_EQ_INT(kvo_remote_tier_wait(t, -1), KVO_ENOTFOUND); /* nothing in flight */
     /* a bad key and NULL destinations are refused, nothing queued */
-    kvo_chunk_key bad = key_n(1);
+    kvo_chunk_key bad = ftf_key(1, 0);
     bad.group = 7;
     int r = 0;
     void *nul = NULL;
@@ -102,7 +102,7 @@ KVO_TEST(slot_routing) {
     uint32_t ours[64];
     for (int i = 0; i < 64; i++) {
         char name[160];
-        kvo_chunk_key k = key_n((uint64_t)i);
+        kvo_chunk_key k = ftf_key((uint64_t)i, 0);
         ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
         ours[i] = kvo_remote_key_slot(name, strlen(name));
         fprintf(f, "CLUSTER KEYSLOT %s\n", name);
@@ -137,7 +137,7 @@ KVO_TEST(slot_routing) {
         int held = 0;
         for (int i = 0; i < 64; i++) {
             char name[160], args[256], *o = NULL;
-            kvo_chunk_key k = key_n((uint64_t)i);
+            kvo_chunk_key k = ftf_key((uint64_t)i, 0);
             ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
             snprintf(args, sizeof args, "exists %s", name);
             rcli(port + n, NULL, args, &o);
@@ -163,7 +163,7 @@ KVO_TEST(corrupt_value) {
     ASSERT_EQ_U64(put_range(t, plan, 0, nd), nd);
     for (size_t i = 0; i < nd; i++) {
         char name[160], args[400];
-        kvo_chunk_key k = key_n(i);
+        kvo_chunk_key k = ftf_key(i, 0);
         ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
         snprintf(args, sizeof args, damage[i], name);
         char full[450];
@@ -175,7 +175,7 @@ KVO_TEST(corrupt_value) {
     for (size_t i = 0; i < nd; i++) ASSERT_EQ_INT(res[i], KVO_ECORRUPT);
     ASSERT_EQ_U64(stats(t).corrupt_deleted, nd);
     for (size_t i = 0; i < nd; i++) {
-        kvo_chunk_key k = key_n(i);
+        kvo_chunk_key k = ftf_key(i, 0);
         ASSERT_EQ_INT(exists_one(t, &k), KVO_ENOTFOUND); /* deleted */
     }
     /* stored again: a hit */
@@ -185,15 +185,15 @@ KVO_TEST(corrupt_value) {
      * key's header, another layout hash, another plan (fingerprint) */
     uint64_t cb = chunk_bytes(plan);
     unsigned char *val = malloc(KVO_REMOTE_HEADER_BYTES + cb);
-    kvo_chunk_key k0 = key_n(0), k1 = key_n(1);
-    kvo_plan *other = make_plan_named("remote-test-other"); /* same geometry, other fingerprint */
+    kvo_chunk_key k0 = ftf_key(0, 0), k1 = ftf_key(1, 0);
+    kvo_plan *other = ftf_plan("remote-test-other", CHUNK_PAGE, false); /* same geometry, other fingerprint */
     char name[160], path[600], cmd[1200];
     ASSERT_OK(kvo_remote_tier_key_name(t, &k0, name, sizeof name));
     snprintf(path, sizeof path, "%s/value.bin", kvo_test_tmpdir());
     for (int v = 0; v < 3; v++) {
         const kvo_plan *wp = v == 2 ? other : plan;
         kvo__file_hdr h;
-        fill_key(val + KVO_REMOTE_HEADER_BYTES, cb, &k0);
+        ftf_fill(val + KVO_REMOTE_HEADER_BYTES, cb, &k0);
         uint64_t sum = XXH3_64bits(val + KVO_REMOTE_HEADER_BYTES, cb);
         kvo__file_hdr_init(&h, wp, v == 1 ? 0x1234 : 0, kvo_plan_group(wp, 0), v == 0 ? &k1 : &k0, sum);
         kvo__file_hdr_encode(&h, val);
@@ -240,7 +240,7 @@ KVO_TEST(backpressure) {
     const void *srcs[N];
     int res[N];
     for (int i = 0; i < N; i++) {
-        keys[i] = key_n((uint64_t)i);
+        keys[i] = ftf_key((uint64_t)i, 0);
         srcs[i] = buf;
     }
     size_t q = 0;
@@ -322,7 +322,7 @@ KVO_TEST(ttl) {
         ASSERT_EQ_U64(put_range(t, plan, 0, 4), 4);
         for (int i = 0; i < 4; i++) {
             char name[160], args[256], *o = NULL;
-            kvo_chunk_key k = key_n((uint64_t)i);
+            kvo_chunk_key k = ftf_key((uint64_t)i, 0);
             ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
             snprintf(args, sizeof args, "-c ttl %s", name);
             ASSERT_EQ_INT(rcli(port, NULL, args, &o), 0);

@@ -17,7 +17,7 @@ KVO_TEST(ask_moved) {
     kvo_plan *plan = make_plan();
     kvo_remote_tier *t = open_tier(base, plan, "ask", NULL);
     ASSERT_EQ_U64(put_range(t, plan, 0, 1), 1);
-    kvo_chunk_key k1 = key_n(0);
+    kvo_chunk_key k1 = ftf_key(0, 0);
     char n1[160];
     ASSERT_OK(kvo_remote_tier_key_name(t, &k1, n1, sizeof n1));
     uint32_t slot = kvo_remote_key_slot(n1, strlen(n1));
@@ -36,7 +36,7 @@ KVO_TEST(ask_moved) {
     uint64_t i2 = 1;
     char n2[160];
     for (;; i2++) {
-        kvo_chunk_key k = key_n(i2);
+        kvo_chunk_key k = ftf_key(i2, 0);
         ASSERT_OK(kvo_remote_tier_key_name(t, &k, n2, sizeof n2));
         if (kvo_remote_key_slot(n2, strlen(n2)) == slot) break;
         ASSERT_LT_U64(i2, 10000000);
@@ -126,8 +126,8 @@ static void *traffic_main(void *arg) {
     unsigned char *bufs = malloc(cb * 16), *want = malloc(cb);
     while (bufs && want && !atomic_load(&tr->stop)) {
         for (int i = 0; i < 8; i++) { /* stores of new keys; drops are fine */
-            kvo_chunk_key k = key_n(tr->next_key++);
-            fill_key(want, cb, &k);
+            kvo_chunk_key k = ftf_key(tr->next_key++, 0);
+            ftf_fill(want, cb, &k);
             const void *src = want;
             kvo_remote_tier_put(tr->t, &k, &src, 1, NULL, NULL, NULL);
         }
@@ -137,7 +137,7 @@ static void *traffic_main(void *arg) {
         size_t q = 0;
         uint64_t r0 = atomic_load(&tr->rounds);
         for (int i = 0; i < 16; i++) {
-            keys[i] = key_n((r0 * 16 + (uint64_t)i) % 100);
+            keys[i] = ftf_key((r0 * 16 + (uint64_t)i) % 100, 0);
             dsts[i] = bufs + (uint64_t)i * cb;
             uds[i] = (uint64_t)i;
         }
@@ -155,7 +155,7 @@ static void *traffic_main(void *arg) {
                     atomic_fetch_add(&tr->misses, 1);
                     continue;
                 }
-                fill_key(want, cb, &keys[c[j].user_data]);
+                ftf_fill(want, cb, &keys[c[j].user_data]);
                 if (memcmp(want, bufs + c[j].user_data * cb, cb) != 0) atomic_fetch_add(&tr->wrong, 1);
                 else atomic_fetch_add(&tr->hits, 1);
             }
@@ -309,7 +309,7 @@ KVO_TEST(cluster_down) {
     ASSERT_EQ_U64(s.dropped_io, 20);
     ASSERT_EQ_U64(s.read_errors, 20);
     ASSERT_GT_U64(s.nodes_down, 0);
-    kvo_chunk_key k = key_n(0);
+    kvo_chunk_key k = ftf_key(0, 0);
     ASSERT_EQ_INT(exists_one(t, &k), KVO_EIO);
     kvo_remote_tier_destroy(t); /* returns: nothing waits on the dead nodes */
     kvo_remote_tier_params p = kvo_remote_tier_default_params();

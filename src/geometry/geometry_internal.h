@@ -1,4 +1,16 @@
-/* Internal layout of the geometry objects. */
+/*
+ * Internal layout of the geometry objects, shared by the geometry files.
+ *
+ * Layering (a file calls kvo_/kvo__ functions only of the files below it;
+ * tools/check-layering.py fails on a cycle):
+ *   model_open.c   top: kvo_model_open, "a preset name or a path" ->
+ *                  presets.c or model_json.c
+ *   plan.c         the chunk plan and its fingerprint -> model.c
+ *   presets.c      the built-in geometries (JSON text) -> model_json.c
+ *   model_json.c   kvoffload-model/1 and HF config.json parsing, to_json
+ *                  -> model.c
+ *   model.c        leaf: the model object, group validation, accessors
+ */
 #ifndef KVO_GEOMETRY_INTERNAL_H
 #define KVO_GEOMETRY_INTERNAL_H
 

@@ -9,7 +9,6 @@
  * plan.
  */
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "geometry/geometry_internal.h"
 
@@ -107,17 +106,4 @@ int kvo_model_find_group(const kvo_model *m, const char *name) {
     for (size_t i = 0; i < m->n_groups; i++)
         if (strcmp(m->groups[i].name, name) == 0) return (int)i;
     return kvo__error(KVO_ENOTFOUND, "model '%s' has no group named '%s'", m->name, name);
-}
-
-int kvo_model_open(const char *preset_or_path, kvo_model **out) {
-    if (!preset_or_path || !out) return kvo__error(KVO_EINVAL, "kvo_model_open: NULL argument");
-    for (size_t i = 0; i < kvo_model_preset_count(); i++)
-        if (strcmp(kvo_model_preset_name(i), preset_or_path) == 0)
-            return kvo_model_preset(preset_or_path, out);
-    size_t n = strlen(preset_or_path);
-    if (access(preset_or_path, F_OK) == 0 || strchr(preset_or_path, '/') ||
-        (n > 5 && strcmp(preset_or_path + n - 5, ".json") == 0))
-        return kvo_model_load_file(preset_or_path, out);
-    int rc = kvo_model_preset(preset_or_path, out); /* sets the "presets: ..." message */
-    return kvo__error_prefix(rc, "'%s' is neither a preset nor an existing file", preset_or_path);
 }

@@ -1,16 +1,36 @@
 /*
  * File tier internals shared by its source files (one job each):
- *   file_format.c   names, header, verification, manifest (the format)
  *   file_tier.c     the public API: params, create/destroy, write, read,
- *                   lookup, completions, stats; logging
- *   file_ops.c      the phases of one operation (begin, I/O, end, verdict)
- *   file_workers.c  op free list, queues, completion ring, worker threads
- *   file_quota.c    the quota index: reserve, adopt, evict, recycling
- *   file_probe.c    create-time probes: O_DIRECT, O_TMPFILE, quota clamp
+ *                   lookup, completions, stats
  *   file_scan.c     the namespace walker (kvo_file_walk) and startup scan
+ *   file_workers.c  the backends: worker threads, starting/stopping the ring
  *   uring/file_uring.c  the io_uring read backend
+ *   file_ops.c      the phases of one operation (begin, I/O, end, verdict)
+ *   file_queue.c    op free list, queues, completion ring, kvo__fop_finish
+ *   file_quota.c    the quota index: reserve, adopt, evict, recycling
+ *   file_common.c   the key's path and group, the rate-limited log
+ *   file_probe.c    create-time probes: O_DIRECT, O_TMPFILE, quota clamp;
+ *                   host id and process nonce
+ *   file_format.c   names, header, verification, manifest (the format)
+ *   file_pin.c, file_testing.c  pins; the test hooks
  * The struct and the lock rule are below; each file's essay says what it
  * owns.
+ *
+ * Layering: a file calls kvo_/kvo__ functions only of the files below it
+ * (uring/ counts as one of this folder's files; tools/check-layering.py
+ * fails on a cycle).  Nothing calls up: an op's phases leave the outcome in
+ * op->result for the backend to hand back, and the queue wakes the ring
+ * through a function pointer (t->ring_kick).
+ *   file_tier.c        top -> everything below
+ *   file_scan.c        -> file_quota, file_common, file_probe, file_format
+ *   file_workers.c     -> uring/file_uring, file_ops, file_queue
+ *   uring/file_uring.c -> file_ops, file_queue
+ *   file_ops.c         -> file_quota, file_common, file_format, file_testing
+ *   file_queue.c       leaf (the stores only)
+ *   file_quota.c       -> file_common, file_format
+ *   file_common.c      -> file_format
+ *   file_format.c      -> file_probe
+ *   file_probe.c, file_pin.c, file_testing.c, arena.c  leaves
  */
 #ifndef KVO_TIERS_FILE_INTERNAL_H
 #define KVO_TIERS_FILE_INTERNAL_H
@@ -141,19 +161,17 @@ typedef struct kvo__file_backend kvo__file_backend;
  *          kvo__fop_read_verdict).
  *   the backend moves op->io_bytes with preadv/pwritev on op->fd at offset 0
  *   end:   given the I/O outcome (bytes moved or -errno), verify/rename/close
- *          and hand the op back to the tier (completion, index, stats). */
+ *          and set op->result.
+ * After end (or the verdict, or run_sync) the backend hands the op back
+ * with kvo__fop_finish (completion, index, stats). */
 int kvo__fop_begin(kvo_file_tier *t, kvo__fop *op);
 void kvo__fop_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res);
 void kvo__fop_read_verdict(kvo_file_tier *t, kvo__fop *op, int rc);
 /* Finish remaining bytes synchronously from `done` on: total or -errno. */
 int64_t kvo__fop_io_continue(kvo__fop *op, uint64_t done);
-/* Run the whole op synchronously (threads backend; uring fallback). */
+/* Run the whole op synchronously (threads backend; uring fallback); the
+ * caller then calls kvo__fop_finish. */
 void kvo__fop_run_sync(kvo_file_tier *t, kvo__fop *op);
-/* Take the next queued op of the given kinds (a mask of KVO__FOP_READ and
- * KVO__FOP_WRITE; reads first); blocks while none and the tier is open; NULL
- * when shutting down with nothing queued.  With wait=false returns NULL at
- * once when nothing is queued. */
-kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds);
 
 /* The tier object.  Locking (the rule every file_*.c follows): one mutex,
  * mu, guards the queues, the free list, the recycling pool, counters (st,
@@ -202,6 +220,7 @@ struct kvo_file_tier {
     pthread_t *threads;
     uint32_t n_threads;
     void *uring_state;
+    void (*ring_kick)(void *uring_state); /* wakes the ring (set with uring) */
 
     /* Recycling: files of evicted chunks, renamed to temporary names, are
      * overwritten in place by later writes of the same size (no inode or
@@ -218,7 +237,7 @@ struct kvo_file_tier {
     uint64_t suppressed[KVO__FLOG_KINDS];
 };
 
-/* --- small helpers (file_tier.c) --- */
+/* --- small helpers (file_common.c) --- */
 /* A rate-limited log line (kvo__log: the kvo_set_log sink, stderr by default; at most one per log_interval_s per kind). */
 void kvo__file_log(kvo_file_tier *t, int kind, const char *fmt, ...) KVO__PRINTF(3, 4);
 /* The key's file path under the namespace (out: KVO__FILE_PATH_MAX bytes). */
@@ -249,7 +268,7 @@ bool kvo__file_recycled_take(kvo_file_tier *t, uint64_t file_bytes, char *out, s
 /* Shared mode: does a complete-looking file for k exist? */
 bool kvo__file_probe_key(kvo_file_tier *t, const kvo_chunk_key *k, const kvo_group_plan *g);
 
-/* --- queues, completions, workers (file_workers.c) --- */
+/* --- ops, queues, completions (file_queue.c) --- */
 /* An op from the free list or the heap (hdr 4096-aligned); NULL: no memory. */
 kvo__fop *kvo__fop_get(kvo_file_tier *t);
 /* Fill in an op's request and queue it; KVO_ENOMEM (no message, op freed)
@@ -258,6 +277,15 @@ int kvo__fop_enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_ch
                      uint64_t user_data, bool report);
 /* Hand a finished op back: index, stats, staging, completion, free list. */
 void kvo__fop_finish(kvo_file_tier *t, kvo__fop *op);
+/* Take the next queued op of the given kinds (a mask of KVO__FOP_READ and
+ * KVO__FOP_WRITE; reads first); blocks while none and the tier is open; NULL
+ * when shutting down with nothing queued.  With wait=false returns NULL at
+ * once when nothing is queued. */
+kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds);
+/* True once destroy began and no read is queued (ring exit condition). */
+bool kvo__file_tier_closing(kvo_file_tier *t);
+
+/* --- backends (file_workers.c) --- */
 /* Start the I/O backends (ring, then threads); KVO_E* with a message. */
 int kvo__file_workers_start(kvo_file_tier *t);
 /* Cancel queued reads, stop the ring and join the threads. */
@@ -303,9 +331,6 @@ extern atomic_int kvo__file_test_no_tmpfile;
 /* Test hook: microseconds each file write sleeps before its data (a slow
  * disk, for the latency back-pressure test). */
 extern atomic_int kvo__file_test_write_delay_us;
-
-/* True once destroy began and no read is queued (ring exit condition). */
-bool kvo__file_tier_closing(kvo_file_tier *t);
 
 #if KVO_HAVE_URING
 /* io_uring backend: probe at create.  0 or KVO_ENOTSUP (message says why). */

@@ -21,11 +21,16 @@
  *    the path still names the inode that was read (another process may have
  *    replaced it with a good one), logged, and reported as KVO_ECORRUPT.
  *
- * Lock rules: nothing here holds mu during I/O; the only locked steps are in
- * kvo__fop_finish, kvo__file_recycled_take and kvo__file_log, each short.
+ * A leaf below both backends: end, the verdict and run_sync leave the
+ * outcome in op->result with the descriptor closed and return; the backend
+ * that ran the op then hands it back (kvo__fop_finish, file_queue.c).  It
+ * calls file_quota.c (recycled files), file_format.c and file_common.c only.
  *
- * Invariants: every op that begins is handed back exactly once (end or
- * verdict -> kvo__fop_finish) with its descriptor closed; a reader never
+ * Lock rules: nothing here holds mu during I/O; the only locked steps are in
+ * kvo__file_recycled_take and kvo__file_log, each short.
+ *
+ * Invariants: every op that begins ends exactly once (end or verdict, then
+ * its backend's kvo__fop_finish) with its descriptor closed; a reader never
  * sees a partial file under a chunk name (the name appears only by link or
  * rename of a complete file).
  */
@@ -186,7 +191,7 @@ static int errno_to_result(int e) {
     return (e == ENOSPC || e == EDQUOT || e == EFBIG) ? KVO_ENOSPC : KVO_EIO;
 }
 
-/* A read's verdict: remove a bad file, close, hand back. */
+/* A read's verdict: remove a bad file, close, set the result. */
 void kvo__fop_read_verdict(kvo_file_tier *t, kvo__fop *op, int rc) {
     if (rc == KVO_ECORRUPT && op->unreadable) {
         /* not a regular file (FIFO, directory, symbolic link: the tier
@@ -212,12 +217,11 @@ void kvo__fop_read_verdict(kvo_file_tier *t, kvo__fop *op, int rc) {
     if (op->fd >= 0) close(op->fd);
     op->fd = -1;
     op->result = rc;
-    kvo__fop_finish(t, op);
 }
 
 /* End a write: the I/O outcome, optional fdatasync, link or rename into
  * place, optional directory fsync; a failure removes the temporary file and
- * is logged.  Hands the op back. */
+ * is logged.  Sets op->result. */
 static void write_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
     int e = 0;
     if (io_res < 0) e = (int)-io_res;
@@ -252,11 +256,10 @@ static void write_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
     } else {
         op->result = 0;
     }
-    kvo__fop_finish(t, op);
 }
 
 /* End a read: the I/O outcome, then header, key, fingerprint, geometry,
- * layout and payload checksum; the verdict hands the op back. */
+ * layout and payload checksum; then the verdict. */
 static void read_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res, const kvo_group_plan *g) {
     int rc = 0;
     if (io_res < 0) {

@@ -4,12 +4,13 @@
  * docs/file-format.md).  This file owns the parameters, create/destroy (as
  * phases: check, allocate, open the namespace, build the index, start the
  * workers), the write and read entry points, lookup/touch/remove,
- * completions (poll, wait, flush), stats and the rate-limited log.  The
- * other pieces, one job per file (see file_internal.h for the list):
+ * completions (poll, wait, flush) and stats.  It is the top of the file
+ * tier: the other pieces, one job per file, never call up into it (see
+ * file_internal.h for the list and the layering):
  * file_ops.c runs one operation, file_workers.c queues and completes them,
  * file_quota.c keeps the quota index and recycles evicted files,
  * file_probe.c decides what the file system can do, file_scan.c walks the
- * namespace at startup.
+ * namespace at startup, file_common.c has the key path and the log.
  *
  * Pieces seen from here
  *  - Index and quota: a kvo_store whose capacity is the byte quota.  Its
@@ -89,41 +90,6 @@ kvo_file_tier_params kvo_file_tier_default_params(void) {
     p.scan = true;
     p.log_interval_s = 10;
     return p;
-}
-
-/* ---------------------------------------------------------- logging -- */
-
-void kvo__file_log(kvo_file_tier *t, int kind, const char *fmt, ...) {
-    uint64_t now = kvo__now_ns(), interval = (uint64_t)t->p.log_interval_s * 1000000000u, suppressed;
-    pthread_mutex_lock(&t->mu);
-    if (t->last_log_ns[kind] && now - t->last_log_ns[kind] < interval) {
-        t->suppressed[kind]++;
-        pthread_mutex_unlock(&t->mu);
-        return;
-    }
-    t->last_log_ns[kind] = now;
-    suppressed = t->suppressed[kind];
-    t->suppressed[kind] = 0;
-    pthread_mutex_unlock(&t->mu);
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (suppressed)
-        kvo__log(KVO_LOG_WARN, "kvoffload file tier: %s (%llu similar events not logged)", msg,
-                 (unsigned long long)suppressed);
-    else
-        kvo__log(KVO_LOG_WARN, "kvoffload file tier: %s", msg);
-}
-
-void kvo__file_key_path(const kvo_file_tier *t, const kvo_chunk_key *k, char *out) {
-    kvo_file_chunk_path(t->ns_dir, k, out, KVO__FILE_PATH_MAX);
-}
-
-const kvo_group_plan *kvo__file_group_of(const kvo_file_tier *t, const kvo_chunk_key *k) {
-    const kvo_group_plan *g = kvo_plan_group(t->plan, k->group);
-    return g && g->offloaded ? g : NULL;
 }
 
 /* ------------------------------------------------------------- create -- */

@@ -1,202 +1,27 @@
 /*
- * The file tier's operation plumbing: op objects, the two queues, the
- * completion ring and the I/O worker threads.
+ * The file tier's I/O backends: the pool of io_threads worker threads and,
+ * when it works, the io_uring ring for reads (uring/file_uring.c).
  *
  * What it owns
- *  - Ops: allocated on demand (each with its own 4096-aligned header buffer)
- *    and kept on a free list, so the steady state allocates nothing.
- *  - Queues: reads and writes, FIFO each; reads are taken first.  Writes
- *    always run on the pool of io_threads threads (a write is bound by
- *    creating a file: open, block allocation, link, which io_uring would
+ *  - Writes always run on the pool of io_threads threads (a write is bound
+ *    by creating a file: open, block allocation, link, which io_uring would
  *    only hand to its own workers; measured best with 2-4 in parallel);
- *    reads run on io_uring when it works (uring/file_uring.c), else on the
- *    same pool.
- *  - Completions: a ring of kvo_file_completion; room for a reported op is
- *    reserved when it is queued (cq_len + inflight_reports <= cq_cap), so a
- *    finishing op never needs memory, and a queued op always reports.  The
- *    eventfd is written when the ring becomes non-empty.
- *  - kvo__fop_finish: the one place an op is handed back (index state,
- *    staging slot, stats, latency average, completion, free list).
+ *    reads run on io_uring when it works, else on the same pool.
+ *  - A worker takes the next op of its kinds (file_queue.c), runs its
+ *    phases synchronously (file_ops.c) and hands it back (kvo__fop_finish).
  *  - Starting and stopping the backends (ring first, then threads; stop
  *    cancels queued reads, lets queued writes finish).
  *
- * Lock rules: mu guards the queues, the free list, the ring and the
- * counters; it is never held across file I/O or a store call (kvo__fop_finish
- * calls the stores before it takes mu).  Workers sleep on work_cv; flush and
- * wait sleep on done_cv, broadcast by every finish.
+ * Layering: called by file_tier.c only; calls uring/file_uring.c,
+ * file_ops.c and file_queue.c, none of which calls back into it (the ring
+ * is woken through t->ring_kick, set here).
+ *
+ * Lock rules: mu is taken only to set closing; workers sleep on work_cv
+ * inside kvo__fop_next.
  */
-#include <errno.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include "tiers/file_internal.h"
-
-/* Ops: allocated on demand, reused from a free list; hdr is 4096-aligned. */
-kvo__fop *kvo__fop_get(kvo_file_tier *t) {
-    pthread_mutex_lock(&t->mu);
-    kvo__fop *op = t->free_ops;
-    if (op) t->free_ops = op->next;
-    pthread_mutex_unlock(&t->mu);
-    if (!op) {
-        unsigned char *mem = kvo__malloc(sizeof(kvo__fop) + 2 * KVO_FILE_HEADER_BYTES);
-        if (!mem) return NULL;
-        op = (kvo__fop *)mem;
-        uintptr_t h = (uintptr_t)(mem + sizeof(kvo__fop));
-        h = (h + KVO_FILE_HEADER_BYTES - 1) & ~(uintptr_t)(KVO_FILE_HEADER_BYTES - 1);
-        op->hdr = (unsigned char *)h;
-    }
-    unsigned char *hdr = op->hdr;
-    memset(op, 0, offsetof(kvo__fop, tmp));
-    op->tmp[0] = op->path[0] = 0;
-    op->hdr = hdr;
-    op->fd = -1;
-    return op;
-}
-
-/* Called with mu held. */
-static void op_put_locked(kvo_file_tier *t, kvo__fop *op) {
-    op->next = t->free_ops;
-    t->free_ops = op;
-}
-
-/* Room in the completion queue for one more reported op, taken when the op
- * is queued (with mu held): cq_len + inflight_reports <= cq_cap always, so
- * a finishing op never needs memory to report, and an op that was queued
- * always produces its completion.  KVO_ENOMEM (no message) when the queue
- * cannot grow. */
-static int reserve_completion_locked(kvo_file_tier *t) {
-    if (t->cq_len + t->inflight_reports < t->cq_cap) return 0;
-    size_t ncap = t->cq_cap ? t->cq_cap * 2 : 64;
-    kvo_file_completion *n = kvo__malloc(ncap * sizeof *n);
-    if (!n) return KVO_ENOMEM;
-    for (size_t i = 0; i < t->cq_len; i++) n[i] = t->cq[(t->cq_head + i) % t->cq_cap];
-    kvo__free(t->cq);
-    t->cq = n;
-    t->cq_cap = ncap;
-    t->cq_head = 0;
-    return 0;
-}
-
-static void push_completion_locked(kvo_file_tier *t, const kvo__fop *op, uint64_t bytes) {
-    assert(t->cq_len < t->cq_cap); /* reserved at kvo__fop_enqueue */
-    kvo_file_completion *c = &t->cq[(t->cq_head + t->cq_len) % t->cq_cap];
-    c->user_data = op->user_data;
-    c->key = op->key;
-    c->op = op->kind == KVO__FOP_WRITE ? KVO_FILE_OP_WRITE : KVO_FILE_OP_READ;
-    c->result = op->result;
-    c->bytes = op->result == 0 ? bytes : 0;
-    c->latency_ns = kvo__now_ns() - op->t_queued;
-    if (t->cq_len++ == 0) {
-        uint64_t one = 1;
-        ssize_t w = write(t->efd, &one, sizeof one);
-        (void)w;
-    }
-}
-
-/* Hand a finished op back: index, stats, staging, completion (the store
- * calls come first, not under mu). */
-void kvo__fop_finish(kvo_file_tier *t, kvo__fop *op) {
-    const kvo_group_plan *g = op->g;
-    bool ok = op->result == 0;
-    if (op->kind == KVO__FOP_WRITE) {
-        kvo_store_complete_store(t->index, &op->key, 1, ok);
-        kvo__file_stage_release(t, &op->key);
-    } else {
-        /* a bad or missing file leaves the index now, even while other
-         * readers pin it (retired: hidden, dropped at the last unpin) */
-        if (op->result == KVO_ECORRUPT || op->result == KVO_ENOTFOUND) kvo_store_retire(t->index, &op->key, 1);
-        kvo_store_complete_load(t->index, &op->key, 1);
-    }
-    pthread_mutex_lock(&t->mu);
-    if (op->kind == KVO__FOP_WRITE) {
-        uint64_t lat = kvo__now_ns() - op->t_queued;
-        t->lat_ewma_ns = t->lat_ewma_ns ? t->lat_ewma_ns - t->lat_ewma_ns / 8 + lat / 8 : lat;
-        if (ok) {
-            t->st.writes++;
-            t->st.write_bytes += g->chunk_bytes;
-        } else if (op->result == KVO_ENOSPC) {
-            t->st.dropped_nospace++;
-        } else {
-            t->st.dropped_io++;
-        }
-        t->pending_writes--;
-    } else {
-        if (ok) {
-            t->st.reads++;
-            t->st.read_bytes += g->chunk_bytes;
-        } else if (op->result == KVO_ECORRUPT) {
-            t->st.corrupt_removed++;
-        } else if (op->result == KVO_ENOTFOUND) {
-            t->st.read_misses++;
-        } else if (op->result != KVO_ECANCELED) {
-            t->st.read_errors++;
-        }
-    }
-    if (op->report) {
-        push_completion_locked(t, op, g->chunk_bytes);
-        t->inflight_reports--;
-    }
-    op_put_locked(t, op);
-    pthread_cond_broadcast(&t->done_cv);
-    pthread_mutex_unlock(&t->mu);
-}
-
-kvo__fop *kvo__fop_next(kvo_file_tier *t, bool wait, unsigned kinds) {
-    pthread_mutex_lock(&t->mu);
-    for (;;) {
-        kvo__fop *op = NULL;
-        if ((kinds & KVO__FOP_READ) && t->rq_head) {
-            op = t->rq_head;
-            t->rq_head = op->next;
-            if (!t->rq_head) t->rq_tail = NULL;
-        } else if ((kinds & KVO__FOP_WRITE) && t->wq_head) {
-            op = t->wq_head;
-            t->wq_head = op->next;
-            if (!t->wq_head) t->wq_tail = NULL;
-        }
-        if (op || !wait || t->closing) {
-            pthread_mutex_unlock(&t->mu);
-            return op;
-        }
-        pthread_cond_wait(&t->work_cv, &t->mu);
-    }
-}
-
-/* Fill in an op's request and queue it for the workers (or the ring).
- * KVO_ENOMEM (no message) when no completion can be reserved for a reported
- * op: the op goes back to the free list, nothing is queued. */
-int kvo__fop_enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_chunk_key *k, const kvo_group_plan *g,
-                     uint64_t user_data, bool report) {
-    op->kind = kind;
-    op->key = *k;
-    op->key.reserved = 0;
-    op->g = g;
-    op->user_data = user_data;
-    op->report = report;
-    op->next = NULL;
-    op->t_queued = kvo__now_ns();
-    pthread_mutex_lock(&t->mu);
-    if (report) {
-        if (reserve_completion_locked(t)) {
-            op_put_locked(t, op);
-            pthread_mutex_unlock(&t->mu);
-            return KVO_ENOMEM;
-        }
-        t->inflight_reports++;
-    }
-    kvo__fop **head = op->kind == KVO__FOP_READ ? &t->rq_head : &t->wq_head;
-    kvo__fop **tail = op->kind == KVO__FOP_READ ? &t->rq_tail : &t->wq_tail;
-    if (*tail) (*tail)->next = op;
-    else *head = op;
-    *tail = op;
-    bool ring = t->uring && op->kind == KVO__FOP_READ;
-    if (!ring) pthread_cond_signal(&t->work_cv);
-    pthread_mutex_unlock(&t->mu);
-#if KVO_HAVE_URING
-    if (ring) kvo__file_uring_kick(t->uring_state);
-#endif
-    return 0;
-}
 
 static void *worker_main(void *arg) {
     kvo_file_tier *t = arg;
@@ -209,17 +34,12 @@ static void *worker_main(void *arg) {
     pthread_sigmask(SIG_BLOCK, &xfsz, NULL);
     kvo__fop *op;
     unsigned kinds = t->uring ? KVO__FOP_WRITE : KVO__FOP_READ | KVO__FOP_WRITE;
-    while ((op = kvo__fop_next(t, true, kinds)) != NULL) kvo__fop_run_sync(t, op);
+    while ((op = kvo__fop_next(t, true, kinds)) != NULL) {
+        kvo__fop_run_sync(t, op);
+        kvo__fop_finish(t, op);
+    }
     return NULL;
 }
-
-bool kvo__file_tier_closing(kvo_file_tier *t) {
-    pthread_mutex_lock(&t->mu);
-    bool c = t->closing && !t->rq_head;
-    pthread_mutex_unlock(&t->mu);
-    return c;
-}
-
 
 int kvo__file_workers_start(kvo_file_tier *t) {
     t->threads = kvo__calloc(t->p.io_threads, sizeof(pthread_t));
@@ -227,7 +47,10 @@ int kvo__file_workers_start(kvo_file_tier *t) {
     if (t->p.io != KVO_FILE_IO_THREADS) {
 #if KVO_HAVE_URING
         int rc = kvo__file_uring_start(t, t->p.queue_depth, &t->uring_state);
-        if (rc == 0) t->uring = true;
+        if (rc == 0) {
+            t->uring = true;
+            t->ring_kick = kvo__file_uring_kick;
+        }
         else if (t->p.io == KVO_FILE_IO_URING) return rc;
 #else
         if (t->p.io == KVO_FILE_IO_URING)

@@ -750,6 +750,15 @@ int kvo_cmd_demo(int argc, char **argv) {
                    (unsigned long long)gen, w->n, c->vocab);
     }
     exit_code = diff ? KVO_EXIT_FAIL : KVO_EXIT_OK;
+    /* A demo that loaded nothing from any tier demonstrated nothing: every
+     * prefix came from the engine's own cache or was recomputed. */
+    if (!diff && sb.loaded == 0 && strcmp(phase, "store") != 0) {
+        fprintf(stderr, "kvoffload demo: no prompt token was loaded from any tier (%llu engine evictions, "
+                        "%.2f MiB stored): the workload never came back to an evicted prefix; use a trace with "
+                        "repeated prefixes (--trace) or more requests (--requests)\n",
+                (unsigned long long)es.block_evictions, (double)sb.bytes_stored / 1048576.0);
+        exit_code = KVO_EXIT_FAIL;
+    }
     if (metrics && kvo__demo_metrics(metrics, kvo_eng_conn_connector(conn))) exit_code = KVO_EXIT_FAIL;
 out:
     (void)rc;

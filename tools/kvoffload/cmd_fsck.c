@@ -274,6 +274,36 @@ static bool chunk_shaped(const char *name) {
     return len >= 38 && strcmp(name + len - 4, ".kvc") == 0 && name[32] == '-' && name[33] == 'g';
 }
 
+/* Whether a chunk file's size rules it out before a byte is read: a header
+ * can be re-sealed to claim any payload, and a sparse file of that size
+ * costs nothing to make but hours to read.  With the manifest's geometry for
+ * the group named in the file name, the size must be exactly the header plus
+ * that group's slot; otherwise it must not exceed the largest slot of any
+ * group of the manifest, or KVO__FSCK_MAX_FILE_BYTES with no usable manifest. */
+#define KVO__FSCK_MAX_FILE_BYTES (64ull << 30)
+static bool size_unbelievable(const fsck_ns *n, const kvo_file_walk_entry *e, char *why, size_t cap) {
+    uint64_t size = e->file_bytes;
+    const fsck_group *G = NULL;
+    if (e->kind == KVO_FILE_WALK_CHUNK && e->key.group < KVO_MAX_GROUPS && n->groups[e->key.group].known)
+        G = &n->groups[e->key.group];
+    if (G) {
+        uint64_t want = KVO_FILE_HEADER_BYTES + G->slot_bytes;
+        if (size == want) return false;
+        snprintf(why, cap, "%s: %llu bytes, but a chunk file of group %u (%s) is %llu bytes (header + %llu-byte "
+                 "slot): not read", size < want ? "truncated" : "too long", (unsigned long long)size, e->key.group, G->name, (unsigned long long)want,
+                 (unsigned long long)G->slot_bytes);
+        return true;
+    }
+    uint64_t max = 0;
+    for (size_t i = 0; i < KVO_MAX_GROUPS; i++)
+        if (n->groups[i].known && n->groups[i].slot_bytes > max) max = n->groups[i].slot_bytes;
+    max = max ? KVO_FILE_HEADER_BYTES + max : KVO__FSCK_MAX_FILE_BYTES;
+    if (size <= max) return false;
+    snprintf(why, cap, "%llu bytes, more than any chunk file here can be (%llu bytes at most): not read",
+             (unsigned long long)size, (unsigned long long)max);
+    return true;
+}
+
 /* kvo_file_walk callback: one entry of a fan-out directory. */
 static int fsck_visit(const kvo_file_walk_entry *e, void *arg) {
     fsck_ns *n = arg;
@@ -296,6 +326,11 @@ static int fsck_visit(const kvo_file_walk_entry *e, void *arg) {
         bad_file(c, n->bad, e->path, "a directory where a chunk file should be");
         return 0;
     }
+    char why[512];
+    if (e->is_regular && size_unbelievable(n, e, why, sizeof why)) { /* others: kvo_file_inspect says what */
+        bad_file(c, n->bad, e->path, why);
+        return 0;
+    }
     kvo_file_chunk_info info;
     if (kvo_file_inspect(e->path, NULL, &info)) {
         const char *why = kvo_last_error();
@@ -304,7 +339,6 @@ static int fsck_visit(const kvo_file_walk_entry *e, void *arg) {
         bad_file(c, n->bad, e->path, why);
         return 0;
     }
-    char why[512];
     fsck_mismatch(n, &info, e->subdir, why, sizeof why);
     if (why[0]) {
         bad_file(c, n->bad, e->path, why);

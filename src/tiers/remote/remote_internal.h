@@ -1,6 +1,19 @@
 /*
- * Remote tier internals: the Redis Cluster client (cluster.c) used by the
- * tier (remote_tier.c).  hiredis appears here and in those two files only.
+ * Remote tier internals: the Redis Cluster client (cluster.c, pipeline.c,
+ * reply.c) used by the tier (remote_tier.c, remote_completions.c; their
+ * shared object is in remote_tier_internal.h).  hiredis appears in the
+ * client's files only.
+ *
+ * Layering (a file calls kvo__ functions only of the files below it;
+ * tools/check-layering.py fails on a cycle):
+ *   remote_tier.c         top: the public API (create/destroy, put, get,
+ *                         exists, the workers) -> pipeline.c, cluster.c
+ *   remote_completions.c  top: poll, wait, flush, stats -> cluster.c
+ *   pipeline.c            kvo__rc_exec, batches over the nodes
+ *                         -> cluster.c, reply.c (through the reader)
+ *   cluster.c             nodes, connection pools, the slot map, URL
+ *                         parsing -> reply.c (kvo__rc_reader_setup)
+ *   reply.c               leaf: hiredis reader functions (GET sinks)
  */
 #ifndef KVO_TIERS_REMOTE_INTERNAL_H
 #define KVO_TIERS_REMOTE_INTERNAL_H
@@ -115,6 +128,10 @@ int kvo__rc_redirect(kvo__rc *c, const char *target, int from_node, bool moved, 
 void kvo__rc_maybe_refresh(kvo__rc *c);
 void kvo__rc_count_batch(kvo__rc *c);
 uint32_t kvo__rc_max_redirects(const kvo__rc *c);
+
+/* reply.c: install the reader functions on a new connection (cluster.c,
+ * at connect); a GET with a sink is parsed into it while the reader's
+ * privdata points at its kvo__rc_cmd (pipeline.c sets and clears it). */
 void kvo__rc_reader_setup(struct redisContext *ctx, uint64_t max_value_bytes);
 
 /* CRC16-XMODEM slot of a key with hash tags (kvo_remote_key_slot). */

@@ -18,6 +18,10 @@
  * Why one thread: the transfers are asynchronous in the kernel, and the
  * per-op CPU work (a checksum at ~50 GB/s, open/fstat/close) is small next to
  * the transfer.
+ *
+ * Layering: started, woken (through t->ring_kick) and stopped by
+ * file_workers.c; calls file_queue.c (next op, finish) and file_ops.c (the
+ * phases), never back into file_workers.c or file_tier.c.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -62,6 +66,7 @@ static void *ring_main(void *arg) {
             if (rc != 0) {
                 if (op->kind == KVO__FOP_READ) kvo__fop_read_verdict(t, op, rc);
                 else kvo__fop_end(t, op, rc);
+                kvo__fop_finish(t, op);
                 continue;
             }
             struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
@@ -71,6 +76,7 @@ static void *ring_main(void *arg) {
             }
             if (!sqe) { /* cannot happen with depth + 1 entries; be safe */
                 kvo__fop_end(t, op, kvo__fop_io_continue(op, 0));
+                kvo__fop_finish(t, op);
                 continue;
             }
             if (op->kind == KVO__FOP_WRITE) io_uring_prep_writev(sqe, op->fd, op->iov, (unsigned)op->iovcnt, 0);
@@ -102,6 +108,7 @@ static void *ring_main(void *arg) {
             if (res > 0 && (uint64_t)res < op->io_bytes) res = kvo__fop_io_continue(op, (uint64_t)res);
             inflight--;
             kvo__fop_end(t, op, res);
+            kvo__fop_finish(t, op);
         }
         io_uring_cq_advance(&u->ring, seen);
     }

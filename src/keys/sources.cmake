@@ -1,0 +1,5 @@
+# src/keys: the files of this layer.  A file is built because it is listed
+# here: configuring fails when a .c or .cu file under src/ is in no list.
+kvo_sources(KVO_SOURCES keys
+  keys.c
+)
