@@ -7,7 +7,9 @@
  * between the same two buffers (the device tensor and the slot region,
  * pinned with kvo_cuda_pin_host as an engine pins its arena), in the same
  * direction, on a stream of its own, timed from enqueue to completion on the
- * host like the jobs.
+ * host like the jobs.  Beside it, per page size and direction,
+ * ".memcpy_per_page": one cudaMemcpyAsync per page of the same bytes (what
+ * issuing one copy per block costs), with the same limit.
  *
  * Setup per page size P: as the host benchmark (bench_transfer.h): one
  * tensor of total/P blocks in device memory, shuffled block ids (no two pages
@@ -45,6 +47,24 @@ static double kvo__bcuda_memcpy_time(void *dst, const void *src, size_t n, cudaS
     return kvo_bench_now() - t0;
 }
 
+/* Seconds of one cudaMemcpyAsync per page for n bytes of page-byte pages
+ * (page i to page i), enqueue to completion: what a connector issuing one
+ * copy per block gets. */
+static double kvo__bcuda_per_page_time(unsigned char *dst, const unsigned char *src, size_t n, size_t page,
+                                       cudaStream_t s, int *err) {
+    double t0 = kvo_bench_now();
+    cudaError_t e = cudaSuccess;
+    for (size_t off = 0; off < n && e == cudaSuccess; off += page)
+        e = cudaMemcpyAsync(dst + off, src + off, page, cudaMemcpyDefault, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "kvoffload bench transfer --device cuda: per-page cudaMemcpyAsync of %zu bytes: %s\n", n,
+                cudaGetErrorString(e));
+        *err = 1;
+    }
+    return kvo_bench_now() - t0;
+}
+
 /* One page size with the context params cp (figure names end in suffix):
  * the limit and the jobs, interleaved. */
 static int kvo__bcuda_page(const kvo_bench_out *o, const kvo_cuda_params *cp, const char *suffix, uint64_t page,
@@ -70,7 +90,7 @@ static int kvo__bcuda_page(const kvo_bench_out *o, const kvo_cuda_params *cp, co
     }
     kvo_segment seg = {0, dev, total / page, page, page};
     if (!rc) rc = kvo_transfer_set_layout(t, &seg, 1);
-    double best[4] = {1e30, 1e30, 1e30, 1e30}; /* limit store, limit load, store, load */
+    double best[6] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30}; /* limit store/load, job store/load, per page */
     uint64_t bytes[2] = {0, 0};
     int err = 0;
     for (uint64_t r = 0; r < reps && !rc && !err; r++) {
@@ -81,6 +101,11 @@ static int kvo__bcuda_page(const kvo_bench_out *o, const kvo_cuda_params *cp, co
             if (d < best[dir]) best[dir] = d;
             rc = kvo__bjob_time(t, &b, (kvo_xfer_dir)dir, 1, &d, &bytes[dir]);
             if (d < best[2 + dir]) best[2 + dir] = d;
+            if (!*suffix) { /* the per-page baseline once per page size */
+                d = dir == KVO_XFER_STORE ? kvo__bcuda_per_page_time(slots, dev, n, page, s, &err)
+                                          : kvo__bcuda_per_page_time(dev, slots, n, page, s, &err);
+                if (d < best[4 + dir]) best[4 + dir] = d;
+            }
         }
     }
     if (!rc && !err) {
@@ -91,6 +116,13 @@ static int kvo__bcuda_page(const kvo_bench_out *o, const kvo_cuda_params *cp, co
                      (unsigned long long)(page >> 10), threads, suffix);
             kvo_bench_report(o, name, (double)bytes[dir] / best[2 + dir] / 1e9, "GB/s",
                              dir ? "cudaMemcpyAsync_h2d_same_bytes" : "cudaMemcpyAsync_d2h_same_bytes", limit);
+            if (!*suffix) {
+                uint64_t n = (uint64_t)b.n_ops * kvo_plan_group(b.plan, 0)->chunk_bytes;
+                snprintf(name, sizeof name, "transfer.cuda.%s.page_%lluKiB.memcpy_per_page", dir ? "load" : "store",
+                         (unsigned long long)(page >> 10));
+                kvo_bench_report(o, name, (double)n / best[4 + dir] / 1e9, "GB/s",
+                                 dir ? "cudaMemcpyAsync_h2d_same_bytes" : "cudaMemcpyAsync_d2h_same_bytes", limit);
+            }
         }
     } else if (rc) {
         fprintf(stderr, "kvoffload bench transfer --device cuda: page %llu: %s\n", (unsigned long long)page,

@@ -56,3 +56,16 @@ install(FILES ${PROJECT_BINARY_DIR}/kvoffloadConfig.cmake ${PROJECT_BINARY_DIR}/
 # at <prefix>/share/kvoffload/data/ (next to the executable's ../share).
 install(FILES ${PROJECT_SOURCE_DIR}/data/mooncake_sample.jsonl ${PROJECT_SOURCE_DIR}/data/mooncake_sample.md
         DESTINATION ${CMAKE_INSTALL_DATADIR}/kvoffload/data)
+
+# --- the CUDA device (when built): libkvoffload_cuda.so, kvoffload-cuda.pc,
+# find_package(kvoffload COMPONENTS cuda) -> kvoffload::cuda.  Its own export
+# set, so that the core's package works where the CUDA part is absent.
+if(TARGET kvoffload_cuda_shared)
+  set_target_properties(kvoffload_cuda_shared PROPERTIES EXPORT_NAME cuda)
+  install(TARGETS kvoffload_cuda_shared EXPORT kvoffloadCudaTargets
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  install(EXPORT kvoffloadCudaTargets NAMESPACE kvoffload:: DESTINATION ${KVO_CMAKE_DIR})
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/kvoffload-cuda.pc.in ${PROJECT_BINARY_DIR}/kvoffload-cuda.pc @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/kvoffload-cuda.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endif()

@@ -6,24 +6,7 @@
  */
 #include <stdlib.h>
 
-#include "kvo_test.h"
-#include "xfer_test_util.h"
-
-#if KVO_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "kvoffload/kvo_cuda.h"
-
-#define CU_OK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) \
-    FAILF("%s: %s (%s)", #x, cudaGetErrorName(e_), cudaGetErrorString(e_)); } while (0)
-
-static void need_device(void) {
-    int n = 0;
-    if (kvo_cuda_device_count(&n) != 0) SKIP("no CUDA device: %s", kvo_last_error());
-}
-#else
-static void need_device(void) { SKIP("built without CUDA (KVO_CUDA=OFF or no toolkit)"); }
-#endif
+#include "cuda_test_util.h"
 
 KVO_TEST(no_device_fails_cleanly) {
     kvo_model *m;
@@ -59,43 +42,6 @@ KVO_TEST(no_device_fails_cleanly) {
 }
 
 #if KVO_HAVE_CUDA
-
-typedef struct cu_env {
-    kvo_plan *plan;
-    kvo_cuda *cu;
-    kvo_transfer *t;
-} cu_env;
-
-static void env_open(cu_env *e, kvo_plan *plan, const kvo_cuda_params *cp) {
-    e->plan = plan;
-    ASSERT_OK(kvo_cuda_create(cp, &e->cu));
-    kvo_transfer_params tp = kvo_transfer_default_params();
-    tp.plan = plan;
-    tp.device = "cuda";
-    tp.device_index = cp->device_index;
-    ASSERT_OK(kvo_transfer_create(&tp, &e->t));
-    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
-    ASSERT_OK(kvo_transfer_get_stats(e->t, &st));
-    ASSERT_EQ_STR(st.device, "cuda");
-}
-
-static void env_close(cu_env *e) {
-    kvo_transfer_destroy(e->t);
-    kvo_cuda_destroy(e->cu);
-    kvo_plan_destroy(e->plan);
-}
-
-static int run_job(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *ops, size_t n) {
-    uint64_t id;
-    ASSERT_OK(kvo_transfer_submit(t, dir, ops, n, &id));
-    ASSERT_OK(kvo_transfer_wait(t, &id, 1, -1));
-    kvo_xfer_result r;
-    size_t got;
-    ASSERT_OK(kvo_transfer_poll(t, &r, 1, &got));
-    ASSERT_EQ_U64(got, 1);
-    ASSERT_EQ_U64(r.job_id, id);
-    return r.status;
-}
 
 /* Byte-exact device -> slot -> device for every offloaded group of plan:
  * 2 chunks of shuffled engine blocks per group, each layer a segment. */
@@ -308,50 +254,6 @@ static void t_errors(void) {
     env_close(&e);
 }
 
-/* With a compute stream, a store waits for work enqueued on it before; the
- * load-stream event covers the loads enqueued so far. */
-static void t_ordering(void) {
-    kvo_plan *plan = xt_one_group_plan(1, 1 << 20, 2);
-    kvo_cuda_params cp = kvo_cuda_default_params();
-    cudaStream_t compute;
-    CU_OK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    cp.compute_stream = compute;
-    cu_env e;
-    env_open(&e, plan, &cp);
-    unsigned char *dev, *slot;
-    uint64_t page = 1 << 20;
-    CU_OK(cudaMalloc((void **)&dev, 8 * page));
-    CU_OK(cudaHostAlloc((void **)&slot, 2 * page, cudaHostAllocDefault));
-    kvo_segment seg = {0, dev, 8, page, page};
-    ASSERT_OK(kvo_transfer_set_layout(e.t, &seg, 1));
-    CU_OK(cudaMemsetAsync(dev, 0x11, 8 * page, compute));
-    CU_OK(cudaMemsetAsync(dev + 3 * page, 0x5a, 2 * page, compute)); /* "the forward pass" */
-    uint64_t blk[2] = {3, 4};
-    kvo_xfer_op op = {0, 0, 2, blk, slot, 2 * page};
-    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_STORE, &op, 1), 0);
-    for (uint64_t i = 0; i < 2 * page; i += 4093) ASSERT_EQ_INT(slot[i], 0x5a);
-    memset(slot, 0xc3, 2 * page);
-    blk[0] = 6;
-    blk[1] = 7;
-    ASSERT_EQ_INT(run_job(e.t, KVO_XFER_LOAD, &op, 1), 0);
-    cudaEvent_t ev;
-    CU_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    ASSERT_OK(kvo_cuda_record_event(e.cu, KVO_XFER_LOAD, ev));
-    CU_OK(cudaStreamWaitEvent(compute, ev, 0));
-    unsigned char probe[2];
-    CU_OK(cudaMemcpyAsync(&probe[0], dev + 6 * page + 17, 1, cudaMemcpyDeviceToHost, compute));
-    CU_OK(cudaMemcpyAsync(&probe[1], dev + 7 * page + page - 1, 1, cudaMemcpyDeviceToHost, compute));
-    CU_OK(cudaStreamSynchronize(compute));
-    ASSERT_EQ_INT(probe[0], 0xc3);
-    ASSERT_EQ_INT(probe[1], 0xc3);
-    ASSERT_ERR(kvo_cuda_record_event(e.cu, (kvo_xfer_dir)5, ev), KVO_EINVAL);
-    CU_OK(cudaEventDestroy(ev));
-    env_close(&e);
-    CU_OK(cudaStreamDestroy(compute));
-    CU_OK(cudaFree(dev));
-    CU_OK(cudaFreeHost(slot));
-}
-
 #endif
 
 /* Device tests: skipped (exit 77) without CUDA or without a device. */
@@ -393,11 +295,5 @@ KVO_TEST(unpinned_slot_and_host_tensor_are_errors) {
     need_device();
 #if KVO_HAVE_CUDA
     t_errors();
-#endif
-}
-KVO_TEST(compute_stream_and_event_ordering) {
-    need_device();
-#if KVO_HAVE_CUDA
-    t_ordering();
 #endif
 }

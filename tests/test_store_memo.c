@@ -103,3 +103,49 @@ KVO_TEST(clear_empties_what_the_memo_names) {
     kvo_store_destroy(s);
     kvo_plan_destroy(p);
 }
+
+/* The memo remembers a lookup's misses too (the keys, until a key becomes
+ * resident): prepare_store of the looked-up batch resolves without probing,
+ * and still refuses a key given twice; a key stored between the lookup and
+ * the prepare is found present; a key of a bad group is refused by every
+ * call whether or not the memo holds the others. */
+KVO_TEST(remembered_misses_hold_until_a_store) {
+    kvo_plan *p;
+    kvo_store *s = memo_store(&p);
+    kvo_chunk_key k[3], twice[2];
+    for (int i = 0; i < 3; i++) k[i] = st_key(0, (uint64_t)i);
+    uint8_t st[3], need[3];
+    kvo_slot sl[3];
+    twice[0] = twice[1] = k[0];
+    ASSERT_OK(kvo_store_lookup(s, twice, 2, st));
+    ASSERT_EQ_INT(kvo_store_prepare_store(s, twice, 2, need, sl, NULL, NULL, 0, NULL), KVO_EINVAL);
+    ASSERT_EQ_U64(st_state(s, k[0]), KVO_MISS);
+    /* lookup misses k0..k2; another batch stores k1; the prepare of k0..k2
+     * must not store k1 a second time */
+    ASSERT_OK(kvo_store_lookup(s, k, 3, st));
+    for (int i = 0; i < 3; i++) ASSERT_EQ_U64(st[i], KVO_MISS);
+    ASSERT_OK(kvo_store_lookup(s, k, 3, st)); /* memo: three misses */
+    ASSERT_OK(kvo_store_touch(s, k, 3));      /* confirmed misses: nothing to touch */
+    ASSERT_OK(kvo_store_prepare_store(s, &k[1], 1, need, sl, NULL, NULL, 0, NULL));
+    ASSERT_EQ_U64(need[0], 1);
+    ASSERT_OK(kvo_store_complete_store(s, &k[1], 1, true));
+    ASSERT_OK(kvo_store_prepare_store(s, k, 3, need, sl, NULL, NULL, 0, NULL));
+    ASSERT_EQ_U64(need[0], 1);
+    ASSERT_EQ_U64(need[1], 0);
+    ASSERT_EQ_U64(need[2], 1);
+    kvo_chunk_key todo[2] = {k[0], k[2]};
+    ASSERT_OK(kvo_store_complete_store(s, todo, 2, true));
+    for (int i = 0; i < 3; i++) ASSERT_EQ_U64(st_state(s, k[i]), KVO_READY);
+    /* the same key list with k2 in a group the plan lacks: refused, memo or not */
+    ASSERT_OK(kvo_store_lookup(s, k, 3, st));
+    kvo_chunk_key bad[3] = {k[0], k[1], st_key(7, 2)};
+    ASSERT_EQ_INT(kvo_store_prepare_load(s, bad, 3, sl), KVO_EINVAL);
+    ASSERT_EQ_INT(kvo_store_touch(s, bad, 3), KVO_EINVAL);
+    ASSERT_EQ_INT(kvo_store_prepare_store(s, bad, 3, need, sl, NULL, NULL, 0, NULL), KVO_EINVAL);
+    ASSERT_CONTAINS(kvo_last_error(), "group 7");
+    ASSERT_OK(kvo_store_prepare_load(s, k, 2, sl));
+    ASSERT_OK(kvo_store_complete_load(s, k, 2));
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}

@@ -177,3 +177,110 @@ KVO_TEST(device_failure_fails_job_and_its_readers_only) {
     kvo_transfer_destroy(t);
     kvo_plan_destroy(p);
 }
+
+/* ---- a device attached at run time (as libkvoffload_cuda.so does) ------- */
+
+/* Job hooks: each token is a counter cell; unit_job must see the token of
+ * the job whose unit it copies, job_done must release each exactly once. */
+static long HOOK_SUBMITS, HOOK_DONE, HOOK_UNITS, HOOK_WRONG;
+static int HOOK_FAIL_SUBMIT;
+static long HOOK_CELLS[64];
+static int th_submit(void *state, int dir, void **token) {
+    (void)state;
+    if (__atomic_load_n(&HOOK_FAIL_SUBMIT, __ATOMIC_RELAXED))
+        return kvo__error(KVO_EIO, "test device: job_submit refused");
+    long k = __atomic_fetch_add(&HOOK_SUBMITS, 1, __ATOMIC_RELAXED);
+    HOOK_CELLS[k % 64] = dir + 1;
+    *token = &HOOK_CELLS[k % 64];
+    return 0;
+}
+static void th_unit_job(void *wctx, void *token) {
+    (void)wctx;
+    __atomic_fetch_add(&HOOK_UNITS, 1, __ATOMIC_RELAXED);
+    if (!token || *(long *)token <= 0) __atomic_fetch_add(&HOOK_WRONG, 1, __ATOMIC_RELAXED);
+}
+static void th_job_done(void *state, void *token) {
+    (void)state;
+    if (*(long *)token <= 0) __atomic_fetch_add(&HOOK_WRONG, 1, __ATOMIC_RELAXED); /* released twice */
+    *(long *)token = 0;
+    __atomic_fetch_add(&HOOK_DONE, 1, __ATOMIC_RELAXED);
+}
+
+static kvo__xfer_device_ops ATTACHED;
+
+KVO_TEST(attached_device_found_by_name_and_job_hooks) {
+    ATTACHED = kvo__xfer_device_test;
+    ATTACHED.name = "attached";
+    ATTACHED.job_submit = th_submit;
+    ATTACHED.unit_job = th_unit_job;
+    ATTACHED.job_done = th_job_done;
+    kvo__core_fns fns;
+    memset(&fns, 0, sizeof fns);
+    /* A device library built for another libkvoffload is refused. */
+    ASSERT_ERR(kvo_xfer_device_attach(KVO__XFER_DEVICE_ABI + 1, &ATTACHED, sizeof ATTACHED, &fns, sizeof fns),
+               KVO_ENOTSUP);
+    ASSERT_CONTAINS(kvo_last_error(), "another libkvoffload");
+    ASSERT_ERR(kvo_xfer_device_attach(KVO__XFER_DEVICE_ABI, &ATTACHED, sizeof ATTACHED - 8, &fns, sizeof fns),
+               KVO_ENOTSUP);
+    ASSERT_NULL(fns.verror);
+    kvo_plan *p = plan1();
+    kvo_transfer_params tp = kvo_transfer_default_params();
+    tp.plan = p;
+    tp.device = "attached";
+    kvo_transfer *t = NULL;
+    ASSERT_ERR(kvo_transfer_create(&tp, &t), KVO_ENOTSUP); /* not attached yet */
+    ASSERT_OK(kvo_xfer_device_attach(KVO__XFER_DEVICE_ABI, &ATTACHED, sizeof ATTACHED, &fns, sizeof fns));
+    ASSERT_OK(kvo_xfer_device_attach(KVO__XFER_DEVICE_ABI, &ATTACHED, sizeof ATTACHED, &fns, sizeof fns));
+    /* The core functions it hands over are the core's: errors land in kvo_last_error(). */
+    ASSERT_NOT_NULL(fns.malloc);
+    void *m = fns.malloc(16);
+    ASSERT_NOT_NULL(m);
+    fns.free(m);
+    ASSERT_EQ_INT(fns.error_prefix(KVO_EIO, "%s", "through the table"), KVO_EIO);
+    ASSERT_CONTAINS(kvo_last_error(), "through the table");
+    /* Another device of the same name is refused. */
+    static kvo__xfer_device_ops other;
+    other = ATTACHED;
+    ASSERT_ERR(kvo_xfer_device_attach(KVO__XFER_DEVICE_ABI, &other, sizeof other, &fns, sizeof fns), KVO_EEXIST);
+    other.name = "test";
+    ASSERT_ERR(kvo_xfer_device_attach(KVO__XFER_DEVICE_ABI, &other, sizeof other, &fns, sizeof fns), KVO_EEXIST);
+
+    memset(&TD, 0, sizeof TD);
+    TD.fail_dir = -1;
+    TD.lo = (uintptr_t)DEVMEM;
+    TD.hi = (uintptr_t)DEVMEM + sizeof DEVMEM;
+    ASSERT_OK(kvo_transfer_create(&tp, &t));
+    kvo_transfer_stats st = KVO_TRANSFER_STATS_INIT;
+    ASSERT_OK(kvo_transfer_get_stats(t, &st));
+    ASSERT_EQ_STR(st.device, "attached");
+    kvo_segment good = {0, DEVMEM, 16, 600, 600};
+    ASSERT_OK(kvo_transfer_set_layout(t, &good, 1));
+    static unsigned char s[8][4096];
+    uint64_t blk[8][2], ids[8];
+    for (int i = 0; i < 8; i++) {
+        blk[i][0] = (uint64_t)(2 * i);
+        blk[i][1] = (uint64_t)(2 * i + 1);
+        kvo_xfer_op op = {0, 0, 2, blk[i], s[i], sizeof s[i]};
+        ASSERT_OK(kvo_transfer_submit(t, i % 2 ? KVO_XFER_LOAD : KVO_XFER_STORE, &op, 1, &ids[i]));
+    }
+    /* A refused job_submit fails the submit and queues nothing. */
+    __atomic_store_n(&HOOK_FAIL_SUBMIT, 1, __ATOMIC_RELAXED);
+    uint64_t bad_id = 0;
+    kvo_xfer_op op0 = {0, 0, 2, blk[0], s[0], sizeof s[0]};
+    ASSERT_ERR(kvo_transfer_submit(t, KVO_XFER_STORE, &op0, 1, &bad_id), KVO_EIO);
+    ASSERT_CONTAINS(kvo_last_error(), "job_submit refused");
+    __atomic_store_n(&HOOK_FAIL_SUBMIT, 0, __ATOMIC_RELAXED);
+    /* A canceled job's token is released too. */
+    kvo__transfer_pause(t, true);
+    uint64_t cid;
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, &op0, 1, &cid));
+    ASSERT_OK(kvo_transfer_cancel(t, cid));
+    kvo__transfer_pause(t, false);
+    ASSERT_OK(kvo_transfer_wait(t, ids, 8, -1));
+    ASSERT_EQ_U64(__atomic_load_n(&HOOK_SUBMITS, __ATOMIC_RELAXED), 9);
+    ASSERT_EQ_U64(__atomic_load_n(&HOOK_DONE, __ATOMIC_RELAXED), 9);
+    ASSERT_GE_U64(__atomic_load_n(&HOOK_UNITS, __ATOMIC_RELAXED), 8);
+    ASSERT_EQ_U64(__atomic_load_n(&HOOK_WRONG, __ATOMIC_RELAXED), 0);
+    kvo_transfer_destroy(t);
+    kvo_plan_destroy(p);
+}

@@ -12,10 +12,17 @@ every online policy that knows less than the oracle does.
 Defaults: ../shared/traces/mooncake_synthetic_trace.jsonl, 1000 10000.
 The first line (LRU) reproduces `kvoffload replay` exactly (0.0825 / 0.4235).
 Standard library only; seconds.
+
+    python3 tools/replay_oracles.py --generate chat|docs [SEED] > FILE
+
+writes the generated workloads of docs/replay.md (the shapes of
+tests/replay_test_util.h, another random generator): chat lines carry their
+conversation as "session_id".
 """
 import heapq
 import json
 import math
+import random
 import sys
 from collections import Counter, defaultdict
 
@@ -57,7 +64,52 @@ def length_class(ids, j, k):
     return ("cont" if k else "fresh", int(math.log2(len(ids))))
 
 
+def generate(kind, seed):
+    """chat: 1500 conversations arriving ~every 0.7 time units, 1 + Exp(3)
+    turns 90 units apart on average, each turn the previous prompt plus 1-4
+    blocks, after one of 8 shared 4-block system prompts.  docs: 1500
+    documents of 8-60 blocks picked with Zipf(0.9) popularity, 4000 requests
+    each adding a 1-3-block question."""
+    rng = random.Random(seed)
+    nxt = 0
+    out = sys.stdout
+    if kind == "chat":
+        sys_prompts = [list(range(4 * p, 4 * p + 4)) for p in range(8)]
+        nxt = 32
+        convs, t = [], 0.0
+        for c in range(1500):
+            t += rng.expovariate(1 / 0.7)
+            convs.append([t, min(30, 1 + int(rng.expovariate(1 / 3.0))), list(rng.choice(sys_prompts)), c])
+        heap = [(cv[0], cv[3]) for cv in convs]
+        heapq.heapify(heap)
+        while heap:
+            when, c = heapq.heappop(heap)
+            cv = convs[c]
+            for _ in range(rng.randint(1, 4)):
+                if len(cv[2]) < 160:
+                    cv[2].append(nxt)
+                    nxt += 1
+            out.write(json.dumps({"session_id": c, "hash_ids": cv[2]}) + "\n")
+            cv[1] -= 1
+            if cv[1] > 0:
+                heapq.heappush(heap, (when + rng.expovariate(1 / 90.0), c))
+    else:
+        docs = []
+        for _ in range(1500):
+            n = rng.randint(8, 60)
+            docs.append(list(range(nxt, nxt + n)))
+            nxt += n
+        weights = [1 / (d + 1) ** 0.9 for d in range(1500)]
+        for d in rng.choices(range(1500), weights, k=4000):
+            q = rng.randint(1, 3)
+            out.write(json.dumps({"hash_ids": docs[d] + list(range(nxt, nxt + q))}) + "\n")
+            nxt += q
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--generate":
+        generate(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+        return
     path = sys.argv[1] if len(sys.argv) > 1 else "../shared/traces/mooncake_synthetic_trace.jsonl"
     caps = [int(c) for c in sys.argv[2:]] or [1000, 10000]
     reqs = load(path)

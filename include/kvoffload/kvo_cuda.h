@@ -20,20 +20,41 @@
  * and no kvo_cuda for its index creates one with the default params (no
  * compute stream, nothing pinned) and frees it when destroyed.
  *
- * Completion and ordering (docs/gpu.md).  A job's result is posted only after
- * the CUDA events of all its copies have completed, so once
- * kvo_transfer_poll/wait reports a load as done its bytes are in device
- * memory for any work enqueued afterwards, on any stream.  To order on the
- * GPU without waiting on the host:
- *   - pass the compute stream (kvo_cuda_set_compute_stream): every store
- *     unit first makes the store stream wait for the work enqueued on the
- *     compute stream so far (a store never reads KV a kernel is still
- *     writing), and every load unit makes the compute stream wait for its
- *     copies (work enqueued on the compute stream after that point sees
- *     them);
- *   - or record an event (kvo_cuda_record_event) on a direction's stream and
- *     make the compute stream wait on it (cudaStreamWaitEvent): it covers
- *     every copy enqueued in that direction so far.
+ * Libraries.  libkvoffload_cuda.so (CMake: find_package(kvoffload
+ * COMPONENTS cuda), target kvoffload::cuda; pkg-config: kvoffload-cuda,
+ * i.e. -lkvoffload_cuda -lkvoffload) exports exactly the kvo_cuda_*
+ * functions below and needs libkvoffload.so and libcudart.so at run time;
+ * loading it makes the transfer device "cuda" known to libkvoffload.so.
+ *
+ * Threads and the current device.  Every call here, and kvo_transfer_create
+ * / _destroy with device "cuda", may run on any thread and leaves that
+ * thread's current CUDA device as it found it (cudaGetDevice before,
+ * cudaSetDevice back after; on a thread that never chose a device CUDA
+ * reports device 0, which is then what it is left at).  The worker threads
+ * of a transfer engine set their device once, on their own thread.  A
+ * layout whose tensors live on another device, or a compute stream of
+ * another device, is refused with a message naming both devices.
+ *
+ * Ordering (docs/gpu.md has the timeline).  The contract:
+ *   - A store is ordered after the engine's work that produced its blocks by
+ *     an event that kvo_transfer_submit records on the compute stream (set
+ *     with kvo_cuda_params.compute_stream or kvo_cuda_set_compute_stream;
+ *     cudaStreamLegacy for the legacy default stream): its copies wait on
+ *     the GPU for what the engine enqueued on that stream before the submit,
+ *     and for nothing enqueued after it.  So: enqueue the forward pass that
+ *     writes the blocks, then submit the store.  Without a compute stream
+ *     the engine must have synchronised that work itself before submitting.
+ *   - A load is complete when kvo_transfer_poll/wait reports it: every one
+ *     of its copies has finished (the workers wait for them before posting
+ *     the result), so work enqueued on any stream afterwards sees the bytes.
+ *     For GPU-side ordering without relying on that host step,
+ *     kvo_cuda_job_event records an event after the job's last copy was
+ *     enqueued; the compute stream can cudaStreamWaitEvent on it.  Nothing
+ *     is ever inserted into the engine's streams behind its back.
+ *   - A work unit whose copies do not complete within completion_timeout_ms
+ *     fails its job with KVO_ETIMEDOUT; from then on the context never waits
+ *     for the device again (destroy leaks its streams and pinned ranges
+ *     instead of hanging).
  */
 #ifndef KVOFFLOAD_KVO_CUDA_H
 #define KVOFFLOAD_KVO_CUDA_H
@@ -59,6 +80,10 @@ typedef struct kvo_cuda_params {
                                    a slot outside pinned host memory fails its job with
                                    KVO_EINVAL (default true); false: such copies are
                                    staged by the driver (slow, synchronous) */
+    /* -- fields after require_pinned: read only when struct_size covers them -- */
+    uint32_t completion_timeout_ms; /* a work unit whose copies have not completed within this
+                                       fails its job with KVO_ETIMEDOUT (a hung GPU must not hang
+                                       the engine or its destroy); 0 = no deadline; default 60000 */
 } kvo_cuda_params;
 
 KVO_API kvo_cuda_params kvo_cuda_default_params(void);
@@ -86,22 +111,40 @@ KVO_API int kvo_cuda_create(const kvo_cuda_params *p, kvo_cuda **out);
 KVO_API void kvo_cuda_destroy(kvo_cuda *cu);
 
 /** Set (or clear, NULL) the compute stream for the ordering described above;
- *  takes effect for work units started afterwards.  Any thread.  Errors:
- *  KVO_EINVAL (NULL cu). */
+ *  takes effect for stores submitted afterwards.  Any thread.  Errors:
+ *  KVO_EINVAL (NULL cu, or a stream of another device: the message names
+ *  both; checked with CUDA 12.8+ runtimes). */
 KVO_API int kvo_cuda_set_compute_stream(kvo_cuda *cu, void *stream);
 
 /** Record event (a cudaEvent_t created by the caller on this device) on the
  *  stream of direction dir: it completes when every copy enqueued in that
- *  direction so far has.  Any thread.  Errors: KVO_EINVAL, KVO_EIO. */
+ *  direction so far has.  Copies of a job are enqueued by the workers, not
+ *  by kvo_transfer_submit: right after a submit this event may precede all
+ *  of them.  Use kvo_cuda_job_event for one job.  Any thread.  Errors:
+ *  KVO_EINVAL, KVO_EIO. */
 KVO_API int kvo_cuda_record_event(kvo_cuda *cu, kvo_xfer_dir dir, void *event);
+
+/** Record event (a cudaEvent_t of this device) after every copy of job
+ *  job_id (of direction dir, submitted to t, a transfer engine on this
+ *  device): the engine's compute stream may cudaStreamWaitEvent on it.  The
+ *  job must have finished (kvo_transfer_poll/wait reported it, or would):
+ *  before that its last copy may not be enqueued yet.  Any thread.  Errors:
+ *  KVO_EINVAL (NULL, bad dir), KVO_EAGAIN (the job has not finished),
+ *  KVO_ENOTFOUND (no such job), KVO_EIO. */
+KVO_API int kvo_cuda_job_event(kvo_cuda *cu, kvo_transfer *t, kvo_xfer_dir dir, uint64_t job_id, void *event);
 
 /** Page-lock [ptr, ptr + bytes) with cudaHostRegister (portable, mapped) so
  *  copies use DMA and the kernel can reach it; kvo_cuda_pin_arena pins an
- *  arena's whole region.  Stays pinned until the matching unpin or until the
- *  context is freed; the memory must outlive that (unpin, or destroy the
- *  context, before kvo_arena_destroy).  Errors: KVO_EINVAL (NULL, 0 bytes),
- *  KVO_EEXIST (overlaps a range pinned here), KVO_ENOMEM, KVO_EIO (CUDA
- *  refused, message says why). */
+ *  arena's whole region.  The registration is process-wide and counted: the
+ *  same range pinned by the contexts of several devices is registered once
+ *  and unregistered when the last of them unpins it (or is freed); memory
+ *  the caller registered itself is used as it is and never unregistered
+ *  here.  Stays pinned until the matching unpin or until the context is
+ *  freed; the memory must outlive that (unpin, or destroy the context,
+ *  before kvo_arena_destroy).  Errors: KVO_EINVAL (NULL, 0 bytes),
+ *  KVO_EEXIST (overlaps a range pinned here, or one pinned by any context
+ *  with other bounds), KVO_ENOMEM, KVO_EIO (CUDA refused, message says
+ *  why). */
 KVO_API int kvo_cuda_pin_host(kvo_cuda *cu, void *ptr, uint64_t bytes);
 KVO_API int kvo_cuda_pin_arena(kvo_cuda *cu, kvo_arena *arena);
 /** Undo a pin (ptr: the address given to kvo_cuda_pin_host / the arena).
@@ -120,6 +163,10 @@ typedef struct kvo_cuda_stats {
     uint64_t kernel_pieces;    /* pieces copied by them */
     uint64_t errors;           /* units that failed */
     bool batch_available;      /* the runtime and driver have cudaMemcpyBatchAsync */
+    /* -- fields after batch_available: filled only when struct_size covers them -- */
+    uint64_t batch_refused;    /* 1 once cudaMemcpyBatchAsync was refused at run time (the
+                                  device then uses one cudaMemcpyAsync per piece for good) */
+    uint64_t timeouts;         /* units that failed with KVO_ETIMEDOUT */
 } kvo_cuda_stats;
 /** Initialiser (the struct_size convention, kvo_common.h):
  *  kvo_cuda_stats st = KVO_CUDA_STATS_INIT; */

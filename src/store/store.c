@@ -40,8 +40,14 @@
  * checking that it is resident (PENDING or READY) and holds the key: the
  * index maps a key to at most one entry, so that entry is the one a probe
  * would find, whatever happened since (the memo is never invalidated, only
- * verified).  Any key not confirmed this way sends the whole call down the
- * probing path.
+ * verified).  The memo also remembers the misses of lookup and resolve (the
+ * key, at its position): such a key is still absent while no key has become
+ * resident since (res_gen, bumped by every prepare_store that stores, equals
+ * memo_gen), since only prepare_store makes keys resident; so prepare_store
+ * of the batch a lookup just answered resolves without probing.  Any key not
+ * confirmed this way sends the whole call down the probing path.  Keys the
+ * memo confirms were checked by the call that recorded them (their group is
+ * valid), so those calls skip the per-key check too.
  */
 #include <stdlib.h>
 
@@ -85,16 +91,25 @@ static inline int kvo__check_key(const kvo_store *s, const kvo_chunk_key *k, siz
     return 0;
 }
 
-int kvo__check_batch(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out,
-                     const char *fn) {
+int kvo__check_args(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn) {
     if (!s) return kvo__error(KVO_EINVAL, "%s: NULL store", fn);
     if (!keys || !out) return kvo__error(KVO_EINVAL, "%s: NULL %s", fn, !keys ? "keys" : "output array");
     if (n == 0) return kvo__error(KVO_EINVAL, "%s: empty batch (n = 0)", fn);
+    return 0;
+}
+
+int kvo__check_keys(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *fn) {
     for (size_t i = 0; i < n; i++) {
         int rc = kvo__check_key(s, &keys[i], i, fn);
         if (rc) return rc;
     }
     return 0;
+}
+
+int kvo__check_batch(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out,
+                     const char *fn) {
+    int rc = kvo__check_args(s, keys, n, out, fn);
+    return rc ? rc : kvo__check_keys(s, keys, n, fn);
 }
 
 void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *k) {
@@ -121,6 +136,8 @@ static int kvo__scratch(kvo_store *s, size_t n) {
     while (want < 2 * n) want *= 2;
     if (!rc) rc = kvo__grow((void **)&s->sc_set, &s->sc_setcap, want, sizeof *s->sc_set, 16, "store: scratch set");
     if (!rc) rc = kvo__grow((void **)&s->memo, &s->memo_cap, n, sizeof *s->memo, 64, "store: scratch memo");
+    if (!rc) rc = kvo__grow((void **)&s->memo_key, &s->memo_kcap, n, sizeof *s->memo_key, 64, "store: scratch memo");
+    if (s->memo_kcap < s->memo_cap) s->memo_cap = s->memo_kcap; /* the memo holds what both hold */
     return rc;
 }
 
@@ -293,6 +310,7 @@ void kvo_store_destroy(kvo_store *s) {
     kvo__free(s->sc_vict);
     kvo__free(s->sc_set);
     kvo__free(s->memo);
+    kvo__free(s->memo_key);
     kvo__free(s);
 }
 
@@ -415,28 +433,30 @@ static int kvo__pipe_begin(kvo_store *s, kvo__pipe *p, const kvo_chunk_key *keys
  * (PENDING or READY), or NIL for an absent key or a ghost.  Changes nothing
  * else; the calls that change entries check the resolved batch first, so a
  * refused batch leaves the store as it was. */
-int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
+int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *fn) {
     int rc = kvo__scratch(s, n);
     if (rc) return rc;
     if (kvo__memo_all(s, keys, n)) {
         memcpy(s->sc_ent, s->memo, n * sizeof *s->sc_ent);
         return 0;
     }
+    rc = kvo__check_keys(s, keys, n, fn);
+    if (rc) return rc;
     kvo__pipe pp;
     kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
         uint32_t e = kvo__pipe_find(s, &pp, keys, n, i);
         s->sc_ent[i] = e != KVO__NIL && s->ent[e].state != KVO__E_GHOST ? e : KVO__NIL;
     }
-    kvo__memo_set(s, s->sc_ent, n);
+    kvo__memo_set(s, s->sc_ent, keys, n);
     return 0;
 }
 
 int kvo__batch_begin(kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn) {
-    int rc = kvo__check_batch(s, keys, n, out, fn);
+    int rc = kvo__check_args(s, keys, n, out, fn);
     if (rc) return rc;
     kvo__store_lock(s);
-    rc = kvo__resolve(s, keys, n);
+    rc = kvo__resolve(s, keys, n, fn);
     if (rc) kvo__store_unlock(s);
     return rc;
 }
@@ -455,7 +475,11 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
             if (s->ent[e].flags & KVO__F_RETIRED) st = KVO_MISS;
         }
         states[i] = st;
-        if (i < s->memo_cap) s->memo[i] = st == KVO_MISS ? KVO__NIL : e;
+        if (i < s->memo_cap) { /* as kvo__resolve would: resident entries (retired too), else NIL */
+            bool res = e != KVO__NIL && s->ent[e].state != KVO__E_GHOST;
+            s->memo[i] = res ? e : KVO__NIL;
+            if (!res) s->memo_key[i] = keys[i];
+        }
         if (st == KVO_READY) {
             s->hits++;
             s->g_hits[g]++;
@@ -468,6 +492,7 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
         }
     }
     s->memo_n = n <= s->memo_cap ? n : 0;
+    s->memo_gen = s->res_gen;
     kvo__store_unlock(s);
     return 0;
 }
@@ -580,11 +605,16 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
 /* ------------------------------------------------------ touch, remove -- */
 
 int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
-    int rc = kvo__check_batch(s, keys, n, keys, "kvo_store_touch");
+    static const char fn[] = "kvo_store_touch";
+    int rc = kvo__check_args(s, keys, n, keys, fn);
     if (rc) return rc;
     kvo__store_lock(s);
     kvo__pipe pp;
-    bool memo = kvo__memo_all(s, keys, n);
+    bool memo = kvo__memo_all(s, keys, n); /* confirmed keys were checked when recorded */
+    if (!memo && (rc = kvo__check_keys(s, keys, n, fn))) {
+        kvo__store_unlock(s);
+        return rc;
+    }
     if (!memo) kvo__pipe_init(&pp, keys, n);
     for (size_t i = 0; i < n; i++) {
         uint32_t e = memo ? s->memo[i] : kvo__pipe_find(s, &pp, keys, n, i);

@@ -229,9 +229,12 @@ struct kvo_store {
     uint32_t *sc_vict;                     /* victims */
     uint64_t *sc_set;                      /* duplicate detection */
     size_t sc_cap, sc_vcap, sc_setcap;
-    /* the last batch's resident entries by position (store.c, "Memo") */
+    /* the last batch's resident entries by position (store.c, "Memo"); the
+     * keys of its NIL positions, absent while res_gen == memo_gen */
     uint32_t *memo;
-    size_t memo_n, memo_cap;
+    kvo_chunk_key *memo_key;
+    size_t memo_n, memo_cap, memo_kcap;
+    uint64_t memo_gen, res_gen;            /* res_gen: bumped when keys become resident */
 
     /* stats */
     uint64_t hits, misses, pending_hits, stores, store_skipped_present, store_not_admitted, rejected_stores;
@@ -285,29 +288,41 @@ static inline void kvo__store_unlock(kvo_store *s) { pthread_mutex_unlock(&s->mu
 /* Busy transitions: an entry leaves/enters the evictable set. */
 static inline void kvo__busy(kvo_store *s, uint32_t e, int d) { kvo__slots_busy(&s->sl, s->ent[e].slot, d); }
 /* The memo (store.c): true when every keys[i] (i < n) is the resident entry
- * memo[i] (each verified by its state and key); memo_set records a batch's
- * entries (NIL: not resident), when the memo has room. */
+ * memo[i] (each verified by its state and key) or, memo[i] NIL, the key
+ * recorded there while no key has become resident since (still absent);
+ * memo_set records a batch's entries (NIL: not resident), when the memo has
+ * room. */
 static inline bool kvo__memo_all(const kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     if (n > s->memo_n) return false;
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->memo[i];
-        if (e == KVO__NIL) return false;
+        if (e == KVO__NIL) {
+            if (s->memo_gen != s->res_gen || !kvo_chunk_key_eq(&s->memo_key[i], &keys[i])) return false;
+            continue;
+        }
         const kvo__entry *x = &s->ent[e];
         if ((x->state != KVO__E_READY && x->state != KVO__E_PENDING) || !kvo_chunk_key_eq(&x->key, &keys[i]))
             return false;
     }
     return true;
 }
-static inline void kvo__memo_set(kvo_store *s, const uint32_t *ents, size_t n) {
+static inline void kvo__memo_set(kvo_store *s, const uint32_t *ents, const kvo_chunk_key *keys, size_t n) {
     if (n > s->memo_cap) n = 0;
-    else memcpy(s->memo, ents, n * sizeof *ents);
+    for (size_t i = 0; i < n; i++)
+        if ((s->memo[i] = ents[i]) == KVO__NIL) s->memo_key[i] = keys[i];
     s->memo_n = n;
+    s->memo_gen = s->res_gen;
 }
-/* Validate a batch's arguments and keys (message names fn). */
+/* Validate a batch's arguments and keys (message names fn); the arguments
+ * only (NULLs, n); the keys only (their groups). */
 int kvo__check_batch(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn);
-/* Resolve a batch into s->sc_ent (grown to n): each key's resident entry
- * (PENDING or READY), or NIL for an absent key or a ghost.  Lock held. */
-int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n);
+int kvo__check_args(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn);
+int kvo__check_keys(const kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *fn);
+/* Check the keys and resolve a batch into s->sc_ent (grown to n): each key's
+ * resident entry (PENDING or READY), or NIL for an absent key or a ghost.
+ * Keys the memo confirms need no check (a checked call recorded them).  Lock
+ * held. */
+int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *fn);
 /* A batch call's preamble: check the batch, lock, resolve.  0 with the lock
  * held, or an error with it released. */
 int kvo__batch_begin(kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn);

@@ -26,8 +26,9 @@
 
 /* -------------------------------------------------------------- store -- */
 
-static int kvo__push_victim(kvo_store *s, size_t nv, uint32_t e) {
-    int rc = kvo__grow((void **)&s->sc_vict, &s->sc_vcap, nv + 1, sizeof *s->sc_vict, 256, "store: victim list");
+static inline int kvo__push_victim(kvo_store *s, size_t nv, uint32_t e) {
+    int rc = nv < s->sc_vcap ? 0 : kvo__grow((void **)&s->sc_vict, &s->sc_vcap, nv + 1, sizeof *s->sc_vict, 256,
+                                             "store: victim list");
     if (rc) return rc;
     s->sc_vict[nv] = e;
     return 0;
@@ -179,7 +180,7 @@ typedef struct kvo__batch {
 /* Validation: arguments, keys, no key twice; resolves the batch into
  * s->sc_ent.  Lock held; changes nothing the caller can see. */
 static int kvo__ps_validate(kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *fn) {
-    int rc = kvo__resolve(s, keys, n);
+    int rc = kvo__resolve(s, keys, n, fn);
     if (rc) return rc;
     size_t da, db;
     if (n > 1 && kvo__find_dup(s, keys, n, &da, &db))
@@ -378,7 +379,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
                             kvo_chunk_key *evicted, kvo_slot *evicted_slots, size_t evicted_cap,
                             size_t *n_evicted) {
     static const char fn[] = "kvo_store_prepare_store";
-    int rc = kvo__check_batch(s, keys, n, need, fn);
+    int rc = kvo__check_args(s, keys, n, need, fn); /* the keys: in kvo__resolve */
     if (rc) return rc;
     if (!slots) return kvo__error(KVO_EINVAL, "%s: NULL slots", fn);
     if (evicted_cap && (!evicted || !evicted_slots))
@@ -425,6 +426,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         }
     }
     s->memo_n = m;
+    s->res_gen += m > 0; /* the memo's remembered misses may be stored now */
     s->store_skipped_present += b.n_present;
     s->store_not_admitted += b.n_not_admitted;
     if (n_evicted) *n_evicted = nv;

@@ -14,6 +14,7 @@
  * links the file defining the symbol makes the device selectable by name;
  * the core and the public header do not change.
  */
+#include <pthread.h>
 #include <stdio.h>
 
 #include "transfer/copy.h"
@@ -76,20 +77,82 @@ const kvo__xfer_device_ops kvo__xfer_device_host = {
     .nontemporal = kvo__host_nontemporal,
 };
 
-/* Devices defined by optional sources (absent: the address is NULL).  "test"
- * is defined only by test programs (tests/test_transfer_device.c), which
- * shows that a device plugs in from outside this file's core. */
-extern const kvo__xfer_device_ops kvo__xfer_device_cuda __attribute__((weak));
-extern const kvo__xfer_device_ops kvo__xfer_device_test __attribute__((weak));
+/* Devices defined by optional sources linked into the same program (absent:
+ * the address is NULL): the CUDA device of libkvoffload_cuda.a, and "test",
+ * defined only by test programs (tests/test_transfer_device.c), which shows
+ * that a device plugs in from outside this file's core.  Hidden: the shared
+ * library never binds them to another object's symbol. */
+extern const kvo__xfer_device_ops kvo__xfer_device_cuda __attribute__((weak, visibility("hidden")));
+extern const kvo__xfer_device_ops kvo__xfer_device_test __attribute__((weak, visibility("hidden")));
+
+/* Devices attached at run time by their own shared library
+ * (kvo_xfer_device_attach).  Written under the mutex, read without it: a slot
+ * is published with a release store after its ops pointer is final, and
+ * never cleared (a device library stays loaded: it is not unloadable). */
+#define KVO__MAX_ATTACHED 4
+static pthread_mutex_t kvo__attach_mu = PTHREAD_MUTEX_INITIALIZER;
+static const kvo__xfer_device_ops *kvo__attached[KVO__MAX_ATTACHED];
+static char kvo__names[128];
+
+static const kvo__xfer_device_ops *kvo__attached_find(const char *name) {
+    for (int i = 0; i < KVO__MAX_ATTACHED; i++) {
+        const kvo__xfer_device_ops *o = __atomic_load_n(&kvo__attached[i], __ATOMIC_ACQUIRE);
+        if (o && !strcmp(o->name, name)) return o;
+    }
+    return NULL;
+}
 
 const kvo__xfer_device_ops *kvo__xfer_device_find(const char *name) {
     if (!name || !strcmp(name, "host")) return &kvo__xfer_device_host;
     if (!strcmp(name, "cuda") && &kvo__xfer_device_cuda) return &kvo__xfer_device_cuda;
     if (!strcmp(name, "test") && &kvo__xfer_device_test) return &kvo__xfer_device_test;
-    return NULL;
+    return kvo__attached_find(name);
+}
+
+static void kvo__names_update(void) { /* under kvo__attach_mu */
+    char buf[sizeof kvo__names];
+    int n = snprintf(buf, sizeof buf, "host%s%s", &kvo__xfer_device_cuda ? ", cuda" : "",
+                     &kvo__xfer_device_test ? ", test" : "");
+    for (int i = 0; i < KVO__MAX_ATTACHED && kvo__attached[i]; i++)
+        if (n > 0 && (size_t)n < sizeof buf)
+            n += snprintf(buf + n, sizeof buf - (size_t)n, ", %s", kvo__attached[i]->name);
+    memcpy(kvo__names, buf, sizeof buf);
 }
 
 const char *kvo__xfer_device_names(void) {
-    if (&kvo__xfer_device_cuda) return &kvo__xfer_device_test ? "host, cuda, test" : "host, cuda";
-    return &kvo__xfer_device_test ? "host, test" : "host";
+    pthread_mutex_lock(&kvo__attach_mu);
+    if (!kvo__names[0]) kvo__names_update();
+    pthread_mutex_unlock(&kvo__attach_mu);
+    return kvo__names;
+}
+
+int kvo_xfer_device_attach(uint32_t abi, const kvo__xfer_device_ops *ops, size_t ops_size, kvo__core_fns *fns,
+                           size_t fns_size) {
+    if (!ops || !fns || !ops->name)
+        return kvo__error(KVO_EINVAL, "kvo_xfer_device_attach: ops, ops->name and fns must not be NULL");
+    if (abi != KVO__XFER_DEVICE_ABI || ops_size != sizeof *ops || fns_size != sizeof *fns)
+        return kvo__error(KVO_ENOTSUP,
+                          "kvo_xfer_device_attach: device library '%s' was built for another libkvoffload (ABI %u, "
+                          "%zu/%zu-byte tables; this one: ABI %u, %zu/%zu): install matching versions",
+                          ops->name, abi, ops_size, fns_size, KVO__XFER_DEVICE_ABI, sizeof *ops, sizeof *fns);
+    int rc = 0;
+    pthread_mutex_lock(&kvo__attach_mu);
+    const kvo__xfer_device_ops *have = kvo__xfer_device_find(ops->name);
+    if (have && have != ops) {
+        rc = kvo__error(KVO_EEXIST, "kvo_xfer_device_attach: a transfer device '%s' exists already", ops->name);
+    } else if (!have) { /* (have == ops: attached before; only the functions again) */
+        int slot = 0;
+        while (slot < KVO__MAX_ATTACHED && kvo__attached[slot]) slot++;
+        if (slot == KVO__MAX_ATTACHED) {
+            rc = kvo__error(KVO_ENOMEM, "kvo_xfer_device_attach: at most %d device libraries", KVO__MAX_ATTACHED);
+        } else {
+            __atomic_store_n(&kvo__attached[slot], ops, __ATOMIC_RELEASE);
+            kvo__names_update();
+        }
+    }
+    if (!rc)
+        *fns = (kvo__core_fns){kvo__verror, kvo__error_prefix, kvo__malloc, kvo__calloc, kvo__realloc, kvo__free,
+                               kvo__check_struct_size};
+    pthread_mutex_unlock(&kvo__attach_mu);
+    return rc;
 }

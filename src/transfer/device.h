@@ -34,6 +34,8 @@
 #ifndef KVO_TRANSFER_DEVICE_H
 #define KVO_TRANSFER_DEVICE_H
 
+#include <stdarg.h>
+
 #include "core/internal.h"
 
 typedef struct kvo__xfer_device_config {
@@ -71,12 +73,54 @@ typedef struct kvo__xfer_device_ops {
      * asks for more, so the wait is small next to the copy; pages of at
      * least twice this are then split into parts of about this size. */
     uint64_t unit_bytes;
+    /* Optional (NULL = none), for a device that orders copies against the
+     * engine's own work (the CUDA device: a store waits for an event the
+     * engine's compute stream reached at submit).  job_submit runs in
+     * kvo_transfer_submit on the caller's thread, unlocked, once the job is
+     * valid and before it is queued: *token receives the job's device data
+     * (or NULL); an error fails the submit.  unit_job tells a worker the
+     * token of the job whose unit it copies next, before the unit's first
+     * copy().  job_done runs exactly once for each non-NULL token, when the
+     * job's result is posted (or the submit fails after job_submit), on any
+     * thread, possibly under the engine lock: it must not block. */
+    int (*job_submit)(void *state, int dir, void **token);
+    void (*unit_job)(void *wctx, void *token);
+    void (*job_done)(void *state, void *token);
 } kvo__xfer_device_ops;
 
-/* The device called name (NULL = "host"), or NULL when not built in. */
+/* The device called name (NULL = "host"), or NULL when not built in and not
+ * attached.  Any thread. */
 const kvo__xfer_device_ops *kvo__xfer_device_find(const char *name);
-/* The names of the devices built in, comma-separated (for messages). */
+/* The names of the devices available, comma-separated (for messages). */
 const char *kvo__xfer_device_names(void);
+
+/* ---- devices in their own shared library (libkvoffload_cuda.so) ---------
+ *
+ * A device built as its own shared object can neither be seen through the
+ * weak references of device.c (libkvoffload.so is linked before it, and its
+ * symbols are hidden) nor call the core's hidden kvo__ functions.  So at
+ * load (an ELF constructor, src/transfer/cuda/cuda_shared.c) it calls
+ * kvo_xfer_device_attach: the core checks the ABI, adds the device to its
+ * table (found by name like a built-in one) and fills *fns with the core
+ * functions the device's files call (errors into the same kvo_last_error()
+ * buffer, the user's allocator, the struct_size check).  This is the one
+ * symbol libkvoffload.so exports outside the documented API (kvo_*, not
+ * kvo__, so the export check of tools/test-consumers.sh holds); it is not
+ * for applications.  Errors: KVO_ENOTSUP (ABI or struct sizes differ: the
+ * device library was built for another libkvoffload), KVO_EEXIST (a device
+ * of that name is attached already), KVO_ENOMEM (table full), KVO_EINVAL. */
+#define KVO__XFER_DEVICE_ABI 1u
+typedef struct kvo__core_fns {
+    int (*verror)(int err, const char *fmt, va_list ap);
+    int (*error_prefix)(int err, const char *fmt, ...);
+    void *(*malloc)(size_t n);
+    void *(*calloc)(size_t n, size_t size);
+    void *(*realloc)(void *p, size_t n);
+    void (*free)(void *p);
+    int (*check_struct_size)(const char *fn, const char *type, size_t given, size_t min, const char *init);
+} kvo__core_fns;
+KVO_API int kvo_xfer_device_attach(uint32_t abi, const kvo__xfer_device_ops *ops, size_t ops_size,
+                                   kvo__core_fns *fns, size_t fns_size);
 
 extern const kvo__xfer_device_ops kvo__xfer_device_host;
 

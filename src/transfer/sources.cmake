@@ -22,3 +22,8 @@ kvo_sources(KVO_CUDA_SOURCES transfer/cuda
 kvo_sources(KVO_CUDA_KERNEL_SOURCES transfer/cuda
   kernels.cu
 )
+# Only in libkvoffload_cuda.so: the core functions through libkvoffload.so's
+# table (kvo_xfer_device_attach).
+kvo_sources(KVO_CUDA_SHARED_SOURCES transfer/cuda
+  cuda_shared.c
+)

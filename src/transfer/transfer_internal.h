@@ -129,6 +129,7 @@ typedef struct kvo__xres {
 
 struct kvo__xjob {
     uint64_t id;
+    void *dev_token; /* the device's job_submit token, released by kvo__xpost */
     int dir;
     int state;
     int status;      /* first failure while running, or the unstarted failure */

@@ -163,6 +163,10 @@ void kvo__xpost(kvo_transfer *t, kvo__xjob *j, int status) {
     kvo__xent *e = kvo__xtab_find(t, j->id, KVO__XTAG_JOB);
     assert(e && e->writer == j && !j->posted);
     j->posted = true;
+    if (j->dev_token) {
+        t->dev->job_done(t->dev_state, j->dev_token);
+        j->dev_token = NULL;
+    }
     kvo__hmap_erase(&t->tab, e);
     kvo__xlive_remove(t, j);
     assert(t->ring_count < t->max_queued);

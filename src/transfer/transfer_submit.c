@@ -248,6 +248,7 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
     rc = kvo__xvalidate_ops(t, L, dir, ops, n, &total_blocks, &n_units, &group_mask);
     if (!rc) rc = kvo__xbuild_job(t, L, dir, ops, n, total_blocks, n_units, group_mask, spare, &j);
     else kvo__free(spare);
+    if (!rc && t->dev->job_submit) rc = t->dev->job_submit(t->dev_state, dir, &j->dev_token);
 
     /* Queueing. */
     pthread_mutex_lock(&t->mu);
@@ -255,6 +256,7 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
     if (rc) {
         kvo__xgc_layout_unref(&gc, L);
         pthread_mutex_unlock(&t->mu);
+        if (j && j->dev_token) t->dev->job_done(t->dev_state, j->dev_token);
         kvo__free(j);
         kvo__xgc_run(&gc);
         return rc;

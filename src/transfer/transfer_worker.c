@@ -31,6 +31,7 @@ static int kvo__xrun_unit(kvo_transfer *t, kvo__xjob *j, uint64_t u, void *wctx,
     uint64_t s = r / op->units_per_seg, part = r % op->units_per_seg;
     assert(s < G->n_segs);
     const kvo__xseg *seg = &j->layout->segs[G->first_seg + s];
+    if (t->dev->unit_job) t->dev->unit_job(wctx, j->dev_token);
     if (G->unit_parts > 1) {
         /* One part of one huge page. */
         uint64_t b = part / G->unit_parts, plen = kvo__xpart_bytes(seg->page, G->unit_parts);

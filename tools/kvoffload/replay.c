@@ -28,6 +28,7 @@
 void rp_trace_free(rp_trace *t) {
     free(t->ids);
     free(t->starts);
+    free(t->session);
     memset(t, 0, sizeof *t);
 }
 
@@ -38,11 +39,18 @@ typedef struct rp_map {
     size_t n;
 } rp_map;
 
-static uint64_t rp_mix(uint64_t x) {
+uint64_t rp_mix(uint64_t x) {
     x ^= x >> 33;
     x *= UINT64_C(0xFF51AFD7ED558CCD);
     x ^= x >> 33;
     return x;
+}
+
+/* FNV-1a, then mixed: a session_id string as a 64-bit key. */
+static uint64_t rp_hash_str(const char *s) {
+    uint64_t h = UINT64_C(0xCBF29CE484222325);
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * UINT64_C(0x100000001B3);
+    return rp_mix(h);
 }
 
 static int rp_map_grow(rp_map *m) {
@@ -125,10 +133,23 @@ int rp_trace_load(const char *path, rp_trace *t, char *err, size_t errlen) {
         if (t->nreq + 2 > rcap) {
             size_t nc = rcap ? rcap * 2 : 1024;
             size_t *p = realloc(t->starts, nc * sizeof *p);
-            if (!p) { rc = -2; json_decref(o); break; }
-            t->starts = p;
+            uint64_t *q = p ? realloc(t->session, nc * sizeof *q) : NULL;
+            if (p) t->starts = p;
+            if (q) t->session = q;
+            if (!p || !q) { rc = -2; json_decref(o); break; }
             rcap = nc;
         }
+        json_t *sid = json_object_get(o, "session_id"); /* optional: routing by session */
+        uint64_t sv = RP_NO_SESSION;
+        if (json_is_integer(sid) && json_integer_value(sid) >= 0) sv = rp_mix((uint64_t)json_integer_value(sid));
+        else if (json_is_string(sid)) sv = rp_hash_str(json_string_value(sid));
+        else if (sid) {
+            snprintf(err, errlen, "%s:%zu: session_id is neither a non-negative integer nor a string", path, lineno);
+            json_decref(o);
+            rc = -1;
+            break;
+        }
+        t->session[t->nreq] = sv == RP_NO_SESSION && sid ? sv - 1 : sv;
         t->starts[t->nreq++] = t->nids;
         size_t i;
         json_t *v;
@@ -205,46 +226,85 @@ static int rp_plan(kvo_plan **out) {
     return rc;
 }
 
-int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, bool ignore_present, rp_result *out) {
-    memset(out, 0, sizeof *out);
-    kvo_plan *p = NULL;
-    kvo_store *s = NULL;
-    int rc = rp_plan(&p);
+int rp_cache_open(rp_cache *c, kvo_policy_kind pol, uint64_t cap, bool ignore_present, size_t maxlen) {
+    memset(c, 0, sizeof *c);
+    c->cap = cap;
+    c->ignore_present = ignore_present;
+    int rc = rp_plan(&c->plan);
     kvo_store_params sp = kvo_store_default_params();
-    sp.plan = p;
+    sp.plan = c->plan;
     sp.capacity_bytes = cap * RP_SLOT;
     sp.policy = pol;
     sp.ignore_present = ignore_present;
-    if (!rc) rc = kvo_store_create(&sp, &s);
-    size_t n = t->maxlen ? t->maxlen : 1;
-    kvo_chunk_key *keys = malloc(n * sizeof *keys), *todo = malloc(n * sizeof *todo);
-    uint8_t *st = malloc(n), *need = malloc(n);
-    kvo_slot *sl = malloc(n * sizeof *sl);
-    if (!rc && (!keys || !todo || !st || !need || !sl)) rc = KVO_ENOMEM;
+    if (!rc) rc = kvo_store_create(&sp, &c->s);
+    size_t n = maxlen ? maxlen : 1;
+    c->todo = malloc(n * sizeof *c->todo);
+    c->st = malloc(n);
+    c->need = malloc(n);
+    c->sl = malloc(n * sizeof *c->sl);
+    if (!rc && (!c->todo || !c->st || !c->need || !c->sl)) rc = KVO_ENOMEM;
+    if (rc) rp_cache_close(c);
+    return rc;
+}
+
+void rp_cache_close(rp_cache *c) {
+    kvo_store_destroy(c->s);
+    kvo_plan_destroy(c->plan);
+    free(c->todo); free(c->st); free(c->need); free(c->sl);
+    memset(c, 0, sizeof *c);
+}
+
+int rp_cache_hits(rp_cache *c, const kvo_chunk_key *keys, size_t from, size_t len, size_t *hits) {
+    *hits = 0;
+    if (from >= len) return 0;
+    int rc = kvo_store_lookup(c->s, keys + from, len - from, c->st);
+    size_t h = 0;
+    while (!rc && from + h < len && c->st[h] == KVO_READY) h++;
+    *hits = h;
+    return rc;
+}
+
+int rp_cache_store(rp_cache *c, const kvo_chunk_key *keys, size_t len, uint8_t *need) {
+    int rc = 0;
+    for (size_t b = 0; !rc && b < len; b += c->cap) {
+        size_t nb = len - b < c->cap ? len - b : (size_t)c->cap, m = 0;
+        uint8_t *nd = need ? need + b : c->need;
+        rc = kvo_store_prepare_store(c->s, keys + b, nb, nd, c->sl, NULL, NULL, 0, NULL);
+        for (size_t i = 0; !rc && i < nb; i++)
+            if (nd[i]) c->todo[m++] = keys[b + i];
+        if (!rc && m) rc = kvo_store_complete_store(c->s, c->todo, m, true);
+    }
+    return rc;
+}
+
+int rp_cache_request(rp_cache *c, const kvo_chunk_key *keys, size_t len, size_t *hits) {
+    int rc = rp_cache_hits(c, keys, 0, len, hits);
+    /* vLLM touches a load's blocks deepest first: the root ends most recent */
+    for (size_t i = *hits; !rc && c->ignore_present && i > 0; i--) rc = kvo_store_touch(c->s, &keys[i - 1], 1);
+    return rc ? rc : rp_cache_store(c, keys, len, c->need);
+}
+
+uint64_t rp_cache_evictions(const rp_cache *c) {
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
+    return kvo_store_get_stats(c->s, &ss) ? 0 : ss.evictions;
+}
+
+int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, bool ignore_present, rp_result *out) {
+    memset(out, 0, sizeof *out);
+    rp_cache c;
+    int rc = rp_cache_open(&c, pol, cap, ignore_present, t->maxlen);
+    kvo_chunk_key *keys = rc ? NULL : malloc((t->maxlen ? t->maxlen : 1) * sizeof *keys);
+    if (!rc && !keys) rc = KVO_ENOMEM;
     for (size_t r = 0; !rc && r < t->nreq; r++) {
-        size_t len = t->starts[r + 1] - t->starts[r];
+        size_t len = t->starts[r + 1] - t->starts[r], h = 0;
         if (!len) continue;
         for (size_t i = 0; i < len; i++) keys[i] = rp_trace_key(t->ids[t->starts[r] + i]);
-        rc = kvo_store_lookup(s, keys, len, st);
-        size_t h = 0;
-        while (!rc && h < len && st[h] == KVO_READY) h++;
+        rc = rp_cache_request(&c, keys, len, &h);
         out->hits += h;
-        /* vLLM touches a load's blocks deepest first: the root ends most recent */
-        for (size_t i = h; !rc && ignore_present && i > 0; i--) rc = kvo_store_touch(s, &keys[i - 1], 1);
-        for (size_t b = 0; !rc && b < len; b += cap) {
-            size_t nb = len - b < cap ? len - b : (size_t)cap;
-            rc = kvo_store_prepare_store(s, keys + b, nb, need, sl, NULL, NULL, 0, NULL);
-            size_t m = 0;
-            for (size_t i = 0; !rc && i < nb; i++)
-                if (need[i]) todo[m++] = keys[b + i];
-            if (!rc && m) rc = kvo_store_complete_store(s, todo, m, true);
-        }
     }
-    kvo_store_stats ss = KVO_STORE_STATS_INIT;
-    if (!rc && !kvo_store_get_stats(s, &ss)) out->evictions = ss.evictions;
+    if (!rc) out->evictions = rp_cache_evictions(&c);
     out->blocks = t->nids;
-    free(keys); free(todo); free(st); free(need); free(sl);
-    kvo_store_destroy(s);
-    kvo_plan_destroy(p);
+    free(keys);
+    if (c.s) rp_cache_close(&c);
     return rc;
 }

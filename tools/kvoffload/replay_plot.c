@@ -1,6 +1,7 @@
 /*
  * The hit-rate plot of `kvoffload replay --plot`: hit rate (y, 0..1) against
- * capacity (x), one line with markers per policy, MIN and the infinite cache,
+ * capacity (x), one line with markers per curve (policies, or a fleet's
+ * routings against the shared tier's capacity), references dashed,
  * a legend box, ticks and grid.  Drawn with cairo (Debian libcairo2-dev) when
  * the build found it (KVO_HAVE_CAIRO); otherwise rp_plot_png says so.
  */
@@ -98,7 +99,7 @@ int rp_plot_png(const char *path, const char *title, const char *xlabel, const d
     cairo_set_font_size(cr, 13);
     for (size_t c = 0; c < ncurves; c++) {
         const double *col = rp_colors[c % (sizeof rp_colors / sizeof rp_colors[0])];
-        int dashed = !strcmp(curves[c].name, "min") || !strcmp(curves[c].name, "infinite");
+        int dashed = curves[c].dashed;
         cairo_set_source_rgb(cr, col[0], col[1], col[2]);
         cairo_set_line_width(cr, 2);
         double dash[] = {6, 4};

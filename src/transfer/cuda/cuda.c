@@ -17,7 +17,15 @@
  * offset of their device-visible alias, under a reader-writer lock: workers
  * look up each slot (binary search, read lock held once per work unit);
  * pin/unpin take the write lock.  The ranges are few (one per arena), so the
- * insertion shift is cheap.
+ * insertion shift is cheap.  The registration behind them is process-wide
+ * (cudaHostRegister is, for portable memory) and counted over the contexts
+ * that pinned the range, so one arena serves several devices.
+ *
+ * Every function here that runs on a caller's thread and needs a device
+ * current brackets its CUDA calls with kvo__cuda_enter / kvo__cuda_leave:
+ * the caller's current device is never changed.  The job event pool (one
+ * cudaEvent_t per store in flight with a compute stream) grows on demand
+ * and lives as long as the context.
  */
 #include "transfer/cuda/cuda_internal.h"
 
@@ -53,11 +61,15 @@ kvo_cuda_params kvo_cuda_default_params(void) {
     p.kernel_min_pieces = 4;
     p.batch = -1;
     p.require_pinned = true;
+    p.completion_timeout_ms = 60000;
     return p;
 }
 
 int kvo_cuda_device_count(int *count) {
     if (!count) return kvo__error(KVO_EINVAL, "kvo_cuda_device_count: count must not be NULL");
+    *count = 0;
+    int rc = kvo__cuda_attached("kvo_cuda_device_count");
+    if (rc) return rc;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -71,15 +83,151 @@ int kvo_cuda_device_count(int *count) {
     return 0;
 }
 
+/* ---- process-wide registrations -------------------------------------------
+ * cudaHostRegister(portable) makes a range pinned for every device, and a
+ * second registration of it fails: so each range is registered once for the
+ * process and counted over the contexts that pinned it (one arena pinned for
+ * several devices), and unregistered when the last one unpins.  A range the
+ * caller registered itself (torch's pin_memory, cudaHostRegister) is used
+ * as it is and never unregistered here. */
+typedef struct kvo__cuda_gpin {
+    uintptr_t base;
+    uint64_t bytes;
+    uint32_t users;
+    bool external;
+} kvo__cuda_gpin;
+static pthread_mutex_t kvo__gpin_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvo__cuda_gpin *kvo__gpins;
+static size_t kvo__n_gpins, kvo__cap_gpins;
+
+/* Under kvo__gpin_mu, the device current: count one more user of [b, +bytes). */
+static int kvo__gpin_acquire(uintptr_t b, uint64_t bytes) {
+    for (size_t i = 0; i < kvo__n_gpins; i++) {
+        kvo__cuda_gpin *g = &kvo__gpins[i];
+        if (g->base == b && g->bytes == bytes) {
+            g->users++;
+            return 0;
+        }
+        if (b < g->base + g->bytes && g->base < b + bytes)
+            return kvo__error(KVO_EEXIST, "overlaps [%p, +%llu), pinned (by this or another device's context) "
+                                          "with other bounds: pin the same range, or disjoint ones",
+                              (void *)g->base, (unsigned long long)g->bytes);
+    }
+    int rc = kvo__grow((void **)&kvo__gpins, &kvo__cap_gpins, kvo__n_gpins + 1, sizeof *kvo__gpins, 4,
+                       "pinned ranges");
+    if (rc) return rc;
+    bool external = false;
+    cudaError_t e = cudaHostRegister((void *)b, (size_t)bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+        (void)cudaGetLastError();
+        external = true;
+    } else if (e != cudaSuccess) {
+        return kvo__cuda_error(e, "cudaHostRegister");
+    }
+    kvo__gpins[kvo__n_gpins++] = (kvo__cuda_gpin){b, bytes, 1, external};
+    return 0;
+}
+
+/* Under kvo__gpin_mu, the device current: one user fewer; unregister at the
+ * last (unless leak: after a completion timeout, which would block). */
+static cudaError_t kvo__gpin_release(uintptr_t b, bool leak) {
+    for (size_t i = 0; i < kvo__n_gpins; i++) {
+        kvo__cuda_gpin *g = &kvo__gpins[i];
+        if (g->base != b) continue;
+        if (--g->users) return cudaSuccess;
+        bool unreg = !g->external && !leak;
+        kvo__gpins[i] = kvo__gpins[--kvo__n_gpins];
+        return unreg ? cudaHostUnregister((void *)b) : cudaSuccess;
+    }
+    return cudaSuccess;
+}
+
+/* On the caller's thread (destroy, or a failed create): its device is put
+ * back.  After a completion timeout nothing that could wait for the device
+ * is called: the ranges stay registered, the streams and events leak. */
 static void kvo__cuda_free(kvo_cuda *cu) {
-    (void)cudaSetDevice(cu->index);
-    for (size_t i = 0; i < cu->n_pins; i++) (void)cudaHostUnregister((void *)cu->pins[i].base);
-    for (int d = 0; d < 2; d++)
-        if (cu->stream[d]) (void)cudaStreamDestroy(cu->stream[d]);
+    int prev;
+    (void)kvo__cuda_enter(cu->index, &prev);
+    bool hung = __atomic_load_n(&cu->hung, __ATOMIC_ACQUIRE);
+    pthread_mutex_lock(&kvo__gpin_mu);
+    for (size_t i = 0; i < cu->n_pins; i++) (void)kvo__gpin_release(cu->pins[i].base, hung);
+    pthread_mutex_unlock(&kvo__gpin_mu);
+    if (!hung) {
+        for (int d = 0; d < 2; d++)
+            if (cu->stream[d]) (void)cudaStreamDestroy(cu->stream[d]);
+        for (kvo__cuda_jobev *e = cu->ev_all; e; e = e->all) (void)cudaEventDestroy(e->ev);
+    }
     (void)cudaGetLastError();
+    kvo__cuda_leave(cu->index, prev);
+    for (kvo__cuda_jobev *e = cu->ev_all, *n; e; e = n) {
+        n = e->all;
+        kvo__free(e);
+    }
+    pthread_mutex_destroy(&cu->ev_lock);
     pthread_rwlock_destroy(&cu->pin_lock);
     kvo__free(cu->pins);
     kvo__free(cu);
+}
+
+int kvo__cuda_jobev_get(kvo_cuda *cu, kvo__cuda_jobev **out) {
+    pthread_mutex_lock(&cu->ev_lock);
+    kvo__cuda_jobev *e = cu->ev_free;
+    if (e) cu->ev_free = e->next;
+    pthread_mutex_unlock(&cu->ev_lock);
+    if (e) {
+        *out = e;
+        return 0;
+    }
+    e = kvo__calloc(1, sizeof *e);
+    if (!e) return kvo__error(KVO_ENOMEM, "out of memory for a job event");
+    int prev;
+    cudaError_t ce = kvo__cuda_enter(cu->index, &prev); /* the caller's thread */
+    if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming);
+    kvo__cuda_leave(cu->index, prev);
+    if (ce != cudaSuccess) {
+        kvo__free(e);
+        return kvo__cuda_error(ce, "cudaEventCreate (job event)");
+    }
+    pthread_mutex_lock(&cu->ev_lock);
+    e->all = cu->ev_all;
+    cu->ev_all = e;
+    pthread_mutex_unlock(&cu->ev_lock);
+    *out = e;
+    return 0;
+}
+
+void kvo__cuda_jobev_put(kvo_cuda *cu, kvo__cuda_jobev *e) {
+    if (!e) return;
+    pthread_mutex_lock(&cu->ev_lock);
+    e->next = cu->ev_free;
+    cu->ev_free = e;
+    pthread_mutex_unlock(&cu->ev_lock);
+}
+
+int kvo__cuda_stream_device(void *s) {
+#if CUDART_VERSION >= 12080
+    int dev = -1;
+    if (cudaStreamGetDevice((cudaStream_t)s, &dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return dev;
+#else
+    (void)s;
+    return -1;
+#endif
+}
+
+/* A compute stream on another device than cu's: KVO_EINVAL naming both. */
+static int kvo__cuda_check_compute(const char *fn, int index, void *stream) {
+    if (!stream) return 0;
+    int dev = kvo__cuda_stream_device(stream);
+    if (dev >= 0 && dev != index)
+        return kvo__error(KVO_EINVAL,
+                          "%s: the compute stream %p belongs to CUDA device %d, this context copies on device %d "
+                          "(create the kvo_cuda with device_index = %d, or pass a stream of device %d)",
+                          fn, stream, dev, index, dev, index);
+    return 0;
 }
 
 static bool kvo__cuda_batch_available(void) {
@@ -99,8 +247,10 @@ static int kvo__cuda_new(const kvo_cuda_params *p, kvo_cuda **out) {
                           KVO__CUDA_MAX_DEVICES - 1);
     if (p->batch < -1 || p->batch > 1)
         return kvo__error(KVO_EINVAL, "%s: batch = %d, must be -1 (auto), 0 or 1", fn, p->batch);
+    int rc = kvo__cuda_check_compute(fn, p->device_index, p->compute_stream);
+    if (rc) return rc;
     int count = 0;
-    int rc = kvo_cuda_device_count(&count);
+    rc = kvo_cuda_device_count(&count);
     if (rc) return kvo__error_prefix(rc, "%s: device %d", fn, p->device_index);
     if (p->device_index >= count)
         return kvo__error(KVO_ENOTSUP, "%s: device_index %d does not exist (%d CUDA device(s): use 0..%d)", fn,
@@ -114,15 +264,19 @@ static int kvo__cuda_new(const kvo_cuda_params *p, kvo_cuda **out) {
     cu->index = p->device_index;
     cu->batch_ok = batch_ok && p->batch != 0;
     cu->require_pinned = p->require_pinned;
+    cu->timeout_ms = p->completion_timeout_ms;
     cu->compute = p->compute_stream;
     cu->plan = kvo__cuda_plan_default_cfg(cu->batch_ok);
     cu->plan.kernel_max_bytes = p->kernel_max_bytes;
     cu->plan.kernel_min_pieces = p->kernel_min_pieces;
     cu->st.batch_available = batch_ok;
     pthread_rwlock_init(&cu->pin_lock, NULL);
-    cudaError_t e = cudaSetDevice(cu->index);
+    pthread_mutex_init(&cu->ev_lock, NULL);
+    int prev;
+    cudaError_t e = kvo__cuda_enter(cu->index, &prev); /* the caller's device is put back */
     for (int d = 0; d < 2 && e == cudaSuccess; d++)
         e = cudaStreamCreateWithFlags(&cu->stream[d], cudaStreamNonBlocking);
+    kvo__cuda_leave(cu->index, prev);
     if (e != cudaSuccess) {
         rc = kvo__cuda_error(e, "kvo_cuda_create: creating the copy streams");
         kvo__cuda_free(cu);
@@ -134,10 +288,13 @@ static int kvo__cuda_new(const kvo_cuda_params *p, kvo_cuda **out) {
 
 int kvo_cuda_create(const kvo_cuda_params *p, kvo_cuda **out) {
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_cuda_create: params and out must not be NULL");
+    *out = NULL;
+    int rc = kvo__cuda_attached("kvo_cuda_create");
+    if (rc) return rc;
     kvo_cuda_params p_in_;
     KVO__PARAMS_IN(p, kvo_cuda_params, p_in_, kvo_cuda_default_params, require_pinned, "kvo_cuda_create");
     kvo_cuda *cu;
-    int rc = kvo__cuda_new(p, &cu);
+    rc = kvo__cuda_new(p, &cu);
     if (rc) return rc;
     pthread_mutex_lock(&kvo__cuda_reg_mu);
     if (kvo__cuda_reg[cu->index]) {
@@ -199,8 +356,24 @@ void kvo_cuda_destroy(kvo_cuda *cu) {
 
 int kvo_cuda_set_compute_stream(kvo_cuda *cu, void *stream) {
     if (!cu) return kvo__error(KVO_EINVAL, "kvo_cuda_set_compute_stream: cu must not be NULL");
+    int rc = kvo__cuda_check_compute("kvo_cuda_set_compute_stream", cu->index, stream);
+    if (rc) return rc;
     __atomic_store_n(&cu->compute, stream, __ATOMIC_RELEASE);
     return 0;
+}
+
+int kvo_cuda_job_event(kvo_cuda *cu, kvo_transfer *t, kvo_xfer_dir dir, uint64_t job_id, void *event) {
+    if (!cu || !t || !event || (dir != KVO_XFER_STORE && dir != KVO_XFER_LOAD))
+        return kvo__error(KVO_EINVAL, "kvo_cuda_job_event: cu, t and event must not be NULL, dir must be "
+                                      "KVO_XFER_STORE or KVO_XFER_LOAD (got %d)", (int)dir);
+    int rc = kvo_transfer_wait(t, &job_id, 1, 0);
+    if (rc == KVO_ETIMEDOUT)
+        return kvo__error(KVO_EAGAIN, "kvo_cuda_job_event: job %llu has not finished: ask once kvo_transfer_poll "
+                                      "or kvo_transfer_wait reported it (its copies are enqueued by then)",
+                          (unsigned long long)job_id);
+    if (rc) return kvo__error_prefix(rc, "kvo_cuda_job_event");
+    cudaError_t e = cudaEventRecord((cudaEvent_t)event, cu->stream[dir]);
+    return e == cudaSuccess ? 0 : kvo__cuda_error(e, "kvo_cuda_job_event: cudaEventRecord");
 }
 
 int kvo_cuda_record_event(kvo_cuda *cu, kvo_xfer_dir dir, void *event) {
@@ -247,18 +420,24 @@ int kvo_cuda_pin_host(kvo_cuda *cu, void *ptr, uint64_t bytes) {
         rc = kvo__error(KVO_EEXIST, "kvo_cuda_pin_host: [%p, +%llu) overlaps a range pinned already", ptr,
                         (unsigned long long)bytes);
     if (!rc) rc = kvo__grow((void **)&cu->pins, &cu->cap_pins, cu->n_pins + 1, sizeof *cu->pins, 4, "pinned ranges");
-    cudaError_t e = cudaSuccess;
+    int dprev = -1;
     void *dptr = NULL;
+    cudaError_t e = cudaSuccess;
     if (!rc) {
-        e = cudaSetDevice(cu->index);
-        if (e == cudaSuccess)
-            e = cudaHostRegister(ptr, (size_t)bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
-        if (e != cudaSuccess) rc = kvo__cuda_error(e, "kvo_cuda_pin_host: cudaHostRegister");
+        e = kvo__cuda_enter(cu->index, &dprev);
+        if (e != cudaSuccess) rc = kvo__cuda_error(e, "kvo_cuda_pin_host: cudaSetDevice");
     }
-    if (!rc && (e = cudaHostGetDevicePointer(&dptr, ptr, 0)) != cudaSuccess) {
-        rc = kvo__cuda_error(e, "kvo_cuda_pin_host: cudaHostGetDevicePointer");
-        (void)cudaHostUnregister(ptr);
+    if (!rc) {
+        pthread_mutex_lock(&kvo__gpin_mu);
+        rc = kvo__gpin_acquire(b, bytes);
+        if (!rc && (e = cudaHostGetDevicePointer(&dptr, ptr, 0)) != cudaSuccess) {
+            rc = kvo__cuda_error(e, "kvo_cuda_pin_host: cudaHostGetDevicePointer (registered without "
+                                    "cudaHostRegisterMapped?)");
+            (void)kvo__gpin_release(b, false);
+        }
+        pthread_mutex_unlock(&kvo__gpin_mu);
     }
+    kvo__cuda_leave(cu->index, dprev);
     if (!rc) {
         size_t at = (size_t)(i + 1);
         memmove(&cu->pins[at + 1], &cu->pins[at], (cu->n_pins - at) * sizeof *cu->pins);
@@ -281,8 +460,12 @@ int kvo_cuda_unpin_host(kvo_cuda *cu, void *ptr) {
         rc = kvo__error(KVO_ENOTFOUND, "kvo_cuda_unpin_host: %p is not the start of a range pinned on device %d",
                         ptr, cu->index);
     } else {
-        cudaError_t e = cudaSetDevice(cu->index);
-        if (e == cudaSuccess) e = cudaHostUnregister(ptr);
+        int prev;
+        cudaError_t e = kvo__cuda_enter(cu->index, &prev);
+        pthread_mutex_lock(&kvo__gpin_mu);
+        if (e == cudaSuccess) e = kvo__gpin_release((uintptr_t)ptr, __atomic_load_n(&cu->hung, __ATOMIC_ACQUIRE));
+        pthread_mutex_unlock(&kvo__gpin_mu);
+        kvo__cuda_leave(cu->index, prev);
         /* Forget the range even if CUDA refuses: it is unusable either way. */
         memmove(&cu->pins[i], &cu->pins[i + 1], (cu->n_pins - (size_t)i - 1) * sizeof *cu->pins);
         cu->n_pins--;
@@ -313,6 +496,8 @@ static int kvo__cuda_stats_fill(kvo_cuda *cu, kvo_cuda_stats *out) {
     KVO__LD(kernel_launches);
     KVO__LD(kernel_pieces);
     KVO__LD(errors);
+    KVO__LD(batch_refused);
+    KVO__LD(timeouts);
 #undef KVO__LD
     out->batch_available = cu->st.batch_available;
     return 0;

@@ -14,11 +14,14 @@
  *   1. resolves each slot to its pinned range (one read lock per unit),
  *   2. plans the pieces (cuda_plan.c: coalesce, kernel for many small pages,
  *      cudaMemcpyBatchAsync for several pieces, else cudaMemcpyAsync),
- *   3. enqueues them on the device's stream for the direction (with the
- *      compute-stream waits of kvo_cuda.h when one was passed),
+ *   3. enqueues them on the device's stream for the direction (a store first
+ *      waits on the GPU for the event job_submit recorded on the engine's
+ *      compute stream at submit; a refused cudaMemcpyBatchAsync falls back
+ *      to single copies, once and for good),
  *   4. records the worker's event after them and polls it (cudaEventQuery,
  *      spinning briefly, then yielding, then sleeping 20 us) until the
- *      copies have completed,
+ *      copies have completed or completion_timeout_ms passed
+ *      (KVO_ETIMEDOUT; the context is then marked hung),
  * and returns 0 or the KVO_E* code of the first failure.  The core posts the
  * job's result (the same completion, result ring and eventfd as the host
  * device) only after every unit returned, so a posted load is in device
@@ -29,6 +32,10 @@
  * unit: a failed job, never a crash.  Every worker shares the direction's
  * stream: while one waits for its event the others enqueue behind it, so the
  * copy engine stays busy with two or more workers.
+ *
+ * Threads: worker_init and worker_fini run on the thread creating or
+ * destroying the engine and put its current device back; unit_end runs on
+ * the worker's own thread and sets the device there once.
  */
 #include <sched.h>
 #include <time.h>
@@ -48,7 +55,9 @@ typedef struct kvo__cuda_w {
     kvo_cuda *cu;
     int dir;                 /* of the pieces collected */
     int err;                 /* first failure of this unit (message set) */
-    cudaEvent_t ev, cev;     /* unit done; compute stream mark */
+    bool on_thread;          /* the device is current on this worker's thread */
+    cudaEvent_t ev;          /* unit done */
+    cudaEvent_t job_ev;      /* the unit's job: a store's submit-time compute mark, or NULL */
     kvo__cuda_piece *pc;
     size_t n, cap;
     void **bdst, **bsrc;     /* batch arguments, capacity bcap */
@@ -95,15 +104,19 @@ static int kvo__cuda_check_engine_range(void *state, const void *base, uint64_t 
     return rc;
 }
 
+/* On the thread destroying the engine: the caller's device is restored.
+ * After a completion timeout the descriptor buffer is leaked, not freed:
+ * cudaFreeHost synchronises the device, which would hang. */
 static void kvo__cuda_worker_fini(void *state, void *wctx) {
     (void)state;
     kvo__cuda_w *w = wctx;
     if (!w) return;
-    (void)cudaSetDevice(w->cu->index);
+    int prev;
+    (void)kvo__cuda_enter(w->cu->index, &prev);
     if (w->ev) (void)cudaEventDestroy(w->ev);
-    if (w->cev) (void)cudaEventDestroy(w->cev);
-    if (w->desc) (void)cudaFreeHost(w->desc);
+    if (w->desc && !__atomic_load_n(&w->cu->hung, __ATOMIC_ACQUIRE)) (void)cudaFreeHost(w->desc);
     (void)cudaGetLastError();
+    kvo__cuda_leave(w->cu->index, prev);
     kvo__free(w->pc);
     kvo__free(w->bdst);
     kvo__free(w->bsrc);
@@ -117,11 +130,11 @@ static int kvo__cuda_worker_init(void *state, uint32_t worker, void **wctx) {
     if (!w) return kvo__error(KVO_ENOMEM, "transfer device 'cuda': out of memory for worker %u", worker);
     w->cu = cu;
     int rc = kvo__grow((void **)&w->pc, &w->cap, 256, sizeof *w->pc, 256, "cuda pieces");
-    cudaError_t e = cudaSetDevice(cu->index);
+    /* Runs on the thread creating the transfer engine: its device is put back. */
+    int prev;
+    cudaError_t e = kvo__cuda_enter(cu->index, &prev);
     const char *what = "cudaSetDevice";
     if (e == cudaSuccess && (e = cudaEventCreateWithFlags(&w->ev, cudaEventDisableTiming)) != cudaSuccess)
-        what = "cudaEventCreate";
-    if (e == cudaSuccess && (e = cudaEventCreateWithFlags(&w->cev, cudaEventDisableTiming)) != cudaSuccess)
         what = "cudaEventCreate";
     if (e == cudaSuccess && cu->plan.kernel_cap &&
         (e = cudaHostAlloc((void **)&w->desc, cu->plan.kernel_cap * sizeof *w->desc,
@@ -130,6 +143,7 @@ static int kvo__cuda_worker_init(void *state, uint32_t worker, void **wctx) {
     if (e == cudaSuccess && w->desc && (e = cudaHostGetDevicePointer((void **)&w->desc_dev, w->desc, 0)) != cudaSuccess)
         what = "cudaHostGetDevicePointer (kernel descriptors)";
     if (!rc && e != cudaSuccess) rc = kvo__cuda_error(e, what);
+    kvo__cuda_leave(cu->index, prev);
     if (rc) {
         kvo__cuda_worker_fini(state, w);
         return kvo__error_prefix(rc, "transfer device 'cuda': worker %u on device %d", worker, cu->index);
@@ -180,6 +194,20 @@ static int kvo__cuda_resolve(kvo__cuda_w *w, bool *kernel_ok) {
     return rc;
 }
 
+#if CUDART_VERSION >= 12080
+/* cudaMemcpyBatchAsync errors that mean "not here" rather than a fault. */
+static bool kvo__cuda_batch_refusal(cudaError_t e) {
+    switch (e) {
+    case cudaErrorNotSupported:
+    case cudaErrorCallRequiresNewerDriver:
+    case cudaErrorInvalidValue:
+    case cudaErrorNotPermitted:
+    case cudaErrorInvalidDeviceFunction: return true;
+    default: return false;
+    }
+}
+#endif
+
 /* Step 3 for the copy-engine pieces p[0..n-1]: the first failure, or
  * cudaSuccess. */
 static cudaError_t kvo__cuda_enqueue_copies(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, bool batched,
@@ -216,8 +244,14 @@ static cudaError_t kvo__cuda_enqueue_copies(kvo__cuda_w *w, const kvo__cuda_piec
         if (e == cudaSuccess) {
             kvo__cuda_count(&cu->st.batch_calls, 1);
             kvo__cuda_count(&cu->st.batch_pieces, n);
+            return e;
         }
-        return e;
+        if (!kvo__cuda_batch_refusal(e)) return e;
+        /* Refused (an older driver, or not supported for these pointers):
+         * nothing was enqueued.  Never again on this device; this unit goes
+         * on with one cudaMemcpyAsync per piece. */
+        (void)cudaGetLastError();
+        if (__atomic_exchange_n(&cu->batch_ok, false, __ATOMIC_ACQ_REL)) kvo__cuda_count(&cu->st.batch_refused, 1);
     }
 #else
     (void)batched;
@@ -251,8 +285,10 @@ static cudaError_t kvo__cuda_enqueue_kernel(kvo__cuda_w *w, const kvo__cuda_piec
     return e;
 }
 
-/* Step 4: wait for the event (recorded after the unit's copies). */
-static cudaError_t kvo__cuda_poll(cudaEvent_t ev) {
+/* Step 4: wait for the event (recorded after the unit's copies), at most
+ * timeout_ms (0: no deadline): cudaErrorNotReady when it passed. */
+static cudaError_t kvo__cuda_poll(cudaEvent_t ev, uint32_t timeout_ms) {
+    uint64_t deadline = 0;
     for (uint32_t spin = 0;; spin++) {
         cudaError_t e = cudaEventQuery(ev);
         if (e != cudaErrorNotReady) return e;
@@ -261,6 +297,11 @@ static cudaError_t kvo__cuda_poll(cudaEvent_t ev) {
             sched_yield();
             continue;
         }
+        struct timespec tn;
+        clock_gettime(CLOCK_MONOTONIC, &tn);
+        uint64_t now = (uint64_t)tn.tv_sec * 1000000000u + (uint64_t)tn.tv_nsec;
+        if (!deadline) deadline = now + (uint64_t)timeout_ms * 1000000u;
+        else if (timeout_ms && now >= deadline) return cudaErrorNotReady;
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }
@@ -277,7 +318,11 @@ static int kvo__cuda_unit_end(void *wctx) {
         return rc;
     }
     bool kernel_ok = w->desc != NULL;
-    cudaError_t e = cudaSetDevice(cu->index); /* this worker thread's device */
+    cudaError_t e = cudaSuccess;
+    if (!w->on_thread) { /* once, on this worker's own thread */
+        e = cudaSetDevice(cu->index);
+        w->on_thread = e == cudaSuccess;
+    }
     rc = e == cudaSuccess ? kvo__cuda_resolve(w, &kernel_ok)
                           : kvo__cuda_error(e, "transfer device 'cuda': cudaSetDevice");
     if (rc) {
@@ -286,6 +331,7 @@ static int kvo__cuda_unit_end(void *wctx) {
         return rc;
     }
     kvo__cuda_plan_cfg cfg = cu->plan;
+    cfg.batch = cfg.batch && __atomic_load_n(&cu->batch_ok, __ATOMIC_ACQUIRE);
     if (!kernel_ok) cfg.kernel_max_bytes = 0;
     size_t n = kvo__cuda_coalesce(w->pc, w->n);
     kvo__cuda_plan plan;
@@ -293,13 +339,13 @@ static int kvo__cuda_unit_end(void *wctx) {
     w->n = 0;
 
     cudaStream_t s = cu->stream[w->dir];
-    cudaStream_t compute = __atomic_load_n(&cu->compute, __ATOMIC_ACQUIRE);
     const char *what = "";
-    if (compute && w->dir == KVO_XFER_STORE) {
-        /* A store reads KV that work already enqueued on compute writes. */
-        what = "ordering after the compute stream";
-        e = cudaEventRecord(w->cev, compute);
-        if (e == cudaSuccess) e = cudaStreamWaitEvent(s, w->cev, 0);
+    if (w->job_ev) {
+        /* A store reads KV that the engine's work enqueued before the submit
+         * writes: wait on the GPU for the mark job_submit recorded. */
+        what = "ordering after the compute stream (cudaStreamWaitEvent)";
+        e = cudaStreamWaitEvent(s, w->job_ev, 0);
+        w->job_ev = NULL;
     }
     if (e == cudaSuccess && plan.n_kernel) {
         what = "gather/scatter kernel launch";
@@ -310,17 +356,20 @@ static int kvo__cuda_unit_end(void *wctx) {
     /* Whatever was enqueued must complete before the job's memory is
      * released, even after a failure. */
     cudaError_t ew = cudaEventRecord(w->ev, s);
-    if (ew == cudaSuccess) {
-        if (compute && w->dir == KVO_XFER_LOAD) {
-            cudaError_t ec = cudaStreamWaitEvent(compute, w->ev, 0);
-            if (e == cudaSuccess && ec != cudaSuccess) {
-                e = ec;
-                what = "making the compute stream wait for the load";
-            }
-        }
-        ew = kvo__cuda_poll(w->ev);
-    } else {
-        (void)cudaStreamSynchronize(s);
+    if (ew == cudaSuccess) ew = kvo__cuda_poll(w->ev, cu->timeout_ms);
+    else (void)cudaStreamSynchronize(s);
+    if (ew == cudaErrorNotReady) {
+        /* The device did not finish within the deadline: fail the job rather
+         * than hang (and make destroy leak instead of wait). */
+        __atomic_store_n(&cu->hung, true, __ATOMIC_RELEASE);
+        kvo__cuda_count(&cu->st.timeouts, 1);
+        kvo__cuda_count(&cu->st.errors, 1);
+        kvo__cuda_count(&cu->st.units, 1);
+        return kvo__error(KVO_ETIMEDOUT,
+                          "transfer device 'cuda' (device %d, %s of %zu piece(s)): the copies did not complete "
+                          "within %u ms (kvo_cuda_params.completion_timeout_ms); the GPU or a stream it waits on "
+                          "is stuck, and the job's memory may still be written: do not reuse it, restart the "
+                          "process", cu->index, w->dir == KVO_XFER_STORE ? "store" : "load", n, cu->timeout_ms);
     }
     if (e == cudaSuccess && ew != cudaSuccess) {
         e = ew;
@@ -335,10 +384,38 @@ static int kvo__cuda_unit_end(void *wctx) {
                              w->dir == KVO_XFER_STORE ? "store" : "load", n);
 }
 
+/* At submit, on the caller's thread: a store with a compute stream set gets
+ * an event recorded on it now (it marks the engine's work that produced the
+ * blocks; later compute is not waited for); a load gets none. */
+static int kvo__cuda_job_submit(void *state, int dir, void **token) {
+    kvo_cuda *cu = state;
+    *token = NULL;
+    cudaStream_t compute = __atomic_load_n(&cu->compute, __ATOMIC_ACQUIRE);
+    if (dir != KVO_XFER_STORE || !compute) return 0;
+    kvo__cuda_jobev *je;
+    int rc = kvo__cuda_jobev_get(cu, &je);
+    if (rc) return kvo__error_prefix(rc, "kvo_transfer_submit: transfer device 'cuda' (device %d)", cu->index);
+    cudaError_t e = cudaEventRecord(je->ev, compute);
+    if (e != cudaSuccess) {
+        kvo__cuda_jobev_put(cu, je);
+        rc = kvo__cuda_error(e, "cudaEventRecord on the compute stream");
+        return kvo__error_prefix(rc, "kvo_transfer_submit: transfer device 'cuda' (device %d)", cu->index);
+    }
+    *token = je;
+    return 0;
+}
+
+static void kvo__cuda_unit_job(void *wctx, void *token) {
+    ((kvo__cuda_w *)wctx)->job_ev = token ? ((kvo__cuda_jobev *)token)->ev : NULL;
+}
+
+static void kvo__cuda_job_done(void *state, void *token) { kvo__cuda_jobev_put(state, token); }
+
 static const char *kvo__cuda_copy_kind(void *state) {
     kvo_cuda *cu = state;
-    if (cu->plan.kernel_max_bytes) return cu->batch_ok ? "cuda-kernel+batch" : "cuda-kernel+memcpy";
-    return cu->batch_ok ? "cuda-batch" : "cuda-memcpy";
+    bool batch = __atomic_load_n(&cu->batch_ok, __ATOMIC_ACQUIRE);
+    if (cu->plan.kernel_max_bytes) return batch ? "cuda-kernel+batch" : "cuda-kernel+memcpy";
+    return batch ? "cuda-batch" : "cuda-memcpy";
 }
 
 static bool kvo__cuda_nontemporal(void *state) {
@@ -359,4 +436,12 @@ const kvo__xfer_device_ops kvo__xfer_device_cuda = {
     .copy_kind = kvo__cuda_copy_kind,
     .nontemporal = kvo__cuda_nontemporal,
     .unit_bytes = KVO__CUDA_UNIT_BYTES,
+    .job_submit = kvo__cuda_job_submit,
+    .unit_job = kvo__cuda_unit_job,
+    .job_done = kvo__cuda_job_done,
 };
+
+#if KVO__CUDA_SHARED
+/* libkvoffload_cuda.so: make the device known to libkvoffload.so at load. */
+__attribute__((constructor)) static void kvo__cuda_load(void) { kvo__cuda_core_attach(&kvo__xfer_device_cuda); }
+#endif
