@@ -295,7 +295,8 @@ _CUDA_STATS = ["units", "memcpy_calls", "batch_calls", "batch_pieces", "kernel_l
 
 
 class CudaStats(ctypes.Structure):
-    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _CUDA_STATS] + [("batch_available", c_bool)]
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _CUDA_STATS] + [("batch_available", c_bool),
+                ("batch_refused", c_uint64), ("timeouts", c_uint64)]
 
 
 class LookupResultC(ctypes.Structure):
