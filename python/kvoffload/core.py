@@ -25,6 +25,7 @@ import ctypes
 import functools
 import inspect
 import json
+import logging
 import os
 import re
 import threading
@@ -711,6 +712,24 @@ def redact_url(url: str) -> str:
         return url
     user = creds.split(":", 1)[0] + ":" if ":" in creds else ""
     return f"{m.group('scheme')}{user}***@{m.group('hosts')}"
+
+
+_password_warned: set = set()
+
+
+def warn_if_url_has_password(url: str, where: str) -> bool:
+    """Warn once per `where` (e.g. "kvo_redis_url") when url carries a
+    password: engines log their configuration (vLLM prints
+    kv_transfer_config), so the secret ends up in their logs.  The warning
+    shows the URL redacted and points to KVO_REDIS_PASSWORD.  Returns whether
+    it warned now."""
+    if where in _password_warned or not url_has_password(url):
+        return False
+    _password_warned.add(where)
+    logging.getLogger("kvoffload").warning(
+        "%s carries a password (%s): the engine's configuration log shows it; put it in the "
+        "KVO_REDIS_PASSWORD environment variable instead", where, redact_url(url))
+    return True
 
 
 class RemoteTier(_Handle):

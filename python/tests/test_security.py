@@ -12,6 +12,7 @@
 
 Cases that crashed the interpreter before the fixes run in a subprocess, so
 that a crash is a failed test and not a dead test run."""
+import logging
 import os
 import subprocess
 import sys
@@ -303,3 +304,14 @@ def test_wrong_types_and_none_are_refused():
         s.lookup(keys2d)
     assert "1-D" in str(ei.value) or "dimension" in str(ei.value)
     s.close()
+
+
+def test_password_in_url_warned_once_without_the_secret(caplog):
+    core._password_warned.discard("test_url")
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        assert core.warn_if_url_has_password("redis://u:Top@Secret1@h:7000", "test_url")
+        assert not core.warn_if_url_has_password("redis://u:Top@Secret1@h:7000", "test_url")
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "KVO_REDIS_PASSWORD" in text and "Top@Secret1" not in text and "Secret1" not in text
+    assert len(caplog.records) == 1
+    assert not core.warn_if_url_has_password("redis://h:7000", "test_url_plain")

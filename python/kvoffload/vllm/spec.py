@@ -12,7 +12,7 @@ from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, Offloa
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 from .. import _lib as L
-from ..core import FileTier, RemoteTier
+from ..core import FileTier, RemoteTier, warn_if_url_has_password
 from ..shm import SharedArena
 from .config import arena_name, build_plan, int_key, layout_hash
 from .manager import KvoffloadOffloadingManager
@@ -77,6 +77,7 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
             remote_tier = None
             url = extra.get("kvo_redis_url")
             if url:
+                warn_if_url_has_password(str(url), "kvo_redis_url")
                 if not self.scheduler_maps_arena:
                     raise L.KvoError(L.KVO_EINVAL, "kvo_redis_url needs the scheduler to map the arena "
                                      "(kvo_scheduler_maps_arena true)", "KvoffloadOffloadingSpec")
