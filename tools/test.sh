@@ -7,7 +7,8 @@
 # With redis-server installed, a local Redis Cluster is started for the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mode="${1:-normal}"; [ $# -gt 0 ] && shift
+# (no mode, only ctest arguments, e.g. `tools/test.sh -R tiers`: the normal build)
+case "${1:-}" in -*|"") mode=normal ;; *) mode=$1; shift ;; esac
 case "$mode" in
   normal) dir=build; flags="-DCMAKE_BUILD_TYPE=RelWithDebInfo" ;;
   asan)   dir=build-asan; flags="-DCMAKE_BUILD_TYPE=Debug -DKVO_SANITIZE=ON" ;;
