@@ -288,7 +288,7 @@ class CudaParams(ctypes.Structure):
     library, cuda_lib() below)."""
     _fields_ = [("struct_size", c_size_t), ("device_index", ctypes.c_int), ("compute_stream", c_void_p),
                 ("kernel_max_bytes", c_uint64), ("kernel_min_pieces", c_uint32), ("batch", ctypes.c_int),
-                ("require_pinned", c_bool)]
+                ("require_pinned", c_bool), ("completion_timeout_ms", c_uint32)]
 
 
 _CUDA_STATS = ["units", "memcpy_calls", "batch_calls", "batch_pieces", "kernel_launches", "kernel_pieces", "errors"]

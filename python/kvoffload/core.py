@@ -824,11 +824,12 @@ class Transfer(_Handle):
 
     _destroy = "kvo_transfer_destroy"
 
-    def __init__(self, plan: Plan, threads: int = 2, device: Optional[str] = None, max_queued_jobs: int = 0) -> None:
+    def __init__(self, plan: Plan, threads: int = 2, device: Optional[str] = None, max_queued_jobs: int = 0,
+                 device_index: int = 0) -> None:
         need("plan", plan, Plan)
         p = lib.kvo_transfer_default_params()
         p.plan = plan._h
-        set_fields(p, threads=threads)
+        set_fields(p, threads=threads, device_index=device_index)
         if max_queued_jobs:
             set_fields(p, max_queued_jobs=max_queued_jobs)
         self._dev = device.encode() if device else None
@@ -991,18 +992,31 @@ class CudaDevice(_Handle):
 
     _destroy = "kvo_cuda_destroy"
 
-    def __init__(self, device_index: int = 0, require_pinned: Optional[bool] = None) -> None:
+    def __init__(self, device_index: int = 0, require_pinned: Optional[bool] = None,
+                 compute_stream: Optional[int] = None, completion_timeout_ms: Optional[int] = None) -> None:
+        """compute_stream: the cudaStream_t (an int, e.g. torch's
+        current_stream().cuda_stream; 1 for the legacy default stream, since
+        0/None means none) that stores are ordered after (kvo_cuda.h)."""
         self._pinned: list[Any] = []
         dll = L.cuda_lib()
         self._dll = dll
         p = dll.kvo_cuda_default_params()
-        p.device_index = device_index
+        set_fields(p, device_index=device_index)
         if require_pinned is not None:
             p.require_pinned = require_pinned
+        if compute_stream:
+            p.compute_stream = compute_stream
+        if completion_timeout_ms is not None:
+            set_fields(p, completion_timeout_ms=completion_timeout_ms)
         h = c_void_p()
         check(dll.kvo_cuda_create(byref(p), byref(h)), "kvo_cuda_create")
         self._h: Optional[int] = h.value
         self.device_index = device_index
+
+    def set_compute_stream(self, stream: Optional[int]) -> None:
+        """The stream later stores are ordered after (an event recorded on it
+        at each store's submit); None or 0: none."""
+        check(self._dll.kvo_cuda_set_compute_stream(self._h, stream or None), "kvo_cuda_set_compute_stream")
 
     def pin_arena(self, arena: "Arena") -> None:
         """Page-lock an arena's region (kept until close or unpin_arena)."""

@@ -85,6 +85,23 @@ def test_library_lookup_order(tmp_path):
     assert bad.returncode != 0 and "missing.so" in bad.stderr
 
 
+def test_transfer_device_index_reaches_c():
+    """A tensor-parallel rank's worker asks for its own GPU (cuda:N): the
+    index travels to kvo_transfer_create, whose error names it (no GPU here;
+    the device is refused, never silently device 0)."""
+    plan = k.Plan(k.Model("t", 16, [dict(name="full", tokens_per_block=16, layers=1, page_bytes=256)]),
+                  blocks_per_chunk=2)
+    with pytest.raises(OverflowError):
+        k.Transfer(plan, device="cuda", device_index=2**40)
+    try:
+        L.cuda_lib()  # loading it attaches the 'cuda' device to libkvoffload
+    except k.KvoError:
+        pytest.skip("no CUDA device library in this build")
+    with pytest.raises(k.KvoError) as e:
+        k.Transfer(plan, device="cuda", device_index=3)
+    assert "device_index 3" in e.value.message
+
+
 def test_cuda_device_without_its_library_fails_clearly(monkeypatch):
     """CudaDevice needs the CUDA device library (KVO_CUDA_LIBRARY, or
     libkvoffload_cuda.so next to libkvoffload.so): without it, KVO_ENOTSUP

@@ -37,6 +37,7 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         self.plans: list[Plan] = []
         self.worker_chunk_bytes: list[int] = []
         self.cuda: Optional[CudaDevice] = None
+        self.device_index = 0
         try:
             self._build(spec, kv_caches, threads)
         except BaseException:
@@ -58,9 +59,11 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         for g, refs in enumerate(kv_caches.group_data_refs):
             tens = [kv_caches.tensors[r.tensor_idx].tensor for r in refs]
             if tens and tens[0].device.type != "cpu" and device is None:
-                # GPU tensors: the CUDA device library (untested here)
+                # GPU tensors: the CUDA device library (never run on a GPU yet),
+                # on the tensors' own device (tensor-parallel rank N: cuda:N)
                 device = tens[0].device.type
-                self.cuda = CudaDevice(tens[0].device.index or 0)
+                self.device_index = tens[0].device.index or 0
+                self.cuda = CudaDevice(self.device_index, compute_stream=self._torch_stream())
                 assert arena._arena is not None
                 self.cuda.pin_arena(arena._arena)
             pages = sum(int(r.page_size_bytes) for r in refs)
@@ -75,7 +78,7 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                 raise L.KvoError(L.KVO_ELAYOUT, f"group {gc.group_id}: worker chunk of {wcb} bytes (rank "
                                  f"{self.rank}) does not fit the scheduler's {slot}-byte chunk; set "
                                  f"kvo_group_bytes_per_block >= {pages * cfg.parallel.world_size}", "worker")
-            t = Transfer(plan, threads=threads, device=device)
+            t = Transfer(plan, threads=threads, device=device, device_index=self.device_index)
             self.engines.append(t)
             self.plans.append(plan)
             self.worker_chunk_bytes.append(wcb)
@@ -86,7 +89,16 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                                  page_bytes=int(r.page_size_bytes)))
             t.set_layout(segs)
 
+    def _torch_stream(self) -> int:
+        """torch's current stream on our device as a cudaStream_t: stores
+        are ordered after the work queued on it (1 = the legacy default
+        stream, since torch reports it as 0 and 0 means none to kvo_cuda)."""
+        import torch
+        return int(torch.cuda.current_stream(self.device_index).cuda_stream) or 1
+
     def _submit(self, job_id: int, direction: int, gpu: GPULoadStoreSpec, slots: KvoffloadLoadStoreSpec) -> bool:
+        if self.cuda is not None and direction == STORE:
+            self.cuda.set_compute_stream(self._torch_stream())  # the store waits for what produced its blocks
         blocks = np.asarray(gpu.block_ids, dtype=np.uint64)
         subs: list[tuple[int, int]] = []
         b0 = c0 = 0
