@@ -5,14 +5,12 @@
  * compared with the manifest's geometry (or a sane maximum) before any read,
  * and the file is reported at once.  The CLI runs under timeout(1): a read
  * of the whole file ends as exit 124, a failure, not a stuck run. */
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kvo_test.h"
-#include "tiers/file_internal.h"
+#include "file_tier_fixture.h"
 
 static int fsck(const char *args, char **out) {
     char cmd[4096];
@@ -20,61 +18,34 @@ static int fsck(const char *args, char **out) {
     return kvo_test_run(cmd, out);
 }
 
-/* One chunk written through the file tier under root; its path in *path. */
+/* One chunk written through the file tier under root; its namespace in ns,
+ * its path in path. */
 static kvo_plan *one_chunk(const char *root, char *ns, char *path) {
-    kvo_model *m = NULL;
-    ASSERT_OK(kvo_model_create("fsck-size", 16, &m));
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "full");
-    g.tokens_per_block = 16;
-    g.layers = 2;
-    g.page_bytes = 4096;
-    ASSERT_OK(kvo_model_add_group(m, &g));
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 2;
-    kvo_plan *plan = NULL;
-    ASSERT_OK(kvo_plan_create(m, &pp, &plan));
-    kvo_model_destroy(m);
-    kvo_file_tier_params p = kvo_file_tier_default_params();
-    p.root = root;
-    p.plan = plan;
-    p.quota_bytes = 16ull << 20;
-    p.log_interval_s = 3600;
+    kvo_plan *plan = ftf_plan("fsck-size", 4096, false);
+    kvo_file_tier_params p = ftf_params(root, plan);
     kvo_file_tier *t = NULL;
     ASSERT_OK(kvo_file_tier_create(&p, &t));
-    const kvo_group_plan *gp = kvo_plan_group(plan, 0);
-    unsigned char *buf = malloc(gp->chunk_bytes);
-    for (uint64_t i = 0; i < gp->chunk_bytes; i++) buf[i] = (unsigned char)(i * 131 + 7);
-    kvo_chunk_key k;
-    memset(&k, 0, sizeof k);
-    k.hash.lo = 0x1234567890abcdefull;
-    k.hash.hi = 0x0fedcba987654321ull;
-    const void *src = buf;
-    int r = 1;
-    ASSERT_OK(kvo_file_tier_write(t, &k, &src, 1, NULL, &r, NULL));
-    ASSERT_EQ_INT(r, 0);
-    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
+    kvo_chunk_key k = ftf_key(0, 0);
+    ftf_write_keys(t, plan, &k, 1);
     snprintf(ns, KVO__FILE_PATH_MAX, "%s", kvo_file_tier_dir(t));
     ASSERT_OK(kvo_file_chunk_path(ns, &k, path, KVO__FILE_PATH_MAX));
     kvo_file_tier_destroy(t);
-    free(buf);
     return plan;
 }
 
-/* Re-seal the header to claim `slot` payload bytes and make the file that
- * long (sparse).  False when the file system refuses the size. */
-static bool reseal(const char *path, uint64_t slot) {
-    unsigned char hb[KVO_FILE_HEADER_BYTES];
+/* A header claiming a 1 TiB payload, consistent (padding under KVO_SLOT_ALIGN). */
+static void claim_terabyte(kvo__file_hdr *h) {
+    h->slot_bytes = 1ull << 40;
+    h->chunk_bytes = h->slot_bytes - 100;
+}
+
+/* Re-seal the header to claim 1 TiB and make the file that long (sparse).
+ * False when the file system refuses the size. */
+static bool reseal_terabyte(const char *path) {
+    ftf_patch_header(path, claim_terabyte);
     int fd = open(path, O_RDWR);
     ASSERT_TRUE(fd >= 0);
-    ASSERT_EQ_INT(pread(fd, hb, sizeof hb, 0), (int)sizeof hb);
-    kvo__file_hdr h;
-    ASSERT_OK(kvo__file_hdr_decode(hb, sizeof hb, &h));
-    h.chunk_bytes = slot - 100; /* consistent: padding under KVO_SLOT_ALIGN */
-    h.slot_bytes = slot;
-    kvo__file_hdr_encode(&h, hb);
-    ASSERT_EQ_INT(pwrite(fd, hb, sizeof hb, 0), (int)sizeof hb);
-    bool ok = ftruncate(fd, (off_t)(KVO_FILE_HEADER_BYTES + slot)) == 0;
+    bool ok = ftruncate(fd, (off_t)(KVO_FILE_HEADER_BYTES + (1ull << 40))) == 0;
     close(fd);
     return ok;
 }
@@ -83,7 +54,7 @@ KVO_TEST(fsck_sparse_terabyte_claim_reported_without_reading) {
     char root[1024], ns[KVO__FILE_PATH_MAX], path[KVO__FILE_PATH_MAX];
     snprintf(root, sizeof root, "%s/fsck-tib", kvo_test_tmpdir());
     kvo_plan *plan = one_chunk(root, ns, path);
-    if (!reseal(path, 1ull << 40)) {
+    if (!reseal_terabyte(path)) {
         kvo_plan_destroy(plan);
         SKIP("this file system refuses a 1 TiB sparse file");
     }
@@ -115,7 +86,7 @@ KVO_TEST(fsck_damaged_manifest_still_bounds_the_claim) {
     ASSERT_NOT_NULL(f);
     fputs("garbage", f);
     ASSERT_EQ_INT(fclose(f), 0);
-    if (!reseal(path, 1ull << 40)) {
+    if (!reseal_terabyte(path)) {
         kvo_plan_destroy(plan);
         SKIP("this file system refuses a 1 TiB sparse file");
     }
