@@ -20,16 +20,9 @@ root=$PWD
 bench=0
 if [ "${1:-}" = "--bench" ]; then bench=1; shift; fi
 
-# -- the shared library (as tools/test-python.sh builds it)
-if [ -z "${KVO_LIBRARY:-}" ]; then
-  gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-  [ -f build/CMakeCache.txt ] && gen=""
-  cmake -S . -B build $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build build -j2 --target kvoffload_shared
-  so=$(find build -maxdepth 2 -name 'libkvoffload.so*' -type f | sort | head -n1)
-  export KVO_LIBRARY="$root/$so"
-fi
-echo "library: $KVO_LIBRARY"
+# -- the shared library (tools/test-library.sh)
+. tools/test-library.sh
+kvo_test_library
 
 # -- the engines' venv
 venv=${KVO_ENGINES_VENV:-build/engines-venv}

@@ -20,16 +20,9 @@ e2e=0
 if [ "${1:-}" = "--vllm" ]; then with_vllm=1; shift; fi
 if [ "${1:-}" = "--e2e" ]; then e2e=1; shift; fi
 
-# -- the shared library
-if [ -z "${KVO_LIBRARY:-}" ]; then
-  gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-  [ -f build/CMakeCache.txt ] && gen=""
-  cmake -S . -B build $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build build -j2 --target kvoffload_shared
-  so=$(find build -maxdepth 2 -name 'libkvoffload.so*' -type f | sort | head -n1)
-  export KVO_LIBRARY="$root/$so"
-fi
-echo "library: $KVO_LIBRARY"
+# -- the shared library (tools/test-library.sh)
+. tools/test-library.sh
+kvo_test_library
 
 # -- a venv with pinned packages
 mkvenv() {  # dir requirements-file
