@@ -34,6 +34,10 @@ typedef struct kvo_eng_conn_params {
                                   redis://host:port[,...]; NULL = none */
     const char *remote_prefix; /* its key namespace; NULL = the tier's
                                   default ("kvo") */
+    uint32_t remote_lookup_budget_us; /* how long a lookup may answer
+                                  PENDING while the remote tier's presence
+                                  queries run (kvo_connector_params); 0 = the
+                                  connector's default (20 ms) */
     bool verify_checksums;     /* connector verifies host chunks on load */
     uint32_t transfer_threads; /* default 2 */
     uint32_t fail_every_load;  /* tests: report every k-th completed load as

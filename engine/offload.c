@@ -369,6 +369,7 @@ int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *prm, kvo_eng_conn
     cp.file_tier = c->ft;
     cp.file_mode = c->p.file_mode;
     cp.verify_checksums = c->p.verify_checksums;
+    if (c->p.remote_lookup_budget_us) cp.remote_lookup_budget_us = c->p.remote_lookup_budget_us;
     if (c->p.transfer_threads) cp.transfer_threads = c->p.transfer_threads;
     rc = kvo_connector_create(&cp, &c->conn);
     if (rc) {

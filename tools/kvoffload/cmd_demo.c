@@ -53,6 +53,9 @@ static void kvo__demo_usage(FILE *f) {
             "  --remote URL       also a remote tier: redis://host:port[,host:port...] (a Redis Cluster;\n"
             "                     docs/remote-tier.md); run 2 then loads from it what an earlier engine stored\n"
             "  --remote-prefix P  the remote keys' namespace (default kvo-demo-SHAPE-SEED)\n"
+            "  --remote-budget-us N  how long a lookup may wait for the remote tier's presence answers\n"
+            "                     before it answers with what the host and file tiers hold (default 20000;\n"
+            "                     raise it on a slow network or a loaded machine)\n"
             "  --phase P          with --remote: both (default): a first engine stores the workload, then\n"
             "                     run 2 (a fresh engine, empty host and file tiers) loads it; store: run 2\n"
             "                     only stores (for another process to load); load: run 2 loads what another\n"
@@ -65,7 +68,7 @@ static void kvo__demo_usage(FILE *f) {
             "  --json             print the figures as one JSON object\n"
             "  --quiet            no progress on stderr\n"
             "  --config FILE      take chunk size, host and file tier sizes, file directory and mode (and\n"
-            "                     remote_url, remote_key_prefix) from a\n"
+            "                     remote_url, remote_key_prefix, remote_lookup_budget_us) from a\n"
             "                     kvo_config JSON file (docs/config.md; vLLM and LMCache names work);\n"
             "                     options given on the command line win\n"
             "  --metrics FILE     at the end, write the offload run's connector metrics to FILE as\n"
@@ -295,7 +298,7 @@ static int kvo__demo_fail(const char *what) {
 typedef struct kvo__demo_opts {
     const char **shape, **trace, **file_dir, **metrics;
     uint64_t *requests, *block_tokens, *max_blocks, *max_new, *engine_tokens, *chunk, *host_mib, *file_mib, *conc,
-        *evict_every, *seed, *hash_tokens;
+        *evict_every, *seed, *hash_tokens, *remote_budget_us;
     bool *json, *quiet;
     kvo_file_mode *file_mode;
     const char **remote, **remote_prefix, **phase;
@@ -314,12 +317,14 @@ static int kvo__demo_config(const char *path, const kvo__demo_opts *o, const boo
     kvo_file_tier_params fp = kvo_file_tier_default_params();
     pp.block_size = 0;
     cp.host_bytes = 0;
+    cp.remote_lookup_budget_us = 0;
     fp.quota_bytes = 0;
     kvo_config_apply_plan(cfg, &pp);
     kvo_config_apply_connector(cfg, &cp);
     kvo_config_apply_file_tier(cfg, &fp);
     if (pp.block_size && !given['c']) *o->chunk = pp.block_size;
     if (cp.host_bytes && !given['H']) *o->host_mib = (cp.host_bytes + (1u << 20) - 1) >> 20;
+    if (cp.remote_lookup_budget_us && !given['U']) *o->remote_budget_us = cp.remote_lookup_budget_us;
     if (!given['m']) *o->file_mode = cp.file_mode;
     if (kvo_config_has_file_tier(cfg) && !given['d']) {
         static char dir[4096];
@@ -359,7 +364,7 @@ static int kvo__demo_options(int argc, char **argv, const kvo__demo_opts *o) {
         {"seed", required_argument, NULL, 'S'}, {"hash-tokens", required_argument, NULL, 'T'},
         {"config", required_argument, NULL, 'K'}, {"remote", required_argument, NULL, 'R'},
         {"remote-prefix", required_argument, NULL, 'P'}, {"phase", required_argument, NULL, 'p'},
-        {"metrics", required_argument, NULL, 'M'},
+        {"metrics", required_argument, NULL, 'M'}, {"remote-budget-us", required_argument, NULL, 'U'},
         {NULL, 0, NULL, 0},
     };
     /* value options: the variable and the accepted range */
@@ -368,9 +373,11 @@ static int kvo__demo_options(int argc, char **argv, const kvo__demo_opts *o) {
         {'n', "--max-new", 1, 4096}, {'e', "--engine-tokens", 1, 1u << 24}, {'c', "--chunk-tokens", 1, 1u << 20},
         {'H', "--host-mib", 1, 1u << 20}, {'F', "--file-mib", 0, 1u << 24}, {'C', "--concurrency", 1, 1024},
         {'E', "--evict-every", 0, 1u << 20}, {'S', "--seed", 0, UINT64_MAX}, {'T', "--hash-tokens", 1, 1u << 16},
+        {'U', "--remote-budget-us", 1, 60000000},
     };
     uint64_t *vars[] = {o->requests, o->block_tokens, o->max_blocks, o->max_new, o->engine_tokens, o->chunk,
-                        o->host_mib, o->file_mib, o->conc, o->evict_every, o->seed, o->hash_tokens};
+                        o->host_mib, o->file_mib, o->conc, o->evict_every, o->seed, o->hash_tokens,
+                        o->remote_budget_us};
     bool given[128] = {false};
     const char *config = NULL;
     int c, rc = 0;
@@ -465,13 +472,14 @@ static int kvo__demo_remote_store(const kvo_eng_config *cfg, const kvo_eng_conn_
 int kvo_cmd_demo(int argc, char **argv) {
     const char *shape = "hybrid-state", *trace = NULL, *file_dir = NULL, *metrics = NULL;
     uint64_t requests = 48, block_tokens = 16, max_blocks = 48, max_new = 4, engine_tokens = 0, chunk = 64,
-             host_mib = 4, file_mib = 64, conc = 4, evict_every = 0, seed = 1234, hash_tokens = 0;
+             host_mib = 4, file_mib = 64, conc = 4, evict_every = 0, seed = 1234, hash_tokens = 0,
+             remote_budget_us = 0;
     bool json = false, quiet = false;
     kvo_file_mode file_mode = KVO_FILE_WRITE_THROUGH;
     const char *remote = NULL, *remote_prefix = NULL, *phase = "both";
     int rc = kvo__demo_options(argc, argv, &(kvo__demo_opts){
         &shape, &trace, &file_dir, &metrics, &requests, &block_tokens, &max_blocks, &max_new, &engine_tokens, &chunk,
-        &host_mib, &file_mib, &conc, &evict_every, &seed, &hash_tokens, &json, &quiet, &file_mode, &remote,
+        &host_mib, &file_mib, &conc, &evict_every, &seed, &hash_tokens, &remote_budget_us, &json, &quiet, &file_mode, &remote,
         &remote_prefix, &phase});
     if (rc) return rc < 0 ? 0 : rc;
     kvo_eng_config cfg;
@@ -554,6 +562,7 @@ int kvo_cmd_demo(int argc, char **argv) {
         snprintf(prefix_buf, sizeof prefix_buf, "kvo-demo-%s-%llu", shape, (unsigned long long)seed);
         cp.remote_url = remote;
         cp.remote_prefix = remote_prefix ? remote_prefix : prefix_buf;
+        cp.remote_lookup_budget_us = (uint32_t)remote_budget_us;
     }
     if (kvo_eng_conn_create(off_e, &cp, &conn)) {
         fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
