@@ -44,7 +44,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from ._tierset import TierSet, layout_hash, string_keys, value_plan
-from .core import Arena
+from .core import Arena, warn_if_url_has_password
 
 HEADER = struct.Struct("<8sQ")
 MAGIC = b"KVOLMC01"
@@ -73,6 +73,8 @@ class KvoffloadL2Connector:
         self.file_root = file_root
         self.file_bytes = int(float(file_bytes))
         self.redis_url = redis_url or os.environ.get("KVO_REDIS_URL")
+        if redis_url:  # LMCache logs its configuration, adapter_params included
+            warn_if_url_has_password(str(redis_url), "redis_url")
         if not self.file_root and not self.redis_url:
             raise ValueError("kvoffload.lmcache: give adapter_params file_root (a directory) and/or redis_url "
                              "(redis://host:port[,host:port])")

@@ -56,7 +56,7 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
                                                   PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult)
 
 from ._tierset import TierSet, layout_hash, string_keys, value_plan
-from .core import LOAD, STORE, Arena, Transfer
+from .core import LOAD, STORE, Arena, Transfer, warn_if_url_has_password
 
 logger = logging.getLogger(__name__)
 
@@ -295,6 +295,8 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
         self.file_root = ex.get("kvo_file_root")
         self.file_bytes = int(float(ex.get("kvo_file_bytes", 64 << 30)))
         self.redis_url = ex.get("kvo_redis_url") or os.environ.get("KVO_REDIS_URL")
+        if ex.get("kvo_redis_url"):  # SGLang logs its server args, extra config included
+            warn_if_url_has_password(str(ex["kvo_redis_url"]), "kvo_redis_url")
         if not self.file_root and not self.redis_url:
             raise ValueError("kvoffload.sglang: set kvo_file_root (a directory) and/or kvo_redis_url "
                              "(redis://host:port[,host:port]) in --hicache-storage-backend-extra-config")

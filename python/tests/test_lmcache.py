@@ -225,3 +225,21 @@ def test_redis_cluster_objects_between_servers(tmp_path):
     assert all(torch.equal(o.raw_data, w.raw_data) for o, w in zip(out, objs))
     a.close()
     b.close()
+
+
+def test_password_in_redis_url_warned_without_the_secret(tmp_path, caplog):
+    """LMCache logs its configuration, adapter_params with it: a password in
+    redis_url is warned about (once, redacted)."""
+    import logging
+    from kvoffload import core
+    core._password_warned.discard("redis_url")
+    params = dict(file_root=str(tmp_path), file_bytes=16 << 20, object_bytes=OBJ,
+                  redis_url="redis://u:Lmc@Secret9@127.0.0.1:1")
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        try:
+            adapter(params).close()
+        except Exception:  # nothing listens on port 1: only the warning matters here
+            pass
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "redis_url" in text and "KVO_REDIS_PASSWORD" in text
+    assert "Secret9" not in text

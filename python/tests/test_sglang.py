@@ -321,3 +321,21 @@ def test_redis_cluster_shares_pages_between_engines(tmp_path):
     assert len(kvc_files(tmp_path / "b")) == 8  # what the cluster gave is kept locally
     a.close()
     b.close()
+
+
+def test_password_in_redis_url_warned_without_the_secret(tmp_path, caplog):
+    """SGLang logs its server arguments, the extra config with them: a
+    password in kvo_redis_url is warned about (once, redacted)."""
+    import logging
+    from kvoffload import core
+    core._password_warned.discard("kvo_redis_url")
+    extra = dict(kvo_file_root=str(tmp_path), kvo_file_bytes=1 << 24,
+                 kvo_redis_url="redis://u:Sgl@Secret9@127.0.0.1:1")
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        try:
+            KvoffloadHiCacheStorage(config(dynamic(extra))).close()
+        except Exception:  # nothing listens on port 1: only the warning matters here
+            pass
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "kvo_redis_url" in text and "KVO_REDIS_PASSWORD" in text
+    assert "Secret9" not in text
