@@ -108,6 +108,9 @@ int kvo__slots_init(kvo__slots *sl, uint64_t capacity, const uint64_t *cls_bytes
 void kvo__slots_free(kvo__slots *sl);
 /* Allocate a slot of class c; NIL if none (no free slot and no free segment). */
 uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *offset);
+/* Give allocated slot id to entry (its former owner gone); sets *offset.
+ * Nothing else changes: the segment stays as full as it was. */
+uint32_t kvo__slots_reuse(kvo__slots *sl, uint32_t id, uint32_t entry, uint64_t *offset);
 /* Free a slot; releases its segment when it empties. */
 void kvo__slots_release(kvo__slots *sl, uint32_t slot);
 void kvo__slots_busy(kvo__slots *sl, uint32_t slot, int delta);
@@ -334,6 +337,9 @@ void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *k);
 uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k);
 /* Release a resident entry's slot and accounting (not the policy queues). */
 void kvo__resident_release(kvo_store *s, uint32_t e);
+/* The same, but the slot stays allocated and is returned (prepare_store
+ * hands it to a new key: kvo__slots_reuse). */
+uint32_t kvo__resident_unslot(kvo_store *s, uint32_t e);
 /* Remove a resident entry entirely (remove, clear, failed store). */
 void kvo__resident_drop(kvo_store *s, uint32_t e, uint32_t evtype);
 
