@@ -120,6 +120,7 @@ int kvo__slots_init(kvo__slots *sl, uint64_t capacity, const uint64_t *cls_bytes
     for (uint32_t c = 0; c < nclass; c++) {
         sl->cls_bytes[c] = cls_bytes[c];
         sl->cls_k[c] = (uint32_t)(S / cls_bytes[c]);
+        sl->cls_k_m[c] = sl->cls_k[c] > 1 ? UINT64_MAX / sl->cls_k[c] + 1 : 0;
         sl->cls_partial[c] = KVO__NIL;
     }
     size_t ns = (size_t)nseg;

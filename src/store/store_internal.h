@@ -78,6 +78,7 @@ typedef struct kvo__slots {
     uint64_t kmax_m;        /* ceil(2^64 / kmax) for kmax > 1: kvo__slot_seg */
     uint64_t cls_bytes[KVO__MAX_CLASSES];
     uint32_t cls_k[KVO__MAX_CLASSES];      /* slots per segment */
+    uint64_t cls_k_m[KVO__MAX_CLASSES];    /* ceil(2^64 / cls_k) for cls_k > 1: kvo__slots_segs */
     /* per class */
     uint32_t cls_partial[KVO__MAX_CLASSES]; /* list of segments with a free slot */
     uint64_t cls_free[KVO__MAX_CLASSES];    /* free slots in the class's segments */
@@ -119,6 +120,15 @@ void kvo__slots_busy(kvo__slots *sl, uint32_t slot, int delta);
  * ~8 % of the store cycle, which divides several times per key. */
 static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) {
     return sl->kmax == 1 ? slot : (uint32_t)(((unsigned __int128)sl->kmax_m * slot) >> 64);
+}
+/* Segments of class c that n slots fill, ceil(n / cls_k[c]), by
+ * multiplication like kvo__slot_seg (prepare_store's plan computes it twice
+ * per victim; the division was ~4 % of vLLM's store cycle). */
+static inline uint64_t kvo__slots_segs(const kvo__slots *sl, uint32_t c, uint64_t n) {
+    uint64_t k = sl->cls_k[c];
+    if (k == 1) return n;
+    if (n + k - 1 > UINT32_MAX) return kvo__div_ceil_u64(n, k);
+    return (uint64_t)(((unsigned __int128)sl->cls_k_m[c] * (n + k - 1)) >> 64);
 }
 /* Whether n_c slots for every class c could be had with no evictions at all
  * beyond what `evict everything evictable` gives.  demand: per class. */

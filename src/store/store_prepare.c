@@ -62,7 +62,7 @@ typedef struct kvo__plan {
 static uint64_t kvo__cls_need(const kvo_store *s, const kvo__plan *pl, uint32_t c) {
     int64_t d = (int64_t)pl->demand[c] - pl->freeslots[c];
     if (d <= 0) return 0;
-    return kvo__div_ceil_u64((uint64_t)d, s->sl.cls_k[c]);
+    return kvo__slots_segs(&s->sl, c, (uint64_t)d);
 }
 
 /* Apply a planned victim to the simulation. */
