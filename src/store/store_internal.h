@@ -176,8 +176,12 @@ extern const kvo__policy_ops kvo__policy_prefix;
 #define KVO__PREFIX_GHOSTS 4u
 /* The prefix policy's knob settings, in eighths of the cache size
  * (UINT32_MAX: infinite), one simulation each. */
-#define KVO__MINI_N 6
+#define KVO__MINI_N 10
 extern const uint32_t kvo__mini_knob8[KVO__MINI_N];
+/* ... and each setting's ghost window, in cache sizes (at most
+ * KVO__PREFIX_GHOSTS): a key stored again counts as reused when it was
+ * evicted at most that many cache sizes of evictions ago. */
+extern const uint8_t kvo__mini_ghostw[KVO__MINI_N];
 /* The prefix policy's rule, one definition for the store and its
  * simulations.  The knob k8 (eighths of a cache of `size` keys) as an age
  * gap in uses: */
@@ -191,13 +195,13 @@ static inline bool kvo__prefix_take_m(uint32_t p, uint32_t m, uint64_t gap) {
     return d > 0 && (uint64_t)d > gap;
 }
 typedef struct kvo__mini kvo__mini;
-/* Simulations for a store of at most max_entries keys: ~1.5 MiB whatever the
+/* Simulations for a store of at most max_entries keys: ~4 MiB whatever the
  * size.  0 or KVO_ENOMEM (message set). */
 int kvo__mini_create(kvo__mini **out, uint64_t max_entries);
 void kvo__mini_destroy(kvo__mini *m);
 /* One use of the key whose kvo__key_mix is mix, by a store now holding
  * `resident` keys; updates the simulations when the key is in the sample. */
-void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident);
+void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident, bool hit);
 /* The setting (index into kvo__mini_knob8) with the most recent hits. */
 uint32_t kvo__mini_best(const kvo__mini *m);
 
@@ -229,6 +233,7 @@ struct kvo_store {
     kvo__list q[9];
     uint64_t arc_p;                        /* ARC target size of T1 (entries) */
     uint32_t pfx_clock;                    /* prefix policy: uses so far (ent.stamp) */
+    uint32_t pfx_evseq;                    /* prefix policy: evictions so far (a ghost's ent.stamp) */
     kvo__mini *pfx_mini;                   /* prefix policy: its simulations */
 
     /* admission: count-min sketch, 4 rows of uint8, halved every `cms_period` adds */
