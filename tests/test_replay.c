@@ -169,7 +169,7 @@ KVO_TEST(lru_equals_reference_lru) {
 
 /* shared/traces/README.md: LRU 42.35 % at 10k blocks, infinite 64.0 %.  MIN
  * 0.6174 (the issue's 0.6157 broke parent/child ties the wrong way: see
- * replay_min.c); the prefix policy beats LRU by two points (0.4450,
+ * replay_min.c); the prefix policy beats LRU by two points (0.4471,
  * docs/replay.md). */
 KVO_TEST(mooncake_10k_lru_min_infinite_prefix) {
     rows r;
