@@ -17,7 +17,10 @@
  *     from the victim end; reclaimed ones go back to the victim end);
  *  5. commit: free the victims' slots (ghosts or gone), allocate slots in key
  *     order, mark new entries PENDING, unprotect (the batch's present keys
- *     count as used).
+ *     count as used).  With one slot class a victim's slot is not freed but
+ *     handed to the next new key (and the ones no new key takes freed last):
+ *     the same room, without the segment bookkeeping of a free and an
+ *     allocation.
  *
  * Each phase is one function below; kvo_store_prepare_store only sequences
  * them and owns the lock.
