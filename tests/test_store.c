@@ -577,3 +577,39 @@ KVO_TEST(max_entries_bounds_the_index) {
     kvo_store_destroy(s);
     kvo_plan_destroy(p);
 }
+
+/* One slot size: prepare_store hands each victim's slot straight to a new
+ * key (store_prepare.c, step 5).  Full store: the new keys get exactly the
+ * evicted slots.  Partly full: the victims' slots first, then free ones,
+ * never one slot twice (st_check: no overlap, ownership, counters). */
+static void handoff_case(size_t held, size_t fresh) {
+    static const uint64_t pg[] = {4096};
+    kvo_plan *p = st_plan(1, pg);
+    kvo_store *s = st_store(p, 8 * 4096, KVO_POLICY_LRU);
+    kvo_chunk_key k[16];
+    for (int i = 0; i < 16; i++) k[i] = st_key(0, (uint64_t)i);
+    ASSERT_EQ_U64(st_put(s, k, held), 0);
+    uint8_t need[8];
+    kvo_slot sl[8], evs[8];
+    kvo_chunk_key ev[8];
+    size_t nev = 0;
+    ASSERT_OK(kvo_store_prepare_store(s, &k[held], fresh, need, sl, ev, evs, 8, &nev));
+    ASSERT_EQ_U64(nev, held + fresh > 8 ? held + fresh - 8 : 0);
+    size_t reused = 0;
+    for (size_t i = 0; i < fresh; i++) {
+        ASSERT_TRUE(need[i]);
+        for (size_t j = 0; j < i; j++) ASSERT_TRUE(sl[j].offset != sl[i].offset);
+        for (size_t j = 0; j < nev; j++) reused += sl[i].offset == evs[j].offset;
+    }
+    ASSERT_EQ_U64(reused, nev); /* every evicted slot went to a new key */
+    st_check(s);
+    ASSERT_OK(kvo_store_complete_store(s, &k[held], fresh, true));
+    for (size_t i = 0; i < nev; i++) ASSERT_EQ_U64(st_state(s, ev[i]), KVO_MISS);
+    for (size_t i = 0; i < fresh; i++) ASSERT_EQ_U64(st_state(s, k[held + i]), KVO_READY);
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
+KVO_TEST(victim_slots_go_to_new_keys_full_store) { handoff_case(8, 3); }
+KVO_TEST(victim_slots_go_to_new_keys_then_free_ones) { handoff_case(6, 4); }

@@ -33,3 +33,25 @@ KVO_TEST(matches_division) {
         }
     }
 }
+
+/* The plan's segments-per-slots count (kvo__slots_segs, a ceiling) against
+ * the division: dividends around each multiple, and past the 32-bit range
+ * (the fallback). */
+KVO_TEST(segments_for_slots_match_division) {
+    static const uint32_t ks[] = {1, 2, 3, 7, 16, 17, 255, 256, 1000, 4095, 65537, 1u << 20};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        kvo__slots sl;
+        memset(&sl, 0, sizeof sl);
+        sl.cls_k[0] = ks[i];
+        sl.cls_k_m[0] = ks[i] > 1 ? UINT64_MAX / ks[i] + 1 : 0;
+        for (uint64_t j = 0; j < 3000; j++) {
+            uint64_t cand[3] = {j, (uint64_t)ks[i] * (j % 97) + j % 3, (uint64_t)UINT32_MAX - j * 7 + (j % 5) * 4};
+            for (int c = 0; c < 3; c++) {
+                uint64_t want = kvo__div_ceil_u64(cand[c], ks[i]), got = kvo__slots_segs(&sl, 0, cand[c]);
+                if (got != want)
+                    FAILF("ceil(%llu / %u): got %llu, want %llu", (unsigned long long)cand[c], ks[i],
+                          (unsigned long long)got, (unsigned long long)want);
+            }
+        }
+    }
+}

@@ -18,6 +18,13 @@ Standard library only; seconds.
 writes the generated workloads of docs/replay.md (the shapes of
 tests/replay_test_util.h, another random generator): chat lines carry their
 conversation as "session_id".
+
+    python3 tools/replay_oracles.py --gaps [POLICY] < REPLAY.json
+
+reads `kvoffload replay --json` lines (a sweep with lru, arc, s3fifo and
+POLICY, default prefix) and prints docs/replay.md's gap figures, counted in
+hits: capacities where POLICY is below the best of LRU, ARC and S3-FIFO, the
+worst gap (points) and where, the mean gap, and capacities below LRU.
 """
 import heapq
 import json
@@ -106,7 +113,41 @@ def generate(kind, seed):
             nxt += q
 
 
+def gaps(lines, pol):
+    """The gap figures of a replay sweep (see the module's doc)."""
+    hits, blocks = defaultdict(dict), 0
+    for line in lines:
+        if line.strip():
+            o = json.loads(line)
+            hits[o["capacity_blocks"]][o["policy"]] = o["hits"]
+            blocks = o["blocks"]
+    below = below_lru = n = 0
+    total, worst, worst_lru, at = 0.0, 0.0, 0.0, None
+    for c in sorted(hits):
+        r = hits[c]
+        if pol not in r or not all(p in r for p in ("lru", "arc", "s3fifo")):
+            continue
+        best = max(r["lru"], r["arc"], r["s3fifo"])
+        g = 100.0 * (r[pol] - best) / blocks
+        n += 1
+        total += g
+        below += r[pol] < best
+        if r[pol] < r["lru"]:
+            below_lru += 1
+            worst_lru = min(worst_lru, 100.0 * (r[pol] - r["lru"]) / blocks)
+        if g < worst:
+            worst, at = g, c
+    if not n:
+        return "no capacity with lru, arc, s3fifo and " + pol
+    where = f" at {at}" if at is not None else ""
+    return (f"{pol} below the best of lru/arc/s3fifo at {below}/{n} capacities, worst {worst:+.2f} points{where}, "
+            f"mean {total / n:+.3f}; below lru at {below_lru} (worst {worst_lru:+.2f})")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--gaps":
+        print(gaps(sys.stdin, sys.argv[2] if len(sys.argv) > 2 else "prefix"))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--generate":
         generate(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)
         return

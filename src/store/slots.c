@@ -120,6 +120,7 @@ int kvo__slots_init(kvo__slots *sl, uint64_t capacity, const uint64_t *cls_bytes
     for (uint32_t c = 0; c < nclass; c++) {
         sl->cls_bytes[c] = cls_bytes[c];
         sl->cls_k[c] = (uint32_t)(S / cls_bytes[c]);
+        sl->cls_k_m[c] = sl->cls_k[c] > 1 ? UINT64_MAX / sl->cls_k[c] + 1 : 0;
         sl->cls_partial[c] = KVO__NIL;
     }
     size_t ns = (size_t)nseg;
@@ -194,6 +195,13 @@ uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *
     if (sl->seg[g].used == k) kvo__partial_unlink(sl, c, g);
     sl->slot[id].entry = entry;
     *offset = (uint64_t)g * sl->seg_bytes + (uint64_t)(id - g * sl->kmax) * sl->cls_bytes[c];
+    return id;
+}
+
+uint32_t kvo__slots_reuse(kvo__slots *sl, uint32_t id, uint32_t entry, uint64_t *offset) {
+    uint32_t g = kvo__slot_seg(sl, id);
+    sl->slot[id].entry = entry;
+    *offset = (uint64_t)g * sl->seg_bytes + (uint64_t)(id - g * sl->kmax) * sl->cls_bytes[sl->seg[g].cls];
     return id;
 }
 

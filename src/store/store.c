@@ -350,16 +350,20 @@ void kvo__ghost_drop(kvo_store *s, uint32_t e) {
     kvo__entry_free(s, e);
 }
 
-/* Release a resident entry's slot and accounting (not the policy queues). */
-void kvo__resident_release(kvo_store *s, uint32_t e) {
+/* A resident entry's accounting released and its slot taken from it (still
+ * allocated, owned by nobody the entry knows); returns the slot. */
+uint32_t kvo__resident_unslot(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
-    uint32_t g = x->key.group;
-    kvo__slots_release(&s->sl, x->slot);
+    uint32_t g = x->key.group, slot = x->slot;
     x->slot = KVO__NIL;
     s->bytes_used -= s->group_slot[g];
     s->g_chunks[g]--;
     s->resident--;
+    return slot;
 }
+
+/* Release a resident entry's slot and accounting (not the policy queues). */
+void kvo__resident_release(kvo_store *s, uint32_t e) { kvo__slots_release(&s->sl, kvo__resident_unslot(s, e)); }
 
 /* Remove a resident entry entirely (remove, clear, failed store). */
 void kvo__resident_drop(kvo_store *s, uint32_t e, uint32_t evtype) {

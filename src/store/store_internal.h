@@ -78,6 +78,7 @@ typedef struct kvo__slots {
     uint64_t kmax_m;        /* ceil(2^64 / kmax) for kmax > 1: kvo__slot_seg */
     uint64_t cls_bytes[KVO__MAX_CLASSES];
     uint32_t cls_k[KVO__MAX_CLASSES];      /* slots per segment */
+    uint64_t cls_k_m[KVO__MAX_CLASSES];    /* ceil(2^64 / cls_k) for cls_k > 1: kvo__slots_segs */
     /* per class */
     uint32_t cls_partial[KVO__MAX_CLASSES]; /* list of segments with a free slot */
     uint64_t cls_free[KVO__MAX_CLASSES];    /* free slots in the class's segments */
@@ -108,6 +109,9 @@ int kvo__slots_init(kvo__slots *sl, uint64_t capacity, const uint64_t *cls_bytes
 void kvo__slots_free(kvo__slots *sl);
 /* Allocate a slot of class c; NIL if none (no free slot and no free segment). */
 uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *offset);
+/* Give allocated slot id to entry (its former owner gone); sets *offset.
+ * Nothing else changes: the segment stays as full as it was. */
+uint32_t kvo__slots_reuse(kvo__slots *sl, uint32_t id, uint32_t entry, uint64_t *offset);
 /* Free a slot; releases its segment when it empties. */
 void kvo__slots_release(kvo__slots *sl, uint32_t slot);
 void kvo__slots_busy(kvo__slots *sl, uint32_t slot, int delta);
@@ -116,6 +120,15 @@ void kvo__slots_busy(kvo__slots *sl, uint32_t slot, int delta);
  * ~8 % of the store cycle, which divides several times per key. */
 static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) {
     return sl->kmax == 1 ? slot : (uint32_t)(((unsigned __int128)sl->kmax_m * slot) >> 64);
+}
+/* Segments of class c that n slots fill, ceil(n / cls_k[c]), by
+ * multiplication like kvo__slot_seg (prepare_store's plan computes it twice
+ * per victim; the division was ~4 % of vLLM's store cycle). */
+static inline uint64_t kvo__slots_segs(const kvo__slots *sl, uint32_t c, uint64_t n) {
+    uint64_t k = sl->cls_k[c];
+    if (k == 1) return n;
+    if (n + k - 1 > UINT32_MAX) return kvo__div_ceil_u64(n, k);
+    return (uint64_t)(((unsigned __int128)sl->cls_k_m[c] * (n + k - 1)) >> 64);
 }
 /* Whether n_c slots for every class c could be had with no evictions at all
  * beyond what `evict everything evictable` gives.  demand: per class. */
@@ -163,8 +176,12 @@ extern const kvo__policy_ops kvo__policy_prefix;
 #define KVO__PREFIX_GHOSTS 4u
 /* The prefix policy's knob settings, in eighths of the cache size
  * (UINT32_MAX: infinite), one simulation each. */
-#define KVO__MINI_N 6
+#define KVO__MINI_N 10
 extern const uint32_t kvo__mini_knob8[KVO__MINI_N];
+/* ... and each setting's ghost window, in cache sizes (at most
+ * KVO__PREFIX_GHOSTS): a key stored again counts as reused when it was
+ * evicted at most that many cache sizes of evictions ago. */
+extern const uint8_t kvo__mini_ghostw[KVO__MINI_N];
 /* The prefix policy's rule, one definition for the store and its
  * simulations.  The knob k8 (eighths of a cache of `size` keys) as an age
  * gap in uses: */
@@ -178,13 +195,13 @@ static inline bool kvo__prefix_take_m(uint32_t p, uint32_t m, uint64_t gap) {
     return d > 0 && (uint64_t)d > gap;
 }
 typedef struct kvo__mini kvo__mini;
-/* Simulations for a store of at most max_entries keys: ~1.5 MiB whatever the
+/* Simulations for a store of at most max_entries keys: ~4 MiB whatever the
  * size.  0 or KVO_ENOMEM (message set). */
 int kvo__mini_create(kvo__mini **out, uint64_t max_entries);
 void kvo__mini_destroy(kvo__mini *m);
 /* One use of the key whose kvo__key_mix is mix, by a store now holding
  * `resident` keys; updates the simulations when the key is in the sample. */
-void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident);
+void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident, bool hit);
 /* The setting (index into kvo__mini_knob8) with the most recent hits. */
 uint32_t kvo__mini_best(const kvo__mini *m);
 
@@ -216,6 +233,7 @@ struct kvo_store {
     kvo__list q[9];
     uint64_t arc_p;                        /* ARC target size of T1 (entries) */
     uint32_t pfx_clock;                    /* prefix policy: uses so far (ent.stamp) */
+    uint32_t pfx_evseq;                    /* prefix policy: evictions so far (a ghost's ent.stamp) */
     kvo__mini *pfx_mini;                   /* prefix policy: its simulations */
 
     /* admission: count-min sketch, 4 rows of uint8, halved every `cms_period` adds */
@@ -334,6 +352,9 @@ void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *k);
 uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k);
 /* Release a resident entry's slot and accounting (not the policy queues). */
 void kvo__resident_release(kvo_store *s, uint32_t e);
+/* The same, but the slot stays allocated and is returned (prepare_store
+ * hands it to a new key: kvo__slots_reuse). */
+uint32_t kvo__resident_unslot(kvo_store *s, uint32_t e);
 /* Remove a resident entry entirely (remove, clear, failed store). */
 void kvo__resident_drop(kvo_store *s, uint32_t e, uint32_t evtype);
 

@@ -17,7 +17,10 @@
  *     from the victim end; reclaimed ones go back to the victim end);
  *  5. commit: free the victims' slots (ghosts or gone), allocate slots in key
  *     order, mark new entries PENDING, unprotect (the batch's present keys
- *     count as used).
+ *     count as used).  With one slot class a victim's slot is not freed but
+ *     handed to the next new key (and the ones no new key takes freed last):
+ *     the same room, without the segment bookkeeping of a free and an
+ *     allocation.
  *
  * Each phase is one function below; kvo_store_prepare_store only sequences
  * them and owns the lock.
@@ -62,7 +65,7 @@ typedef struct kvo__plan {
 static uint64_t kvo__cls_need(const kvo_store *s, const kvo__plan *pl, uint32_t c) {
     int64_t d = (int64_t)pl->demand[c] - pl->freeslots[c];
     if (d <= 0) return 0;
-    return kvo__div_ceil_u64((uint64_t)d, s->sl.cls_k[c]);
+    return kvo__slots_segs(&s->sl, c, (uint64_t)d);
 }
 
 /* Apply a planned victim to the simulation. */
@@ -302,8 +305,10 @@ static inline void kvo__victim_prefetch(const kvo_store *s, uint32_t v) {
 }
 
 /* Commit, step 5a: the planned victims become ghosts (or go), reported in
- * evicted[] when given. */
-static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evicted, kvo_slot *evicted_slots) {
+ * evicted[] when given.  handoff: their slots stay allocated, sc_vict[i]
+ * becoming victim i's slot, for step 5b to hand to the new keys. */
+static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evicted, kvo_slot *evicted_slots,
+                                   bool handoff) {
     for (size_t i = 0; i < nv; i++) {
         if (i + KVO__VICTIM_AHEAD < nv) kvo__victim_prefetch(s, s->sc_vict[i + KVO__VICTIM_AHEAD]);
         uint32_t v = s->sc_vict[i];
@@ -317,7 +322,8 @@ static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evict
         s->sl.seg[kvo__slot_seg(&s->sl, x->slot)].planned = 0;
         x->flags &= (uint8_t)~KVO__F_VICTIM;
         kvo__event(s, KVO_EVENT_EVICTED, &x->key);
-        kvo__resident_release(s, v);
+        if (handoff) s->sc_vict[i] = kvo__resident_unslot(s, v);
+        else kvo__resident_release(s, v);
         s->evictions++;
         s->g_evictions[g]++;
         x->state = KVO__E_GHOST;
@@ -327,8 +333,11 @@ static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evict
 }
 
 /* Commit, step 5b: new key i gets an entry (a revived ghost or a fresh one)
- * and a slot, PENDING; returns the entry. */
-static uint32_t kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, kvo_slot *slot_out) {
+ * and a slot, PENDING; returns the entry.  The slot is a victim's from
+ * step 5a while *ho < nho (sc_vict[*ho], then *ho advances), else a free
+ * one. */
+static uint32_t kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, kvo_slot *slot_out, size_t *ho,
+                                   size_t nho) {
     uint32_t g = key->group;
     uint32_t c = s->group_cls[g];
     /* resolution found no resident entry; only a ghost can be there (none
@@ -343,7 +352,8 @@ static uint32_t kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, kvo_s
     }
     kvo__entry *x = &s->ent[e];
     uint64_t off = 0;
-    uint32_t slot = kvo__slots_alloc(&s->sl, c, e, &off);
+    uint32_t slot = *ho < nho ? kvo__slots_reuse(&s->sl, s->sc_vict[(*ho)++], e, &off)
+                              : kvo__slots_alloc(&s->sl, c, e, &off);
     assert(slot != KVO__NIL);
     x->slot = slot;
     x->offset = off;
@@ -410,7 +420,14 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         for (size_t i = 0; i < n; i++)
             if (kvo__protectable(s, s->sc_ent[i])) s->pol->hit(s, s->sc_ent[i]);
     }
-    kvo__ps_commit_victims(s, nv, evicted, evicted_slots);
+    /* One slot class (one slot size): a victim's slot goes straight to a
+     * new key, instead of a free and an allocation (their segment
+     * bookkeeping was ~7 % of vLLM's store cycle: docs/benchmarks.md).  With
+     * several classes the plan may count on a victim's segment emptying
+     * for another class, so each victim's slot is freed first. */
+    bool handoff = s->sl.nclass == 1;
+    size_t ho = 0;
+    kvo__ps_commit_victims(s, nv, evicted, evicted_slots, handoff);
     /* the memo becomes the new keys' entries in order: complete_store of
      * exactly those keys (the usual next call) resolves without probing */
     size_t m = 0;
@@ -418,13 +435,15 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         uint32_t e = s->sc_ent[i];
         need[i] = e == KVO__NIL;
         if (e == KVO__NIL) {
-            s->memo[m++] = kvo__ps_commit_new(s, &keys[i], &slots[i]);
+            s->memo[m++] = kvo__ps_commit_new(s, &keys[i], &slots[i], &ho, handoff ? nv : 0);
         } else {
             slots[i].offset = 0;
             slots[i].bytes = 0;
             kvo__unprotect(s, e);
         }
     }
+    if (handoff)
+        while (ho < nv) kvo__slots_release(&s->sl, s->sc_vict[ho++]); /* victims' slots no new key took */
     s->memo_n = m;
     s->res_gen += m > 0; /* the memo's remembered misses may be stored now */
     s->store_skipped_present += b.n_present;
