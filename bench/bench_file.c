@@ -15,7 +15,7 @@
  *                        [--reps N]
  *
  * Within one round the raw limit and the tier take turns in slices of
- * about 32 MiB (at least 8 chunks) through each phase (first fill, reads,
+ * at least 64 MiB and 32 chunks through each phase (first fill, reads,
  * full-quota writes), each side timed on its own slices, so that a stall of
  * the shared disk or CPU longer than a slice hits both alike (whole passes
  * one after the other, before, saw different machines: ratios moved
@@ -229,7 +229,7 @@ static double median(double *v, uint32_t n) {
 /* One round for one chunk size, raw and tier interleaved slice by slice.
  * The raw limit's files (a directory of 256 fan-out directories) and the
  * tier (quota n + 4 chunks) are made first; then each phase moves its n
- * chunks in slices of about 32 MiB (at least 8 chunks), a raw slice and a
+ * chunks in slices of at least 64 MiB and 32 chunks, a raw slice and a
  * tier slice in turn (the first of each pair alternating), each side timed
  * on its own slices only.  So a stall of the shared disk or CPU lasting
  * longer than a slice (tens of milliseconds) hits both sides alike, where
@@ -307,8 +307,12 @@ static int pair_bw(const char *work, kvo_file_io_kind io, uint64_t n, uint64_t c
     memset(src, 0x3c, g->slot_bytes);
     for (int i = 0; i < RD_DEPTH; i++)
         if (posix_memalign((void **)&dst[i], 4096, g->slot_bytes)) goto out;
-    uint64_t per = (UINT64_C(32) << 20) / chunk;
-    if (per < 8) per = 8;
+    /* slices of at least 64 MiB and 32 chunks: each tier slice starts with
+     * one staging copy before its first write and ends with a drain (the
+     * flush), and the raw slice with its threads' last files; with 8-chunk
+     * slices that fill and drain cost the tier 20-50 % at 4-8 MiB chunks */
+    uint64_t per = (UINT64_C(64) << 20) / chunk;
+    if (per < 32) per = 32;
     uint64_t recycled = 0;
     for (int ph = PH_FILL; ph <= PH_CHURN; ph++) {
         double rsec = 0, tsec = 0;
