@@ -216,15 +216,6 @@ static uint32_t g_depth = 0; /* --depth: queue depth / threads; 0 = defaults */
 #define FILE_REPS_MAX 25
 static uint32_t g_reps = 3;  /* --reps: rounds of raw and tier per size */
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, uint32_t n) {
-    qsort(v, n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* One round for one chunk size, raw and tier interleaved slice by slice.
  * The raw limit's files (a directory of 256 fan-out directories) and the
@@ -516,7 +507,7 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
         }
         if (rc) break;
         double med[7];
-        for (int k = 0; k < 7; k++) med[k] = median(v[k], g_reps);
+        for (int k = 0; k < 7; k++) med[k] = kvo_bench_median(v[k], g_reps);
         double rn = med[0], ro = med[1], rr = med[2], tw = med[3], tr = med[4], tc = med[5], rf = med[6];
         if (rc) break;
         char name[128], lim[64];

@@ -270,15 +270,6 @@ static void size_name(uint64_t size, char *out, size_t cap) {
 
 #define BR_REPS_MAX 25
 
-static int br_cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double br_median(double *v, uint32_t n) {
-    qsort(v, n, sizeof *v, br_cmp);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* One chunk size: raw and tier, --reps rounds, the median of each. */
 static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps, const kvo_bench_out *o) {
@@ -322,8 +313,8 @@ static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps,
         v[3][r] = tier_get_pass(t, c, bufs, n_bufs, &misses);
         if (!raw_first) v[2][r] = raw_pass(c, m, true, NULL);
     }
-    double rw = br_median(v[0], reps), tw = br_median(v[1], reps), rr = br_median(v[2], reps),
-           tr = br_median(v[3], reps);
+    double rw = kvo_bench_median(v[0], reps), tw = kvo_bench_median(v[1], reps), rr = kvo_bench_median(v[2], reps),
+           tr = kvo_bench_median(v[3], reps);
     char sn[32], name[64], lim[64];
     size_name(c->size, sn, sizeof sn);
     snprintf(name, sizeof name, "remote.write.%s", sn);

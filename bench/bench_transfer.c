@@ -233,11 +233,6 @@ int kvo__bjob_time(kvo_transfer *t, kvo__bsetup *b, kvo_xfer_dir dir, int reps, 
     return 0;
 }
 
-static int kvo__bcmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* One page size: `reps` rounds, each running every limit and both jobs back
  * to back, in an order that alternates between rounds (so that each ratio
  * compares runs made under the same conditions on this shared machine, and
@@ -256,10 +251,6 @@ static double kvo__bproc_cpu(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double kvo__bmedian(double *v, uint64_t n) {
-    qsort(v, n, sizeof *v, kvo__bcmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* med[] as above in wall seconds; cpu[] the same figures in process CPU
  * seconds (what the work cost, whatever the other tenants of the machine
@@ -296,8 +287,8 @@ static int kvo__bmeasure(kvo_transfer *t, kvo__bsetup *b, unsigned char *eng, un
         }
     }
     for (int k = 0; k < KVO__BMED && !rc; k++) {
-        med[k] = kvo__bmedian(tm + (size_t)k * reps, reps);
-        cpu[k] = kvo__bmedian(tc + (size_t)k * reps, reps);
+        med[k] = kvo_bench_median(tm + (size_t)k * reps, reps);
+        cpu[k] = kvo_bench_median(tc + (size_t)k * reps, reps);
     }
     free(tm);
     return rc;

@@ -151,6 +151,29 @@ static bool reader_idle(const redisReader *r) {
     return r->ridx == -1 || (r->ridx == 0 && r->rstack[0].type == -1);
 }
 
+/* One non-blocking receive into iov: the bytes received (> 0); 0 when none
+ * were there (after waiting for more, up to the deadline) or on EINTR; -1
+ * with ctx's error set (EOF, I/O error, deadline). */
+static ssize_t recv_burst(redisContext *ctx, struct iovec *iov, int cnt, uint64_t t0, uint64_t deadline_ns) {
+    struct msghdr m = {0};
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)cnt;
+    ssize_t n = recvmsg(ctx->fd, &m, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n == 0) {
+        ctx_error(ctx, REDIS_ERR_EOF, "server closed the connection", NULL);
+        return -1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (wait_fd(ctx->fd, POLLIN, deadline_ns) == 0) return 0;
+        ctx_timeout(ctx, t0, deadline_ns);
+        return -1;
+    }
+    if (errno == EINTR) return 0;
+    ctx_error(ctx, REDIS_ERR_IO, "recv", strerror(errno));
+    return -1;
+}
+
 /* Receive into iov (advancing it) until cnt pieces are full, by deadline.
  * 0, or REDIS_ERR with ctx's error set. */
 static int recv_exact(redisContext *ctx, struct iovec *iov, int cnt, uint64_t t0, uint64_t deadline_ns) {
@@ -161,27 +184,17 @@ static int recv_exact(redisContext *ctx, struct iovec *iov, int cnt, uint64_t t0
             continue;
         }
         if (kvo__now_ns() >= deadline_ns) return ctx_timeout(ctx, t0, deadline_ns);
-        struct msghdr m = {0};
-        m.msg_iov = iov;
-        m.msg_iovlen = (size_t)cnt;
-        ssize_t n = recvmsg(ctx->fd, &m, MSG_DONTWAIT);
-        if (n > 0) {
-            while (n > 0) {
-                size_t k = (size_t)n < iov->iov_len ? (size_t)n : iov->iov_len;
-                iov->iov_base = (char *)iov->iov_base + k;
-                iov->iov_len -= k;
-                n -= (ssize_t)k;
-                if (iov->iov_len == 0) {
-                    iov++;
-                    cnt--;
-                }
+        ssize_t n = recv_burst(ctx, iov, cnt, t0, deadline_ns);
+        if (n < 0) return REDIS_ERR;
+        while (n > 0) {
+            size_t k = (size_t)n < iov->iov_len ? (size_t)n : iov->iov_len;
+            iov->iov_base = (char *)iov->iov_base + k;
+            iov->iov_len -= k;
+            n -= (ssize_t)k;
+            if (iov->iov_len == 0) {
+                iov++;
+                cnt--;
             }
-        } else if (n == 0) {
-            return ctx_error(ctx, REDIS_ERR_EOF, "server closed the connection", NULL);
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            if (wait_fd(ctx->fd, POLLIN, deadline_ns) != 0) return ctx_timeout(ctx, t0, deadline_ns);
-        } else if (errno != EINTR) {
-            return ctx_error(ctx, REDIS_ERR_IO, "recv", strerror(errno));
         }
     }
     return 0;
@@ -207,21 +220,11 @@ static int sink_reply(redisContext *ctx, const kvo__rc_cmd *sink, void **reply, 
         if (have && (memchr(p, '\n', have) || memcmp(p, num, have) != 0)) break; /* not ours: the reader's */
         char tmp[24];
         struct iovec v = {tmp, (size_t)nl - have};
-        struct msghdr m = {0};
-        m.msg_iov = &v;
-        m.msg_iovlen = 1;
-        ssize_t n = recvmsg(ctx->fd, &m, MSG_DONTWAIT);
-        if (n > 0) {
-            if (redisReaderFeed(r, tmp, (size_t)n) != REDIS_OK)
-                return ctx_error(ctx, REDIS_ERR_OOM, "out of memory", NULL);
-        } else if (n == 0) {
-            return ctx_error(ctx, REDIS_ERR_EOF, "server closed the connection", NULL);
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            if (kvo__now_ns() >= deadline_ns || wait_fd(ctx->fd, POLLIN, deadline_ns) != 0)
-                return ctx_timeout(ctx, t0, deadline_ns);
-        } else if (errno != EINTR) {
-            return ctx_error(ctx, REDIS_ERR_IO, "recv", strerror(errno));
-        }
+        if (kvo__now_ns() >= deadline_ns) return ctx_timeout(ctx, t0, deadline_ns);
+        ssize_t n = recv_burst(ctx, &v, 1, t0, deadline_ns);
+        if (n < 0) return REDIS_ERR;
+        if (n > 0 && redisReaderFeed(r, tmp, (size_t)n) != REDIS_OK)
+            return ctx_error(ctx, REDIS_ERR_OOM, "out of memory", NULL);
     }
     if (r->len - r->pos < (size_t)nl || memcmp(r->buf + r->pos, num, (size_t)nl) != 0) return REDIS_OK;
     redisReply *out = calloc(1, sizeof *out);
@@ -268,17 +271,11 @@ int kvo__rc_get_reply(redisContext *ctx, void **reply, uint64_t deadline_ns) {
             return ctx_error(ctx, REDIS_ERR_PROTOCOL, "protocol error", ctx->reader->errstr);
         if (*reply) return REDIS_OK;
         if (kvo__now_ns() >= deadline_ns) return ctx_timeout(ctx, t0, deadline_ns);
-        ssize_t n = recv(ctx->fd, buf, sizeof buf, MSG_DONTWAIT);
-        if (n > 0) {
-            if (redisReaderFeed(ctx->reader, buf, (size_t)n) != REDIS_OK)
-                return ctx_error(ctx, REDIS_ERR_OOM, "out of memory", NULL);
-        } else if (n == 0) {
-            return ctx_error(ctx, REDIS_ERR_EOF, "server closed the connection", NULL);
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            if (wait_fd(ctx->fd, POLLIN, deadline_ns) != 0) return ctx_timeout(ctx, t0, deadline_ns);
-        } else if (errno != EINTR) {
-            return ctx_error(ctx, REDIS_ERR_IO, "recv", strerror(errno));
-        }
+        struct iovec v = {buf, sizeof buf};
+        ssize_t n = recv_burst(ctx, &v, 1, t0, deadline_ns);
+        if (n < 0) return REDIS_ERR;
+        if (n > 0 && redisReaderFeed(ctx->reader, buf, (size_t)n) != REDIS_OK)
+            return ctx_error(ctx, REDIS_ERR_OOM, "out of memory", NULL);
     }
 }
 
