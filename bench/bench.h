@@ -20,6 +20,8 @@ typedef struct kvo_bench_out {
 void kvo_bench_report(const kvo_bench_out *o, const char *name, double value, const char *unit,
                       const char *limit_name, double limit);
 double kvo_bench_now(void); /* seconds, monotonic */
+/* The median of v[0..n) (n >= 1; sorts v in place). */
+double kvo_bench_median(double *v, size_t n);
 /* This thread's CPU seconds: for single-threaded figures on a shared
  * machine, time this thread was descheduled is not counted. */
 double kvo_bench_thread_cpu(void);

@@ -5,8 +5,13 @@
  * with the same number of threads over the same bytes:
  *   - the same work: a plain gather (store) or scatter (load) of the same
  *     shuffled pages between the same buffers, page by page, threads
- *     claiming 256 KiB units like the engine's workers (kvo__bgather_run);
- *     the better of streaming stores and memcpy;
+ *     claiming 256 KiB units like the engine's workers (kvo__bgather_run),
+ *     each page one kvo__copy (the engine's own copy routine: the same
+ *     instructions) with the engine's copy kind (streaming stores) or plain
+ *     memcpy; each of the two is timed once per round and the limit is the
+ *     better of their two medians (before: the better of the two in every
+ *     round, a minimum of two samples against the job's one, which put the
+ *     limit ~5-10 % above the job on a noisy machine by itself);
  *   - the contiguous copy ceiling (`.vs_contiguous`): one large copy of the
  *     same total bytes with streaming stores (written here, independent of
  *     the library) and one plain memcpy; the better of the two.  A gather
@@ -27,11 +32,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench.h"
 #include "bench_transfer.h"
 #include "cli.h"
 #include "kvoffload/kvo.h"
+#include "transfer/copy.h" /* the engine's copy: the same-work limit uses it */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -126,15 +133,16 @@ static double kvo__bcopy_time(unsigned char *d, const unsigned char *s, size_t n
 /* The same-work limit: the job's own gather (store) or scatter (load) of
  * the same pages between the same buffers, by the same number of threads
  * claiming units of the engine's size (256 KiB of pages, at least one page)
- * from a shared counter, each page one copy (streaming stores or memcpy, the
- * better is taken by the caller): the engine minus its job queue, dependency
- * tracking, unit bookkeeping and run merging (there is nothing to merge:
- * the pages are shuffled). */
+ * from a shared counter, each page one kvo__copy of the given kind (the
+ * engine's kind, or memcpy; the caller takes the better median): the engine
+ * minus its job queue, dependency tracking, unit bookkeeping and run merging
+ * (there is nothing to merge: the pages are shuffled). */
 typedef struct kvo__bgather {
     unsigned char *eng, *slots;
     const uint64_t *ids;
     uint64_t page, nblk, unit;
-    int stream, store;
+    kvo__copy_kind kind;
+    int store;
     uint64_t next; /* next unit (atomic) */
 } kvo__bgather;
 
@@ -146,25 +154,19 @@ static void *kvo__bgather_run(void *arg) {
         uint64_t b1 = b0 + g->unit < g->nblk ? b0 + g->unit : g->nblk;
         for (uint64_t b = b0; b < b1; b++) {
             unsigned char *e = g->eng + g->ids[b] * g->page, *sl = g->slots + b * g->page;
-            unsigned char *d = g->store ? sl : e;
-            const unsigned char *s = g->store ? e : sl;
-#if KVO__BX86
-            if (g->stream == 2) kvo__b_stream_avx2(d, s, g->page);
-            else if (g->stream == 1) kvo__b_stream_sse2(d, s, g->page);
-            else
-#endif
-                memcpy(d, s, g->page);
+            kvo__copy(g->kind, g->store ? sl : e, g->store ? e : sl, g->page);
         }
+        kvo__copy_fence(); /* once per unit, as the engine's workers */
     }
     return NULL;
 }
 
 /* Seconds for one gather (store) or scatter (load) of nblk pages. */
 static double kvo__bgather_time(unsigned char *eng, unsigned char *slots, const uint64_t *ids, uint64_t page,
-                                uint64_t nblk, int store, int stream, uint32_t threads) {
+                                uint64_t nblk, int store, kvo__copy_kind kind, uint32_t threads) {
     pthread_t th[2];
     uint64_t unit = (UINT64_C(256) << 10) / page ? (UINT64_C(256) << 10) / page : 1;
-    kvo__bgather g = {eng, slots, ids, page, nblk, unit, stream, store, 0};
+    kvo__bgather g = {eng, slots, ids, page, nblk, unit, kind, store, 0};
     double t0 = kvo_bench_now();
     for (uint32_t i = 0; i + 1 < threads; i++) pthread_create(&th[i], NULL, kvo__bgather_run, &g);
     kvo__bgather_run(&g);
@@ -231,39 +233,62 @@ int kvo__bjob_time(kvo_transfer *t, kvo__bsetup *b, kvo_xfer_dir dir, int reps, 
     return 0;
 }
 
-static int kvo__bcmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+/* One page size: `reps` rounds, each running every limit and both jobs back
+ * to back, in an order that alternates between rounds (so that each ratio
+ * compares runs made under the same conditions on this shared machine, and
+ * neither side always runs first); med[] gets each one's median seconds over
+ * the rounds (a disturbed round moves a median little, and the limits and
+ * jobs are disturbed alike), bytes[] the jobs' bytes.  Every figure is one
+ * sample per round: med[] = stream copy, memcpy, store job, load job, gather
+ * and scatter with the engine's copy kind, gather and scatter with memcpy. */
+enum { KVO__BMED = 8 };
+
+/* CPU seconds of the whole process (every thread: the engine's workers, the
+ * limit's helper thread; a thread that waits uses none). */
+static double kvo__bproc_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* One page size: `reps` rounds, each running every limit and both jobs back
- * to back (so that each ratio compares runs made under the same conditions
- * on this shared machine); med[] gets each one's median seconds over the
- * rounds (a disturbed round moves a median little, and the limits and jobs
- * are disturbed alike), bytes[] the jobs' bytes. */
+
+/* med[] as above in wall seconds; cpu[] the same figures in process CPU
+ * seconds (what the work cost, whatever the other tenants of the machine
+ * did to the wall clock; memory bandwidth they take still shows). */
 static int kvo__bmeasure(kvo_transfer *t, kvo__bsetup *b, unsigned char *eng, unsigned char *slots, uint64_t total,
-                         uint64_t page, int stream, uint32_t threads, uint64_t reps, double med[6],
-                         uint64_t bytes[2]) {
-    double *tm = malloc(sizeof *tm * 6 * reps);
+                         uint64_t page, int stream, uint32_t threads, uint64_t reps, double med[KVO__BMED],
+                         double cpu[KVO__BMED], uint64_t bytes[2]) {
+    double *tm = malloc(sizeof *tm * 2 * KVO__BMED * reps);
     if (!tm) return KVO_ENOMEM;
+    double *tc = tm + KVO__BMED * reps;
+    kvo__copy_kind kind = kvo__copy_best();
     int rc = 0;
     for (uint64_t r = 0; r < reps && !rc; r++) {
-        double *x = tm + r, d;
-        for (int dir = 0; dir < 2; dir++) { /* the same work: better of streaming stores and memcpy */
-            x[(4 + dir) * reps] = 1e30;
-            for (int k = 0; k < 2; k++) {
-                d = kvo__bgather_time(eng, slots, b->ids, page, total / page, dir == 0, k ? 0 : stream, threads);
-                if (d < x[(4 + dir) * reps]) x[(4 + dir) * reps] = d;
+        double *x = tm + r, *c = tc + r, c0;
+        for (int half = 0; half < 2 && !rc; half++) {
+            if ((half == 0) == (r % 2 == 0)) { /* the limits */
+                for (int dir = 0; dir < 2; dir++)
+                    for (int k = 0; k < 2; k++) {
+                        c0 = kvo__bproc_cpu();
+                        x[(4 + 2 * k + dir) * reps] = kvo__bgather_time(eng, slots, b->ids, page, total / page,
+                                                                        dir == 0, k ? KVO__COPY_MEMCPY : kind, threads);
+                        c[(4 + 2 * k + dir) * reps] = kvo__bproc_cpu() - c0;
+                    }
+                x[0] = kvo__bcopy_time(r % 2 ? eng : slots, r % 2 ? slots : eng, total, stream, threads);
+                x[reps] = kvo__bcopy_time(r % 2 ? eng : slots, r % 2 ? slots : eng, total, 0, threads);
+                c[0] = c[reps] = 0;
+            } else { /* the jobs */
+                for (int dir = 0; dir < 2 && !rc; dir++) {
+                    c0 = kvo__bproc_cpu();
+                    rc = kvo__bjob_time(t, b, (kvo_xfer_dir)dir, 1, &x[(2 + dir) * reps], &bytes[dir]);
+                    c[(2 + dir) * reps] = kvo__bproc_cpu() - c0;
+                }
             }
         }
-        x[0] = kvo__bcopy_time(r % 2 ? eng : slots, r % 2 ? slots : eng, total, stream, threads);
-        x[reps] = kvo__bcopy_time(r % 2 ? eng : slots, r % 2 ? slots : eng, total, 0, threads);
-        for (int dir = 0; dir < 2 && !rc; dir++) rc = kvo__bjob_time(t, b, (kvo_xfer_dir)dir, 1, &x[(2 + dir) * reps], &bytes[dir]);
     }
-    for (int k = 0; k < 6 && !rc; k++) {
-        double *v = tm + (size_t)k * reps;
-        qsort(v, reps, sizeof *v, kvo__bcmp_d);
-        med[k] = reps % 2 ? v[reps / 2] : (v[reps / 2 - 1] + v[reps / 2]) / 2;
+    for (int k = 0; k < KVO__BMED && !rc; k++) {
+        med[k] = kvo_bench_median(tm + (size_t)k * reps, reps);
+        cpu[k] = kvo_bench_median(tc + (size_t)k * reps, reps);
     }
     free(tm);
     return rc;
@@ -328,9 +353,9 @@ int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o) {
             }
             kvo_segment seg = {0, eng, total / pages[pi], pages[pi], pages[pi]};
             if (!rc) rc = kvo_transfer_set_layout(t, &seg, 1);
-            double med[6]; /* seconds: stream copy, memcpy, store job, load job, gather, scatter */
+            double med[KVO__BMED], cpu[KVO__BMED]; /* seconds, see kvo__bmeasure */
             uint64_t bytes[2] = {0, 0};
-            if (!rc) rc = kvo__bmeasure(t, &b, eng, slots, total, pages[pi], stream, threads, reps, med, bytes);
+            if (!rc) rc = kvo__bmeasure(t, &b, eng, slots, total, pages[pi], stream, threads, reps, med, cpu, bytes);
             if (!rc) {
                 double s_gbs = (double)total / med[0] / 1e9, m_gbs = (double)total / med[1] / 1e9;
                 double ceiling = s_gbs > m_gbs ? s_gbs : m_gbs;
@@ -343,10 +368,26 @@ int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o) {
                     snprintf(name, sizeof name, "transfer.%s.page_%lluKiB.threads_%u", dir ? "load" : "store",
                              (unsigned long long)(pages[pi] >> 10), threads);
                     double gbs = (double)bytes[dir] / med[2 + dir] / 1e9;
-                    kvo_bench_report(o, name, gbs, "GB/s", glim, (double)total / med[4 + dir] / 1e9);
+                    double lim_s = med[4 + dir] < med[6 + dir] ? med[4 + dir] : med[6 + dir];
+                    kvo_bench_report(o, name, gbs, "GB/s", glim, (double)total / lim_s / 1e9);
+                    /* the same in CPU time: GB moved per CPU second, against
+                     * the same-work copy with the engine's copy kind */
+                    snprintf(name, sizeof name, "transfer.%s.page_%lluKiB.threads_%u.per_cpu_s",
+                             dir ? "load" : "store", (unsigned long long)(pages[pi] >> 10), threads);
+                    snprintf(glim, sizeof glim, "same_work_%s_per_cpu_s", dir ? "scatter" : "gather");
+                    kvo_bench_report(o, name, (double)bytes[dir] / cpu[2 + dir] / 1e9, "GB/cpu-s", glim,
+                                     (double)total / cpu[4 + dir] / 1e9);
                     snprintf(name, sizeof name, "transfer.%s.page_%lluKiB.threads_%u.vs_contiguous",
                              dir ? "load" : "store", (unsigned long long)(pages[pi] >> 10), threads);
                     kvo_bench_report(o, name, gbs, "GB/s", lim, ceiling);
+                    /* which copy the same work favours here: memcpy's rate as
+                     * a share of the engine's copy kind's (above 100 %: plain
+                     * memcpy would have been the better choice) */
+                    snprintf(name, sizeof name, "transfer.same_work_%s.page_%lluKiB.threads_%u.memcpy",
+                             dir ? "scatter" : "gather", (unsigned long long)(pages[pi] >> 10), threads);
+                    snprintf(glim, sizeof glim, "%s", kvo__copy_kind_name(kvo__copy_best()));
+                    kvo_bench_report(o, name, (double)total / med[6 + dir] / 1e9, "GB/s", glim,
+                                     (double)total / med[4 + dir] / 1e9);
                 }
             } else {
                 fprintf(stderr, "kvoffload bench transfer: page %llu: %s\n", (unsigned long long)pages[pi],

@@ -1,5 +1,6 @@
 /* File tier: crash safety (a writer killed with SIGKILL leaves no partial
- * chunk under a chunk name, with O_TMPFILE and with named temporaries), two
+ * chunk under a chunk name, with O_TMPFILE and with named temporaries, and
+ * with a full quota, where every write recycles an evicted file), two
  * processes sharing one root, and which temporaries count as stale.  The
  * plans, keys and helpers are tests/file_tier_fixture.h's. */
 #include "kvo_test.h"
@@ -23,14 +24,17 @@
  * it left may load with wrong bytes, and its temporary files are cleaned.
  * The child says it started once its first 41 writes are on disk, so that
  * the kill always leaves files to check (it used not to under heavy load). */
-static void sigkill_during_writes(bool named_temps) {
+static void sigkill_during_writes(bool named_temps, uint64_t quota_chunks) {
     atomic_store(&kvo__file_test_no_tmpfile, named_temps);
     kvo_plan *plan = ftf_plan("ft-kill", 20000, true);
     char root[1024], started[1024];
-    snprintf(root, sizeof root, "%s", ftf_subdir("kill"));
-    snprintf(started, sizeof started, "%s", ftf_subdir("kill.started"));
+    snprintf(root, sizeof root, "%s", ftf_subdir(quota_chunks ? "killq" : "kill"));
+    snprintf(started, sizeof started, "%s", ftf_subdir(quota_chunks ? "killq.started" : "kill.started"));
     kvo_file_tier_params p = ftf_params(root, plan);
     p.max_staging_bytes = 4ull << 20;
+    /* a full quota: every write evicts, and the evicted files are recycled
+     * (pooled under their names, renamed away and overwritten by writers) */
+    if (quota_chunks) p.quota_bytes = quota_chunks * kvo_plan_group(plan, 0)->slot_bytes;
     fflush(NULL);
     pid_t pid = fork();
     ASSERT_TRUE(pid >= 0);
@@ -46,6 +50,8 @@ static void sigkill_during_writes(bool named_temps) {
             kvo_file_tier_write(t, &k, &src, 1, NULL, NULL, NULL);
             if (i == 40) { /* files on disk before the parent's kill, however slow the machine */
                 if (kvo_file_tier_flush(t, KVO_MS(60000))) _exit(4);
+                kvo_file_tier_stats cs = KVO_FILE_TIER_STATS_INIT;
+                if (quota_chunks && (kvo_file_tier_get_stats(t, &cs) || cs.recycled_files == 0)) _exit(5);
                 int fd = open(started, O_CREAT | O_WRONLY, 0644);
                 close(fd);
             }
@@ -64,8 +70,12 @@ static void sigkill_during_writes(bool named_temps) {
     kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_GT_U64(s.scanned_files, 0);
+    /* with a full quota the scan keeps the newest files within it (and
+     * the pooled, still valid files of evicted keys count as files) */
+    if (!quota_chunks) ASSERT_EQ_U64(s.files, s.scanned_files);
+    ASSERT_GT_U64(s.files, 0);
     uint64_t ok = 0, bad = 0;
-    for (uint64_t i = 0; i < 100000 && ok + bad < s.scanned_files; i++) {
+    for (uint64_t i = 0; i < 100000 && ok + bad < s.files; i++) {
         kvo_chunk_key k = ftf_key(i, 0);
         uint8_t stt;
         ASSERT_OK(kvo_file_tier_lookup(t, &k, 1, &stt));
@@ -75,8 +85,8 @@ static void sigkill_during_writes(bool named_temps) {
         else if (r == KVO_ECORRUPT) bad++;
         else FAILF("read of key %llu: %s", (unsigned long long)i, kvo_error_name(r));
     }
-    ASSERT_EQ_U64(ok + bad, s.scanned_files);
-    ASSERT_EQ_U64(bad, 0); /* rename makes files appear whole */
+    ASSERT_EQ_U64(ok + bad, s.files);
+    ASSERT_EQ_U64(bad, 0); /* rename makes files appear whole, recycled ones too */
     /* no temporary file of the dead writer is left */
     ASSERT_EQ_INT(ftf_count_temps(kvo_file_tier_dir(t)), 0);
     kvo_file_tier_destroy(t);
@@ -84,8 +94,10 @@ static void sigkill_during_writes(bool named_temps) {
     atomic_store(&kvo__file_test_no_tmpfile, 0);
 }
 
-KVO_TEST(sigkill_during_writes) { sigkill_during_writes(false); }
-KVO_TEST(sigkill_during_writes_named_temps) { sigkill_during_writes(true); }
+KVO_TEST(sigkill_during_writes) { sigkill_during_writes(false, 0); }
+KVO_TEST(sigkill_during_writes_named_temps) { sigkill_during_writes(true, 0); }
+KVO_TEST(sigkill_during_writes_full_quota) { sigkill_during_writes(false, 8); }
+KVO_TEST(sigkill_during_writes_full_quota_named_temps) { sigkill_during_writes(true, 8); }
 
 /* Two processes store and load the same keys (and each other's). */
 static int share_child(const kvo_plan *plan, const char *root, uint64_t first, uint64_t count, uint64_t total) {

@@ -224,6 +224,86 @@ KVO_TEST(fanout_at_create_and_recycling_burst) {
     kvo_plan_destroy(plan);
 }
 
+/* An evicted file stays under its name in the recycling pool until a writer
+ * takes it; a key stored again meanwhile takes it back out of the pool, so
+ * that no writer renames its file away afterwards and destroy does not
+ * delete it (it used to: the key was then READY in the index with no file,
+ * and gone after a restart). */
+KVO_TEST(recycle_pool_restore_evicted_key) {
+    kvo_plan *plan = ftf_plan("ft-pool", 10000, true);
+    const kvo_group_plan *g0 = kvo_plan_group(plan, 0);
+    char root[1024];
+    snprintf(root, sizeof root, "%s", ftf_subdir("pool"));
+    kvo_file_tier_params p = ftf_params(root, plan);
+    p.quota_bytes = 4 * g0->slot_bytes;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    kvo_chunk_key a[4], b = ftf_key(900, 1);
+    for (int i = 0; i < 4; i++) a[i] = ftf_key((uint64_t)i + 800, 0);
+    ftf_write_keys(t, plan, a, 4);
+    /* a smaller chunk evicts one of them (the policy's choice), and no
+     * writer of its size takes the evicted file out of the pool */
+    ftf_write_keys(t, plan, &b, 1);
+    uint8_t st;
+    int e = -1;
+    for (int i = 0; i < 4 && e < 0; i++) {
+        ASSERT_OK(kvo_file_tier_lookup(t, &a[i], 1, &st));
+        if (st == KVO_MISS) e = i;
+    }
+    ASSERT_TRUE(e >= 0);
+    char path[KVO__FILE_PATH_MAX];
+    struct stat sb;
+    ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &a[e], path, sizeof path));
+    ASSERT_EQ_INT(stat(path, &sb), 0); /* pooled under its name, complete */
+    ftf_write_keys(t, plan, &a[e], 1); /* stored again: out of the pool */
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &a[e], true), 0);
+    kvo_file_tier_destroy(t);
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    ASSERT_OK(kvo_file_tier_lookup(t, &a[e], 1, &st));
+    ASSERT_EQ_INT(st, KVO_READY);
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &a[e], true), 0);
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &b, false), 0);
+
+    /* Churn: 8 keys through a quota of 3, each round stores the keys just
+     * evicted again while writers recycle (and rename away) pooled files:
+     * every key the index holds reads back exactly, and after a restart
+     * too. */
+    kvo_file_tier_destroy(t);
+    p.quota_bytes = 3 * g0->slot_bytes;
+    ASSERT_OK(kvo_file_tier_create(&p, &t));
+    kvo_chunk_key k[8];
+    for (int i = 0; i < 8; i++) k[i] = ftf_key((uint64_t)i + 500, 0);
+    unsigned char *buf = malloc(g0->chunk_bytes);
+    for (int round = 0; round < 60; round++)
+        for (int i = 0; i < 8; i++) {
+            kvo_chunk_key *kk = &k[(i * 3 + round) % 8];
+            ftf_fill(buf, g0->chunk_bytes, kk);
+            const void *src = buf;
+            int r = 1;
+            ASSERT_OK(kvo_file_tier_write(t, kk, &src, 1, NULL, &r, NULL));
+            ASSERT_TRUE(r == 0 || r == KVO_EAGAIN || r == KVO_EEXIST || r == KVO_ENOSPC);
+        }
+    free(buf);
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
+    kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
+    ASSERT_OK(kvo_file_tier_get_stats(t, &s));
+    ASSERT_GT_U64(s.recycled_files, 0);
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t ready = 0;
+        for (int i = 0; i < 8; i++) {
+            ASSERT_OK(kvo_file_tier_lookup(t, &k[i], 1, &st));
+            if (st != KVO_READY) continue;
+            ready++;
+            ASSERT_EQ_INT(ftf_read_key(t, plan, &k[i], i % 2 == 0), 0);
+        }
+        ASSERT_GT_U64(ready, 0);
+        kvo_file_tier_destroy(t);
+        t = NULL;
+        if (pass == 0) ASSERT_OK(kvo_file_tier_create(&p, &t));
+    }
+    kvo_plan_destroy(plan);
+}
+
 /* One large chunk evicts many small ones (more than fit one eviction list). */
 KVO_TEST(quota_mixed_sizes) {
     kvo_model *m = NULL;
@@ -261,17 +341,32 @@ KVO_TEST(quota_mixed_sizes) {
     ASSERT_LE_U64(s.bytes_used, p.quota_bytes);
     ASSERT_GT_U64(s.evictions, 64);
     ASSERT_EQ_INT(ftf_read_key(t, plan, &kb[1], true), 0);
-    /* the evicted small files are gone from the disk */
+    /* the evicted small files are gone from the disk, except those kept
+     * under their names for recycling (at most the pool: max_pending_writes
+     * files, max_staging_bytes bytes); those go at destroy */
+    char ns[KVO__FILE_PATH_MAX];
+    snprintf(ns, sizeof ns, "%s", kvo_file_tier_dir(t));
     uint64_t present = 0;
     for (uint64_t i = 0; i < n_small; i++) {
         char path[KVO__FILE_PATH_MAX];
         struct stat st;
-        ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &ks[i], path, sizeof path));
+        ASSERT_OK(kvo_file_chunk_path(ns, &ks[i], path, sizeof path));
+        present += stat(path, &st) == 0;
+    }
+    ASSERT_GE_U64(present + s.evictions, n_small);
+    uint64_t kept = present + s.evictions - n_small;
+    ASSERT_LE_U64(kept, p.max_pending_writes);
+    ASSERT_LE_U64(kept * (small->slot_bytes + KVO_FILE_HEADER_BYTES), p.max_staging_bytes);
+    kvo_file_tier_destroy(t);
+    present = 0;
+    for (uint64_t i = 0; i < n_small; i++) {
+        char path[KVO__FILE_PATH_MAX];
+        struct stat st;
+        ASSERT_OK(kvo_file_chunk_path(ns, &ks[i], path, sizeof path));
         present += stat(path, &st) == 0;
     }
     ASSERT_EQ_U64(present + s.evictions, n_small);
     free(ks);
-    kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
 

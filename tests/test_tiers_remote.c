@@ -218,6 +218,39 @@ KVO_TEST(corrupt_value) {
 /* Stores beyond max_pending_writes or staging memory are dropped at once
  * (KVO_EAGAIN, counted); reads beyond max_pending_reads in flight, or beyond
  * the completion ring while nobody polls, are refused. */
+/* One pipelined batch whose replies mix values received straight into the
+ * caller's buffers (the right length), nils, short values and longer ones
+ * (read through hiredis's reader): no reply takes another's bytes, every
+ * hit holds its own bytes (get_range checks them). */
+KVO_TEST(mixed_replies_in_one_batch) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(port, plan, "mixed", NULL);
+    enum { N = 12 };
+    ASSERT_EQ_U64(put_range(t, plan, 0, N), N);
+    for (int i = 0; i < N; i++) {
+        const char *how = i % 3 == 1 ? "del %s" : i == 2 ? "set %s x" : i == 5 ? "append %s tail" : i == 8 ? "set %s -ERR" : NULL;
+        if (!how) continue;
+        char name[160], args[400], full[450];
+        kvo_chunk_key k = ftf_key((uint64_t)i, 0);
+        ASSERT_OK(kvo_remote_tier_key_name(t, &k, name, sizeof name));
+        snprintf(args, sizeof args, how, name);
+        snprintf(full, sizeof full, "-c %s", args);
+        ASSERT_EQ_INT(rcli(port, NULL, full, NULL), 0);
+    }
+    for (int pass = 0; pass < 2; pass++) { /* the second: after the corrupt ones were deleted */
+        int res[N];
+        size_t hits = get_range(t, plan, 0, N, res);
+        for (int i = 0; i < N; i++) {
+            int want = i % 3 == 1 ? KVO_ENOTFOUND : (i == 2 || i == 5 || i == 8) ? (pass ? KVO_ENOTFOUND : KVO_ECORRUPT) : 0;
+            if (res[i] != want) FAILF("pass %d key %d: %s, expected %s", pass, i, kvo_error_name(res[i]), kvo_error_name(want));
+        }
+        ASSERT_EQ_U64(hits, 5);
+    }
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
 KVO_TEST(backpressure) {
     int port = shared_port();
     kvo_plan *plan = make_plan();

@@ -185,8 +185,10 @@ void kvo__fop_run_sync(kvo_file_tier *t, kvo__fop *op);
 enum { KVO__FLOG_NOSPC, KVO__FLOG_IO, KVO__FLOG_CORRUPT, KVO__FLOG_BACKPRESSURE, KVO__FLOG_KINDS };
 
 typedef struct kvo__recycled {
-    char rel[64];             /* "<xx>/.tmp.<...>" under ns_dir */
+    char rel[64];             /* "<xx>/<hash>-g<group>.kvc": the evicted key's name under ns_dir */
+    kvo_chunk_key key;        /* the evicted key */
     uint64_t file_bytes;
+    bool taking;              /* a writer is renaming it away (file_quota.c) */
 } kvo__recycled;
 
 struct kvo_file_tier {
@@ -226,14 +228,15 @@ struct kvo_file_tier {
     void *uring_state;
     void (*ring_kick)(void *uring_state); /* wakes the ring (set with uring) */
 
-    /* Recycling: files of evicted chunks, renamed to temporary names, are
-     * overwritten in place by later writes of the same size (no inode or
-     * block allocation: several times faster on ext4 once the quota is
-     * full).  Only when no other process uses the root (!params.shared).
+    /* Recycling: files of evicted chunks, pooled under their names, are
+     * renamed away by a writer and overwritten in place by later writes of
+     * the same size (no inode or block allocation: several times faster on
+     * ext4 once the quota is full).  Only when no other process uses the
+     * root (!params.shared).
      * As large as the write queue (file_quota.c says why). */
     kvo__recycled *pool;
-    uint32_t pool_len, pool_reserved, pool_cap;
-    uint64_t pool_bytes, pool_max_bytes;  /* pooled + reserved; its bound */
+    uint32_t pool_len, pool_cap;
+    uint64_t pool_bytes, pool_max_bytes;  /* pooled; its bound */
 
     kvo_file_tier_stats st;       /* counters; gauges filled at get_stats */
     uint64_t lat_ewma_ns;
@@ -267,8 +270,9 @@ int kvo__file_reserve_key(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *nee
 int kvo__file_adopt_key(kvo_file_tier *t, const kvo_chunk_key *k, size_t *evicted_out);
 /* Delete (or keep for recycling) the files of n evicted keys; counts them. */
 void kvo__file_unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t n);
-/* Take a recycled file of exactly file_bytes (its path into out), if any. */
-bool kvo__file_recycled_take(kvo_file_tier *t, uint64_t file_bytes, char *out, size_t cap);
+/* Take a recycled file of exactly file_bytes, if any, renaming it (on the
+ * calling writer thread) from its old chunk name to the path tmp. */
+bool kvo__file_recycled_take(kvo_file_tier *t, uint64_t file_bytes, const char *tmp);
 /* Shared mode: does a complete-looking file for k exist? */
 bool kvo__file_probe_key(kvo_file_tier *t, const kvo_chunk_key *k, const kvo_group_plan *g);
 

@@ -4,8 +4,9 @@
  *
  * What it owns
  *  - begin: a write encodes the header (checksum of the staged payload) and
- *    opens its file: a recycled file of the same size (overwritten in place,
- *    no O_TRUNC), else an unnamed O_TMPFILE file in the fan-out directory,
+ *    opens its file: a recycled file of the same size (an evicted key's
+ *    file, renamed here from its name to a temporary one, then overwritten
+ *    in place, no O_TRUNC), else an unnamed O_TMPFILE file in the fan-out directory,
  *    else a named temporary (O_EXCL, .tmp.<host>.<pid>.<nonce>.<counter>).
  *    A read opens the key's file, checks its type and size.  Both set up
  *    one iov pair (4096-byte header + payload) so that one pwritev/preadv
@@ -80,9 +81,10 @@ static int write_begin(kvo_file_tier *t, kvo__fop *op, const kvo_group_plan *g) 
     snprintf(op->tmp, sizeof op->tmp, "%s/%s/%s%08x.%ld.%08x.%u", t->ns_dir, sub, KVO__FILE_TMP_PREFIX,
              t->hostid, t->pid, t->nonce, atomic_fetch_add(&t->tmp_counter, 1));
     op->recycled = false;
-    if (kvo__file_recycled_take(t, kvo__file_stage_size(g), op->tmp, sizeof op->tmp)) {
-        /* overwrite an evicted file of the same size in place (no
-         * O_TRUNC: its blocks stay allocated), then rename it */
+    if (kvo__file_recycled_take(t, kvo__file_stage_size(g), op->tmp)) {
+        /* an evicted file of the same size, renamed out of its name to
+         * op->tmp: overwrite it in place (no O_TRUNC: its blocks stay
+         * allocated), then rename it to the key's name */
         op->fd = open(op->tmp, O_WRONLY | O_CLOEXEC | (t->direct ? O_DIRECT : 0));
         if (op->fd >= 0) op->recycled = true;
         else unlink(op->tmp);

@@ -8,27 +8,42 @@
  *    at once, on the caller's thread (a write's eviction, the scan's).
  *  - adopt_key: a key whose file exists goes into the index as READY (the
  *    startup scan, shared-mode probes).
- *  - Recycling: with !params.shared, an evicted file is renamed to a
- *    temporary name in its directory (pool of at most pool_cap files and
- *    pool_max_bytes) and a later write of the same size overwrites it in
- *    place (no inode or block allocation: measured several times faster than
- *    creating files on ext4 once the quota is full).  Off in shared mode,
- *    where another process may be reading the evicted file.  The pool is as
- *    large as the write queue can be (max_pending_writes files, the staging
- *    memory's bytes): with a smaller pool (16 files, before) a caller that
- *    runs ahead of the writers evicted most files into unlink, and most
- *    queued writes then created a new inode after all.  Pooled files are
- *    the only bytes on disk beyond the quota: at most max_staging_bytes.
+ *  - Recycling: with !params.shared, an evicted file goes into a pool (at
+ *    most pool_cap files and pool_max_bytes) still under its chunk name: the
+ *    caller's thread makes no system call for it.  A writer that needs a
+ *    file of the same size takes one from the pool, renames it out of its
+ *    name to a temporary name, overwrites it in place (no inode or block
+ *    allocation: measured several times faster than creating files on ext4
+ *    once the quota is full) and renames it to its new name (file_ops.c).
+ *    Until a writer takes it, a pooled file is a complete, valid file of the
+ *    evicted key, so a name never shows a partial file (the SIGKILL tests);
+ *    a process killed meanwhile leaves it to be adopted (or evicted) by the
+ *    next scan.  Before this, the evicting caller renamed the file at once:
+ *    one rename per chunk on the one thread that feeds the writers.  A key
+ *    reserved again while its file is still pooled takes the file back out
+ *    of the pool (same key, same bytes: the new write's link finds it and
+ *    succeeds); if a writer is renaming it away at that moment, the
+ *    reservation waits for that rename (done_cv), so the new write's link or
+ *    rename never races it.  Off in shared mode, where another process may
+ *    be reading the evicted file.  The pool is as large as the write queue
+ *    can be (max_pending_writes files, the staging memory's bytes): with a
+ *    smaller pool (16 files, before) a caller that runs ahead of the writers
+ *    evicted most files into unlink, and most queued writes then created a
+ *    new inode after all.  Pooled files are the only bytes on disk beyond
+ *    the quota: at most max_staging_bytes; they are removed at destroy
+ *    (tier_free).  The pool is searched linearly (at most pool_cap entries,
+ *    max_pending_writes: 64 by default), under mu, once per reservation.
  *
  * Lock rules: mu guards the pool and the eviction counter; it is taken only
  * around those, never across a rename, an unlink or a store call.  A pool
- * slot is reserved (pool_reserved) before the rename so that concurrent
- * evictions never overfill the pool.
+ * entry that a writer is renaming stays in the pool marked `taking` until
+ * the rename is done, so that a concurrent reservation of the same key can
+ * wait for it.
  *
- * Invariants: pool_len + pool_reserved <= pool_cap; pool_bytes (pooled and
- * reserved files) <= pool_max_bytes; a pooled file is always
- * exactly the file size recorded with it; pooled files are removed at
- * destroy (tier_free).
+ * Invariants: pool_len <= pool_cap; pool_bytes (pooled files) <=
+ * pool_max_bytes; a pooled file is always exactly the file size recorded
+ * with it; a key is in the pool at most once, and never while it is in the
+ * index (reserve takes it out).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -39,62 +54,98 @@
 
 #define EVICT_CAP 64
 
-/* Keep an evicted file for reuse if the pool has room: rename it to a
- * temporary name in its directory.  Returns true when kept. */
-static bool recycle_file(kvo_file_tier *t, const kvo_chunk_key *k, const char *path) {
+/* Keep an evicted file for reuse if the pool has room: it stays under its
+ * name until a writer takes it.  Returns true when kept. */
+static bool recycle_file(kvo_file_tier *t, const kvo_chunk_key *k) {
     if (t->p.shared || t->pool_cap == 0) return false;
     const kvo_group_plan *g = kvo__file_group_of(t, k);
     if (!g) return false;
     uint64_t fb = kvo__file_stage_size(g);
+    char sub[3], name[64];
+    kvo__file_subdir(k, sub);
+    kvo__file_name(k, name, sizeof name);
     pthread_mutex_lock(&t->mu);
-    bool room = t->pool_len + t->pool_reserved < t->pool_cap && t->pool_bytes + fb <= t->pool_max_bytes;
+    bool room = t->pool_len < t->pool_cap && t->pool_bytes + fb <= t->pool_max_bytes;
     if (room) {
-        t->pool_reserved++;
+        kvo__recycled *r = &t->pool[t->pool_len++];
+        snprintf(r->rel, sizeof r->rel, "%s/%s", sub, name);
+        r->key = *k;
+        r->file_bytes = fb;
+        r->taking = false;
         t->pool_bytes += fb;
     }
     pthread_mutex_unlock(&t->mu);
-    if (!room) return false;
-    char sub[3], rel[64], full[KVO__FILE_PATH_MAX];
-    kvo__file_subdir(k, sub);
-    snprintf(rel, sizeof rel, "%s/%s%08x.%ld.%08x.%u", sub, KVO__FILE_TMP_PREFIX, t->hostid, t->pid, t->nonce,
-             atomic_fetch_add(&t->tmp_counter, 1));
-    snprintf(full, sizeof full, "%s/%s", t->ns_dir, rel);
-    bool ok = rename(path, full) == 0;
-    pthread_mutex_lock(&t->mu);
-    t->pool_reserved--;
-    if (ok) {
-        kvo__recycled *r = &t->pool[t->pool_len++];
-        memcpy(r->rel, rel, sizeof r->rel);
-        r->file_bytes = fb;
-    } else {
-        t->pool_bytes -= fb;
-    }
-    pthread_mutex_unlock(&t->mu);
-    return ok;
+    return room;
 }
 
-/* Take a recycled file of exactly file_bytes (its path into out), if any. */
-bool kvo__file_recycled_take(kvo_file_tier *t, uint64_t file_bytes, char *out, size_t cap) {
+static void pool_drop(kvo_file_tier *t, uint32_t i) {
+    t->pool_bytes -= t->pool[i].file_bytes;
+    t->pool[i] = t->pool[--t->pool_len];
+}
+
+/* A key is being reserved: if its evicted file is still pooled, take it out
+ * of the pool (it is a complete file of this key: the key's new write will
+ * find it under its name); if a writer is renaming it away right now, wait
+ * until it is gone, so that the new write's link or rename comes after. */
+static void pool_reclaim(kvo_file_tier *t, const kvo_chunk_key *k) {
+    if (t->pool_cap == 0) return;
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t i = 0; i < t->pool_len;) {
+        kvo__recycled *r = &t->pool[i];
+        if (r->key.group != k->group || r->key.hash.lo != k->hash.lo || r->key.hash.hi != k->hash.hi) {
+            i++;
+            continue;
+        }
+        if (!r->taking) {
+            pool_drop(t, i);
+            break;
+        }
+        pthread_cond_wait(&t->done_cv, &t->mu); /* the taker broadcasts when done */
+        i = 0;
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Take a recycled file of exactly file_bytes, if any: it is renamed from
+ * its old chunk name to the temporary name in tmp (a path the caller made),
+ * on this (writer) thread.  False when none is pooled or the rename failed
+ * (the file was removed meanwhile: the write makes a new file). */
+bool kvo__file_recycled_take(kvo_file_tier *t, uint64_t file_bytes, const char *tmp) {
+    char old[KVO__FILE_PATH_MAX];
+    kvo_chunk_key key;
     bool got = false;
     pthread_mutex_lock(&t->mu);
     for (uint32_t i = t->pool_len; i-- > 0;) {
-        if (t->pool[i].file_bytes != file_bytes) continue;
-        snprintf(out, cap, "%s/%s", t->ns_dir, t->pool[i].rel);
-        t->pool_bytes -= t->pool[i].file_bytes;
-        t->pool[i] = t->pool[--t->pool_len];
+        kvo__recycled *r = &t->pool[i];
+        if (r->taking || r->file_bytes != file_bytes) continue;
+        r->taking = true;
+        key = r->key;
+        snprintf(old, sizeof old, "%s/%s", t->ns_dir, r->rel);
         got = true;
         break;
     }
-    if (got) t->st.recycled_files++;
     pthread_mutex_unlock(&t->mu);
-    return got;
+    if (!got) return false;
+    bool ok = rename(old, tmp) == 0;
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t i = 0; i < t->pool_len; i++) {
+        kvo__recycled *r = &t->pool[i];
+        if (r->taking && r->key.group == key.group && r->key.hash.lo == key.hash.lo && r->key.hash.hi == key.hash.hi) {
+            pool_drop(t, i);
+            break;
+        }
+    }
+    if (ok) t->st.recycled_files++;
+    pthread_cond_broadcast(&t->done_cv); /* a reservation of the old key may wait */
+    pthread_mutex_unlock(&t->mu);
+    return ok;
 }
 
 void kvo__file_unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t n) {
     char path[KVO__FILE_PATH_MAX];
     for (size_t i = 0; i < n; i++) {
         kvo__file_key_path(t, &ev[i], path);
-        if (recycle_file(t, &ev[i], path)) continue;
+        if (recycle_file(t, &ev[i])) continue;
         if (unlink(path) != 0 && errno != ENOENT && errno != EISDIR) kvo__file_remove_any(path);
     }
     if (n) {
@@ -115,6 +166,7 @@ int kvo__file_reserve_key(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *nee
     kvo_slot evs[EVICT_CAP];
     size_t nev = 0;
     int rc = kvo_store_prepare_store(t->index, k, 1, need, &slot, ev, evs, EVICT_CAP, &nev);
+    if (rc == 0 && *need) pool_reclaim(t, k); /* before its own evictions: they never evict k */
     if (rc == KVO_ERANGE && nev > EVICT_CAP) {
         size_t cap = nev + 64;
         kvo_chunk_key *hev = kvo__malloc(cap * sizeof *hev);
