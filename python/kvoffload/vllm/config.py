@@ -19,7 +19,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 
 from .. import _lib as L
 from ..core import Model, Plan
-from .compat import window_chunks
+from .compat import GROUP_HAS_WINDOW, window_chunks
 
 
 class KvoffloadLoadStoreSpec(LoadStoreSpec):
@@ -110,6 +110,16 @@ def step_stores(config: OffloadingConfig, plan: Plan, tokens: int) -> list[tuple
             n = min(n, max(1, w))
         out.append((g.group_id, n, n * int(pg["slot_bytes"])))
     return out
+
+
+def step_floor(step: list[tuple[int, int, int]]) -> int:
+    """The host bytes below which one step's stores can never fit: every
+    group's (step_stores), or, where vLLM does not say which groups slide
+    (0.32: a sliding or recurrent group stores only its reachable chunks),
+    the largest group's alone."""
+    if not step:
+        return 0
+    return sum(b for _, _, b in step) if GROUP_HAS_WINDOW else max(b for _, _, b in step)
 
 
 def layout_hash(config: OffloadingConfig) -> int:

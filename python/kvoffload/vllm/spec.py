@@ -31,7 +31,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from .. import _lib as L
 from ..core import FileTier, RemoteTier, warn_if_url_has_password
 from ..shm import SharedArena
-from .config import arena_name, build_plan, int_key, layout_hash, step_stores, step_tokens
+from .config import arena_name, build_plan, int_key, layout_hash, step_floor, step_stores, step_tokens
 from .manager import KvoffloadOffloadingManager
 from .worker import KvoffloadOffloadingWorker
 
@@ -65,16 +65,18 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
         self.step_tokens = step_tokens(config)
         self.step = step_stores(config, self.plan, self.step_tokens) if self.step_tokens else []
         step_bytes = sum(b for _, _, b in self.step)
-        if self.capacity_bytes < step_bytes:
+        floor = step_floor(self.step)
+        if self.capacity_bytes < floor:
             per = "; ".join(f"group {g}: {n} chunks x {b // max(1, n)} bytes" for g, n, b in self.step)
+            which = "" if floor == step_bytes else ", the largest group's (this vLLM does not say which slide)"
             raise L.KvoError(L.KVO_EINVAL, f"kvoffload spec: cpu_bytes_to_use {self.capacity_bytes} is below one "
-                             f"scheduler step of stores ({self.step_tokens} tokens: {per}; {step_bytes} bytes): a "
-                             f"long prompt's stores could never find host slots; use cpu_bytes_to_use >= "
-                             f"{step_bytes} (2x, {2 * step_bytes}, leaves room for loads and the next step), or a "
+                             f"scheduler step of stores ({self.step_tokens} tokens: {per}; {floor} bytes{which}): "
+                             f"a long prompt's stores could never find host slots; use cpu_bytes_to_use >= "
+                             f"{floor} (2x, {2 * floor}, leaves room for loads and the next step), or a "
                              f"smaller max_num_batched_tokens", "KvoffloadOffloadingSpec")
         lower = bool(extra.get("kvo_file_root") or extra.get("kvo_redis_url"))
         stage = int_key(extra, "kvo_staging_bytes",
-                        min(step_bytes, self.capacity_bytes - step_bytes) if lower else 0)
+                        max(0, min(step_bytes, self.capacity_bytes - floor)) if lower else 0)
         if stage < 0 or stage > self.capacity_bytes - self.plan.max_slot_bytes:
             raise L.KvoError(L.KVO_EINVAL, f"kvoffload spec: kvo_staging_bytes {stage}: use 0 to "
                              f"{self.capacity_bytes - self.plan.max_slot_bytes} (cpu_bytes_to_use "
