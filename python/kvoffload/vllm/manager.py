@@ -4,14 +4,16 @@ the package doc, kvoffload/vllm/__init__.py, for the tiers' behaviour).
 
 Store path, and where a store can be lost (each counted in
 stats()["stores"]): prepare_store reserves host slots for a batch, all or
-nothing.  When the host tier has no room for the batch (its slots pinned by
-loads or PENDING with the last step's stores) and a lower tier exists, the
-batch gets slots in the staging area instead (a second Store over the
-arena's last staging_bytes): complete_store writes those chunks to the
-file and remote tiers and frees their slots at once, so they reach the
-lower tiers without ever holding a host slot ("staged").  Only when the
-staging area is full too is the batch refused ("rejected": vLLM stores
-nothing of it).  A file write refused for back-pressure (KVO_EAGAIN: the
+nothing.  When the host tier has no room for the whole batch (its slots
+pinned by loads or PENDING with the last step's stores) and a lower tier
+exists, the host tier takes the longest prefix of the batch it has room
+for and the staging area (a second Store over the arena's last
+staging_bytes) the rest: complete_store writes staged chunks to the file
+and remote tiers and frees their slots at once, so they reach the lower
+tiers without ever holding a host slot ("staged").  Keys neither has room
+for are refused ("rejected": vLLM does not store them; None when that is
+the whole batch, as without a staging area).  A file write refused for
+back-pressure (KVO_EAGAIN: the
 write queue or its staging memory is full) is kept and retried at every
 step while its slot still holds the bytes ("file_deferred"); when the host
 tier evicts that slot first, the write is tried once more from the evicted

@@ -16,8 +16,9 @@ area carved from the arena's end (kvo_staging_bytes; default one step of
 stores, at most what leaves the host tier one step): its chunks are
 written to the lower tiers when their stores complete and their slots are
 freed at once, so they reach the lower tiers without a host slot.  The
-file tier's write queue is sized for two steps (kvo_file_max_pending_writes,
-kvo_file_staging_bytes override), and a write it refuses for back-pressure
+file and remote tiers' write queues are sized for two steps
+(kvo_file_max_pending_writes, kvo_file_staging_bytes,
+kvo_redis_max_pending_writes override), and a file write refused for back-pressure
 is retried while its slot still holds the bytes (KvoffloadOffloadingManager
 counts what is lost anyway: stats()["stores"])."""
 from __future__ import annotations
@@ -132,7 +133,11 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                                              key_prefix=str(extra.get("kvo_redis_prefix", "kvo")),
                                              layout_hash=layout_hash(self.config),
                                              ttl_s=int_key(extra, "kvo_redis_ttl_s", 0),
-                                             io_threads=int_key(extra, "kvo_redis_io_threads", 0))
+                                             io_threads=int_key(extra, "kvo_redis_io_threads", 0),
+                                             # like the file tier's: two steps of puts
+                                             max_pending_writes=int_key(
+                                                 extra, "kvo_redis_max_pending_writes",
+                                                 min(1 << 16, max(64, 2 * sum(n for _, n, _ in self.step)))))
                 except BaseException:
                     if file_tier is not None:
                         file_tier.close()
