@@ -63,7 +63,10 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                 # on the tensors' own device (tensor-parallel rank N: cuda:N)
                 device = tens[0].device.type
                 self.device_index = tens[0].device.index or 0
-                self.cuda = CudaDevice(self.device_index, compute_stream=self._torch_stream())
+                # the device first: without the CUDA library it refuses
+                # (KVO_ENOTSUP) before torch is asked for a stream
+                self.cuda = CudaDevice(self.device_index)
+                self.cuda.set_compute_stream(self._torch_stream())
                 assert arena._arena is not None
                 self.cuda.pin_arena(arena._arena)
             pages = sum(int(r.page_size_bytes) for r in refs)
