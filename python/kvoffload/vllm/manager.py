@@ -54,9 +54,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
         # staging_bytes of staging area (only with a lower tier and an arena)
         if not (arena is not None and (file_tier is not None or remote_tier is not None)):
             staging_bytes = 0
-        if staging_bytes and (staging_bytes < plan.max_slot_bytes or capacity_bytes - staging_bytes < plan.max_slot_bytes):
-            raise L.KvoError(L.KVO_EINVAL, f"staging_bytes {staging_bytes}: need at least one slot ({plan.max_slot_bytes} "
-                             f"bytes) for it and for the host tier out of {capacity_bytes}", "manager")
+        slot = plan.max_slot_bytes
+        if staging_bytes and (staging_bytes < slot or capacity_bytes - staging_bytes < slot):
+            raise L.KvoError(L.KVO_EINVAL, f"staging_bytes {staging_bytes}: need at least one slot ({slot} bytes) "
+                             f"for it and for the host tier out of {capacity_bytes}", "manager")
         self.staging_bytes = staging_bytes
         self.capacity_bytes = capacity_bytes - staging_bytes
         self.policy = policy

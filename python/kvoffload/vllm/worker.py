@@ -151,9 +151,9 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                     continue
                 skip = int(bidx) % self.bpc
                 nchunks = -(-(size + skip) // self.bpc)
+                wcb = self.worker_chunk_bytes[g]
                 ops = _ops(nchunks, self.bpc, skip, size, blocks.ctypes.data + 8 * b0,
-                           offsets[c0:c0 + nchunks] + np.uint64(self.arena.base + self.rank * self.worker_chunk_bytes[g]),
-                           self.worker_chunk_bytes[g])
+                           offsets[c0:c0 + nchunks] + np.uint64(self.arena.base + self.rank * wcb), wcb)
                 subs.append((g, _submit_ops(self.engines[g], direction, ops)))
                 b0 += size
                 c0 += nchunks
