@@ -625,9 +625,13 @@ class FileTier(_Handle):
 
     def __init__(self, root: str, plan: Plan, quota_bytes: int, policy: str = "lru", io_threads: int = 0,
                  shared: bool = False, scan: bool = True, write_completions: bool = False,
-                 layout_hash: int = 0, max_staging_bytes: int = 0, file_mode: int = 0) -> None:
+                 layout_hash: int = 0, max_staging_bytes: int = 0, file_mode: int = 0,
+                 max_pending_writes: int = 0) -> None:
         """file_mode: permissions of the files it creates (0 = 0600; 0640 or
-        0660 to share with a group; directories get the search bits)."""
+        0660 to share with a group; directories get the search bits).
+        max_staging_bytes, max_pending_writes: the write queue's bounds (0:
+        the C defaults, 64 MiB and 64 writes); a write beyond them is
+        refused with KVO_EAGAIN."""
         need("plan", plan, Plan)
         p = lib.kvo_file_tier_default_params()
         self._root = os.fsencode(root)
@@ -637,6 +641,8 @@ class FileTier(_Handle):
             set_fields(p, io_threads=io_threads)
         if max_staging_bytes:
             set_fields(p, max_staging_bytes=max_staging_bytes)
+        if max_pending_writes:
+            set_fields(p, max_pending_writes=max_pending_writes)
         p.shared, p.scan, p.write_completions = shared, scan, write_completions
         h = c_void_p()
         check(lib.kvo_file_tier_create(byref(p), byref(h)), "kvo_file_tier_create")

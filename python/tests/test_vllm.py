@@ -329,6 +329,104 @@ def test_file_tier_promotes_after_host_eviction(tmp_path):
     m.shutdown()
 
 
+def _store_blocks(m, w, rc, keys, first_block, job):
+    """prepare_store keys (one chunk of one block each) and copy blocks
+    first_block.. into the slots; the store stays PENDING (not completed)."""
+    out = m.prepare_store(keys, rc)
+    assert out is not None, "the batch was refused: stores lost"
+    assert out.keys_to_store == keys
+    n = len(keys)
+    assert w.submit_store(job, GPULoadStoreSpec(list(range(first_block, first_block + n)), group_sizes=[n],
+                                                block_indices=[0]), out.store_spec)
+    w.wait({job})
+    assert all(r.success for r in w.get_finished())
+    return out
+
+
+@pytest.mark.parametrize("queue", [0, 16])
+def test_step_larger_than_free_host_slots_loses_no_store(tmp_path, queue):
+    """One scheduler step offers S = 96 chunks while the host tier's free
+    slots are fewer (a loaded prefix pinned, the previous step's stores
+    still PENDING): the step's chunks go through the staging area and, like
+    every other store, reach the file tier; nothing is lost to host
+    staging or to the file tier's write queue (S + S + 8 writes at once:
+    more than its old bound of 64; queue 16: a tiny queue, its refusals are
+    retried at the next steps).  The staged chunks load back byte for byte."""
+    page, S, W = 1024, 96, 8
+    base = make_config(bpc=1, kv_bytes=2 * page)
+    slot = kvo_vllm.build_plan(base).groups[0]["slot_bytes"]
+    extra = {"cpu_bytes_to_use": (2 * S + 2 * W) * slot, "kvo_step_tokens": S * 16,
+             "kvo_file_root": str(tmp_path), "kvo_file_bytes": 1024 * slot}
+    if queue:
+        extra["kvo_file_max_pending_writes"] = queue
+    spec = KvoffloadOffloadingSpec(make_config(bpc=1, kv_bytes=2 * page, extra=extra))
+    assert getattr(spec, "staging_bytes", S * slot) == S * slot            # one step of stores, kept for stores
+    m = spec.get_manager()
+    tensors = make_kv(2 * S + 3 * W + 8, page)
+    kv = CanonicalKVCaches(tensors=[CanonicalKVCacheTensor(t, page) for t in tensors],
+                           group_data_refs=[[CanonicalKVCacheRef(0, page), CanonicalKVCacheRef(1, page)]])
+    w = spec.get_worker(kv)
+    orig = [t.clone() for t in tensors]
+    rc = ReqContext("r")
+    loaded, warm, a, b = keys_of(1, W), keys_of(2, W), keys_of(3, S), keys_of(4, S)
+    _store_blocks(m, w, rc, loaded, 0, 1)
+    m.complete_store(loaded, rc)
+    m.prepare_load(loaded, rc)                        # pinned: a load in flight
+    _store_blocks(m, w, rc, warm, W, 2)               # last step's stores, PENDING
+    _store_blocks(m, w, rc, a, 2 * W, 3)
+    host = m.store.stats()
+    free_host = host["capacity_bytes"] - host["bytes_used"]         # fewer than S slots (for the fix: see below)
+    _store_blocks(m, w, rc, b, 2 * W + S, 4)
+    for ks in (warm, a, b):
+        m.complete_store(ks, rc)
+    m.complete_load(loaded, rc)
+    for _ in range(2000):                             # vLLM steps while the manager has work
+        m.on_schedule_end(None)
+        if not m.has_pending_work():
+            break
+        m.file_tier.flush(100)
+    m.file_tier.flush()
+    everything = loaded + warm + a + b
+    assert m.file_tier.lookup(m._ckeys(everything)).tolist() == [k.READY] * len(everything)
+    assert m.stats()["file"]["writes"] == len(everything)
+    st = m.stats()["stores"]
+    assert free_host < S * slot and st["staged"] > 0, (free_host, st)   # B went through the staging area
+    assert st["rejected"] == 0 and st["file_lost"] == 0 and st["retry_now"] == 0, st
+    if queue:
+        assert st["file_deferred"] > 0, st           # the tiny queue refused, the retries got through
+    # a staged chunk (never in the host tier) loads back from the file tier
+    assert m.store.lookup(m._ckeys(b[-2:])).tolist() == [k.MISS, k.MISS]
+    assert m.lookup(b[-2], rc) == LookupResult.HIT_PENDING
+    for _ in range(500):
+        if not m.has_pending_work():
+            break
+        m.file_tier.wait(100)
+    assert m.lookup(b[-2], rc) == LookupResult.HIT
+    ls = m.prepare_load(b[-2:-1], rc)
+    assert w.submit_load(5, ls, GPULoadStoreSpec([2 * S + 3 * W], group_sizes=[1], block_indices=[0]))
+    w.wait({5})
+    assert w.get_finished()[0].success
+    for t, o in zip(tensors, orig):
+        assert torch.equal(t[2 * S + 3 * W], o[2 * W + 2 * S - 2])
+    w.shutdown()
+    m.shutdown()
+
+
+def test_host_below_one_step_is_refused_at_create():
+    """cpu_bytes_to_use below one scheduler step of stores: refused at
+    create, naming the step and the minimum."""
+    slot = kvo_vllm.build_plan(make_config(bpc=2)).groups[0]["slot_bytes"]
+    cfg = make_config(bpc=2, extra={"cpu_bytes_to_use": 100 * slot, "kvo_step_tokens": 4096})
+    with pytest.raises(k.KvoError) as e:
+        KvoffloadOffloadingSpec(cfg)
+    # 4096 tokens / 32 tokens per chunk = 128 chunks
+    assert e.value.code == k._lib.KVO_EINVAL
+    assert "4096 tokens" in e.value.message and "128 chunks" in e.value.message
+    assert f"cpu_bytes_to_use >= {128 * slot}" in e.value.message
+    KvoffloadOffloadingSpec(make_config(bpc=2, extra={"cpu_bytes_to_use": 128 * slot,
+                                                      "kvo_step_tokens": 4096})).get_manager().shutdown()
+
+
 # ------------------------------------- vLLM's scheduler and connector --
 
 def _scenario(engine):
@@ -393,6 +491,16 @@ def test_same_hits_as_vllm_cpu_spec(sim, extra):
         theirs.shutdown()
     assert h_ours == h_theirs
     assert sum(h_ours.values()) > 0
+
+
+def test_spec_reads_the_step_from_vllms_config(sim):
+    """The step comes from vLLM's own max_num_batched_tokens (2048 in the
+    simulated engine: 128 chunks of 16 tokens) when kvo_step_tokens is not
+    given: a host tier below it is refused at engine start."""
+    with pytest.raises(k.KvoError) as e:
+        sim.Engine(_extra("KvoffloadOffloadingSpec", cpu_bytes_to_use=1 << 16),
+                   engine_id=f"kvo-sim-{os.getpid()}-small")
+    assert "2048 tokens" in e.value.message and "128 chunks" in e.value.message
 
 
 def _multi_turn(engine):

@@ -1,13 +1,16 @@
 """What the scheduler and the workers derive alike from vLLM's
 OffloadingConfig: the kvoffload plan (one group per offloaded vLLM group,
 sized like vLLM's CPU backend sizes a chunk), the layout hash that namespaces
-shared tiers by the parallel layout of a slot, the shared arena's name, and
-KvoffloadLoadStoreSpec, the slot addresses the manager hands the workers."""
+shared tiers by the parallel layout of a slot, the shared arena's name, the
+stores one scheduler step can offer (what sizes the host tier's floor, the
+staging area and the file tier's write queue), and KvoffloadLoadStoreSpec,
+the slot addresses the manager hands the workers."""
 from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+import sys
+from typing import Any, Optional
 
 import numpy as np
 
@@ -16,7 +19,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 
 from .. import _lib as L
 from ..core import Model, Plan
-from .compat import window_chunks
+from .compat import GROUP_HAS_WINDOW, window_chunks
 
 
 class KvoffloadLoadStoreSpec(LoadStoreSpec):
@@ -66,6 +69,57 @@ def build_plan(config: OffloadingConfig) -> Plan:
             model.add_group(f"g{g.group_id}", g.tokens_per_block, 1, page, kind="sliding",
                             window=max(1, window * tpc))
     return Plan(model, blocks_per_chunk=config.cache.blocks_per_chunk, dtype=config.model.dtype or None)
+
+
+def step_tokens(config: OffloadingConfig) -> Optional[int]:
+    """Most tokens one scheduler step computes (vLLM's
+    max_num_batched_tokens): kvo_step_tokens in kv_connector_extra_config,
+    else vLLM's current config where one is set, else the vllm_config of
+    the caller that builds the manager (vLLM's OffloadingConnectorScheduler
+    has it; OffloadingConfig does not carry it); None when none says."""
+    v = config.extra_config.get("kvo_step_tokens")
+    if v is not None:
+        return int(v) if int(v) > 0 else None
+    vc = None
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+        vc = get_current_vllm_config_or_none()
+    except ImportError:
+        pass
+    f = sys._getframe(1)
+    for _ in range(8):  # the spec's get_manager, then vLLM's connector scheduler
+        if vc is not None or f is None:
+            break
+        vc = f.f_locals.get("vllm_config")
+        f = f.f_back
+    n = getattr(getattr(vc, "scheduler_config", None), "max_num_batched_tokens", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def step_stores(config: OffloadingConfig, plan: Plan, tokens: int) -> list[tuple[int, int, int]]:
+    """Per offloaded group (config.groups order): (vLLM group id, chunks,
+    bytes) that one step of `tokens` computed tokens can offer to store at
+    once: ceil(tokens / tokens per chunk) chunks of a full group, at most
+    its window of a sliding one, each a slot of the group's slot_bytes."""
+    out = []
+    for g, pg in zip(config.groups, plan.groups):
+        tpc = g.tokens_per_block * config.cache.blocks_per_chunk
+        n = -(-tokens // tpc)
+        w = window_chunks(g)
+        if w is not None:
+            n = min(n, max(1, w))
+        out.append((g.group_id, n, n * int(pg["slot_bytes"])))
+    return out
+
+
+def step_floor(step: list[tuple[int, int, int]]) -> int:
+    """The host bytes below which one step's stores can never fit: every
+    group's (step_stores), or, where vLLM does not say which groups slide
+    (0.32: a sliding or recurrent group stores only its reachable chunks),
+    the largest group's alone."""
+    if not step:
+        return 0
+    return sum(b for _, _, b in step) if GROUP_HAS_WINDOW else max(b for _, _, b in step)
 
 
 def layout_hash(config: OffloadingConfig) -> int:

@@ -1,6 +1,23 @@
 """Scheduler side: KvoffloadOffloadingManager, vLLM's OffloadingManager over
 a kvoffload Store (host tier) and the optional file and remote tiers (see
-the package doc, kvoffload/vllm/__init__.py, for the tiers' behaviour)."""
+the package doc, kvoffload/vllm/__init__.py, for the tiers' behaviour).
+
+Store path, and where a store can be lost (each counted in
+stats()["stores"]): prepare_store reserves host slots for a batch, all or
+nothing.  When the host tier has no room for the whole batch (its slots
+pinned by loads or PENDING with the last step's stores) and a lower tier
+exists, the host tier takes the longest prefix of the batch it has room
+for and the staging area (a second Store over the arena's last
+staging_bytes) the rest: complete_store writes staged chunks to the file
+and remote tiers and frees their slots at once, so they reach the lower
+tiers without ever holding a host slot ("staged").  Keys neither has room
+for are refused ("rejected": vLLM does not store them; None when that is
+the whole batch, as without a staging area).  A file write refused for
+back-pressure (KVO_EAGAIN: the
+write queue or its staging memory is full) is kept and retried at every
+step while its slot still holds the bytes ("file_deferred"); when the host
+tier evicts that slot first, the write is tried once more from the evicted
+slot, and only a refusal then loses it ("file_lost")."""
 from __future__ import annotations
 
 import ctypes
@@ -31,9 +48,18 @@ class KvoffloadOffloadingManager(OffloadingManager):
                  enable_events: bool = False, arena: Optional[SharedArena] = None,
                  file_tier: Optional[FileTier] = None, file_mode: str = "write_through",
                  store_threshold: int = 0, remote_tier: Optional[RemoteTier] = None,
-                 remote_answer_ttl_ms: int = 2000) -> None:
+                 remote_answer_ttl_ms: int = 2000, staging_bytes: int = 0) -> None:
         self.plan = plan
-        self.capacity_bytes = capacity_bytes
+        # the arena's slot space: [0, capacity_bytes) the host tier, then
+        # staging_bytes of staging area (only with a lower tier and an arena)
+        if not (arena is not None and (file_tier is not None or remote_tier is not None)):
+            staging_bytes = 0
+        slot = plan.max_slot_bytes
+        if staging_bytes and (staging_bytes < slot or capacity_bytes - staging_bytes < slot):
+            raise L.KvoError(L.KVO_EINVAL, f"staging_bytes {staging_bytes}: need at least one slot ({slot} bytes) "
+                             f"for it and for the host tier out of {capacity_bytes}", "manager")
+        self.staging_bytes = staging_bytes
+        self.capacity_bytes = capacity_bytes - staging_bytes
         self.policy = policy
         self.store_threshold = store_threshold
         self.store = self._new_store()
@@ -71,6 +97,12 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._answers: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
         self._answers_max = 1 << 16
         self._next_ud = 1
+        self._stage: Optional[Store] = Store(plan, staging_bytes) if staging_bytes else None
+        self._staged: dict[bytes, int] = {}             # kvo key bytes -> arena offset, store in flight
+        self._retry: dict[bytes, tuple[int, bool]] = {}  # file writes to retry: -> (arena offset, staged)
+        self._retry_stalls = 0
+        self._sc = dict(offered=0, rejected=0, staged=0, file_queued=0, file_deferred=0, file_lost=0,
+                        file_refused=0, remote_refused=0)
 
     def _new_store(self) -> Store:
         return Store(self.plan, self.capacity_bytes, policy=self.policy, admit_after=self.store_threshold)
@@ -253,7 +285,11 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._poll_remote()
 
     def _poll_file(self) -> None:
-        if self.file_tier is None or not self._promoting:
+        if self.file_tier is None:
+            return
+        if self._retry:
+            self._retry_file()
+        if not self._promoting:
             return
         for c in self.file_tier.poll():
             item = self._promoting.pop(c["user_data"], None)
@@ -303,12 +339,76 @@ class KvoffloadOffloadingManager(OffloadingManager):
             x = names.pop(raw[i:i + 24], None)
             if x is not None:
                 out.append(x)
-        if self.file_tier is not None and self.file_mode == "write_back":
-            assert self.arena is not None
-            offs = np.frombuffer(ctypes.string_at(evs, 16 * m), dtype=np.uint64)[0::2]
-            self.file_tier.write(np.frombuffer(raw, dtype=KEY_DTYPE).copy(),
-                                 [self.arena.base + int(o) for o in offs])
+        if self.file_tier is not None and (self._retry or self.file_mode == "write_back"):
+            self._write_evicted(raw, np.frombuffer(ctypes.string_at(evs, 16 * m), dtype=np.uint64)[0::2], 0)
         return out
+
+    def _write_evicted(self, raw: bytes, offs: np.ndarray, base: int) -> None:
+        """Slots about to be reused (evicted from the host tier, or from
+        the staging area at offset base): their last chance to reach the
+        file tier (write_back: every host one; else those whose write waits
+        for a retry).  A refusal now loses the chunk."""
+        assert self.file_tier is not None and self.arena is not None
+        sel: Sequence[int] = range(len(offs))
+        if self.file_mode != "write_back" or base:
+            sel = [i for i in sel if self._retry.pop(raw[24 * i:24 * i + 24], None) is not None]
+            if not sel:
+                return
+        elif self._retry:
+            for i in sel:
+                self._retry.pop(raw[24 * i:24 * i + 24], None)
+        res = self.file_tier.write(np.frombuffer(b"".join(raw[24 * i:24 * i + 24] for i in sel), dtype=KEY_DTYPE),
+                                   [self.arena.base + base + int(offs[i]) for i in sel])
+        self._count_file(res, "file_lost")
+
+    def _count_file(self, res: np.ndarray, again: Optional[str]) -> None:
+        """Count file write results; a KVO_EAGAIN counts as `again`."""
+        sc = self._sc
+        sc["file_queued"] += int(np.count_nonzero(res == 0))
+        if again:
+            sc[again] += int(np.count_nonzero(res == L.KVO_EAGAIN))
+        sc["file_refused"] += int(np.count_nonzero((res != 0) & (res != L.KVO_EAGAIN) & (res != L.KVO_EEXIST)))
+
+    def _write_file(self, recs: list[bytes], offs: list[int], staged: list[bool], again: Optional[str]) -> None:
+        """Queue file writes of chunks at arena offsets offs; the ones
+        refused for back-pressure wait in _retry (their slots still hold
+        the bytes)."""
+        assert self.file_tier is not None and self.arena is not None
+        res = self.file_tier.write(np.frombuffer(b"".join(recs), dtype=KEY_DTYPE),
+                                   [self.arena.base + o for o in offs])
+        self._count_file(res, again)
+        for i in np.flatnonzero(res == L.KVO_EAGAIN).tolist():
+            self._retry[recs[i]] = (offs[i], staged[i])
+
+    def _write_lower(self, recs: list[bytes], offs: list[int], staged: bool) -> None:
+        """Chunks whose stores completed (at arena offsets offs) to the
+        file tier (write_through; in any mode for staged chunks, which the
+        host tier never holds) and the remote tier; staged chunks whose
+        writes are not waiting for a retry leave the staging area."""
+        assert self.arena is not None
+        if self.file_tier is not None and (staged or self.file_mode == "write_through"):
+            self._write_file(recs, offs, [staged] * len(recs), "file_deferred")
+        if self.remote_tier is not None:
+            ckeys = np.frombuffer(b"".join(recs), dtype=KEY_DTYPE)
+            res = self.remote_tier.put(ckeys, [self.arena.base + o for o in offs])  # copied before it returns
+            self._sc["remote_refused"] += int(np.count_nonzero((res != 0) & (res != L.KVO_EEXIST)))
+        if staged:
+            self._unstage([r for r in recs if r not in self._retry])
+
+    def _unstage(self, recs: list[bytes]) -> None:
+        if recs:
+            assert self._stage is not None
+            self._stage.remove(np.frombuffer(b"".join(recs), dtype=KEY_DTYPE))
+
+    def _retry_file(self) -> None:
+        """Write again what the file tier refused for back-pressure."""
+        if not self._retry or self.file_tier is None:
+            return
+        items, self._retry = self._retry, {}
+        recs = list(items)
+        self._write_file(recs, [items[r][0] for r in recs], [items[r][1] for r in recs], None)
+        self._unstage([r for r in recs if items[r][1] and r not in self._retry])
+        self._retry_stalls = self._retry_stalls + 1 if len(self._retry) >= len(items) else 0
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         keys = list(keys)
@@ -316,8 +416,16 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if n == 0:
             return PrepareStoreOutput([], KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32)),
                                       [])
-        self._ensure(n)
+        self._sc["offered"] += n
         buf = self._cbytes(keys)
+        if self._staged:  # keys being stored through the staging area count as present
+            keep = [i for i in range(n) if buf[24 * i:24 * i + 24] not in self._staged]
+            if len(keep) < n:
+                keys, buf, n = [keys[i] for i in keep], b"".join(buf[24 * i:24 * i + 24] for i in keep), len(keep)
+                if n == 0:
+                    return PrepareStoreOutput([], KvoffloadLoadStoreSpec(np.zeros(0, np.uint64),
+                                                                         np.zeros(0, np.uint32)), [])
+        self._ensure(n)
         while True:
             cap = len(self._ev)
             rc = L.lib.kvo_store_prepare_store(self.store._h, buf, n, self._need, self._slots, self._ev, self._evs,
@@ -328,7 +436,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
                 continue
             break
         if rc == L.KVO_ENOSPC:
-            return None
+            if self._stage is None:
+                self._sc["rejected"] += n
+                return None
+            return self._prepare_split(keys, buf)
         self._call(rc, "kvo_store_prepare_store")
         evicted = self._on_evicted(self._ev, self._evs, self._nev.value)
         need = bytes(self._need)[:n]
@@ -351,6 +462,95 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self.events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
         return PrepareStoreOutput(keys_to_store=to_store, store_spec=spec, evicted_keys=evicted)
 
+    @staticmethod
+    def _fill(store: Store, ck: np.ndarray) -> tuple[int, list[tuple[int, Any, Any, Any, Any]]]:
+        """Reserve slots in store for the longest prefix of ck that fits,
+        in parts (prepare_store is all or nothing: halve the part on
+        KVO_ENOSPC): (keys taken, [(first, need, slots, evicted,
+        evicted_slots), ...])."""
+        i, part, n, parts = 0, len(ck), len(ck), []
+        while i < n and part > 0:
+            part = min(part, n - i)
+            try:
+                need, slots, ev, evs = store.prepare_store(ck[i:i + part])
+            except L.KvoError as err:
+                if err.code != L.KVO_ENOSPC:
+                    raise
+                part //= 2
+                continue
+            parts.append((i, need, slots, ev, evs))
+            i += part
+        return i, parts
+
+    def _prepare_split(self, keys: list[OffloadKey], buf: bytes) -> Optional[PrepareStoreOutput]:
+        """The host tier has no room for the whole batch (and a staging
+        area exists): the host tier takes the longest prefix it has room
+        for, the staging area the rest that the host tier does not hold;
+        what neither has room for is refused ("rejected"; None when that is
+        every key)."""
+        assert self._stage is not None
+        n = len(keys)
+        ck = np.frombuffer(buf, dtype=KEY_DTYPE)
+        took, parts = self._fill(self.store, ck)
+        to_store: list[OffloadKey] = []
+        offs: list[int] = []
+        pos: list[int] = []
+        evicted: list[OffloadKey] = []
+        names = self._names
+        for first, need, slots, ev, evs in parts:
+            evicted += self._on_evicted(ev.ctypes.data, evs.ctypes.data, len(ev))
+            for j in np.flatnonzero(need).tolist():
+                rec = buf[24 * (first + j):24 * (first + j) + 24]
+                names[rec] = keys[first + j]
+                off = int(slots[j]["offset"])
+                self._pending[rec] = off
+                to_store.append(keys[first + j])
+                offs.append(off)
+                pos.append(first + j)
+        # the rest through the staging area, but not keys the host holds
+        e = L.StoreEntry()
+        peek, h = L.lib.kvo_store_peek, self.store._h
+        idx = [i for i in range(took, n) if peek(h, buf[24 * i:24 * i + 24], ctypes.byref(e)) != 0]
+        sk = ck[idx]
+        staged, sparts = self._fill(self._stage, sk) if idx else (0, [])
+        base = self.capacity_bytes
+        for first, need, slots, ev, evs in sparts:
+            if len(ev) and self.file_tier is not None:
+                self._write_evicted(ev.tobytes(), evs["offset"], base)
+            for j in np.flatnonzero(need).tolist():
+                i = idx[first + j]
+                off = base + int(slots[j]["offset"])
+                self._staged[buf[24 * i:24 * i + 24]] = off
+                to_store.append(keys[i])
+                offs.append(off)
+                pos.append(i)
+                self._sc["staged"] += 1
+        self._sc["rejected"] += len(idx) - staged
+        if took == 0 and staged == 0 and idx:
+            return None
+        groups = ck["group"][pos] if pos else np.zeros(0, np.uint32)
+        if evicted and self.events is not None:
+            self.events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
+        return PrepareStoreOutput(keys_to_store=to_store, store_spec=KvoffloadLoadStoreSpec(
+            np.array(offs, dtype=np.uint64), groups), evicted_keys=evicted)
+
+    def _complete_staged(self, keys: list[OffloadKey], buf: bytes, success: bool) -> tuple[list[OffloadKey], bytes]:
+        """Finish the stores of staged keys (written to the lower tiers,
+        their slots freed); returns the other keys."""
+        n = len(keys)
+        mine = [i for i in range(n) if buf[24 * i:24 * i + 24] in self._staged]
+        if not mine:
+            return keys, buf
+        assert self._stage is not None
+        recs = [buf[24 * i:24 * i + 24] for i in mine]
+        offs = [self._staged.pop(r) for r in recs]
+        self._stage.complete_store(np.frombuffer(b"".join(recs), dtype=KEY_DTYPE), ok=success)
+        if success:
+            self._write_lower(recs, offs, True)
+        done = set(recs)
+        rest = [i for i in range(n) if buf[24 * i:24 * i + 24] not in done]
+        return [keys[i] for i in rest], b"".join(buf[24 * i:24 * i + 24] for i in rest)
+
     def _filter_pending(self, keys: list[OffloadKey], buf: bytes) -> tuple[list[OffloadKey], bytes]:
         """The keys that are PENDING (vLLM may complete keys it did not get to
         store, e.g. after a reset); rare path, one peek per key."""
@@ -367,6 +567,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if not keys:
             return
         buf = self._cbytes(keys)
+        if self._staged:
+            keys, buf = self._complete_staged(keys, buf, success)
+            if not keys:
+                return
         rc = L.lib.kvo_store_complete_store(self.store._h, buf, len(keys), success)
         if rc == L.KVO_ESTATE:
             keys, buf = self._filter_pending(keys, buf)
@@ -381,12 +585,8 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if self.file_tier is not None or self.remote_tier is not None:
             offs = [self._pending.pop(r, 0) for r in recs]
             if success and self.arena is not None:
-                ckeys = np.frombuffer(buf, dtype=KEY_DTYPE).copy()
-                srcs = [self.arena.base + o for o in offs]
-                if self.file_tier is not None and self.file_mode == "write_through":
-                    self.file_tier.write(ckeys, srcs)
+                self._write_lower(recs, offs, False)
                 if self.remote_tier is not None:
-                    self.remote_tier.put(ckeys, srcs)  # copied before it returns
                     # an "absent" answer remembered for these keys is stale
                     # now: a lookup before the answer expired would miss
                     for r in recs:
@@ -409,7 +609,11 @@ class KvoffloadOffloadingManager(OffloadingManager):
 
     def has_pending_work(self) -> bool:
         self._poll_tiers()
-        return bool(self._promoting or self._fetching or self._asking)
+        # file writes waiting for a retry keep vLLM stepping while they make
+        # progress (the queue drains); a tier that refuses them for 200
+        # steps in a row no longer does
+        return bool(self._promoting or self._fetching or self._asking or
+                    (self._retry and self._retry_stalls < 200))
 
     def reset_cache(self) -> None:
         # file and remote reads still landing in host slots must finish
@@ -421,15 +625,29 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self.remote_tier.wait(1000)
             self._poll_remote()
         self._answers.clear()
+        self._retry_file()
+        self._sc["file_lost"] += len(self._retry)
+        self._retry.clear()
         old = self.store
         self.store = self._new_store()
         old.close()
+        if self._stage is not None:
+            self._stage.close()
+            self._stage = Store(self.plan, self.staging_bytes)
+        self._staged.clear()
         self._names.clear()
         self._pending.clear()
 
     def stats(self) -> dict[str, Any]:
-        """kvoffload's store statistics (and the file tier's)."""
-        d = {"host": self.store.stats()}
+        """kvoffload's store statistics (and the file tier's); "stores":
+        the store path's counters (module doc): offered, rejected (lost:
+        no host or staging room), staged, file_queued, file_deferred,
+        file_lost, file_refused (quota or I/O), remote_refused, and
+        staged_now / retry_now (in flight)."""
+        d: dict[str, Any] = {"host": self.store.stats(),
+                             "stores": {**self._sc, "staged_now": len(self._staged), "retry_now": len(self._retry)}}
+        if self._stage is not None:
+            d["staging"] = self._stage.stats()
         if self.file_tier is not None:
             d["file"] = self.file_tier.stats()
         if self.remote_tier is not None:
@@ -438,6 +656,16 @@ class KvoffloadOffloadingManager(OffloadingManager):
 
     def shutdown(self) -> None:
         if self.file_tier is not None:
+            for _ in range(100):  # writes waiting for a retry: until the queue takes them
+                self._retry_file()
+                if not self._retry:
+                    break
+                try:
+                    self.file_tier.flush(100)
+                except L.KvoError:
+                    pass
+            self._sc["file_lost"] += len(self._retry)
+            self._retry.clear()
             self.file_tier.flush(-1)
             self.file_tier.close()
             self.file_tier = None
@@ -450,6 +678,9 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self._asking.clear()
             self._asked.clear()
         self.store.close()
+        if self._stage is not None:
+            self._stage.close()
+            self._stage = None
         if self.arena is not None:
             self.arena.close()
             self.arena = None

@@ -2,7 +2,25 @@
 instantiates (spec_name "KvoffloadOffloadingSpec", spec_module_path
 "kvoffload.vllm" or "kvoffload.vllm.spec"): builds the plan, the shared
 arena and the tiers from kv_connector_extra_config, and hands out the
-scheduler's manager and the worker."""
+scheduler's manager and the worker.
+
+Host sizing.  Every chunk vLLM stores is first copied into a slot of the
+arena (cpu_bytes_to_use), and one scheduler step offers the stores of up
+to max_num_batched_tokens tokens at once: ceil(tokens / tokens per chunk)
+chunks per full group (at most the window of a sliding one), each a slot.
+A cpu_bytes_to_use below that one step can never take a long prompt's
+stores, so the spec refuses it at create, naming the minimum (the step is
+kvo_step_tokens, else vLLM's max_num_batched_tokens).  With a file or
+remote tier, a batch that finds no room in the host tier goes to a staging
+area carved from the arena's end (kvo_staging_bytes; default one step of
+stores, at most what leaves the host tier one step): its chunks are
+written to the lower tiers when their stores complete and their slots are
+freed at once, so they reach the lower tiers without a host slot.  The
+file and remote tiers' write queues are sized for two steps
+(kvo_file_max_pending_writes, kvo_file_staging_bytes,
+kvo_redis_max_pending_writes override), and a file write refused for back-pressure
+is retried while its slot still holds the bytes (KvoffloadOffloadingManager
+counts what is lost anyway: stats()["stores"])."""
 from __future__ import annotations
 
 import weakref
@@ -14,7 +32,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from .. import _lib as L
 from ..core import FileTier, RemoteTier, warn_if_url_has_password
 from ..shm import SharedArena
-from .config import arena_name, build_plan, int_key, layout_hash
+from .config import arena_name, build_plan, int_key, layout_hash, step_floor, step_stores, step_tokens
 from .manager import KvoffloadOffloadingManager
 from .worker import KvoffloadOffloadingWorker
 
@@ -45,6 +63,27 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
             raise L.KvoError(L.KVO_EINVAL, "kvoffload spec: cpu_bytes_to_use must be given in "
                              "kv_connector_extra_config (bytes of host slot space)", "KvoffloadOffloadingSpec")
         self.plan = build_plan(config)
+        self.step_tokens = step_tokens(config)
+        self.step = step_stores(config, self.plan, self.step_tokens) if self.step_tokens else []
+        step_bytes = sum(b for _, _, b in self.step)
+        floor = step_floor(self.step)
+        if self.capacity_bytes < floor:
+            per = "; ".join(f"group {g}: {n} chunks x {b // max(1, n)} bytes" for g, n, b in self.step)
+            which = "" if floor == step_bytes else ", the largest group's (this vLLM does not say which slide)"
+            raise L.KvoError(L.KVO_EINVAL, f"kvoffload spec: cpu_bytes_to_use {self.capacity_bytes} is below one "
+                             f"scheduler step of stores ({self.step_tokens} tokens: {per}; {floor} bytes{which}): "
+                             f"a long prompt's stores could never find host slots; use cpu_bytes_to_use >= "
+                             f"{floor} (2x, {2 * floor}, leaves room for loads and the next step), or a "
+                             f"smaller max_num_batched_tokens", "KvoffloadOffloadingSpec")
+        lower = bool(extra.get("kvo_file_root") or extra.get("kvo_redis_url"))
+        stage = int_key(extra, "kvo_staging_bytes",
+                        max(0, min(step_bytes, self.capacity_bytes - floor)) if lower else 0)
+        if stage < 0 or stage > self.capacity_bytes - self.plan.max_slot_bytes:
+            raise L.KvoError(L.KVO_EINVAL, f"kvoffload spec: kvo_staging_bytes {stage}: use 0 to "
+                             f"{self.capacity_bytes - self.plan.max_slot_bytes} (cpu_bytes_to_use "
+                             f"{self.capacity_bytes} less one slot of "
+                             f"{self.plan.max_slot_bytes} bytes for the host tier)", "KvoffloadOffloadingSpec")
+        self.staging_bytes = stage if stage >= self.plan.max_slot_bytes else 0
         self.policy = str(extra.get("eviction_policy", "lru"))
         self.arena_name = arena_name(config)
         # every worker maps the arena, and the scheduler unless told not to
@@ -71,9 +110,17 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
             root = extra.get("kvo_file_root")
             shared = bool(extra.get("kvo_file_shared", False))
             if root:
+                # the write queue holds two steps of stores (each write is
+                # copied into the file tier's staging memory at once)
+                step_chunks = sum(n for _, n, _ in self.step)
+                step_bytes = sum(b for _, _, b in self.step)
                 file_tier = FileTier(str(root), self.plan, int_key(extra, "kvo_file_bytes", 0),
                                      policy=self.policy, shared=shared,
-                                     layout_hash=layout_hash(self.config) if shared else 0)
+                                     layout_hash=layout_hash(self.config) if shared else 0,
+                                     max_pending_writes=int_key(extra, "kvo_file_max_pending_writes",
+                                                                min(1 << 16, max(64, 2 * step_chunks))),
+                                     max_staging_bytes=int_key(extra, "kvo_file_staging_bytes",
+                                                               max(64 << 20, 2 * step_bytes)))
             remote_tier = None
             url = extra.get("kvo_redis_url")
             if url:
@@ -86,7 +133,11 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                                              key_prefix=str(extra.get("kvo_redis_prefix", "kvo")),
                                              layout_hash=layout_hash(self.config),
                                              ttl_s=int_key(extra, "kvo_redis_ttl_s", 0),
-                                             io_threads=int_key(extra, "kvo_redis_io_threads", 0))
+                                             io_threads=int_key(extra, "kvo_redis_io_threads", 0),
+                                             # like the file tier's: two steps of puts
+                                             max_pending_writes=int_key(
+                                                 extra, "kvo_redis_max_pending_writes",
+                                                 min(1 << 16, max(64, 2 * sum(n for _, n, _ in self.step)))))
                 except BaseException:
                     if file_tier is not None:
                         file_tier.close()
@@ -98,7 +149,8 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                 enable_events=self.kv_events_config.enable_kv_cache_events, arena=arena, file_tier=file_tier,
                 file_mode=str(extra.get("kvo_file_mode", "write_through")),
                 store_threshold=int_key(extra, "store_threshold", 0), remote_tier=remote_tier,
-                remote_answer_ttl_ms=int_key(extra, "kvo_redis_answer_ttl_ms", 2000))
+                remote_answer_ttl_ms=int_key(extra, "kvo_redis_answer_ttl_ms", 2000),
+                staging_bytes=self.staging_bytes)
             _LIVE_MANAGERS.add(self._manager)
         return self._manager
 

@@ -104,6 +104,11 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
         assert host["evictions"] > 0, "the small host tier evicted nothing: the lower tier was not needed"
     if tiers == "small_host_file":
         assert m["file"]["reads"] > 0 and m["file"]["read_bytes"] > 0, m["file"]
+        # no store lost to host staging: every batch found host or staging
+        # slots, every file write was queued (back-pressure retried)
+        st = m["stores"]
+        assert st["rejected"] == 0 and st["file_lost"] == 0 and st["retry_now"] == 0, st
+        assert st["file_queued"] > 0 and m["file"]["dropped_quota"] == 0, (st, m["file"])
     if tiers == "host_remote":
         assert m["remote"]["gets"] > 0 and m["remote"]["get_bytes"] > 0, m["remote"]
     print(f"{model}/{tiers}: startup {r['startup_s']:.1f} s, run {r['total_s']:.1f} s, "
