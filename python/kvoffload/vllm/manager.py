@@ -15,13 +15,24 @@ from vllm.v1.kv_offload.base import (LoadStoreSpec, LookupResult, Medium, Offloa
                                      OffloadKey, PrepareStoreOutput, ReqContext, RequestOffloadingContext)
 
 from .. import _lib as L
+
+try:
+    from .._hot import Hot
+except ImportError as e:  # a checkout used without building the package
+    raise ImportError("kvoffload._hot (the vLLM manager's compiled hot calls, python/kvoffload/_hot.c) is not "
+                      "built: pip install ./python, or in a checkout `cd python && python setup.py build_ext "
+                      "--inplace` (needs a C compiler and the Python headers, Debian's python3-dev); "
+                      f"import error: {e}") from e
 from ..core import KEY_DTYPE, PENDING, READY, FileTier, Plan, RemoteTier, Store
 from ..shm import SharedArena
 from .compat import failed_store_event
 from .config import KvoffloadLoadStoreSpec
 
 _HIT, _MISS, _PENDING, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING, LookupResult.RETRY
-_STATE_TO_RESULT = {READY: _HIT, PENDING: _PENDING}
+# the store functions the compiled hot calls make (kvoffload/_hot.c), from the
+# library kvoffload._lib loaded
+_HOT_FUNCTIONS = ("kvo_store_lookup", "kvo_store_prepare_load", "kvo_store_complete_load", "kvo_store_touch",
+                  "kvo_last_error")
 
 
 class KvoffloadOffloadingManager(OffloadingManager):
@@ -51,15 +62,17 @@ class KvoffloadOffloadingManager(OffloadingManager):
             raise L.KvoError(L.KVO_EINVAL, f"kvo_file_mode '{file_mode}': use write_through or write_back",
                              "manager")
         self.file_mode = file_mode
-        # vLLM group id (big-endian 4-byte suffix of an OffloadKey) -> the
-        # 8 bytes after the hash in a kvo_chunk_key (LE group index, reserved).
-        self._suffix = {int(g).to_bytes(4, "big"): i.to_bytes(4, "little") + b"\0\0\0\0"
-                        for i, g in enumerate(group_ids)}
-        self._st1 = ctypes.c_uint8()
+        # the hot calls (lookup, prefix_hits, prepare_load, touch,
+        # complete_load) and the key packing, compiled: one C call each, no
+        # Python object per key (docs/benchmarks.md, "Python: the vLLM
+        # manager").  Groups: vLLM's group id (an OffloadKey's big-endian
+        # 4-byte suffix) -> the kvoffload group index in a kvo_chunk_key.
+        groups = [(L.check_int("group_ids", int(g), 0, 0xFFFFFFFF), i) for i, g in enumerate(group_ids)]
+        self._hot = Hot(groups, L.addresses(L.lib, _HOT_FUNCTIONS), (_MISS, _HIT, _PENDING), L.KvoError,
+                        L.KVO_EINVAL)
         self._cap = 0
         self._ensure(256)
         self._nev = ctypes.c_size_t()
-        self._lookup_fn = L.lib.kvo_store_lookup
         self._names: dict[bytes, OffloadKey] = {}     # kvo key bytes -> OffloadKey (stored/pending)
         self._pending: dict[bytes, int] = {}          # with a file tier: kvo key bytes -> slot offset
         self._promoting: dict[int, tuple[bytes, OffloadKey]] = {}  # file reads into host slots
@@ -80,7 +93,6 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if n <= self._cap:
             return
         cap = max(n, 2 * self._cap)
-        self._states = (ctypes.c_uint8 * cap)()
         self._need = (ctypes.c_uint8 * cap)()
         self._slots = (L.Slot * cap)()
         self._ev = (L.ChunkKey * (2 * cap))()
@@ -89,27 +101,16 @@ class KvoffloadOffloadingManager(OffloadingManager):
 
     # -- key conversion ---------------------------------------------------
     def _ckey(self, key: bytes) -> bytes:
-        h = key[:-4]
-        if len(h) != 16:
-            h = h[:16].ljust(16, b"\0")
-        try:
-            return h + self._suffix[key[-4:]]
-        except KeyError:
-            raise L.KvoError(L.KVO_EINVAL, f"OffloadKey of group {int.from_bytes(key[-4:], 'big')}: not an "
-                             "offloaded group", "manager") from None
+        """One key's kvo_chunk_key record (24 bytes)."""
+        return self._hot.pack((key,))
 
     def _cbytes(self, keys: Sequence[bytes]) -> bytes:
         """The batch as packed kvo_chunk_key records (24 bytes per key): the
-        first 16 bytes of each hash and the group's index.  Plain bytes,
-        handed to C without a copy."""
-        sfx = self._suffix
-        try:
-            buf = b"".join([x[:16] + sfx[x[-4:]] for x in keys])
-        except KeyError:
-            buf = b""
-        if len(buf) != 24 * len(keys):  # hashes shorter than 16 bytes, or a bad group
-            buf = b"".join([self._ckey(x) for x in keys])
-        return buf
+        first 16 bytes of each hash (zero-padded), the group's index, 4 zero
+        bytes.  Plain bytes, handed to C without a copy.  KvoError
+        (KVO_EINVAL) for a group that is not offloaded, TypeError for a key
+        that is not bytes."""
+        return self._hot.pack(keys)
 
     def _ckeys(self, keys: Sequence[bytes]) -> np.ndarray:
         return np.frombuffer(self._cbytes(keys), dtype=KEY_DTYPE).copy()
@@ -123,17 +124,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        try:
-            ck = key[:16] + self._suffix[key[-4:]]
-        except KeyError:
-            ck = self._ckey(key)
-        if len(ck) != 24:
-            ck = self._ckey(key)
-        st = self._st1
-        self._call(self._lookup_fn(self.store._h, ck, 1, ctypes.byref(st)), "kvo_store_lookup")
-        r = _STATE_TO_RESULT.get(st.value)
-        if r is not None:
+        r = self._hot.lookup(self.store._h, key)  # HIT, HIT_PENDING or MISS (the host tier)
+        if r is not _MISS or (self.file_tier is None and self.remote_tier is None):
             return r
+        ck = self._ckey(key)
         if self.file_tier is not None:
             r = self._promote(ck, key)
             if r is not _MISS or self.remote_tier is None:
@@ -146,16 +140,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         """Batched form of the per-key lookup loop vLLM runs for a request's
         prefix: how many leading keys are READY in the host tier, with one C
         call for all of them (no file-tier promotion)."""
-        n = len(keys)
-        if n == 0:
-            return 0
-        self._ensure(n)
-        self._call(L.lib.kvo_store_lookup(self.store._h, self._cbytes(keys), n, self._states), "kvo_store_lookup")
-        raw = bytes(self._states)[:n]
-        i = raw.find(b"\0")
-        j = raw.find(b"\2")
-        ends = [x for x in (i, j) if x >= 0]
-        return min(ends) if ends else n
+        return self._hot.prefix_hits(self.store._h, keys)
 
     def _promote(self, ck: bytes, key: OffloadKey) -> LookupResult:
         """Host miss: if the file tier holds the chunk, read it into a fresh
@@ -273,25 +258,14 @@ class KvoffloadOffloadingManager(OffloadingManager):
         return KvoffloadLoadStoreSpec(slots[idx], groups[idx])
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
-        keys = list(keys)
-        n = len(keys)
-        if n == 0:
-            return KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32))
-        self._ensure(n)
-        buf = self._cbytes(keys)
-        self._call(L.lib.kvo_store_prepare_load(self.store._h, buf, n, self._slots), "kvo_store_prepare_load")
-        return self._spec(buf, n)
+        offsets, groups = self._hot.prepare_load(self.store._h, keys)  # writable bytearrays, key order
+        return KvoffloadLoadStoreSpec(np.frombuffer(offsets, np.uint64), np.frombuffer(groups, np.uint32))
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if keys:
-            keys = list(keys)
-            self._call(L.lib.kvo_store_touch(self.store._h, self._cbytes(keys), len(keys)), "kvo_store_touch")
+        self._hot.touch(self.store._h, keys)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if keys:
-            keys = list(keys)
-            self._call(L.lib.kvo_store_complete_load(self.store._h, self._cbytes(keys), len(keys)),
-                       "kvo_store_complete_load")
+        self._hot.complete_load(self.store._h, keys)
 
     def _on_evicted(self, ev: Any, evs: Any, m: int) -> list[OffloadKey]:
         if m == 0:
