@@ -327,6 +327,124 @@ static PyObject *Hot_complete_load(Hot *self, PyObject *const *args, Py_ssize_t 
     return keys_call(self, args, nargs, self->complete_load, "complete_load", "kvo_store_complete_load");
 }
 
+/* -- the OffloadKey names of stored records ---------------------------------
+ * The store reports evictions as kvo_chunk_key records; the manager keeps
+ * names: {record bytes: OffloadKey} for the keys it stored, to give vLLM its
+ * own keys back.  These two keep that dict without a Python loop per key. */
+
+static int address(PyObject *o, const unsigned char **p) {
+    *p = PyLong_AsVoidPtr(o);
+    return *p == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
+PyDoc_STRVAR(forget_doc,
+             "forget(names, records, m) -> list: pop the m kvo_chunk_key records at address `records`\n"
+             "from the dict names; the OffloadKeys that were there, in order.");
+
+static PyObject *Hot_forget(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
+    const unsigned char *rec;
+    Py_ssize_t m;
+    (void)self;
+    if (!nargs_ok(nargs, 3, "forget") || address(args[1], &rec) < 0)
+        return NULL;
+    PyObject *names = args[0];
+    if (!PyDict_Check(names))
+        return PyErr_Format(PyExc_TypeError, "Hot.forget: names must be a dict, not %.100s", Py_TYPE(names)->tp_name);
+    if ((m = PyLong_AsSsize_t(args[2])) < 0)
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "Hot.forget: m=%zd is negative", m);
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *k = PyBytes_FromStringAndSize((const char *)rec + (size_t)i * REC, REC);
+        if (k == NULL)
+            goto fail;
+        PyObject *v = PyDict_GetItemWithError(names, k);  /* borrowed */
+        if (v == NULL) {
+            Py_DECREF(k);
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        if (PyList_Append(out, v) < 0 || PyDict_DelItem(names, k) < 0) {
+            Py_DECREF(k);
+            goto fail;
+        }
+        Py_DECREF(k);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+PyDoc_STRVAR(remember_doc,
+             "remember(names, records, keys, need, slots) -> (to_store, idx, offsets, groups): after\n"
+             "kvo_store_prepare_store of len(keys) records (bytes), names[record] = key for each key whose\n"
+             "need byte (at address `need`) is set; to_store: those keys (`keys` itself when all are), idx:\n"
+             "their positions (None when all), offsets / groups: their slot offsets (kvo_slot array at\n"
+             "address `slots`) and group indices as bytearrays of uint64 / uint32.");
+
+static PyObject *Hot_remember(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
+    const unsigned char *need, *slots;
+    (void)self;
+    if (!nargs_ok(nargs, 5, "remember") || address(args[3], &need) < 0 || address(args[4], &slots) < 0)
+        return NULL;
+    PyObject *names = args[0], *recs = args[1], *keys = args[2];
+    if (!PyDict_Check(names) || !PyBytes_Check(recs) || !PyList_Check(keys))
+        return PyErr_Format(PyExc_TypeError, "Hot.remember(names: dict, records: bytes, keys: list, ...)");
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (PyBytes_GET_SIZE(recs) != n * REC)
+        return PyErr_Format(PyExc_ValueError, "Hot.remember: %zd bytes of records for %zd keys (24 each)",
+                            PyBytes_GET_SIZE(recs), n);
+    const unsigned char *r = (const unsigned char *)PyBytes_AS_STRING(recs);
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        m += need[i] != 0;
+    PyObject *to_store = NULL, *idx = NULL, *offs = NULL, *groups = NULL, *out = NULL;
+    if (m == n) {
+        to_store = keys;
+        Py_INCREF(to_store);
+        idx = Py_None;
+        Py_INCREF(idx);
+    } else if ((to_store = PyList_New(m)) == NULL || (idx = PyList_New(m)) == NULL) {
+        goto done;
+    }
+    if ((offs = PyByteArray_FromStringAndSize(NULL, m * 8)) == NULL ||
+        (groups = PyByteArray_FromStringAndSize(NULL, m * 4)) == NULL)
+        goto done;
+    char *o = PyByteArray_AS_STRING(offs), *g = PyByteArray_AS_STRING(groups);
+    for (Py_ssize_t i = 0, j = 0; i < n; i++) {
+        if (!need[i])
+            continue;
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        PyObject *k = PyBytes_FromStringAndSize((const char *)r + (size_t)i * REC, REC);
+        if (k == NULL || PyDict_SetItem(names, k, key) < 0) {
+            Py_XDECREF(k);
+            goto done;
+        }
+        Py_DECREF(k);
+        if (m != n) {
+            PyObject *pos = PyLong_FromSsize_t(i);
+            if (pos == NULL)
+                goto done;
+            Py_INCREF(key);
+            PyList_SET_ITEM(to_store, j, key);
+            PyList_SET_ITEM(idx, j, pos);
+        }
+        memcpy(o + 8 * j, slots + (size_t)i * SLOT, 8);  /* kvo_slot.offset */
+        memcpy(g + 4 * j, r + (size_t)i * REC + 16, 4);  /* kvo_chunk_key.group */
+        j++;
+    }
+    out = PyTuple_Pack(4, to_store, idx, offs, groups);
+done:
+    Py_XDECREF(to_store);
+    Py_XDECREF(idx);
+    Py_XDECREF(offs);
+    Py_XDECREF(groups);
+    return out;
+}
+
 /* -- the type ------------------------------------------------------------- */
 
 static void *fn_addr(PyObject *fns, const char *name) {
@@ -415,6 +533,8 @@ static PyMethodDef Hot_methods[] = {
     {"prepare_load", (PyCFunction)(void (*)(void))Hot_prepare_load, METH_FASTCALL, prepare_load_doc},
     {"touch", (PyCFunction)(void (*)(void))Hot_touch, METH_FASTCALL, touch_doc},
     {"complete_load", (PyCFunction)(void (*)(void))Hot_complete_load, METH_FASTCALL, complete_load_doc},
+    {"forget", (PyCFunction)(void (*)(void))Hot_forget, METH_FASTCALL, forget_doc},
+    {"remember", (PyCFunction)(void (*)(void))Hot_remember, METH_FASTCALL, remember_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -250,13 +250,6 @@ class KvoffloadOffloadingManager(OffloadingManager):
             if c["result"] != 0:
                 self._names.pop(ck, None)
 
-    def _spec(self, buf: bytes, n: int, idx: Optional[list[int]] = None) -> KvoffloadLoadStoreSpec:
-        slots = np.frombuffer(memoryview(self._slots), dtype=np.uint64, count=2 * n)[0::2]
-        groups = np.frombuffer(buf, dtype=KEY_DTYPE)["group"]
-        if idx is None:
-            return KvoffloadLoadStoreSpec(slots.copy(), groups.copy())
-        return KvoffloadLoadStoreSpec(slots[idx], groups[idx])
-
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         offsets, groups = self._hot.prepare_load(self.store._h, keys)  # writable bytearrays, key order
         return KvoffloadLoadStoreSpec(np.frombuffer(offsets, np.uint64), np.frombuffer(groups, np.uint32))
@@ -268,17 +261,14 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._hot.complete_load(self.store._h, keys)
 
     def _on_evicted(self, ev: Any, evs: Any, m: int) -> list[OffloadKey]:
+        """The OffloadKeys of m evicted records (at ev: an address or a
+        ctypes array), dropped from _names; write-back writes them."""
         if m == 0:
             return []
-        raw = ctypes.string_at(ev, 24 * m)
-        names = self._names
-        out = []
-        for i in range(0, 24 * m, 24):
-            x = names.pop(raw[i:i + 24], None)
-            if x is not None:
-                out.append(x)
+        out = self._hot.forget(self._names, ev if isinstance(ev, int) else ctypes.addressof(ev), m)
         if self.file_tier is not None and self.file_mode == "write_back":
             assert self.arena is not None
+            raw = ctypes.string_at(ev, 24 * m)
             offs = np.frombuffer(ctypes.string_at(evs, 16 * m), dtype=np.uint64)[0::2]
             self.file_tier.write(np.frombuffer(raw, dtype=KEY_DTYPE).copy(),
                                  [self.arena.base + int(o) for o in offs])
@@ -305,19 +295,9 @@ class KvoffloadOffloadingManager(OffloadingManager):
             return None
         self._call(rc, "kvo_store_prepare_store")
         evicted = self._on_evicted(self._ev, self._evs, self._nev.value)
-        need = bytes(self._need)[:n]
-        names = self._names
-        if need.count(1) == n:
-            idx = None
-            to_store = keys
-            for i in range(n):
-                names[buf[24 * i:24 * i + 24]] = keys[i]
-        else:
-            idx = [i for i in range(n) if need[i]]
-            to_store = [keys[i] for i in idx]
-            for i in idx:
-                names[buf[24 * i:24 * i + 24]] = keys[i]
-        spec = self._spec(buf, n, idx)
+        to_store, idx, offsets, groups = self._hot.remember(self._names, buf, keys, ctypes.addressof(self._need),
+                                                            ctypes.addressof(self._slots))
+        spec = KvoffloadLoadStoreSpec(np.frombuffer(offsets, np.uint64), np.frombuffer(groups, np.uint32))
         if self.file_tier is not None or self.remote_tier is not None:
             for j, i in enumerate(range(n) if idx is None else idx):
                 self._pending[buf[24 * i:24 * i + 24]] = int(spec.offsets[j])
