@@ -328,11 +328,12 @@ class KvoffloadOffloadingManager(OffloadingManager):
                 return
             rc = L.lib.kvo_store_complete_store(self.store._h, buf, len(keys), success)
         self._call(rc, "kvo_store_complete_store")
-        recs = [buf[i:i + 24] for i in range(0, len(buf), 24)]
+        tiers = self.file_tier is not None or self.remote_tier is not None
+        recs = [buf[i:i + 24] for i in range(0, len(buf), 24)] if tiers or not success else []
         if not success:
             for r in recs:
                 self._names.pop(r, None)
-        if self.file_tier is not None or self.remote_tier is not None:
+        if tiers:
             offs = [self._pending.pop(r, 0) for r in recs]
             if success and self.arena is not None:
                 ckeys = np.frombuffer(buf, dtype=KEY_DTYPE).copy()
