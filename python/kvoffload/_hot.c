@@ -51,6 +51,8 @@
 typedef int (*keys_fn)(void *s, const void *keys, size_t n);
 typedef int (*keys_out_fn)(void *s, const void *keys, size_t n, void *out);
 typedef const char *(*last_error_fn)(void);
+typedef int (*prepare_store_fn)(void *s, const void *keys, size_t n, uint8_t *need, void *slots, void *evicted,
+                                void *evicted_slots, size_t evicted_cap, size_t *n_evicted);
 
 typedef struct {
     PyObject_HEAD
@@ -59,10 +61,11 @@ typedef struct {
     uint32_t *index;        /* ... and its kvoffload group index */
     keys_out_fn lookup, prepare_load;
     keys_fn complete_load, touch;
+    prepare_store_fn prepare_store;
     last_error_fn last_error;
     PyObject *res[3];       /* by kvo_lookup_state: MISS, HIT (READY), HIT_PENDING */
     PyObject *error;        /* KvoError(code, message, func) */
-    int einval;
+    int einval, erange, enospc;
 } Hot;
 
 /* -- raising ------------------------------------------------------------ */
@@ -327,14 +330,90 @@ static PyObject *Hot_complete_load(Hot *self, PyObject *const *args, Py_ssize_t 
     return keys_call(self, args, nargs, self->complete_load, "complete_load", "kvo_store_complete_load");
 }
 
-/* -- the OffloadKey names of stored records ---------------------------------
+/* -- prepare_store and the OffloadKey names of stored records --------------
  * The store reports evictions as kvo_chunk_key records; the manager keeps
  * names: {record bytes: OffloadKey} for the keys it stored, to give vLLM its
- * own keys back.  These two keep that dict without a Python loop per key. */
+ * own keys back.  These keep that dict without a Python loop per key. */
 
 static int address(PyObject *o, const unsigned char **p) {
     *p = PyLong_AsVoidPtr(o);
     return *p == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Pop m records from names; a new list of the values found, in order. */
+static PyObject *forget(PyObject *names, const unsigned char *rec, Py_ssize_t m) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *k = PyBytes_FromStringAndSize((const char *)rec + (size_t)i * REC, REC);
+        if (k == NULL)
+            goto fail;
+        PyObject *v = PyDict_GetItemWithError(names, k);  /* borrowed */
+        int bad = v == NULL ? PyErr_Occurred() != NULL : PyList_Append(out, v) < 0 || PyDict_DelItem(names, k) < 0;
+        Py_DECREF(k);
+        if (bad)
+            goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* After kvo_store_prepare_store of the n keys (a list) packed at rec:
+ * names[record] = key for each key whose need byte is set.  *to_store: those
+ * keys (`keys` itself when all are), *idx: their positions (None when all),
+ * *offs / *groups: bytearrays of their slots' offsets (uint64) and group
+ * indices (uint32).  New references; -1 with an exception set. */
+static int remember(PyObject *names, const unsigned char *rec, PyObject *keys, Py_ssize_t n, const uint8_t *need,
+                    const unsigned char *slots, PyObject **to_store, PyObject **idx, PyObject **offs,
+                    PyObject **groups) {
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        m += need[i] != 0;
+    *to_store = *idx = *offs = *groups = NULL;
+    if (m == n) {
+        *to_store = keys;
+        Py_INCREF(keys);
+        *idx = Py_None;
+        Py_INCREF(Py_None);
+    } else if ((*to_store = PyList_New(m)) == NULL || (*idx = PyList_New(m)) == NULL) {
+        goto fail;
+    }
+    if ((*offs = PyByteArray_FromStringAndSize(NULL, m * 8)) == NULL ||
+        (*groups = PyByteArray_FromStringAndSize(NULL, m * 4)) == NULL)
+        goto fail;
+    char *o = PyByteArray_AS_STRING(*offs), *g = PyByteArray_AS_STRING(*groups);
+    for (Py_ssize_t i = 0, j = 0; i < n; i++) {
+        if (!need[i])
+            continue;
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        PyObject *k = PyBytes_FromStringAndSize((const char *)rec + (size_t)i * REC, REC);
+        if (k == NULL || PyDict_SetItem(names, k, key) < 0) {
+            Py_XDECREF(k);
+            goto fail;
+        }
+        Py_DECREF(k);
+        if (m != n) {
+            PyObject *pos = PyLong_FromSsize_t(i);
+            if (pos == NULL)
+                goto fail;
+            Py_INCREF(key);
+            PyList_SET_ITEM(*to_store, j, key);
+            PyList_SET_ITEM(*idx, j, pos);
+        }
+        memcpy(o + 8 * j, slots + (size_t)i * SLOT, 8);    /* kvo_slot.offset */
+        memcpy(g + 4 * j, rec + (size_t)i * REC + 16, 4);  /* kvo_chunk_key.group */
+        j++;
+    }
+    return 0;
+fail:
+    Py_CLEAR(*to_store);
+    Py_CLEAR(*idx);
+    Py_CLEAR(*offs);
+    Py_CLEAR(*groups);
+    return -1;
 }
 
 PyDoc_STRVAR(forget_doc,
@@ -347,101 +426,100 @@ static PyObject *Hot_forget(Hot *self, PyObject *const *args, Py_ssize_t nargs) 
     (void)self;
     if (!nargs_ok(nargs, 3, "forget") || address(args[1], &rec) < 0)
         return NULL;
-    PyObject *names = args[0];
-    if (!PyDict_Check(names))
-        return PyErr_Format(PyExc_TypeError, "Hot.forget: names must be a dict, not %.100s", Py_TYPE(names)->tp_name);
+    if (!PyDict_Check(args[0]))
+        return PyErr_Format(PyExc_TypeError, "Hot.forget: names must be a dict, not %.100s",
+                            Py_TYPE(args[0])->tp_name);
     if ((m = PyLong_AsSsize_t(args[2])) < 0)
         return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "Hot.forget: m=%zd is negative", m);
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *k = PyBytes_FromStringAndSize((const char *)rec + (size_t)i * REC, REC);
-        if (k == NULL)
-            goto fail;
-        PyObject *v = PyDict_GetItemWithError(names, k);  /* borrowed */
-        if (v == NULL) {
-            Py_DECREF(k);
-            if (PyErr_Occurred())
-                goto fail;
-            continue;
-        }
-        if (PyList_Append(out, v) < 0 || PyDict_DelItem(names, k) < 0) {
-            Py_DECREF(k);
-            goto fail;
-        }
-        Py_DECREF(k);
-    }
-    return out;
-fail:
-    Py_DECREF(out);
-    return NULL;
+    return forget(args[0], rec, m);
 }
 
-PyDoc_STRVAR(remember_doc,
-             "remember(names, records, keys, need, slots) -> (to_store, idx, offsets, groups): after\n"
-             "kvo_store_prepare_store of len(keys) records (bytes), names[record] = key for each key whose\n"
-             "need byte (at address `need`) is set; to_store: those keys (`keys` itself when all are), idx:\n"
-             "their positions (None when all), offsets / groups: their slot offsets (kvo_slot array at\n"
-             "address `slots`) and group indices as bytearrays of uint64 / uint32.");
+PyDoc_STRVAR(prepare_store_doc,
+             "prepare_store(store, keys, names) -> None | (records, to_store, idx, offsets, groups, evicted,\n"
+             "evicted_records, evicted_offsets): kvo_store_prepare_store of the keys (a non-empty list), one\n"
+             "call.  None: KVO_ENOSPC (nothing changed).  records: the keys packed (bytes, 24 each);\n"
+             "names[record] = key for each key to store; to_store: those keys (`keys` itself when all are),\n"
+             "idx: their positions (None when all); offsets / groups: their slot offsets and group indices\n"
+             "(bytearrays of uint64 / uint32); evicted: the OffloadKeys of the evicted records found in\n"
+             "names (popped from it); evicted_records / evicted_offsets: every evicted record (bytes, 24\n"
+             "each) and its old slot offset (bytes of uint64), for a write-back tier.");
 
-static PyObject *Hot_remember(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
-    const unsigned char *need, *slots;
-    (void)self;
-    if (!nargs_ok(nargs, 5, "remember") || address(args[3], &need) < 0 || address(args[4], &slots) < 0)
+static PyObject *Hot_prepare_store(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
+    void *s;
+    if (!nargs_ok(nargs, 3, "prepare_store") || handle(args[0], &s) < 0)
         return NULL;
-    PyObject *names = args[0], *recs = args[1], *keys = args[2];
-    if (!PyDict_Check(names) || !PyBytes_Check(recs) || !PyList_Check(keys))
-        return PyErr_Format(PyExc_TypeError, "Hot.remember(names: dict, records: bytes, keys: list, ...)");
+    PyObject *keys = args[1], *names = args[2];
+    if (!PyList_Check(keys) || !PyDict_Check(names))
+        return PyErr_Format(PyExc_TypeError, "Hot.prepare_store(store, keys: list, names: dict)");
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (PyBytes_GET_SIZE(recs) != n * REC)
-        return PyErr_Format(PyExc_ValueError, "Hot.remember: %zd bytes of records for %zd keys (24 each)",
-                            PyBytes_GET_SIZE(recs), n);
-    const unsigned char *r = (const unsigned char *)PyBytes_AS_STRING(recs);
-    Py_ssize_t m = 0;
+    if (n == 0)
+        return PyErr_Format(PyExc_ValueError, "Hot.prepare_store: no keys (the store refuses n 0)");
+    PyObject *recs = PyBytes_FromStringAndSize(NULL, n * REC);
+    if (recs == NULL)
+        return NULL;
+    unsigned char *r = (unsigned char *)PyBytes_AS_STRING(recs);
     for (Py_ssize_t i = 0; i < n; i++)
-        m += need[i] != 0;
-    PyObject *to_store = NULL, *idx = NULL, *offs = NULL, *groups = NULL, *out = NULL;
-    if (m == n) {
-        to_store = keys;
-        Py_INCREF(to_store);
-        idx = Py_None;
-        Py_INCREF(idx);
-    } else if ((to_store = PyList_New(m)) == NULL || (idx = PyList_New(m)) == NULL) {
-        goto done;
-    }
-    if ((offs = PyByteArray_FromStringAndSize(NULL, m * 8)) == NULL ||
-        (groups = PyByteArray_FromStringAndSize(NULL, m * 4)) == NULL)
-        goto done;
-    char *o = PyByteArray_AS_STRING(offs), *g = PyByteArray_AS_STRING(groups);
-    for (Py_ssize_t i = 0, j = 0; i < n; i++) {
-        if (!need[i])
+        if (pack_one(self, PyList_GET_ITEM(keys, i), r + (size_t)i * REC) < 0) {
+            Py_DECREF(recs);
+            return NULL;
+        }
+    /* need (n), slots (n), evicted records and slots (cap, grown on KVO_ERANGE) */
+    size_t cap = 2 * (size_t)n, nev = 0;
+    unsigned char *mem = NULL;
+    int rc;
+    for (;;) {
+        unsigned char *grown = PyMem_Realloc(mem, (size_t)n * (1 + SLOT) + cap * (REC + SLOT));
+        if (grown == NULL) {
+            PyMem_Free(mem);
+            Py_DECREF(recs);
+            return PyErr_NoMemory();
+        }
+        mem = grown;
+        unsigned char *slots = mem, *ev = slots + (size_t)n * SLOT, *evs = ev + cap * REC, *need = evs + cap * SLOT;
+        if (n > STACK_KEYS) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = self->prepare_store(s, r, (size_t)n, need, slots, ev, evs, cap, &nev);
+            Py_END_ALLOW_THREADS
+        } else {
+            rc = self->prepare_store(s, r, (size_t)n, need, slots, ev, evs, cap, &nev);
+        }
+        if (rc == self->erange && nev > cap) {
+            cap = nev;
             continue;
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        PyObject *k = PyBytes_FromStringAndSize((const char *)r + (size_t)i * REC, REC);
-        if (k == NULL || PyDict_SetItem(names, k, key) < 0) {
-            Py_XDECREF(k);
-            goto done;
         }
-        Py_DECREF(k);
-        if (m != n) {
-            PyObject *pos = PyLong_FromSsize_t(i);
-            if (pos == NULL)
-                goto done;
-            Py_INCREF(key);
-            PyList_SET_ITEM(to_store, j, key);
-            PyList_SET_ITEM(idx, j, pos);
-        }
-        memcpy(o + 8 * j, slots + (size_t)i * SLOT, 8);  /* kvo_slot.offset */
-        memcpy(g + 4 * j, r + (size_t)i * REC + 16, 4);  /* kvo_chunk_key.group */
-        j++;
+        break;
     }
-    out = PyTuple_Pack(4, to_store, idx, offs, groups);
+    PyObject *out = NULL, *to_store = NULL, *idx = NULL, *offs = NULL, *groups = NULL, *evicted = NULL,
+             *ev_recs = NULL, *ev_offs = NULL;
+    if (rc == self->enospc) {
+        out = Py_None;
+        Py_INCREF(out);
+        goto done;
+    }
+    if (rc < 0) {
+        raise_rc(self, rc, "kvo_store_prepare_store");
+        goto done;
+    }
+    unsigned char *slots = mem, *ev = slots + (size_t)n * SLOT, *evs = ev + cap * REC, *need = evs + cap * SLOT;
+    if ((evicted = forget(names, ev, (Py_ssize_t)nev)) == NULL ||
+        (ev_recs = PyBytes_FromStringAndSize((const char *)ev, (Py_ssize_t)(nev * REC))) == NULL ||
+        (ev_offs = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(nev * 8))) == NULL)
+        goto done;
+    for (size_t i = 0; i < nev; i++)
+        memcpy(PyBytes_AS_STRING(ev_offs) + 8 * i, evs + i * SLOT, 8);
+    if (remember(names, r, keys, n, need, slots, &to_store, &idx, &offs, &groups) < 0)
+        goto done;
+    out = PyTuple_Pack(8, recs, to_store, idx, offs, groups, evicted, ev_recs, ev_offs);
 done:
+    PyMem_Free(mem);
+    Py_DECREF(recs);
     Py_XDECREF(to_store);
     Py_XDECREF(idx);
     Py_XDECREF(offs);
     Py_XDECREF(groups);
+    Py_XDECREF(evicted);
+    Py_XDECREF(ev_recs);
+    Py_XDECREF(ev_offs);
     return out;
 }
 
@@ -459,10 +537,11 @@ static void *fn_addr(PyObject *fns, const char *name) {
 }
 
 static int Hot_init(Hot *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"groups", "functions", "results", "error", "einval", NULL};
+    static char *kw[] = {"groups", "functions", "results", "error", "codes", NULL};
     PyObject *groups, *fns, *results, *error;
-    int einval;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOi:Hot", kw, &groups, &fns, &results, &error, &einval))
+    int einval, erange, enospc;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO(iii):Hot", kw, &groups, &fns, &results, &error, &einval,
+                                     &erange, &enospc))
         return -1;
     if (self->vgroup != NULL) {
         PyErr_SetString(PyExc_TypeError, "Hot is initialised once");
@@ -504,6 +583,7 @@ static int Hot_init(Hot *self, PyObject *args, PyObject *kwds) {
         (self->prepare_load = (keys_out_fn)fn_addr(fns, "kvo_store_prepare_load")) == NULL ||
         (self->complete_load = (keys_fn)fn_addr(fns, "kvo_store_complete_load")) == NULL ||
         (self->touch = (keys_fn)fn_addr(fns, "kvo_store_touch")) == NULL ||
+        (self->prepare_store = (prepare_store_fn)fn_addr(fns, "kvo_store_prepare_store")) == NULL ||
         (self->last_error = (last_error_fn)fn_addr(fns, "kvo_last_error")) == NULL)
         return -1;
     if (!PyArg_ParseTuple(results, "OOO:results (MISS, HIT, HIT_PENDING)", &self->res[0], &self->res[1],
@@ -514,6 +594,8 @@ static int Hot_init(Hot *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(error);
     self->error = error;
     self->einval = einval;
+    self->erange = erange;
+    self->enospc = enospc;
     return 0;
 }
 
@@ -534,17 +616,17 @@ static PyMethodDef Hot_methods[] = {
     {"touch", (PyCFunction)(void (*)(void))Hot_touch, METH_FASTCALL, touch_doc},
     {"complete_load", (PyCFunction)(void (*)(void))Hot_complete_load, METH_FASTCALL, complete_load_doc},
     {"forget", (PyCFunction)(void (*)(void))Hot_forget, METH_FASTCALL, forget_doc},
-    {"remember", (PyCFunction)(void (*)(void))Hot_remember, METH_FASTCALL, remember_doc},
+    {"prepare_store", (PyCFunction)(void (*)(void))Hot_prepare_store, METH_FASTCALL, prepare_store_doc},
     {NULL, NULL, 0, NULL},
 };
 
 PyDoc_STRVAR(Hot_doc,
-             "Hot(groups, functions, results, error, einval): the vLLM manager's hot calls over one store's\n"
+             "Hot(groups, functions, results, error, codes): the vLLM manager's hot calls over one store's\n"
              "C functions.  groups: (vllm_group_id, kvoffload_group_index) pairs (the last of a repeated id\n"
              "wins); functions: a mapping of kvo_store_lookup, kvo_store_prepare_load,\n"
-             "kvo_store_complete_load, kvo_store_touch and kvo_last_error to their addresses;\n"
-             "results: vLLM's (MISS, HIT, HIT_PENDING); error: the class raised as error(code, message,\n"
-             "func); einval: KVO_EINVAL.");
+             "kvo_store_complete_load, kvo_store_touch, kvo_store_prepare_store and kvo_last_error to\n"
+             "their addresses; results: vLLM's (MISS, HIT, HIT_PENDING); error: the class raised as\n"
+             "error(code, message, func); codes: (KVO_EINVAL, KVO_ERANGE, KVO_ENOSPC).");
 
 static PyTypeObject HotType = {
     PyVarObject_HEAD_INIT(NULL, 0)

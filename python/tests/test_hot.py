@@ -13,11 +13,12 @@ from kvoffload._hot import Hot
 
 MISS, HIT, PENDING = object(), object(), object()
 FUNCS = ("kvo_store_lookup", "kvo_store_prepare_load", "kvo_store_complete_load", "kvo_store_touch",
-         "kvo_last_error")
+         "kvo_store_prepare_store", "kvo_last_error")
+CODES = (L.KVO_EINVAL, L.KVO_ERANGE, L.KVO_ENOSPC)
 
 
 def hot(groups=((7, 0), (9, 1))):
-    return Hot(list(groups), L.addresses(L.lib, FUNCS), (MISS, HIT, PENDING), L.KvoError, L.KVO_EINVAL)
+    return Hot(list(groups), L.addresses(L.lib, FUNCS), (MISS, HIT, PENDING), L.KvoError, CODES)
 
 
 def old_pack(key, sfx):
@@ -65,9 +66,9 @@ def test_pack_refuses_bad_keys():
     with pytest.raises(TypeError):
         Hot([(7, 0)], {}, (MISS, HIT, PENDING), L.KvoError)  # too few arguments
     with pytest.raises(KeyError):
-        Hot([(7, 0)], {}, (MISS, HIT, PENDING), L.KvoError, L.KVO_EINVAL)  # no addresses
+        Hot([(7, 0)], {}, (MISS, HIT, PENDING), L.KvoError, CODES)  # no addresses
     with pytest.raises(OverflowError):
-        Hot([(1 << 32, 0)], L.addresses(L.lib, FUNCS), (MISS, HIT, PENDING), L.KvoError, L.KVO_EINVAL)
+        Hot([(1 << 32, 0)], L.addresses(L.lib, FUNCS), (MISS, HIT, PENDING), L.KvoError, CODES)
 
 
 @pytest.mark.parametrize("n", [5, 300])  # the stack path and the heap path (GIL released)
@@ -117,29 +118,52 @@ def test_store_errors_raise_kvoerror():
         h.lookup(None)
 
 
-def test_names_remember_and_forget():
+def test_prepare_store_and_names():
+    s = store_of_two_groups()  # room for 512 chunks
     h = hot()
+    names = {}
     keys = [okey(i) for i in range(4)]
     recs = h.pack(keys)
-    need = (ctypes.c_uint8 * 4)(1, 0, 1, 1)
-    slots = (L.Slot * 4)(*[L.Slot(100 * i, 10) for i in range(4)])
-    names = {}
-    to_store, idx, offs, groups = h.remember(names, recs, keys, ctypes.addressof(need), ctypes.addressof(slots))
-    assert to_store == [keys[0], keys[2], keys[3]] and idx == [0, 2, 3]
-    assert np.frombuffer(offs, np.uint64).tolist() == [0, 200, 300]
-    assert np.frombuffer(groups, np.uint32).tolist() == [0, 0, 0]
+    ck = np.frombuffer(recs, dtype=k.KEY_DTYPE).copy()
+    s.prepare_store(ck[1:2])  # present (PENDING): not to store again
+    buf, to_store, idx, offs, groups, evicted, ev_recs, ev_offs = h.prepare_store(s._h, keys, names)
+    assert buf == recs and to_store == [keys[0], keys[2], keys[3]] and idx == [0, 2, 3]
+    assert (evicted, ev_recs, ev_offs) == ([], b"", b"")
     assert names == {recs[24 * i:24 * i + 24]: keys[i] for i in (0, 2, 3)}
-    need[1] = 1
-    to_store, idx, _, _ = h.remember(names, recs, keys, ctypes.addressof(need), ctypes.addressof(slots))
-    assert to_store is keys and idx is None  # all stored: the caller's list itself
+    assert np.frombuffer(groups, np.uint32).tolist() == [0, 0, 0]
+    assert len(set(np.frombuffer(offs, np.uint64).tolist())) == 3
+    s.complete_store(ck)
+    more = [okey(i) for i in range(4, 8)]
+    r = h.prepare_store(s._h, more, names)
+    assert r[1] is more and r[2] is None  # all to store: the caller's list itself
+    # a full store evicts: the evicted records' names come back, and their slots
+    s.complete_store(np.frombuffer(r[0], dtype=k.KEY_DTYPE).copy())
+    big = [okey(i, 9) for i in range(1000, 1000 + 508)]  # 8 stored + 508 > 512: evicts 4
+    before = dict(names)
+    buf, to_store, idx, offs, groups, evicted, ev_recs, ev_offs = h.prepare_store(s._h, big, names)
+    assert len(ev_recs) == 24 * 4 and len(ev_offs) == 8 * 4  # over STACK_KEYS: the heap path
+    recs_ev = [ev_recs[i:i + 24] for i in range(0, len(ev_recs), 24)]
+    # keys[1] was stored past the names (s.prepare_store): evicted, but no name to give back
+    assert evicted == [before[x] for x in recs_ev if x in before] and len(evicted) == 3
+    assert not set(recs_ev) & set(names)
+    assert np.frombuffer(groups, np.uint32).tolist() == [1] * 508
+    # no room at all (everything PENDING): None, nothing changed
+    assert h.prepare_store(s._h, [okey(i, 9) for i in range(5000, 5100)], names) is None
+    with pytest.raises(k.KvoError) as e:
+        h.prepare_store(s._h, [okey(1), okey(1)], {})  # a duplicate key
+    assert e.value.code == L.KVO_EINVAL and e.value.func == "kvo_store_prepare_store"
+    with pytest.raises(ValueError):
+        h.prepare_store(s._h, [], {})
+    with pytest.raises(TypeError):
+        h.prepare_store(s._h, tuple(keys), {})
     buf = ctypes.create_string_buffer(recs[24:72] + recs[:24] + bytes(24))
+    names = {recs[24 * i:24 * i + 24]: keys[i] for i in range(4)}
     assert h.forget(names, ctypes.addressof(buf), 4) == [keys[1], keys[2], keys[0]]  # unknown record skipped
     assert list(names.values()) == [keys[3]]
     assert h.forget(names, 0, 0) == []
-    with pytest.raises(ValueError):
-        h.remember(names, recs[:24], keys, ctypes.addressof(need), ctypes.addressof(slots))
     with pytest.raises(TypeError):
         h.forget([], ctypes.addressof(buf), 1)
+    s.close()
 
 
 def test_threads_share_one_hot():

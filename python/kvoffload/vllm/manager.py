@@ -32,7 +32,7 @@ _HIT, _MISS, _PENDING, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResul
 # the store functions the compiled hot calls make (kvoffload/_hot.c), from the
 # library kvoffload._lib loaded
 _HOT_FUNCTIONS = ("kvo_store_lookup", "kvo_store_prepare_load", "kvo_store_complete_load", "kvo_store_touch",
-                  "kvo_last_error")
+                  "kvo_store_prepare_store", "kvo_last_error")
 
 
 class KvoffloadOffloadingManager(OffloadingManager):
@@ -69,10 +69,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         # 4-byte suffix) -> the kvoffload group index in a kvo_chunk_key.
         groups = [(L.check_int("group_ids", int(g), 0, 0xFFFFFFFF), i) for i, g in enumerate(group_ids)]
         self._hot = Hot(groups, L.addresses(L.lib, _HOT_FUNCTIONS), (_MISS, _HIT, _PENDING), L.KvoError,
-                        L.KVO_EINVAL)
-        self._cap = 0
-        self._ensure(256)
-        self._nev = ctypes.c_size_t()
+                        (L.KVO_EINVAL, L.KVO_ERANGE, L.KVO_ENOSPC))
         self._names: dict[bytes, OffloadKey] = {}     # kvo key bytes -> OffloadKey (stored/pending)
         self._pending: dict[bytes, int] = {}          # with a file tier: kvo key bytes -> slot offset
         self._promoting: dict[int, tuple[bytes, OffloadKey]] = {}  # file reads into host slots
@@ -87,17 +84,6 @@ class KvoffloadOffloadingManager(OffloadingManager):
 
     def _new_store(self) -> Store:
         return Store(self.plan, self.capacity_bytes, policy=self.policy, admit_after=self.store_threshold)
-
-    def _ensure(self, n: int) -> None:
-        """Caller-owned C buffers for batches of n keys, grown on demand."""
-        if n <= self._cap:
-            return
-        cap = max(n, 2 * self._cap)
-        self._need = (ctypes.c_uint8 * cap)()
-        self._slots = (L.Slot * cap)()
-        self._ev = (L.ChunkKey * (2 * cap))()
-        self._evs = (L.Slot * (2 * cap))()
-        self._cap = cap
 
     # -- key conversion ---------------------------------------------------
     def _ckey(self, key: bytes) -> bytes:
@@ -260,19 +246,23 @@ class KvoffloadOffloadingManager(OffloadingManager):
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._hot.complete_load(self.store._h, keys)
 
-    def _on_evicted(self, ev: Any, evs: Any, m: int) -> list[OffloadKey]:
-        """The OffloadKeys of m evicted records (at ev: an address or a
-        ctypes array), dropped from _names; write-back writes them."""
+    def _on_evicted(self, ev: int, evs: int, m: int) -> list[OffloadKey]:
+        """The OffloadKeys of m evicted records (kvo_chunk_key at address ev,
+        their old kvo_slot at evs), dropped from _names; write-back writes
+        them."""
         if m == 0:
             return []
-        out = self._hot.forget(self._names, ev if isinstance(ev, int) else ctypes.addressof(ev), m)
-        if self.file_tier is not None and self.file_mode == "write_back":
-            assert self.arena is not None
-            raw = ctypes.string_at(ev, 24 * m)
-            offs = np.frombuffer(ctypes.string_at(evs, 16 * m), dtype=np.uint64)[0::2]
-            self.file_tier.write(np.frombuffer(raw, dtype=KEY_DTYPE).copy(),
-                                 [self.arena.base + int(o) for o in offs])
+        out = self._hot.forget(self._names, ev, m)
+        self._write_back(ctypes.string_at(ev, 24 * m), np.frombuffer(ctypes.string_at(evs, 16 * m), np.uint64)[0::2])
         return out
+
+    def _write_back(self, records: bytes, offsets: Any) -> None:
+        """With a write-back file tier: write the evicted records (bytes, 24
+        each) from their old slots (offsets) before the slots are reused."""
+        if records and self.file_tier is not None and self.file_mode == "write_back":
+            assert self.arena is not None
+            self.file_tier.write(np.frombuffer(records, dtype=KEY_DTYPE).copy(),
+                                 [self.arena.base + int(o) for o in offsets])
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         keys = list(keys)
@@ -280,23 +270,14 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if n == 0:
             return PrepareStoreOutput([], KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32)),
                                       [])
-        self._ensure(n)
-        buf = self._cbytes(keys)
-        while True:
-            cap = len(self._ev)
-            rc = L.lib.kvo_store_prepare_store(self.store._h, buf, n, self._need, self._slots, self._ev, self._evs,
-                                               cap, ctypes.byref(self._nev))
-            if rc == L.KVO_ERANGE and self._nev.value > cap:
-                self._ev = (L.ChunkKey * self._nev.value)()
-                self._evs = (L.Slot * self._nev.value)()
-                continue
-            break
-        if rc == L.KVO_ENOSPC:
+        # one C call (kvoffload._hot): pack the keys, kvo_store_prepare_store
+        # (the evicted buffer grown on KVO_ERANGE), the names of the keys to
+        # store recorded and of the evicted ones dropped; None: KVO_ENOSPC
+        r = self._hot.prepare_store(self.store._h, keys, self._names)
+        if r is None:
             return None
-        self._call(rc, "kvo_store_prepare_store")
-        evicted = self._on_evicted(self._ev, self._evs, self._nev.value)
-        to_store, idx, offsets, groups = self._hot.remember(self._names, buf, keys, ctypes.addressof(self._need),
-                                                            ctypes.addressof(self._slots))
+        buf, to_store, idx, offsets, groups, evicted, ev_recs, ev_offs = r
+        self._write_back(ev_recs, np.frombuffer(ev_offs, np.uint64))
         spec = KvoffloadLoadStoreSpec(np.frombuffer(offsets, np.uint64), np.frombuffer(groups, np.uint32))
         if self.file_tier is not None or self.remote_tier is not None:
             for j, i in enumerate(range(n) if idx is None else idx):
