@@ -41,6 +41,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -51,6 +52,7 @@
 typedef int (*keys_fn)(void *s, const void *keys, size_t n);
 typedef int (*keys_out_fn)(void *s, const void *keys, size_t n, void *out);
 typedef const char *(*last_error_fn)(void);
+typedef int (*complete_store_fn)(void *s, const void *keys, size_t n, bool ok);
 typedef int (*prepare_store_fn)(void *s, const void *keys, size_t n, uint8_t *need, void *slots, void *evicted,
                                 void *evicted_slots, size_t evicted_cap, size_t *n_evicted);
 
@@ -62,6 +64,7 @@ typedef struct {
     keys_out_fn lookup, prepare_load;
     keys_fn complete_load, touch;
     prepare_store_fn prepare_store;
+    complete_store_fn complete_store;
     last_error_fn last_error;
     PyObject *res[3];       /* by kvo_lookup_state: MISS, HIT (READY), HIT_PENDING */
     PyObject *error;        /* KvoError(code, message, func) */
@@ -523,6 +526,33 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(complete_store_doc,
+             "complete_store(store, records, ok) -> int: kvo_store_complete_store of packed records (bytes,\n"
+             "24 each; none: 0 without a call); its return code, not raised (the manager retries\n"
+             "KVO_ESTATE with the keys that are PENDING).");
+
+static PyObject *Hot_complete_store(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
+    void *s;
+    if (!nargs_ok(nargs, 3, "complete_store") || handle(args[0], &s) < 0)
+        return NULL;
+    if (!PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % REC)
+        return PyErr_Format(PyExc_TypeError, "Hot.complete_store: records must be bytes of 24-byte records");
+    int ok = PyObject_IsTrue(args[2]);
+    if (ok < 0)
+        return NULL;
+    size_t n = (size_t)PyBytes_GET_SIZE(args[1]) / REC;
+    const char *r = PyBytes_AS_STRING(args[1]);
+    int rc = 0;
+    if (n > STACK_KEYS) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = self->complete_store(s, r, n, ok);
+        Py_END_ALLOW_THREADS
+    } else if (n) {
+        rc = self->complete_store(s, r, n, ok);
+    }
+    return PyLong_FromLong(rc);
+}
+
 /* -- the type ------------------------------------------------------------- */
 
 static void *fn_addr(PyObject *fns, const char *name) {
@@ -584,6 +614,7 @@ static int Hot_init(Hot *self, PyObject *args, PyObject *kwds) {
         (self->complete_load = (keys_fn)fn_addr(fns, "kvo_store_complete_load")) == NULL ||
         (self->touch = (keys_fn)fn_addr(fns, "kvo_store_touch")) == NULL ||
         (self->prepare_store = (prepare_store_fn)fn_addr(fns, "kvo_store_prepare_store")) == NULL ||
+        (self->complete_store = (complete_store_fn)fn_addr(fns, "kvo_store_complete_store")) == NULL ||
         (self->last_error = (last_error_fn)fn_addr(fns, "kvo_last_error")) == NULL)
         return -1;
     if (!PyArg_ParseTuple(results, "OOO:results (MISS, HIT, HIT_PENDING)", &self->res[0], &self->res[1],
@@ -617,6 +648,7 @@ static PyMethodDef Hot_methods[] = {
     {"complete_load", (PyCFunction)(void (*)(void))Hot_complete_load, METH_FASTCALL, complete_load_doc},
     {"forget", (PyCFunction)(void (*)(void))Hot_forget, METH_FASTCALL, forget_doc},
     {"prepare_store", (PyCFunction)(void (*)(void))Hot_prepare_store, METH_FASTCALL, prepare_store_doc},
+    {"complete_store", (PyCFunction)(void (*)(void))Hot_complete_store, METH_FASTCALL, complete_store_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -624,7 +656,8 @@ PyDoc_STRVAR(Hot_doc,
              "Hot(groups, functions, results, error, codes): the vLLM manager's hot calls over one store's\n"
              "C functions.  groups: (vllm_group_id, kvoffload_group_index) pairs (the last of a repeated id\n"
              "wins); functions: a mapping of kvo_store_lookup, kvo_store_prepare_load,\n"
-             "kvo_store_complete_load, kvo_store_touch, kvo_store_prepare_store and kvo_last_error to\n"
+             "kvo_store_complete_load, kvo_store_touch, kvo_store_prepare_store, kvo_store_complete_store\n"
+             "and kvo_last_error to "
              "their addresses; results: vLLM's (MISS, HIT, HIT_PENDING); error: the class raised as\n"
              "error(code, message, func); codes: (KVO_EINVAL, KVO_ERANGE, KVO_ENOSPC).");
 

@@ -13,7 +13,7 @@ from kvoffload._hot import Hot
 
 MISS, HIT, PENDING = object(), object(), object()
 FUNCS = ("kvo_store_lookup", "kvo_store_prepare_load", "kvo_store_complete_load", "kvo_store_touch",
-         "kvo_store_prepare_store", "kvo_last_error")
+         "kvo_store_prepare_store", "kvo_store_complete_store", "kvo_last_error")
 CODES = (L.KVO_EINVAL, L.KVO_ERANGE, L.KVO_ENOSPC)
 
 
@@ -132,7 +132,11 @@ def test_prepare_store_and_names():
     assert names == {recs[24 * i:24 * i + 24]: keys[i] for i in (0, 2, 3)}
     assert np.frombuffer(groups, np.uint32).tolist() == [0, 0, 0]
     assert len(set(np.frombuffer(offs, np.uint64).tolist())) == 3
-    s.complete_store(ck)
+    assert h.complete_store(s._h, recs, True) == 0
+    assert h.complete_store(s._h, b"", True) == 0
+    assert h.complete_store(s._h, h.pack([okey(99)]), True) == L.KVO_ESTATE  # not PENDING: the code, not raised
+    with pytest.raises(TypeError):
+        h.complete_store(s._h, recs[:5], True)
     more = [okey(i) for i in range(4, 8)]
     r = h.prepare_store(s._h, more, names)
     assert r[1] is more and r[2] is None  # all to store: the caller's list itself

@@ -32,7 +32,7 @@ _HIT, _MISS, _PENDING, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResul
 # the store functions the compiled hot calls make (kvoffload/_hot.c), from the
 # library kvoffload._lib loaded
 _HOT_FUNCTIONS = ("kvo_store_lookup", "kvo_store_prepare_load", "kvo_store_complete_load", "kvo_store_touch",
-                  "kvo_store_prepare_store", "kvo_last_error")
+                  "kvo_store_prepare_store", "kvo_store_complete_store", "kvo_last_error")
 
 
 class KvoffloadOffloadingManager(OffloadingManager):
@@ -302,12 +302,12 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if not keys:
             return
         buf = self._cbytes(keys)
-        rc = L.lib.kvo_store_complete_store(self.store._h, buf, len(keys), success)
+        rc = self._hot.complete_store(self.store._h, buf, success)
         if rc == L.KVO_ESTATE:
             keys, buf = self._filter_pending(keys, buf)
             if not keys:
                 return
-            rc = L.lib.kvo_store_complete_store(self.store._h, buf, len(keys), success)
+            rc = self._hot.complete_store(self.store._h, buf, success)
         self._call(rc, "kvo_store_complete_store")
         tiers = self.file_tier is not None or self.remote_tier is not None
         recs = [buf[i:i + 24] for i in range(0, len(buf), 24)] if tiers or not success else []
