@@ -3,26 +3,30 @@
  * Why.  Through vLLM's one-key-at-a-time interface the manager's cost was the
  * binding, not the store (docs/benchmarks.md, "Python: the vLLM manager"):
  * per key a slice, a dict lookup and a bytes concatenation to build the
- * 24-byte kvo_chunk_key, then ctypes converting and checking every argument
- * of the call (about 2/3 of a lookup).  Here an OffloadKey's bytes are packed
- * straight into a buffer on the stack and the store is called through a
- * function pointer: no Python object per key.
+ * 24-byte kvo_chunk_key, ctypes converting every argument of every call, a
+ * Python loop per key over the store's answers (names of stored and evicted
+ * keys) and numpy round trips for the slot offsets.  Here an OffloadKey's
+ * bytes are packed straight into a C buffer, the store is called through a
+ * function pointer, and the answers are turned into what vLLM gets back in
+ * the same C call: no Python bytecode per key.
  *
  * What it holds.  One type, Hot, made once per manager (kvoffload/vllm/
  * manager.py) with
  *  - the offloaded groups: vLLM's group id (an OffloadKey's big-endian 4-byte
  *    suffix) -> kvoffload's group index (the manager's group_ids order);
- *  - the addresses of kvo_store_lookup, kvo_store_prepare_load,
- *    kvo_store_complete_load, kvo_store_touch and kvo_last_error, taken from
- *    the library that kvoffload._lib loaded (KVO_LIBRARY, next to the
- *    package, the system loader): this module links against nothing and the
- *    library is found exactly as before;
+ *  - the addresses of the kvo_store_* functions it calls and kvo_last_error,
+ *    taken from the library that kvoffload._lib loaded (KVO_LIBRARY, next to
+ *    the package, the system loader): this module links against nothing and
+ *    the library is found exactly as before;
  *  - the objects it returns and raises: vLLM's LookupResult MISS, HIT and
- *    HIT_PENDING, kvoffload's KvoError and the code KVO_EINVAL.
+ *    HIT_PENDING, kvoffload's KvoError and the codes it tells apart.
  * The store handle is an argument of every call, an int or None (the manager
  * swaps stores in reset_cache; a closed store's None becomes NULL, which the
  * store refuses with KVO_EINVAL as the ctypes call did).  This is the only
- * binding of these calls: the manager makes them nowhere else.
+ * binding of the manager's store calls (lookup, prefix_hits, prepare_load,
+ * touch, complete_load, prepare_store, complete_store): it makes them nowhere
+ * else.  Without this module kvoffload.vllm does not import (the error says
+ * how to build it); the rest of the package (ctypes, numpy batches) needs it not.
  *
  * Key packing (the manager's rule since the first version): kvo_chunk_key =
  * the first 16 bytes of the hash (the OffloadKey less its 4-byte group
@@ -32,11 +36,17 @@
  * store sees the batch; a store error raises KvoError with its code and
  * kvo_last_error()'s text, naming the C function.
  *
+ * Names.  The store reports evictions as records; the manager's dict names
+ * {record bytes: OffloadKey} gives vLLM its own keys back.  prepare_store
+ * fills it for the keys to store and pops the evicted ones (forget, for the
+ * manager's other prepare_store callers).
+ *
  * Threads.  Nothing in a Hot changes after it is made and buffers are per
  * call (on the stack up to STACK_KEYS keys, else PyMem_Malloc'ed), so
  * concurrent calls are as safe as the store's own rules make them.  The GIL
  * is held across the store call for batches up to STACK_KEYS keys (the call
- * is shorter than handing the GIL over) and released around larger ones.
+ * is shorter than handing the GIL over) and released around larger ones;
+ * the names dict is only touched with the GIL held.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
