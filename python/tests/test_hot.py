@@ -195,3 +195,18 @@ def test_threads_share_one_hot():
         t.join()
     assert errors == [] and s.stats()["pinned"] == 0
     s.close()
+
+
+@pytest.mark.vllm
+def test_vllm_manager_without_the_module_says_how_to_build_it():
+    import importlib.util
+    import subprocess
+    import sys
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed here")
+    code = ("import sys; sys.modules['kvoffload._hot'] = None\n"
+            "try:\n    import kvoffload.vllm.manager\nexcept ImportError as e:\n    print('ImportError', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300).stdout
+    assert "ImportError" in out and "setup.py build_ext --inplace" in out and "pip install ./python" in out
+    import kvoffload  # the rest of the package never needs it
+    assert kvoffload.Store
