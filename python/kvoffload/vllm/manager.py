@@ -62,10 +62,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
             raise L.KvoError(L.KVO_EINVAL, f"kvo_file_mode '{file_mode}': use write_through or write_back",
                              "manager")
         self.file_mode = file_mode
-        # the hot calls (lookup, prefix_hits, prepare_load, touch,
-        # complete_load) and the key packing, compiled: one C call each, no
-        # Python object per key (docs/benchmarks.md, "Python: the vLLM
-        # manager").  Groups: vLLM's group id (an OffloadKey's big-endian
+        # the store calls (lookup, prefix_hits, prepare_load, touch,
+        # complete_load, prepare_store, complete_store) and the key packing,
+        # compiled: one C call each, no Python bytecode per key
+        # (docs/benchmarks.md, "Python: the vLLM manager").  Groups: vLLM's group id (an OffloadKey's big-endian
         # 4-byte suffix) -> the kvoffload group index in a kvo_chunk_key.
         groups = [(L.check_int("group_ids", int(g), 0, 0xFFFFFFFF), i) for i, g in enumerate(group_ids)]
         self._hot = Hot(groups, L.addresses(L.lib, _HOT_FUNCTIONS), (_MISS, _HIT, _PENDING), L.KvoError,
