@@ -513,6 +513,11 @@ static PyObject *Hot_prepare_store(Hot *self, PyObject *const *args, Py_ssize_t 
         raise_rc(self, rc, "kvo_store_prepare_store");
         goto done;
     }
+    if (PyList_GET_SIZE(keys) != n) {  /* another thread changed the list while the GIL was released */
+        PyErr_Format(PyExc_RuntimeError, "Hot.prepare_store: the keys list changed during the call (%zd -> %zd keys)",
+                     n, PyList_GET_SIZE(keys));
+        goto done;
+    }
     unsigned char *slots = mem, *ev = slots + (size_t)n * SLOT, *evs = ev + cap * REC, *need = evs + cap * SLOT;
     if ((evicted = forget(names, ev, (Py_ssize_t)nev)) == NULL ||
         (ev_recs = PyBytes_FromStringAndSize((const char *)ev, (Py_ssize_t)(nev * REC))) == NULL ||
