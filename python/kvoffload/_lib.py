@@ -486,6 +486,13 @@ def _bind(dll: ctypes.CDLL, protos: dict[str, tuple[Any, list[Any]]]) -> None:
 _bind(lib, _PROTOS)
 
 
+def addresses(dll: ctypes.CDLL, names: Any) -> dict[str, int]:
+    """The addresses of the named functions of a loaded library (for the
+    compiled module kvoffload._hot, which calls them through pointers so
+    that the library is the one found here)."""
+    return {n: ctypes.cast(getattr(dll, n), c_void_p).value for n in names}
+
+
 def last_error() -> str:
     """kvo_last_error() of the calling thread, decoded."""
     return (lib.kvo_last_error() or b"").decode("utf-8", "replace")

@@ -32,13 +32,24 @@ from vllm.v1.kv_offload.base import (LoadStoreSpec, LookupResult, Medium, Offloa
                                      OffloadKey, PrepareStoreOutput, ReqContext, RequestOffloadingContext)
 
 from .. import _lib as L
+
+try:
+    from .._hot import Hot
+except ImportError as e:  # a checkout used without building the package
+    raise ImportError("kvoffload._hot (the vLLM manager's compiled hot calls, python/kvoffload/_hot.c) is not "
+                      "built: pip install ./python, or in a checkout `cd python && python setup.py build_ext "
+                      "--inplace` (needs a C compiler and the Python headers, Debian's python3-dev); "
+                      f"import error: {e}") from e
 from ..core import KEY_DTYPE, PENDING, READY, FileTier, Plan, RemoteTier, Store
 from ..shm import SharedArena
 from .compat import failed_store_event
 from .config import KvoffloadLoadStoreSpec
 
 _HIT, _MISS, _PENDING, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING, LookupResult.RETRY
-_STATE_TO_RESULT = {READY: _HIT, PENDING: _PENDING}
+# the store functions the compiled hot calls make (kvoffload/_hot.c), from the
+# library kvoffload._lib loaded
+_HOT_FUNCTIONS = ("kvo_store_lookup", "kvo_store_prepare_load", "kvo_store_complete_load", "kvo_store_touch",
+                  "kvo_store_prepare_store", "kvo_store_complete_store", "kvo_last_error")
 
 
 class KvoffloadOffloadingManager(OffloadingManager):
@@ -77,15 +88,14 @@ class KvoffloadOffloadingManager(OffloadingManager):
             raise L.KvoError(L.KVO_EINVAL, f"kvo_file_mode '{file_mode}': use write_through or write_back",
                              "manager")
         self.file_mode = file_mode
-        # vLLM group id (big-endian 4-byte suffix of an OffloadKey) -> the
-        # 8 bytes after the hash in a kvo_chunk_key (LE group index, reserved).
-        self._suffix = {int(g).to_bytes(4, "big"): i.to_bytes(4, "little") + b"\0\0\0\0"
-                        for i, g in enumerate(group_ids)}
-        self._st1 = ctypes.c_uint8()
-        self._cap = 0
-        self._ensure(256)
-        self._nev = ctypes.c_size_t()
-        self._lookup_fn = L.lib.kvo_store_lookup
+        # the store calls (lookup, prefix_hits, prepare_load, touch,
+        # complete_load, prepare_store, complete_store) and the key packing,
+        # compiled: one C call each, no Python bytecode per key
+        # (docs/benchmarks.md, "Python: the vLLM manager").  Groups: vLLM's group id (an OffloadKey's big-endian
+        # 4-byte suffix) -> the kvoffload group index in a kvo_chunk_key.
+        groups = [(L.check_int("group_ids", int(g), 0, 0xFFFFFFFF), i) for i, g in enumerate(group_ids)]
+        self._hot = Hot(groups, L.addresses(L.lib, _HOT_FUNCTIONS), (_MISS, _HIT, _PENDING), L.KvoError,
+                        (L.KVO_EINVAL, L.KVO_ERANGE, L.KVO_ENOSPC))
         self._names: dict[bytes, OffloadKey] = {}     # kvo key bytes -> OffloadKey (stored/pending)
         self._pending: dict[bytes, int] = {}          # with a file tier: kvo key bytes -> slot offset
         self._promoting: dict[int, tuple[bytes, OffloadKey]] = {}  # file reads into host slots
@@ -107,41 +117,18 @@ class KvoffloadOffloadingManager(OffloadingManager):
     def _new_store(self) -> Store:
         return Store(self.plan, self.capacity_bytes, policy=self.policy, admit_after=self.store_threshold)
 
-    def _ensure(self, n: int) -> None:
-        """Caller-owned C buffers for batches of n keys, grown on demand."""
-        if n <= self._cap:
-            return
-        cap = max(n, 2 * self._cap)
-        self._states = (ctypes.c_uint8 * cap)()
-        self._need = (ctypes.c_uint8 * cap)()
-        self._slots = (L.Slot * cap)()
-        self._ev = (L.ChunkKey * (2 * cap))()
-        self._evs = (L.Slot * (2 * cap))()
-        self._cap = cap
-
     # -- key conversion ---------------------------------------------------
     def _ckey(self, key: bytes) -> bytes:
-        h = key[:-4]
-        if len(h) != 16:
-            h = h[:16].ljust(16, b"\0")
-        try:
-            return h + self._suffix[key[-4:]]
-        except KeyError:
-            raise L.KvoError(L.KVO_EINVAL, f"OffloadKey of group {int.from_bytes(key[-4:], 'big')}: not an "
-                             "offloaded group", "manager") from None
+        """One key's kvo_chunk_key record (24 bytes)."""
+        return self._hot.pack((key,))
 
     def _cbytes(self, keys: Sequence[bytes]) -> bytes:
         """The batch as packed kvo_chunk_key records (24 bytes per key): the
-        first 16 bytes of each hash and the group's index.  Plain bytes,
-        handed to C without a copy."""
-        sfx = self._suffix
-        try:
-            buf = b"".join([x[:16] + sfx[x[-4:]] for x in keys])
-        except KeyError:
-            buf = b""
-        if len(buf) != 24 * len(keys):  # hashes shorter than 16 bytes, or a bad group
-            buf = b"".join([self._ckey(x) for x in keys])
-        return buf
+        first 16 bytes of each hash (zero-padded), the group's index, 4 zero
+        bytes.  Plain bytes, handed to C without a copy.  KvoError
+        (KVO_EINVAL) for a group that is not offloaded, TypeError for a key
+        that is not bytes."""
+        return self._hot.pack(keys)
 
     def _ckeys(self, keys: Sequence[bytes]) -> np.ndarray:
         return np.frombuffer(self._cbytes(keys), dtype=KEY_DTYPE).copy()
@@ -155,17 +142,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        try:
-            ck = key[:16] + self._suffix[key[-4:]]
-        except KeyError:
-            ck = self._ckey(key)
-        if len(ck) != 24:
-            ck = self._ckey(key)
-        st = self._st1
-        self._call(self._lookup_fn(self.store._h, ck, 1, ctypes.byref(st)), "kvo_store_lookup")
-        r = _STATE_TO_RESULT.get(st.value)
-        if r is not None:
+        r = self._hot.lookup(self.store._h, key)  # HIT, HIT_PENDING or MISS (the host tier)
+        if r is not _MISS or (self.file_tier is None and self.remote_tier is None):
             return r
+        ck = self._ckey(key)
         if self.file_tier is not None:
             r = self._promote(ck, key)
             if r is not _MISS or self.remote_tier is None:
@@ -178,16 +158,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         """Batched form of the per-key lookup loop vLLM runs for a request's
         prefix: how many leading keys are READY in the host tier, with one C
         call for all of them (no file-tier promotion)."""
-        n = len(keys)
-        if n == 0:
-            return 0
-        self._ensure(n)
-        self._call(L.lib.kvo_store_lookup(self.store._h, self._cbytes(keys), n, self._states), "kvo_store_lookup")
-        raw = bytes(self._states)[:n]
-        i = raw.find(b"\0")
-        j = raw.find(b"\2")
-        ends = [x for x in (i, j) if x >= 0]
-        return min(ends) if ends else n
+        return self._hot.prefix_hits(self.store._h, keys)
 
     def _promote(self, ck: bytes, key: OffloadKey) -> LookupResult:
         """Host miss: if the file tier holds the chunk, read it into a fresh
@@ -301,47 +272,33 @@ class KvoffloadOffloadingManager(OffloadingManager):
             if c["result"] != 0:
                 self._names.pop(ck, None)
 
-    def _spec(self, buf: bytes, n: int, idx: Optional[list[int]] = None) -> KvoffloadLoadStoreSpec:
-        slots = np.frombuffer(memoryview(self._slots), dtype=np.uint64, count=2 * n)[0::2]
-        groups = np.frombuffer(buf, dtype=KEY_DTYPE)["group"]
-        if idx is None:
-            return KvoffloadLoadStoreSpec(slots.copy(), groups.copy())
-        return KvoffloadLoadStoreSpec(slots[idx], groups[idx])
-
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
-        keys = list(keys)
-        n = len(keys)
-        if n == 0:
-            return KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32))
-        self._ensure(n)
-        buf = self._cbytes(keys)
-        self._call(L.lib.kvo_store_prepare_load(self.store._h, buf, n, self._slots), "kvo_store_prepare_load")
-        return self._spec(buf, n)
+        offsets, groups = self._hot.prepare_load(self.store._h, keys)  # writable bytearrays, key order
+        return KvoffloadLoadStoreSpec(np.frombuffer(offsets, np.uint64), np.frombuffer(groups, np.uint32))
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if keys:
-            keys = list(keys)
-            self._call(L.lib.kvo_store_touch(self.store._h, self._cbytes(keys), len(keys)), "kvo_store_touch")
+        self._hot.touch(self.store._h, keys)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        if keys:
-            keys = list(keys)
-            self._call(L.lib.kvo_store_complete_load(self.store._h, self._cbytes(keys), len(keys)),
-                       "kvo_store_complete_load")
+        self._hot.complete_load(self.store._h, keys)
 
-    def _on_evicted(self, ev: Any, evs: Any, m: int) -> list[OffloadKey]:
+    def _on_evicted(self, ev: int, evs: int, m: int) -> list[OffloadKey]:
+        """The OffloadKeys of m evicted records (kvo_chunk_key at address ev,
+        their old kvo_slot at evs), dropped from _names; write-back writes
+        them."""
         if m == 0:
             return []
-        raw = ctypes.string_at(ev, 24 * m)
-        names = self._names
-        out = []
-        for i in range(0, 24 * m, 24):
-            x = names.pop(raw[i:i + 24], None)
-            if x is not None:
-                out.append(x)
-        if self.file_tier is not None and (self._retry or self.file_mode == "write_back"):
-            self._write_evicted(raw, np.frombuffer(ctypes.string_at(evs, 16 * m), dtype=np.uint64)[0::2], 0)
+        out = self._hot.forget(self._names, ev, m)
+        self._evicted_slots(ctypes.string_at(ev, 24 * m), np.frombuffer(ctypes.string_at(evs, 16 * m), np.uint64)[0::2])
         return out
+
+    def _evicted_slots(self, raw: bytes, offs: Any) -> None:
+        """Evicted records (raw, 24 bytes each) whose old slots (arena
+        offsets offs) are about to be reused: with a file tier, write-back
+        writes them, and write-through writes those still waiting for a
+        retry (_write_evicted)."""
+        if raw and self.file_tier is not None and (self._retry or self.file_mode == "write_back"):
+            self._write_evicted(raw, offs, 0)
 
     def _write_evicted(self, raw: bytes, offs: np.ndarray, base: int) -> None:
         """Slots about to be reused (evicted from the host tier, or from
@@ -417,44 +374,26 @@ class KvoffloadOffloadingManager(OffloadingManager):
             return PrepareStoreOutput([], KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32)),
                                       [])
         self._sc["offered"] += n
-        buf = self._cbytes(keys)
         if self._staged:  # keys being stored through the staging area count as present
+            buf = self._cbytes(keys)
             keep = [i for i in range(n) if buf[24 * i:24 * i + 24] not in self._staged]
             if len(keep) < n:
-                keys, buf, n = [keys[i] for i in keep], b"".join(buf[24 * i:24 * i + 24] for i in keep), len(keep)
+                keys, n = [keys[i] for i in keep], len(keep)
                 if n == 0:
                     return PrepareStoreOutput([], KvoffloadLoadStoreSpec(np.zeros(0, np.uint64),
                                                                          np.zeros(0, np.uint32)), [])
-        self._ensure(n)
-        while True:
-            cap = len(self._ev)
-            rc = L.lib.kvo_store_prepare_store(self.store._h, buf, n, self._need, self._slots, self._ev, self._evs,
-                                               cap, ctypes.byref(self._nev))
-            if rc == L.KVO_ERANGE and self._nev.value > cap:
-                self._ev = (L.ChunkKey * self._nev.value)()
-                self._evs = (L.Slot * self._nev.value)()
-                continue
-            break
-        if rc == L.KVO_ENOSPC:
+        # one C call (kvoffload._hot): pack the keys, kvo_store_prepare_store
+        # (the evicted buffer grown on KVO_ERANGE), the names of the keys to
+        # store recorded and of the evicted ones dropped; None: KVO_ENOSPC
+        r = self._hot.prepare_store(self.store._h, keys, self._names)
+        if r is None:
             if self._stage is None:
                 self._sc["rejected"] += n
                 return None
-            return self._prepare_split(keys, buf)
-        self._call(rc, "kvo_store_prepare_store")
-        evicted = self._on_evicted(self._ev, self._evs, self._nev.value)
-        need = bytes(self._need)[:n]
-        names = self._names
-        if need.count(1) == n:
-            idx = None
-            to_store = keys
-            for i in range(n):
-                names[buf[24 * i:24 * i + 24]] = keys[i]
-        else:
-            idx = [i for i in range(n) if need[i]]
-            to_store = [keys[i] for i in idx]
-            for i in idx:
-                names[buf[24 * i:24 * i + 24]] = keys[i]
-        spec = self._spec(buf, n, idx)
+            return self._prepare_split(keys, self._cbytes(keys))
+        buf, to_store, idx, offsets, groups, evicted, ev_recs, ev_offs = r
+        self._evicted_slots(ev_recs, np.frombuffer(ev_offs, np.uint64))
+        spec = KvoffloadLoadStoreSpec(np.frombuffer(offsets, np.uint64), np.frombuffer(groups, np.uint32))
         if self.file_tier is not None or self.remote_tier is not None:
             for j, i in enumerate(range(n) if idx is None else idx):
                 self._pending[buf[24 * i:24 * i + 24]] = int(spec.offsets[j])
@@ -571,18 +510,19 @@ class KvoffloadOffloadingManager(OffloadingManager):
             keys, buf = self._complete_staged(keys, buf, success)
             if not keys:
                 return
-        rc = L.lib.kvo_store_complete_store(self.store._h, buf, len(keys), success)
+        rc = self._hot.complete_store(self.store._h, buf, success)
         if rc == L.KVO_ESTATE:
             keys, buf = self._filter_pending(keys, buf)
             if not keys:
                 return
-            rc = L.lib.kvo_store_complete_store(self.store._h, buf, len(keys), success)
+            rc = self._hot.complete_store(self.store._h, buf, success)
         self._call(rc, "kvo_store_complete_store")
-        recs = [buf[i:i + 24] for i in range(0, len(buf), 24)]
+        tiers = self.file_tier is not None or self.remote_tier is not None
+        recs = [buf[i:i + 24] for i in range(0, len(buf), 24)] if tiers or not success else []
         if not success:
             for r in recs:
                 self._names.pop(r, None)
-        if self.file_tier is not None or self.remote_tier is not None:
+        if tiers:
             offs = [self._pending.pop(r, 0) for r in recs]
             if success and self.arena is not None:
                 self._write_lower(recs, offs, False)
