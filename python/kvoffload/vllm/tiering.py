@@ -68,6 +68,7 @@ EXISTS pipeline at on_schedule_end; answers are kept answer_ttl_ms (default
 from __future__ import annotations
 
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -86,6 +87,18 @@ from .compat import offloading_event
 
 _HIT, _MISS, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 _ACCEPTED = (0, L.KVO_EEXIST)
+
+
+# tiers alive in this process (weak: vLLM owns them)
+_LIVE: "weakref.WeakSet[_KvoSecondaryTier]" = weakref.WeakSet()
+
+
+def live_stats() -> list[dict[str, Any]]:
+    """kvoffload's counters of the secondary tiers alive in this process
+    (vLLM's scheduler when VLLM_ENABLE_V1_MULTIPROCESSING=0): one dict per
+    tier, its FileTier / RemoteTier stats and "type" (the tier type).  For
+    tests and benchmarks."""
+    return [{"type": t.tier_type, **t.stats()} for t in list(_LIVE) if t.tier is not None]
 
 
 def tier_layout_hash(spec: Any, row_bytes: int) -> int:
@@ -168,6 +181,7 @@ class _KvoSecondaryTier(SecondaryTierManager):
         self._writing: dict[tuple[int, int], OffloadKey] = {}   # events: kvo key -> OffloadKey, write queued
         self._next_ud = 1
         self.tier: Any = None
+        _LIVE.add(self)
 
     # -- the tier's calls (subclasses)
     def _write(self, ckeys: np.ndarray, srcs: np.ndarray) -> np.ndarray:
@@ -508,4 +522,4 @@ class KvoffloadRedisTier(_KvoSecondaryTier):
         return self.tier.get(ckeys, dsts, uds)
 
 
-__all__ = ["KvoffloadFileTier", "KvoffloadRedisTier", "tier_layout_hash"]
+__all__ = ["KvoffloadFileTier", "KvoffloadRedisTier", "live_stats", "tier_layout_hash"]
