@@ -399,3 +399,88 @@ def test_tiering_through_vllms_scheduler_and_connector(sim, tmp_path):
         assert e.loaded_blocks_checked > 0
     finally:
         e.shutdown()
+
+
+# ------------------------------------- KV events through vLLM's connector --
+
+def _events_engine(sim, kind, tmp_path):
+    if kind == "kvoffload_spec":
+        extra = {"spec_name": "KvoffloadOffloadingSpec", "spec_module_path": "kvoffload.vllm",
+                 "cpu_bytes_to_use": 6 * 8192, "blocks_per_chunk": 2}
+    else:
+        extra = {"spec_name": "CpuTieringOffloadingSpec", "spec_module_path": "tiering_shim",
+                 "cpu_bytes_to_use": 6 * 8192, "blocks_per_chunk": 2,
+                 "secondary_tiers": [file_tier_cfg(tmp_path / "f", capacity=64 << 20, enable_kv_events=True)]}
+    sys.path.insert(0, os.path.join(HERE, "e2e"))
+    try:
+        return sim.Engine(extra, num_blocks=24, engine_id=f"kvo-ev-{kind}-{os.getpid()}", kv_events=True)
+    finally:
+        sys.path.remove(os.path.join(HERE, "e2e"))
+
+
+@pytest.mark.parametrize("kind", ["kvoffload_spec", "tiering_file"])
+def test_kv_events_through_vllms_connector(sim, kind, tmp_path):
+    """vLLM's KV cache events on (vLLM 0.32 and 0.33 alike): the offloading
+    events of kvoffload's spec, or of vLLM's tiering with kvoffload's file
+    tier, pass through vLLM's own event tracker (the connector's
+    take_events) as BlockStored / BlockRemoved: chunks stored in host memory
+    (CPU) and, with the tier, in the files (STORAGE, after the CPU copy);
+    host evictions removed, and never a hash that was not stored."""
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+    e = _events_engine(sim, kind, tmp_path)
+    log = []   # vLLM's scheduler drains the connector's events every step: record them on the way
+    orig = e.connector.take_events
+
+    def recording():
+        evs = list(orig())
+        log.extend(evs)
+        return evs
+
+    e.connector.take_events = recording
+    try:
+        import random
+        rng = random.Random(7)
+        stored: dict[str, set] = {"CPU": set(), "STORAGE": set()}
+        removed: dict[str, set] = {"CPU": set(), "STORAGE": set()}
+        owners = set()
+
+        def drain():
+            if kind == "tiering_file":
+                tier = e.connector.scheduler.manager.secondary_tiers[0]
+                tier.tier.flush(5000)
+                for _ in range(100):
+                    e.step()   # the manager polls the tier: its write completions become events
+                    if not tier._writing:
+                        break
+                    time.sleep(0.005)
+            e.step()
+            evs = log[:]
+            del log[:]
+            for ev in evs:
+                if isinstance(ev, BlockStored):
+                    stored[ev.medium].update(ev.block_hashes)
+                    if getattr(ev, "ownership", None):
+                        owners.add(ev.ownership)
+                elif isinstance(ev, BlockRemoved):
+                    removed[ev.medium].update(ev.block_hashes)
+
+        p1 = [rng.randrange(1000) for _ in range(160)]
+        e.add("a", p1 + [1] * 8)
+        e.run()
+        drain()
+        first = set(stored["CPU"])
+        assert len(first) >= 5, stored   # p1's 10 blocks: 5 chunks of 2
+        for i in range(3):               # push p1 out of host memory
+            e.add(f"f{i}", [rng.randrange(1000) for _ in range(200)])
+            e.run()
+            drain()
+        assert removed["CPU"] & first, "no host eviction was announced"
+        assert removed["CPU"] <= stored["CPU"] and removed["STORAGE"] == set()
+        if kind == "tiering_file":
+            assert first <= stored["STORAGE"] <= stored["CPU"], (len(first), len(stored["STORAGE"]))
+            if "ownership" in EVENT_FIELDS:
+                assert owners == {"KvoffloadFileTier"}
+        else:
+            assert stored["STORAGE"] == set()
+    finally:
+        e.shutdown()
