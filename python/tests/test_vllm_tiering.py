@@ -107,6 +107,29 @@ def loaded_bytes(m, key, rc):
     return b
 
 
+def stored(tiers, n, **kw):
+    """vLLM's tiering over tiers with n chunks stored and cascaded (a request
+    open): (manager, first secondary tier, request context, keys, bytes)."""
+    _, m = tiering(tiers, **kw)
+    tier = m.secondary_tiers[0]
+    rc = ReqContext("r1")
+    m.on_new_request(rc)
+    a = keys_of(1, n)
+    data = store(m, a, rc, seed=1)
+    settle(m, tier)
+    return m, tier, rc, a, data
+
+
+def finished(tier, rounds=2000):
+    """The tier's next non-empty batch of job results."""
+    for _ in range(rounds):
+        got = list(tier.get_finished_jobs())
+        if got:
+            return got
+        time.sleep(0.002)
+    raise AssertionError("no job finished")
+
+
 def evict_all(m, rc, seed):
     """Fill the primary tier with other chunks (the first ones are evicted)."""
     n = m.primary_tier._num_chunks
@@ -117,15 +140,9 @@ def evict_all(m, rc, seed):
 # ------------------------------------------------------------------ file tier --
 
 def test_file_tier_promotes_byte_exact_after_primary_eviction(tmp_path):
-    spec, m = tiering([file_tier_cfg(tmp_path / "f")])
-    tier = m.secondary_tiers[0]
+    m, tier, rc, a, data = stored([file_tier_cfg(tmp_path / "f")], 4)
     assert isinstance(tier, KvoffloadFileTier) and tier.medium is Medium.STORAGE
     try:
-        rc = ReqContext("r1")
-        m.on_new_request(rc)
-        a = keys_of(1, 4)
-        data = store(m, a, rc, seed=1)
-        settle(m, tier)
         assert tier.stats()["writes"] == 4
         evict_all(m, rc, seed=50)
         assert [m.primary_tier.lookup(k, rc) for k in a] == [LookupResult.MISS] * 4
@@ -144,14 +161,8 @@ def test_file_tier_promotes_byte_exact_after_primary_eviction(tmp_path):
 
 
 def test_file_tier_corrupt_value_is_a_miss_never_wrong_bytes(tmp_path):
-    spec, m = tiering([file_tier_cfg(tmp_path / "f")])
-    tier = m.secondary_tiers[0]
+    m, tier, rc, a, _ = stored([file_tier_cfg(tmp_path / "f")], 2)
     try:
-        rc = ReqContext("r1")
-        m.on_new_request(rc)
-        a = keys_of(1, 2)
-        store(m, a, rc, seed=1)
-        settle(m, tier)
         evict_all(m, rc, seed=50)
         n = 0
         for d, _, files in os.walk(tier.tier.dir):
@@ -214,26 +225,14 @@ def test_tier_job_results_carry_bytes_and_time(tmp_path):
         tier.tier.flush(5000)
         tier.submit_load(TransferJob(job_id=8, keys=keys, chunk_ids=np.array([3, 2]), is_promotion=True,
                                      req_context=rc))
-        got = []
-        for _ in range(2000):
-            got += list(tier.get_finished_jobs())
-            if got:
-                break
-            time.sleep(0.002)
-        (res,) = got
+        (res,) = finished(tier)
         assert res.job_id == 8 and res.success and res.successful_keys is None
         assert res.transfer_bytes == 2 * ROW and res.transfer_time > 0
         assert np.array_equal(r[3], r[0]) and np.array_equal(r[2], r[1])
         # a load of a key the tier never held fails, and its row is not reported
         tier.submit_load(TransferJob(job_id=9, keys=[keys[0], keys_of(4, 1)[0]], chunk_ids=np.array([2, 3]),
                                      is_promotion=True, req_context=rc))
-        got = []
-        for _ in range(2000):
-            got += list(tier.get_finished_jobs())
-            if got:
-                break
-            time.sleep(0.002)
-        (res,) = got
+        (res,) = finished(tier)
         assert not res.success and list(res.successful_keys) == [keys[0]] and res.transfer_bytes == ROW
         with pytest.raises(Exception):  # chunk ids outside the primary rows are refused before C sees them
             tier.submit_store(TransferJob(job_id=10, keys=keys[:1], chunk_ids=np.array([len(r)]),
@@ -246,14 +245,8 @@ def test_tier_job_results_carry_bytes_and_time(tmp_path):
 def test_file_tier_events(tmp_path):
     """enable_kv_events: one stored event per chunk that reached the files,
     from take_events of vLLM's manager, with the fields this vLLM has."""
-    spec, m = tiering([file_tier_cfg(tmp_path / "f", enable_kv_events=True)], events=True)
-    tier = m.secondary_tiers[0]
+    m, tier, rc, a, _ = stored([file_tier_cfg(tmp_path / "f", enable_kv_events=True)], 3, events=True)
     try:
-        rc = ReqContext("r1")
-        m.on_new_request(rc)
-        a = keys_of(1, 3)
-        store(m, a, rc, seed=1)
-        settle(m, tier)
         for _ in range(100):  # the write completions
             tier.get_finished_jobs()
             if tier.events:
@@ -334,15 +327,8 @@ def test_redis_tier_shares_chunks_between_engines():
 
 
 def test_redis_tier_events_on_acknowledged_puts():
-    cfg = redis_tier_cfg("tier-events", enable_kv_events=True)
-    _, m = tiering([cfg], events=True)
-    tier = m.secondary_tiers[0]
+    m, tier, rc, a, _ = stored([redis_tier_cfg("tier-events", enable_kv_events=True)], 2, events=True)
     try:
-        rc = ReqContext("r")
-        m.on_new_request(rc)
-        a = keys_of(1, 2)
-        store(m, a, rc, seed=1)
-        settle(m, tier)
         for _ in range(200):
             tier.get_finished_jobs()
             if tier.events and sum(len(e.keys) for e in tier.events) == 2:
