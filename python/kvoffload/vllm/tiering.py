@@ -44,8 +44,9 @@ reads and verifies a value straight into the primary row, and a key whose
 read fails (absent, evicted since the lookup, corrupt: the tier deletes it)
 is reported failed (JobResult.successful_keys holds the others), so vLLM
 recomputes it.  Stores that find the staging memory full (KVO_EAGAIN) are
-retried on the next polls while vLLM keeps the rows pinned, up to
-store_retry_ms, then dropped (the job fails; nothing wrong is stored).
+retried on the next polls while vLLM keeps the rows pinned and the tier
+still has writes in flight (up to store_retry_ms, 30000), then dropped (the
+job fails; nothing wrong is stored).
 
 vLLM's metrics: each JobResult carries transfer_bytes (payload moved) and
 transfer_time (loads: from queueing to the last read's completion, the
@@ -86,7 +87,6 @@ from ..core import PENDING, READY, FileTier, RemoteTier, warn_if_url_has_passwor
 from .compat import offloading_event
 
 _HIT, _MISS, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
-_ACCEPTED = (0, L.KVO_EEXIST)
 
 
 # tiers alive in this process (weak: vLLM owns them)
@@ -146,7 +146,7 @@ class _KvoSecondaryTier(SecondaryTierManager):
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: Any = None, enable_kv_events: bool = False,
-                 locality: Optional[str] = None, store_retry_ms: int = 1000, load_timeout_ms: int = 30000) -> None:
+                 locality: Optional[str] = None, store_retry_ms: int = 30000, load_timeout_ms: int = 30000) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         rows = np.asarray(primary_kv_view)
         if rows.ndim != 2 or rows.dtype.itemsize != 1 or not rows.flags.c_contiguous or not rows.flags.writeable:
@@ -267,13 +267,23 @@ class _KvoSecondaryTier(SecondaryTierManager):
                                     transfer_time=st.seconds, transfer_bytes=st.nbytes))
 
     def _retry_stores(self, force: bool = False) -> None:
+        """Queue again what found no room.  A store waits while the tier has
+        writes in flight (they drain: room comes), whatever the time between
+        vLLM's steps; it is dropped when the tier refuses it with nothing in
+        flight (its own back-pressure: latency limit, a value larger than
+        staging), at store_retry_ms, or when forced (drain)."""
         now = time.monotonic()
+        idle: Optional[bool] = None
         for job in list(self._stores):
             st = self._stores[job]
             self._try_store(st)
-            if not len(st.todo) or force or now > st.deadline:
-                del self._stores[job]
-                self._finish_store(st)
+            if len(st.todo) and not force and now <= st.deadline:
+                if idle is None:
+                    idle = int(self.tier.stats().get("pending_writes", 0)) == 0
+                if not idle:
+                    continue
+            del self._stores[job]
+            self._finish_store(st)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)

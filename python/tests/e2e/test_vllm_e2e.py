@@ -150,7 +150,11 @@ def test_real_engine_vllm_tiering_with_kvoffload_tiers(model, tiers, model_root,
                                          "url": f"redis://{redis_or_skip()}",
                                          "key_prefix": f"e2e-tier-{os.getpid()}-{model}"})
     r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path)
-    check_like_with_like(r)
+    try:
+        check_like_with_like(r)
+    except AssertionError as e:   # say what the tiers and vLLM's tiering counted
+        tiering = {k: v for k, v in r["after"].items() if "tiering" in k}
+        raise AssertionError(f"{e}\ntiers: {r['kvo']['tiers']}\nvLLM: {tiering}") from None
     check_vllm_counted_loads(r)
     assert r["kvo"]["manager"] == [] and r["kvo"]["worker"] == []   # not kvoffload's spec
     by_type = {t["type"]: t for t in r["kvo"]["tiers"]}
