@@ -8,7 +8,12 @@ the same for a second turn of the conversation.  Asserted: vLLM counted
 external prefix-cache hits, vLLM's kv_offload byte and time counters and
 kvoffload's own loaded bytes moved, the tier under test served the loads,
 and the loaded answers are bit-identical (tokens and top-5 logprobs) to
-the device-cache answers (scenario.py says why that is like with like)."""
+the device-cache answers (scenario.py says why that is like with like).
+The same for vLLM's own TieringOffloadingSpec with kvoffload's file and
+Redis tiers as its secondary tiers (vLLM's CPU tier refuses the CPU
+platform, so tiering_shim.py, test only, replaces its copy worker), where
+vLLM's kv_offload_tiering_* counters must have counted the tiers' bytes and
+times."""
 from __future__ import annotations
 
 import json
@@ -159,6 +164,9 @@ def test_real_engine_vllm_tiering_with_kvoffload_tiers(model, tiers, model_root,
         tiering = {k: v for k, v in r["after"].items() if "tiering" in k}
         raise AssertionError(f"{e}\ntiers: {r['kvo']['tiers']}\nvLLM: {tiering}") from None
     check_vllm_counted_loads(r)
+    after = r["after"]   # vLLM counted the tiers' JobResult bytes and times
+    for what in ("read_bytes", "read_time", "write_bytes", "write_time"):
+        assert after.get(f"vllm:kv_offload_tiering_{what}", 0) > 0, what
     assert r["kvo"]["manager"] == [] and r["kvo"]["worker"] == []   # not kvoffload's spec
     by_type = {t["type"]: t for t in r["kvo"]["tiers"]}
     assert len(by_type) == len(extra["secondary_tiers"])
