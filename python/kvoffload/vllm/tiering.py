@@ -242,7 +242,8 @@ class _KvoSecondaryTier(SecondaryTierManager):
         else:
             self._finish_store(st)
 
-    def _try_store(self, st: _Store) -> None:
+    def _try_store(self, st: _Store) -> int:
+        """Queue st's remaining writes; how many the tier took now."""
         idx = st.todo
         if self.events is not None:
             for i in idx:
@@ -261,6 +262,7 @@ class _KvoSecondaryTier(SecondaryTierManager):
         if accepted.any():
             self._on_stored([st.keys[i] for i in idx[accepted]], st.ckeys[idx[accepted]], r[accepted])
         st.todo = idx[again]
+        return int(np.count_nonzero(accepted))
 
     def _finish_store(self, st: _Store) -> None:
         self._done.append(JobResult(job_id=st.job_id, success=not st.failed and not len(st.todo),
@@ -273,15 +275,14 @@ class _KvoSecondaryTier(SecondaryTierManager):
         flight (its own back-pressure: latency limit, a value larger than
         staging), at store_retry_ms, or when forced (drain)."""
         now = time.monotonic()
-        idle: Optional[bool] = None
         for job in list(self._stores):
             st = self._stores[job]
-            self._try_store(st)
-            if len(st.todo) and not force and now <= st.deadline:
-                if idle is None:
-                    idle = int(self.tier.stats().get("pending_writes", 0)) == 0
-                if not idle:
-                    continue
+            # read before the retry: a write that lands during it must not
+            # make a refusal look like one with nothing in flight
+            idle = int(self.tier.stats().get("pending_writes", 0)) == 0
+            took = self._try_store(st)
+            if len(st.todo) and not force and now <= st.deadline and not (idle and took == 0):
+                continue
             del self._stores[job]
             self._finish_store(st)
 
@@ -408,13 +409,15 @@ class _KvoSecondaryTier(SecondaryTierManager):
 class KvoffloadFileTier(_KvoSecondaryTier):
     """kvoffload's file tier as a vLLM secondary tier (see module doc).
     Config: root_dir, capacity_bytes (required), eviction_policy ("lru"),
-    io_threads, shared, file_mode, enable_kv_events, locality."""
+    io_threads, shared, file_mode, max_staging_bytes (64 MiB: memory for
+    queued writes), enable_kv_events, locality."""
 
     medium: ClassVar[Medium] = Medium.STORAGE
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  root_dir: str = "", capacity_bytes: int = 0, eviction_policy: str = "lru", io_threads: int = 0,
-                 shared: bool = False, file_mode: int = 0, backpressure_detector: Any = None, **kw: Any) -> None:
+                 shared: bool = False, file_mode: int = 0, max_staging_bytes: int = 0,
+                 backpressure_detector: Any = None, **kw: Any) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector, **kw)
         if not isinstance(root_dir, str) or not root_dir:
             raise L.KvoError(L.KVO_EINVAL, f"{tier_type}: give root_dir (the directory of the files)", tier_type)
@@ -423,7 +426,8 @@ class KvoffloadFileTier(_KvoSecondaryTier):
                              f"{self.row_bytes} bytes; give the bytes of files to keep (at least that)", tier_type)
         self.tier = FileTier(root_dir, self.plan, int(capacity_bytes), policy=str(eviction_policy),
                              io_threads=int(io_threads), shared=bool(shared), layout_hash=self.layout,
-                             write_completions=self.events is not None, file_mode=int(file_mode))
+                             write_completions=self.events is not None, file_mode=int(file_mode),
+                             max_staging_bytes=int(max_staging_bytes))
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         st = int(self.tier.lookup(self.ckeys([key]))[0])
