@@ -177,7 +177,8 @@ def test_real_engine_vllm_tiering_with_kvoffload_tiers(model, tiers, model_root,
     else:
         t = by_type["KvoffloadRedisTier"]
         assert f["evictions"] > 0 and f["bytes_used"] <= file_bytes, f
-        assert t["puts"] > 0 and t["gets"] > 0 and t["get_bytes"] > 0 and t["exists_hits"] > 0, t
+        # (no EXISTS needed where this engine's own puts marked the keys present)
+        assert t["puts"] > 0 and t["gets"] > 0 and t["get_bytes"] > 0, t
     fails = {k.split(":")[1]: v for k, v in r["after"].items() if "tiering" in k and "failures" in k and v}
     print(f"{model}/{tiers}: startup {r['startup_s']:.1f} s, run {r['total_s']:.1f} s, "
           f"external hits {r['after']['vllm:external_prefix_cache_hits']:.0f} tokens, "
