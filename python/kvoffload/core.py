@@ -256,8 +256,8 @@ def _poll_completions(h: Optional[int], func: str, t: type, cap: int) -> list[di
     buf = (t * cap)()
     n = ctypes.c_size_t(0)
     check(getattr(lib, func)(h, buf, cap, byref(n)), func)
-    return [{"user_data": c.user_data, "group": c.key.group, "op": c.op, "result": c.result, "bytes": c.bytes}
-            for c in buf[:n.value]]
+    return [{"user_data": c.user_data, "group": c.key.group, "op": c.op, "result": c.result, "bytes": c.bytes,
+             "latency_ns": c.latency_ns, "key": (c.key.hash.lo, c.key.hash.hi)} for c in buf[:n.value]]
 
 
 def _wait(h: Optional[int], func: str, timeout_ms: int) -> int:
@@ -744,18 +744,21 @@ class RemoteTier(_Handle):
     url: redis://[user:pass@]host:port[,host:port...] (seed nodes).  Values
     are verified on every get (a corrupt or foreign value is a miss).  put,
     get and exists queue and return per-key results at once (0 queued); get
-    and exists each give one completion (poll).  Raises KvoError with
+    and exists each give one completion (poll), and put too with
+    write_completions.  Raises KvoError with
     KVO_ENOTSUP when the library was built without hiredis."""
 
     _destroy = "kvo_remote_tier_destroy"
 
     def __init__(self, url: str, plan: Plan, key_prefix: str = "kvo", layout_hash: int = 0, ttl_s: int = 0,
                  io_threads: int = 0, user: Optional[str] = None, password: Optional[str] = None,
-                 io_timeout_ms: int = 0, max_pending_reads: int = 0, max_pending_writes: int = 0) -> None:
+                 io_timeout_ms: int = 0, max_pending_reads: int = 0, max_pending_writes: int = 0,
+                 write_completions: bool = False) -> None:
         need("url", url, str)
         need("plan", plan, Plan)
         p = lib.kvo_remote_tier_default_params()
         p.plan = plan._h
+        p.write_completions = bool(write_completions)
         set_fields(p, layout_hash=layout_hash, ttl_s=ttl_s)
         for name, v in (("io_threads", io_threads), ("io_timeout_ms", io_timeout_ms),
                         ("max_pending_reads", max_pending_reads), ("max_pending_writes", max_pending_writes)):

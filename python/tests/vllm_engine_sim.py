@@ -15,7 +15,8 @@ import time
 import numpy as np
 import torch
 
-from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig, ModelConfig, SchedulerConfig,
+                         VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 from vllm.sampling_params import SamplingParams
@@ -46,12 +47,13 @@ def tiny_model_dir() -> str:
 
 class Engine:
     def __init__(self, extra: dict, num_blocks: int = 48, engine_id: str = "kvo-sim",
-                 fake_worker: bool = False, sliding_window: int = 0) -> None:
+                 fake_worker: bool = False, sliding_window: int = 0, kv_events: bool = False) -> None:
         """fake_worker: no KV copies; every transfer job reports done at once
         (for specs whose worker needs a GPU, e.g. vLLM's CPUOffloadingSpec).
         sliding_window: a hybrid model instead: layer 0 full attention (group
         0), layer 1 sliding window (group 1), overlaid on one tensor as vLLM's
-        hybrid allocator does."""
+        hybrid allocator does.  kv_events: vLLM's KV cache events on (null
+        publisher; the connector's take_events)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         mc = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float16", max_model_len=2048)
         self.vc = VllmConfig(
@@ -60,7 +62,9 @@ class Engine:
             scheduler_config=SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=2048,
                                              is_encoder_decoder=False),
             kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                                engine_id=engine_id, kv_connector_extra_config=dict(extra)))
+                                                engine_id=engine_id, kv_connector_extra_config=dict(extra)),
+            **({"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null")} if kv_events
+               else {}))
         self.spec_attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float16)
         self.page = self.spec_attn.page_size_bytes
         self.num_blocks = num_blocks

@@ -9,6 +9,9 @@ The package (the import path vLLM is given, spec_module_path
   worker.py   worker side: KvoffloadOffloadingWorker (copies with the
               transfer engine)
   spec.py     KvoffloadOffloadingSpec, the factory vLLM instantiates
+  tiering.py  KvoffloadFileTier and KvoffloadRedisTier: kvoffload's file and
+              Redis Cluster tiers as secondary tiers of vLLM's own
+              TieringOffloadingSpec (vLLM's CPU primary tier stays)
   compat.py   what differs between the vLLM versions, by feature detection
 
 Use with vLLM's OffloadingConnector:
@@ -63,6 +66,7 @@ Other keys: kvo_redis_ttl_s (values expire; 0: the server's LRU),
 kvo_redis_io_threads.  The password comes from the URL or from
 KVO_REDIS_PASSWORD (never from the config, which vLLM logs).
 """
+from .compat import HAS_TIERING
 from .config import KvoffloadLoadStoreSpec, arena_name, build_plan, layout_hash
 from .manager import KvoffloadOffloadingManager
 from .spec import KvoffloadOffloadingSpec
@@ -70,3 +74,7 @@ from .worker import KvoffloadOffloadingWorker
 
 __all__ = ["KvoffloadLoadStoreSpec", "KvoffloadOffloadingManager", "KvoffloadOffloadingSpec",
            "KvoffloadOffloadingWorker", "arena_name", "build_plan", "layout_hash"]
+
+if HAS_TIERING:  # vLLM's tiering spec (0.32 and 0.33 have it); module_path "kvoffload.vllm.tiering"
+    from .tiering import KvoffloadFileTier, KvoffloadRedisTier
+    __all__ += ["KvoffloadFileTier", "KvoffloadRedisTier"]

@@ -13,10 +13,17 @@ version string, so a build in between or a backport works by what it has:
                     store there, so neither does kvoffload.
   expedited loads   OffloadingWorker.submit_load(..., expedited) exists in
                     0.33 only; the worker takes it with a default.
+  event fields      OffloadingEvent's locality, ownership (the secondary
+                    tier that stored a chunk) and metadata_only are passed
+                    only where vLLM's dataclass has them (offloading_event).
+  tiering           vllm.v1.kv_offload.tiering (TieringOffloadingSpec and
+                    its SecondaryTierManager) is found by import
+                    (HAS_TIERING); kvoffload.vllm.tiering needs it.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from typing import Any, Optional
 
 from vllm.v1.kv_offload.base import OffloadingEvent
@@ -28,7 +35,18 @@ def _fields(cls: type) -> frozenset[str]:
 
 
 GROUP_HAS_WINDOW = "sliding_window_size_in_chunks" in _fields(OffloadingGroupConfig)
-EVENT_HAS_METADATA_ONLY = "metadata_only" in _fields(OffloadingEvent)
+EVENT_FIELDS = _fields(OffloadingEvent)
+EVENT_HAS_METADATA_ONLY = "metadata_only" in EVENT_FIELDS
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+HAS_TIERING = _has_module("vllm.v1.kv_offload.tiering.base")
 
 
 def window_chunks(group: Any) -> Optional[int]:
@@ -43,3 +61,10 @@ def failed_store_event(keys: list[Any], medium: Any) -> Optional[OffloadingEvent
     if not EVENT_HAS_METADATA_ONLY:
         return None
     return OffloadingEvent(keys=keys, medium=medium, removed=True, metadata_only=True)
+
+
+def offloading_event(keys: list[Any], medium: Any, removed: bool, **optional: Any) -> OffloadingEvent:
+    """An OffloadingEvent with the optional fields (locality, ownership,
+    ...) that this vLLM's dataclass has; the others are left out."""
+    return OffloadingEvent(keys=keys, medium=medium, removed=removed,
+                           **{k: v for k, v in optional.items() if k in EVENT_FIELDS})

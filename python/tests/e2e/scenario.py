@@ -95,8 +95,16 @@ def metrics() -> dict[str, float]:
 
 
 def kvo_stats() -> dict[str, Any]:
+    """kvoffload's spec's managers and workers, and kvoffload's secondary
+    tiers under vLLM's tiering spec ("tiers")."""
     from kvoffload.vllm.spec import live_stats
-    return live_stats()
+    out = live_stats()
+    try:
+        from kvoffload.vllm.tiering import live_stats as tier_stats
+    except ImportError:  # a vLLM without tiering
+        return out
+    out["tiers"] = tier_stats()
+    return out
 
 
 def tokens(rng: random.Random, n: int, vocab: int) -> list[int]:

@@ -8,7 +8,12 @@ the same for a second turn of the conversation.  Asserted: vLLM counted
 external prefix-cache hits, vLLM's kv_offload byte and time counters and
 kvoffload's own loaded bytes moved, the tier under test served the loads,
 and the loaded answers are bit-identical (tokens and top-5 logprobs) to
-the device-cache answers (scenario.py says why that is like with like)."""
+the device-cache answers (scenario.py says why that is like with like).
+The same for vLLM's own TieringOffloadingSpec with kvoffload's file and
+Redis tiers as its secondary tiers (vLLM's CPU tier refuses the CPU
+platform, so tiering_shim.py, test only, replaces its copy worker), where
+vLLM's kv_offload_tiering_* counters must have counted the tiers' bytes and
+times."""
 from __future__ import annotations
 
 import json
@@ -58,16 +63,28 @@ def check_like_with_like(r: dict) -> None:
         assert b["logprobs"] == a["logprobs"], f"{loaded}: top-k logprobs differ from the device-cache answer"
 
 
-def check_loaded_through_kvoffload(r: dict) -> dict:
+def check_vllm_counted_loads(r: dict) -> None:
     before, after = r["before"], r["after"]
     ext = after["vllm:external_prefix_cache_hits"] - before.get("vllm:external_prefix_cache_hits", 0.0)
     assert ext > 0, "vLLM counted no external prefix-cache hit after eviction"
     assert after["vllm:kv_offload_load_bytes"] > 0 and after["vllm:kv_offload_store_bytes"] > 0
     assert after["vllm:kv_offload_load_time"] > 0 and after["vllm:kv_offload_store_time"] > 0
+
+
+def check_loaded_through_kvoffload(r: dict) -> dict:
+    check_vllm_counted_loads(r)
+    after = r["after"]
     (w,) = r["kvo"]["worker"]
     assert w["bytes_loaded"] == after["vllm:kv_offload_load_bytes"] and w["jobs_failed"] == 0
     (m,) = r["kvo"]["manager"]
     return m
+
+
+def redis_or_skip() -> str:
+    redis = os.environ.get("KVO_TEST_REDIS")
+    if not redis:
+        pytest.skip("KVO_TEST_REDIS not set (tools/test-vllm-e2e.sh starts a Redis Cluster)")
+    return redis
 
 
 # each model's host run first: it measures what the small host tiers are sized by
@@ -88,9 +105,7 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
     if tiers == "small_host_file":
         extra.update(kvo_file_root=str(tmp_path / "kvo-files"), kvo_file_bytes=256 << 20)
     if tiers == "host_remote":
-        redis = os.environ.get("KVO_TEST_REDIS")
-        if not redis:
-            pytest.skip("KVO_TEST_REDIS not set (tools/test-vllm-e2e.sh starts a Redis Cluster)")
+        redis = redis_or_skip()
         extra.update(kvo_redis_url=f"redis://{redis}", kvo_redis_prefix=f"e2e-{os.getpid()}-{model}")
     r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path)
     check_like_with_like(r)
@@ -114,3 +129,64 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
     print(f"{model}/{tiers}: startup {r['startup_s']:.1f} s, run {r['total_s']:.1f} s, "
           f"external hits {r['after']['vllm:external_prefix_cache_hits']:.0f} tokens, "
           f"loaded {r['after']['vllm:kv_offload_load_bytes']:.0f} B in {r['after']['vllm:kv_offload_load_time']*1e3:.2f} ms")
+
+
+# vLLM's tiering spec: vLLM's own CPU primary tier (its TieringOffloadingManager,
+# CPUPrimaryTierOffloadingManager and SharedOffloadRegion), kvoffload's file
+# and Redis Cluster tiers as its secondary tiers (kvoffload.vllm.tiering).
+# vLLM's copy worker refuses the CPU platform, so tiering_shim.py (test only)
+# replaces that worker, and nothing else, with CPU copies of vLLM's layout.
+TIERING_SPEC = {"spec_name": "CpuTieringOffloadingSpec", "spec_module_path": "tiering_shim"}
+
+
+# one run per model (the e2e time budget): Llama with a small file tier (it
+# evicts: capacity-bounded) in front of the Redis Cluster tier, which serves
+# the prefix; the hybrid models with the file tier, which serves it
+TIERING_SETUPS = {"llama": "tiering_small_file_remote"}
+
+
+@pytest.mark.parametrize("model,tiers", [(m, TIERING_SETUPS.get(m, "tiering_file")) for m in tiny_models.MODELS])
+def test_real_engine_vllm_tiering_with_kvoffload_tiers(model, tiers, model_root, tmp_path):
+    if model not in _host_used:
+        pytest.skip(f"{model}: the host run did not pass (it sizes the small primary tier)")
+    # vLLM's primary tier as small as the small host tiers above: the prefix
+    # is evicted from it and promoted back from a secondary tier
+    extra: dict = dict(TIERING_SPEC, cpu_bytes_to_use=_host_used[model] // 2)
+    mod = "kvoffload.vllm.tiering"
+    # the host run stored every chunk of the scenario: a quarter of that
+    # keeps the latest chunks only, so the prefix is evicted from the files
+    file_bytes = 256 << 20 if tiers == "tiering_file" else _host_used[model] // 4
+    extra["secondary_tiers"] = [{"type": "KvoffloadFileTier", "module_path": mod,
+                                 "root_dir": str(tmp_path / "kvo-files"), "capacity_bytes": file_bytes}]
+    if tiers == "tiering_small_file_remote":
+        extra["secondary_tiers"].append({"type": "KvoffloadRedisTier", "module_path": mod,
+                                         "url": f"redis://{redis_or_skip()}",
+                                         "key_prefix": f"e2e-tier-{os.getpid()}-{model}"})
+    r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path)
+    try:
+        check_like_with_like(r)
+    except AssertionError as e:   # say what the tiers and vLLM's tiering counted
+        tiering = {k: v for k, v in r["after"].items() if "tiering" in k}
+        raise AssertionError(f"{e}\ntiers: {r['kvo']['tiers']}\nvLLM: {tiering}") from None
+    check_vllm_counted_loads(r)
+    after = r["after"]   # vLLM counted the tiers' JobResult bytes and times
+    for what in ("read_bytes", "read_time", "write_bytes", "write_time"):
+        assert after.get(f"vllm:kv_offload_tiering_{what}", 0) > 0, what
+    assert r["kvo"]["manager"] == [] and r["kvo"]["worker"] == []   # not kvoffload's spec
+    by_type = {t["type"]: t for t in r["kvo"]["tiers"]}
+    assert len(by_type) == len(extra["secondary_tiers"])
+    f = by_type["KvoffloadFileTier"]
+    assert f["writes"] > 0 and f["corrupt_removed"] == 0, f
+    if tiers == "tiering_file":
+        assert f["reads"] > 0 and f["read_bytes"] > 0 and f["evictions"] == 0, f
+    else:
+        t = by_type["KvoffloadRedisTier"]
+        assert f["evictions"] > 0 and f["bytes_used"] <= file_bytes, f
+        # (no EXISTS needed where this engine's own puts marked the keys present)
+        assert t["puts"] > 0 and t["gets"] > 0 and t["get_bytes"] > 0, t
+    fails = {k.split(":")[1]: v for k, v in r["after"].items() if "tiering" in k and "failures" in k and v}
+    print(f"{model}/{tiers}: startup {r['startup_s']:.1f} s, run {r['total_s']:.1f} s, "
+          f"external hits {r['after']['vllm:external_prefix_cache_hits']:.0f} tokens, "
+          f"loaded {r['after']['vllm:kv_offload_load_bytes']:.0f} B, "
+          f"tier reads {r['after'].get('vllm:kv_offload_tiering_read_bytes', 0):.0f} B in "
+          f"{r['after'].get('vllm:kv_offload_tiering_read_time', 0) * 1e3:.2f} ms, failures {fails or 0}")
