@@ -117,6 +117,72 @@ KVO_TEST(many_readers_then_writer) {
     xt_simple_close(&S);
 }
 
+/* A job submitted while nothing else is unfinished keeps its resources out
+ * of the table until a later job arrives (kvo__xlink): the later job must
+ * still be ordered after it, whether it is unstarted or running, and whether
+ * a non-conflicting job came between them. */
+KVO_TEST(lone_job_is_linked_when_another_arrives) {
+    for (int started = 0; started < 2; started++) {
+        xt_simple S;
+        xt_simple_open(&S, 1, 1, 64);
+        kvo__transfer_pause(S.t, true);
+        const kvo_group_plan *gp = kvo_plan_group(S.p, 2);
+        unsigned char *old = malloc(gp->chunk_bytes), *got = malloc(gp->chunk_bytes);
+        xt_gather_block(&S.L, 2, 3, old);
+        unsigned char *A1 = malloc(gp->slot_bytes), *A2 = malloc(gp->slot_bytes), *B = malloc(gp->slot_bytes),
+                      *C = malloc(gp->slot_bytes);
+        memset(B, 0x5A, gp->slot_bytes);
+        uint64_t b3 = 3, b4 = 4, b7 = 7, ids[3];
+        /* A: two ops (two units), stores blocks 3 and 4 (reads them). */
+        kvo_xfer_op a[2] = {{2, 0, 1, &b3, A1, gp->slot_bytes}, {2, 0, 1, &b4, A2, gp->slot_bytes}};
+        ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, a, 2, &ids[0]));
+        if (started) { /* A running: one unit claimed, one left */
+            kvo__transfer_allow_units(S.t, 1);
+            while (kvo__transfer_units_allowed(S.t) != 0) {
+            }
+            ASSERT_ERR(kvo_transfer_cancel(S.t, ids[0]), KVO_EBUSY);
+        }
+        kvo_transfer_stats s0 = KVO_TRANSFER_STATS_INIT, s1 = KVO_TRANSFER_STATS_INIT;
+        ASSERT_OK(kvo_transfer_get_stats(S.t, &s0));
+        /* An unrelated store (block 7 -> C): no dependency. */
+        kvo_xfer_op c = {2, 0, 1, &b7, C, gp->slot_bytes};
+        ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, &c, 1, &ids[1]));
+        ASSERT_OK(kvo_transfer_get_stats(S.t, &s1));
+        ASSERT_EQ_U64(s1.dep_waits, s0.dep_waits);
+        /* A load into block 3 (write after A's read) must wait for A. */
+        kvo_xfer_op ld = {2, 0, 1, &b3, B, gp->slot_bytes};
+        ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_LOAD, &ld, 1, &ids[2]));
+        ASSERT_OK(kvo_transfer_get_stats(S.t, &s1));
+        ASSERT_EQ_U64(s1.dep_waits, s0.dep_waits + 1);
+        kvo__transfer_pause(S.t, false);
+        ASSERT_OK(kvo_transfer_wait(S.t, ids, 3, -1));
+        ASSERT_MEM_EQ(A1, old, gp->chunk_bytes);
+        xt_gather_block(&S.L, 2, 3, got);
+        ASSERT_MEM_EQ(got, B, gp->chunk_bytes);
+        /* Alone again (nothing unfinished): a canceled lone job leaves no
+         * trace, and the next lone job is ordered before a later one. */
+        ASSERT_OK(kvo_transfer_poll(S.t, (kvo_xfer_result[3]){{0}}, 3, &(size_t){0}));
+        kvo__transfer_pause(S.t, true);
+        ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, a, 2, &ids[0]));
+        ASSERT_OK(kvo_transfer_cancel(S.t, ids[0]));
+        ASSERT_OK(kvo_transfer_get_stats(S.t, &s0));
+        ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_LOAD, &ld, 1, &ids[1]));
+        ASSERT_OK(kvo_transfer_submit(S.t, KVO_XFER_STORE, a, 1, &ids[2])); /* reads block 3 after the load */
+        ASSERT_OK(kvo_transfer_get_stats(S.t, &s1));
+        ASSERT_EQ_U64(s1.dep_waits, s0.dep_waits + 1);
+        kvo__transfer_pause(S.t, false);
+        ASSERT_OK(kvo_transfer_wait(S.t, &ids[1], 2, -1));
+        ASSERT_MEM_EQ(A1, B, gp->chunk_bytes);
+        free(old);
+        free(got);
+        free(A1);
+        free(A2);
+        free(B);
+        free(C);
+        xt_simple_close(&S);
+    }
+}
+
 KVO_TEST(loads_run_before_stores) {
     xt_simple S;
     xt_simple_open(&S, 1, 1, 64);

@@ -156,6 +156,7 @@ struct kvo__xjob {
     kvo__xjob *doom_next;      /* kvo__xfail_matching's list */
     size_t alloc_bytes;        /* size of the job's one allocation */
     bool posted;               /* result posted */
+    bool unlinked;             /* resources not in the table yet (t->unlinked) */
 };
 
 /* An entry of the dependency table (a kvo__hmap entry: key, then used). */
@@ -193,6 +194,7 @@ struct kvo_transfer {
     kvo__xjob *live_head;
     size_t n_live, n_zombies;
     kvo__hmap tab;             /* kvo__xent: resources and job ids */
+    kvo__xjob *unlinked;       /* the one live job whose resources are not linked yet, or NULL */
     kvo__xjob *spare;          /* retired jobs' memory kept for reuse (work_next list) */
     uint32_t n_spare;
     kvo_xfer_result *ring;
@@ -220,9 +222,18 @@ kvo__xjob *kvo__xspare_take(kvo_transfer *t);
 void kvo__xspare_free(kvo_transfer *t);
 void kvo__xready_push(kvo_transfer *t, kvo__xjob *j);
 void kvo__xready_remove(kvo_transfer *t, kvo__xjob *j);
+/* Table entries a submit of j must reserve: j's resources and id, plus the
+ * resources of the unlinked job that linking j links first. */
+static inline size_t kvo__xlink_need(const kvo_transfer *t, const kvo__xjob *j) {
+    return j->n_res + 1 + (t->unlinked ? t->unlinked->n_res : 0);
+}
 /* Link j into the graph: it depends on the last writer of what it touches
- * and, for what it writes, on the readers since (ids and resources must have
- * been reserved in the table).  Then it joins the live list. */
+ * and, for what it writes, on the readers since (kvo__xlink_need entries
+ * must have been reserved in the table).  Then it joins the live list.  When
+ * no job is live or a zombie, j can have no predecessor and its resources
+ * are not inserted at all (j->unlinked): the next job linked while j is
+ * still live links them first, so it is ordered after j as if they had been
+ * linked at j's submit; one job at a time thus pays no table work. */
 void kvo__xlink(kvo_transfer *t, kvo__xjob *j);
 /* Post j's result, take it out of the live list and the id map. */
 void kvo__xpost(kvo_transfer *t, kvo__xjob *j, int status);

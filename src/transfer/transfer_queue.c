@@ -82,6 +82,11 @@ static void kvo__xjob_release(kvo_transfer *t, kvo__xjob *j, kvo__xgc *gc) {
 
 /* Release j's table entries (its id entry is gone since it was posted). */
 static void kvo__xrelease_res(kvo_transfer *t, kvo__xjob *j) {
+    if (j->unlinked) { /* nothing in the table (its id went at posting) */
+        j->unlinked = false;
+        t->unlinked = NULL;
+        return;
+    }
     if (t->tab.n == 0) return;
     if (t->n_live == 0 && t->n_zombies == 0 && t->tab.cap <= 8 * (j->n_res + 128)) {
         /* Every entry is j's: no other job is unfinished or ordered. */
@@ -296,8 +301,9 @@ static void kvo__xadd_dep(kvo__xjob *pred, kvo__xjob *j, bool raw) {
     j->n_deps++;
 }
 
-void kvo__xlink(kvo_transfer *t, kvo__xjob *j) {
-    kvo__xtab_get(t, j->id, KVO__XTAG_JOB)->writer = j;
+/* j's resources into the table: edges from the last writers (and, for
+ * writes, the readers since) of what j touches. */
+static void kvo__xlink_res(kvo_transfer *t, kvo__xjob *j) {
     for (size_t r = 0; r < j->n_res; r++) {
         if (r + KVO__XPF < j->n_res) kvo__xtab_prefetch(t, &j->res[r + KVO__XPF]);
         kvo__xent *e = kvo__xtab_get(t, j->res[r].a, j->res[r].b);
@@ -318,6 +324,30 @@ void kvo__xlink(kvo_transfer *t, kvo__xjob *j) {
                 e->readers[KVO__XREADERS - 1] = j;
             }
         }
+    }
+}
+
+void kvo__xlink(kvo_transfer *t, kvo__xjob *j) {
+    kvo__xtab_get(t, j->id, KVO__XTAG_JOB)->writer = j;
+    if (t->n_live == 0 && t->n_zombies == 0) {
+        /* Nothing unfinished: the table holds no resource (every job
+         * releases its entries in the same lock hold that takes it out of
+         * the live list or the zombie count), so j has no predecessor. */
+        assert(!t->unlinked);
+        j->unlinked = true;
+        t->unlinked = j;
+    } else {
+        if (t->unlinked) {
+            /* Its entries first, as at its submit: it was alone then, and
+             * every job since was linked here, so it still has no
+             * predecessor and gains no edge. */
+            kvo__xjob *u = t->unlinked;
+            u->unlinked = false;
+            t->unlinked = NULL;
+            kvo__xlink_res(t, u);
+            assert(u->n_deps == 0);
+        }
+        kvo__xlink_res(t, j);
     }
     kvo__xlive_push(t, j);
 }

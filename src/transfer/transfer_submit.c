@@ -197,9 +197,15 @@ static int kvo__xbuild_job(kvo_transfer *t, kvo__xlayout *L, kvo_xfer_dir dir, c
  * admission (open, under max_queued_jobs, j's groups' layout unchanged since
  * validation). */
 static int kvo__xadmit(kvo_transfer *t, const kvo__xjob *j) {
-    if (kvo__xtab_reserve(t, j->n_res + 1))
-        return kvo__error(KVO_ENOMEM, "kvo_transfer_submit: out of memory for the dependency table (%zu entries)",
-                          t->tab.n + j->n_res + 1);
+    /* The unlinked job (kvo__xlink) may change while reserve drops the lock:
+     * done when the room reserved covers what linking needs now. */
+    for (size_t need = 0; need != kvo__xlink_need(t, j);) {
+        need = kvo__xlink_need(t, j);
+        if (kvo__xtab_reserve(t, need))
+            return kvo__error(KVO_ENOMEM,
+                              "kvo_transfer_submit: out of memory for the dependency table (%zu entries)",
+                              t->tab.n + need);
+    }
     if (t->closed) return kvo__error(KVO_ECLOSED, "kvo_transfer_submit: the transfer engine is closed");
     if (t->n_live + t->n_zombies + t->ring_count >= t->max_queued)
         /* Zombies count too: every possible predecessor of this job is live
