@@ -47,7 +47,10 @@
  * before anything is queued with a hash set in the job's own memory
  * (O(blocks)).
  * The job ids live in the same table (tag KVO__XTAG_JOB), for cancel and
- * wait.
+ * wait.  A job submitted while no other is unfinished links its resources
+ * only when (and if) another job is submitted while it is still live
+ * (transfer_queue.c): with nothing unfinished it can have no predecessor,
+ * and one job at a time then pays no table work per block.
  *
  * States: WAITING (edges pending) -> READY (in the ready list) -> RUNNING
  * (some unit claimed) -> finished (result posted, resources released,

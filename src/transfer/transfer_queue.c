@@ -13,8 +13,16 @@
  * a large job does not fit in L2, so each probe would be a miss).  When the
  * retiring job is the last one holding entries (no live job, no zombie) and
  * the table is not much larger than the job, the table is cleared in one
- * pass instead of a find and an erase per block: the common "one job at a
- * time" pattern pays one insert per block.  A retired job's memory goes to a
+ * pass instead of a find and an erase per block.  A job submitted while no
+ * other is unfinished (no live job, no zombie: then the table holds no
+ * resource, so it can have no predecessor) is not linked at all: it stays
+ * "unlinked" (t->unlinked, at most one) until the next submit while it is
+ * still live, which links its resources first (it gains no edge: it was
+ * alone, and every job since was linked through that path) and then its
+ * own; retiring an unlinked job releases nothing.  The common "one job at a
+ * time" pattern thus does no table work per block, which, with one worker,
+ * was serial with the copy (the worker cannot start before the submit
+ * returns, nor the waiter wake before the retire).  A retired job's memory goes to a
  * short spare list that the next submit reuses (no allocation, no page
  * faults per job).
  */
