@@ -423,8 +423,11 @@ def test_tiering_through_vllms_scheduler_and_connector(sim, tmp_path):
 
 def _events_engine(sim, kind, tmp_path):
     if kind == "kvoffload_spec":
+        # a host tier of 6 chunks (evictions: removed events), below the
+        # simulated engine's step (2048 tokens): say the step is 3 chunks,
+        # or the spec refuses the size at create (docs/python.md, Host sizing)
         extra = {"spec_name": "KvoffloadOffloadingSpec", "spec_module_path": "kvoffload.vllm",
-                 "cpu_bytes_to_use": 6 * 8192, "blocks_per_chunk": 2}
+                 "cpu_bytes_to_use": 6 * 8192, "blocks_per_chunk": 2, "kvo_step_tokens": 3 * 32}
     else:
         extra = {"spec_name": "CpuTieringOffloadingSpec", "spec_module_path": "tiering_shim",
                  "cpu_bytes_to_use": 6 * 8192, "blocks_per_chunk": 2,
