@@ -229,20 +229,6 @@ void kvo__slots_release(kvo__slots *sl, uint32_t id) {
     }
 }
 
-void kvo__slots_busy(kvo__slots *sl, uint32_t id, int delta) {
-    uint32_t g = kvo__slot_seg(sl, id);
-    uint32_t c = sl->seg[g].cls;
-    assert(c != KVO__SEG_FREE);
-    if (delta > 0) {
-        if (sl->seg[g].busy++ == 0) sl->cls_busyseg[c]++;
-        sl->cls_busy[c]++;
-    } else {
-        assert(sl->seg[g].busy > 0);
-        if (--sl->seg[g].busy == 0) sl->cls_busyseg[c]--;
-        sl->cls_busy[c]--;
-    }
-}
-
 bool kvo__slots_feasible(const kvo__slots *sl, const uint64_t *demand) {
     uint64_t busyseg = 0, need = 0;
     for (uint32_t c = 0; c < sl->nclass; c++) busyseg += sl->cls_busyseg[c];

@@ -166,9 +166,10 @@ static inline bool kvo__protectable(const kvo_store *s, uint32_t e) {
  * rejoins the policy queues, as a use.  No-op for other sc_ent values. */
 static inline void kvo__unprotect(kvo_store *s, uint32_t e) {
     if (e >= KVO__NOT_ADMITTED || !(s->ent[e].flags & KVO__F_PROTECT)) return;
-    s->ent[e].flags &= (uint8_t)~KVO__F_PROTECT;
+    bool in_place = s->ent[e].flags & KVO__F_IN_PLACE;
+    s->ent[e].flags &= (uint8_t)~(KVO__F_PROTECT | KVO__F_IN_PLACE);
     kvo__busy(s, e, -1);
-    s->pol->reinsert(s, e);
+    if (!in_place) s->pol->reinsert(s, e);
 }
 
 static inline bool kvo__plan_done(const kvo__plan *pl) {
@@ -216,13 +217,22 @@ static void kvo__ps_classify(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
  * changes nothing but the rejected_stores counter. */
 static int kvo__ps_protect(kvo_store *s, size_t n, const kvo__plan *pl, const kvo__batch *b, const char *fn) {
     uint64_t busy_extra = 0;
+    /* in place: under LRU, the protectable keys are the list's first ones,
+     * the last key at the head and each earlier one next after the later
+     * (as a touch of them in key order leaves them: vLLM touches its hits
+     * just before it stores the request) */
+    bool in_place = s->pol == &kvo__policy_lru;
+    uint32_t later = KVO__NIL; /* the last protectable key so far */
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         if (kvo__protectable(s, e)) {
             kvo__busy(s, e, +1);
             busy_extra++;
+            in_place = in_place && (later == KVO__NIL || s->ent[e].next == later);
+            later = e;
         }
     }
+    in_place = in_place && later != KVO__NIL && s->q[KVO__Q_LRU].head == later;
     uint64_t busy_total = s->pending + s->pinned + busy_extra;
     if (busy_total + b->n_new > s->max_entries || !kvo__slots_feasible(&s->sl, pl->demand)) {
         for (size_t i = 0; i < n; i++) {
@@ -241,11 +251,22 @@ static int kvo__ps_protect(kvo_store *s, size_t n, const kvo__plan *pl, const kv
                           (unsigned long long)s->pinned, (unsigned long long)s->pending,
                           (unsigned long long)s->max_entries);
     }
+    /* Protection takes each key out of the policy's queues, and unprotect
+     * puts it back as a use: under LRU, in key order at the head.  Keys
+     * found in place (above) are there already, so they stay: the same
+     * list after the call.  The eviction walk cannot reach them while they
+     * stay: it takes from the tail, and the list minus these keys (the list
+     * the walk would see had they been taken out) sits in front of them in
+     * the same order, so it takes the same victims in the same order; the
+     * feasibility test above guarantees those suffice (the walk never runs
+     * out).  Segment reclaim and compaction skip busy segments, and these
+     * keys are busy.  kvo__ps_plan still refuses a protected victim. */
+    uint8_t f = (uint8_t)(KVO__F_PROTECT | (in_place ? KVO__F_IN_PLACE : 0));
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         if (kvo__protectable(s, e)) {
-            s->pol->remove(s, e);
-            s->ent[e].flags |= KVO__F_PROTECT;
+            if (!in_place) s->pol->remove(s, e);
+            s->ent[e].flags |= f;
         }
     }
     return 0;
@@ -270,6 +291,10 @@ static int kvo__ps_plan(kvo_store *s, kvo__plan *pl, uint64_t n_new, size_t *nv,
         }
         uint32_t v = s->pol->take_victim(s);
         if (v == KVO__NIL) break; /* cannot happen after the feasibility test */
+        if (s->ent[v].flags & KVO__F_PROTECT) { /* cannot happen either: kvo__ps_protect */
+            s->pol->untake(s, v);
+            return kvo__error(KVO_ENOSPC, "%s: internal: the eviction walk reached a key of the batch", fn);
+        }
         if (kvo__push_victim(s, *nv, v)) {
             s->pol->untake(s, v);
             return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
