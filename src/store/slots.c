@@ -59,8 +59,6 @@
 
 #include "store/store_internal.h"
 
-#define KVO__SEG_FREE 0xFF
-
 static double kvo__seg_cost(uint64_t capacity, uint64_t S, uint64_t N, const uint64_t *b, const double *w,
                             uint32_t nclass) {
     double cost = (double)(capacity - N * S) / (double)capacity;

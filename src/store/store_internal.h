@@ -122,6 +122,7 @@ void kvo__slots_release(kvo__slots *sl, uint32_t slot);
 static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) {
     return sl->kmax == 1 ? slot : (uint32_t)(((unsigned __int128)sl->kmax_m * slot) >> 64);
 }
+#define KVO__SEG_FREE 0xFF /* seg.cls of a free segment */
 /* A slot's entry becomes busy (delta > 0: pinned, pending, protected) or
  * evictable again: its segment's and class's busy counts.  Inline: four
  * calls per hit of vLLM's store cycle (docs/benchmarks.md). */

@@ -6,7 +6,9 @@
  *  1. validate every key (group, duplicates) and resolve entries: no change;
  *  2. count the slots each class needs and test feasibility exactly in
  *     O(classes) (kvo__slots_feasible): ENOSPC here changes nothing;
- *  3. protect the batch's READY keys (out of the policy queues, busy);
+ *  3. protect the batch's READY keys (out of the policy queues, busy; under
+ *     LRU, when they lead the list as a touch of them left them, busy where
+ *     they are: kvo__ps_protect says why the walk cannot reach them);
  *  4. plan: take victims from the policy and simulate the slot frees until
  *     every class has room (after a walk budget without success the
  *     victim's whole segment is reclaimed; a class with four segments of
