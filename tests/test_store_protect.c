@@ -129,3 +129,38 @@ KVO_TEST(random_batches_several_slot_sizes) {
     for (size_t i = 0; i < sizeof protect_pols / sizeof protect_pols[0]; i++)
         protect_random(protect_pols[i], 3, pg, 2u << 20, 0xD1B54A32D192ED03u + i);
 }
+
+/* The duplicate check (present keys by entry, absent ones by key): a
+ * repeated present key and a repeated absent key are refused, changing
+ * nothing; a batch of distinct present and absent keys is not. */
+KVO_TEST(repeated_keys_refused_present_or_absent) {
+    static const uint64_t pg[] = {4096};
+    kvo_plan *p = st_plan(1, pg);
+    kvo_store *s = st_store(p, 256 * 4096, KVO_POLICY_LRU);
+    kvo_chunk_key k[120], b[121];
+    for (int i = 0; i < 120; i++) k[i] = st_key(0, (uint64_t)i);
+    for (int i = 0; i < 60; i += 10) st_put(s, k + i, 10); /* k0..k59 present */
+    uint8_t need[121];
+    kvo_slot sl[121];
+    for (int pos = 0; pos < 2; pos++) {
+        int rep = pos ? 100 : 30; /* an absent key, then a present one */
+        memcpy(b, k, sizeof k);
+        b[120] = k[rep];
+        for (int i = 0; i < 120; i++) {
+            uint64_t seed = (uint64_t)i + 1;
+            int j = (int)(protect_rng(&seed) % 121);
+            kvo_chunk_key x = b[i];
+            b[i] = b[j];
+            b[j] = x;
+        }
+        ASSERT_EQ_INT(kvo_store_prepare_store(s, b, 121, need, sl, NULL, NULL, 0, NULL), KVO_EINVAL);
+        ASSERT_EQ_U64(st_state(s, k[100]), KVO_MISS);
+        ASSERT_EQ_U64(st_state(s, k[30]), KVO_READY);
+    }
+    ASSERT_OK(kvo_store_lookup(s, k, 120, need)); /* resolved by the memo, then stored */
+    size_t nev = 0;
+    ASSERT_OK(protect_store(s, k, 120, &nev));
+    for (int i = 0; i < 120; i++) ASSERT_EQ_U64(st_state(s, k[i]), KVO_READY);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}

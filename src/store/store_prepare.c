@@ -39,17 +39,24 @@ static inline int kvo__push_victim(kvo_store *s, size_t nv, uint32_t e) {
     return 0;
 }
 
-/* Duplicate detection over keys[0..n): set of indices into keys, sized 2n. */
+/* Duplicate detection over keys[0..n), resolved (s->sc_ent): set of indices
+ * into keys, sized 2n.  A present key is its entry (the index holds one per
+ * key), so a repeat of it resolves to the same entry: present keys are
+ * hashed and compared by entry, without mixing the key; an absent key can
+ * only repeat an absent key, compared by key. */
 static int kvo__find_dup(kvo_store *s, const kvo_chunk_key *keys, size_t n, size_t *a, size_t *b) {
     size_t m = 16;
     while (m < 2 * n) m *= 2;
     uint64_t *t = s->sc_set;
+    const uint32_t *ent = s->sc_ent;
     memset(t, 0xFF, m * sizeof *t);
     for (size_t i = 0; i < n; i++) {
-        uint64_t h = kvo__key_mix(&keys[i]);
+        uint32_t e = ent[i];
+        uint64_t h = e != KVO__NIL ? ((uint64_t)e * UINT64_C(0x9E3779B97F4A7C15)) >> 29 : kvo__key_mix(&keys[i]);
         for (size_t j = h & (m - 1);; j = (j + 1) & (m - 1)) {
             if (t[j] == UINT64_MAX) { t[j] = i; break; }
-            if (kvo_chunk_key_eq(&keys[t[j]], &keys[i])) { *a = (size_t)t[j]; *b = i; return 1; }
+            size_t o = (size_t)t[j];
+            if (ent[o] == e && (e != KVO__NIL || kvo_chunk_key_eq(&keys[o], &keys[i]))) { *a = o; *b = i; return 1; }
         }
     }
     return 0;
