@@ -172,7 +172,8 @@ static inline bool kvo__protectable(const kvo_store *s, uint32_t e) {
 }
 
 /* Undo the protection of a present batch key (commit or rollback): it
- * rejoins the policy queues, as a use.  No-op for other sc_ent values. */
+ * rejoins the policy queues, as a use (one protected in place is there
+ * already).  No-op for other sc_ent values. */
 static inline void kvo__unprotect(kvo_store *s, uint32_t e) {
     if (e >= KVO__NOT_ADMITTED || !(s->ent[e].flags & KVO__F_PROTECT)) return;
     bool in_place = s->ent[e].flags & KVO__F_IN_PLACE;
