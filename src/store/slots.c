@@ -59,8 +59,6 @@
 
 #include "store/store_internal.h"
 
-#define KVO__SEG_FREE 0xFF
-
 static double kvo__seg_cost(uint64_t capacity, uint64_t S, uint64_t N, const uint64_t *b, const double *w,
                             uint32_t nclass) {
     double cost = (double)(capacity - N * S) / (double)capacity;
@@ -226,20 +224,6 @@ void kvo__slots_release(kvo__slots *sl, uint32_t id) {
     } else {
         sl->slot[id].next = sl->seg[g].free;
         sl->seg[g].free = id;
-    }
-}
-
-void kvo__slots_busy(kvo__slots *sl, uint32_t id, int delta) {
-    uint32_t g = kvo__slot_seg(sl, id);
-    uint32_t c = sl->seg[g].cls;
-    assert(c != KVO__SEG_FREE);
-    if (delta > 0) {
-        if (sl->seg[g].busy++ == 0) sl->cls_busyseg[c]++;
-        sl->cls_busy[c]++;
-    } else {
-        assert(sl->seg[g].busy > 0);
-        if (--sl->seg[g].busy == 0) sl->cls_busyseg[c]--;
-        sl->cls_busy[c]--;
     }
 }
 

@@ -19,8 +19,10 @@ enum {
     KVO__F_PROTECT = 1,   /* READY key of the current prepare_store batch: not evictable */
     KVO__F_VICTIM = 2,    /* planned victim of the current prepare_store */
     KVO__F_BATCH = 4,     /* seen in the current batch (duplicate detection) */
-    KVO__F_RETIRED = 8    /* lasting: a pinned READY key kvo_store_retire removed; hidden
+    KVO__F_RETIRED = 8,   /* lasting: a pinned READY key kvo_store_retire removed; hidden
                              (lookups miss, loads ENOTFOUND), dropped at its last unpin */
+    KVO__F_IN_PLACE = 16  /* with PROTECT: protected where it is, at the head of the LRU list
+                             (store_prepare.c, kvo__ps_protect), not taken out of it */
 };
 /* Policy queue ids (entry.q); 0 = in no queue. */
 enum {
@@ -114,12 +116,28 @@ uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *
 uint32_t kvo__slots_reuse(kvo__slots *sl, uint32_t id, uint32_t entry, uint64_t *offset);
 /* Free a slot; releases its segment when it empties. */
 void kvo__slots_release(kvo__slots *sl, uint32_t slot);
-void kvo__slots_busy(kvo__slots *sl, uint32_t slot, int delta);
 /* slot / kmax by multiplication (Lemire, Kaser, Kurz 2019: exact for every
  * 32-bit dividend with a 64-bit ceil(2^64 / d)); a hardware division took
  * ~8 % of the store cycle, which divides several times per key. */
 static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) {
     return sl->kmax == 1 ? slot : (uint32_t)(((unsigned __int128)sl->kmax_m * slot) >> 64);
+}
+#define KVO__SEG_FREE 0xFF /* seg.cls of a free segment */
+/* A slot's entry becomes busy (delta > 0: pinned, pending, protected) or
+ * evictable again: its segment's and class's busy counts.  Inline: four
+ * calls per hit of vLLM's store cycle (docs/benchmarks.md). */
+static inline void kvo__slots_busy(kvo__slots *sl, uint32_t id, int delta) {
+    uint32_t g = kvo__slot_seg(sl, id);
+    uint32_t c = sl->seg[g].cls;
+    assert(c != KVO__SEG_FREE);
+    if (delta > 0) {
+        if (sl->seg[g].busy++ == 0) sl->cls_busyseg[c]++;
+        sl->cls_busy[c]++;
+    } else {
+        assert(sl->seg[g].busy > 0);
+        if (--sl->seg[g].busy == 0) sl->cls_busyseg[c]--;
+        sl->cls_busy[c]--;
+    }
 }
 /* Segments of class c that n slots fill, ceil(n / cls_k[c]), by
  * multiplication like kvo__slot_seg (prepare_store's plan computes it twice

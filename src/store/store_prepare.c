@@ -6,7 +6,9 @@
  *  1. validate every key (group, duplicates) and resolve entries: no change;
  *  2. count the slots each class needs and test feasibility exactly in
  *     O(classes) (kvo__slots_feasible): ENOSPC here changes nothing;
- *  3. protect the batch's READY keys (out of the policy queues, busy);
+ *  3. protect the batch's READY keys (out of the policy queues, busy; under
+ *     LRU, when they lead the list as a touch of them left them, busy where
+ *     they are: kvo__ps_protect says why the walk cannot reach them);
  *  4. plan: take victims from the policy and simulate the slot frees until
  *     every class has room (after a walk budget without success the
  *     victim's whole segment is reclaimed; a class with four segments of
@@ -37,17 +39,24 @@ static inline int kvo__push_victim(kvo_store *s, size_t nv, uint32_t e) {
     return 0;
 }
 
-/* Duplicate detection over keys[0..n): set of indices into keys, sized 2n. */
+/* Duplicate detection over keys[0..n), resolved (s->sc_ent): set of indices
+ * into keys, sized 2n.  A present key is its entry (the index holds one per
+ * key), so a repeat of it resolves to the same entry: present keys are
+ * hashed and compared by entry, without mixing the key; an absent key can
+ * only repeat an absent key, compared by key. */
 static int kvo__find_dup(kvo_store *s, const kvo_chunk_key *keys, size_t n, size_t *a, size_t *b) {
     size_t m = 16;
     while (m < 2 * n) m *= 2;
     uint64_t *t = s->sc_set;
+    const uint32_t *ent = s->sc_ent;
     memset(t, 0xFF, m * sizeof *t);
     for (size_t i = 0; i < n; i++) {
-        uint64_t h = kvo__key_mix(&keys[i]);
+        uint32_t e = ent[i];
+        uint64_t h = e != KVO__NIL ? ((uint64_t)e * UINT64_C(0x9E3779B97F4A7C15)) >> 29 : kvo__key_mix(&keys[i]);
         for (size_t j = h & (m - 1);; j = (j + 1) & (m - 1)) {
             if (t[j] == UINT64_MAX) { t[j] = i; break; }
-            if (kvo_chunk_key_eq(&keys[t[j]], &keys[i])) { *a = (size_t)t[j]; *b = i; return 1; }
+            size_t o = (size_t)t[j];
+            if (ent[o] == e && (e != KVO__NIL || kvo_chunk_key_eq(&keys[o], &keys[i]))) { *a = o; *b = i; return 1; }
         }
     }
     return 0;
@@ -163,12 +172,14 @@ static inline bool kvo__protectable(const kvo_store *s, uint32_t e) {
 }
 
 /* Undo the protection of a present batch key (commit or rollback): it
- * rejoins the policy queues, as a use.  No-op for other sc_ent values. */
+ * rejoins the policy queues, as a use (one protected in place is there
+ * already).  No-op for other sc_ent values. */
 static inline void kvo__unprotect(kvo_store *s, uint32_t e) {
     if (e >= KVO__NOT_ADMITTED || !(s->ent[e].flags & KVO__F_PROTECT)) return;
-    s->ent[e].flags &= (uint8_t)~KVO__F_PROTECT;
+    bool in_place = s->ent[e].flags & KVO__F_IN_PLACE;
+    s->ent[e].flags &= (uint8_t)~(KVO__F_PROTECT | KVO__F_IN_PLACE);
     kvo__busy(s, e, -1);
-    s->pol->reinsert(s, e);
+    if (!in_place) s->pol->reinsert(s, e);
 }
 
 static inline bool kvo__plan_done(const kvo__plan *pl) {
@@ -216,13 +227,22 @@ static void kvo__ps_classify(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
  * changes nothing but the rejected_stores counter. */
 static int kvo__ps_protect(kvo_store *s, size_t n, const kvo__plan *pl, const kvo__batch *b, const char *fn) {
     uint64_t busy_extra = 0;
+    /* in place: under LRU, the protectable keys are the list's first ones,
+     * the last key at the head and each earlier one next after the later
+     * (as a touch of them in key order leaves them: vLLM touches its hits
+     * just before it stores the request) */
+    bool in_place = s->pol == &kvo__policy_lru;
+    uint32_t later = KVO__NIL; /* the last protectable key so far */
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         if (kvo__protectable(s, e)) {
             kvo__busy(s, e, +1);
             busy_extra++;
+            in_place = in_place && (later == KVO__NIL || s->ent[e].next == later);
+            later = e;
         }
     }
+    in_place = in_place && later != KVO__NIL && s->q[KVO__Q_LRU].head == later;
     uint64_t busy_total = s->pending + s->pinned + busy_extra;
     if (busy_total + b->n_new > s->max_entries || !kvo__slots_feasible(&s->sl, pl->demand)) {
         for (size_t i = 0; i < n; i++) {
@@ -241,11 +261,22 @@ static int kvo__ps_protect(kvo_store *s, size_t n, const kvo__plan *pl, const kv
                           (unsigned long long)s->pinned, (unsigned long long)s->pending,
                           (unsigned long long)s->max_entries);
     }
+    /* Protection takes each key out of the policy's queues, and unprotect
+     * puts it back as a use: under LRU, in key order at the head.  Keys
+     * found in place (above) are there already, so they stay: the same
+     * list after the call.  The eviction walk cannot reach them while they
+     * stay: it takes from the tail, and the list minus these keys (the list
+     * the walk would see had they been taken out) sits in front of them in
+     * the same order, so it takes the same victims in the same order; the
+     * feasibility test above guarantees those suffice (the walk never runs
+     * out).  Segment reclaim and compaction skip busy segments, and these
+     * keys are busy.  kvo__ps_plan still refuses a protected victim. */
+    uint8_t f = (uint8_t)(KVO__F_PROTECT | (in_place ? KVO__F_IN_PLACE : 0));
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         if (kvo__protectable(s, e)) {
-            s->pol->remove(s, e);
-            s->ent[e].flags |= KVO__F_PROTECT;
+            if (!in_place) s->pol->remove(s, e);
+            s->ent[e].flags |= f;
         }
     }
     return 0;
@@ -270,6 +301,10 @@ static int kvo__ps_plan(kvo_store *s, kvo__plan *pl, uint64_t n_new, size_t *nv,
         }
         uint32_t v = s->pol->take_victim(s);
         if (v == KVO__NIL) break; /* cannot happen after the feasibility test */
+        if (s->ent[v].flags & KVO__F_PROTECT) { /* cannot happen either: kvo__ps_protect */
+            s->pol->untake(s, v);
+            return kvo__error(KVO_ENOSPC, "%s: internal: the eviction walk reached a key of the batch", fn);
+        }
         if (kvo__push_victim(s, *nv, v)) {
             s->pol->untake(s, v);
             return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
