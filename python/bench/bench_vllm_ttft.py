@@ -80,8 +80,8 @@ def engine(model_dir: str, tokens: int, reps: int, extra: dict | None) -> dict:
 
 def setups(tokens: int, tmp: str, redis: str | None) -> dict:
     # two steps of stores and a little (the floor for losing no store: a
-    # step's stores while the last step's are in flight; kvoffload keeps one
-    # step of it as the staging area), too small for the prompt and its evictor
+    # step's stores while the last step's are in flight; the staging area of
+    # one step is arena beside it), too small for the prompt and its evictor
     small = (2 * (tokens // 32 + 1) + 40) * CHUNK
     d: dict = {"host": {"cpu_bytes_to_use": 4 * (tokens // 32 + 8) * CHUNK},
                "file": {"cpu_bytes_to_use": small, "kvo_file_root": os.path.join(tmp, "files"),

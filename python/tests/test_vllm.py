@@ -355,7 +355,7 @@ def test_step_larger_than_free_host_slots_loses_no_store(tmp_path, queue):
     page, S, W = 1024, 96, 8
     base = make_config(bpc=1, kv_bytes=2 * page)
     slot = kvo_vllm.build_plan(base).groups[0]["slot_bytes"]
-    extra = {"cpu_bytes_to_use": (2 * S + 2 * W) * slot, "kvo_step_tokens": S * 16,
+    extra = {"cpu_bytes_to_use": (S + 2 * W) * slot, "kvo_step_tokens": S * 16,
              "kvo_file_root": str(tmp_path), "kvo_file_bytes": 1024 * slot}
     if queue:
         extra["kvo_file_max_pending_writes"] = queue

@@ -12,10 +12,12 @@ A cpu_bytes_to_use below that one step can never take a long prompt's
 stores, so the spec refuses it at create, naming the minimum (the step is
 kvo_step_tokens, else vLLM's max_num_batched_tokens).  With a file or
 remote tier, a batch that finds no room in the host tier goes to a staging
-area carved from the arena's end (kvo_staging_bytes; default one step of
-stores, at most what leaves the host tier one step): its chunks are
-written to the lower tiers when their stores complete and their slots are
-freed at once, so they reach the lower tiers without a host slot.  The
+area at the arena's end, beside the host tier's cpu_bytes_to_use
+(kvo_staging_bytes; default one step of stores; the arena is
+cpu_bytes_to_use + kvo_staging_bytes): its chunks are written to the lower
+tiers when their stores complete and their slots are freed at once, so they
+reach the lower tiers without a host slot, and the host tier keeps all of
+cpu_bytes_to_use for the chunks it holds and the ones read back into it.  The
 file and remote tiers' write queues are sized for two steps
 (kvo_file_max_pending_writes, kvo_file_staging_bytes,
 kvo_redis_max_pending_writes override), and a file write refused for back-pressure
@@ -76,14 +78,14 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                              f"{floor} (2x, {2 * floor}, leaves room for loads and the next step), or a "
                              f"smaller max_num_batched_tokens", "KvoffloadOffloadingSpec")
         lower = bool(extra.get("kvo_file_root") or extra.get("kvo_redis_url"))
-        stage = int_key(extra, "kvo_staging_bytes",
-                        max(0, min(step_bytes, self.capacity_bytes - floor)) if lower else 0)
-        if stage < 0 or stage > self.capacity_bytes - self.plan.max_slot_bytes:
-            raise L.KvoError(L.KVO_EINVAL, f"kvoffload spec: kvo_staging_bytes {stage}: use 0 to "
-                             f"{self.capacity_bytes - self.plan.max_slot_bytes} (cpu_bytes_to_use "
-                             f"{self.capacity_bytes} less one slot of "
-                             f"{self.plan.max_slot_bytes} bytes for the host tier)", "KvoffloadOffloadingSpec")
-        self.staging_bytes = stage if stage >= self.plan.max_slot_bytes else 0
+        # the staging area is arena space beside the host tier's (not carved
+        # from it: a host tier read back into must keep its size)
+        stage = int_key(extra, "kvo_staging_bytes", step_bytes if lower else 0)
+        if stage < 0 or (0 < stage < self.plan.max_slot_bytes):
+            raise L.KvoError(L.KVO_EINVAL, f"kvoffload spec: kvo_staging_bytes {stage}: use 0 (no staging "
+                             f"area) or at least one slot ({self.plan.max_slot_bytes} bytes)",
+                             "KvoffloadOffloadingSpec")
+        self.staging_bytes = stage if lower else 0
         self.policy = str(extra.get("eviction_policy", "lru"))
         self.arena_name = arena_name(config)
         # every worker maps the arena, and the scheduler unless told not to
@@ -96,7 +98,7 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
         self._worker: Optional[KvoffloadOffloadingWorker] = None
 
     def _arena(self) -> SharedArena:
-        return SharedArena(self.arena_name, self.capacity_bytes, self.plan.fingerprint,
+        return SharedArena(self.arena_name, self.capacity_bytes + self.staging_bytes, self.plan.fingerprint,
                            expected=self.arena_expected,
                            directory=str(self.extra_config.get("kvo_shm_dir", "/dev/shm")))
 
@@ -145,7 +147,8 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                         arena.close()
                     raise
             self._manager = KvoffloadOffloadingManager(
-                self.plan, self.capacity_bytes, [g.group_id for g in self.config.groups], policy=self.policy,
+                self.plan, self.capacity_bytes + self.staging_bytes, [g.group_id for g in self.config.groups],
+                policy=self.policy,
                 enable_events=self.kv_events_config.enable_kv_cache_events, arena=arena, file_tier=file_tier,
                 file_mode=str(extra.get("kvo_file_mode", "write_through")),
                 store_threshold=int_key(extra, "store_threshold", 0), remote_tier=remote_tier,
