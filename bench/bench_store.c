@@ -44,22 +44,6 @@
 
 static volatile uint64_t bs_sink;
 
-kvo_plan *kvo__bs_plan(void) {
-    kvo_model *m = NULL;
-    kvo_plan *p = NULL;
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "kv");
-    g.tokens_per_block = 16;
-    g.layers = 1;
-    g.page_bytes = 4096;
-    if (kvo_model_create("bench", 16, &m) || kvo_model_add_group(m, &g)) return NULL;
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 1;
-    int rc = kvo_plan_create(m, &pp, &p);
-    kvo_model_destroy(m);
-    return rc ? NULL : p;
-}
-
 /* The index figures run on key segments generated before each timed
  * stretch (generation is not timed), each segment fed to the store and to
  * the bare index (the same keys, the same order of operations, so both hold

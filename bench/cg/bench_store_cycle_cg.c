@@ -7,8 +7,8 @@
  * run under callgrind, built by hand against the library and the replay
  * loader, from the checkout root:
  *
- *   cc -O2 -g -Iinclude -Ibuild/include -Itools/kvoffload bench/cg/bench_store_cycle_cg.c \
- *      tools/kvoffload/replay.c build/libkvoffload.a \
+ *   cc -O2 -g -Iinclude -Ibuild/include -Itools/kvoffload -Ibench bench/cg/bench_store_cycle_cg.c \
+ *      bench/bench_store_plan.c tools/kvoffload/replay.c build/libkvoffload.a \
  *      $(pkg-config --libs libxxhash jansson liburing hiredis) -lpthread -lm -o /tmp/cg
  *   valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out /tmp/cg \
  *      ../shared/traces/mooncake_synthetic_trace.jsonl
@@ -22,23 +22,8 @@
 #include <string.h>
 
 #include "kvoffload/kvo.h"
+#include "bench_store.h" /* kvo__bs_plan: the plan of `kvoffload bench store` */
 #include "replay.h"
-
-static kvo_plan *cg_plan(void) {
-    kvo_model *m = NULL;
-    kvo_plan *p = NULL;
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "kv");
-    g.tokens_per_block = 16;
-    g.layers = 1;
-    g.page_bytes = 4096;
-    if (kvo_model_create("bench", 16, &m) || kvo_model_add_group(m, &g)) return NULL;
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = 1;
-    int rc = kvo_plan_create(m, &pp, &p);
-    kvo_model_destroy(m);
-    return rc ? NULL : p;
-}
 
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "../shared/traces/mooncake_synthetic_trace.jsonl";
@@ -54,7 +39,7 @@ int main(int argc, char **argv) {
     kvo_slot *sl = malloc((t.maxlen + 1) * sizeof *sl);
     if (!keys || !todo || !st || !need || !sl) return 1;
     for (size_t i = 0; i < t.nids; i++) keys[i] = rp_trace_key(t.ids[i]);
-    kvo_plan *p = cg_plan();
+    kvo_plan *p = kvo__bs_plan();
     kvo_store_params sp = kvo_store_default_params();
     sp.plan = p;
     sp.capacity_bytes = 10000 * 4096;
