@@ -111,11 +111,11 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
             file_tier = None
             root = extra.get("kvo_file_root")
             shared = bool(extra.get("kvo_file_shared", False))
+            # the lower tiers' write queues hold two steps of stores (each
+            # write is copied into the tier's staging memory at once)
+            step_chunks = sum(n for _, n, _ in self.step)
+            step_bytes = sum(b for _, _, b in self.step)
             if root:
-                # the write queue holds two steps of stores (each write is
-                # copied into the file tier's staging memory at once)
-                step_chunks = sum(n for _, n, _ in self.step)
-                step_bytes = sum(b for _, _, b in self.step)
                 file_tier = FileTier(str(root), self.plan, int_key(extra, "kvo_file_bytes", 0),
                                      policy=self.policy, shared=shared,
                                      layout_hash=layout_hash(self.config) if shared else 0,
@@ -136,10 +136,9 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                                              layout_hash=layout_hash(self.config),
                                              ttl_s=int_key(extra, "kvo_redis_ttl_s", 0),
                                              io_threads=int_key(extra, "kvo_redis_io_threads", 0),
-                                             # like the file tier's: two steps of puts
                                              max_pending_writes=int_key(
                                                  extra, "kvo_redis_max_pending_writes",
-                                                 min(1 << 16, max(64, 2 * sum(n for _, n, _ in self.step)))))
+                                                 min(1 << 16, max(64, 2 * step_chunks))))
                 except BaseException:
                     if file_tier is not None:
                         file_tier.close()
