@@ -85,7 +85,12 @@ typedef struct kvo_transfer_params {
                                  KVO_EAGAIN beyond (poll to make room);
                                  default 4096 */
     int nontemporal;          /* streaming stores for large pieces: -1 auto (default:
-                                 when the CPU has SSE2/AVX2), 0 never, 1 always */
+                                 the host device measures streaming stores and
+                                 memcpy on the process's first work units, per
+                                 direction, and keeps the faster for the
+                                 process; logged at KVO_LOG_INFO), 0 never
+                                 (memcpy), 1 always (when the CPU has
+                                 SSE2/AVX2) */
     const char *device;       /* engine-memory device: NULL or "host" (default);
                                  other devices exist only when built in
                                  (KVO_ENOTSUP otherwise) */
@@ -203,8 +208,10 @@ typedef struct kvo_transfer_stats {
     uint64_t bytes_stored, bytes_loaded;
     uint64_t copies;            /* copy calls after merging adjacent pieces */
     uint64_t dep_waits;         /* jobs that had to wait for an earlier one */
-    bool nontemporal;           /* streaming stores in use */
-    const char *copy_kind;      /* "avx2-stream", "sse2-stream", "memcpy" (static) */
+    bool nontemporal;           /* streaming stores in use (or being measured) */
+    const char *copy_kind;      /* "avx2-stream", "sse2-stream", "memcpy", "auto
+                                   (measuring)", or per direction ("store memcpy,
+                                   load avx2-stream"); static */
     const char *device;         /* "host", ... (static) */
 } kvo_transfer_stats;
 /** Initialiser (the struct_size convention, kvo_common.h):

@@ -3,10 +3,12 @@
  *
  * The host device serves engines whose KV tensors live in host memory (CPU
  * inference engines, and every test).  A copy is a kvo__copy() with the copy
- * routine chosen once at open (streaming stores when the CPU has them and the
- * caller did not say no); unit_end is the sfence that makes streaming stores
- * visible before the core publishes completion.  The per-worker context is
- * the device state itself: the host device keeps no per-thread state.
+ * routine the caller fixed (nontemporal 0: memcpy, 1: streaming stores when
+ * the CPU has them) or, by default (-1), the one measured faster on this
+ * machine (copy_auto.c; measured per unit until each direction is decided);
+ * unit_end is the sfence that makes streaming stores visible before the core
+ * publishes completion.  Each worker's context holds its current unit's kind
+ * and, while measuring, the unit's clock.
  *
  * Other devices are listed below through weak references: the CUDA device
  * (src/transfer/cuda/device_cuda.c, in libkvoffload_cuda when KVO_CUDA is
@@ -17,12 +19,24 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "transfer/copy.h"
+#include "transfer/copy_auto.h"
 #include "transfer/device.h"
 
 typedef struct kvo__host_dev {
-    kvo__copy_kind kind;
+    bool automatic;          /* nontemporal -1: the kind is measured (copy_auto.c) */
+    kvo__copy_kind kind;     /* the fixed kind (nontemporal 0 or 1) */
 } kvo__host_dev;
+
+/* Per worker: the current unit's kind and, while the direction is being
+ * measured, its start and bytes. */
+typedef struct kvo__host_worker {
+    const kvo__host_dev *d;
+    kvo__copy_kind kind;
+    bool open;          /* a unit has had its first copy */
+    int dir;
+    uint32_t measured;  /* units this worker measured: picks the candidate */
+    uint64_t t0, bytes; /* t0 0: this unit is not measured */
+} kvo__host_worker;
 
 static int kvo__host_open(const kvo__xfer_device_config *cfg, void **state) {
     if (cfg->index != 0)
@@ -30,9 +44,9 @@ static int kvo__host_open(const kvo__xfer_device_config *cfg, void **state) {
                           cfg->index);
     kvo__host_dev *d = kvo__calloc(1, sizeof *d);
     if (!d) return kvo__error(KVO_ENOMEM, "transfer device 'host': out of memory");
-    kvo__copy_kind best = kvo__copy_best();
+    d->automatic = cfg->nontemporal < 0;
     if (cfg->nontemporal == 0) d->kind = KVO__COPY_MEMCPY;
-    else d->kind = best;   /* 1 (always) on a CPU without streaming stores: memcpy */
+    else d->kind = kvo__copy_best();   /* 1 (always) on a CPU without streaming stores: memcpy */
     *state = d;
     return 0;
 }
@@ -40,25 +54,59 @@ static int kvo__host_open(const kvo__xfer_device_config *cfg, void **state) {
 static void kvo__host_close(void *state) { kvo__free(state); }
 
 static int kvo__host_worker_init(void *state, uint32_t worker, void **wctx) {
-    (void)worker;
-    *wctx = state;
+    kvo__host_worker *w = kvo__calloc(1, sizeof *w);
+    if (!w) return kvo__error(KVO_ENOMEM, "transfer device 'host': out of memory");
+    w->d = state;
+    w->measured = worker; /* workers start on different candidates */
+    *wctx = w;
     return 0;
 }
 
-static void kvo__host_worker_fini(void *state, void *wctx) { (void)state; (void)wctx; }
+static void kvo__host_worker_fini(void *state, void *wctx) {
+    (void)state;
+    kvo__free(wctx);
+}
+
+/* A unit's first copy: fix its kind, and start its clock while its direction
+ * is being measured. */
+static void kvo__host_unit_begin(kvo__host_worker *w, int dir) {
+    w->open = true;
+    w->dir = dir == KVO_XFER_LOAD;
+    w->t0 = 0;
+    if (!w->d->automatic) {
+        w->kind = w->d->kind;
+    } else if (!kvo__copy_auto_decided(w->dir, &w->kind)) {
+        w->kind = kvo__copy_auto_candidate(w->measured++);
+        w->bytes = 0;
+        w->t0 = kvo__copy_auto_now_ns();
+    }
+}
 
 static void kvo__host_copy(void *wctx, int dir, void *dst, const void *src, uint64_t bytes) {
-    (void)dir;
-    kvo__copy(((kvo__host_dev *)wctx)->kind, dst, src, (size_t)bytes);
+    kvo__host_worker *w = wctx;
+    if (!w->open) kvo__host_unit_begin(w, dir);
+    kvo__copy(w->kind, dst, src, (size_t)bytes);
+    w->bytes += bytes;
 }
 
 static int kvo__host_unit_end(void *wctx) {
-    if (((kvo__host_dev *)wctx)->kind != KVO__COPY_MEMCPY) kvo__copy_fence();
+    kvo__host_worker *w = wctx;
+    if (!w->open) return 0; /* no copy since the last unit_end: nothing to fence */
+    if (w->kind != KVO__COPY_MEMCPY) kvo__copy_fence();
+    if (w->t0) kvo__copy_auto_sample(w->dir, w->kind, w->bytes, kvo__copy_auto_now_ns() - w->t0);
+    w->open = false;
     return 0;
 }
 
-static const char *kvo__host_copy_kind(void *state) { return kvo__copy_kind_name(((kvo__host_dev *)state)->kind); }
-static bool kvo__host_nontemporal(void *state) { return ((kvo__host_dev *)state)->kind != KVO__COPY_MEMCPY; }
+static const char *kvo__host_copy_kind(void *state) {
+    const kvo__host_dev *d = state;
+    return d->automatic ? kvo__copy_auto_name() : kvo__copy_kind_name(d->kind);
+}
+
+static bool kvo__host_nontemporal(void *state) {
+    const kvo__host_dev *d = state;
+    return d->automatic ? kvo__copy_auto_streams() : d->kind != KVO__COPY_MEMCPY;
+}
 
 const kvo__xfer_device_ops kvo__xfer_device_host = {
     .name = "host",

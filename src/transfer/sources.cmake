@@ -2,6 +2,7 @@
 # here: configuring fails when a .c or .cu file under src/ is in no list.
 kvo_sources(KVO_SOURCES transfer
   copy.c
+  copy_auto.c
   device.c
   layout.c
   transfer.c

@@ -416,6 +416,9 @@ static int kvo__transfer_get_stats_fill(kvo_transfer *t, kvo_transfer_stats *out
     out->jobs_queued = t->n_live;
     out->results_pending = t->ring_count;
     pthread_mutex_unlock(&t->mu);
+    /* the host device's measured choice can change after create */
+    out->copy_kind = t->dev->copy_kind(t->dev_state);
+    out->nontemporal = t->dev->nontemporal(t->dev_state);
     return 0;
 }
 

@@ -9,6 +9,7 @@
  *   transfer_queue.c    queues, dependencies, work units, results
  *   layout.c            layout registration, validation, the layout hash
  *   device.c            the device registry and the host device
+ *   copy_auto.c         the host copy routine chosen by measurement (auto)
  *   copy.c              the host copy routines (memcpy, streaming stores)
  * The CUDA device (cuda/, its own folder and library) calls into device.h's
  * contract only; the core never calls it but through kvo__xfer_device_ops.
