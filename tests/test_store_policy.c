@@ -244,3 +244,73 @@ KVO_TEST(prefix_keeps_recency_when_it_wins) {
     ASSERT_TRUE(pre >= lru - 40); /* within 1 % */
     ASSERT_TRUE(knob != UINT32_MAX);
 }
+
+/* One slot size: prepare_store's victims are exactly the LRU tail, in LRU
+ * order, exactly as many as the batch's new keys lack room for, also for a
+ * batch larger than the eviction walk's budget (32 segments) and with a
+ * small segment (several slots each, so that victims empty whole segments
+ * and leave others partly used).  store_prepare.c, kvo__ps_plan_one. */
+KVO_TEST(one_slot_size_victims_are_the_lru_tail) {
+    static const uint64_t pg[] = {4096};
+    kvo_plan *p = st_plan(1, pg);
+    kvo_store_params sp = kvo_store_default_params();
+    sp.plan = p;
+    sp.capacity_bytes = 2048 * 4096;
+    sp.segment_bytes = 4 * 4096; /* 4 slots per segment: the walk budget is 128 slots */
+    sp.policy = KVO_POLICY_LRU;
+    kvo_store *s;
+    ASSERT_OK(kvo_store_create(&sp, &s));
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
+    ASSERT_OK(kvo_store_get_stats(s, &ss));
+    uint64_t fit = (ss.capacity_bytes - ss.bytes_reserved) / 4096;
+    ASSERT_TRUE(fit > 600);
+    /* fill to fit - 7 (7 free slots), in 16-key batches: LRU order = key order */
+    uint64_t next = 0, oldest = 0;
+    kvo_chunk_key b[512], ev[600];
+    kvo_slot sl[512], evs[600];
+    uint8_t need[512];
+    while (next < fit - 7) {
+        size_t n = 0;
+        while (n < 16 && next < fit - 7) b[n++] = st_key(0, next++);
+        st_put(s, b, n);
+    }
+    /* LRU order other than slot order: every key touched in a shuffled
+     * order, so that a segment holds keys far apart in LRU order (a segment
+     * reclaim would evict out of LRU order) */
+    uint64_t nres = next, *order = malloc(nres * sizeof *order);
+    ASSERT_TRUE(order != NULL);
+    for (uint64_t i = 0; i < nres; i++) order[i] = i;
+    for (uint64_t i = nres - 1; i > 0; i--) {
+        uint64_t j = kvo_test_rand() % (i + 1), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    for (uint64_t i = 0; i < nres; i++) {
+        kvo_chunk_key k = st_key(0, order[i]);
+        ASSERT_OK(kvo_store_touch(s, &k, 1));
+    }
+    static const size_t batches[] = {3, 20, 300, 1, 512}; /* 300, 512: over the walk budget */
+    uint64_t free_slots = 7;
+    for (size_t r = 0; r < sizeof batches / sizeof batches[0]; r++) {
+        size_t n = batches[r], nev = 0;
+        for (size_t i = 0; i < n; i++) b[i] = st_key(0, next + i);
+        ASSERT_OK(kvo_store_prepare_store(s, b, n, need, sl, ev, evs, 600, &nev));
+        uint64_t want = n > free_slots ? n - free_slots : 0;
+        ASSERT_EQ_U64(nev, want);
+        for (size_t v = 0; v < nev; v++) {
+            /* the shuffled residents first, then the batches in order */
+            uint64_t want_id = oldest + v < nres ? order[oldest + v] : oldest + v;
+            kvo_chunk_key k = st_key(0, want_id);
+            if (!kvo_chunk_key_eq(&ev[v], &k)) FAILF("batch %zu: victim %zu is not the LRU tail's key %llu", r, v,
+                                                     (unsigned long long)want_id);
+        }
+        oldest += nev;
+        free_slots -= n - nev;
+        ASSERT_OK(kvo_store_complete_store(s, b, n, true));
+        next += n;
+        st_check(s);
+    }
+    free(order);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
