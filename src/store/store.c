@@ -112,9 +112,8 @@ int kvo__check_batch(const kvo_store *s, const kvo_chunk_key *keys, size_t n, co
     return rc ? rc : kvo__check_keys(s, keys, n, fn);
 }
 
-void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *k) {
+void kvo__event_push(kvo_store *s, uint32_t type, const kvo_chunk_key *k) {
     kvo__event_ring *r = &s->events;
-    if (!r->cap) return;
     if (r->n == r->cap) {
         r->head = (r->head + 1) % r->cap;
         r->n--;

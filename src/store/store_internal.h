@@ -364,8 +364,13 @@ int kvo__resolve(kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *
 int kvo__batch_begin(kvo_store *s, const kvo_chunk_key *keys, size_t n, const void *out, const char *fn);
 /* Admission sketch estimate for k (s->cms must exist). */
 unsigned kvo__cms_get(const kvo_store *s, const kvo_chunk_key *k);
-/* Append an event to the ring (dropping the oldest when full). */
-void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *k);
+/* Append an event to the ring (dropping the oldest when full); nothing when
+ * events are off (no ring), checked inline: two calls per stored chunk in
+ * vLLM's store cycle. */
+void kvo__event_push(kvo_store *s, uint32_t type, const kvo_chunk_key *k);
+static inline void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *k) {
+    if (s->events.cap) kvo__event_push(s, type, k);
+}
 /* A fresh pool entry for key k, in the index. */
 uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k);
 /* Release a resident entry's slot and accounting (not the policy queues). */
