@@ -286,6 +286,25 @@ static int kvo__ps_protect(kvo_store *s, size_t n, const kvo__plan *pl, const kv
     return 0;
 }
 
+/* The policy's next victim into s->sc_vict[(*nv)++] and *v: 0, or 1 when
+ * the policy has none (cannot happen after the feasibility test), or an
+ * error with the victim given back: a key of the batch reached (cannot
+ * happen either: kvo__ps_protect), no memory for the victim list. */
+static inline int kvo__ps_take_victim(kvo_store *s, size_t *nv, uint32_t *v, const char *fn) {
+    *v = s->pol->take_victim(s);
+    if (*v == KVO__NIL) return 1;
+    if (s->ent[*v].flags & KVO__F_PROTECT) {
+        s->pol->untake(s, *v);
+        return kvo__error(KVO_ENOSPC, "%s: internal: the eviction walk reached a key of the batch", fn);
+    }
+    if (kvo__push_victim(s, *nv, *v)) {
+        s->pol->untake(s, *v);
+        return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
+    }
+    (*nv)++;
+    return 0;
+}
+
 /* Step 4 with one slot class: every victim makes exactly one more slot
  * available to the class (a slot in a segment that stays partly used, or its
  * segment becomes free: k - 1 free slots leave the class's count and k join
@@ -300,19 +319,12 @@ static int kvo__ps_plan_one(kvo_store *s, const kvo__plan *pl, size_t *nv, const
     int64_t slots_short = (int64_t)pl->demand[0] - pl->freeslots[0] - (int64_t)(pl->nfree * s->sl.cls_k[0]);
     int64_t want = slots_short > pl->entries_short ? slots_short : pl->entries_short;
     for (int64_t i = 0; i < want; i++) {
-        uint32_t v = s->pol->take_victim(s);
-        if (v == KVO__NIL) /* cannot happen after the feasibility test */
+        uint32_t v;
+        int rc = kvo__ps_take_victim(s, nv, &v, fn);
+        if (rc == 1) /* cannot happen after the feasibility test */
             return kvo__error(KVO_ENOSPC, "%s: internal: eviction plan fell short (%lld more victims needed)", fn,
                               (long long)(want - i));
-        if (s->ent[v].flags & KVO__F_PROTECT) { /* cannot happen either: kvo__ps_protect */
-            s->pol->untake(s, v);
-            return kvo__error(KVO_ENOSPC, "%s: internal: the eviction walk reached a key of the batch", fn);
-        }
-        if (kvo__push_victim(s, *nv, v)) {
-            s->pol->untake(s, v);
-            return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
-        }
-        (*nv)++;
+        if (rc) return rc;
     }
     return 0;
 }
@@ -335,17 +347,10 @@ static int kvo__ps_plan(kvo_store *s, kvo__plan *pl, uint64_t n_new, size_t *nv,
                 continue;
             }
         }
-        uint32_t v = s->pol->take_victim(s);
-        if (v == KVO__NIL) break; /* cannot happen after the feasibility test */
-        if (s->ent[v].flags & KVO__F_PROTECT) { /* cannot happen either: kvo__ps_protect */
-            s->pol->untake(s, v);
-            return kvo__error(KVO_ENOSPC, "%s: internal: the eviction walk reached a key of the batch", fn);
-        }
-        if (kvo__push_victim(s, *nv, v)) {
-            s->pol->untake(s, v);
-            return kvo__error(KVO_ENOMEM, "%s: cannot grow the victim list", fn);
-        }
-        (*nv)++;
+        uint32_t v;
+        int rc = kvo__ps_take_victim(s, nv, &v, fn);
+        if (rc == 1) break; /* reported below */
+        if (rc) return rc;
         kvo__plan_victim(s, pl, v);
         walked_bytes += s->group_slot[s->ent[v].key.group];
         if (!kvo__plan_done(pl) && pl->segs_needed > pl->nfree && walked_bytes >= kvo__walk_budget(s)) {
