@@ -130,11 +130,12 @@ def finished(tier, rounds=2000):
     raise AssertionError("no job finished")
 
 
-def evict_all(m, rc, seed):
-    """Fill the primary tier with other chunks (the first ones are evicted)."""
+def evict_all(m, rc, seed, tier=None):
+    """Fill the primary tier with other chunks (the first ones are evicted);
+    with a tier, until its writes of them landed too."""
     n = m.primary_tier._num_chunks
     store(m, keys_of(seed, n), rc, seed)
-    settle(m)
+    settle(m, tier)
 
 
 # ------------------------------------------------------------------ file tier --
@@ -163,7 +164,7 @@ def test_file_tier_promotes_byte_exact_after_primary_eviction(tmp_path):
 def test_file_tier_corrupt_value_is_a_miss_never_wrong_bytes(tmp_path):
     m, tier, rc, a, _ = stored([file_tier_cfg(tmp_path / "f")], 2)
     try:
-        evict_all(m, rc, seed=50)
+        evict_all(m, rc, seed=50, tier=tier)   # every file written before the walk
         n = 0
         for d, _, files in os.walk(tier.tier.dir):
             for f in files:
