@@ -314,3 +314,45 @@ KVO_TEST(one_slot_size_victims_are_the_lru_tail) {
     kvo_store_destroy(s);
     kvo_plan_destroy(p);
 }
+
+/* The prefix policy takes a batch's uses deepest key first, so a request's
+ * root is its newest chunk and eviction eats a chain from its leaf end: what
+ * is left is a prefix that still hits.  For each way a batch is used (stored,
+ * touched, loaded, stored again while present) a chain of 8 whose keys were
+ * first stored one by one, root first (the root the oldest), loses its
+ * deepest key first, and every shorter prefix stays.  In the batch's order
+ * the root would go first and take every descendant's hits with it. */
+static void chain_use(kvo_store *s, const kvo_chunk_key *c, size_t n, int how) {
+    kvo_slot sl[8];
+    if (how == 0) st_put(s, c, n);
+    if (how == 1) ASSERT_OK(kvo_store_touch(s, c, n));
+    if (how == 2) {
+        ASSERT_OK(kvo_store_prepare_load(s, c, n, sl));
+        ASSERT_OK(kvo_store_complete_load(s, c, n));
+    }
+    if (how == 3) ASSERT_EQ_U64(st_put(s, c, n), 0);
+}
+
+KVO_TEST(prefix_evicts_a_chain_from_its_leaf_end) {
+    for (int how = 0; how < 4; how++) {
+        kvo_plan *p;
+        kvo_store *s = mk(&p, KVO_POLICY_PREFIX, 64);
+        kvo_chunk_key c[8];
+        for (uint64_t i = 0; i < 8; i++) c[i] = st_key(0, i);
+        if (how) /* present already, the root the oldest */
+            for (uint64_t i = 0; i < 8; i++) put1(s, i);
+        chain_use(s, c, 8, how);
+        /* one-off keys until the chain loses a key */
+        uint64_t next = 1000;
+        for (int k = 0; k < 8; k++) {
+            while (ready(s, 7 - (uint64_t)k)) {
+                for (int j = 0; j < 7 - k; j++)
+                    if (!ready(s, (uint64_t)j)) FAILF("use %d: key %d went before key %d", how, j, 7 - k);
+                put1(s, next++);
+                if (next > 100000) FAILF("use %d: the chain is never evicted", how);
+            }
+        }
+        kvo_store_destroy(s);
+        kvo_plan_destroy(p);
+    }
+}

@@ -100,5 +100,5 @@ static void arc_ghost_claim(kvo_store *s, uint32_t e) {
 
 const kvo__policy_ops kvo__policy_arc = {
     "arc", arc_insert, arc_hit, arc_remove, arc_reinsert, arc_take, kvo__untake_to_origin, arc_evicted,
-    arc_ghost_claim, NULL, NULL,
+    arc_ghost_claim, NULL, NULL, false,
 };

@@ -49,4 +49,5 @@ static void lru_ghost_claim(kvo_store *s, uint32_t e) {
 
 const kvo__policy_ops kvo__policy_lru = {
     "lru", lru_insert, lru_hit, lru_remove, lru_insert, lru_take, lru_untake, lru_evicted, lru_ghost_claim, NULL, NULL,
+    false, /* vLLM's own order: its manager calls in the batch's order */
 };

@@ -122,5 +122,5 @@ static void pfx_fini(kvo_store *s) {
 
 const kvo__policy_ops kvo__policy_prefix = {
     "prefix", pfx_insert, pfx_hit, pfx_remove, pfx_reinsert, pfx_take, kvo__untake_to_origin, pfx_evicted,
-    pfx_ghost_claim, pfx_init, pfx_fini,
+    pfx_ghost_claim, pfx_init, pfx_fini, true,
 };

@@ -103,5 +103,5 @@ static void s3_ghost_claim(kvo_store *s, uint32_t e) {
 
 const kvo__policy_ops kvo__policy_s3fifo = {
     "s3fifo", s3_insert, s3_hit, s3_remove, s3_reinsert, s3_take, kvo__untake_to_origin, s3_evicted,
-    s3_ghost_claim, NULL, NULL,
+    s3_ghost_claim, NULL, NULL, false,
 };

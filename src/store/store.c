@@ -579,8 +579,8 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__batch_begin(s, keys, n, keys, fn);
     if (rc) return rc;
     rc = kvo__unpin_batch(s, keys, n, fn);
-    for (size_t i = 0; i < n && !rc; i++) {
-        uint32_t e = s->sc_ent[i];
+    for (size_t k = 0; k < n && !rc; k++) {
+        uint32_t e = s->sc_ent[kvo__use_at(s->pol, n, k)];
         kvo__entry *x = &s->ent[e];
         if (x->pins == 0 && !(x->flags & KVO__F_BATCH)) {
             x->flags |= KVO__F_BATCH; /* handle each entry once */
@@ -618,9 +618,18 @@ int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
         kvo__store_unlock(s);
         return rc;
     }
-    if (!memo) kvo__pipe_init(&pp, keys, n);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t e = memo ? s->memo[i] : kvo__pipe_find(s, &pp, keys, n, i);
+    const uint32_t *ent = memo ? s->memo : NULL;
+    if (!ent && s->pol->leaf_first) { /* resolved in order (the probes are pipelined), used backwards */
+        if ((rc = kvo__resolve(s, keys, n, fn))) {
+            kvo__store_unlock(s);
+            return rc;
+        }
+        ent = s->sc_ent;
+    }
+    if (!ent) kvo__pipe_init(&pp, keys, n);
+    for (size_t k = 0; k < n; k++) {
+        size_t i = kvo__use_at(s->pol, n, k);
+        uint32_t e = ent ? ent[i] : kvo__pipe_find(s, &pp, keys, n, i);
         if (e != KVO__NIL && s->ent[e].q != KVO__Q_NONE && s->ent[e].state == KVO__E_READY) s->pol->hit(s, e);
     }
     kvo__store_unlock(s);

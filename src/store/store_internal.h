@@ -181,7 +181,20 @@ typedef struct kvo__policy_ops {
      * create (after the pool; 0 or a KVO_E* code with a message) / destroy. */
     int (*init)(struct kvo_store *s);
     void (*fini)(struct kvo_store *s);
+    /* The order a batch's uses reach the policy (touch, complete_load,
+     * prepare_store's present keys, complete_store's new ones): false, the
+     * batch's order; true, deepest key first (the batch's last key first),
+     * so that a request's root is its newest chunk and an LRU order evicts a
+     * prefix chain from its leaf end, leaving a prefix that still hits
+     * (evicting the root first leaves its descendants unreachable until
+     * they are evicted too).  Events keep the batch's order either way. */
+    bool leaf_first;
 } kvo__policy_ops;
+
+/* Position k of a batch of n in the order its uses reach the policy. */
+static inline size_t kvo__use_at(const struct kvo__policy_ops *p, size_t n, size_t k) {
+    return p->leaf_first ? n - 1 - k : k;
+}
 
 extern const kvo__policy_ops kvo__policy_lru;
 extern const kvo__policy_ops kvo__policy_arc;

@@ -493,8 +493,10 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         }
     } else {
         /* nothing to write: present READY keys just count as used */
-        for (size_t i = 0; i < n; i++)
-            if (kvo__protectable(s, s->sc_ent[i])) s->pol->hit(s, s->sc_ent[i]);
+        for (size_t k = 0; k < n; k++) {
+            uint32_t e = s->sc_ent[kvo__use_at(s->pol, n, k)];
+            if (kvo__protectable(s, e)) s->pol->hit(s, e);
+        }
     }
     /* One slot class (one slot size): a victim's slot goes straight to a
      * new key, instead of a free and an allocation (their segment
@@ -515,9 +517,10 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         } else {
             slots[i].offset = 0;
             slots[i].bytes = 0;
-            kvo__unprotect(s, e);
         }
     }
+    /* the present keys rejoin the queues as uses, in the policy's order */
+    for (size_t k = 0; k < n; k++) kvo__unprotect(s, s->sc_ent[kvo__use_at(s->pol, n, k)]);
     if (handoff)
         while (ho < nv) kvo__slots_release(&s->sl, s->sc_vict[ho++]); /* victims' slots no new key took */
     s->memo_n = m;
@@ -565,12 +568,19 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
             x->state = KVO__E_READY;
             s->pending--;
             kvo__busy(s, e, -1);
-            s->pol->insert(s, e);
+            if (s->pol->leaf_first) x->flags |= KVO__F_BATCH; /* queued below, backwards */
+            else s->pol->insert(s, e);
             kvo__event(s, KVO_EVENT_STORED, &x->key);
         } else {
             s->removals++;
             kvo__resident_drop(s, e, KVO_EVENT_REMOVED);
         }
+    }
+    for (i = n; ok && s->pol->leaf_first && i > 0; i--) {
+        uint32_t e = s->sc_ent[i - 1];
+        if (!(s->ent[e].flags & KVO__F_BATCH)) continue;
+        s->ent[e].flags &= (uint8_t)~KVO__F_BATCH;
+        s->pol->insert(s, e);
     }
 out:
     kvo__store_unlock(s);
