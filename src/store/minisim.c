@@ -30,8 +30,12 @@
  * choice follows phase changes.
  *
  * The choice: LRU (A = 0) unless another setting has KVO__MINI_MARGIN more
- * hits than the LRU simulation, then the best of those, moving between them
- * only for 1 % more hits.  The margin is anchored at LRU (a "switch for 5 %
+ * hits than the LRU simulation, then the best of those, whichever it is at
+ * the moment (the settings share the store's lists and differ only in the
+ * victim rule and the ghost window, so moving between them costs nothing;
+ * a 1 % hysteresis between them, until issue 26's fourth stop, kept the
+ * store in a setting that had led early for most of a document trace after
+ * another had taken over).  The margin is anchored at LRU (a "switch for 5 %
  * more than the current setting" rule could stay in a protecting setting
  * after LRU had become better again), and guarded: the store scores its own
  * hits on the sampled keys like a simulation (kvo__mini_ref's `hit`), and
@@ -239,10 +243,8 @@ void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident, bool hit) {
         m->real = m->sim[0].score;
         return;
     }
-    /* LRU unless a setting beats it by the margin; among those, move only
-     * for 1 % more hits than the current one (no flicker) */
-    if (m->sim[best].score <= m->sim[0].score * (1 + m->margin)) m->best = 0;
-    else if (m->best == 0 || m->sim[best].score > m->sim[m->best].score * 1.01) m->best = best;
+    /* LRU unless a setting beats it by the margin; then the best one */
+    m->best = m->sim[best].score <= m->sim[0].score * (1 + m->margin) ? 0 : best;
 }
 
 uint32_t kvo__mini_best(const kvo__mini *m) { return m->best; }
