@@ -49,6 +49,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #include "tiers/file_internal.h"
@@ -171,9 +172,10 @@ static void finish(kvo_remote_tier *t, rop **ops, size_t n) {
 /* ------------------------------------------------------------ worker -- */
 
 /* Verify a GET reply whose header is in hdr and payload in op->dst (the
- * reader's sink), or, when the value had another length, in v/len.  0 or
- * KVO_ECORRUPT. */
-static int verify_value(kvo_remote_tier *t, rop *op, const unsigned char *hdr, const char *v, size_t len) {
+ * reader's sink, sum its checksum as received), or, when the value had
+ * another length, in v/len.  0 or KVO_ECORRUPT. */
+static int verify_value(kvo_remote_tier *t, rop *op, const unsigned char *hdr, const char *v, size_t len,
+                        uint64_t sum) {
     const kvo_group_plan *g = op->g;
     kvo__file_hdr h;
     if (v || len != KVO_REMOTE_HEADER_BYTES + g->chunk_bytes)
@@ -183,7 +185,7 @@ static int verify_value(kvo_remote_tier *t, rop *op, const unsigned char *hdr, c
     if (!rc) rc = kvo__file_hdr_check(&h, t->plan, &op->key);
     if (!rc) rc = kvo__file_hdr_check_layout(&h, t->p.layout_hash);
     if (rc) return rc;
-    if (XXH3_64bits(op->dst, g->chunk_bytes) != h.payload_xxh3)
+    if (sum != h.payload_xxh3)
         return kvo__error(KVO_ECORRUPT, "payload checksum mismatch");
     return 0;
 }
@@ -252,7 +254,7 @@ static void run_batch(kvo_remote_tier *t, rworker *w, rop **ops, size_t n) {
         if (op->kind == KVO_REMOTE_OP_PUT) {
             const kvo_group_plan *g = op->g;
             kvo__file_hdr h;
-            kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, XXH3_64bits(op->stage, g->chunk_bytes));
+            kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, op->sum);
             kvo__file_hdr_encode(&h, op->hdr);
             op->iov[0] = (struct iovec){op->hdr, KVO_REMOTE_HEADER_BYTES};
             op->iov[1] = (struct iovec){op->stage, g->chunk_bytes};
@@ -275,7 +277,8 @@ static void run_batch(kvo_remote_tier *t, rworker *w, rop **ops, size_t n) {
         if (op->kind == KVO_REMOTE_OP_GET && (op->result == 0 || op->result == KVO_ECORRUPT)) {
             /* ECORRUPT from exec: another type under the key (WRONGTYPE) */
             if (op->result == KVO_ECORRUPT ||
-                verify_value(t, op, hdrs + i * KVO_REMOTE_HEADER_BYTES, cmds[i].str, cmds[i].len) != 0) {
+                verify_value(t, op, hdrs + i * KVO_REMOTE_HEADER_BYTES, cmds[i].str, cmds[i].len,
+                             cmds[i].sink_sum) != 0) {
                 op->result = KVO_ECORRUPT;
                 kvo__rc_cmd *d = &cmds[n + n_del++];
                 memset(d, 0, sizeof *d);
@@ -576,6 +579,22 @@ static void op_fill(kvo_remote_tier *t, rop *op, uint32_t kind, const kvo_chunk_
     key_name(t, &op->key, op->name, &op->nlen);
 }
 
+/* Copy a put's payload into its staging slot and return its XXH3-64, taken
+ * 64 KiB at a time right behind the copy, while the piece is in cache (the
+ * worker hashing the staged chunk later read it back from memory). */
+static uint64_t stage_copy(unsigned char *dst, const unsigned char *src, size_t n) {
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_64bits_reset(&st);
+    for (size_t off = 0; off < n;) {
+        size_t k = n - off < ((size_t)64 << 10) ? n - off : (size_t)64 << 10;
+        memcpy(dst + off, src + off, k);
+        XXH3_64bits_update(&st, dst + off, k);
+        off += k;
+    }
+    return XXH3_64bits_digest(&st);
+}
+
 int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                         const uint64_t *user_data, int *results, size_t *n_queued) {
     if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_remote_tier_put: NULL argument");
@@ -598,7 +617,7 @@ int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const voi
             } else {
                 op_fill(t, op, KVO_REMOTE_OP_PUT, &keys[i], g, user_data ? user_data[i] : 0);
                 op->stage = kvo_arena_slot(t->stage_arena, slot);
-                memcpy(op->stage, srcs[i], g->chunk_bytes);
+                op->sum = stage_copy(op->stage, srcs[i], g->chunk_bytes);
                 call_queue(t, &cl, op);
             }
         }

@@ -18,7 +18,9 @@
  * 16 KiB reads.
  *
  * A GET with a sink whose reply is a bulk string of exactly the sink's
- * length is received straight from the socket into the sink (sink_reply):
+ * length is received straight from the socket into the sink (sink_reply),
+ * and its checksum taken on the way (sink_sum: every 64 KiB received, while
+ * the bytes are in cache):
  * the reply's first line ("$<len>\r\n") is read through hiredis's buffer,
  * then whatever of the value that buffer already holds is copied out, and
  * the rest is received with one recvmsg per burst into the header and the
@@ -41,6 +43,8 @@
 #include <sys/uio.h>
 
 #include <hiredis/hiredis.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 #include "tiers/remote/remote_internal.h"
 
@@ -60,10 +64,11 @@ static void *mk_string(const redisReadTask *task, char *str, size_t len) {
     redisReply *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->type = task->type;
-    const kvo__rc_cmd *sink = task->parent ? NULL : task->privdata;
+    kvo__rc_cmd *sink = task->parent ? NULL : task->privdata;
     if (sink && task->type == REDIS_REPLY_STRING && len == sink->sink_hdr_len + sink->sink_len) {
         memcpy(sink->sink_hdr, str, sink->sink_hdr_len);
         memcpy(sink->sink_dst, str + sink->sink_hdr_len, sink->sink_len);
+        sink->sink_sum = XXH3_64bits(sink->sink_dst, sink->sink_len);
         r->len = len; /* str stays NULL: the bytes are in the sink */
         return r;
     }
@@ -174,9 +179,29 @@ static ssize_t recv_burst(redisContext *ctx, struct iovec *iov, int cnt, uint64_
     return -1;
 }
 
-/* Receive into iov (advancing it) until cnt pieces are full, by deadline.
- * 0, or REDIS_ERR with ctx's error set. */
-static int recv_exact(redisContext *ctx, struct iovec *iov, int cnt, uint64_t t0, uint64_t deadline_ns) {
+/* The running checksum of a sink's destination: the bytes from dst up to
+ * where its iovec (advanced by recv_exact) now starts are in; hash what is
+ * new once there are 64 KiB of it, or all of it (final). */
+typedef struct sink_hash {
+    XXH3_state_t st;
+    const char *dst;
+    const struct iovec *piece;
+    size_t done;
+} sink_hash;
+
+static void sink_hash_step(sink_hash *h, bool final) {
+    size_t in = (size_t)((const char *)h->piece->iov_base - h->dst);
+    if (in - h->done >= ((size_t)64 << 10) || (final && in > h->done)) {
+        XXH3_64bits_update(&h->st, h->dst + h->done, in - h->done);
+        h->done = in;
+    }
+}
+
+/* Receive into iov (advancing it) until cnt pieces are full, by deadline;
+ * h (may be NULL) is stepped after each burst.  0, or REDIS_ERR with ctx's
+ * error set. */
+static int recv_exact(redisContext *ctx, struct iovec *iov, int cnt, uint64_t t0, uint64_t deadline_ns,
+                      sink_hash *h) {
     while (cnt > 0) {
         if (iov->iov_len == 0) {
             iov++;
@@ -196,6 +221,7 @@ static int recv_exact(redisContext *ctx, struct iovec *iov, int cnt, uint64_t t0
                 cnt--;
             }
         }
+        if (h) sink_hash_step(h, false);
     }
     return 0;
 }
@@ -206,7 +232,7 @@ static int recv_exact(redisContext *ctx, struct iovec *iov, int cnt, uint64_t t0
  * (every byte taken from the socket is then in the reader's buffer, in
  * order, for the reader to parse); REDIS_ERR on an I/O error or the
  * deadline. */
-static int sink_reply(redisContext *ctx, const kvo__rc_cmd *sink, void **reply, uint64_t t0, uint64_t deadline_ns) {
+static int sink_reply(redisContext *ctx, kvo__rc_cmd *sink, void **reply, uint64_t t0, uint64_t deadline_ns) {
     redisReader *r = ctx->reader;
     size_t want = sink->sink_hdr_len + sink->sink_len;
     char num[24];
@@ -243,10 +269,19 @@ static int sink_reply(redisContext *ctx, const kvo__rc_cmd *sink, void **reply, 
         iov[first].iov_len -= k;
         if (iov[first].iov_len) break;
     }
-    if (first < 3 && recv_exact(ctx, iov + first, 3 - first, t0, deadline_ns) != REDIS_OK) {
+    sink_hash h;
+    XXH3_INITSTATE(&h.st);
+    XXH3_64bits_reset(&h.st);
+    h.dst = sink->sink_dst;
+    h.piece = &iov[1];
+    h.done = 0;
+    sink_hash_step(&h, false);
+    if (first < 3 && recv_exact(ctx, iov + first, 3 - first, t0, deadline_ns, &h) != REDIS_OK) {
         free(out);
         return REDIS_ERR;
     }
+    sink_hash_step(&h, true);
+    sink->sink_sum = XXH3_64bits_digest(&h.st);
     if (crlf[0] != '\r' || crlf[1] != '\n') {
         free(out);
         return ctx_error(ctx, REDIS_ERR_PROTOCOL, "protocol error", "bulk string not ended by CRLF");
@@ -261,7 +296,7 @@ int kvo__rc_get_reply(redisContext *ctx, void **reply, uint64_t deadline_ns) {
     char buf[65536];
     uint64_t t0 = kvo__now_ns();
     *reply = NULL;
-    const kvo__rc_cmd *sink = ctx->reader->privdata;
+    kvo__rc_cmd *sink = ctx->reader->privdata;
     if (sink && sink->sink_dst && sink->sink_hdr && !ctx->reader->err && reader_idle(ctx->reader)) {
         if (sink_reply(ctx, sink, reply, t0, deadline_ns) != REDIS_OK) return REDIS_ERR;
         if (*reply) return REDIS_OK;
