@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #include "tiers/file_internal.h"
@@ -74,6 +75,19 @@ static uint64_t get64(const unsigned char *p) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
     return v;
+}
+
+uint64_t kvo__file_copy_sum(void *dst, const void *src, size_t n) {
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_64bits_reset(&st);
+    for (size_t off = 0; off < n;) {
+        size_t k = n - off < ((size_t)64 << 10) ? n - off : (size_t)64 << 10;
+        memcpy((unsigned char *)dst + off, (const unsigned char *)src + off, k);
+        XXH3_64bits_update(&st, (unsigned char *)dst + off, k);
+        off += k;
+    }
+    return XXH3_64bits_digest(&st);
 }
 
 void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_hash, const kvo_group_plan *g,

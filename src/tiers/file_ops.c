@@ -3,7 +3,8 @@
  * thread pool in file_workers.c and the ring in uring/file_uring.c).
  *
  * What it owns
- *  - begin: a write encodes the header (checksum of the staged payload) and
+ *  - begin: a write encodes the header (the payload checksum taken as it was
+ *    staged) and
  *    opens its file: a recycled file of the same size (an evicted key's
  *    file, renamed here from its name to a temporary one, then overwritten
  *    in place, no O_TRUNC), else an unnamed O_TMPFILE file in the fan-out directory,
@@ -74,7 +75,7 @@ static void set_iov(kvo__fop *op, unsigned char *payload, const kvo_group_plan *
  * 0 or -errno. */
 static int write_begin(kvo_file_tier *t, kvo__fop *op, const kvo_group_plan *g) {
     kvo__file_hdr h;
-    kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, XXH3_64bits(op->stage, g->chunk_bytes));
+    kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, op->sum);
     kvo__file_hdr_encode(&h, op->hdr);
     char sub[3];
     kvo__file_subdir(&op->key, sub);

@@ -418,10 +418,13 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
             goto next;
         }
         /* 4. copy the payload (zero padding) and queue. */
-        memcpy(stage, srcs[i], g->chunk_bytes);
+        uint64_t sum = kvo__file_copy_sum(stage, srcs[i], g->chunk_bytes);
         if (g->slot_bytes > g->chunk_bytes) memset(stage + g->chunk_bytes, 0, g->slot_bytes - g->chunk_bytes);
         kvo__fop *op = kvo__fop_get(t);
-        if (op) op->stage = stage;
+        if (op) {
+            op->stage = stage;
+            op->sum = sum;
+        }
         if (!op || kvo__fop_enqueue(t, op, KVO__FOP_WRITE, &keys[i], g, user_data ? user_data[i] : 0,
                            t->p.write_completions) != 0) {
             kvo_store_complete_store(t->index, &keys[i], 1, false);

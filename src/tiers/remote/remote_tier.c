@@ -49,9 +49,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
-
 #include "tiers/file_internal.h"
 
 #include "tiers/remote/remote_tier_internal.h"
@@ -579,22 +576,6 @@ static void op_fill(kvo_remote_tier *t, rop *op, uint32_t kind, const kvo_chunk_
     key_name(t, &op->key, op->name, &op->nlen);
 }
 
-/* Copy a put's payload into its staging slot and return its XXH3-64, taken
- * 64 KiB at a time right behind the copy, while the piece is in cache (the
- * worker hashing the staged chunk later read it back from memory). */
-static uint64_t stage_copy(unsigned char *dst, const unsigned char *src, size_t n) {
-    XXH3_state_t st;
-    XXH3_INITSTATE(&st);
-    XXH3_64bits_reset(&st);
-    for (size_t off = 0; off < n;) {
-        size_t k = n - off < ((size_t)64 << 10) ? n - off : (size_t)64 << 10;
-        memcpy(dst + off, src + off, k);
-        XXH3_64bits_update(&st, dst + off, k);
-        off += k;
-    }
-    return XXH3_64bits_digest(&st);
-}
-
 int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                         const uint64_t *user_data, int *results, size_t *n_queued) {
     if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_remote_tier_put: NULL argument");
@@ -617,7 +598,7 @@ int kvo_remote_tier_put(kvo_remote_tier *t, const kvo_chunk_key *keys, const voi
             } else {
                 op_fill(t, op, KVO_REMOTE_OP_PUT, &keys[i], g, user_data ? user_data[i] : 0);
                 op->stage = kvo_arena_slot(t->stage_arena, slot);
-                op->sum = stage_copy(op->stage, srcs[i], g->chunk_bytes);
+                op->sum = kvo__file_copy_sum(op->stage, srcs[i], g->chunk_bytes);
                 call_queue(t, &cl, op);
             }
         }

@@ -19,7 +19,7 @@ struct rop {
     const kvo_group_plan *g;
     uint64_t t_queued;
     unsigned char *stage;      /* put: payload in staging memory */
-    uint64_t sum;              /* put: XXH3-64 of the payload (taken as it was staged) */
+    uint64_t sum;              /* put: XXH3-64 of the payload (kvo__file_copy_sum) */
     unsigned char *hdr;        /* put: header buffer (write ops only) */
     unsigned char *dst;        /* get */
     struct iovec iov[2];
