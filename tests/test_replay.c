@@ -273,7 +273,7 @@ static void near_best_of_three(const char *path, const uint64_t *caps, size_t n,
 /* Mooncake above ~14k blocks, where protection leads LRU by only 2-5 %: the
  * former fixed 5 % margin stayed with LRU there (1.4-2.1 points below
  * S3-FIFO at these capacities); the guarded 1 % margin follows protection
- * (0.5-0.7 below). */
+ * (0.5-0.7 below; 0.2-0.6 with leaf-first order). */
 KVO_TEST(mooncake_prefix_near_best_of_three_above_14k) {
     static const uint64_t caps[] = {16400, 19400, 22400};
     near_best_of_three(mooncake(), caps, 3, 1.0);
@@ -281,7 +281,9 @@ KVO_TEST(mooncake_prefix_near_best_of_three_above_14k) {
 
 /* Documents (Zipf popularity among one-off questions): the short ghost
  * window (W = 1) closes most of the gap to S3-FIFO (before: 1.9-3.6 points
- * below it at these capacities; now 0.3-1.2). */
+ * below it at these capacities; then 0.3-1.2; with leaf-first order and no
+ * hysteresis between settings +0.1..-0.7, and at most 1.3 below over ten
+ * seeds). */
 KVO_TEST(docs_prefix_near_best_of_three) {
     uint64_t distinct;
     const char *path = write_workload("docs3.jsonl", false, false, &distinct);

@@ -28,9 +28,12 @@
  * store follows the one with the most (recent, decayed) hits once it beats
  * the LRU simulation by a margin, and goes back to LRU when its own hits on
  * the sample fall below the LRU simulation's (the guard; the margin then
- * doubles).  Prefix order comes for free: a request's chunks are used root
- * first, so a parent is never newer than its child in the same list, and a
- * reused parent is in M whenever its child is.
+ * doubles).  Prefix order: the store hands this policy a batch's uses
+ * deepest key first (ops.leaf_first), so a request's root is its newest
+ * chunk and each list evicts a chain from its leaf end, leaving a prefix
+ * that still hits (root first, the root went first and took its
+ * descendants' hits with it); a reused parent is in M whenever its child
+ * is.
  *
  * Why this design (docs/replay.md has the numbers): recency wins on chat
  * traces (protection alone loses up to 9 points to LRU there), protection
@@ -39,9 +42,10 @@
  * to +10 points over LRU with W = 4, +2 more with W = 1: with W = 4 a
  * document seen twice in a long while crowds out the popular ones in M).
  * Against the best of LRU, ARC and S3-FIFO over 84-capacity sweeps
- * (200..50,000 blocks): Mooncake on average +0.01 points, worst -0.88;
- * document traces -0.5 on average, worst -2.0 (S3-FIFO's frequency counts,
- * which two LRU lists cannot express); chat 0, worst -0.5 at 200 blocks.
+ * (200..50,000 blocks): Mooncake on average +0.10 points, worst -0.73;
+ * document traces -0.3..-0.4 on average, worst -1.3 (S3-FIFO's frequency
+ * counts, which two LRU lists cannot express, and protection's small leads
+ * at large caches, within the sampling noise); chat never below.
  * The rest of the gap to Belady's MIN is dead chunks of requests that look
  * like the ones that get reused: no recency or frequency signal separates
  * them (docs/replay.md shows the bounds with oracles).
