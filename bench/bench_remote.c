@@ -18,8 +18,8 @@
  * Figures: remote.write.<size>, remote.read.<size> (GB/s, ratio to the raw
  * limit; goal >= 0.9), each the median of --reps rounds (9 by default:
  * with 3, one run in three had a 256 KiB figure 0.1 off its neighbours on
- * a quiet machine) in which raw and tier alternate going first.  Keys are left to the server's
- * LRU (prefix kvobench-<pid>).
+ * a quiet machine) in which raw and tier alternate going first.  Keys are
+ * left to the server's LRU (prefix kvobench-<pid>).
  */
 #include <pthread.h>
 #include <stdio.h>

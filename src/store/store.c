@@ -614,18 +614,13 @@ int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     kvo__store_lock(s);
     kvo__pipe pp;
     bool memo = kvo__memo_all(s, keys, n); /* confirmed keys were checked when recorded */
-    if (!memo && (rc = kvo__check_keys(s, keys, n, fn))) {
+    /* leaf first: resolved in order (the probes are pipelined; resolve
+     * checks the keys), used backwards */
+    if (!memo && (rc = s->pol->leaf_first ? kvo__resolve(s, keys, n, fn) : kvo__check_keys(s, keys, n, fn))) {
         kvo__store_unlock(s);
         return rc;
     }
-    const uint32_t *ent = memo ? s->memo : NULL;
-    if (!ent && s->pol->leaf_first) { /* resolved in order (the probes are pipelined), used backwards */
-        if ((rc = kvo__resolve(s, keys, n, fn))) {
-            kvo__store_unlock(s);
-            return rc;
-        }
-        ent = s->sc_ent;
-    }
+    const uint32_t *ent = memo ? s->memo : s->pol->leaf_first ? s->sc_ent : NULL;
     if (!ent) kvo__pipe_init(&pp, keys, n);
     for (size_t k = 0; k < n; k++) {
         size_t i = kvo__use_at(s->pol, n, k);

@@ -81,8 +81,9 @@ typedef struct kvo__file_hdr {
 /* Copy a chunk's payload (n bytes) into staging and return its payload
  * checksum (XXH3-64), taken 64 KiB at a time right behind the copy, while
  * the piece is in cache: hashing the staged chunk later read it back from
- * memory (15-20 % of a 256 KiB remote read or write; docs/benchmarks.md).
- * The file tier's and the remote tier's puts. */
+ * memory (on the read side the same re-read was 15-20 % of a 256 KiB
+ * remote read; docs/benchmarks.md).  The file tier's and the remote tier's
+ * puts. */
 uint64_t kvo__file_copy_sum(void *dst, const void *src, size_t n);
 /* Fill a header for a group's chunk (payload checksum given). */
 void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_hash, const kvo_group_plan *g,
