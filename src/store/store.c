@@ -134,6 +134,7 @@ static int kvo__scratch(kvo_store *s, size_t n) {
     size_t want = 16;
     while (want < 2 * n) want *= 2;
     if (!rc) rc = kvo__grow((void **)&s->sc_set, &s->sc_setcap, want, sizeof *s->sc_set, 16, "store: scratch set");
+    if (!rc) rc = kvo__grow((void **)&s->sc_mix, &s->sc_mixcap, n, sizeof *s->sc_mix, 64, "store: scratch mix");
     if (!rc) rc = kvo__grow((void **)&s->memo, &s->memo_cap, n, sizeof *s->memo, 64, "store: scratch memo");
     if (!rc) rc = kvo__grow((void **)&s->memo_key, &s->memo_kcap, n, sizeof *s->memo_key, 64, "store: scratch memo");
     if (s->memo_kcap < s->memo_cap) s->memo_cap = s->memo_kcap; /* the memo holds what both hold */
@@ -308,6 +309,7 @@ void kvo_store_destroy(kvo_store *s) {
     kvo__free(s->sc_ent);
     kvo__free(s->sc_vict);
     kvo__free(s->sc_set);
+    kvo__free(s->sc_mix);
     kvo__free(s->memo);
     kvo__free(s->memo_key);
     kvo__free(s);
@@ -318,7 +320,9 @@ uint64_t kvo_store_capacity(const kvo_store *s) { return s ? s->params.capacity_
 
 /* -------------------------------------------------------- entry life -- */
 
-uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k) {
+uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k) { return kvo__entry_new_h(s, k, kvo__key_mix(k)); }
+
+uint32_t kvo__entry_new_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h) {
     uint32_t e = s->pool_free;
     assert(e != KVO__NIL);
     kvo__entry *x = &s->ent[e];
@@ -328,7 +332,7 @@ uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k) {
     x->key.reserved = 0;
     x->prev = x->next = KVO__NIL;
     x->slot = KVO__NIL;
-    kvo__index_insert(s, e);
+    kvo__index_insert_h(s, e, h);
     return e;
 }
 

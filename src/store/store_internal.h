@@ -277,7 +277,8 @@ struct kvo_store {
     uint32_t *sc_ent;                      /* per batch key: entry or NIL */
     uint32_t *sc_vict;                     /* victims */
     uint64_t *sc_set;                      /* duplicate detection */
-    size_t sc_cap, sc_vcap, sc_setcap;
+    uint64_t *sc_mix;                      /* prepare_store: an absent key's kvo__key_mix, by batch position */
+    size_t sc_cap, sc_vcap, sc_setcap, sc_mixcap;
     /* the last batch's resident entries by position (store.c, "Memo"); the
      * keys of its NIL positions, absent while res_gen == memo_gen */
     uint32_t *memo;
@@ -297,6 +298,8 @@ uint32_t kvo__index_find(kvo_store *s, const kvo_chunk_key *k);
 /* The same with h = kvo__key_mix(k) already computed. */
 uint32_t kvo__index_find_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h);
 void kvo__index_insert(kvo_store *s, uint32_t e);
+/* The same with the key's kvo__key_mix already known (h). */
+void kvo__index_insert_h(kvo_store *s, uint32_t e, uint64_t h);
 void kvo__index_remove(kvo_store *s, uint32_t e);
 
 /* list helpers over s->ent */
@@ -386,6 +389,8 @@ static inline void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *
 }
 /* A fresh pool entry for key k, in the index. */
 uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k);
+/* The same with the key's kvo__key_mix already known (h). */
+uint32_t kvo__entry_new_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h);
 /* Release a resident entry's slot and accounting (not the policy queues). */
 void kvo__resident_release(kvo_store *s, uint32_t e);
 /* The same, but the slot stays allocated and is returned (prepare_store

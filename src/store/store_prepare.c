@@ -43,24 +43,49 @@ static inline int kvo__push_victim(kvo_store *s, size_t nv, uint32_t e) {
     return 0;
 }
 
-/* Duplicate detection over keys[0..n), resolved (s->sc_ent): set of indices
- * into keys, sized 2n.  A present key is its entry (the index holds one per
- * key), so a repeat of it resolves to the same entry: present keys are
- * hashed and compared by entry, without mixing the key; an absent key can
- * only repeat an absent key, compared by key. */
+/* Duplicate detection over keys[0..n), resolved (s->sc_ent), which also
+ * leaves each absent key's kvo__key_mix in s->sc_mix (its index insertion
+ * at commit reuses it).  A present key is its entry (the index holds one per
+ * key), so a repeat of it is the same entry: present keys are marked
+ * (KVO__F_BATCH, cleared again before returning), as complete_store does,
+ * with no hashing; an absent key can only repeat an absent key: those go
+ * through a set of batch positions (s->sc_set, sized 2n), compared by mix,
+ * then key.  1 and *a < *b on a repeat. */
 static int kvo__find_dup(kvo_store *s, const kvo_chunk_key *keys, size_t n, size_t *a, size_t *b) {
+    const uint32_t *ent = s->sc_ent;
+    size_t i, absent = 0;
+    int dup = 0;
+    for (i = 0; i < n; i++) {
+        uint32_t e = ent[i];
+        if (e == KVO__NIL) {
+            s->sc_mix[i] = kvo__key_mix(&keys[i]);
+            absent++;
+        } else if (s->ent[e].flags & KVO__F_BATCH) {
+            size_t o = 0;
+            while (ent[o] != e) o++;
+            *a = o;
+            *b = i;
+            dup = 1;
+            break;
+        } else {
+            s->ent[e].flags |= KVO__F_BATCH;
+        }
+    }
+    while (i > 0)
+        if (ent[--i] != KVO__NIL) s->ent[ent[i]].flags &= (uint8_t)~KVO__F_BATCH;
+    if (dup || absent < 2) return dup;
     size_t m = 16;
     while (m < 2 * n) m *= 2;
     uint64_t *t = s->sc_set;
-    const uint32_t *ent = s->sc_ent;
+    const uint64_t *mix = s->sc_mix;
     memset(t, 0xFF, m * sizeof *t);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t e = ent[i];
-        uint64_t h = e != KVO__NIL ? ((uint64_t)e * UINT64_C(0x9E3779B97F4A7C15)) >> 29 : kvo__key_mix(&keys[i]);
+    for (i = 0; i < n; i++) {
+        if (ent[i] != KVO__NIL) continue;
+        uint64_t h = mix[i];
         for (size_t j = h & (m - 1);; j = (j + 1) & (m - 1)) {
             if (t[j] == UINT64_MAX) { t[j] = i; break; }
             size_t o = (size_t)t[j];
-            if (ent[o] == e && (e != KVO__NIL || kvo_chunk_key_eq(&keys[o], &keys[i]))) { *a = o; *b = i; return 1; }
+            if (mix[o] == h && kvo_chunk_key_eq(&keys[o], &keys[i])) { *a = o; *b = i; return 1; }
         }
     }
     return 0;
@@ -200,8 +225,8 @@ typedef struct kvo__batch {
 static int kvo__ps_validate(kvo_store *s, const kvo_chunk_key *keys, size_t n, const char *fn) {
     int rc = kvo__resolve(s, keys, n, fn);
     if (rc) return rc;
-    size_t da, db;
-    if (n > 1 && kvo__find_dup(s, keys, n, &da, &db))
+    size_t da = 0, db = 0;
+    if (kvo__find_dup(s, keys, n, &da, &db))
         return kvo__error(KVO_EINVAL, "%s: key %zu repeats key %zu (group %u); a batch names each chunk once", fn,
                           db, da, keys[db].group);
     return 0;
@@ -412,19 +437,19 @@ static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evict
  * and a slot, PENDING; returns the entry.  The slot is a victim's from
  * step 5a while *ho < nho (sc_vict[*ho], then *ho advances), else a free
  * one. */
-static uint32_t kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, kvo_slot *slot_out, size_t *ho,
-                                   size_t nho) {
+static uint32_t kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, uint64_t mix, kvo_slot *slot_out,
+                                   size_t *ho, size_t nho) {
     uint32_t g = key->group;
     uint32_t c = s->group_cls[g];
     /* resolution found no resident entry; only a ghost can be there (none
      * exist under LRU: skip the second probe) */
-    uint32_t e = s->ghosts ? kvo__index_find(s, key) : KVO__NIL;
+    uint32_t e = s->ghosts ? kvo__index_find_h(s, key, mix) : KVO__NIL;
     if (e != KVO__NIL) { /* a ghost: revive */
         assert(s->ent[e].state == KVO__E_GHOST);
         s->pol->ghost_claim(s, e);
         s->ghosts--;
     } else {
-        e = kvo__entry_new(s, key);
+        e = kvo__entry_new_h(s, key, mix);
     }
     kvo__entry *x = &s->ent[e];
     uint64_t off = 0;
@@ -513,7 +538,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         uint32_t e = s->sc_ent[i];
         need[i] = e == KVO__NIL;
         if (e == KVO__NIL) {
-            s->memo[m++] = kvo__ps_commit_new(s, &keys[i], &slots[i], &ho, handoff ? nv : 0);
+            s->memo[m++] = kvo__ps_commit_new(s, &keys[i], s->sc_mix[i], &slots[i], &ho, handoff ? nv : 0);
         } else {
             slots[i].offset = 0;
             slots[i].bytes = 0;
