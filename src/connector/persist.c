@@ -13,8 +13,7 @@
  */
 #include <limits.h>
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
+#include "core/xxh.h"
 
 #include "connector/connector_internal.h"
 

@@ -36,8 +36,7 @@
  * slip in between the new layout and the invalidation.  It is a
  * reconfiguration call, not a per-step one.
  */
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
+#include "core/xxh.h"
 
 #include "connector/connector_internal.h"
 #include "kvoffload/kvo_remote_tier.h"

@@ -38,8 +38,7 @@
 #include <stdlib.h>
 
 #include <jansson.h>
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
+#include "core/xxh.h"
 
 #include "geometry/geometry_internal.h"
 

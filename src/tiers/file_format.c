@@ -55,8 +55,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
+#include "core/xxh.h"
 
 #include "tiers/file_internal.h"
 

@@ -42,7 +42,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <xxhash.h>
+#include "core/xxh.h"
 
 #include "tiers/file_internal.h"
 

@@ -34,7 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <xxhash.h>
+#include "core/xxh.h"
 
 #include "tiers/file_internal.h"
 

@@ -32,8 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
+#include "core/xxh.h"
 
 #include "transfer/transfer_internal.h"
 

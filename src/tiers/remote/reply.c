@@ -43,8 +43,7 @@
 #include <sys/uio.h>
 
 #include <hiredis/hiredis.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
+#include "core/xxh.h"
 
 #include "tiers/remote/remote_internal.h"
 
