@@ -85,9 +85,7 @@ uint32_t kvo__index_find_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h) {
     }
 }
 
-void kvo__index_insert(kvo_store *s, uint32_t e) { kvo__index_insert_h(s, e, kvo__key_mix(&s->ent[e].key)); }
-
-void kvo__index_insert_h(kvo_store *s, uint32_t e, uint64_t h) {
+void kvo__index_insert(kvo_store *s, uint32_t e, uint64_t h) {
     kvo__index *ix = &s->ix;
     assert(h == kvo__key_mix(&s->ent[e].key));
     uint64_t i = h & ix->mask;

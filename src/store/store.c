@@ -320,9 +320,7 @@ uint64_t kvo_store_capacity(const kvo_store *s) { return s ? s->params.capacity_
 
 /* -------------------------------------------------------- entry life -- */
 
-uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k) { return kvo__entry_new_h(s, k, kvo__key_mix(k)); }
-
-uint32_t kvo__entry_new_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h) {
+uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k, uint64_t h) {
     uint32_t e = s->pool_free;
     assert(e != KVO__NIL);
     kvo__entry *x = &s->ent[e];
@@ -332,7 +330,7 @@ uint32_t kvo__entry_new_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h) {
     x->key.reserved = 0;
     x->prev = x->next = KVO__NIL;
     x->slot = KVO__NIL;
-    kvo__index_insert_h(s, e, h);
+    kvo__index_insert(s, e, h);
     return e;
 }
 

@@ -297,9 +297,8 @@ struct kvo_store {
 uint32_t kvo__index_find(kvo_store *s, const kvo_chunk_key *k);
 /* The same with h = kvo__key_mix(k) already computed. */
 uint32_t kvo__index_find_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h);
-void kvo__index_insert(kvo_store *s, uint32_t e);
-/* The same with the key's kvo__key_mix already known (h). */
-void kvo__index_insert_h(kvo_store *s, uint32_t e, uint64_t h);
+/* Insert entry e, whose key's kvo__key_mix is h (asserted). */
+void kvo__index_insert(kvo_store *s, uint32_t e, uint64_t h);
 void kvo__index_remove(kvo_store *s, uint32_t e);
 
 /* list helpers over s->ent */
@@ -387,10 +386,8 @@ void kvo__event_push(kvo_store *s, uint32_t type, const kvo_chunk_key *k);
 static inline void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *k) {
     if (s->events.cap) kvo__event_push(s, type, k);
 }
-/* A fresh pool entry for key k, in the index. */
-uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k);
-/* The same with the key's kvo__key_mix already known (h). */
-uint32_t kvo__entry_new_h(kvo_store *s, const kvo_chunk_key *k, uint64_t h);
+/* A fresh pool entry for key k (h: its kvo__key_mix), in the index. */
+uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k, uint64_t h);
 /* Release a resident entry's slot and accounting (not the policy queues). */
 void kvo__resident_release(kvo_store *s, uint32_t e);
 /* The same, but the slot stays allocated and is returned (prepare_store

@@ -449,7 +449,7 @@ static uint32_t kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, uint6
         s->pol->ghost_claim(s, e);
         s->ghosts--;
     } else {
-        e = kvo__entry_new_h(s, key, mix);
+        e = kvo__entry_new(s, key, mix);
     }
     kvo__entry *x = &s->ent[e];
     uint64_t off = 0;
