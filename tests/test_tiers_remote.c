@@ -13,6 +13,65 @@
 
 /* ------------------------------------------------------------------ tests */
 
+#if KVO_HAVE_REDIS
+#include <hiredis/hiredis.h>
+
+#include "tiers/remote/remote_internal.h"
+#endif
+
+/* The reader's own path for a GET whose whole value is already in hiredis's
+ * buffer (reply.c, mk_string): header and payload land in the sink, the
+ * payload checksum is the one of its bytes, and a reply of another length
+ * stays a heap string.  No cluster: bytes are fed to the reader directly. */
+KVO_TEST(reader_sink_takes_a_whole_value) {
+#if !KVO_HAVE_REDIS
+    SKIP("built without hiredis");
+#else
+    enum { HDR = 4096, PAY = 200000 };
+    size_t n = HDR + PAY;
+    char *wire = malloc(n + 64), *hdr = malloc(HDR), *dst = malloc(PAY);
+    ASSERT_TRUE(wire && hdr && dst);
+    int head = snprintf(wire, 64, "$%zu\r\n", n);
+    for (size_t i = 0; i < n; i++) wire[head + i] = (char)(i * 131u + (i >> 9));
+    memcpy(wire + head + n, "\r\n", 2);
+    redisContext ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.reader = redisReaderCreate();
+    ASSERT_TRUE(ctx.reader != NULL);
+    kvo__rc_reader_setup(&ctx, n);
+    kvo__rc_cmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.sink_hdr = hdr;
+    cmd.sink_dst = dst;
+    cmd.sink_hdr_len = HDR;
+    cmd.sink_len = PAY;
+    ctx.reader->privdata = &cmd;
+    ASSERT_EQ_INT(redisReaderFeed(ctx.reader, wire, (size_t)head + n + 2), REDIS_OK);
+    redisReply *r = NULL;
+    ASSERT_EQ_INT(redisReaderGetReply(ctx.reader, (void **)&r), REDIS_OK);
+    ASSERT_TRUE(r != NULL);
+    ASSERT_TRUE(r->str == NULL); /* the bytes are in the sink */
+    ASSERT_EQ_U64(r->len, n);
+    ASSERT_TRUE(memcmp(hdr, wire + head, HDR) == 0);
+    ASSERT_TRUE(memcmp(dst, wire + head + HDR, PAY) == 0);
+    ASSERT_EQ_U64(cmd.sink_sum, XXH3_64bits(wire + head + HDR, PAY));
+    freeReplyObject(r);
+    /* one byte short: not the sink's length, a heap string as usual */
+    head = snprintf(wire, 64, "$%zu\r\n", n - 1);
+    for (size_t i = 0; i < n - 1; i++) wire[head + i] = (char)i;
+    memcpy(wire + head + n - 1, "\r\n", 2);
+    ASSERT_EQ_INT(redisReaderFeed(ctx.reader, wire, (size_t)head + n + 1), REDIS_OK);
+    ASSERT_EQ_INT(redisReaderGetReply(ctx.reader, (void **)&r), REDIS_OK);
+    ASSERT_TRUE(r != NULL && r->str != NULL);
+    ASSERT_EQ_U64(r->len, n - 1);
+    freeReplyObject(r);
+    redisReaderFree(ctx.reader);
+    free(wire);
+    free(hdr);
+    free(dst);
+#endif
+}
+
 KVO_TEST(crc16_slots) {
 #if !KVO_HAVE_REDIS
     SKIP("built without hiredis");

@@ -81,7 +81,7 @@ uint64_t kvo__file_copy_sum(void *dst, const void *src, size_t n) {
     XXH3_INITSTATE(&st);
     XXH3_64bits_reset(&st);
     for (size_t off = 0; off < n;) {
-        size_t k = n - off < ((size_t)64 << 10) ? n - off : (size_t)64 << 10;
+        size_t k = n - off < KVO__SUM_PIECE ? n - off : KVO__SUM_PIECE;
         memcpy((unsigned char *)dst + off, (const unsigned char *)src + off, k);
         XXH3_64bits_update(&st, (unsigned char *)dst + off, k);
         off += k;

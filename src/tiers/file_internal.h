@@ -83,7 +83,9 @@ typedef struct kvo__file_hdr {
  * the piece is in cache: hashing the staged chunk later read it back from
  * memory (on the read side the same re-read was 15-20 % of a 256 KiB
  * remote read; docs/benchmarks.md).  The file tier's and the remote tier's
- * puts. */
+ * puts, and the remote reader's (reply.c), which hashes a GET it receives
+ * in pieces of the same size. */
+#define KVO__SUM_PIECE ((size_t)64 << 10)
 uint64_t kvo__file_copy_sum(void *dst, const void *src, size_t n);
 /* Fill a header for a group's chunk (payload checksum given). */
 void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_hash, const kvo_group_plan *g,

@@ -6,7 +6,9 @@
  * A leaf of tiers/remote: cluster.c installs these functions on each
  * connection it opens (kvo__rc_reader_setup), pipeline.c points the
  * reader's privdata at the GET being read (a kvo__rc_cmd with a sink) and
- * back to NULL afterwards.  It calls no other file of the folder.
+ * back to NULL afterwards.  It calls no other file of the folder (of tiers/,
+ * kvo__file_copy_sum: a value that reaches the reader whole is copied into
+ * its sink and hashed in the same pass as a put's staging copy).
  *
  * Deadlines: hiredis's blocking redisGetReply bounds each recv by
  * SO_RCVTIMEO, not a reply, so a node that trickles its reply (each gap
@@ -45,6 +47,7 @@
 #include <hiredis/hiredis.h>
 #include "core/xxh.h"
 
+#include "tiers/file_internal.h" /* kvo__file_copy_sum, KVO__SUM_PIECE */
 #include "tiers/remote/remote_internal.h"
 
 /* hiredis's reply objects (the same redisReply, freed by freeReplyObject)
@@ -66,8 +69,7 @@ static void *mk_string(const redisReadTask *task, char *str, size_t len) {
     kvo__rc_cmd *sink = task->parent ? NULL : task->privdata;
     if (sink && task->type == REDIS_REPLY_STRING && len == sink->sink_hdr_len + sink->sink_len) {
         memcpy(sink->sink_hdr, str, sink->sink_hdr_len);
-        memcpy(sink->sink_dst, str + sink->sink_hdr_len, sink->sink_len);
-        sink->sink_sum = XXH3_64bits(sink->sink_dst, sink->sink_len);
+        sink->sink_sum = kvo__file_copy_sum(sink->sink_dst, str + sink->sink_hdr_len, sink->sink_len);
         r->len = len; /* str stays NULL: the bytes are in the sink */
         return r;
     }
@@ -190,7 +192,7 @@ typedef struct sink_hash {
 
 static void sink_hash_step(sink_hash *h, bool final) {
     size_t in = (size_t)((const char *)h->piece->iov_base - h->dst);
-    if (in - h->done >= ((size_t)64 << 10) || (final && in > h->done)) {
+    if (in - h->done >= KVO__SUM_PIECE || (final && in > h->done)) {
         XXH3_64bits_update(&h->st, h->dst + h->done, in - h->done);
         h->done = in;
     }
