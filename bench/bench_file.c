@@ -271,10 +271,11 @@ static int pair_bw(const char *work, kvo_file_io_kind io, uint64_t n, uint64_t c
         return -1;
     }
     memset(j.bufs, 0xa5, threads * file_bytes); /* pre-faulted, like the tier's staging */
-    /* the ring: as many file images as the tier below can have writes in
-     * flight (max_pending_writes 64, within max_staging_bytes) */
+    /* the tier below: staging for 16 files or 64 MiB, 64 writes queued at
+     * most; the ring: as many file images as it can have writes in flight */
     uint64_t staging = 16 * file_bytes < (UINT64_C(64) << 20) ? UINT64_C(64) << 20 : 16 * file_bytes;
-    j.nring = staging / file_bytes < 64 ? staging / file_bytes : 64;
+    const uint32_t pending = 64;
+    j.nring = staging / file_bytes < pending ? staging / file_bytes : pending;
     if (posix_memalign((void **)&j.ring, 4096, j.nring * file_bytes)) {
         free(j.bufs);
         rm_rf(dir);
@@ -302,9 +303,8 @@ static int pair_bw(const char *work, kvo_file_io_kind io, uint64_t n, uint64_t c
     p.plan = plan;
     p.io = io;
     p.quota_bytes = (n + 4) * g->slot_bytes;
-    p.max_staging_bytes = 16 * (g->slot_bytes + KVO_FILE_HEADER_BYTES); /* as the ring above */
-    if (p.max_staging_bytes < (64ull << 20)) p.max_staging_bytes = 64ull << 20;
-    p.max_pending_writes = 64;
+    p.max_staging_bytes = staging;
+    p.max_pending_writes = pending;
     p.log_interval_s = 3600;
     if (g_depth) {
         p.queue_depth = g_depth;
