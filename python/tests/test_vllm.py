@@ -646,6 +646,80 @@ def test_remote_tier_shares_chunks_between_engines():
     assert kvo_vllm.layout_hash(c1) != kvo_vllm.layout_hash(c2)
 
 
+def test_remote_answers_keep_what_this_engine_put():
+    """kvoffload.vllm.answers: an answer that lands "absent" for a key put
+    since its question went out (or announced as about to be asked) is
+    kept as "present"; other answers as they land; a put turns a remembered
+    "absent" into "present"; answers expire and stay bounded."""
+    from kvoffload.vllm.answers import RemoteAnswers
+    a = RemoteAnswers(60.0, cap=4)
+    a.sent(1, "k")
+    assert a.asking("k") and a.in_flight() and a.get("k") is None
+    a.stored("k")
+    a.landed(1, False)
+    assert a.get("k") is True and not a.asking("k") and not a.in_flight()
+    a.sent(2, "j")
+    a.landed(2, False)                 # nothing put: absent
+    assert a.get("j") is False
+    a.stored("j")                       # remembered absent, then put
+    assert a.get("j") is True
+    a.stored("q", asking=True)          # put while queued in a batch ...
+    a.sent(3, "q")
+    a.landed(3, False)
+    assert a.get("q") is True
+    a.stored("r", asking=True)          # ... and a batch the tier refused
+    a.not_sent("r")
+    a.sent(4, "r")
+    a.landed(4, False)
+    assert a.get("r") is False
+    a.landed(99, True)                  # unknown user data: ignored
+    for i in range(10):
+        a.remember(i, True)
+    assert a.get("k") is None and a.get(9) is True   # oldest dropped past cap
+    b = RemoteAnswers(0.0)
+    b.remember("x", True)
+    import time
+    time.sleep(0.001)
+    assert b.get("x") is None           # expired
+
+
+def test_remote_answer_landing_after_own_put_is_present():
+    """vLLM asks for a key (RETRY: EXISTS in flight), goes on to compute it
+    (another group's key missed) and stores it before the answer lands;
+    the answer, "absent" when asked, must not be remembered: once the host
+    tier has dropped the chunk, a lookup reads it back from the cluster
+    (a stale "absent" made it a MISS until remote_answer_ttl_ms passed)."""
+    page = 2048
+    rex = _redis_extra("vllm-asked")
+    rc = ReqContext("r")
+    a = keys_of(3, 1)
+    _spec, m, ts, w = _engine_parts(page, rex, seed=3)
+    try:
+        assert m.lookup(a[0], rc) == LookupResult.RETRY
+        out = m.prepare_store(a, rc)
+        assert w.submit_store(1, GPULoadStoreSpec([4, 5], group_sizes=[2], block_indices=[0]), out.store_spec)
+        w.wait({1})
+        w.get_finished()
+        m.complete_store(a, rc)
+        assert m.remote_tier.flush(20000) == 0
+        _settle(m)  # the EXISTS answer lands
+        assert m.stats()["remote"]["exists_misses"] == 1   # it was absent when asked
+        m.store.remove(m._ckeys(a))                          # the host tier drops the chunk
+        assert m.lookup(a[0], rc) == LookupResult.HIT_PENDING
+        _settle(m)
+        assert m.lookup(a[0], rc) == LookupResult.HIT
+        ls = m.prepare_load(a, rc)
+        assert w.submit_load(2, ls, GPULoadStoreSpec([20, 21], group_sizes=[2], block_indices=[0]))
+        w.wait({2})
+        assert w.get_finished()[0].success
+        m.complete_load(a, rc)
+        for t in ts:
+            assert torch.equal(t[20:22], t[4:6])
+    finally:
+        w.shutdown()
+        m.shutdown()
+
+
 def test_remote_tier_through_vllms_scheduler(sim):
     """Two engines, one cluster: what engine 1 computed, engine 2 (its own
     host tier, empty) loads through vLLM's scheduler and connector, and the

@@ -12,6 +12,9 @@ The package (the import path vLLM is given, spec_module_path
   tiering.py  KvoffloadFileTier and KvoffloadRedisTier: kvoffload's file and
               Redis Cluster tiers as secondary tiers of vLLM's own
               TieringOffloadingSpec (vLLM's CPU primary tier stays)
+  answers.py  the Redis tier's EXISTS answers (manager.py's and tiering.py's):
+              hints kept a while, never "absent" for a key this engine put
+              after asking
   compat.py   what differs between the vLLM versions, by feature detection
 
 Use with vLLM's OffloadingConnector:

@@ -21,8 +21,6 @@ slot, and only a refusal then loses it ("file_lost")."""
 from __future__ import annotations
 
 import ctypes
-import time
-from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Optional
 
@@ -42,6 +40,7 @@ except ImportError as e:  # a checkout used without building the package
                       f"import error: {e}") from e
 from ..core import KEY_DTYPE, PENDING, READY, FileTier, Plan, RemoteTier, Store
 from ..shm import SharedArena
+from .answers import RemoteAnswers
 from .compat import failed_store_event
 from .config import KvoffloadLoadStoreSpec
 
@@ -100,19 +99,15 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._pending: dict[bytes, int] = {}          # with a file tier: kvo key bytes -> slot offset
         self._promoting: dict[int, tuple[bytes, OffloadKey]] = {}  # file reads into host slots
         self._fetching: dict[int, tuple[bytes, OffloadKey]] = {}   # remote gets into host slots
-        self._asking: dict[int, bytes] = {}                         # remote EXISTS in flight
-        self._asked: set[bytes] = set()                             # ... their keys
-        # remote answers: kvo key bytes -> (present, expiry); oldest first,
-        # bounded (an entry is only a hint: a wrong one costs a RETRY or a miss)
-        self._answers: OrderedDict[bytes, tuple[bool, float]] = OrderedDict()
-        self._answers_max = 1 << 16
+        # the remote tier's EXISTS answers and questions in flight, by kvo key bytes
+        self._answers = RemoteAnswers(self.remote_answer_ttl_s)
         self._next_ud = 1
         self._stage: Optional[Store] = Store(plan, staging_bytes) if staging_bytes else None
         self._staged: dict[bytes, int] = {}             # kvo key bytes -> arena offset, store in flight
         self._retry: dict[bytes, tuple[int, bool]] = {}  # file writes to retry: -> (arena offset, staged)
         self._retry_stalls = 0
         self._sc = dict(offered=0, rejected=0, staged=0, file_queued=0, file_deferred=0, file_lost=0,
-                        file_refused=0, remote_refused=0)
+                        file_refused=0, remote_refused=0, read_no_room=0)
 
     def _new_store(self) -> Store:
         return Store(self.plan, self.capacity_bytes, policy=self.policy, admit_after=self.store_threshold)
@@ -180,6 +175,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         try:
             need, slots, ev, evs = self.store.prepare_store(keys)
         except L.KvoError:
+            self._sc["read_no_room"] += 1
             return _MISS
         self._on_evicted(ev.ctypes.data, evs.ctypes.data, len(ev))
         if not need[0]:
@@ -199,47 +195,33 @@ class KvoffloadOffloadingManager(OffloadingManager):
         (HIT_PENDING until it lands)."""
         rt = self.remote_tier
         assert rt is not None and self.arena is not None
-        if self._asking or self._fetching:
+        answers = self._answers
+        if answers.in_flight() or self._fetching:
             self._poll_remote()
-        now = time.monotonic()
-        ans = self._answers.get(ck)
-        if ans is not None and ans[1] < now:
-            del self._answers[ck]
-            ans = None
-        if ans is None:
-            if ck in self._asked:
+        present = answers.get(ck)
+        if present is None:
+            if answers.asking(ck):
                 return _RETRY
             ud = self._next_ud
             self._next_ud += 1
             if rt.exists(np.frombuffer(ck, dtype=KEY_DTYPE).copy(), [ud])[0] != 0:  # too many in flight
                 return _MISS
-            self._asking[ud] = ck
-            self._asked.add(ck)
+            answers.sent(ud, ck)
             return _RETRY
-        if not ans[0]:
+        if not present:
             return _MISS
         r = self._read_into_host(ck, key, rt.get, self._fetching)
         if r is _PENDING:
-            self._answers.pop(ck, None)  # the read's outcome decides from here
+            answers.forget(ck)  # the read's outcome decides from here
         return r
 
-    def _remember(self, ck: bytes, present: bool) -> None:
-        a = self._answers
-        a[ck] = (present, time.monotonic() + self.remote_answer_ttl_s)
-        a.move_to_end(ck)
-        while len(a) > self._answers_max:
-            a.popitem(last=False)
-
     def _poll_remote(self) -> None:
-        if self.remote_tier is None or not (self._asking or self._fetching):
+        if self.remote_tier is None or not (self._answers.in_flight() or self._fetching):
             return
         for c in self.remote_tier.poll():
             ud = c["user_data"]
             if c["op"] == L.REMOTE_OP_EXISTS:
-                ck = self._asking.pop(ud, None)
-                if ck is not None:
-                    self._asked.discard(ck)
-                    self._remember(ck, c["result"] == 0)
+                self._answers.landed(ud, c["result"] == 0)
                 continue
             item = self._fetching.pop(ud, None) if c["op"] == L.REMOTE_OP_GET else None
             if item is None:
@@ -249,7 +231,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self.store.complete_store(np.frombuffer(ck, dtype=KEY_DTYPE).copy(), ok=ok)
             if not ok:
                 self._names.pop(ck, None)
-                self._remember(ck, False)
+                self._answers.remember(ck, False)
 
     def _poll_tiers(self) -> None:
         self._poll_file()
@@ -349,6 +331,9 @@ class KvoffloadOffloadingManager(OffloadingManager):
             ckeys = np.frombuffer(b"".join(recs), dtype=KEY_DTYPE)
             res = self.remote_tier.put(ckeys, [self.arena.base + o for o in offs])  # copied before it returns
             self._sc["remote_refused"] += int(np.count_nonzero((res != 0) & (res != L.KVO_EEXIST)))
+            for r, rc in zip(recs, res.tolist()):
+                if rc == 0 or rc == L.KVO_EEXIST:
+                    self._answers.stored(r)  # an "absent" remembered or on its way is stale
         if staged:
             self._unstage([r for r in recs if r not in self._retry])
 
@@ -526,12 +511,6 @@ class KvoffloadOffloadingManager(OffloadingManager):
             offs = [self._pending.pop(r, 0) for r in recs]
             if success and self.arena is not None:
                 self._write_lower(recs, offs, False)
-                if self.remote_tier is not None:
-                    # an "absent" answer remembered for these keys is stale
-                    # now: a lookup before the answer expired would miss
-                    for r in recs:
-                        if r in self._answers:
-                            self._remember(r, True)
         if self.events is not None:
             ev = (OffloadingEvent(keys=keys, medium=self.medium, removed=False) if success
                   else failed_store_event(keys, self.medium))
@@ -552,7 +531,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         # file writes waiting for a retry keep vLLM stepping while they make
         # progress (the queue drains); a tier that refuses them for 200
         # steps in a row no longer does
-        return bool(self._promoting or self._fetching or self._asking or
+        return bool(self._promoting or self._fetching or self._answers.in_flight() or
                     (self._retry and self._retry_stalls < 200))
 
     def reset_cache(self) -> None:
@@ -561,7 +540,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         while self._promoting and self.file_tier is not None:
             self.file_tier.wait(1000)
             self._poll_file()
-        while (self._fetching or self._asking) and self.remote_tier is not None:
+        while (self._fetching or self._answers.in_flight()) and self.remote_tier is not None:
             self.remote_tier.wait(1000)
             self._poll_remote()
         self._answers.clear()
@@ -582,8 +561,9 @@ class KvoffloadOffloadingManager(OffloadingManager):
         """kvoffload's store statistics (and the file tier's); "stores":
         the store path's counters (module doc): offered, rejected (lost:
         no host or staging room), staged, file_queued, file_deferred,
-        file_lost, file_refused (quota or I/O), remote_refused, and
-        staged_now / retry_now (in flight)."""
+        file_lost, file_refused (quota or I/O), remote_refused,
+        read_no_room (a lower tier's chunk found but not read: no host slot
+        free for it, a miss), and staged_now / retry_now (in flight)."""
         d: dict[str, Any] = {"host": self.store.stats(),
                              "stores": {**self._sc, "staged_now": len(self._staged), "retry_now": len(self._retry)}}
         if self._stage is not None:
@@ -615,8 +595,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self.remote_tier.close()
             self.remote_tier = None
             self._fetching.clear()
-            self._asking.clear()
-            self._asked.clear()
+            self._answers.cancel()
         self.store.close()
         if self._stage is not None:
             self._stage.close()

@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
@@ -84,6 +83,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from .. import _lib as L
 from .._tierset import layout_hash, string_keys, value_plan
 from ..core import PENDING, READY, FileTier, RemoteTier, warn_if_url_has_password
+from .answers import RemoteAnswers
 from .compat import offloading_event
 
 _HIT, _MISS, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
@@ -464,34 +464,23 @@ class KvoffloadRedisTier(_KvoSecondaryTier):
             raise L.KvoError(L.KVO_EINVAL, f"{tier_type}: give url (redis://host:port,... of the cluster)", tier_type)
         warn_if_url_has_password(url, f"secondary tier {tier_type} url")
         self.answer_ttl_s = max(0, int(answer_ttl_ms)) / 1000.0
-        # key -> (present, expiry), oldest first, bounded (only a hint: a
-        # wrong one costs a RETRY or a failed read)
-        self._answers: OrderedDict[tuple[int, int], tuple[bool, float]] = OrderedDict()
-        self._answers_max = 1 << 16
+        # the EXISTS answers and questions in flight, by (lo, hi) of the key
+        self._answers = RemoteAnswers(self.answer_ttl_s)
         self._ask: dict[tuple[int, int], int] = {}      # this step's batch: key -> its row in _ask_keys
         self._ask_keys: list[np.void] = []
-        self._asking: dict[int, tuple[int, int]] = {}   # user data -> key, EXISTS in flight
-        self._asked: set[tuple[int, int]] = set()
         self.tier = RemoteTier(url, self.plan, key_prefix=str(key_prefix), layout_hash=self.layout,
                                ttl_s=int(ttl_s), io_threads=int(io_threads),
                                write_completions=self.events is not None)
 
-    def _remember(self, ck: tuple[int, int], present: bool) -> None:
-        a = self._answers
-        a[ck] = (present, time.monotonic() + self.answer_ttl_s)
-        a.move_to_end(ck)
-        while len(a) > self._answers_max:
-            a.popitem(last=False)
-
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if self._asking:
+        if self._answers.in_flight():
             self._poll()
         k = self.ckeys([key])
         ck = (int(k["lo"][0]), int(k["hi"][0]))
-        ans = self._answers.get(ck)
-        if ans is not None and ans[1] >= time.monotonic():
-            return _HIT if ans[0] else _MISS
-        if ck not in self._asked and ck not in self._ask:
+        present = self._answers.get(ck)
+        if present is not None:
+            return _HIT if present else _MISS
+        if not self._answers.asking(ck) and ck not in self._ask:
             self._ask[ck] = len(self._ask_keys)
             self._ask_keys.append(k[0])
         return _RETRY
@@ -507,27 +496,24 @@ class KvoffloadRedisTier(_KvoSecondaryTier):
         self._next_ud += len(cks)
         for ck, ud, rc in zip(cks, uds, self.tier.exists(keys, uds).tolist()):
             if rc == 0:
-                self._asking[ud] = ck
-                self._asked.add(ck)
-            # else: too many in flight; asked again at its next lookup
+                self._answers.sent(ud, ck)
+            else:  # too many in flight; asked again at its next lookup
+                self._answers.not_sent(ck)
 
     def _other_completion(self, c: dict[str, Any]) -> None:
         if c["op"] == L.REMOTE_OP_EXISTS:
-            ck = self._asking.pop(c["user_data"], None)
-            if ck is not None:
-                self._asked.discard(ck)
-                self._remember(ck, c["result"] == 0)
+            self._answers.landed(c["user_data"], c["result"] == 0)
 
     def _on_stored(self, keys: list[OffloadKey], ckeys: np.ndarray, results: np.ndarray) -> None:
-        for lo, hi in zip(ckeys["lo"].tolist(), ckeys["hi"].tolist()):
-            if (lo, hi) in self._answers:
-                self._remember((lo, hi), True)
+        # an "absent" remembered, on its way or about to be asked is stale
+        for ck in zip(ckeys["lo"].tolist(), ckeys["hi"].tolist()):
+            self._answers.stored(ck, asking=ck in self._ask)
 
     def _on_read_failed(self, ckey: tuple[int, int]) -> None:
-        self._remember(ckey, False)
+        self._answers.remember(ckey, False)
 
     def has_pending_work(self) -> bool:
-        return super().has_pending_work() or bool(self._asking or self._ask)
+        return super().has_pending_work() or bool(self._answers.in_flight() or self._ask)
 
     def _write(self, ckeys: np.ndarray, srcs: np.ndarray) -> np.ndarray:
         return self.tier.put(ckeys, srcs)

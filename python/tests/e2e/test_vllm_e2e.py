@@ -108,7 +108,11 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
         redis = redis_or_skip()
         extra.update(kvo_redis_url=f"redis://{redis}", kvo_redis_prefix=f"e2e-{os.getpid()}-{model}")
     r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path)
-    check_like_with_like(r)
+    try:
+        check_like_with_like(r)
+    except AssertionError as e:   # say what kvoffload's manager counted
+        ms = r["kvo"]["manager"]
+        raise AssertionError(f"{e}\nmanager: {[{k: x.get(k) for k in ('stores', 'host', 'file', 'remote')} for x in ms]}") from None
     m = check_loaded_through_kvoffload(r)
     host = m["host"]
     assert host["hits"] > 0
