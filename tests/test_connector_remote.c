@@ -214,6 +214,49 @@ KVO_TEST(loads_byte_exact) {
     kvo_plan_destroy(p);
 }
 
+/* Presence queries still in flight when this engine stores their chunks
+ * (a lookup that answered without waiting): their answers, "absent" when
+ * Redis read the keys, land as present, so once the host tier has dropped
+ * the chunks the next lookup reads them from the remote tier.  Taken as
+ * they were, that lookup missed until the answers expired (a minute
+ * here). */
+KVO_TEST(answer_in_flight_during_own_put_lands_present) {
+    kvo_plan *p = plan2();
+    kvo_remote_tier *t = rtier(shared_port(), p, prefix("conn-asked"));
+    uint32_t tok[400];
+    fill(tok, 400, 5);
+    kvo_connector_params cp = kvo_connector_default_params();
+    cp.remote_tier = t;
+    cp.verify_checksums = true;
+    cp.remote_lookup_budget_us = 0;  /* answer at once; the queries stay in flight */
+    cp.remote_exists_ttl_ms = 60000;
+    sim s;
+    sim_init(&s, p, &cp, 512);
+    s.keep_plan = true;
+    kvo_lookup_result lr;
+    ASSERT_OK(kvo_connector_add_request(s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 1, .tokens = tok, .n_tokens = 400}));
+    ASSERT_OK(kvo_connector_lookup(s.c, 1, 0, &lr));
+    ASSERT_TRUE(lr.status != KVO_HIT);
+    ASSERT_OK(kvo_connector_abort(s.c, 1));
+    ASSERT_GT_U64(cstats(&s).remote_exists, 0);
+    sim_store_prompt(&s, 2, tok, 400);
+    ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(30000)));
+    for (int i = 0; i < 5000 && stats(t).pending_reads; i++) nap_ms(1);
+    ASSERT_EQ_U64(stats(t).pending_reads, 0);
+    (void)kvo_connector_poll(s.c, NULL, 0, &(size_t){0}); /* the answers land */
+    /* (stats(t).exists_misses: the queries Redis answered before the puts) */
+    kvo__conn_lock(s.c);
+    ASSERT_OK(kvo_store_clear(s.c->store)); /* the host tier drops the chunks */
+    kvo__conn_unlock(s.c);
+    kvo_completion c;
+    ASSERT_TRUE(try_load(&s, 3, tok, 400, &lr, &c, NULL));
+    ASSERT_EQ_U64(lr.tokens_remote, 384);
+    ASSERT_EQ_INT(c.status, 0);
+    sim_destroy(&s);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(p);
+}
+
 /* A value corrupted in the cluster: the load that reads it fails (the
  * engine recomputes, nothing counts as loaded), the tier deletes the value,
  * and the next lookup does not hit it. */

@@ -22,6 +22,13 @@
  * serve; the answers still land in rpres for later lookups.  A node that is
  * down answers EIO at once, recorded as ABSENT for the TTL, so a dead
  * cluster costs one failed query per key per TTL and never a wait.
+ * A put this engine made turns the key's answer into PRESENT: a remembered
+ * ABSENT at once, and a query still in flight when its answer lands
+ * (IN FLIGHT, PUT).  That query's "absent" is stale: Redis read the key
+ * before the put, and an engine may store a key while its query runs (a
+ * lookup that answered without waiting, or vLLM computing a request once
+ * one group's key missed); taken as it is, the next lookup after the host
+ * tier dropped the chunk missed until the answer expired.
  * A digest collision or a stale PRESENT can only make a get fail (absent),
  * which fails that load (the engine recomputes): never wrong bytes, since
  * the tier verifies every value's header and checksum.  rpres is bounded
@@ -52,7 +59,7 @@
 #include "connector/connector_internal.h"
 #include "kvoffload/kvo_remote_tier.h"
 
-enum { RP_INFLIGHT = 1, RP_PRESENT = 2, RP_ABSENT = 3 };
+enum { RP_INFLIGHT = 1, RP_PRESENT = 2, RP_ABSENT = 3, RP_INFLIGHT_PUT = 4 /* in flight, put since: lands PRESENT */ };
 #define KVO__RPRES_MAX (1u << 16)
 /* A query older than this is asked again (its completion was lost to a
  * cleared rpres, or never comes). */
@@ -103,13 +110,13 @@ void kvo__conn_remote_ask(kvo_connector *c, kvo__rround *rr, const kvo_chunk_key
         if (st[at] != KVO_MISS || !((c->remote_groups >> keys[i].group) & 1)) continue;
         kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&keys[i]));
         if (e && e->a != RP_INFLIGHT && rr->now - e->b < rr->ttl) {
-            if (e->a == RP_PRESENT) {
+            if (e->a == RP_PRESENT || e->a == RP_INFLIGHT_PUT) {
                 st[at] = KVO_READY;
                 tier[at] = TIER_REMOTE;
             }
             continue;
         }
-        if (e && e->a == RP_INFLIGHT && rr->now - e->b < KVO__RPRES_STALE_NS) {
+        if (e && (e->a == RP_INFLIGHT || e->a == RP_INFLIGHT_PUT) && rr->now - e->b < KVO__RPRES_STALE_NS) {
             rr->inflight = true;
             if (rr->wait) st[at] = KVO_PENDING;
             continue;
@@ -176,7 +183,10 @@ void kvo__conn_remote_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo
                 c->st.remote_write_bytes += kvo_plan_group(c->plan, wk[k].group)->chunk_bytes;
             } else if (r != KVO_EEXIST) {
                 c->st.remote_writes_dropped++;
+                continue;
             }
+            kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&wk[k])); /* its answer is PRESENT now */
+            if (e) kvo__rpres_set(c, &wk[k], e->a == RP_INFLIGHT ? RP_INFLIGHT_PUT : RP_PRESENT, false);
         }
     }
 }
@@ -193,6 +203,7 @@ size_t kvo__conn_remote_poll(kvo_connector *c, kvo__read_done *done, size_t *n_d
              * storm against a dead node, no wait */
             kvo__map_entry *e = kvo__map_get(&c->rpres, kvo__rdigest(&x->key));
             if (e && e->a == RP_INFLIGHT) kvo__rpres_set(c, &x->key, x->result == 0 ? RP_PRESENT : RP_ABSENT, false);
+            else if (e && e->a == RP_INFLIGHT_PUT) kvo__rpres_set(c, &x->key, RP_PRESENT, false);
         } else if (x->op == KVO_REMOTE_OP_GET) {
             if (c->remote_reads_inflight) c->remote_reads_inflight--;
             if (x->result) kvo__rpres_set(c, &x->key, RP_ABSENT, true);
