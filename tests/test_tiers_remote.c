@@ -148,6 +148,44 @@ KVO_TEST(roundtrip) {
     kvo_plan_destroy(plan);
 }
 
+/* Reading your own writes: gets and exists queued right after the puts of
+ * their keys (no flush between) see them, byte for byte, though reads go
+ * to Redis before writes; they wait on the puts (reads_after_put). */
+KVO_TEST(reads_right_after_puts_see_them) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(port, plan, "ryw", NULL);
+    enum { N = 32 };
+    uint64_t cb = chunk_bytes(plan);
+    unsigned char *bufs = malloc(N * cb);
+    ASSERT_NOT_NULL(bufs);
+    kvo_chunk_key keys[N];
+    const void *srcs[N];
+    for (size_t i = 0; i < N; i++) {
+        keys[i] = ftf_key(i, 0);
+        ftf_fill(bufs + i * cb, cb, &keys[i]);
+        srcs[i] = bufs + i * cb;
+    }
+    int res[N];
+    size_t q = 0;
+    ASSERT_OK(kvo_remote_tier_put(t, keys, srcs, N, NULL, res, &q));
+    ASSERT_EQ_U64(q, N);
+    ASSERT_EQ_U64(get_range(t, plan, 0, N, res), N); /* byte-exact, checked there */
+    ASSERT_EQ_INT(exists_one(t, &keys[N - 1]), 0);
+    kvo_remote_tier_stats s = stats(t);
+    ASSERT_GT_U64(s.reads_after_put, 0); /* 32 puts still ran when the gets came */
+    ASSERT_EQ_U64(s.get_misses, 0);
+    ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(60000)));
+    ASSERT_EQ_U64(stats(t).puts, N);
+    /* once the puts are done, the reads go to Redis again */
+    uint64_t before = stats(t).reads_after_put;
+    ASSERT_EQ_U64(get_range(t, plan, 0, 4, res), 4);
+    ASSERT_EQ_U64(stats(t).reads_after_put, before);
+    free(bufs);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
 /* Our slot of every key equals the server's (CLUSTER KEYSLOT), values land
  * on every master, and no MOVED is needed with a fresh map. */
 KVO_TEST(slot_routing) {

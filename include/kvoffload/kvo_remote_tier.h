@@ -233,6 +233,10 @@ typedef struct kvo_remote_tier_stats {
     uint64_t nodes_down;               /* nodes in backoff now */
     uint64_t pending_writes, pending_reads; /* in flight now */
     uint64_t staging_bytes;            /* staging memory held now */
+    uint64_t reads_after_put;          /* gets/exists of a key whose put was
+                                          queued or running: answered from
+                                          the put (also counted in gets,
+                                          exists_hits/misses) */
 } kvo_remote_tier_stats;
 /** Initialiser (the struct_size convention, kvo_common.h):
  *  kvo_remote_tier_stats st = KVO_REMOTE_TIER_STATS_INIT; */

@@ -218,7 +218,7 @@ class RemoteTierParams(ctypes.Structure):
 _REMOTE_STATS = ["puts", "put_bytes", "gets", "get_bytes", "get_misses", "exists_hits", "exists_misses",
                  "put_skipped", "dropped_backpressure", "dropped_io", "read_errors", "refused_reads",
                  "corrupt_deleted", "moved", "asked", "slot_refreshes", "node_failures", "batches", "nodes",
-                 "nodes_down", "pending_writes", "pending_reads", "staging_bytes"]
+                 "nodes_down", "pending_writes", "pending_reads", "staging_bytes", "reads_after_put"]
 
 
 class RemoteTierStats(ctypes.Structure):

@@ -34,6 +34,17 @@
  *   node fails its ops at once (KVO_EIO: a miss, or a store dropped and
  *   counted) until its backoff expires; see cluster.c.
  *
+ * Reading your own writes
+ *   A put is visible to this tier's gets and exists from the moment its
+ *   call returns, though it reaches Redis later (reads go first): t->puts
+ *   maps each key whose put is queued or running to its op.  A get or
+ *   exists of such a key is not sent; it waits on the put (op->waiters)
+ *   and is answered when the put finishes: a get with a copy of the put's
+ *   staging bytes (the exact value, whatever the put's outcome), an exists
+ *   with the put's outcome.  Without this a lookup right after a store
+ *   could overtake it and miss (an engine that stores, then asks).
+ *   Counted in reads_after_put.
+ *
  * Completions
  *   A ring of max_pending_reads + max_pending_writes entries; room is
  *   reserved when a reporting op is queued (cq_len + inflight_reports <=
@@ -100,6 +111,29 @@ static const kvo_group_plan *key_group(const kvo_remote_tier *t, const kvo_chunk
 
 /* ---------------------------------------------------------- queueing -- */
 
+/* t->puts's entries: a pending put by key (the digest below; a hit is
+ * confirmed against the op's whole key). */
+typedef struct put_ent {
+    uint64_t k0, k1;
+    uint32_t used, pad_;
+    rop *op;
+} put_ent;
+
+static void put_digest(const kvo_chunk_key *k, uint64_t *k0, uint64_t *k1) {
+    *k0 = k->hash.lo;
+    *k1 = k->hash.hi ^ ((uint64_t)k->group * UINT64_C(0x9E3779B97F4A7C15));
+}
+
+/* The pending put of key k, or NULL (under t->mu). */
+static rop *put_of(kvo_remote_tier *t, const kvo_chunk_key *k) {
+    uint64_t k0, k1;
+    put_digest(k, &k0, &k1);
+    put_ent *e = kvo__hmap_find(&t->puts, k0, k1);
+    if (!e) return NULL;
+    const kvo_chunk_key *o = &e->op->key;
+    return o->hash.lo == k->hash.lo && o->hash.hi == k->hash.hi && o->group == k->group ? e->op : NULL;
+}
+
 static void rq_push(rq *q, rop *op) {
     op->next = NULL;
     if (q->tail) q->tail->next = op;
@@ -135,32 +169,90 @@ static void op_free(kvo_remote_tier *t, rop *op) {
     }
 }
 
+/* A put's end for the reads of its key: out of t->puts (under t->mu), so
+ * that no read waits on it any more; then (no lock) its waiters answered
+ * from its staging bytes, before they are released. */
+static void put_untrack(kvo_remote_tier *t, rop *op) {
+    uint64_t k0, k1;
+    put_digest(&op->key, &k0, &k1);
+    put_ent *e = kvo__hmap_find(&t->puts, k0, k1);
+    if (e && e->op == op) kvo__hmap_erase(&t->puts, e);
+}
+
+static void answer_waiters(const rop *put, bool closing) {
+    for (rop *w = put->waiters; w; w = w->next) {
+        w->bytes = 0;
+        if (closing) w->result = KVO_ECANCELED;
+        else if (w->kind == KVO_REMOTE_OP_GET) {
+            memcpy(w->dst, put->stage, put->g->chunk_bytes);
+            w->result = 0;
+            w->bytes = put->g->chunk_bytes;
+        } else w->result = put->result == 0 ? 0 : KVO_ENOTFOUND;
+    }
+}
+
+/* Post op's completion (if it reports) and return it to its pool (under
+ * t->mu).  True when a completion was posted. */
+static bool post(kvo_remote_tier *t, rop *op, uint64_t now) {
+    bool posted = false;
+    if (op->report && !(t->closing && op->kind != KVO_REMOTE_OP_PUT)) {
+        kvo_remote_completion *c = &t->cq[(t->cq_head + t->cq_len++) % t->cq_cap];
+        c->user_data = op->user_data;
+        c->key = op->key;
+        c->op = op->kind;
+        c->result = op->result;
+        c->bytes = op->result == 0 ? op->bytes : 0;
+        c->latency_ns = now - op->t_queued;
+        posted = true;
+    }
+    if (op->report) t->inflight_reports--;
+    op_free(t, op);
+    return posted;
+}
+
+static void count_waiter(kvo_remote_tier *t, const rop *w) {
+    kvo_remote_tier_stats *s = &t->st;
+    if (w->kind == KVO_REMOTE_OP_GET) {
+        if (w->result == 0) {
+            s->gets++;
+            s->get_bytes += w->bytes;
+        }
+    } else if (w->result == 0) s->exists_hits++;
+    else if (w->result == KVO_ENOTFOUND) s->exists_misses++;
+}
+
 /* Finish ops: counters, completions, pool, wake-ups.  Under no lock. */
 static void finish(kvo_remote_tier *t, rop **ops, size_t n) {
     uint64_t now = kvo__now_ns();
-    bool posted = false;
-    for (size_t i = 0; i < n; i++)
-        if (ops[i]->kind == KVO_REMOTE_OP_PUT) stage_release(t, &ops[i]->key);
+    bool posted = false, puts = false, closing = false;
+    for (size_t i = 0; i < n && !puts; i++) puts = ops[i]->kind == KVO_REMOTE_OP_PUT;
+    if (puts) {
+        pthread_mutex_lock(&t->mu);
+        for (size_t i = 0; i < n; i++)
+            if (ops[i]->kind == KVO_REMOTE_OP_PUT) put_untrack(t, ops[i]);
+        closing = t->closing;
+        pthread_mutex_unlock(&t->mu);
+        for (size_t i = 0; i < n; i++)
+            if (ops[i]->kind == KVO_REMOTE_OP_PUT) {
+                answer_waiters(ops[i], closing);
+                stage_release(t, &ops[i]->key);
+            }
+    }
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < n; i++) {
-        rop *op = ops[i];
-        if (op->report && !(t->closing && op->kind != KVO_REMOTE_OP_PUT)) {
-            kvo_remote_completion *c = &t->cq[(t->cq_head + t->cq_len++) % t->cq_cap];
-            c->user_data = op->user_data;
-            c->key = op->key;
-            c->op = op->kind;
-            c->result = op->result;
-            c->bytes = op->result == 0 ? op->bytes : 0;
-            c->latency_ns = now - op->t_queued;
-            posted = true;
+        rop *op = ops[i], *w = op->kind == KVO_REMOTE_OP_PUT ? op->waiters : NULL;
+        posted |= post(t, op, now);
+        while (w) {
+            rop *next = w->next;
+            count_waiter(t, w);
+            posted |= post(t, w, now);
+            w = next;
         }
-        if (op->report) t->inflight_reports--;
-        op_free(t, op);
     }
     if (posted) { /* under mu: readable whenever cq_len > 0 is seen */
         uint64_t one = 1;
-        ssize_t w = write(t->efd, &one, sizeof one);
-        (void)w;
+        ssize_t wr = write(t->efd, &one, sizeof one);
+        (void)wr;
     }
     pthread_cond_broadcast(&t->done_cv);
     pthread_mutex_unlock(&t->mu);
@@ -350,6 +442,9 @@ static int alloc_pools(kvo_remote_tier *t) {
     t->cq = kvo__calloc(t->cq_cap, sizeof *t->cq);
     t->workers = kvo__calloc(p->io_threads, sizeof *t->workers);
     if (!t->ops || !t->hdrs || !t->cq || !t->workers) return kvo__error(KVO_ENOMEM, "remote tier: op pools");
+    int rc = kvo__hmap_init(&t->puts, sizeof(put_ent), 0, "remote tier: pending puts");
+    if (!rc) rc = kvo__hmap_reserve(&t->puts, p->max_pending_writes, 16, "remote tier: pending puts");
+    if (rc) return rc;
     for (size_t i = 0; i < n_ops; i++) {
         rop *op = &t->ops[i];
         if (i < p->max_pending_writes) {
@@ -486,15 +581,49 @@ void kvo_remote_tier_destroy(kvo_remote_tier *t) {
     kvo__free(t->ops);
     kvo__free(t->hdrs);
     kvo__free(t->cq);
+    kvo__hmap_free(&t->puts);
     kvo__free(t);
 }
 
 /* --------------------------------------------------------- operations -- */
 
+/* A chain of puts is tracked by key (t->puts); a chain of reads leaves
+ * the reads of keys with a pending put waiting on it.  Under t->mu. */
+static void track_puts(kvo_remote_tier *t, const rq *local) {
+    for (rop *op = local->head; op; op = op->next) {
+        uint64_t k0, k1;
+        bool existed;
+        put_digest(&op->key, &k0, &k1);
+        put_ent *e = kvo__hmap_insert(&t->puts, k0, k1, &existed); /* room reserved at create */
+        if (!existed) e->op = op; /* (a digest twin: that key's reads go to Redis) */
+    }
+}
+
+static void wait_on_puts(kvo_remote_tier *t, rq *local) {
+    rq keep = {0};
+    for (rop *op = local->head, *next; op; op = next) {
+        next = op->next;
+        rop *put = put_of(t, &op->key);
+        if (put) {
+            op->next = put->waiters;
+            put->waiters = op;
+            t->st.reads_after_put++;
+        } else rq_push(&keep, op);
+    }
+    *local = keep;
+}
+
 static void queue_flush(kvo_remote_tier *t, rq *local) {
     if (!local->n) return;
     pthread_mutex_lock(&t->mu);
-    rq *q = local->head->kind == KVO_REMOTE_OP_PUT ? &t->writes : &t->reads;
+    bool is_put = local->head->kind == KVO_REMOTE_OP_PUT;
+    if (is_put) track_puts(t, local);
+    else if (t->puts.n) wait_on_puts(t, local);
+    if (!local->n) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
+    rq *q = is_put ? &t->writes : &t->reads;
     if (q->tail) q->tail->next = local->head;
     else q->head = local->head;
     q->tail = local->tail;
@@ -573,6 +702,7 @@ static void op_fill(kvo_remote_tier *t, rop *op, uint32_t kind, const kvo_chunk_
     op->t_queued = kvo__now_ns();
     op->result = 0;
     op->bytes = 0;
+    op->waiters = NULL;
     key_name(t, &op->key, op->name, &op->nlen);
 }
 

@@ -5,6 +5,7 @@
 #ifndef KVO_TIERS_REMOTE_TIER_INTERNAL_H
 #define KVO_TIERS_REMOTE_TIER_INTERNAL_H
 
+#include "core/hmap.h"
 #include "tiers/remote/remote_internal.h"
 
 #define NAME_MAX_LEN 160u
@@ -22,6 +23,7 @@ struct rop {
     uint64_t sum;              /* put: XXH3-64 of the payload (kvo__file_copy_sum) */
     unsigned char *hdr;        /* put: header buffer (write ops only) */
     unsigned char *dst;        /* get */
+    rop *waiters;              /* put: gets/exists of its key queued while it runs (chained by next) */
     struct iovec iov[2];
     char name[NAME_MAX_LEN];
     size_t nlen;
@@ -55,6 +57,7 @@ struct kvo_remote_tier {
     unsigned char *hdrs;       /* one header per write op */
     rop *free_w, *free_r;
     rq reads, writes;
+    kvo__hmap puts;            /* key -> its put op, from queueing to finish (put_ent) */
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
     rworker *workers;
