@@ -107,6 +107,65 @@ static double tier_write_slice(kvo_file_tier *t, uint64_t first, uint64_t n, uns
     return dt;
 }
 
+/* Completions left after a flush (write completions, with --writes
+ * borrowed): drained so that the read slices see only theirs. */
+static void drain_completions(kvo_file_tier *t) {
+    kvo_file_completion c[64];
+    size_t m = 0;
+    do {
+        m = 0;
+        (void)kvo_file_tier_poll(t, c, 64, &m);
+    } while (m);
+}
+
+/* tier_write_slice with borrowed writes (kvo_file_tier_write_borrowed):
+ * chunk i comes from the payload part of one of the nring file images of
+ * ring (stride bytes apart, the raw limit's ring), lent to the tier until
+ * its completion hands the image back (user data: its index). */
+static double tier_write_borrowed_slice(kvo_file_tier *t, uint64_t first, uint64_t n, unsigned char *ring,
+                                        uint64_t nring, uint64_t stride, uint64_t *ok, uint64_t *dropped,
+                                        uint64_t *recycled, double *caller_cpu) {
+    kvo_file_tier_stats a = KVO_FILE_TIER_STATS_INIT, b = KVO_FILE_TIER_STATS_INIT;
+    kvo_file_tier_get_stats(t, &a);
+    uint64_t refused = 0, free_list[64], n_free = 0;
+    for (uint64_t r = 0; r < nring && r < 64; r++) free_list[n_free++] = r;
+    double t0 = kvo_bench_now(), c0 = kvo_bench_thread_cpu();
+    for (uint64_t i = first; i < first + n;) {
+        kvo_file_completion c[64];
+        size_t m = 0;
+        if (!n_free) kvo_file_tier_wait(t, KVO_MS(1000));
+        (void)kvo_file_tier_poll(t, c, 64, &m);
+        for (size_t j = 0; j < m; j++) free_list[n_free++] = c[j].user_data;
+        if (!n_free) continue;
+        uint64_t slot = free_list[--n_free];
+        kvo_chunk_key k = bkey(i);
+        unsigned char *src = ring + slot * stride + KVO_FILE_HEADER_BYTES;
+        src[0] = (unsigned char)i;
+        const void *sp = src;
+        int r = 0;
+        kvo_file_tier_write_borrowed(t, &k, &sp, 1, &slot, &r, NULL);
+        if (r == KVO_EAGAIN) { /* back-pressure: the image is still ours; wait */
+            free_list[n_free++] = slot;
+            usleep(50);
+            continue;
+        }
+        if (r != 0) {
+            refused++;
+            free_list[n_free++] = slot;
+        }
+        i++;
+    }
+    *caller_cpu += kvo_bench_thread_cpu() - c0;
+    kvo_file_tier_flush(t, -1);
+    double dt = kvo_bench_now() - t0;
+    drain_completions(t);
+    kvo_file_tier_get_stats(t, &b);
+    *ok += b.writes - a.writes;
+    *dropped += refused + async_drops(&a, &b);
+    *recycled += b.recycled_files - a.recycled_files;
+    return dt;
+}
+
 /* Read chunks first..first+n-1 with up to RD_DEPTH in flight, verified:
  * seconds; *ok counts the reads that succeeded, *dropped the others. */
 enum { RD_DEPTH = 8 };
@@ -228,6 +287,7 @@ static double raw_slice(raw_job *j, int mode, uint32_t threads, uint64_t first, 
 static uint32_t g_depth = 0; /* --depth: queue depth / threads; 0 = defaults */
 #define FILE_REPS_MAX 25
 static uint32_t g_reps = 3;  /* --reps: rounds of raw and tier per size */
+static bool g_borrowed = false; /* --writes borrowed: the tier's writes lend their sources */
 
 
 /* One round for one chunk size, raw and tier interleaved slice by slice.
@@ -306,6 +366,7 @@ static int pair_bw(const char *work, kvo_file_io_kind io, uint64_t n, uint64_t c
     p.max_staging_bytes = staging;
     p.max_pending_writes = pending;
     p.log_interval_s = 3600;
+    p.write_completions = g_borrowed; /* a lent image comes back with its completion */
     if (g_depth) {
         p.queue_depth = g_depth;
         p.io_threads = g_depth;
@@ -350,7 +411,10 @@ static int pair_bw(const char *work, kvo_file_io_kind io, uint64_t n, uint64_t c
                     tsec += tier_read_slice(t, first, m, dst, &tok, dropped);
                 } else { /* the full-quota writes are chunks n..2n-1: each evicts one */
                     double cc = 0;
-                    tsec += tier_write_slice(t, ph == PH_FILL ? first : n + first, m, src, &tok, dropped, &recycled, &cc);
+                    uint64_t from = ph == PH_FILL ? first : n + first;
+                    tsec += g_borrowed ? tier_write_borrowed_slice(t, from, m, j.ring, j.nring, file_bytes, &tok, dropped,
+                                                                   &recycled, &cc)
+                                       : tier_write_slice(t, from, m, src, &tok, dropped, &recycled, &cc);
                     if (ph == PH_CHURN) caller_cpu += cc;
                 }
             }
@@ -453,11 +517,13 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: kvoffload bench file [--json] [--dir DIR] [--total-mib N] [--sizes KIB,KIB...]\n"
                    "                            [--rebuild-files N] [--io auto|uring|threads] [--depth N]\n"
-                   "                            [--reps N]\n"
+                   "                            [--reps N] [--writes copy|borrowed]\n"
                    "File-tier write/read bandwidth vs raw O_DIRECT of the same bytes, and the index\n"
                    "rebuild time per file vs a bare readdir.  Defaults: --dir $KVO_BENCH_DIR or /var/tmp,\n"
                    "--total-mib 256, --sizes 256,1024,4096,8192, --rebuild-files 20000 (0: skip),\n"
-                   "--reps 3 (rounds of raw and tier, alternating; each figure the median round).\n");
+                   "--reps 3 (rounds of raw and tier, alternating; each figure the median round),\n"
+                   "--writes copy (kvo_file_tier_write; borrowed: kvo_file_tier_write_borrowed from the\n"
+                   "raw limit's ring of file images, each lent until its completion; figures *_borrowed).\n");
             return 0;
         } else if (!strcmp(a, "--dir") && v) {
             dir = v;
@@ -474,6 +540,13 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
             uint64_t r;
             if (kvo_cli_parse_u64(a, v, 1, FILE_REPS_MAX, &r)) return KVO_EXIT_USAGE;
             g_reps = (uint32_t)r;
+            i++;
+        } else if (!strcmp(a, "--writes") && v) {
+            if (!strcmp(v, "copy") || !strcmp(v, "borrowed")) g_borrowed = !strcmp(v, "borrowed");
+            else {
+                fprintf(stderr, "kvoffload bench file: --writes takes copy or borrowed\n");
+                return KVO_EXIT_USAGE;
+            }
             i++;
         } else if (!strcmp(a, "--rebuild-files") && v) {
             if (kvo_cli_parse_u64(a, v, 0, 10000000, &rebuild_files)) return KVO_EXIT_USAGE;
@@ -550,23 +623,24 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
         const char *how = rdirect ? "odirect" : "buffered";
         unsigned long long kib = (unsigned long long)(chunk >> 10);
         const char *mode = tdirect ? ".direct" : ".buffered";
-        snprintf(name, sizeof name, "file.write.%lluKiB.%s%s", kib, backend, mode);
+        const char *wb = g_borrowed ? "_borrowed" : "";
+        snprintf(name, sizeof name, "file.write%s.%lluKiB.%s%s", wb, kib, backend, mode);
         snprintf(lim, sizeof lim, "raw_%s_new_files_%ut", how, threads);
         kvo_bench_report(o, name, tw / 1e9, "GB/s", lim, rn / 1e9);
         snprintf(name, sizeof name, "file.read.%lluKiB.%s%s", kib, backend, mode);
         snprintf(lim, sizeof lim, "raw_%s_read_files_%ut", how, threads);
         kvo_bench_report(o, name, tr / 1e9, "GB/s", lim, rr / 1e9);
-        snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.%s%s", kib, backend, mode);
+        snprintf(name, sizeof name, "file.write_full_quota%s.%lluKiB.%s%s", wb, kib, backend, mode);
         snprintf(lim, sizeof lim, "raw_%s_overwrite_files_%ut", how, threads);
         kvo_bench_report(o, name, tc / 1e9, "GB/s", lim, ro / 1e9);
-        snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.vs_hot_buffers", kib);
+        snprintf(name, sizeof name, "file.write_full_quota%s.%lluKiB.vs_hot_buffers", wb, kib);
         snprintf(lim, sizeof lim, "raw_%s_overwrite_hot_buffers_%ut", how, threads);
         kvo_bench_report(o, name, tc / 1e9, "GB/s", lim, med[8] / 1e9);
-        snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.recycled", kib);
+        snprintf(name, sizeof name, "file.write_full_quota%s.%lluKiB.recycled", wb, kib);
         kvo_bench_report(o, name, rf, "fraction", NULL, 0);
         /* the engine's side of a write at a full quota: CPU time of the
          * calling thread per chunk (staging copy, quota index, eviction) */
-        snprintf(name, sizeof name, "file.write_full_quota.%lluKiB.caller_cpu_per_chunk", kib);
+        snprintf(name, sizeof name, "file.write_full_quota%s.%lluKiB.caller_cpu_per_chunk", wb, kib);
         kvo_bench_report(o, name, med[7], "us", NULL, 0);
     }
     if (dropped) {

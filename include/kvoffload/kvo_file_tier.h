@@ -236,6 +236,24 @@ KVO_API int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, si
 KVO_API int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                         const uint64_t *user_data, int *results, size_t *n_queued);
 
+/** kvo_file_tier_write without the staging copy: the tier writes the file
+ *  straight from srcs[i] (and takes its checksum there, on a worker), so
+ *  the caller lends that memory: it must stay mapped and unchanged until
+ *  the write is over -- its completion polled (params.write_completions),
+ *  or kvo_file_tier_flush returned 0, or kvo_file_tier_destroy returned.
+ *  Changing the bytes meanwhile writes a file whose checksum may not match
+ *  (a later read reports KVO_ECORRUPT, never wrong bytes).  A source the
+ *  file cannot take in place is copied into staging as by
+ *  kvo_file_tier_write (the same lending rule applies to the call): with
+ *  O_DIRECT one not 4096-aligned, or a group whose chunk_bytes is below its
+ *  slot_bytes (the padding must be zero).  Results, back-pressure and
+ *  errors as kvo_file_tier_write (no staging memory is needed for a lent
+ *  source, so only the queue bound and the latency limit refuse it).
+ *  Counted in writes_borrowed.  Typical caller: write-through from a host
+ *  slot that stays pinned until the completion. */
+KVO_API int kvo_file_tier_write_borrowed(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs,
+                                         size_t n, const uint64_t *user_data, int *results, size_t *n_queued);
+
 /** Queue reads of n chunks into dsts[i], which must have room for the group's
  *  slot_bytes (the payload is read with its zero padding; 4096-aligned
  *  destinations are read with O_DIRECT when it is in use, others buffered).
@@ -333,6 +351,8 @@ typedef struct kvo_file_tier_stats {
     uint64_t pending_writes;    /* queued or running now */
     uint64_t staging_bytes;     /* staging memory holding queued writes now */
     uint64_t write_latency_ns;  /* moving average */
+    uint64_t writes_borrowed;   /* writes queued from the caller's memory
+                                   (kvo_file_tier_write_borrowed, no copy) */
 } kvo_file_tier_stats;
 /** Initialiser (the struct_size convention, kvo_common.h):
  *  kvo_file_tier_stats st = KVO_FILE_TIER_STATS_INIT; */

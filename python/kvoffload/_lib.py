@@ -194,7 +194,7 @@ _FILE_STATS = ["quota_bytes", "bytes_used", "files", "scanned_files", "scan_remo
                "writes", "write_bytes", "reads", "read_bytes", "read_misses", "write_skipped",
                "dropped_backpressure", "dropped_quota", "dropped_nospace", "dropped_io", "read_errors",
                "corrupt_removed", "evictions", "recycled_files", "pending_writes", "staging_bytes",
-               "write_latency_ns"]
+               "write_latency_ns", "writes_borrowed"]
 
 
 class FileTierStats(ctypes.Structure):

@@ -148,6 +148,8 @@ struct kvo__fop {
      * payload's checksum (kvo__file_copy_sum) */
     unsigned char *stage;
     uint64_t sum;
+    bool borrowed;            /* write: stage is the caller's memory (no
+                                 staging slot; the sum is taken in begin) */
     /* read: destination and whether O_DIRECT is used for it */
     unsigned char *dst;
     bool direct;

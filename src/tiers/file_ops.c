@@ -74,6 +74,7 @@ static void set_iov(kvo__fop *op, unsigned char *payload, const kvo_group_plan *
  * unnamed O_TMPFILE file, or a named temporary), iov = header + staging.
  * 0 or -errno. */
 static int write_begin(kvo_file_tier *t, kvo__fop *op, const kvo_group_plan *g) {
+    if (op->borrowed) op->sum = XXH3_64bits(op->stage, g->chunk_bytes); /* the caller's bytes, read in place */
     kvo__file_hdr h;
     kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, op->sum);
     kvo__file_hdr_encode(&h, op->hdr);

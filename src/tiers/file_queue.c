@@ -100,7 +100,7 @@ void kvo__fop_finish(kvo_file_tier *t, kvo__fop *op) {
     bool ok = op->result == 0;
     if (op->kind == KVO__FOP_WRITE) {
         kvo_store_complete_store(t->index, &op->key, 1, ok);
-        kvo__file_stage_release(t, &op->key);
+        if (!op->borrowed) kvo__file_stage_release(t, &op->key);
     } else {
         /* a bad or missing file leaves the index now, even while other
          * readers pin it (retired: hidden, dropped at the last unpin) */

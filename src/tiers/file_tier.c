@@ -354,9 +354,16 @@ static const kvo_group_plan *batch_item(kvo_file_tier *t, const kvo_chunk_key *k
     return NULL;
 }
 
-int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
-                        const uint64_t *user_data, int *results, size_t *n_queued) {
-    if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_file_tier_write: NULL argument");
+/* Whether a borrowed write can take src in place: the payload slot has no
+ * padding to zero and, with O_DIRECT, src is aligned as the device needs
+ * (else the write copies into staging like any other). */
+static bool can_borrow(const kvo_file_tier *t, const kvo_group_plan *g, const void *src) {
+    return g->slot_bytes == g->chunk_bytes && (!t->direct || ((uintptr_t)src & (KVO_FILE_HEADER_BYTES - 1)) == 0);
+}
+
+/* kvo_file_tier_write and kvo_file_tier_write_borrowed (borrow). */
+static int write_batch(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
+                       const uint64_t *user_data, int *results, size_t *n_queued, bool borrow) {
     size_t queued = 0;
     int ret = 0;
     for (size_t i = 0; i < n; i++) {
@@ -384,10 +391,13 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
         t->pending_writes++;
         pthread_mutex_unlock(&t->mu);
 
-        /* 2. a staging slot (none free: back-pressure, the write is dropped). */
+        /* 2. a staging slot (none free: back-pressure, the write is dropped);
+         * a borrowed write takes none */
+        bool lend = borrow && can_borrow(t, g, srcs[i]);
         uint8_t sneed = 0;
         kvo_slot sslot;
-        int srs = kvo_store_prepare_store(t->stage_index, &keys[i], 1, &sneed, &sslot, NULL, NULL, 0, NULL);
+        int srs = lend ? 0 : kvo_store_prepare_store(t->stage_index, &keys[i], 1, &sneed, &sslot, NULL, NULL, 0, NULL);
+        if (lend) sneed = 1;
         if (srs != 0 || !sneed) {
             pthread_mutex_lock(&t->mu);
             t->pending_writes--;
@@ -401,13 +411,13 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
             r = srs == 0 ? KVO_EEXIST : KVO_EAGAIN;
             goto next;
         }
-        unsigned char *stage = kvo_arena_slot(t->stage_arena, sslot);
+        unsigned char *stage = lend ? (unsigned char *)(uintptr_t)srcs[i] : kvo_arena_slot(t->stage_arena, sslot);
 
         /* 3. the index: reserve quota, evict. */
         uint8_t need = 0;
         int src = kvo__file_reserve_key(t, &keys[i], &need, NULL);
         if (src != 0 || !need) {
-            kvo__file_stage_release(t, &keys[i]);
+            if (!lend) kvo__file_stage_release(t, &keys[i]);
             pthread_mutex_lock(&t->mu);
             t->pending_writes--;
             if (src == 0) t->st.write_skipped++;
@@ -417,18 +427,23 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
             r = src == 0 ? KVO_EEXIST : KVO_ENOSPC;
             goto next;
         }
-        /* 4. copy the payload (zero padding) and queue. */
-        uint64_t sum = kvo__file_copy_sum(stage, srcs[i], g->chunk_bytes);
-        if (g->slot_bytes > g->chunk_bytes) memset(stage + g->chunk_bytes, 0, g->slot_bytes - g->chunk_bytes);
+        /* 4. copy the payload (zero padding) and queue; a borrowed one is
+         * hashed where it is, by the worker (write_begin) */
+        uint64_t sum = 0;
+        if (!lend) {
+            sum = kvo__file_copy_sum(stage, srcs[i], g->chunk_bytes);
+            if (g->slot_bytes > g->chunk_bytes) memset(stage + g->chunk_bytes, 0, g->slot_bytes - g->chunk_bytes);
+        }
         kvo__fop *op = kvo__fop_get(t);
         if (op) {
             op->stage = stage;
             op->sum = sum;
+            op->borrowed = lend;
         }
         if (!op || kvo__fop_enqueue(t, op, KVO__FOP_WRITE, &keys[i], g, user_data ? user_data[i] : 0,
                            t->p.write_completions) != 0) {
             kvo_store_complete_store(t->index, &keys[i], 1, false);
-            kvo__file_stage_release(t, &keys[i]);
+            if (!lend) kvo__file_stage_release(t, &keys[i]);
             pthread_mutex_lock(&t->mu);
             t->pending_writes--;
             t->st.dropped_backpressure++;
@@ -438,11 +453,28 @@ int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void 
             goto next;
         }
         queued++;
+        if (lend) {
+            pthread_mutex_lock(&t->mu);
+            t->st.writes_borrowed++;
+            pthread_mutex_unlock(&t->mu);
+        }
     next:
         if (results) results[i] = r;
     }
     if (n_queued) *n_queued = queued;
     return ret;
+}
+
+int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
+                        const uint64_t *user_data, int *results, size_t *n_queued) {
+    if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_file_tier_write: NULL argument");
+    return write_batch(t, keys, srcs, n, user_data, results, n_queued, false);
+}
+
+int kvo_file_tier_write_borrowed(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
+                                 const uint64_t *user_data, int *results, size_t *n_queued) {
+    if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_file_tier_write_borrowed: NULL argument");
+    return write_batch(t, keys, srcs, n, user_data, results, n_queued, true);
 }
 
 /* -------------------------------------------------------------- read -- */
