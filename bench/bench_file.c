@@ -143,7 +143,7 @@ static double tier_write_borrowed_slice(kvo_file_tier *t, uint64_t first, uint64
         src[0] = (unsigned char)i;
         const void *sp = src;
         int r = 0;
-        kvo_file_tier_write_borrowed(t, &k, &sp, 1, &slot, &r, NULL);
+        kvo_file_tier_write_borrowed(t, &k, &sp, NULL, 1, &slot, &r, NULL);
         if (r == KVO_EAGAIN) { /* back-pressure: the image is still ours; wait */
             free_list[n_free++] = slot;
             usleep(50);

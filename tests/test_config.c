@@ -85,7 +85,7 @@ KVO_TEST(own_names) {
                            " \"transfer_threads\": 3, \"verify_checksums\": true, \"file_mode\": \"write_back\","
                            " \"sliding_store\": \"checkpoints\", \"checkpoint_interval\": 512, \"salt\": \"tenant-a\","
                            " \"file_root\": \"/var/tmp/kvo\", \"file_quota_bytes\": 1048576, \"prefault\": false,"
-                           " \"snapshot_groups\": 4}",
+                           " \"snapshot_groups\": 4, \"file_zero_copy\": true}",
                            &c);
     const kvo_connector_params cp = a.conn;
     const kvo_file_tier_params fp = a.file;
@@ -94,6 +94,7 @@ KVO_TEST(own_names) {
     ASSERT_EQ_INT(cp.policy, KVO_POLICY_S3FIFO);
     ASSERT_EQ_INT(cp.transfer_threads, 3);
     ASSERT_TRUE(cp.verify_checksums);
+    ASSERT_TRUE(cp.file_zero_copy);
     ASSERT_FALSE(cp.prefault);
     ASSERT_EQ_INT(cp.file_mode, KVO_FILE_WRITE_BACK);
     ASSERT_EQ_INT(cp.sliding_store, KVO_SLIDING_STORE_CHECKPOINTS);

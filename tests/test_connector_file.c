@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "connector/connector_internal.h"
+#include "tiers/file_internal.h"
 #include "tiers/file_testing.h"
 #include "connector_sim.h"
 
@@ -182,6 +183,108 @@ KVO_TEST(host_miss_hits_file_then_restart) {
     /* restart: a new process-like setup on the same directory */
     fx_open(&f, 0, KVO_FILE_WRITE_THROUGH, 0, true);
     expect_hit(&f.s, 4, tok, 384);
+    fx_close(&f);
+}
+
+/* One full-attention group whose chunks are whole 4096-byte slots (2
+ * layers x 2 blocks x 1 KiB): what a lent write can take in place. */
+static kvo_plan *plan_slot_sized(void) {
+    kvo_model *m = NULL;
+    ASSERT_OK(kvo_model_create("file-zero-copy", 16, &m));
+    kvo_group_desc g = kvo_group_desc_default();
+    snprintf(g.name, sizeof g.name, "full");
+    g.tokens_per_block = 16;
+    g.layers = 2;
+    g.page_bytes = 1024;
+    ASSERT_OK(kvo_model_add_group(m, &g));
+    kvo_group_override ov = {"full", 2};
+    kvo_plan_params pp = kvo_plan_default_params();
+    pp.overrides = &ov;
+    pp.n_overrides = 1;
+    kvo_plan *p = NULL;
+    ASSERT_OK(kvo_plan_create(m, &pp, &p));
+    kvo_model_destroy(m);
+    ASSERT_EQ_U64(kvo_plan_group(p, 0)->chunk_bytes, kvo_plan_group(p, 0)->slot_bytes);
+    return p;
+}
+
+/* Zero-copy write-through (file_zero_copy): the stored chunks' host slots
+ * are lent to the tier (writes_borrowed; no staging memory), pinned until
+ * the connector's poll sees their writes complete; the files then serve a
+ * host miss and a restart byte-exact.  A host chunk changed after its
+ * store (verify_checksums) never reaches a file: the tier checks the lent
+ * bytes against the store's checksum. */
+KVO_TEST(zero_copy_write_through) {
+    fx f;
+    snprintf(f.root, sizeof f.root, "%s/tier", kvo_test_tmpdir());
+    f.p = plan_slot_sized();
+    f.t = make_tier(f.p, f.root, 0);
+    kvo_connector_params cp = kvo_connector_default_params();
+    cp.file_tier = f.t;
+    cp.verify_checksums = true;
+    cp.file_zero_copy = true;
+    sim_init(&f.s, f.p, &cp, 512);
+    f.s.keep_plan = true;
+    uint32_t tok[400];
+    fill(tok, 400, 7);
+    sim_store_prompt(&f.s, 1, tok, 400);
+    ASSERT_OK(kvo_file_tier_flush(f.t, -1));
+    (void)kvo_connector_poll(f.s.c, NULL, 0, &(size_t){0}); /* the completions end the loans */
+    kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
+    ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
+    ASSERT_EQ_U64(st.chunks_stored, 12); /* 400 tokens, 32 a chunk */
+    ASSERT_EQ_U64(st.file_writes, st.chunks_stored);
+    ASSERT_EQ_U64(st.file_writes_dropped, 0);
+    ASSERT_EQ_U64(st.host.pinned, 0);
+    ASSERT_EQ_U64(f.s.c->file_lent, 0);
+    kvo_file_tier_stats ts = KVO_FILE_TIER_STATS_INIT;
+    ASSERT_OK(kvo_file_tier_get_stats(f.t, &ts));
+    ASSERT_EQ_U64(ts.writes, 12);
+    ASSERT_EQ_U64(ts.writes_borrowed, 12);
+    kvo_store_clear(kvo_connector_store(f.s.c)); /* the host forgets: the files serve */
+    expect_hit(&f.s, 2, tok, 384);
+
+    fx_close(&f);
+
+    /* a restart finds the files; then chunks changed in host memory after
+     * their store (and their checksum) while their lent writes wait: the
+     * tier refuses each (no file), counted as checksum failures */
+    f.p = plan_slot_sized();
+    f.t = make_tier(f.p, f.root, 0);
+    cp.file_tier = f.t;
+    sim_init(&f.s, f.p, &cp, 512);
+    f.s.keep_plan = true;
+    expect_hit(&f.s, 3, tok, 384);
+    uint32_t tok2[400];
+    fill(tok2, 400, 8);
+    atomic_store(&kvo__file_test_write_delay_us, 300000); /* each write waits before it reads its source */
+    sim_store_prompt(&f.s, 4, tok2, 400);
+    kvo_store_entry ents[64];
+    uint64_t cur = 0;
+    size_t n = 0;
+    ASSERT_OK(kvo_store_scan(kvo_connector_store(f.s.c), &cur, ents, 64, &n));
+    unsigned char *base = kvo_arena_base(kvo_connector_arena(f.s.c));
+    size_t lent = f.s.c->file_lent;
+    ASSERT_GT_U64(lent, 0);
+    for (size_t i = 0; i < n; i++) base[ents[i].slot.offset + 100] ^= 0x5a; /* every host chunk */
+    atomic_store(&kvo__file_test_write_delay_us, 0);
+    ASSERT_OK(kvo_file_tier_flush(f.t, -1));
+    (void)kvo_connector_poll(f.s.c, NULL, 0, &(size_t){0});
+    ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
+    ASSERT_EQ_U64(st.checksum_failures, lent);
+    ASSERT_EQ_U64(st.host.pinned, 0);
+    ASSERT_OK(kvo_file_tier_get_stats(f.t, &ts));
+    ASSERT_EQ_U64(ts.writes, 0); /* this tier's: none of the changed chunks */
+    kvo_store_clear(kvo_connector_store(f.s.c));
+    sim_req r;
+    sim_req_init(&r, 5);
+    sim_req_tokens(&r, tok2, 400);
+    ASSERT_OK(kvo_connector_add_request(f.s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 5, .tokens = tok2, .n_tokens = 400}));
+    kvo_lookup_result lr;
+    ASSERT_OK(kvo_connector_lookup(f.s.c, 5, 0, &lr));
+    ASSERT_TRUE(lr.status != KVO_HIT || lr.tokens < 384);
+    ASSERT_OK(kvo_connector_abort(f.s.c, 5));
+    sim_req_free(&f.s, &r);
     fx_close(&f);
 }
 

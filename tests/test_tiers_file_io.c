@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "file_tier_fixture.h"
+#include "core/xxh.h"
 
 static void round_trip(kvo_file_io_kind io, kvo_file_direct_mode direct) {
     kvo_plan *plan = ftf_plan("ft-rt", 5000, true);
@@ -103,9 +104,18 @@ static void borrowed(kvo_file_io_kind io, kvo_file_direct_mode direct) {
     }
     int res[N + 3];
     size_t q = 0;
-    ASSERT_OK(kvo_file_tier_write_borrowed(t, keys, srcs, N + 3, NULL, res, &q));
+    ASSERT_OK(kvo_file_tier_write_borrowed(t, keys, srcs, NULL, N + 3, NULL, res, &q));
     ASSERT_EQ_U64(q, N + 3);
     ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000))); /* the sources are the tier's until here */
+    /* every borrowed write reports (params.write_completions is off here) */
+    kvo_file_completion c[N + 3];
+    size_t got = 0;
+    ASSERT_OK(kvo_file_tier_poll(t, c, N + 3, &got));
+    ASSERT_EQ_U64(got, N + 3);
+    for (size_t i = 0; i < got; i++) {
+        ASSERT_EQ_INT(c[i].op, KVO_FILE_OP_WRITE);
+        ASSERT_EQ_INT(c[i].result, 0);
+    }
     kvo_file_tier_stats s = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(t, &s));
     ASSERT_EQ_U64(s.writes, N + 3);
@@ -122,9 +132,34 @@ static void borrowed(kvo_file_io_kind io, kvo_file_direct_mode direct) {
     ASSERT_OK(kvo_file_verify(path, plan, &vk, &vb));
     ASSERT_TRUE(kvo_chunk_key_eq(&vk, &keys[1]));
     /* the same key again: skipped, as by kvo_file_tier_write */
-    ASSERT_OK(kvo_file_tier_write_borrowed(t, keys, srcs, 1, NULL, res, &q));
+    ASSERT_OK(kvo_file_tier_write_borrowed(t, keys, srcs, NULL, 1, NULL, res, &q));
     ASSERT_EQ_INT(res[0], KVO_EEXIST);
-    ASSERT_ERR(kvo_file_tier_write_borrowed(t, NULL, srcs, 1, NULL, res, &q), KVO_EINVAL);
+    ASSERT_ERR(kvo_file_tier_write_borrowed(t, NULL, srcs, NULL, 1, NULL, res, &q), KVO_EINVAL);
+    ASSERT_OK(kvo_file_tier_poll(t, c, N + 3, &got));
+    ASSERT_EQ_U64(got, 0); /* nothing queued: nothing reported */
+    /* sums as the caller took them: a source that changed since writes no file */
+    kvo_chunk_key nk[2] = {ftf_key(900, 0), ftf_key(901, 0)};
+    uint64_t cb = g0->chunk_bytes, sums[2];
+    for (int i = 0; i < 2; i++) {
+        ftf_fill(bufs[i], cb, &nk[i]);
+        sums[i] = XXH3_64bits(bufs[i], cb);
+        srcs[i] = bufs[i];
+    }
+    bufs[1][cb / 2] ^= 1; /* changed after its sum was taken */
+    uint64_t ud[2] = {1, 2};
+    ASSERT_OK(kvo_file_tier_write_borrowed(t, nk, srcs, sums, 2, ud, res, &q));
+    ASSERT_EQ_U64(q, 2);
+    ASSERT_OK(kvo_file_tier_flush(t, KVO_MS(20000)));
+    ASSERT_OK(kvo_file_tier_poll(t, c, N + 3, &got));
+    ASSERT_EQ_U64(got, 2);
+    for (size_t i = 0; i < got; i++) ASSERT_EQ_INT(c[i].result, c[i].user_data == 1 ? 0 : KVO_ECORRUPT);
+    uint8_t st[2];
+    ASSERT_OK(kvo_file_tier_lookup(t, nk, 2, st));
+    ASSERT_EQ_INT(st[0], KVO_READY);
+    ASSERT_EQ_INT(st[1], KVO_MISS);
+    ASSERT_EQ_INT(ftf_read_key(t, plan, &nk[0], true), 0);
+    ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &nk[1], path, sizeof path));
+    ASSERT_TRUE(access(path, F_OK) != 0); /* no file */
     for (int i = 0; i < N + 3; i++) free(bufs[i]);
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);

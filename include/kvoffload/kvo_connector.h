@@ -307,6 +307,18 @@ typedef struct kvo_connector_params {
                                      a group gets its bit anyway at its
                                      first kvo_connector_store_snapshot.
                                      Default 0 */
+    bool file_zero_copy;          /* WRITE_THROUGH: lend each stored chunk's
+                                     host slot to the file tier
+                                     (kvo_file_tier_write_borrowed) instead
+                                     of the tier's staging copy: the chunk
+                                     stays pinned in the host tier until its
+                                     file is written (host capacity held by
+                                     the writes in flight, at most the
+                                     tier's max_pending_writes chunks), and
+                                     with verify_checksums the tier checks
+                                     the bytes against the store's checksum.
+                                     Write-back and flush_to_file copy as
+                                     before.  Default false */
 } kvo_connector_params;
 
 KVO_API kvo_connector_params kvo_connector_default_params(void);

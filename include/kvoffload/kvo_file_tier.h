@@ -239,20 +239,27 @@ KVO_API int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, con
 /** kvo_file_tier_write without the staging copy: the tier writes the file
  *  straight from srcs[i] (and takes its checksum there, on a worker), so
  *  the caller lends that memory: it must stay mapped and unchanged until
- *  the write is over -- its completion polled (params.write_completions),
- *  or kvo_file_tier_flush returned 0, or kvo_file_tier_destroy returned.
- *  Changing the bytes meanwhile writes a file whose checksum may not match
- *  (a later read reports KVO_ECORRUPT, never wrong bytes).  A source the
- *  file cannot take in place is copied into staging as by
- *  kvo_file_tier_write (the same lending rule applies to the call): with
- *  O_DIRECT one not 4096-aligned, or a group whose chunk_bytes is below its
+ *  the write's completion.  Every queued borrowed write reports one
+ *  (kvo_file_tier_poll, op KVO_FILE_OP_WRITE, user_data[i]), whatever
+ *  params.write_completions says; kvo_file_tier_flush returning 0 or
+ *  kvo_file_tier_destroy returning also ends every loan.  sums (may be
+ *  NULL): the XXH3-64 of each source's chunk_bytes as the caller knows them
+ *  (e.g. taken when the chunk was stored); the writer checks the bytes
+ *  against it and writes no file when they differ (completion KVO_ECORRUPT,
+ *  counted in dropped_io), so bytes changed before the write never get a
+ *  valid checksum of their own.  Bytes changed during the write give a file
+ *  whose checksum does not match: a later read reports KVO_ECORRUPT, never
+ *  wrong bytes.  A source the file cannot take in place is copied into
+ *  staging as by kvo_file_tier_write (same completion rule): with O_DIRECT
+ *  one not 4096-aligned, or a group whose chunk_bytes is below its
  *  slot_bytes (the padding must be zero).  Results, back-pressure and
- *  errors as kvo_file_tier_write (no staging memory is needed for a lent
- *  source, so only the queue bound and the latency limit refuse it).
+ *  errors as kvo_file_tier_write (a lent source needs no staging memory, so
+ *  only the queue bound and the latency limit refuse it for back-pressure).
  *  Counted in writes_borrowed.  Typical caller: write-through from a host
- *  slot that stays pinned until the completion. */
+ *  slot that stays pinned until the completion (the connector does). */
 KVO_API int kvo_file_tier_write_borrowed(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs,
-                                         size_t n, const uint64_t *user_data, int *results, size_t *n_queued);
+                                         const uint64_t *sums, size_t n, const uint64_t *user_data, int *results,
+                                         size_t *n_queued);
 
 /** Queue reads of n chunks into dsts[i], which must have room for the group's
  *  slot_bytes (the payload is read with its zero padding; 4096-aligned

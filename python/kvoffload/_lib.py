@@ -272,7 +272,7 @@ class ConnectorParams(ctypes.Structure):
                 ("checkpoint_interval", c_uint64), ("verify_checksums", c_bool), ("file_tier", c_void_p),
                 ("file_mode", c_int), ("file_persist_on_destroy", c_bool), ("max_requests", c_uint32),
                 ("remote_tier", c_void_p), ("remote_lookup_budget_us", c_uint32), ("remote_exists_ttl_ms", c_uint32),
-                ("snapshot_groups", c_uint64)]
+                ("snapshot_groups", c_uint64), ("file_zero_copy", c_bool)]
 
 
 class RequestDesc(ctypes.Structure):

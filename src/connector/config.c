@@ -35,7 +35,7 @@ typedef enum kvo__cfg_field {
     F_PREFAULT, F_SHM_PATH, F_TRANSFER_THREADS, F_MAX_QUEUED_JOBS, F_SALT, F_MIN_HIT_TOKENS,
     F_SCRATCH_GROUPS, F_SLIDING_STORE, F_CHECKPOINT_INTERVAL, F_VERIFY_CHECKSUMS, F_MAX_REQUESTS,
     F_FILE_MODE, F_FILE_PERSIST, F_FILE_ROOT, F_FILE_QUOTA, F_REMOTE_URL, F_LOCAL_CPU,
-    F_REMOTE_PREFIX, F_REMOTE_BUDGET, F_SNAPSHOT_GROUPS,
+    F_REMOTE_PREFIX, F_REMOTE_BUDGET, F_SNAPSHOT_GROUPS, F_FILE_ZERO_COPY,
     F_IGNORED, F_NESTED,
     KVO__CFG_NFIELDS
 } kvo__cfg_field;
@@ -87,6 +87,7 @@ static const kvo__cfg_key kvo__keys[] = {
     {"max_requests", F_MAX_REQUESTS, T_POS32},
     {"file_mode", F_FILE_MODE, T_FILE_MODE},
     {"file_persist_on_destroy", F_FILE_PERSIST, T_BOOL},
+    {"file_zero_copy", F_FILE_ZERO_COPY, T_BOOL},
     {"file_root", F_FILE_ROOT, T_STR},
     {"file_quota_bytes", F_FILE_QUOTA, T_U64},
     {"remote_key_prefix", F_REMOTE_PREFIX, T_STR},
@@ -357,6 +358,7 @@ int kvo_config_apply_connector(const kvo_config *c, kvo_connector_params *p) {
     if (KVO__HAS(c, F_MAX_REQUESTS)) p->max_requests = (uint32_t)u[F_MAX_REQUESTS];
     if (KVO__HAS(c, F_FILE_MODE)) p->file_mode = (kvo_file_mode)u[F_FILE_MODE];
     if (KVO__HAS(c, F_FILE_PERSIST)) p->file_persist_on_destroy = u[F_FILE_PERSIST];
+    if (KVO__HAS(c, F_FILE_ZERO_COPY)) p->file_zero_copy = u[F_FILE_ZERO_COPY];
     if (KVO__HAS(c, F_REMOTE_BUDGET)) p->remote_lookup_budget_us = (uint32_t)u[F_REMOTE_BUDGET];
     return 0;
 }

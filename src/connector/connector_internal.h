@@ -293,6 +293,7 @@ struct kvo_connector {
     uint64_t remote_groups;
     kvo__map rpres;
     size_t remote_reads_inflight;
+    size_t file_lent;          /* host chunks lent to the file tier (file_zero_copy): pinned until their write ends */
     kvo_chunk_key *r_keys; /* scratch of remote queries (r_cap entries) */
     size_t *r_idx;
     int *r_res;
@@ -448,6 +449,13 @@ uint64_t kvo__conn_slot_sum(kvo_connector *c, const kvo_chunk_key *k, kvo_slot s
  * (see persist.c). */
 size_t kvo__conn_file_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n,
                           bool lookup, bool verify, int *res);
+/* file_zero_copy write-through: lend n READY host chunks (pinned until
+ * kvo__conn_file_lent_done) to the file tier; returns how many were dropped. */
+size_t kvo__conn_file_lend(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n);
+/* The file tier's completion of a lent write (user data KVO__CONN_LENT_UD):
+ * unpin the chunk.  Caller holds mu. */
+void kvo__conn_file_lent_done(kvo_connector *c, const kvo_file_completion *fc);
+#define KVO__CONN_LENT_UD UINT64_MAX
 /* kvo_store_prepare_store on the host store, handing evicted READY chunks to
  * the file tier in write-back mode. */
 int kvo__conn_prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_t n, uint8_t *need,

@@ -163,15 +163,17 @@ fail:
     return rc;
 }
 
-/* Wait until every file-tier read into the arena has completed (the tier
- * outlives the connector; its reads must not land in unmapped memory). */
+/* Wait until every file-tier read into the arena and every write lent
+ * from it has completed (the tier outlives the connector; its reads must
+ * not land in unmapped memory, nor its writes read from it). */
 static void kvo__drain_reads(kvo_connector *c) {
-    while (c->file && c->reads.e && c->reads.n) {
+    while (c->file && ((c->reads.e && c->reads.n) || c->file_lent)) {
         kvo_file_completion fc[32];
         size_t n = 0;
         (void)kvo_file_tier_poll(c->file, fc, 32, &n);
         for (size_t i = 0; i < n; i++) {
-            if (fc[i].op != KVO_FILE_OP_READ) continue;
+            if (fc[i].op == KVO_FILE_OP_WRITE && fc[i].user_data == KVO__CONN_LENT_UD && c->file_lent) c->file_lent--;
+            if (fc[i].op != KVO_FILE_OP_READ || !c->reads.e) continue;
             kvo__map_entry *e = kvo__map_get(&c->reads, fc[i].user_data);
             if (!e) continue;
             kvo__free(e->p);

@@ -10,6 +10,16 @@
  * scans the host store in batches under c->mu (READY slots only change
  * under mu), releasing it while it waits for the tier's queue to drain.
  * Writes the tier refuses are counted (file_writes_dropped), never errors.
+ *
+ * Zero-copy write-through (file_zero_copy): a stored chunk's host slot is
+ * lent to the tier (kvo_file_tier_write_borrowed) instead of copied into its
+ * staging memory.  The loan is a pin in the host store, taken before the
+ * write is queued and released by the write's completion
+ * (kvo__conn_file_lent_done, from poll): a pinned chunk is never evicted, so
+ * its slot is not rewritten while the tier reads it; with verify_checksums
+ * the tier checks the bytes against the checksum the store took, so bytes
+ * changed since (a stray write by the engine) never reach a file.  destroy
+ * waits for every loan before the arena goes (create.c).
  */
 #include <limits.h>
 
@@ -79,6 +89,53 @@ size_t kvo__conn_file_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo
         }
     }
     return dropped;
+}
+
+size_t kvo__conn_file_lend(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n) {
+    enum { B = 64 };
+    kvo_chunk_key wk[B];
+    const void *srcs[B];
+    uint64_t sums[B], ud[B];
+    int wr[B];
+    size_t dropped = 0;
+    for (size_t i = 0; i < n; i += B) {
+        size_t b = n - i < B ? n - i : B, m = 0, nq = 0;
+        for (size_t k = 0; k < b; k++) {
+            const kvo_chunk_key *key = &keys[i + k];
+            kvo_slot pin;
+            if (!((c->file_groups >> key->group) & 1)) { /* the tier holds another format */
+                dropped++;
+                continue;
+            }
+            if (kvo_store_prepare_load(c->store, key, 1, &pin) != 0) { /* not READY: nothing to lend */
+                dropped++;
+                continue;
+            }
+            assert(pin.offset == slots[i + k].offset);
+            wk[m] = *key;
+            srcs[m] = kvo__conn_slot_ptr(c, slots[i + k]);
+            sums[m] = c->sums ? c->sums[slots[i + k].offset / KVO_SLOT_ALIGN] : 0;
+            ud[m] = KVO__CONN_LENT_UD;
+            wr[m++] = KVO_EINVAL;
+        }
+        if (m == 0) continue;
+        (void)kvo_file_tier_write_borrowed(c->file, wk, srcs, c->sums ? sums : NULL, m, ud, wr, &nq);
+        c->st.file_writes += nq;
+        c->file_lent += nq;
+        for (size_t k = 0; k < m; k++) {
+            if (wr[k] == 0) continue; /* lent: the completion unpins it */
+            (void)kvo_store_complete_load(c->store, &wk[k], 1);
+            if (wr[k] == KVO_EEXIST) c->st.file_writes_skipped++;
+            else dropped++;
+        }
+    }
+    return dropped;
+}
+
+void kvo__conn_file_lent_done(kvo_connector *c, const kvo_file_completion *fc) {
+    if (c->file_lent) c->file_lent--;
+    (void)kvo_store_complete_load(c->store, &fc->key, 1);
+    if (fc->result == KVO_ECORRUPT) c->st.checksum_failures++; /* changed since its store: not written */
 }
 
 /* kvo_store_prepare_store on the host store; in write-back mode the READY

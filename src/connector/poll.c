@@ -42,10 +42,13 @@ static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_
     if (ok) {
         c->st.chunks_stored += j->n_keys;
         c->st.bytes_stored += res->bytes;
-        /* the tier copies before returning; no second checksum pass: the
+        /* the tier copies before returning (or, zero-copy, checks the
+         * lent bytes against these sums); no second checksum pass: the
          * sums were taken from these bytes just above */
         if (c->file && c->p.file_mode == KVO_FILE_WRITE_THROUGH)
-            c->st.file_writes_dropped += kvo__conn_file_put(c, j->keys, j->slots, j->n_keys, false, false, NULL);
+            c->st.file_writes_dropped += c->p.file_zero_copy
+                                             ? kvo__conn_file_lend(c, j->keys, j->slots, j->n_keys)
+                                             : kvo__conn_file_put(c, j->keys, j->slots, j->n_keys, false, false, NULL);
         if (c->remote) kvo__conn_remote_put(c, j->keys, j->slots, j->n_keys);
         if (r) {
             r->st.chunks_stored += j->n_keys;
@@ -209,6 +212,7 @@ int kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap, size_t
         while (kvo_file_tier_poll(c->file, fc, 32, &n) == 0 && n > 0)
             for (size_t i = 0; i < n; i++)
                 if (fc[i].op == KVO_FILE_OP_READ) kvo__finish_read(c, fc[i].user_data, fc[i].result, 0);
+                else if (fc[i].user_data == KVO__CONN_LENT_UD) kvo__conn_file_lent_done(c, &fc[i]);
     }
     if (c->remote) { /* presence answers stay in remote.c; finished gets come back */
         kvo__read_done done[KVO__REMOTE_POLL_BATCH];

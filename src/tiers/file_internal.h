@@ -150,6 +150,8 @@ struct kvo__fop {
     uint64_t sum;
     bool borrowed;            /* write: stage is the caller's memory (no
                                  staging slot; the sum is taken in begin) */
+    bool expect;              /* borrowed: the caller gave the sum (sum):
+                                 begin checks the bytes against it */
     /* read: destination and whether O_DIRECT is used for it */
     unsigned char *dst;
     bool direct;

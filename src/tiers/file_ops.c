@@ -3,10 +3,12 @@
  * thread pool in file_workers.c and the ring in uring/file_uring.c).
  *
  * What it owns
- *  - begin: a write encodes the header (the payload checksum taken as it was
- *    staged) and
- *    opens its file: a recycled file of the same size (an evicted key's
- *    file, renamed here from its name to a temporary one, then overwritten
+ *  - begin: a write opens its file (below), then encodes the header (the
+ *    payload checksum taken as it was staged; a borrowed write's taken here
+ *    from the caller's memory and, when the caller gave one, checked
+ *    against theirs: a mismatch writes nothing, KVO_ECORRUPT).  The file:
+ *    a recycled file of the same size (an evicted key's file, renamed
+ *    here from its name to a temporary one, then overwritten
  *    in place, no O_TRUNC), else an unnamed O_TMPFILE file in the fan-out directory,
  *    else a named temporary (O_EXCL, .tmp.<host>.<pid>.<nonce>.<counter>).
  *    A read opens the key's file, checks its type and size.  Both set up
@@ -74,10 +76,6 @@ static void set_iov(kvo__fop *op, unsigned char *payload, const kvo_group_plan *
  * unnamed O_TMPFILE file, or a named temporary), iov = header + staging.
  * 0 or -errno. */
 static int write_begin(kvo_file_tier *t, kvo__fop *op, const kvo_group_plan *g) {
-    if (op->borrowed) op->sum = XXH3_64bits(op->stage, g->chunk_bytes); /* the caller's bytes, read in place */
-    kvo__file_hdr h;
-    kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, op->sum);
-    kvo__file_hdr_encode(&h, op->hdr);
     char sub[3];
     kvo__file_subdir(&op->key, sub);
     snprintf(op->tmp, sizeof op->tmp, "%s/%s/%s%08x.%ld.%08x.%u", t->ns_dir, sub, KVO__FILE_TMP_PREFIX,
@@ -110,6 +108,14 @@ static int write_begin(kvo_file_tier *t, kvo__fop *op, const kvo_group_plan *g) 
     if (inj) return -inj;
     int delay = atomic_load(&kvo__file_test_write_delay_us);
     if (delay > 0) usleep((useconds_t)delay);
+    if (op->borrowed) { /* the caller's bytes, read in place, as late as possible */
+        uint64_t sum = XXH3_64bits(op->stage, g->chunk_bytes);
+        if (op->expect && sum != op->sum) return -EBADMSG; /* changed since the caller's sum: no file */
+        op->sum = sum;
+    }
+    kvo__file_hdr h;
+    kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, op->sum);
+    kvo__file_hdr_encode(&h, op->hdr);
     set_iov(op, op->stage, g);
     return 0;
 }
@@ -193,6 +199,7 @@ static void fsync_dir(const char *file_path) {
 }
 
 static int errno_to_result(int e) {
+    if (e == EBADMSG) return KVO_ECORRUPT; /* a lent source that no longer matched its sum */
     return (e == ENOSPC || e == EDQUOT || e == EFBIG) ? KVO_ENOSPC : KVO_EIO;
 }
 
@@ -256,6 +263,9 @@ static void write_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
         op->result = errno_to_result(e);
         if (op->result == KVO_ENOSPC)
             kvo__file_log(t, KVO__FLOG_NOSPC, "%s: no space (%s): chunk write dropped", t->ns_dir, strerror(e));
+        else if (op->result == KVO_ECORRUPT)
+            kvo__file_log(t, KVO__FLOG_IO, "%s: the lent chunk changed after the caller's checksum: not written",
+                          op->path);
         else
             kvo__file_log(t, KVO__FLOG_IO, "%s: write failed (%s): chunk write dropped", op->path, strerror(e));
     } else {

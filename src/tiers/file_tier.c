@@ -362,8 +362,8 @@ static bool can_borrow(const kvo_file_tier *t, const kvo_group_plan *g, const vo
 }
 
 /* kvo_file_tier_write and kvo_file_tier_write_borrowed (borrow). */
-static int write_batch(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
-                       const uint64_t *user_data, int *results, size_t *n_queued, bool borrow) {
+static int write_batch(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, const uint64_t *sums,
+                       size_t n, const uint64_t *user_data, int *results, size_t *n_queued, bool borrow) {
     size_t queued = 0;
     int ret = 0;
     for (size_t i = 0; i < n; i++) {
@@ -437,11 +437,12 @@ static int write_batch(kvo_file_tier *t, const kvo_chunk_key *keys, const void *
         kvo__fop *op = kvo__fop_get(t);
         if (op) {
             op->stage = stage;
-            op->sum = sum;
+            op->sum = lend && sums ? sums[i] : sum;
+            op->expect = lend && sums;
             op->borrowed = lend;
         }
         if (!op || kvo__fop_enqueue(t, op, KVO__FOP_WRITE, &keys[i], g, user_data ? user_data[i] : 0,
-                           t->p.write_completions) != 0) {
+                           t->p.write_completions || borrow) != 0) {
             kvo_store_complete_store(t->index, &keys[i], 1, false);
             if (!lend) kvo__file_stage_release(t, &keys[i]);
             pthread_mutex_lock(&t->mu);
@@ -468,13 +469,14 @@ static int write_batch(kvo_file_tier *t, const kvo_chunk_key *keys, const void *
 int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                         const uint64_t *user_data, int *results, size_t *n_queued) {
     if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_file_tier_write: NULL argument");
-    return write_batch(t, keys, srcs, n, user_data, results, n_queued, false);
+    return write_batch(t, keys, srcs, NULL, n, user_data, results, n_queued, false);
 }
 
-int kvo_file_tier_write_borrowed(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
-                                 const uint64_t *user_data, int *results, size_t *n_queued) {
+int kvo_file_tier_write_borrowed(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs,
+                                 const uint64_t *sums, size_t n, const uint64_t *user_data, int *results,
+                                 size_t *n_queued) {
     if (!t || (n && (!keys || !srcs))) return kvo__error(KVO_EINVAL, "kvo_file_tier_write_borrowed: NULL argument");
-    return write_batch(t, keys, srcs, n, user_data, results, n_queued, true);
+    return write_batch(t, keys, srcs, sums, n, user_data, results, n_queued, true);
 }
 
 /* -------------------------------------------------------------- read -- */
