@@ -9,6 +9,10 @@
  * private one with tools/redis-cluster.sh on ports above the shared one
  * (base + 10, 20, ...; loopback only) and stop it at exit, also on failure.
  * Every wait is bounded; no test asserts a duration. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
 #include "remote_test.h"
 
 /* ------------------------------------------------------------------ tests */
@@ -183,6 +187,66 @@ KVO_TEST(reads_right_after_puts_see_them) {
     ASSERT_EQ_U64(stats(t).reads_after_put, before);
     free(bufs);
     kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* Two threads on one tier: one puts keys in order, 8 a call; the other gets
+ * each key as soon as its put call returned.  Every get hits with the key's
+ * bytes, whether it waited on the put in flight or came after it (the
+ * waiter list under ThreadSanitizer too). */
+typedef struct ryw_ctx {
+    kvo_remote_tier *t;
+    const kvo_plan *plan;
+    uint64_t n;
+    _Atomic uint64_t put_upto;
+} ryw_ctx;
+
+static void *ryw_putter(void *arg) {
+    ryw_ctx *x = arg;
+    uint64_t cb = chunk_bytes(x->plan);
+    unsigned char *buf = malloc(8 * cb);
+    ASSERT_NOT_NULL(buf);
+    for (uint64_t i = 0; i < x->n; i += 8) {
+        kvo_chunk_key k[8];
+        const void *src[8];
+        for (int j = 0; j < 8; j++) {
+            k[j] = ftf_key(7000 + i + (uint64_t)j, 0);
+            ftf_fill(buf + (uint64_t)j * cb, cb, &k[j]);
+            src[j] = buf + (uint64_t)j * cb;
+        }
+        int r[8];
+        ASSERT_OK(kvo_remote_tier_put(x->t, k, src, 8, NULL, r, NULL));
+        for (int j = 0; j < 8; j++)
+            while (r[j] == KVO_EAGAIN) { /* queue full: let it drain */
+                ASSERT_OK(kvo_remote_tier_flush(x->t, KVO_MS(60000)));
+                ASSERT_OK(kvo_remote_tier_put(x->t, &k[j], &src[j], 1, NULL, &r[j], NULL));
+            }
+        atomic_store(&x->put_upto, i + 8);
+    }
+    free(buf);
+    return NULL;
+}
+
+KVO_TEST(reads_racing_puts_from_another_thread) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    ryw_ctx x = {open_tier(port, plan, "ryw-mt", NULL), plan, 256, 0};
+    pthread_t th;
+    ASSERT_EQ_INT(pthread_create(&th, NULL, ryw_putter, &x), 0);
+    int res[1];
+    for (uint64_t next = 0; next < x.n;) {
+        uint64_t upto = atomic_load(&x.put_upto);
+        if (next == upto) {
+            sched_yield();
+            continue;
+        }
+        for (; next < upto; next++) ASSERT_EQ_U64(get_range(x.t, plan, 7000 + next, 1, res), 1);
+    }
+    pthread_join(th, NULL);
+    kvo_remote_tier_stats s = stats(x.t);
+    ASSERT_EQ_U64(s.get_misses, 0);
+    ASSERT_EQ_U64(s.gets, x.n);
+    kvo_remote_tier_destroy(x.t);
     kvo_plan_destroy(plan);
 }
 
