@@ -226,6 +226,7 @@ class RemoteTierStats(ctypes.Structure):
 
 
 REMOTE_OP_PUT, REMOTE_OP_GET, REMOTE_OP_EXISTS = 1, 2, 3  # kvo_remote_op_kind
+FILE_OP_WRITE, FILE_OP_READ = 1, 2  # kvo_file_op_kind
 
 
 class RemoteCompletion(ctypes.Structure):
@@ -411,6 +412,8 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_file_tier_backend": (c_char_p, [P]),
     "kvo_file_tier_lookup": (c_int, [P, KEYS, c_size_t, c_void_p]),
     "kvo_file_tier_write": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
+    "kvo_file_tier_write_borrowed": (c_int, [P, KEYS, c_void_p, c_void_p, c_size_t, c_void_p, c_void_p,
+                                             POINTER(c_size_t)]),
     "kvo_file_tier_read": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
     "kvo_file_tier_poll": (c_int, [P, c_void_p, c_size_t, POINTER(c_size_t)]),
     "kvo_file_tier_wait": (c_int, [P, c_int64]),

@@ -662,6 +662,25 @@ class FileTier(_Handle):
         queued, KVO_EEXIST, KVO_EAGAIN, KVO_ENOSPC...)."""
         return _queue_io(self._h, "kvo_file_tier_write", keys, srcs, None, False)
 
+    def write_borrowed(self, keys: np.ndarray, srcs: Sequence[int], user_data: Sequence[int],
+                       sums: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Queue writes straight from addresses srcs[i] (no staging copy):
+        each source is lent to the tier until that write's completion
+        (poll, op FILE_OP_WRITE, user_data[i]; every queued one reports).
+        sums: the XXH3-64 of each chunk as the caller knows it (a source
+        changed since writes no file: KVO_ECORRUPT).  Per-key results as
+        write."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        f = "kvo_file_tier_write_borrowed"
+        ptrs = _uint64s(f, "addresses", srcs, n)
+        ud = _uint64s(f, "user_data", user_data, n)
+        sm = _uint64s(f, "sums", sums, n) if sums is not None else None
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_file_tier_write_borrowed(self._h, _ptr(keys), _ptr(ptrs), _ptr(sm) if sm is not None else None,
+                                               n, _ptr(ud), _ptr(res), None), f)
+        return res
+
     def read(self, keys: np.ndarray, dsts: Sequence[int], user_data: Optional[Sequence[int]] = None) -> np.ndarray:
         """Queue reads into addresses dsts[i] (room for slot_bytes); per-key
         results; each 0 is followed by one completion (poll)."""

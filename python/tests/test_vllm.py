@@ -289,11 +289,16 @@ def test_worker_refuses_geometry_larger_than_slots():
     assert e.value.code == k._lib.KVO_ELAYOUT and "kvo_group_bytes_per_block" in e.value.message
 
 
-def test_file_tier_promotes_after_host_eviction(tmp_path):
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_file_tier_promotes_after_host_eviction(tmp_path, zero_copy):
+    """Write-through to files, the host tier evicts, a lookup reads the
+    chunk back from its file; zero_copy (kvo_file_zero_copy): the host slots
+    are lent to the tier (no staging copy), pinned until the step that sees
+    the writes complete."""
     page = 2048
     # chunks of 2 blocks x 2 pages = 8 KiB: a 4-chunk host tier
     cfg = make_config(kv_bytes=2 * page, extra={"cpu_bytes_to_use": 4 * 8192, "kvo_file_root": str(tmp_path),
-                                                "kvo_file_bytes": 64 * 16384})
+                                                "kvo_file_bytes": 64 * 16384, "kvo_file_zero_copy": zero_copy})
     spec = KvoffloadOffloadingSpec(cfg)
     m = spec.get_manager()
     tensors = make_kv(32, page)
@@ -308,10 +313,19 @@ def test_file_tier_promotes_after_host_eviction(tmp_path):
     w.wait({1})
     w.get_finished()
     m.complete_store(a, rc)           # write-through to files
+    if zero_copy:
+        assert m.store.stats()["pinned"] == 2     # lent until a step sees them written (no poll yet)
     m.file_tier.flush()
+    m.on_schedule_end(None)           # the step sees the writes complete
+    assert m.store.stats()["pinned"] == 0 and not m.has_pending_work()
+    fs = m.stats()["file"]
+    assert fs["writes"] == 2 and fs["writes_borrowed"] == (2 if zero_copy else 0) and fs["staging_bytes"] == 0
+    assert m.stats()["stores"]["file_lent"] == (2 if zero_copy else 0)
     filler = keys_of(2, 4)            # evicts a from the 4-chunk host tier
     m.complete_store(m.prepare_store(filler, rc).keys_to_store, rc)
     assert m.store.lookup(m._ckeys(a)).tolist() == [k.MISS, k.MISS]
+    m.file_tier.flush()               # (zero_copy: the filler's slots are lent until here:
+    m.on_schedule_end(None)           # no room to read a back into before)
     first = m.lookup(a[0], rc)
     assert first == LookupResult.HIT_PENDING          # read from the file tier started
     for _ in range(500):

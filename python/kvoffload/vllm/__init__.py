@@ -53,6 +53,9 @@ File tier (optional, kvo_file_root + kvo_file_bytes): the manager writes a
 chunk to files when its store completes ("write_through", default) or when
 the host tier evicts it ("write_back"); a host miss that the file tier holds
 is read back into a host slot (lookup answers HIT_PENDING until it lands).
+kvo_file_zero_copy (default false): write-through lends the host slots to
+the file tier instead of its staging copy (pinned until written; see
+manager.py).
 
 Remote tier (optional, kvo_redis_url; a Redis Cluster shared by a fleet):
 every chunk whose store completes is put to the cluster (write-through; the

@@ -17,7 +17,18 @@ back-pressure (KVO_EAGAIN: the
 write queue or its staging memory is full) is kept and retried at every
 step while its slot still holds the bytes ("file_deferred"); when the host
 tier evicts that slot first, the write is tried once more from the evicted
-slot, and only a refusal then loses it ("file_lost")."""
+slot, and only a refusal then loses it ("file_lost").
+
+Zero-copy write-through (file_zero_copy, kvo_file_zero_copy in the extra
+config): a completed store's host slots are lent to the file tier
+(FileTier.write_borrowed) instead of copied into its staging memory; each
+chunk stays pinned in the host tier until the write's completion is polled
+(every step), so no eviction hands its slot out while the tier reads it
+("file_lent" counts the loans).  A lookup that finds a lower tier's chunk
+while every free host slot is lent answers RETRY (vLLM asks again at a
+later step, once the writes are done) instead of a miss.  reset_cache
+waits for the loans before the slots can be reused.  Staged chunks and
+retries copy as before."""
 from __future__ import annotations
 
 import ctypes
@@ -45,6 +56,7 @@ from .compat import failed_store_event
 from .config import KvoffloadLoadStoreSpec
 
 _HIT, _MISS, _PENDING, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING, LookupResult.RETRY
+_LENT = (1 << 64) - 1  # user data of a lent (zero-copy) file write
 # the store functions the compiled hot calls make (kvoffload/_hot.c), from the
 # library kvoffload._lib loaded
 _HOT_FUNCTIONS = ("kvo_store_lookup", "kvo_store_prepare_load", "kvo_store_complete_load", "kvo_store_touch",
@@ -58,7 +70,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
                  enable_events: bool = False, arena: Optional[SharedArena] = None,
                  file_tier: Optional[FileTier] = None, file_mode: str = "write_through",
                  store_threshold: int = 0, remote_tier: Optional[RemoteTier] = None,
-                 remote_answer_ttl_ms: int = 2000, staging_bytes: int = 0) -> None:
+                 remote_answer_ttl_ms: int = 2000, staging_bytes: int = 0, file_zero_copy: bool = False) -> None:
         self.plan = plan
         # the arena's slot space: [0, capacity_bytes) the host tier, then
         # staging_bytes of staging area (only with a lower tier and an arena)
@@ -87,6 +99,8 @@ class KvoffloadOffloadingManager(OffloadingManager):
             raise L.KvoError(L.KVO_EINVAL, f"kvo_file_mode '{file_mode}': use write_through or write_back",
                              "manager")
         self.file_mode = file_mode
+        self.file_zero_copy = bool(file_zero_copy) and file_mode == "write_through"
+        self._lent = 0                                  # file writes lent from host slots, in flight
         # the store calls (lookup, prefix_hits, prepare_load, touch,
         # complete_load, prepare_store, complete_store) and the key packing,
         # compiled: one C call each, no Python bytecode per key
@@ -107,7 +121,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._retry: dict[bytes, tuple[int, bool]] = {}  # file writes to retry: -> (arena offset, staged)
         self._retry_stalls = 0
         self._sc = dict(offered=0, rejected=0, staged=0, file_queued=0, file_deferred=0, file_lost=0,
-                        file_refused=0, remote_refused=0, read_no_room=0)
+                        file_refused=0, remote_refused=0, read_no_room=0, file_lent=0, read_wait_lent=0)
 
     def _new_store(self) -> Store:
         return Store(self.plan, self.capacity_bytes, policy=self.policy, admit_after=self.store_threshold)
@@ -175,6 +189,12 @@ class KvoffloadOffloadingManager(OffloadingManager):
         try:
             need, slots, ev, evs = self.store.prepare_store(keys)
         except L.KvoError:
+            if self._lent:  # slots lent to file writes: room once they are written
+                self._poll_file()
+                if self._lent:
+                    self._sc["read_wait_lent"] += 1
+                    return _RETRY
+                return self._read_into_host(ck, key, read, inflight)
             self._sc["read_no_room"] += 1
             return _MISS
         self._on_evicted(ev.ctypes.data, evs.ctypes.data, len(ev))
@@ -242,9 +262,16 @@ class KvoffloadOffloadingManager(OffloadingManager):
             return
         if self._retry:
             self._retry_file()
-        if not self._promoting:
+        if not self._promoting and not self._lent:
             return
         for c in self.file_tier.poll():
+            if c["op"] == L.FILE_OP_WRITE:
+                if c["user_data"] == _LENT:  # the loan ends: unpin
+                    self._lent -= 1
+                    ck = np.zeros(1, dtype=KEY_DTYPE)
+                    ck["lo"], ck["hi"], ck["group"] = c["key"][0], c["key"][1], c["group"]
+                    self.store.complete_load(ck)
+                continue
             item = self._promoting.pop(c["user_data"], None)
             if item is None:
                 continue
@@ -319,6 +346,27 @@ class KvoffloadOffloadingManager(OffloadingManager):
         for i in np.flatnonzero(res == L.KVO_EAGAIN).tolist():
             self._retry[recs[i]] = (offs[i], staged[i])
 
+    def _lend_file(self, recs: list[bytes], offs: list[int]) -> None:
+        """Zero-copy write-through of READY host chunks (module doc): pin,
+        lend; a write the tier does not take is unpinned at once (and, for
+        back-pressure, retried with the copy while the slot holds it)."""
+        assert self.file_tier is not None and self.arena is not None
+        keys = np.frombuffer(b"".join(recs), dtype=KEY_DTYPE)
+        try:
+            self.store.prepare_load(keys)
+        except L.KvoError:  # not all READY (a reset between): the copy
+            self._write_file(recs, offs, [False] * len(recs), "file_deferred")
+            return
+        res = self.file_tier.write_borrowed(keys, [self.arena.base + o for o in offs], [_LENT] * len(recs))
+        lent = res == 0
+        self._lent += int(np.count_nonzero(lent))
+        self._sc["file_lent"] += int(np.count_nonzero(lent))
+        if not lent.all():
+            self.store.complete_load(keys[~lent].copy())
+        self._count_file(res, "file_deferred")
+        for i in np.flatnonzero(res == L.KVO_EAGAIN).tolist():
+            self._retry[recs[i]] = (offs[i], False)
+
     def _write_lower(self, recs: list[bytes], offs: list[int], staged: bool) -> None:
         """Chunks whose stores completed (at arena offsets offs) to the
         file tier (write_through; in any mode for staged chunks, which the
@@ -326,7 +374,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
         writes are not waiting for a retry leave the staging area."""
         assert self.arena is not None
         if self.file_tier is not None and (staged or self.file_mode == "write_through"):
-            self._write_file(recs, offs, [staged] * len(recs), "file_deferred")
+            if self.file_zero_copy and not staged:
+                self._lend_file(recs, offs)
+            else:
+                self._write_file(recs, offs, [staged] * len(recs), "file_deferred")
         if self.remote_tier is not None:
             ckeys = np.frombuffer(b"".join(recs), dtype=KEY_DTYPE)
             res = self.remote_tier.put(ckeys, [self.arena.base + o for o in offs])  # copied before it returns
@@ -531,7 +582,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         # file writes waiting for a retry keep vLLM stepping while they make
         # progress (the queue drains); a tier that refuses them for 200
         # steps in a row no longer does
-        return bool(self._promoting or self._fetching or self._answers.in_flight() or
+        return bool(self._promoting or self._fetching or self._answers.in_flight() or self._lent or
                     (self._retry and self._retry_stalls < 200))
 
     def reset_cache(self) -> None:
@@ -539,6 +590,9 @@ class KvoffloadOffloadingManager(OffloadingManager):
         # before the slots can be handed out again
         while self._promoting and self.file_tier is not None:
             self.file_tier.wait(1000)
+            self._poll_file()
+        if self._lent and self.file_tier is not None:  # lent slots must not be handed out again
+            self.file_tier.flush(-1)
             self._poll_file()
         while (self._fetching or self._answers.in_flight()) and self.remote_tier is not None:
             self.remote_tier.wait(1000)
@@ -563,7 +617,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
         no host or staging room), staged, file_queued, file_deferred,
         file_lost, file_refused (quota or I/O), remote_refused,
         read_no_room (a lower tier's chunk found but not read: no host slot
-        free for it, a miss), and staged_now / retry_now (in flight)."""
+        free for it, a miss), file_lent (zero-copy file writes lent),
+        read_wait_lent (lookups answered RETRY: no host slot free while
+        slots are lent to file writes), and staged_now / retry_now (in
+        flight)."""
         d: dict[str, Any] = {"host": self.store.stats(),
                              "stores": {**self._sc, "staged_now": len(self._staged), "retry_now": len(self._retry)}}
         if self._stage is not None:

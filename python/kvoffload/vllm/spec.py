@@ -152,7 +152,7 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                 file_mode=str(extra.get("kvo_file_mode", "write_through")),
                 store_threshold=int_key(extra, "store_threshold", 0), remote_tier=remote_tier,
                 remote_answer_ttl_ms=int_key(extra, "kvo_redis_answer_ttl_ms", 2000),
-                staging_bytes=self.staging_bytes)
+                staging_bytes=self.staging_bytes, file_zero_copy=bool(extra.get("kvo_file_zero_copy", False)))
             _LIVE_MANAGERS.add(self._manager)
         return self._manager
 

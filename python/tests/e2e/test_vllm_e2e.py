@@ -89,7 +89,8 @@ def redis_or_skip() -> str:
 
 # each model's host run first: it measures what the small host tiers are sized by
 @pytest.mark.parametrize("model,tiers", [(m, t) for m in tiny_models.MODELS
-                                         for t in ("host", "small_host_file", "host_remote")])
+                                         for t in ("host", "small_host_file", "small_host_file_zero_copy",
+                                                   "host_remote")])
 def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
     extra: dict = {"cpu_bytes_to_use": HOST_BYTES}
     if tiers != "host":
@@ -102,8 +103,10 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
         # through a host slot: a load stops at the first chunk that finds
         # none)
         extra["cpu_bytes_to_use"] = _host_used[model] // 2
-    if tiers == "small_host_file":
+    if tiers.startswith("small_host_file"):
         extra.update(kvo_file_root=str(tmp_path / "kvo-files"), kvo_file_bytes=256 << 20)
+    if tiers == "small_host_file_zero_copy":   # the host slots lent to the file writes (no staging copy)
+        extra["kvo_file_zero_copy"] = True
     if tiers == "host_remote":
         redis = redis_or_skip()
         extra.update(kvo_redis_url=f"redis://{redis}", kvo_redis_prefix=f"e2e-{os.getpid()}-{model}")
@@ -121,8 +124,10 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
         assert host["evictions"] == 0
     else:
         assert host["evictions"] > 0, "the small host tier evicted nothing: the lower tier was not needed"
-    if tiers == "small_host_file":
+    if tiers.startswith("small_host_file"):
         assert m["file"]["reads"] > 0 and m["file"]["read_bytes"] > 0, m["file"]
+        lent = m["file"]["writes_borrowed"]
+        assert (0 < lent <= m["stores"]["file_lent"]) if tiers.endswith("zero_copy") else lent == 0, m
         # no store lost to host staging: every batch found host or staging
         # slots, every file write was queued (back-pressure retried)
         st = m["stores"]
