@@ -286,6 +286,41 @@ KVO_TEST(zero_copy_write_through) {
     ASSERT_OK(kvo_connector_abort(f.s.c, 5));
     sim_req_free(&f.s, &r);
     fx_close(&f);
+
+    /* a host tier of one prompt: prompt A in files only, prompt B's writes
+     * lent (slow) hold every host slot; a lookup of A answers PENDING (no
+     * slot to read A into while B's slots are lent), then hits once the
+     * writes are done */
+    snprintf(f.root, sizeof f.root, "%s/tier3", kvo_test_tmpdir());
+    f.p = plan_slot_sized();
+    f.t = make_tier(f.p, f.root, 0);
+    cp.file_tier = f.t;
+    cp.host_bytes = 12 * kvo_plan_group(f.p, 0)->slot_bytes;
+    sim_init(&f.s, f.p, &cp, 512);
+    f.s.keep_plan = true;
+    sim_store_prompt(&f.s, 6, tok, 400); /* A */
+    ASSERT_OK(kvo_file_tier_flush(f.t, -1));
+    (void)kvo_connector_poll(f.s.c, NULL, 0, &(size_t){0});
+    atomic_store(&kvo__file_test_write_delay_us, 200000);
+    sim_store_prompt(&f.s, 7, tok2, 400); /* B: evicts A from the host tier, lent */
+    ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
+    ASSERT_GT_U64(st.file_lent_now, 0);
+    sim_req_init(&r, 8);
+    sim_req_tokens(&r, tok, 400);
+    ASSERT_OK(kvo_connector_add_request(f.s.c, &(kvo_request_desc){.struct_size = sizeof(kvo_request_desc), .id = 8, .tokens = tok, .n_tokens = 400}));
+    ASSERT_OK(kvo_connector_lookup(f.s.c, 8, 0, &lr));
+    ASSERT_EQ_INT(lr.status, KVO_HIT_PENDING);
+    ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
+    ASSERT_GT_U64(st.lookups_wait_lent, 0);
+    ASSERT_OK(kvo_connector_abort(f.s.c, 8));
+    sim_req_free(&f.s, &r);
+    atomic_store(&kvo__file_test_write_delay_us, 0);
+    ASSERT_OK(kvo_file_tier_flush(f.t, -1));
+    (void)kvo_connector_poll(f.s.c, NULL, 0, &(size_t){0});
+    ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
+    ASSERT_EQ_U64(st.file_lent_now, 0);
+    expect_hit(&f.s, 9, tok, 384); /* read back from the files */
+    fx_close(&f);
 }
 
 static int corrupt_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {

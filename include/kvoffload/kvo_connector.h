@@ -716,6 +716,12 @@ typedef struct kvo_connector_stats {
                                         remote queries */
     uint64_t remote_budget_expired; /* lookups that answered without the
                                        remote queries still running */
+    /* zero-copy write-through (file_zero_copy) */
+    uint64_t file_lent_now;       /* host chunks lent to file writes now
+                                     (pinned until their completion) */
+    uint64_t lookups_wait_lent;   /* lookups answered PENDING: no host slot
+                                     for a lower tier's chunk while slots
+                                     were lent */
 } kvo_connector_stats;
 /** Initialiser (the struct_size convention, kvo_common.h):
  *  kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT; */

@@ -324,7 +324,8 @@ _CONN_STATS = ["requests_added", "requests_live", "requests_finished", "lookups"
 # after `host` (fields appended since; the struct_size convention)
 _CONN_STATS_REMOTE = ["tokens_loaded_remote", "remote_reads", "remote_read_bytes", "remote_read_failures",
                       "remote_writes", "remote_write_bytes", "remote_writes_dropped", "remote_exists",
-                      "remote_exists_refused", "remote_lookups_pending", "remote_budget_expired"]
+                      "remote_exists_refused", "remote_lookups_pending", "remote_budget_expired",
+                      "file_lent_now", "lookups_wait_lent"]
 
 
 class ConnectorStats(ctypes.Structure):

@@ -69,6 +69,8 @@ void kvo__conn_unpin_hit(kvo_connector *c, kvo__req *r) {
 
 #define KVO__NOFILE 1   /* internal: retry the lookup without the file tier */
 #define KVO__NOREMOTE 2 /* ... without the remote tier */
+#define KVO__WAITLENT 3 /* no host slot for a lower tier's chunk while slots are lent to file
+                           writes (file_zero_copy): answer PENDING, room comes when they end */
 
 static int kvo__cmp_range(const void *a, const void *b) {
     const uint64_t *x = a, *y = b;
@@ -114,6 +116,7 @@ static int kvo__start_reads_pinned(kvo_connector *c, kvo__req *r, uint8_t tier, 
     uint64_t *fails = tier == TIER_FILE ? &c->st.file_read_failures : &c->st.remote_read_failures;
     /* reserve host slots: every key must need writing (absent in host) */
     int rc = kvo__conn_prepare_store(c, c->s_fkeys, nf, c->s_fst, slots);
+    if (rc == KVO_ENOSPC && c->file_lent) return KVO__WAITLENT;
     if (rc) return rc == KVO_ENOMEM ? rc : retry;
     bool all = true;
     for (size_t i = 0; i < nf; i++) all &= c->s_fst[i] == 1;
@@ -523,6 +526,14 @@ int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, k
             continue;
         }
         if (rc != KVO_EAGAIN) break;
+    }
+    if (rc == KVO__WAITLENT) { /* ask again once the lent writes are done (poll ends the loans) */
+        memset(out, 0, sizeof *out);
+        out->status = KVO_HIT_PENDING;
+        out->local_tokens = out->tokens = out->tokens_if_pending = local_tokens;
+        out->limiting_group = -1;
+        c->st.lookups_wait_lent++;
+        rc = 0;
     }
     if (rc == KVO_EAGAIN || rc == KVO__NOFILE || rc == KVO__NOREMOTE) { /* kept racing with evictions: report no hit */
         memset(out, 0, sizeof *out);

@@ -81,6 +81,7 @@ static int kvo__connector_get_stats_fill(kvo_connector *c, kvo_connector_stats *
     if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_get_stats: NULL argument");
     kvo__conn_lock(c);
     *out = c->st;
+    out->file_lent_now = c->file_lent;
     kvo__conn_unlock(c);
     out->host.struct_size = sizeof out->host;
     return kvo_store_get_stats(c->store, &out->host);
@@ -225,6 +226,8 @@ static void kvo__series_build(kvo__series *o, const kvo__snap *s) {
     C_("lookups_total", "Lookups.", c->lookups);
     C_("lookup_hits_total", "Lookups that found tokens to load.", c->lookup_hits);
     C_("lookup_pending_total", "Lookups answered PENDING.", c->lookup_pending);
+    C_("lookups_wait_lent_total", "Lookups answered PENDING: host slots lent to file writes (file_zero_copy).",
+       c->lookups_wait_lent);
     C_("lookup_tokens_total", "Prompt tokens looked up.", c->lookup_tokens);
     C_("hit_tokens_total", "Tokens the lookups offered to load.", c->hit_tokens);
     C_("loads_total", "Loads issued.", c->loads);
