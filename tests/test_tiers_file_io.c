@@ -21,12 +21,31 @@
 #include "file_tier_fixture.h"
 #include "core/xxh.h"
 
-static void round_trip(kvo_file_io_kind io, kvo_file_direct_mode direct) {
-    kvo_plan *plan = ftf_plan("ft-rt", 5000, true);
-    kvo_file_tier_params p = ftf_params(ftf_subdir("rt"), plan);
+/* A tier on backend io with direct, under subdir sub, for a plan of
+ * ftf_plan(name, page, true) (*plan: the caller destroys it). */
+static kvo_file_tier *io_tier(const char *name, uint64_t page, const char *sub, kvo_file_io_kind io,
+                              kvo_file_direct_mode direct, kvo_plan **plan) {
+    *plan = ftf_plan(name, page, true);
+    kvo_file_tier_params p = ftf_params(ftf_subdir(sub), *plan);
     p.io = io;
     p.direct = direct;
-    kvo_file_tier *t = ftf_create_or_skip(&p, plan);
+    return ftf_create_or_skip(&p, *plan);
+}
+
+/* The chunk file of key k verifies with the public checker. */
+static void check_verifies(kvo_file_tier *t, const kvo_plan *plan, const kvo_chunk_key *k) {
+    char path[KVO__FILE_PATH_MAX];
+    ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), k, path, sizeof path));
+    kvo_chunk_key vk;
+    uint64_t vb = 0;
+    ASSERT_OK(kvo_file_verify(path, plan, &vk, &vb));
+    ASSERT_TRUE(kvo_chunk_key_eq(&vk, k));
+    ASSERT_EQ_U64(vb, kvo_plan_group(plan, k->group)->chunk_bytes);
+}
+
+static void round_trip(kvo_file_io_kind io, kvo_file_direct_mode direct) {
+    kvo_plan *plan = NULL;
+    kvo_file_tier *t = io_tier("ft-rt", 5000, "rt", io, direct, &plan);
     if (io == KVO_FILE_IO_URING) ASSERT_EQ_STR(kvo_file_tier_backend(t), "io_uring");
     if (io == KVO_FILE_IO_THREADS) ASSERT_EQ_STR(kvo_file_tier_backend(t), "threads");
     kvo_chunk_key keys[12];
@@ -55,14 +74,7 @@ static void round_trip(kvo_file_io_kind io, kvo_file_direct_mode direct) {
     ASSERT_EQ_U64(s.reads, 12);
     ASSERT_EQ_U64(s.files, 12);
     ASSERT_EQ_U64(s.corrupt_removed, 0);
-    /* every chunk file verifies with the public checker */
-    char path[KVO__FILE_PATH_MAX];
-    ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &keys[3], path, sizeof path));
-    kvo_chunk_key vk;
-    uint64_t vb = 0;
-    ASSERT_OK(kvo_file_verify(path, plan, &vk, &vb));
-    ASSERT_TRUE(kvo_chunk_key_eq(&vk, &keys[3]));
-    ASSERT_EQ_U64(vb, kvo_plan_group(plan, 1)->chunk_bytes);
+    check_verifies(t, plan, &keys[3]); /* with the public checker */
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(plan);
 }
@@ -82,11 +94,8 @@ KVO_TEST(round_trip_named_temps) {
  * "swa" group; with O_DIRECT, a misaligned one) is copied as by
  * kvo_file_tier_write and reads back as well. */
 static void borrowed(kvo_file_io_kind io, kvo_file_direct_mode direct) {
-    kvo_plan *plan = ftf_plan("ft-bw", 4096, true);
-    kvo_file_tier_params p = ftf_params(ftf_subdir("bw"), plan);
-    p.io = io;
-    p.direct = direct;
-    kvo_file_tier *t = ftf_create_or_skip(&p, plan);
+    kvo_plan *plan = NULL;
+    kvo_file_tier *t = io_tier("ft-bw", 4096, "bw", io, direct, &plan);
     const kvo_group_plan *g0 = kvo_plan_group(plan, 0), *g1 = kvo_plan_group(plan, 1);
     ASSERT_EQ_U64(g0->slot_bytes, g0->chunk_bytes);
     ASSERT_LT_U64(g1->chunk_bytes, g1->slot_bytes);
@@ -125,12 +134,8 @@ static void borrowed(kvo_file_io_kind io, kvo_file_direct_mode direct) {
         memset(bufs[i], 0, 16); /* the files do not depend on the sources any more */
         ASSERT_EQ_INT(ftf_read_key(t, plan, &keys[i], i % 2 == 0), 0);
     }
+    check_verifies(t, plan, &keys[1]);
     char path[KVO__FILE_PATH_MAX];
-    ASSERT_OK(kvo_file_chunk_path(kvo_file_tier_dir(t), &keys[1], path, sizeof path));
-    kvo_chunk_key vk;
-    uint64_t vb = 0;
-    ASSERT_OK(kvo_file_verify(path, plan, &vk, &vb));
-    ASSERT_TRUE(kvo_chunk_key_eq(&vk, &keys[1]));
     /* the same key again: skipped, as by kvo_file_tier_write */
     ASSERT_OK(kvo_file_tier_write_borrowed(t, keys, srcs, NULL, 1, NULL, res, &q));
     ASSERT_EQ_INT(res[0], KVO_EEXIST);
