@@ -31,6 +31,16 @@ class KvoffloadLoadStoreSpec(LoadStoreSpec):
         self.offsets = np.asarray(offsets, dtype=np.uint64)
         self.groups = np.asarray(groups, dtype=np.uint32)
 
+    @classmethod
+    def of_bytes(cls, offsets: Any, groups: Any) -> "KvoffloadLoadStoreSpec":
+        """The spec over buffers of uint64 offsets and uint32 groups (the
+        compiled hot calls' output), without a copy or a dtype check: the
+        manager's per-request path."""
+        spec = cls.__new__(cls)
+        spec.offsets = np.frombuffer(offsets, np.uint64)
+        spec.groups = np.frombuffer(groups, np.uint32)
+        return spec
+
     def __len__(self) -> int:
         return len(self.offsets)
 

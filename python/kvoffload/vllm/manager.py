@@ -283,7 +283,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         offsets, groups = self._hot.prepare_load(self.store._h, keys)  # writable bytearrays, key order
-        return KvoffloadLoadStoreSpec(np.frombuffer(offsets, np.uint64), np.frombuffer(groups, np.uint32))
+        return KvoffloadLoadStoreSpec.of_bytes(offsets, groups)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._hot.touch(self.store._h, keys)
@@ -404,7 +404,8 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._retry_stalls = self._retry_stalls + 1 if len(self._retry) >= len(items) else 0
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
-        keys = list(keys)
+        if type(keys) is not list:
+            keys = list(keys)
         n = len(keys)
         if n == 0:
             return PrepareStoreOutput([], KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32)),
@@ -428,8 +429,9 @@ class KvoffloadOffloadingManager(OffloadingManager):
                 return None
             return self._prepare_split(keys, self._cbytes(keys))
         buf, to_store, idx, offsets, groups, evicted, ev_recs, ev_offs = r
-        self._evicted_slots(ev_recs, np.frombuffer(ev_offs, np.uint64))
-        spec = KvoffloadLoadStoreSpec(np.frombuffer(offsets, np.uint64), np.frombuffer(groups, np.uint32))
+        if ev_recs and self.file_tier is not None:
+            self._evicted_slots(ev_recs, np.frombuffer(ev_offs, np.uint64))
+        spec = KvoffloadLoadStoreSpec.of_bytes(offsets, groups)
         if self.file_tier is not None or self.remote_tier is not None:
             for j, i in enumerate(range(n) if idx is None else idx):
                 self._pending[buf[24 * i:24 * i + 24]] = int(spec.offsets[j])
@@ -538,7 +540,8 @@ class KvoffloadOffloadingManager(OffloadingManager):
         return [keys[i] for i in keep], b"".join(buf[24 * i:24 * i + 24] for i in keep)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = list(keys)
+        if type(keys) is not list:
+            keys = list(keys)
         if not keys:
             return
         buf = self._cbytes(keys)
