@@ -152,40 +152,74 @@ KVO_TEST(roundtrip) {
     kvo_plan_destroy(plan);
 }
 
-/* Reading your own writes: gets and exists queued right after the puts of
- * their keys (no flush between) see them, byte for byte, though reads go
- * to Redis before writes; they wait on the puts (reads_after_put). */
+/* Reading your own writes: gets and exists queued while the puts of their
+ * keys are still pending (held queued by the test hook) wait on those puts
+ * (reads_after_put) instead of going to Redis, where the keys are not yet;
+ * released, every get holds its key's bytes and the exists says present. */
 KVO_TEST(reads_right_after_puts_see_them) {
     int port = shared_port();
     kvo_plan *plan = make_plan();
     kvo_remote_tier *t = open_tier(port, plan, "ryw", NULL);
     enum { N = 32 };
     uint64_t cb = chunk_bytes(plan);
-    unsigned char *bufs = malloc(N * cb);
+    unsigned char *bufs = malloc(2 * N * cb), *want = malloc(cb);
     ASSERT_NOT_NULL(bufs);
+    ASSERT_NOT_NULL(want);
     kvo_chunk_key keys[N];
     const void *srcs[N];
+    void *dsts[N];
+    uint64_t ud[N];
     for (size_t i = 0; i < N; i++) {
         keys[i] = ftf_key(i, 0);
         ftf_fill(bufs + i * cb, cb, &keys[i]);
         srcs[i] = bufs + i * cb;
+        dsts[i] = bufs + (N + i) * cb;
+        ud[i] = i;
     }
     int res[N];
     size_t q = 0;
+    kvo__remote_test_hold_puts(t, true); /* the puts stay queued until released */
     ASSERT_OK(kvo_remote_tier_put(t, keys, srcs, N, NULL, res, &q));
     ASSERT_EQ_U64(q, N);
-    ASSERT_EQ_U64(get_range(t, plan, 0, N, res), N); /* byte-exact, checked there */
-    ASSERT_EQ_INT(exists_one(t, &keys[N - 1]), 0);
+    ASSERT_OK(kvo_remote_tier_get(t, keys, dsts, N, ud, res, &q));
+    ASSERT_EQ_U64(q, N);
+    uint64_t eud = 99;
+    ASSERT_OK(kvo_remote_tier_exists(t, &keys[N - 1], 1, &eud, res, &q));
+    ASSERT_EQ_U64(q, 1);
     kvo_remote_tier_stats s = stats(t);
-    ASSERT_GT_U64(s.reads_after_put, 0); /* 32 puts still ran when the gets came */
-    ASSERT_EQ_U64(s.get_misses, 0);
+    ASSERT_EQ_U64(s.reads_after_put, N + 1); /* none went to Redis */
+    ASSERT_EQ_U64(s.puts, 0);
+    kvo__remote_test_hold_puts(t, false);
+    size_t got = 0, seen_exists = 0;
+    while (got < N + 1) {
+        ASSERT_OK(kvo_remote_tier_wait(t, KVO_MS(30000)));
+        kvo_remote_completion c[N + 1];
+        size_t m = 0;
+        ASSERT_OK(kvo_remote_tier_poll(t, c, N + 1, &m));
+        for (size_t j = 0; j < m; j++) {
+            ASSERT_EQ_INT(c[j].result, 0);
+            if (c[j].op == KVO_REMOTE_OP_EXISTS) {
+                ASSERT_EQ_U64(c[j].user_data, 99);
+                seen_exists++;
+                continue;
+            }
+            ASSERT_EQ_U64(c[j].op, KVO_REMOTE_OP_GET);
+            ftf_fill(want, cb, &keys[c[j].user_data]);
+            ASSERT_MEM_EQ(bufs + (N + c[j].user_data) * cb, want, cb);
+        }
+        got += m;
+    }
+    ASSERT_EQ_U64(seen_exists, 1);
     ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(60000)));
-    ASSERT_EQ_U64(stats(t).puts, N);
+    s = stats(t);
+    ASSERT_EQ_U64(s.puts, N);
+    ASSERT_EQ_U64(s.gets, N);
+    ASSERT_EQ_U64(s.get_misses, 0);
     /* once the puts are done, the reads go to Redis again */
-    uint64_t before = stats(t).reads_after_put;
     ASSERT_EQ_U64(get_range(t, plan, 0, 4, res), 4);
-    ASSERT_EQ_U64(stats(t).reads_after_put, before);
+    ASSERT_EQ_U64(stats(t).reads_after_put, N + 1);
     free(bufs);
+    free(want);
     kvo_remote_tier_destroy(t);
     kvo_plan_destroy(plan);
 }

@@ -26,6 +26,14 @@
 #include "core/internal.h"
 #include "kvoffload/kvo_remote_tier.h"
 
+#ifdef KVO_TESTING
+/* Tests only: hold (true) or release the tier's puts.  While held, the
+ * workers take gets and exists only and the puts stay queued (destroy
+ * releases them), so that a test can queue reads of keys whose puts are
+ * certainly still pending. */
+void kvo__remote_test_hold_puts(kvo_remote_tier *t, bool hold);
+#endif
+
 #define KVO__RC_SLOTS 16384u
 #define KVO__RC_MAX_NODES 128u
 #define KVO__RC_MAX_SEEDS 16u

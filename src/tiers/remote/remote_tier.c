@@ -258,6 +258,15 @@ static void finish(kvo_remote_tier *t, rop **ops, size_t n) {
     pthread_mutex_unlock(&t->mu);
 }
 
+#ifdef KVO_TESTING
+void kvo__remote_test_hold_puts(kvo_remote_tier *t, bool hold) {
+    pthread_mutex_lock(&t->mu);
+    t->test_hold_puts = hold;
+    pthread_cond_broadcast(&t->work_cv);
+    pthread_mutex_unlock(&t->mu);
+}
+#endif
+
 /* ------------------------------------------------------------ worker -- */
 
 /* Verify a GET reply whose header is in hdr and payload in op->dst (the
@@ -285,8 +294,10 @@ static size_t take_batch(kvo_remote_tier *t, rop **ops) {
     size_t n = 0;
     uint64_t bytes = 0;
     pthread_mutex_lock(&t->mu);
-    while (!t->reads.n && !t->writes.n && !t->closing) pthread_cond_wait(&t->work_cv, &t->mu);
-    while (n < t->p.batch_max && (t->reads.n || t->writes.n)) {
+    while (!t->reads.n && (!t->writes.n || (t->test_hold_puts && !t->closing)) && !t->closing)
+        pthread_cond_wait(&t->work_cv, &t->mu);
+    bool puts = !t->test_hold_puts || t->closing;
+    while (n < t->p.batch_max && (t->reads.n || (puts && t->writes.n))) {
         rq *q = t->reads.n ? &t->reads : &t->writes;
         uint64_t b = q->head->kind == KVO_REMOTE_OP_EXISTS ? 0 : q->head->g->chunk_bytes;
         if (n && bytes + b > t->p.batch_max_bytes) break;

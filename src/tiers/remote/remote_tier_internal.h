@@ -63,6 +63,7 @@ struct kvo_remote_tier {
     rworker *workers;
     uint32_t n_workers;        /* started */
     bool closing;
+    bool test_hold_puts;       /* kvo__remote_test_hold_puts (tests only): workers take no puts */
     uint64_t pending_writes, pending_reads, inflight_reports;
     kvo_remote_completion *cq;
     size_t cq_cap, cq_head, cq_len;
