@@ -250,9 +250,10 @@ KVO_API int kvo_file_tier_write(kvo_file_tier *t, const kvo_chunk_key *keys, con
  *  valid checksum of their own.  Bytes changed during the write give a file
  *  whose checksum does not match: a later read reports KVO_ECORRUPT, never
  *  wrong bytes.  A source the file cannot take in place is copied into
- *  staging as by kvo_file_tier_write (same completion rule): with O_DIRECT
- *  one not 4096-aligned, or a group whose chunk_bytes is below its
- *  slot_bytes (the padding must be zero).  Results, back-pressure and
+ *  staging as by kvo_file_tier_write (same completion rule; the copy is
+ *  made in this call, so its sum is not checked): with O_DIRECT one not
+ *  4096-aligned, or a group whose chunk_bytes is below its slot_bytes (the
+ *  padding must be zero).  Results, back-pressure and
  *  errors as kvo_file_tier_write (a lent source needs no staging memory, so
  *  only the queue bound and the latency limit refuse it for back-pressure).
  *  Counted in writes_borrowed.  Typical caller: write-through from a host
