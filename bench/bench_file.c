@@ -82,31 +82,6 @@ static uint64_t async_drops(const kvo_file_tier_stats *a, const kvo_file_tier_st
            (b->dropped_quota - a->dropped_quota);
 }
 
-/* Write chunks first..first+n-1 and flush: seconds; *ok counts the writes
- * that reached a file, *dropped those refused at once (other than
- * back-pressure) or dropped later, *recycled those that overwrote an evicted
- * file. */
-static double tier_write_slice(kvo_file_tier *t, uint64_t first, uint64_t n, unsigned char *src, uint64_t *ok,
-                               uint64_t *dropped, uint64_t *recycled, double *caller_cpu) {
-    kvo_file_tier_stats a = KVO_FILE_TIER_STATS_INIT, b = KVO_FILE_TIER_STATS_INIT;
-    kvo_file_tier_get_stats(t, &a);
-    uint64_t refused = 0;
-    double t0 = kvo_bench_now(), c0 = kvo_bench_thread_cpu();
-    for (uint64_t i = first; i < first + n; i++) {
-        kvo_chunk_key k = bkey(i);
-        src[0] = (unsigned char)i;
-        refused += write_wait(t, &k, src, 50) != 0;
-    }
-    *caller_cpu += kvo_bench_thread_cpu() - c0; /* the caller's thread inside the writes (and back-pressure waits) */
-    kvo_file_tier_flush(t, -1);
-    double dt = kvo_bench_now() - t0;
-    kvo_file_tier_get_stats(t, &b);
-    *ok += b.writes - a.writes;
-    *dropped += refused + async_drops(&a, &b);
-    *recycled += b.recycled_files - a.recycled_files;
-    return dt;
-}
-
 /* Completions left after a flush (write completions, with --writes
  * borrowed): drained so that the read slices see only theirs. */
 static void drain_completions(kvo_file_tier *t) {
@@ -118,6 +93,42 @@ static void drain_completions(kvo_file_tier *t) {
     } while (m);
 }
 
+/* A write slice's end: the caller's CPU since c0 (its thread inside the
+ * writes and back-pressure waits), the flush (the slice's seconds since t0),
+ * the completions left drained, and the counts against the stats a taken
+ * at its start: *ok the writes that reached a file, *dropped those refused
+ * at once (refused) or dropped later, *recycled those that overwrote an
+ * evicted file. */
+static double write_slice_end(kvo_file_tier *t, const kvo_file_tier_stats *a, uint64_t refused, double t0, double c0,
+                              uint64_t *ok, uint64_t *dropped, uint64_t *recycled, double *caller_cpu) {
+    *caller_cpu += kvo_bench_thread_cpu() - c0;
+    kvo_file_tier_flush(t, -1);
+    double dt = kvo_bench_now() - t0;
+    drain_completions(t);
+    kvo_file_tier_stats b = KVO_FILE_TIER_STATS_INIT;
+    kvo_file_tier_get_stats(t, &b);
+    *ok += b.writes - a->writes;
+    *dropped += refused + async_drops(a, &b);
+    *recycled += b.recycled_files - a->recycled_files;
+    return dt;
+}
+
+/* Write chunks first..first+n-1 and flush: seconds, and the counts of
+ * write_slice_end (back-pressure is waited out, not counted). */
+static double tier_write_slice(kvo_file_tier *t, uint64_t first, uint64_t n, unsigned char *src, uint64_t *ok,
+                               uint64_t *dropped, uint64_t *recycled, double *caller_cpu) {
+    kvo_file_tier_stats a = KVO_FILE_TIER_STATS_INIT;
+    kvo_file_tier_get_stats(t, &a);
+    uint64_t refused = 0;
+    double t0 = kvo_bench_now(), c0 = kvo_bench_thread_cpu();
+    for (uint64_t i = first; i < first + n; i++) {
+        kvo_chunk_key k = bkey(i);
+        src[0] = (unsigned char)i;
+        refused += write_wait(t, &k, src, 50) != 0;
+    }
+    return write_slice_end(t, &a, refused, t0, c0, ok, dropped, recycled, caller_cpu);
+}
+
 /* tier_write_slice with borrowed writes (kvo_file_tier_write_borrowed):
  * chunk i comes from the payload part of one of the nring file images of
  * ring (stride bytes apart, the raw limit's ring), lent to the tier until
@@ -125,7 +136,7 @@ static void drain_completions(kvo_file_tier *t) {
 static double tier_write_borrowed_slice(kvo_file_tier *t, uint64_t first, uint64_t n, unsigned char *ring,
                                         uint64_t nring, uint64_t stride, uint64_t *ok, uint64_t *dropped,
                                         uint64_t *recycled, double *caller_cpu) {
-    kvo_file_tier_stats a = KVO_FILE_TIER_STATS_INIT, b = KVO_FILE_TIER_STATS_INIT;
+    kvo_file_tier_stats a = KVO_FILE_TIER_STATS_INIT;
     kvo_file_tier_get_stats(t, &a);
     uint64_t refused = 0, free_list[64], n_free = 0;
     for (uint64_t r = 0; r < nring && r < 64; r++) free_list[n_free++] = r;
@@ -155,15 +166,7 @@ static double tier_write_borrowed_slice(kvo_file_tier *t, uint64_t first, uint64
         }
         i++;
     }
-    *caller_cpu += kvo_bench_thread_cpu() - c0;
-    kvo_file_tier_flush(t, -1);
-    double dt = kvo_bench_now() - t0;
-    drain_completions(t);
-    kvo_file_tier_get_stats(t, &b);
-    *ok += b.writes - a.writes;
-    *dropped += refused + async_drops(&a, &b);
-    *recycled += b.recycled_files - a.recycled_files;
-    return dt;
+    return write_slice_end(t, &a, refused, t0, c0, ok, dropped, recycled, caller_cpu);
 }
 
 /* Read chunks first..first+n-1 with up to RD_DEPTH in flight, verified:
