@@ -184,6 +184,7 @@ int kvo__fop_enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_ch
         }
         t->inflight_reports++;
     }
+    t->st.writes_borrowed += op->borrowed;
     kvo__fop **head = op->kind == KVO__FOP_READ ? &t->rq_head : &t->wq_head;
     kvo__fop **tail = op->kind == KVO__FOP_READ ? &t->rq_tail : &t->wq_tail;
     if (*tail) (*tail)->next = op;

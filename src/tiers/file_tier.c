@@ -454,11 +454,6 @@ static int write_batch(kvo_file_tier *t, const kvo_chunk_key *keys, const void *
             goto next;
         }
         queued++;
-        if (lend) {
-            pthread_mutex_lock(&t->mu);
-            t->st.writes_borrowed++;
-            pthread_mutex_unlock(&t->mu);
-        }
     next:
         if (results) results[i] = r;
     }
