@@ -172,7 +172,7 @@ static void kvo__drain_reads(kvo_connector *c) {
         size_t n = 0;
         (void)kvo_file_tier_poll(c->file, fc, 32, &n);
         for (size_t i = 0; i < n; i++) {
-            if (fc[i].op == KVO_FILE_OP_WRITE && fc[i].user_data == KVO__CONN_LENT_UD && c->file_lent) c->file_lent--;
+            if (fc[i].op == KVO_FILE_OP_WRITE && fc[i].user_data == KVO__CONN_LENT_UD) kvo__conn_file_lent_done(c, &fc[i]);
             if (fc[i].op != KVO_FILE_OP_READ || !c->reads.e) continue;
             kvo__map_entry *e = kvo__map_get(&c->reads, fc[i].user_data);
             if (!e) continue;

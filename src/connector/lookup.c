@@ -527,18 +527,16 @@ int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, k
         }
         if (rc != KVO_EAGAIN) break;
     }
-    if (rc == KVO__WAITLENT) { /* ask again once the lent writes are done (poll ends the loans) */
-        memset(out, 0, sizeof *out);
-        out->status = KVO_HIT_PENDING;
-        out->local_tokens = out->tokens = out->tokens_if_pending = local_tokens;
-        out->limiting_group = -1;
-        c->st.lookups_wait_lent++;
-        rc = 0;
-    }
-    if (rc == KVO_EAGAIN || rc == KVO__NOFILE || rc == KVO__NOREMOTE) { /* kept racing with evictions: report no hit */
+    if (rc == KVO__WAITLENT || rc == KVO_EAGAIN || rc == KVO__NOFILE || rc == KVO__NOREMOTE) {
+        /* no hit now: kept racing with evictions, or (WAITLENT) ask again
+         * once the lent writes are done (poll ends the loans) */
         memset(out, 0, sizeof *out);
         out->local_tokens = out->tokens = out->tokens_if_pending = local_tokens;
         out->limiting_group = -1;
+        if (rc == KVO__WAITLENT) {
+            out->status = KVO_HIT_PENDING;
+            c->st.lookups_wait_lent++;
+        }
         rc = 0;
     }
     if (!rc) {
