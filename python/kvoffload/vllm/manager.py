@@ -94,7 +94,6 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self.remote_tier = remote_tier
         if remote_tier is not None and arena is None:
             raise L.KvoError(L.KVO_EINVAL, "a remote tier needs the shared arena (the chunk bytes)", "manager")
-        self.remote_answer_ttl_s = max(0, remote_answer_ttl_ms) / 1000.0
         if file_mode not in ("write_through", "write_back"):
             raise L.KvoError(L.KVO_EINVAL, f"kvo_file_mode '{file_mode}': use write_through or write_back",
                              "manager")
@@ -114,7 +113,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._promoting: dict[int, tuple[bytes, OffloadKey]] = {}  # file reads into host slots
         self._fetching: dict[int, tuple[bytes, OffloadKey]] = {}   # remote gets into host slots
         # the remote tier's EXISTS answers and questions in flight, by kvo key bytes
-        self._answers = RemoteAnswers(self.remote_answer_ttl_s)
+        self._answers = RemoteAnswers(remote_answer_ttl_ms / 1000.0)
         self._next_ud = 1
         self._stage: Optional[Store] = Store(plan, staging_bytes) if staging_bytes else None
         self._staged: dict[bytes, int] = {}             # kvo key bytes -> arena offset, store in flight
@@ -264,13 +263,11 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self._retry_file()
         if not self._promoting and not self._lent:
             return
+        returned: list[tuple[int, int, int, int]] = []  # lent writes that ended: unpinned at once below
         for c in self.file_tier.poll():
             if c["op"] == L.FILE_OP_WRITE:
-                if c["user_data"] == _LENT:  # the loan ends: unpin
-                    self._lent -= 1
-                    ck = np.zeros(1, dtype=KEY_DTYPE)
-                    ck["lo"], ck["hi"], ck["group"] = c["key"][0], c["key"][1], c["group"]
-                    self.store.complete_load(ck)
+                if c["user_data"] == _LENT:
+                    returned.append((c["key"][0], c["key"][1], c["group"], 0))
                 continue
             item = self._promoting.pop(c["user_data"], None)
             if item is None:
@@ -280,6 +277,9 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self.store.complete_store(keys, ok=c["result"] == 0)
             if c["result"] != 0:
                 self._names.pop(ck, None)
+        if returned:
+            self._lent -= len(returned)
+            self.store.complete_load(np.array(returned, dtype=KEY_DTYPE))
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         offsets, groups = self._hot.prepare_load(self.store._h, keys)  # writable bytearrays, key order

@@ -463,9 +463,8 @@ class KvoffloadRedisTier(_KvoSecondaryTier):
         if not isinstance(url, str) or not url:
             raise L.KvoError(L.KVO_EINVAL, f"{tier_type}: give url (redis://host:port,... of the cluster)", tier_type)
         warn_if_url_has_password(url, f"secondary tier {tier_type} url")
-        self.answer_ttl_s = max(0, int(answer_ttl_ms)) / 1000.0
         # the EXISTS answers and questions in flight, by (lo, hi) of the key
-        self._answers = RemoteAnswers(self.answer_ttl_s)
+        self._answers = RemoteAnswers(int(answer_ttl_ms) / 1000.0)
         self._ask: dict[tuple[int, int], int] = {}      # this step's batch: key -> its row in _ask_keys
         self._ask_keys: list[np.void] = []
         self.tier = RemoteTier(url, self.plan, key_prefix=str(key_prefix), layout_hash=self.layout,
