@@ -356,3 +356,96 @@ KVO_TEST(prefix_evicts_a_chain_from_its_leaf_end) {
         kvo_plan_destroy(p);
     }
 }
+
+/* The order LRU evicts in after `ops`: every key stored, then store n new
+ * keys one at a time and record which old key each evicts. */
+static void lru_eviction_order(kvo_store *s, uint64_t first_new, size_t n, uint64_t *order) {
+    for (size_t i = 0; i < n; i++) {
+        kvo_chunk_key k = st_key(0, first_new + i), ev[2];
+        uint8_t need;
+        kvo_slot sl, evs[2];
+        size_t nev = 0;
+        ASSERT_OK(kvo_store_prepare_store(s, &k, 1, &need, &sl, ev, evs, 2, &nev));
+        ASSERT_EQ_U64(nev, 1);
+        order[i] = ev[0].hash.hi; /* st_key's index */
+        ASSERT_OK(kvo_store_complete_store(s, &k, 1, true));
+    }
+}
+
+/* vLLM's load cycle (prepare_load, complete_load, touch of the same keys):
+ * the touch finds the keys leading the LRU list as a touch leaves them and
+ * changes nothing (store.c, kvo__lru_leads); the list must then be the one
+ * touching each key on its own gives, and a touch in another order must
+ * still reorder. */
+KVO_TEST(lru_touch_after_load_leaves_the_touch_order) {
+    uint64_t order[3][8];
+    for (int v = 0; v < 3; v++) {
+        kvo_plan *p;
+        kvo_store *s = mk(&p, KVO_POLICY_LRU, 8);
+        for (uint64_t i = 0; i < 8; i++) put1(s, i);
+        kvo_chunk_key k[3] = {st_key(0, 2), st_key(0, 5), st_key(0, 3)};
+        kvo_slot sl[3];
+        ASSERT_OK(kvo_store_prepare_load(s, k, 3, sl));
+        ASSERT_OK(kvo_store_complete_load(s, k, 3));
+        if (v == 0) {
+            ASSERT_OK(kvo_store_touch(s, k, 3)); /* in place */
+        } else if (v == 1) {
+            for (int i = 0; i < 3; i++) ASSERT_OK(kvo_store_touch(s, &k[i], 1));
+        } else {
+            /* not as they lead: reordered (looked up first, so that the
+             * touch resolves them from the memo and takes the check) */
+            kvo_chunk_key r[3] = {k[2], k[1], k[0]};
+            uint8_t st[3];
+            ASSERT_OK(kvo_store_lookup(s, r, 3, st));
+            ASSERT_OK(kvo_store_touch(s, r, 3));
+        }
+        lru_eviction_order(s, 100, 8, order[v]);
+        st_check(s);
+        kvo_store_destroy(s);
+        kvo_plan_destroy(p);
+    }
+    static const uint64_t want[8] = {0, 1, 4, 6, 7, 2, 5, 3}, want_rev[8] = {0, 1, 4, 6, 7, 3, 5, 2};
+    for (int i = 0; i < 8; i++) {
+        ASSERT_EQ_U64(order[0][i], want[i]);
+        ASSERT_EQ_U64(order[1][i], want[i]);
+        ASSERT_EQ_U64(order[2][i], want_rev[i]);
+    }
+}
+
+/* A store of one slot size hands victim i's slot to new key i (under LRU the
+ * victim's whole entry, store_prepare.c KVO__HO_ENTRY; under the ghost-keeping
+ * policies the slot alone): each new key's slot is the one evicted[i]
+ * reports, victims miss, the new keys are READY, and the invariants hold
+ * (each slot's record names its entry) over many such batches. */
+KVO_TEST(one_slot_size_new_keys_take_the_victims_slots) {
+    static const kvo_policy_kind pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_PREFIX};
+    for (size_t pi = 0; pi < sizeof pols / sizeof pols[0]; pi++) {
+        kvo_plan *p;
+        kvo_store *s = mk(&p, pols[pi], 16);
+        for (uint64_t i = 0; i < 16; i++) put1(s, i);
+        uint64_t next = 16;
+        for (int round = 0; round < 40; round++) {
+            size_t n = 1 + (size_t)round % 7, nev = 0;
+            kvo_chunk_key k[8], ev[8];
+            kvo_slot sl[8], evs[8];
+            uint8_t need[8];
+            for (size_t i = 0; i < n; i++) k[i] = st_key(0, next++);
+            ASSERT_OK(kvo_store_prepare_store(s, k, n, need, sl, ev, evs, 8, &nev));
+            ASSERT_EQ_U64(nev, n);
+            for (size_t i = 0; i < n; i++) {
+                ASSERT_TRUE(need[i]);
+                ASSERT_EQ_U64(sl[i].offset, evs[i].offset);
+                ASSERT_EQ_U64(st_state(s, ev[i]), KVO_MISS);
+                ASSERT_EQ_U64(st_state(s, k[i]), KVO_PENDING);
+            }
+            st_check(s);
+            ASSERT_OK(kvo_store_complete_store(s, k, n, round % 5 != 4)); /* some stores fail */
+            for (size_t i = 0; i < n; i++) ASSERT_EQ_U64(st_state(s, k[i]), round % 5 != 4 ? KVO_READY : KVO_MISS);
+            st_check(s);
+            if (round % 5 == 4) /* refill what the failed store left empty */
+                for (size_t i = 0; i < n; i++) put1(s, next++);
+        }
+        kvo_store_destroy(s);
+        kvo_plan_destroy(p);
+    }
+}

@@ -164,3 +164,52 @@ KVO_TEST(repeated_keys_refused_present_or_absent) {
     kvo_store_destroy(s);
     kvo_plan_destroy(p);
 }
+
+/* Keys st_key(0, base + i) whose mixes share the top 11 bits (the bit of
+ * prepare_store's duplicate filter, store_prepare.c) pairwise: out[0..n),
+ * consecutive pairs colliding, distinct keys throughout. */
+static size_t protect_colliding_pairs(uint64_t base, kvo_chunk_key *out, size_t pairs) {
+    static uint64_t first[2048];
+    memset(first, 0, sizeof first);
+    size_t n = 0;
+    for (uint64_t i = base; n < 2 * pairs; i++) {
+        kvo_chunk_key k = st_key(0, i);
+        uint64_t bucket = kvo__key_mix(&k) >> 53;
+        if (!first[bucket]) {
+            first[bucket] = i + 1;
+            continue;
+        }
+        out[n++] = st_key(0, first[bucket] - 1);
+        out[n++] = k;
+        first[bucket] = UINT64_MAX; /* each bucket gives one pair */
+    }
+    return n;
+}
+
+/* Every path of the absent keys' duplicate check: distinct keys whose filter
+ * bits collide (candidates compared and passed; past the candidate bound, the
+ * set) are stored; a repeat is refused when it is a candidate among false
+ * ones and when the candidates overflow into the set, changing nothing. */
+KVO_TEST(duplicate_check_filter_candidates_and_set) {
+    static const uint64_t pg[] = {4096};
+    kvo_plan *p = st_plan(1, pg);
+    kvo_store *s = st_store(p, 1024 * 4096, KVO_POLICY_LRU);
+    kvo_chunk_key k[64], b[65];
+    uint8_t need[65];
+    kvo_slot sl[65];
+    for (size_t pairs = 1; pairs <= 30; pairs += 29) { /* 1: candidates; 30: over the bound, the set */
+        size_t n = protect_colliding_pairs(1000 * pairs, k, pairs);
+        /* a repeat at the end: refused, nothing stored */
+        memcpy(b, k, n * sizeof *k);
+        b[n] = k[n / 2];
+        ASSERT_EQ_INT(kvo_store_prepare_store(s, b, n + 1, need, sl, NULL, NULL, 0, NULL), KVO_EINVAL);
+        ASSERT_CONTAINS(kvo_last_error(), "repeats");
+        for (size_t i = 0; i < n; i++) ASSERT_EQ_U64(st_state(s, k[i]), KVO_MISS);
+        /* distinct, colliding: stored */
+        size_t nev = 0;
+        ASSERT_OK(protect_store(s, k, n, &nev));
+        for (size_t i = 0; i < n; i++) ASSERT_EQ_U64(st_state(s, k[i]), KVO_READY);
+    }
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}

@@ -243,6 +243,7 @@ typedef struct kvo__event_ring {
     uint64_t dropped;
 } kvo__event_ring;
 
+_Static_assert(KVO_MAX_GROUPS <= 64, "kvo_store.group_ok holds a bit per group");
 struct kvo_store {
     pthread_mutex_t mu;
     const kvo_plan *plan;
@@ -250,6 +251,7 @@ struct kvo_store {
     const kvo__policy_ops *pol;
     uint32_t ngroups;
     uint8_t group_cls[KVO_MAX_GROUPS];     /* 0xFF: not offloaded */
+    uint64_t group_ok;                     /* bit g: group g is offloaded (kvo__check_keys) */
     uint64_t group_slot[KVO_MAX_GROUPS];
 
     kvo__entry *ent;
@@ -279,6 +281,7 @@ struct kvo_store {
     uint64_t *sc_set;                      /* duplicate detection */
     uint64_t *sc_mix;                      /* prepare_store: an absent key's kvo__key_mix, by batch position */
     size_t sc_cap, sc_vcap, sc_setcap, sc_mixcap;
+    size_t sc_fit;                         /* batches of up to this many keys fit every scratch array */
     /* the last batch's resident entries by position (store.c, "Memo"); the
      * keys of its NIL positions, absent while res_gen == memo_gen */
     uint32_t *memo;
@@ -388,6 +391,13 @@ static inline void kvo__event(kvo_store *s, uint32_t type, const kvo_chunk_key *
 }
 /* A fresh pool entry for key k (h: its kvo__key_mix), in the index. */
 uint32_t kvo__entry_new(kvo_store *s, const kvo_chunk_key *k, uint64_t h);
+/* Entry e (out of the pool and the index) reset to hold key k, in the
+ * index: kvo__entry_new's second half, and prepare_store's recycling of a
+ * victim's entry for a new key. */
+void kvo__entry_init(kvo_store *s, uint32_t e, const kvo_chunk_key *k, uint64_t h);
+/* A resident entry's accounting (bytes, chunks, residents) released; its
+ * slot and everything else left as they are. */
+void kvo__resident_leave(kvo_store *s, uint32_t e);
 /* Release a resident entry's slot and accounting (not the policy queues). */
 void kvo__resident_release(kvo_store *s, uint32_t e);
 /* The same, but the slot stays allocated and is returned (prepare_store

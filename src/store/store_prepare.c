@@ -3,7 +3,8 @@
  *
  * prepare_store, the only call that evicts, runs in phases so that it is
  * all-or-nothing without an undo log for the common failure:
- *  1. validate every key (group, duplicates) and resolve entries: no change;
+ *  1. validate every key (group, duplicates: a bit filter, then only the
+ *     keys it flags are compared) and resolve entries: no change;
  *  2. count the slots each class needs and test feasibility exactly in
  *     O(classes) (kvo__slots_feasible): ENOSPC here changes nothing;
  *  3. protect the batch's READY keys (out of the policy queues, busy; under
@@ -26,7 +27,8 @@
  *     count as used).  With one slot class a victim's slot is not freed but
  *     handed to the next new key (and the ones no new key takes freed last):
  *     the same room, without the segment bookkeeping of a free and an
- *     allocation.
+ *     allocation; under LRU, which keeps no ghosts, the victim's whole entry
+ *     is (KVO__HO_ENTRY below).
  *
  * Each phase is one function below; kvo_store_prepare_store only sequences
  * them and owns the lock.
@@ -48,18 +50,52 @@ static inline int kvo__push_victim(kvo_store *s, size_t nv, uint32_t e) {
  * at commit reuses it).  A present key is its entry (the index holds one per
  * key), so a repeat of it is the same entry: present keys are marked
  * (KVO__F_BATCH, cleared again before returning), as complete_store does,
- * with no hashing; an absent key can only repeat an absent key: those go
- * through a set of batch positions (s->sc_set, sized 2n), compared by mix,
- * then key.  1 and *a < *b on a repeat. */
+ * with no hashing.  An absent key can only repeat an absent key: each sets
+ * a bit of a 2048-bit filter chosen by its mix, and a key whose bit was set
+ * already (a repeat, or a collision: about 1 in 14 of batches of 18 new
+ * keys, vLLM's mean on the Mooncake trace) is a candidate, compared by mix,
+ * then key, with the earlier absent keys.  Past KVO__DUP_CANDIDATES
+ * candidates (batches of hundreds of new keys) the absent keys go through a
+ * set of batch positions instead (s->sc_set, sized 2n), so a batch costs
+ * O(n) either way.  Clearing and probing that set for every batch was 15 %
+ * of prepare_store's time.  1 and *a < *b on a repeat. */
+#define KVO__DUP_FILTER_WORDS 32
+#define KVO__DUP_CANDIDATES 8
+static int kvo__find_dup_set(kvo_store *s, const kvo_chunk_key *keys, size_t n, size_t *a, size_t *b) {
+    const uint32_t *ent = s->sc_ent;
+    size_t m = 16;
+    while (m < 2 * n) m *= 2;
+    uint64_t *t = s->sc_set;
+    const uint64_t *mix = s->sc_mix;
+    memset(t, 0xFF, m * sizeof *t);
+    for (size_t i = 0; i < n; i++) {
+        if (ent[i] != KVO__NIL) continue;
+        uint64_t h = mix[i];
+        for (size_t j = h & (m - 1);; j = (j + 1) & (m - 1)) {
+            if (t[j] == UINT64_MAX) { t[j] = i; break; }
+            size_t o = (size_t)t[j];
+            if (mix[o] == h && kvo_chunk_key_eq(&keys[o], &keys[i])) { *a = o; *b = i; return 1; }
+        }
+    }
+    return 0;
+}
+
 static int kvo__find_dup(kvo_store *s, const kvo_chunk_key *keys, size_t n, size_t *a, size_t *b) {
     const uint32_t *ent = s->sc_ent;
-    size_t i, absent = 0;
+    size_t i, nc = 0, cand[KVO__DUP_CANDIDATES];
     int dup = 0;
+    uint64_t filter[KVO__DUP_FILTER_WORDS] = {0};
     for (i = 0; i < n; i++) {
         uint32_t e = ent[i];
         if (e == KVO__NIL) {
-            s->sc_mix[i] = kvo__key_mix(&keys[i]);
-            absent++;
+            uint64_t h = kvo__key_mix(&keys[i]), bit = UINT64_C(1) << (h >> 58);
+            uint64_t *w = &filter[(h >> 53) & (KVO__DUP_FILTER_WORDS - 1)];
+            s->sc_mix[i] = h;
+            if (KVO__UNLIKELY(*w & bit)) {
+                if (nc < KVO__DUP_CANDIDATES) cand[nc] = i;
+                nc++;
+            }
+            *w |= bit;
         } else if (s->ent[e].flags & KVO__F_BATCH) {
             size_t o = 0;
             while (ent[o] != e) o++;
@@ -73,20 +109,17 @@ static int kvo__find_dup(kvo_store *s, const kvo_chunk_key *keys, size_t n, size
     }
     while (i > 0)
         if (ent[--i] != KVO__NIL) s->ent[ent[i]].flags &= (uint8_t)~KVO__F_BATCH;
-    if (dup || absent < 2) return dup;
-    size_t m = 16;
-    while (m < 2 * n) m *= 2;
-    uint64_t *t = s->sc_set;
+    if (dup || nc == 0) return dup;
+    if (nc > KVO__DUP_CANDIDATES) return kvo__find_dup_set(s, keys, n, a, b);
     const uint64_t *mix = s->sc_mix;
-    memset(t, 0xFF, m * sizeof *t);
-    for (i = 0; i < n; i++) {
-        if (ent[i] != KVO__NIL) continue;
-        uint64_t h = mix[i];
-        for (size_t j = h & (m - 1);; j = (j + 1) & (m - 1)) {
-            if (t[j] == UINT64_MAX) { t[j] = i; break; }
-            size_t o = (size_t)t[j];
-            if (mix[o] == h && kvo_chunk_key_eq(&keys[o], &keys[i])) { *a = o; *b = i; return 1; }
-        }
+    for (size_t c = 0; c < nc; c++) {
+        size_t k = cand[c];
+        for (size_t o = 0; o < k; o++)
+            if (ent[o] == KVO__NIL && mix[o] == mix[k] && kvo_chunk_key_eq(&keys[o], &keys[k])) {
+                *a = o;
+                *b = k;
+                return 1;
+            }
     }
     return 0;
 }
@@ -99,6 +132,14 @@ typedef struct kvo__plan {
     uint64_t nfree;                      /* free segments */
     int64_t entries_short;               /* residents to evict for pool room */
 } kvo__plan;
+
+/* Only the store's classes are read: zeroing the whole struct (a rep stos
+ * of 1 KiB) was 4 % of prepare_store's time in vLLM's cycle. */
+static inline void kvo__plan_init(const kvo_store *s, kvo__plan *pl) {
+    for (uint32_t c = 0; c < s->sl.nclass; c++) pl->demand[c] = 0, pl->freeslots[c] = 0;
+    pl->segs_needed = pl->nfree = 0;
+    pl->entries_short = 0;
+}
 
 static uint64_t kvo__cls_need(const kvo_store *s, const kvo__plan *pl, uint32_t c) {
     int64_t d = (int64_t)pl->demand[c] - pl->freeslots[c];
@@ -394,24 +435,50 @@ static int kvo__ps_plan(kvo_store *s, kvo__plan *pl, uint64_t n_new, size_t *nv,
     return 0;
 }
 
+/* What commit does with the victims (prepare_store's step 5):
+ *  - KVO__HO_NONE (several slot classes): each victim's slot is freed, then
+ *    each new key allocates one;
+ *  - KVO__HO_SLOT (one slot class): victim i's slot goes to new key i (the
+ *    same room, without the segment bookkeeping of a free and an
+ *    allocation: ~7 % of vLLM's store cycle), the victim becomes a ghost;
+ *  - KVO__HO_ENTRY (one slot class, and a policy that keeps no ghosts: LRU):
+ *    victim i's whole entry goes to new key i, slot and all: its key leaves
+ *    the index and the new one enters, and nothing else moves (the slot's
+ *    record already names the entry, the offset is the entry's own).  The
+ *    victim's entry is in cache (the plan took it); the slot record a reuse
+ *    rewrites, and the ghost's trip through the pool, were 6 % of the
+ *    cycle. */
+enum { KVO__HO_NONE, KVO__HO_SLOT, KVO__HO_ENTRY };
+
 /* Victims' entries are cached (the plan read them), but the table slot
  * each one's removal rewrites (ent.tpos) and its slot's record are cold:
  * at 1e6 keys and more that read was 30 % of a store cycle.  Fetch them a
- * few victims ahead so that the misses overlap. */
+ * few victims ahead so that the misses overlap (the record only when it
+ * will be written). */
 #define KVO__VICTIM_AHEAD 6
-static inline void kvo__victim_prefetch(const kvo_store *s, uint32_t v) {
+static inline void kvo__victim_prefetch(const kvo_store *s, uint32_t v, int ho) {
     const kvo__entry *x = &s->ent[v];
     __builtin_prefetch(&s->ix.tab[x->tpos], 1);
-    __builtin_prefetch(&s->sl.slot[x->slot], 1);
+    if (ho != KVO__HO_ENTRY) __builtin_prefetch(&s->sl.slot[x->slot], 1);
 }
 
-/* Commit, step 5a: the planned victims become ghosts (or go), reported in
- * evicted[] when given.  handoff: their slots stay allocated, sc_vict[i]
- * becoming victim i's slot, for step 5b to hand to the new keys. */
+/* A victim's end as a ghost (which the policy keeps or drops). */
+static inline void kvo__victim_ghost(kvo_store *s, uint32_t v) {
+    s->ent[v].state = KVO__E_GHOST;
+    s->ghosts++;
+    s->pol->evicted(s, v);
+}
+
+/* Commit, step 5a: the planned victims leave, reported in evicted[] when
+ * given.  KVO__HO_NONE: their slots freed, they become ghosts; KVO__HO_SLOT:
+ * sc_vict[i] becomes victim i's slot, still allocated, for step 5b to hand
+ * to new key i, and they become ghosts; KVO__HO_ENTRY: they stay as they
+ * are (entry, slot, index) for step 5b, which takes them in order and ends
+ * the ones left over (kvo__ps_commit_rest). */
 static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evicted, kvo_slot *evicted_slots,
-                                   bool handoff) {
+                                   int ho) {
     for (size_t i = 0; i < nv; i++) {
-        if (i + KVO__VICTIM_AHEAD < nv) kvo__victim_prefetch(s, s->sc_vict[i + KVO__VICTIM_AHEAD]);
+        if (i + KVO__VICTIM_AHEAD < nv) kvo__victim_prefetch(s, s->sc_vict[i + KVO__VICTIM_AHEAD], ho);
         uint32_t v = s->sc_vict[i];
         kvo__entry *x = &s->ent[v];
         uint32_t g = x->key.group;
@@ -420,41 +487,52 @@ static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evict
             evicted_slots[i].offset = x->offset;
             evicted_slots[i].bytes = s->group_slot[g];
         }
-        if (!handoff) s->sl.seg[kvo__slot_seg(&s->sl, x->slot)].planned = 0; /* one class: never planned */
+        if (ho == KVO__HO_NONE) s->sl.seg[kvo__slot_seg(&s->sl, x->slot)].planned = 0; /* one class: never planned */
         x->flags &= (uint8_t)~KVO__F_VICTIM;
         kvo__event(s, KVO_EVENT_EVICTED, &x->key);
-        if (handoff) s->sc_vict[i] = kvo__resident_unslot(s, v);
-        else kvo__resident_release(s, v);
         s->evictions++;
         s->g_evictions[g]++;
-        x->state = KVO__E_GHOST;
-        s->ghosts++;
-        s->pol->evicted(s, v);
+        if (ho == KVO__HO_ENTRY) {
+            kvo__resident_leave(s, v);
+            continue;
+        }
+        if (ho == KVO__HO_SLOT) s->sc_vict[i] = kvo__resident_unslot(s, v);
+        else kvo__resident_release(s, v);
+        kvo__victim_ghost(s, v);
     }
 }
 
-/* Commit, step 5b: new key i gets an entry (a revived ghost or a fresh one)
- * and a slot, PENDING; returns the entry.  The slot is a victim's from
- * step 5a while *ho < nho (sc_vict[*ho], then *ho advances), else a free
- * one. */
+/* Commit, step 5b: new key i gets an entry and a slot, PENDING; returns the
+ * entry.  While *ho < nho it takes what victim *ho left (step 5a: its slot,
+ * KVO__HO_SLOT, or its entry with the slot, KVO__HO_ENTRY) and *ho
+ * advances; otherwise a revived ghost or a fresh entry, and a free slot. */
 static uint32_t kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, uint64_t mix, kvo_slot *slot_out,
-                                   size_t *ho, size_t nho) {
+                                   size_t *ho, size_t nho, int mode) {
     uint32_t g = key->group;
     uint32_t c = s->group_cls[g];
-    /* resolution found no resident entry; only a ghost can be there (none
-     * exist under LRU: skip the second probe) */
-    uint32_t e = s->ghosts ? kvo__index_find_h(s, key, mix) : KVO__NIL;
-    if (e != KVO__NIL) { /* a ghost: revive */
-        assert(s->ent[e].state == KVO__E_GHOST);
-        s->pol->ghost_claim(s, e);
-        s->ghosts--;
+    uint32_t e, slot;
+    uint64_t off = 0;
+    if (mode == KVO__HO_ENTRY && *ho < nho) {
+        e = s->sc_vict[(*ho)++];
+        slot = s->ent[e].slot;
+        off = s->ent[e].offset;
+        kvo__index_remove(s, e); /* the victim's key */
+        kvo__entry_init(s, e, key, mix);
     } else {
-        e = kvo__entry_new(s, key, mix);
+        /* resolution found no resident entry; only a ghost can be there
+         * (none exist under LRU: skip the second probe) */
+        e = s->ghosts ? kvo__index_find_h(s, key, mix) : KVO__NIL;
+        if (e != KVO__NIL) { /* a ghost: revive */
+            assert(s->ent[e].state == KVO__E_GHOST);
+            s->pol->ghost_claim(s, e);
+            s->ghosts--;
+        } else {
+            e = kvo__entry_new(s, key, mix);
+        }
+        slot = mode == KVO__HO_SLOT && *ho < nho ? kvo__slots_reuse(&s->sl, s->sc_vict[(*ho)++], e, &off)
+                                                 : kvo__slots_alloc(&s->sl, c, e, &off);
     }
     kvo__entry *x = &s->ent[e];
-    uint64_t off = 0;
-    uint32_t slot = *ho < nho ? kvo__slots_reuse(&s->sl, s->sc_vict[(*ho)++], e, &off)
-                              : kvo__slots_alloc(&s->sl, c, e, &off);
     assert(slot != KVO__NIL);
     x->slot = slot;
     x->offset = off;
@@ -472,6 +550,22 @@ static uint32_t kvo__ps_commit_new(kvo_store *s, const kvo_chunk_key *key, uint6
     slot_out->offset = off;
     slot_out->bytes = s->group_slot[g];
     return e;
+}
+
+/* Commit, step 5c: what victims no new key took.  KVO__HO_SLOT: their
+ * slots freed; KVO__HO_ENTRY: their slots freed and they become ghosts
+ * (which LRU drops), as step 5a ends victims in the other modes. */
+static void kvo__ps_commit_rest(kvo_store *s, size_t ho, size_t nv, int mode) {
+    for (; ho < nv; ho++) {
+        if (mode == KVO__HO_SLOT) {
+            kvo__slots_release(&s->sl, s->sc_vict[ho]);
+            continue;
+        }
+        uint32_t v = s->sc_vict[ho];
+        kvo__slots_release(&s->sl, s->ent[v].slot);
+        s->ent[v].slot = KVO__NIL;
+        kvo__victim_ghost(s, v);
+    }
 }
 
 /* Undo steps 3 and 4: victims back in reverse order, protection lifted. */
@@ -499,7 +593,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
     rc = kvo__ps_validate(s, keys, n, fn);
     if (rc) goto out;
     kvo__plan pl;
-    memset(&pl, 0, sizeof pl);
+    kvo__plan_init(s, &pl);
     kvo__batch b = {0};
     kvo__ps_classify(s, keys, n, &pl, &b);
     size_t nv = 0;
@@ -523,14 +617,13 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
             if (kvo__protectable(s, e)) s->pol->hit(s, e);
         }
     }
-    /* One slot class (one slot size): a victim's slot goes straight to a
-     * new key, instead of a free and an allocation (their segment
-     * bookkeeping was ~7 % of vLLM's store cycle: docs/benchmarks.md).  With
+    /* One slot class (one slot size): a victim's slot (under LRU its entry)
+     * goes straight to a new key (KVO__HO_SLOT, KVO__HO_ENTRY above).  With
      * several classes the plan may count on a victim's segment emptying
      * for another class, so each victim's slot is freed first. */
-    bool handoff = s->sl.nclass == 1;
+    int mode = s->sl.nclass > 1 ? KVO__HO_NONE : s->ghost_cap == 0 ? KVO__HO_ENTRY : KVO__HO_SLOT;
     size_t ho = 0;
-    kvo__ps_commit_victims(s, nv, evicted, evicted_slots, handoff);
+    kvo__ps_commit_victims(s, nv, evicted, evicted_slots, mode);
     /* the memo becomes the new keys' entries in order: complete_store of
      * exactly those keys (the usual next call) resolves without probing */
     size_t m = 0;
@@ -538,7 +631,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
         uint32_t e = s->sc_ent[i];
         need[i] = e == KVO__NIL;
         if (e == KVO__NIL) {
-            s->memo[m++] = kvo__ps_commit_new(s, &keys[i], s->sc_mix[i], &slots[i], &ho, handoff ? nv : 0);
+            s->memo[m++] = kvo__ps_commit_new(s, &keys[i], s->sc_mix[i], &slots[i], &ho, nv, mode);
         } else {
             slots[i].offset = 0;
             slots[i].bytes = 0;
@@ -546,8 +639,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
     }
     /* the present keys rejoin the queues as uses, in the policy's order */
     for (size_t k = 0; k < n; k++) kvo__unprotect(s, s->sc_ent[kvo__use_at(s->pol, n, k)]);
-    if (handoff)
-        while (ho < nv) kvo__slots_release(&s->sl, s->sc_vict[ho++]); /* victims' slots no new key took */
+    if (mode != KVO__HO_NONE) kvo__ps_commit_rest(s, ho, nv, mode); /* victims no new key took */
     s->memo_n = m;
     s->res_gen += m > 0; /* the memo's remembered misses may be stored now */
     s->store_skipped_present += b.n_present;
