@@ -50,6 +50,7 @@ struct kvo__bs_bare {
     uint64_t mask;
     bb_ent *ent;
     uint32_t cap, n, head, tail;
+    bool walk; /* the store's prefetch rule for this size (key_mix.h) */
     uint32_t *vict; /* per batch */
     uint32_t *found;
     size_t vcap;
@@ -83,6 +84,7 @@ kvo__bs_bare *kvo__bs_bare_create(uint64_t nkeys) {
     memset(b->ent, 0, nkeys * sizeof *b->ent);
     b->mask = t - 1;
     b->cap = (uint32_t)nkeys;
+    b->walk = t * sizeof *b->tab + nkeys * sizeof *b->ent > KVO__PIPE_WALK_BYTES;
     b->head = b->tail = BB_NIL;
     return b;
 }
@@ -105,8 +107,8 @@ static inline uint32_t bb_find(const kvo__bs_bare *b, const kvo_chunk_key *k, ui
     }
 }
 
-/* The store's batch pipeline: key i+8's table slot, key i+4's entry (the
- * first in its run whose tag matches). */
+/* The store's batch pipeline: key i+8's table slot, key i+4's entry (by
+ * the store's rule, kvo__pipe_ahead). */
 static inline uint64_t bb_pipe(const kvo__bs_bare *b, uint64_t *ring, const kvo_chunk_key *keys, size_t n,
                                size_t i) {
     if (i == 0)
@@ -116,16 +118,9 @@ static inline uint64_t bb_pipe(const kvo__bs_bare *b, uint64_t *ring, const kvo_
         ring[(i + 8) & 15] = h;
         __builtin_prefetch(&b->tab[h & b->mask]);
     }
-    if (i + 4 < n) {
-        uint64_t h = ring[(i + 4) & 15], tag = h & 0xFFFFFFFFu;
-        for (uint64_t j = h, t = 0; t < 4; t++, j++) {
-            uint64_t v = b->tab[j & b->mask];
-            if (v == BB_EMPTY) break;
-            if ((v >> 32) == tag) {
-                __builtin_prefetch(&b->ent[(uint32_t)v]);
-                break;
-            }
-        }
+    if (i + 4 < n) { /* the store's rule (key_mix.h) */
+        uint32_t e = kvo__pipe_ahead(b->tab, b->mask, ring[(i + 4) & 15], b->walk, b->cap);
+        if (e != BB_NIL) __builtin_prefetch(&b->ent[e]);
     }
     return ring[i & 15];
 }

@@ -270,6 +270,7 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     s->pool_free = 0;
     rc = kvo__index_init(&s->ix, s->pool_cap);
     if (rc) goto fail;
+    s->pipe_walk = (s->ix.mask + 1) * sizeof *s->ix.tab + (uint64_t)s->pool_cap * sizeof *s->ent > KVO__PIPE_WALK_BYTES;
     for (int q = 0; q < 9; q++) kvo__list_init(&s->q[q]);
     if (p->admit_after > 1) {
         uint64_t w = 1024;
@@ -421,19 +422,9 @@ static inline uint64_t kvo__pipe_step(const kvo_store *s, kvo__pipe *p, const kv
         p->h[(i + 8) & 15] = h;
         __builtin_prefetch(&s->ix.tab[h & s->ix.mask]);
     }
-    if (i + 4 < n) {
-        /* the entry of the first slot of the run whose tag matches (the
-         * run's first slots share the cached line): a new key's home slot
-         * mostly holds another key, whose entry would be a wasted miss */
-        uint64_t h = p->h[(i + 4) & 15], tag = h & 0xFFFFFFFFu;
-        for (uint64_t j = h, t = 0; t < 4; t++, j++) {
-            uint64_t v = s->ix.tab[j & s->ix.mask];
-            if (v == UINT64_MAX) break;
-            if ((v >> 32) == tag) {
-                __builtin_prefetch(&s->ent[(uint32_t)v]);
-                break;
-            }
-        }
+    if (i + 4 < n) { /* key i+4's entry (key_mix.h: the rule) */
+        uint32_t e = kvo__pipe_ahead(s->ix.tab, s->ix.mask, p->h[(i + 4) & 15], s->pipe_walk, s->pool_cap);
+        if (e != UINT32_MAX) __builtin_prefetch(&s->ent[e]);
     }
     return p->h[i & 15];
 }

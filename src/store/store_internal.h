@@ -260,6 +260,7 @@ struct kvo_store {
     uint64_t max_entries, ghost_cap;
     uint64_t resident, ghosts, pinned, pending;
     kvo__index ix;
+    bool pipe_walk;                        /* batch probes' prefetch rule (key_mix.h, kvo__pipe_ahead) */
     kvo__slots sl;
 
     /* policy state */
