@@ -228,6 +228,10 @@ void kvo__slots_release(kvo__slots *sl, uint32_t id) {
 }
 
 bool kvo__slots_feasible(const kvo__slots *sl, const uint64_t *demand) {
+    /* one class: every slot not busy can be had, evicted or free (the
+     * general count below comes to the same, from per-segment counts that
+     * one class does not keep) */
+    if (sl->nclass == 1) return demand[0] <= (uint64_t)sl->cls_k[0] * sl->nseg - sl->cls_busy[0];
     uint64_t busyseg = 0, need = 0;
     for (uint32_t c = 0; c < sl->nclass; c++) busyseg += sl->cls_busyseg[c];
     for (uint32_t c = 0; c < sl->nclass; c++) {

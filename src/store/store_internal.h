@@ -86,12 +86,12 @@ typedef struct kvo__slots {
     uint64_t cls_free[KVO__MAX_CLASSES];    /* free slots in the class's segments */
     uint64_t cls_nseg[KVO__MAX_CLASSES];
     uint64_t cls_busy[KVO__MAX_CLASSES];    /* busy entries (pinned, pending, protected) */
-    uint64_t cls_busyseg[KVO__MAX_CLASSES]; /* segments with busy > 0 */
+    uint64_t cls_busyseg[KVO__MAX_CLASSES]; /* segments with busy > 0 (with one class: 0, kvo__slots_busy) */
     /* per segment, and per slot id: one record each, so that a victim's
      * segment and slot cost one cache miss each (at 1e6 entries these
      * tables are megabytes and every eviction touches them at random) */
     struct kvo__seg {
-        uint32_t used, busy, bump;
+        uint32_t used, busy, bump;  /* busy: with one class 0 (kvo__slots_busy) */
         uint32_t free;          /* free-slot list inside the segment (slot ids) */
         uint32_t prev, next;    /* class partial list, or the free-segment list */
         uint32_t planned;       /* victims planned by the current prepare_store */
@@ -124,9 +124,19 @@ static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) {
 }
 #define KVO__SEG_FREE 0xFF /* seg.cls of a free segment */
 /* A slot's entry becomes busy (delta > 0: pinned, pending, protected) or
- * evictable again: its segment's and class's busy counts.  Inline: four
- * calls per hit of vLLM's store cycle (docs/benchmarks.md). */
+ * evictable again: its segment's and class's busy counts.  With one class
+ * only the class's count: the segments' counts serve feasibility across
+ * classes and the reclaim of whole segments for another class, neither of
+ * which one class has (kvo__slots_feasible counts its busy slots; seg.busy
+ * and cls_busyseg stay 0).  Inline: four calls per hit of vLLM's store cycle,
+ * whose segment updates (a division and a segment record each) were 7 % of
+ * it (docs/benchmarks.md). */
 static inline void kvo__slots_busy(kvo__slots *sl, uint32_t id, int delta) {
+    if (sl->nclass == 1) {
+        assert(delta > 0 || sl->cls_busy[0] > 0);
+        sl->cls_busy[0] += (uint64_t)(int64_t)delta;
+        return;
+    }
     uint32_t g = kvo__slot_seg(sl, id);
     uint32_t c = sl->seg[g].cls;
     assert(c != KVO__SEG_FREE);

@@ -116,7 +116,9 @@ int kvo__store_check(kvo_store *s) {
                                           (unsigned long long)qsum, (unsigned long long)queued);
     if (s->q[KVO__Q_B1].n + s->q[KVO__Q_B2].n + s->q[KVO__Q_G].n != ghosts)
         return kvo__error(KVO_ECORRUPT, "check: ghost queues do not match ghosts");
-    /* slots: per segment used counts and busy counts */
+    /* slots: per segment used counts and busy counts (with one class, the
+     * class's busy count: kvo__slots_busy) */
+    uint64_t busy_all = 0;
     for (uint32_t g = 0; g < s->sl.nseg; g++) {
         if (s->sl.seg[g].cls == 0xFF) continue;
         uint32_t c = s->sl.seg[g].cls, used = 0, busy = 0;
@@ -127,9 +129,16 @@ int kvo__store_check(kvo_store *s) {
             kvo__entry *x = &s->ent[e];
             if (x->state == KVO__E_PENDING || x->pins || (x->flags & KVO__F_PROTECT)) busy++;
         }
-        if (used != s->sl.seg[g].used || busy != s->sl.seg[g].busy || used == 0)
+        busy_all += busy;
+        uint32_t seg_busy = s->sl.nclass == 1 ? busy : s->sl.seg[g].busy;
+        if (used != s->sl.seg[g].used || busy != seg_busy || used == 0 || (s->sl.nclass == 1 && s->sl.seg[g].busy))
             return kvo__error(KVO_ECORRUPT, "check: segment %u used %u/%u busy %u/%u", g, used, s->sl.seg[g].used,
                               busy, s->sl.seg[g].busy);
     }
+    uint64_t cls_busy = 0;
+    for (uint32_t c = 0; c < s->sl.nclass; c++) cls_busy += s->sl.cls_busy[c];
+    if (busy_all != cls_busy)
+        return kvo__error(KVO_ECORRUPT, "check: %llu busy slots, the classes count %llu", (unsigned long long)busy_all,
+                          (unsigned long long)cls_busy);
     return 0;
 }
