@@ -4,7 +4,7 @@
  * What it is.  The store's lookup, touch and store cycle (prepare_store +
  * complete_store into a full store) done by the least code that does the
  * same memory work: one power-of-two table of 8-byte slots (tag << 32 |
- * entry), at least twice as many slots as entries, linear probing; a pool
+ * entry), at least KVO__INDEX_SLOTS_PER_ITEM (4) slots per entry, linear probing; a pool
  * of 64-byte entries (key, LRU links, table position, slot offset, state),
  * 64-byte aligned; deletion by backward shift; one doubly linked LRU list.
  * Sizes equal the store's for the same key count (src/store/index.c), the
@@ -73,7 +73,7 @@ kvo__bs_bare *kvo__bs_bare_create(uint64_t nkeys) {
     kvo__bs_bare *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     uint64_t t = 16;
-    while (t < nkeys * 2) t <<= 1;
+    while (t < nkeys * KVO__INDEX_SLOTS_PER_ITEM) t <<= 1;
     b->tab = bb_alloc(t * sizeof *b->tab);
     b->ent = bb_alloc(nkeys * sizeof *b->ent);
     if (!b->tab || !b->ent) {

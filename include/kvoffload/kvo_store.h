@@ -80,8 +80,9 @@ KVO_API kvo_store_params kvo_store_default_params(void);
 typedef struct kvo_store kvo_store;
 
 /** Create a store.  *out owned by the caller (kvo_store_destroy).  All memory
- *  is allocated here: about 96 bytes per entry (max_entries; twice that with
- *  ARC, S3-FIFO or prefix, whose ghost keys take entries too) plus 8 bytes per slot.
+ *  is allocated here: about 112 bytes per entry (max_entries: a 64-byte entry
+ *  and 32 bytes of index, rounded up; twice that with ARC or S3-FIFO and five
+ *  times with prefix, whose ghost keys take entries too) plus 8 bytes per slot.
  *  Errors: KVO_EINVAL (no plan, a plan that offloads nothing, capacity below
  *  the largest slot: message names the group and sizes, a bad policy or
  *  segment_bytes), KVO_ERANGE (over 2^30 entries), KVO_ENOMEM. */

@@ -5,9 +5,11 @@
  * (tag << 32 | entry index) with tag = the low 32 bits of the key's mixed
  * hash, or ~0 when empty.  The tag holds the home position (tag & mask, as
  * long as the table has at most 2^32 slots), so moving slots during deletion
- * never reads an entry, and its bits above the mask filter candidates.  The table has at least twice as many slots as the
- * entry pool (resident entries + ghosts), so the load factor stays <= 0.5
- * and linear probing averages ~1.5 probes for a hit and ~2.5 for a miss.
+ * never reads an entry, and its bits above the mask filter candidates.  The
+ * table has at least four times as many slots as the entry pool (resident
+ * entries + ghosts; KVO__INDEX_SLOTS_PER_ITEM, key_mix.h says why), so the
+ * load factor stays <= 0.25 and linear probing averages ~1.2 probes for a hit
+ * and ~1.4 for a miss.
  * The tag filters almost every non-matching slot without touching the entry;
  * the full key is compared in the entry.
  *
@@ -51,7 +53,7 @@ void *kvo__store_big_alloc(size_t n, void **base) {
 
 int kvo__index_init(kvo__index *ix, uint64_t max_items) {
     uint64_t n = 16;
-    while (n < max_items * 2) {
+    while (n < max_items * KVO__INDEX_SLOTS_PER_ITEM) {
         if (n >= (UINT64_C(1) << 32)) return kvo__error(KVO_ERANGE, "store index: %llu entries is too many",
                                                        (unsigned long long)max_items);
         n <<= 1;
