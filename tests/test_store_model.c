@@ -8,7 +8,12 @@
 
 #define NK 240
 #define NG 4
-static const uint64_t PAGES[NG] = {4096, 8192, 3 * 4096, 10 * 4096};
+static const uint64_t PAGES_MIXED[NG] = {4096, 8192, 3 * 4096, 10 * 4096};
+/* every group of one slot size: one slot class, where prepare_store hands
+ * victims' slots (under LRU their entries) to new keys and only the class's
+ * busy count is kept (store_prepare.c, slots.c) */
+static const uint64_t PAGES_ONE[NG] = {4096, 4096, 4096, 4096};
+static const uint64_t *PAGES = PAGES_MIXED;
 
 typedef struct mkey {
     kvo_chunk_key key;
@@ -91,7 +96,22 @@ static void run_model_x(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_byt
             n = pick(idx, 8, -1, true);
             for (size_t i = 0; i < n; i++) keys[i] = M[idx[i]].key;
             size_t nev = 0;
+            /* one class: feasible exactly when the busy keys (pending,
+             * pinned, and the batch's present ones, which it protects) and
+             * the new ones fit both the slots and the entry limit */
+            uint64_t busy = 0, n_new = 0;
+            for (size_t i = 0; i < NK; i++) busy += M[i].state == KVO_PENDING || M[i].pins;
+            for (size_t i = 0; i < n; i++) {
+                n_new += M[idx[i]].state == KVO_MISS;
+                busy += M[idx[i]].state == KVO_READY && M[idx[i]].pins == 0;
+            }
+            uint64_t room = (uint64_t)s->sl.cls_k[0] * s->sl.nseg;
+            if (s->max_entries < room) room = s->max_entries;
+            bool feasible = n_new == 0 || busy + n_new <= room;
             int rc = kvo_store_prepare_store(s, keys, n, need, slots, ev, evs, evcap, &nev);
+            if (s->sl.nclass == 1 && feasible != (rc != KVO_ENOSPC))
+                FAILF("one class: %llu busy + %llu new of %llu: expected %s, got %d", (unsigned long long)busy,
+                      (unsigned long long)n_new, (unsigned long long)room, feasible ? "room" : "ENOSPC", rc);
             if (rc == KVO_ENOSPC) {
                 n_nospc++;
             } else if (rc == KVO_ERANGE) {
@@ -226,3 +246,19 @@ KVO_TEST(random_arc_small_evict_buffer_and_max_entries) {
     run_model_x(KVO_POLICY_ARC, 400 * 4096, 0, 3000, 50, 3, 60);
 }
 KVO_TEST(random_s3fifo_max_entries) { run_model_x(KVO_POLICY_S3FIFO, 400 * 4096, 0, 3000, 50, 2048, 40); }
+/* one slot class: LRU (victims' entries go to new keys), ARC (their slots),
+ * a tiny store (ENOSPC exactly when the busy keys leave no room), small
+ * evicted[] buffers with an entry limit */
+KVO_TEST(random_one_class_lru) {
+    PAGES = PAGES_ONE;
+    run_model(KVO_POLICY_LRU, 100 * 4096, 0, 4000, 200);
+    run_model(KVO_POLICY_LRU, 41 * 4096, 0, 3000, 0);
+    run_model_x(KVO_POLICY_LRU, 100 * 4096, 16 * 4096, 3000, 50, 3, 60);
+    PAGES = PAGES_MIXED;
+}
+KVO_TEST(random_one_class_arc_prefix) {
+    PAGES = PAGES_ONE;
+    run_model(KVO_POLICY_ARC, 100 * 4096, 0, 4000, 200);
+    run_model(KVO_POLICY_PREFIX, 41 * 4096, 0, 3000, 0);
+    PAGES = PAGES_MIXED;
+}
