@@ -367,8 +367,6 @@ void kvo__ghost_drop(kvo_store *s, uint32_t e) {
     kvo__entry_free(s, e);
 }
 
-/* A resident entry's accounting released and its slot taken from it (still
- * allocated, owned by nobody the entry knows); returns the slot. */
 void kvo__resident_leave(kvo_store *s, uint32_t e) {
     uint32_t g = s->ent[e].key.group;
     s->bytes_used -= s->group_slot[g];
@@ -376,6 +374,8 @@ void kvo__resident_leave(kvo_store *s, uint32_t e) {
     s->resident--;
 }
 
+/* A resident entry's accounting released and its slot taken from it (still
+ * allocated, owned by nobody the entry knows); returns the slot. */
 uint32_t kvo__resident_unslot(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
     uint32_t slot = x->slot;
