@@ -53,7 +53,10 @@
  * of an ideal LRU that has no slot structure.
  * Feasibility (whether evicting everything evictable could make room) is
  * exact and O(classes): per class, the segments that keep a busy entry
- * (pinned/pending/protected) and the busy entries in them are counted.
+ * (pinned/pending/protected) and the busy entries in them are counted.  With
+ * one class (one slot size, as vLLM's manager has) only the busy entries
+ * are: every slot not busy can be had, so the per-segment counts, which only
+ * reclaim across classes needs, are not kept (kvo__slots_busy).
  */
 #include <stdlib.h>
 

@@ -18,8 +18,9 @@
  * Invariants (checked by kvo__store_check in tests):
  *  - a READY entry with pins == 0 and not protected is in exactly one policy
  *    queue; PENDING, pinned and protected entries are in none;
- *  - "busy" (counted per segment and class in slots) = PENDING or pinned or
- *    protected; a segment with a busy entry is never reclaimed;
+ *  - "busy" (counted per class in slots, and per segment with several
+ *    classes) = PENDING or pinned or protected; a segment with a busy entry
+ *    is never reclaimed (one class reclaims no segments);
  *  - every resident entry owns exactly one slot, slot[slot].entry == entry,
  *    and bytes_used = sum of the slot sizes of resident entries.
  *
