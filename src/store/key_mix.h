@@ -46,9 +46,10 @@ static inline uint64_t kvo__key_mix(const kvo_chunk_key *k) {
  * home slot's entry when its tag matches, else entry 0 (cached), without a
  * branch: when everything is cached the walk's branches, taken at random
  * (empty or not, match or not), cost a misprediction per key for nothing
- * (vLLM's store cycle at 10k blocks: 0.9 MiB, +11 % without them), while at
- * 1e6 keys (80 MiB) the walk's prefetch is what keeps touches at 0.88 of the
- * bare index (0.73 with the home slot's alone). */
+ * (vLLM's store cycle at 10k blocks: 1.2 MiB of table and entries, +11-14 %
+ * without them), while at 1e6 keys (96 MiB) the walk's prefetch kept touches
+ * at 0.88 of the bare index, 0.73 with the home slot's alone (measured with
+ * the table half full, before KVO__INDEX_SLOTS_PER_ITEM was 4). */
 #define KVO__PIPE_WALK_BYTES (UINT64_C(4) << 20)
 static inline uint32_t kvo__pipe_ahead(const uint64_t *tab, uint64_t mask, uint64_t h, bool walk, uint32_t nent) {
     uint64_t tag = h & 0xFFFFFFFFu;
