@@ -44,6 +44,7 @@ typedef struct bb_ent {
     uint8_t ready, busy; /* busy: a present key of the current batch */
     uint8_t pad[64 - 24 - 8 - 12 - 2];
 } bb_ent;
+_Static_assert(sizeof(bb_ent) == 64, "the store's entry size (kvo__pipe_walks)");
 
 struct kvo__bs_bare {
     uint64_t *tab;
@@ -84,7 +85,7 @@ kvo__bs_bare *kvo__bs_bare_create(uint64_t nkeys) {
     memset(b->ent, 0, nkeys * sizeof *b->ent);
     b->mask = t - 1;
     b->cap = (uint32_t)nkeys;
-    b->walk = t * sizeof *b->tab + nkeys * sizeof *b->ent > KVO__PIPE_WALK_BYTES;
+    b->walk = kvo__pipe_walks(t, nkeys);
     b->head = b->tail = BB_NIL;
     return b;
 }

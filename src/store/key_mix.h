@@ -51,6 +51,11 @@ static inline uint64_t kvo__key_mix(const kvo_chunk_key *k) {
  * at 0.88 of the bare index, 0.73 with the home slot's alone (measured with
  * the table half full, before KVO__INDEX_SLOTS_PER_ITEM was 4). */
 #define KVO__PIPE_WALK_BYTES (UINT64_C(4) << 20)
+/* The rule's choice for a table of `slots` 8-byte slots over `entries`
+ * 64-byte entries (the store's and the bare index's). */
+static inline bool kvo__pipe_walks(uint64_t slots, uint64_t entries) {
+    return slots * 8 + entries * 64 > KVO__PIPE_WALK_BYTES;
+}
 static inline uint32_t kvo__pipe_ahead(const uint64_t *tab, uint64_t mask, uint64_t h, bool walk, uint32_t nent) {
     uint64_t tag = h & 0xFFFFFFFFu;
     if (!walk) {

@@ -271,7 +271,7 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     s->pool_free = 0;
     rc = kvo__index_init(&s->ix, s->pool_cap);
     if (rc) goto fail;
-    s->pipe_walk = (s->ix.mask + 1) * sizeof *s->ix.tab + (uint64_t)s->pool_cap * sizeof *s->ent > KVO__PIPE_WALK_BYTES;
+    s->pipe_walk = kvo__pipe_walks(s->ix.mask + 1, s->pool_cap);
     for (int q = 0; q < 9; q++) kvo__list_init(&s->q[q]);
     if (p->admit_after > 1) {
         uint64_t w = 1024;

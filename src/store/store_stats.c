@@ -130,8 +130,8 @@ int kvo__store_check(kvo_store *s) {
             if (x->state == KVO__E_PENDING || x->pins || (x->flags & KVO__F_PROTECT)) busy++;
         }
         busy_all += busy;
-        uint32_t seg_busy = s->sl.nclass == 1 ? busy : s->sl.seg[g].busy;
-        if (used != s->sl.seg[g].used || busy != seg_busy || used == 0 || (s->sl.nclass == 1 && s->sl.seg[g].busy))
+        uint32_t want_busy = s->sl.nclass == 1 ? 0 : busy; /* one class counts no segment busy */
+        if (used != s->sl.seg[g].used || s->sl.seg[g].busy != want_busy || used == 0)
             return kvo__error(KVO_ECORRUPT, "check: segment %u used %u/%u busy %u/%u", g, used, s->sl.seg[g].used,
                               busy, s->sl.seg[g].busy);
     }
