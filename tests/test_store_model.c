@@ -262,3 +262,14 @@ KVO_TEST(random_one_class_arc_prefix) {
     run_model(KVO_POLICY_PREFIX, 41 * 4096, 0, 3000, 0);
     PAGES = PAGES_MIXED;
 }
+/* the ensemble policy: its shadows get every call (pins, failed stores,
+ * removals, retirements, clears among them); st_check verifies after each
+ * operation that every queued entry's mask names exactly the shadows
+ * without its key (kvo__follow_check) */
+KVO_TEST(random_ensemble) {
+    run_model(KVO_POLICY_ENSEMBLE, 400 * 4096, 0, 3000, 200);
+    run_model_x(KVO_POLICY_ENSEMBLE, 400 * 4096, 60 * 4096, 2000, 50, 3, 60);
+    PAGES = PAGES_ONE;
+    run_model(KVO_POLICY_ENSEMBLE, 41 * 4096, 0, 2000, 0);
+    PAGES = PAGES_MIXED;
+}

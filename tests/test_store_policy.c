@@ -61,6 +61,9 @@ KVO_TEST(scan_resistance) {
     ASSERT_EQ_INT(scan_survivors(KVO_POLICY_LRU), 0);
     ASSERT_EQ_INT(scan_survivors(KVO_POLICY_ARC), 4);
     ASSERT_EQ_INT(scan_survivors(KVO_POLICY_S3FIFO), 4);
+    /* no lookups, so no scores: every shadow votes alike, and only LRU's
+     * shadow evicts the hot keys (one vote against six for the scan's) */
+    ASSERT_EQ_INT(scan_survivors(KVO_POLICY_ENSEMBLE), 4);
 }
 
 KVO_TEST(arc_ghosts_bounded_and_p_adapts) {

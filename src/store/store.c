@@ -58,7 +58,8 @@
 
 const char *kvo_policy_name(kvo_policy_kind k) {
     static const char *const names[] = {[KVO_POLICY_LRU] = "lru", [KVO_POLICY_ARC] = "arc",
-                                        [KVO_POLICY_S3FIFO] = "s3fifo", [KVO_POLICY_PREFIX] = "prefix"};
+                                        [KVO_POLICY_S3FIFO] = "s3fifo", [KVO_POLICY_PREFIX] = "prefix",
+                                        [KVO_POLICY_ENSEMBLE] = "ensemble"};
     return (unsigned)k < sizeof names / sizeof names[0] && names[k] ? names[k] : "?";
 }
 
@@ -68,7 +69,8 @@ int kvo_policy_parse(const char *name, kvo_policy_kind *out) {
     else if (!strcmp(name, "arc")) *out = KVO_POLICY_ARC;
     else if (!strcmp(name, "s3fifo") || !strcmp(name, "s3-fifo")) *out = KVO_POLICY_S3FIFO;
     else if (!strcmp(name, "prefix")) *out = KVO_POLICY_PREFIX;
-    else return kvo__error(KVO_EINVAL, "policy '%s' is unknown; use lru, arc, s3fifo or prefix", name);
+    else if (!strcmp(name, "ensemble")) *out = KVO_POLICY_ENSEMBLE;
+    else return kvo__error(KVO_EINVAL, "policy '%s' is unknown; use lru, arc, s3fifo, prefix or ensemble", name);
     return 0;
 }
 
@@ -186,13 +188,21 @@ static void kvo__cms_add(kvo_store *s, const kvo_chunk_key *k) {
 
 /* ------------------------------------------------------------- create -- */
 
-int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
+static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of *sh, kvo_store **out);
+
+int kvo_store_create(const kvo_store_params *p, kvo_store **out) { return kvo__store_create_in(p, NULL, out); }
+
+int kvo__store_create_shadow(const kvo_store_params *p, const kvo__shadow_of *sh, kvo_store **out) {
+    return kvo__store_create_in(p, sh, out);
+}
+
+static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of *sh, kvo_store **out) {
     kvo_store_params p_in_;
     KVO__PARAMS_IN(p, kvo_store_params, p_in_, kvo_store_default_params, segment_bytes, "kvo_store_create");
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_store_create: NULL %s", !p ? "params" : "out");
     if (!p->plan) return kvo__error(KVO_EINVAL, "kvo_store_create: params.plan is required");
-    if ((unsigned)p->policy > KVO_POLICY_PREFIX)
-        return kvo__error(KVO_EINVAL, "kvo_store_create: policy %d is unknown; use lru, arc, s3fifo or prefix",
+    if ((unsigned)p->policy > KVO_POLICY_ENSEMBLE)
+        return kvo__error(KVO_EINVAL, "kvo_store_create: policy %d is unknown; use lru, arc, s3fifo, prefix or ensemble",
                           (int)p->policy);
     const kvo_plan *plan = p->plan;
     size_t ng = kvo_plan_num_groups(plan);
@@ -212,10 +222,16 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     if (!s) return kvo__error(KVO_ENOMEM, "kvo_store_create: out of memory");
     s->plan = plan;
     s->params = *p;
+    s->pfx_force = -1;
+    if (sh) {
+        s->shadow = *sh;
+        s->pfx_force = sh->setting;
+    }
     s->ngroups = (uint32_t)ng;
     s->pol = p->policy == KVO_POLICY_ARC ? &kvo__policy_arc
            : p->policy == KVO_POLICY_S3FIFO ? &kvo__policy_s3fifo
-           : p->policy == KVO_POLICY_PREFIX ? &kvo__policy_prefix : &kvo__policy_lru;
+           : p->policy == KVO_POLICY_PREFIX ? &kvo__policy_prefix
+           : p->policy == KVO_POLICY_ENSEMBLE ? &kvo__policy_ensemble : &kvo__policy_lru;
     /* classes: distinct slot sizes, weights = bytes per token */
     uint64_t cls_bytes[KVO__MAX_CLASSES];
     double cls_w[KVO__MAX_CLASSES];
@@ -247,7 +263,7 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     if (s->max_entries > slots_total) s->max_entries = slots_total;
     /* ghosts: none for LRU; as many as residents for ARC and S3-FIFO; 4x for
      * prefix, whose reuse signal is a key coming back (policy_prefix.c) */
-    s->ghost_cap = p->policy == KVO_POLICY_LRU      ? 0
+    s->ghost_cap = p->policy == KVO_POLICY_LRU || p->policy == KVO_POLICY_ENSEMBLE ? 0
                  : p->policy == KVO_POLICY_PREFIX ? KVO__PREFIX_GHOSTS * s->max_entries
                                                   : s->max_entries;
     if (s->max_entries + s->ghost_cap >= (UINT64_C(1) << 30)) {
@@ -510,6 +526,7 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
     }
     s->memo_n = n <= s->memo_cap ? n : 0;
     s->memo_gen = s->res_gen;
+    if (s->pol->observe) s->pol->observe(s, KVO__CALL_LOOKUP, keys, n);
     kvo__store_unlock(s);
     return 0;
 }
@@ -593,6 +610,7 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__batch_begin(s, keys, n, keys, fn);
     if (rc) return rc;
     rc = kvo__unpin_batch(s, keys, n, fn);
+    if (!rc && s->pol->observe) s->pol->observe(s, KVO__CALL_TOUCH, keys, n);
     for (size_t k = 0; k < n && !rc; k++) {
         uint32_t e = s->sc_ent[kvo__use_at(s->pol, n, k)];
         kvo__entry *x = &s->ent[e];
@@ -649,6 +667,7 @@ int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
         kvo__store_unlock(s);
         return rc;
     }
+    if (s->pol->observe) s->pol->observe(s, KVO__CALL_TOUCH, keys, n);
     const uint32_t *ent = memo ? s->memo : s->pol->leaf_first ? s->sc_ent : NULL;
     if (ent && kvo__lru_leads(s, ent, n)) n = 0;
     if (!ent) kvo__pipe_init(&pp, keys, n);
@@ -674,6 +693,7 @@ int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
             goto out;
         }
     }
+    if (s->pol->observe) s->pol->observe(s, KVO__CALL_REMOVE, keys, n);
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         /* absent, a duplicate already gone, or retired (gone for callers) */
@@ -689,6 +709,7 @@ out:
 int kvo_store_retire(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__batch_begin(s, keys, n, keys, "kvo_store_retire");
     if (rc) return rc;
+    if (s->pol->observe) s->pol->observe(s, KVO__CALL_REMOVE, keys, n);
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         if (e == KVO__NIL || s->ent[e].state != KVO__E_READY) continue; /* absent, PENDING or gone already */
@@ -706,6 +727,7 @@ int kvo_store_retire(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
 size_t kvo_store_clear(kvo_store *s) {
     if (!s) return 0;
     kvo__store_lock(s);
+    if (s->pol->observe) s->pol->observe(s, KVO__CALL_CLEAR, NULL, 0);
     for (uint32_t e = 0; e < s->pool_cap; e++) {
         kvo__entry *x = &s->ent[e];
         if (x->state == KVO__E_READY && x->pins == 0) {

@@ -191,6 +191,8 @@ typedef struct kvo__policy_ops {
      * create (after the pool; 0 or a KVO_E* code with a message) / destroy. */
     int (*init)(struct kvo_store *s);
     void (*fini)(struct kvo_store *s);
+    /* (The optional members follow leaf_first, so that the tables of the
+     * policies without them end with it.) */
     /* The order a batch's uses reach the policy (touch, complete_load,
      * prepare_store's present keys, complete_store's new ones): false, the
      * batch's order; true, deepest key first (the batch's last key first),
@@ -199,7 +201,15 @@ typedef struct kvo__policy_ops {
      * (evicting the root first leaves its descendants unreachable until
      * they are evicted too).  Events keep the batch's order either way. */
     bool leaf_first;
+    /* Optional (NULL): the store's calls as they come (a KVO__CALL_*; the
+     * batch, already checked; lock held): lookups after the store's own
+     * work, the others before it.  The ensemble policy hands them to its
+     * shadows (follow.c). */
+    void (*observe)(struct kvo_store *s, int call, const kvo_chunk_key *keys, size_t n);
+    /* Optional (NULL): the policy's own invariants, for kvo__store_check. */
+    int (*check)(struct kvo_store *s);
 } kvo__policy_ops;
+enum { KVO__CALL_LOOKUP, KVO__CALL_STORE, KVO__CALL_TOUCH, KVO__CALL_REMOVE, KVO__CALL_CLEAR };
 
 /* Position k of a batch of n in the order its uses reach the policy. */
 static inline size_t kvo__use_at(const struct kvo__policy_ops *p, size_t n, size_t k) {
@@ -210,6 +220,7 @@ extern const kvo__policy_ops kvo__policy_lru;
 extern const kvo__policy_ops kvo__policy_arc;
 extern const kvo__policy_ops kvo__policy_s3fifo;
 extern const kvo__policy_ops kvo__policy_prefix;
+extern const kvo__policy_ops kvo__policy_ensemble;
 
 /* ------------------------------------------- miniature simulations (minisim.c) -- */
 /* Evicted keys the prefix policy remembers per key the store can hold (the
@@ -246,6 +257,37 @@ void kvo__mini_ref(kvo__mini *m, uint64_t mix, uint64_t resident, bool hit);
 /* The setting (index into kvo__mini_knob8) with the most recent hits. */
 uint32_t kvo__mini_best(const kvo__mini *m);
 
+/* ------------------------------------------------ shadows (follow.c) -- */
+/* The ensemble policy's full shadows of its candidates, and the real
+ * store's stale lists (follow.c's essay). */
+#define KVO__FOLLOW_MAX 8
+typedef struct kvo__follow kvo__follow;
+/* Shadows for store s (its pool allocated): 0 or KVO_ENOMEM (message). */
+int kvo__follow_create(struct kvo_store *s, kvo__follow **out);
+void kvo__follow_destroy(kvo__follow *f);
+/* The ensemble policy's kvo__policy_ops.observe: a store, touch, remove or
+ * clear handed to every shadow; a lookup scored in every shadow (its prefix
+ * hits), and the weights recomputed. */
+void kvo__follow_observe(struct kvo_store *s, int call, const kvo_chunk_key *keys, size_t n);
+/* Entry e joins the real store's queue: its mask from the shadows. */
+void kvo__follow_join(struct kvo_store *s, uint32_t e);
+/* Entry e leaves the real store's queue: off its list. */
+void kvo__follow_leave(kvo__follow *f, uint32_t e);
+/* The queued entry the shadows' weighted vote would evict (follow.c), or
+ * NIL when no shadow has evicted a key the real store holds. */
+uint32_t kvo__follow_victim(const kvo__follow *f);
+/* Invariant check for tests (kvo__policy_ops.check): 0 or KVO_ECORRUPT
+ * (message set). */
+int kvo__follow_check(struct kvo_store *s);
+/* What makes a store a shadow of another (follow.c): the store it shadows,
+ * told of each eviction, and the prefix policy's fixed setting (-1: none). */
+typedef struct kvo__shadow_of {
+    struct kvo_store *up;
+    uint32_t index;
+    int setting;
+    void (*evicted)(struct kvo_store *up, uint32_t index, const kvo_chunk_key *k);
+} kvo__shadow_of;
+
 /* ----------------------------------------------------------------- store -- */
 typedef struct kvo__event_ring {
     kvo_store_event *ev;
@@ -279,6 +321,9 @@ struct kvo_store {
     uint32_t pfx_clock;                    /* prefix policy: uses so far (ent.stamp) */
     uint32_t pfx_evseq;                    /* prefix policy: evictions so far (a ghost's ent.stamp) */
     kvo__mini *pfx_mini;                   /* prefix policy: its simulations */
+    int pfx_force;                         /* prefix policy: a fixed setting (a shadow's), or -1 */
+    kvo__follow *follow;                   /* ensemble policy: its shadows (follow.c), or NULL */
+    kvo__shadow_of shadow;                 /* a shadow's: the store it shadows (up NULL: none) */
 
     /* admission: count-min sketch, 4 rows of uint8, halved every `cms_period` adds */
     uint8_t *cms;
@@ -427,6 +472,9 @@ static inline void kvo__untake_to_origin(kvo_store *s, uint32_t e) {
 
 /* Ghosts: drop one (remove from index, free the pool entry). */
 void kvo__ghost_drop(kvo_store *s, uint32_t e);
+
+/* kvo_store_create for a shadow (follow.c), as *sh says. */
+int kvo__store_create_shadow(const kvo_store_params *p, const kvo__shadow_of *sh, kvo_store **out);
 
 /* Internal checks for tests: 0 or KVO_ECORRUPT with a message. */
 int kvo__store_check(kvo_store *s);

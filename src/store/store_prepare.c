@@ -490,6 +490,7 @@ static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evict
         if (ho == KVO__HO_NONE) s->sl.seg[kvo__slot_seg(&s->sl, x->slot)].planned = 0; /* one class: never planned */
         x->flags &= (uint8_t)~KVO__F_VICTIM;
         kvo__event(s, KVO_EVENT_EVICTED, &x->key);
+        if (s->shadow.up) s->shadow.evicted(s->shadow.up, s->shadow.index, &x->key);
         s->evictions++;
         s->g_evictions[g]++;
         if (ho == KVO__HO_ENTRY) {
@@ -592,6 +593,7 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
     kvo__store_lock(s);
     rc = kvo__ps_validate(s, keys, n, fn);
     if (rc) goto out;
+    if (s->pol->observe) s->pol->observe(s, KVO__CALL_STORE, keys, n);
     kvo__plan pl;
     kvo__plan_init(s, &pl);
     kvo__batch b = {0};

@@ -66,7 +66,8 @@ uint64_t kvo__store_queue_len(kvo_store *s, int q) { return s->q[q].n; }
 uint64_t kvo__store_arc_p(kvo_store *s) { return s->arc_p; }
 uint64_t kvo__store_reclaims(kvo_store *s) { return s->reclaims; }
 uint32_t kvo__store_prefix_knob(kvo_store *s) {
-    return s->pfx_mini ? kvo__mini_knob8[kvo__mini_best(s->pfx_mini)] : 0;
+    if (s->pol != &kvo__policy_prefix) return 0;
+    return kvo__mini_knob8[s->pfx_force >= 0 ? (uint32_t)s->pfx_force : kvo__mini_best(s->pfx_mini)];
 }
 
 int kvo__store_check(kvo_store *s) {
@@ -140,5 +141,5 @@ int kvo__store_check(kvo_store *s) {
     if (busy_all != cls_busy)
         return kvo__error(KVO_ECORRUPT, "check: %llu busy slots, the classes count %llu", (unsigned long long)busy_all,
                           (unsigned long long)cls_busy);
-    return 0;
+    return s->pol->check ? s->pol->check(s) : 0; /* the ensemble policy's masks */
 }
