@@ -66,6 +66,56 @@ KVO_TEST(scan_resistance) {
     ASSERT_EQ_INT(scan_survivors(KVO_POLICY_ENSEMBLE), 4);
 }
 
+/* The ensemble's shadows hold exactly what their policies hold running
+ * alone (follow.c): each shadow against a twin store of its policy and
+ * parameters (a prefix setting: a store made as a shadow of nothing), key
+ * by key after every call of a random run of lookups and stores of short
+ * chains, touches and removals. */
+KVO_TEST(ensemble_shadows_equal_their_policies_alone) {
+    kvo_plan *p;
+    kvo_store *s = mk(&p, KVO_POLICY_ENSEMBLE, 16);
+    uint32_t n = kvo__follow_shadows(s);
+    ASSERT_EQ_U64(n, 7);
+    kvo_store *twin[KVO__FOLLOW_MAX];
+    for (uint32_t i = 0; i < n; i++) {
+        kvo_store *h = kvo__follow_shadow(s, i);
+        kvo__shadow_of alone = {NULL, 0, h->pfx_force, NULL};
+        ASSERT_OK(kvo__store_create_shadow(&h->params, &alone, &twin[i]));
+    }
+    uint64_t differ = 0;
+    for (int step = 0; step < 3000; step++) {
+        kvo_chunk_key k[6];
+        uint8_t st[6];
+        uint64_t at = kvo_test_rand() % 48, len = 1 + kvo_test_rand() % 6, op = kvo_test_rand() % 20;
+        for (uint64_t j = 0; j < len; j++) k[j] = st_key(0, (at + j) % 48);
+        if (op < 16) {
+            ASSERT_OK(kvo_store_lookup(s, k, len, st));
+            st_put(s, k, len);
+        } else if (op < 19) {
+            ASSERT_OK(kvo_store_touch(s, k, len));
+        } else {
+            ASSERT_OK(kvo_store_remove(s, k, len));
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            if (op < 16) {
+                ASSERT_OK(kvo_store_lookup(twin[i], k, len, st));
+                st_put(twin[i], k, len);
+            } else if (op < 19) {
+                ASSERT_OK(kvo_store_touch(twin[i], k, len));
+            } else {
+                ASSERT_OK(kvo_store_remove(twin[i], k, len));
+            }
+            for (uint64_t key = 0; key < 48; key++)
+                differ += st_state(kvo__follow_shadow(s, i), st_key(0, key)) != st_state(twin[i], st_key(0, key));
+        }
+        st_check(s);
+    }
+    ASSERT_EQ_U64(differ, 0);
+    for (uint32_t i = 0; i < n; i++) kvo_store_destroy(twin[i]);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
 KVO_TEST(arc_ghosts_bounded_and_p_adapts) {
     kvo_plan *p;
     kvo_store *s = mk(&p, KVO_POLICY_ARC, 8);

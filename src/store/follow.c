@@ -284,6 +284,10 @@ void kvo__follow_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size
     }
 }
 
+uint32_t kvo__follow_shadows(kvo_store *s) { return s->follow ? s->follow->n : 0; }
+
+kvo_store *kvo__follow_shadow(kvo_store *s, uint32_t i) { return s->follow && i < s->follow->n ? s->follow->sh[i] : NULL; }
+
 int kvo__follow_check(kvo_store *s) {
     kvo__follow *f = s->follow;
     if (!f) return 0;

@@ -279,6 +279,10 @@ uint32_t kvo__follow_victim(const kvo__follow *f);
 /* Invariant check for tests (kvo__policy_ops.check): 0 or KVO_ECORRUPT
  * (message set). */
 int kvo__follow_check(struct kvo_store *s);
+/* Introspection for tests: how many shadows store s has (0: not the
+ * ensemble policy), and shadow i (NULL past the last). */
+uint32_t kvo__follow_shadows(struct kvo_store *s);
+struct kvo_store *kvo__follow_shadow(struct kvo_store *s, uint32_t i);
 /* What makes a store a shadow of another (follow.c): the store it shadows,
  * told of each eviction, and the prefix policy's fixed setting (-1: none). */
 typedef struct kvo__shadow_of {
