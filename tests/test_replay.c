@@ -245,7 +245,7 @@ KVO_TEST(docs_workload_prefix_beats_lru) { workload_vs_lru(false); }
 /* Policy `pol` against the best of LRU, ARC and S3-FIFO at each of
  * caps[0..n), counted in hits: fails when it is more than `points` below
  * (docs/replay.md, "Against the best of LRU, ARC and S3-FIFO"). */
-static void near_best_of_three_as(const char *path, const char *pol, const uint64_t *caps, size_t n, double points) {
+static void near_best_of_three(const char *path, const char *pol, const uint64_t *caps, size_t n, double points) {
     char args[512];
     int o = snprintf(args, sizeof args, "--no-min --policy lru,arc,s3fifo,%s --capacity ", pol);
     for (size_t i = 0; i < n; i++)
@@ -270,9 +270,6 @@ static void near_best_of_three_as(const char *path, const char *pol, const uint6
     }
 }
 
-static void near_best_of_three(const char *path, const uint64_t *caps, size_t n, double points) {
-    near_best_of_three_as(path, "prefix", caps, n, points);
-}
 
 /* Mooncake above ~14k blocks, where protection leads LRU by only 2-5 %: the
  * former fixed 5 % margin stayed with LRU there (1.4-2.1 points below
@@ -280,7 +277,7 @@ static void near_best_of_three(const char *path, const uint64_t *caps, size_t n,
  * (0.5-0.7 below; 0.2-0.6 with leaf-first order). */
 KVO_TEST(mooncake_prefix_near_best_of_three_above_14k) {
     static const uint64_t caps[] = {16400, 19400, 22400};
-    near_best_of_three(mooncake(), caps, 3, 1.0);
+    near_best_of_three(mooncake(), "prefix", caps, 3, 1.0);
 }
 
 /* Documents (Zipf popularity among one-off questions): the short ghost
@@ -288,14 +285,17 @@ KVO_TEST(mooncake_prefix_near_best_of_three_above_14k) {
  * below it at these capacities; then 0.3-1.2; with leaf-first order and no
  * hysteresis between settings +0.1..-0.7, and at most 1.3 below over ten
  * seeds). */
-KVO_TEST(docs_prefix_near_best_of_three) {
+/* Policy `pol` on the docs workload (file `name`) at 5-30 % of its blocks. */
+static void docs_near_best_of_three(const char *name, const char *pol, double points) {
     uint64_t distinct;
-    const char *path = write_workload("docs3.jsonl", false, false, &distinct);
+    const char *path = write_workload(name, false, false, &distinct);
     static const double frac[] = {0.05, 0.1, 0.2, 0.3};
     uint64_t caps[4];
     for (int i = 0; i < 4; i++) caps[i] = (uint64_t)(frac[i] * (double)distinct);
-    near_best_of_three(path, caps, 4, 1.5);
+    near_best_of_three(path, pol, caps, 4, points);
 }
+
+KVO_TEST(docs_prefix_near_best_of_three) { docs_near_best_of_three("docs3.jsonl", "prefix", 1.5); }
 
 /* The ensemble policy (follow.c): on Mooncake, where the prefix policy is
  * 0.5-0.7 points below ARC above ~20k blocks and at 2,600, within 0.35 of
@@ -304,19 +304,12 @@ KVO_TEST(docs_prefix_near_best_of_three) {
  * what they agree on); on documents within 0.5 (the prefix policy: 1.3). */
 KVO_TEST(mooncake_ensemble_near_best_of_three) {
     static const uint64_t caps[] = {2600, 10000, 24200};
-    near_best_of_three_as(mooncake(), "ensemble", caps, 3, 0.35);
+    near_best_of_three(mooncake(), "ensemble", caps, 3, 0.35);
     static const uint64_t large[] = {24200, 30000};
-    near_best_of_three_as(mooncake(), "ensemble", large, 2, 0.0);
+    near_best_of_three(mooncake(), "ensemble", large, 2, 0.0);
 }
 
-KVO_TEST(docs_ensemble_near_best_of_three) {
-    uint64_t distinct;
-    const char *path = write_workload("docs4.jsonl", false, false, &distinct);
-    static const double frac[] = {0.05, 0.1, 0.2, 0.3};
-    uint64_t caps[4];
-    for (int i = 0; i < 4; i++) caps[i] = (uint64_t)(frac[i] * (double)distinct);
-    near_best_of_three_as(path, "ensemble", caps, 4, 0.5);
-}
+KVO_TEST(docs_ensemble_near_best_of_three) { docs_near_best_of_three("docs4.jsonl", "ensemble", 0.5); }
 
 /* ------------------------------------------------------ command errors -- */
 
