@@ -132,7 +132,9 @@ int kvo__follow_create(kvo_store *s, kvo__follow **out) {
         p.admit_after = s->params.admit_after;
         kvo__shadow_of sh = {s, i, kvo__follow_cand[i].setting, kvo__follow_evicted};
         rc = kvo__store_create_shadow(&p, &sh, &f->sh[i]);
-        if (!rc) f->n++;
+        if (rc) rc = kvo__error_prefix(rc, "the ensemble policy's shadow %u (%s, as large as the store)", i,
+                                       kvo_policy_name(p.policy));
+        else f->n++;
     }
     if (rc) {
         kvo__follow_destroy(f);
