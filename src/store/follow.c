@@ -85,7 +85,7 @@ struct kvo__follow {
     uint32_t *link;       /* [e][2]: prev, next in list mask[e] */
     uint32_t head[NMASK], tail[NMASK];
     uint64_t nonempty[NMASK / 64];
-    /* scratch for the shadows' calls, grown geometrically */
+    /* scratch for the shadows' calls, grown together (kvo__grow_all) */
     uint8_t *need, *st;
     kvo_slot *slots;
     kvo_chunk_key *todo;
@@ -132,7 +132,6 @@ int kvo__follow_create(kvo_store *s, kvo__follow **out) {
         kvo_store_params p = s->params;
         p.policy = kvo__follow_cand[i].pol;
         p.event_capacity = 0;
-        p.admit_after = s->params.admit_after;
         kvo__shadow_of sh = {s, i, kvo__follow_cand[i].setting, kvo__follow_evicted};
         rc = kvo__store_create_shadow(&p, &sh, &f->sh[i]);
         if (rc) rc = kvo__error_prefix(rc, "the ensemble policy's shadow %u (%s, as large as the store)", i,
@@ -150,19 +149,9 @@ int kvo__follow_create(kvo_store *s, kvo__follow **out) {
 
 static int kvo__follow_scratch(kvo__follow *f, size_t n) {
     if (n <= f->cap) return 0;
-    size_t c = f->cap ? f->cap : 64;
-    while (c < n) c *= 2;
-    uint8_t *need = kvo__realloc(f->need, c);
-    if (need) f->need = need;
-    uint8_t *st = need ? kvo__realloc(f->st, c) : NULL;
-    if (st) f->st = st;
-    kvo_slot *sl = st ? kvo__realloc(f->slots, c * sizeof *sl) : NULL;
-    if (sl) f->slots = sl;
-    kvo_chunk_key *t = sl ? kvo__realloc(f->todo, c * sizeof *t) : NULL;
-    if (!t) return KVO_ENOMEM;
-    f->todo = t;
-    f->cap = c;
-    return 0;
+    const kvo__arr a[] = {{(void **)&f->need, sizeof *f->need},   {(void **)&f->st, sizeof *f->st},
+                          {(void **)&f->slots, sizeof *f->slots}, {(void **)&f->todo, sizeof *f->todo}};
+    return kvo__grow_all(&f->cap, n, a, sizeof a / sizeof a[0], 64, "the ensemble policy's shadows");
 }
 
 /* ------------------------------------------------------ the mask lists -- */
@@ -241,8 +230,11 @@ static void kvo__follow_store(kvo_store *s, const kvo_chunk_key *keys, size_t n)
             if (f->need[j]) f->todo[m++] = keys[j];
         if (m) (void)kvo_store_complete_store(h, f->todo, m, true);
     }
-    /* a shadow may have stored again a key the real store holds and will
-     * leave alone (params.ignore_present, keys not admitted) */
+    /* a shadow may have stored again a key the real store holds and then
+     * leaves alone: a batch the real store turns away (ENOSPC: its pinned
+     * and pending keys leave no room, and the shadows pin nothing; ERANGE:
+     * the caller's evicted[] too small; the model test meets both), or
+     * params.ignore_present */
     for (size_t j = 0; j < n; j++) {
         uint32_t e = kvo__index_find(s, &keys[j]);
         if (e == KVO__NIL || s->ent[e].q == KVO__Q_NONE || !f->mask[e]) continue;

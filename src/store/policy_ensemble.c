@@ -11,8 +11,8 @@
  * evicted anything the store holds, the store's own LRU order decides.
  *
  * Invariants: a queued entry is READY, unpinned, in the LRU list, and in
- * the stale list of exactly the set of shadows that have evicted its key
- * since its last use (kvo__follow_check); no ghosts (ghost_cap 0, the
+ * the list of its mask, exactly the set of shadows that do not hold its
+ * key (kvo__follow_check); no ghosts (ghost_cap 0, the
  * shadows keep their own).  All operations are O(1) in the store; each
  * call costs one call per shadow (follow.c).
  *

@@ -61,12 +61,6 @@
 #define PFX_P KVO__Q_T1
 #define PFX_M KVO__Q_T2
 
-/* The setting in force: a shadow's fixed one (follow.c), else the
- * simulations' choice. */
-static inline uint32_t pfx_setting(const kvo_store *s) {
-    return s->pfx_force >= 0 ? (uint32_t)s->pfx_force : kvo__mini_best(s->pfx_mini);
-}
-
 /* A use of e (not queued now) by the store: stamp it, queue it in q, and
  * tell the simulations. */
 static void pfx_use_in(kvo_store *s, uint32_t e, uint8_t q, bool hit) {
@@ -100,7 +94,7 @@ static uint32_t pfx_take(kvo_store *s) {
     if (tp == KVO__NIL) e = tm;
     else if (tm == KVO__NIL) e = tp;
     else {
-        uint64_t gap = kvo__prefix_gap(kvo__mini_knob8[pfx_setting(s)], s->resident);
+        uint64_t gap = kvo__prefix_gap(kvo__mini_knob8[kvo__prefix_setting(s)], s->resident);
         e = kvo__prefix_take_m(s->ent[tp].stamp, s->ent[tm].stamp, gap) ? tm : tp;
     }
     if (e != KVO__NIL) pfx_remove(s, e);
@@ -119,7 +113,7 @@ static void pfx_evicted(kvo_store *s, uint32_t e) {
  * current setting's ghost window, W cache sizes of evictions ago. */
 static void pfx_ghost_claim(kvo_store *s, uint32_t e) {
     kvo__list_unlink(s, &s->q[KVO__Q_G], e);
-    uint64_t w = kvo__mini_ghostw[pfx_setting(s)];
+    uint64_t w = kvo__mini_ghostw[kvo__prefix_setting(s)];
     s->ent[e].ghost_q = (uint64_t)(uint32_t)(s->pfx_evseq - s->ent[e].stamp) < w * s->resident ? KVO__Q_G : 0;
 }
 

@@ -259,7 +259,7 @@ uint32_t kvo__mini_best(const kvo__mini *m);
 
 /* ------------------------------------------------ shadows (follow.c) -- */
 /* The ensemble policy's full shadows of its candidates, and the real
- * store's stale lists (follow.c's essay). */
+ * store's mask lists (follow.c's essay). */
 #define KVO__FOLLOW_MAX 8
 typedef struct kvo__follow kvo__follow;
 /* Shadows for store s (its pool allocated): 0 or KVO_ENOMEM (message). */
@@ -489,5 +489,12 @@ uint64_t kvo__store_reclaims(kvo_store *s);
 /* The prefix policy's current knob, in eighths of the cache (UINT32_MAX:
  * infinite; 0 for other policies). */
 uint32_t kvo__store_prefix_knob(kvo_store *s);
+
+/* The prefix policy's setting in force (an index into kvo__mini_knob8 and
+ * kvo__mini_ghostw): an ensemble shadow's fixed one, else what its
+ * simulations choose. */
+static inline uint32_t kvo__prefix_setting(const kvo_store *s) {
+    return s->pfx_force >= 0 ? (uint32_t)s->pfx_force : kvo__mini_best(s->pfx_mini);
+}
 
 #endif

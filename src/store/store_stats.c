@@ -67,7 +67,7 @@ uint64_t kvo__store_arc_p(kvo_store *s) { return s->arc_p; }
 uint64_t kvo__store_reclaims(kvo_store *s) { return s->reclaims; }
 uint32_t kvo__store_prefix_knob(kvo_store *s) {
     if (s->pol != &kvo__policy_prefix) return 0;
-    return kvo__mini_knob8[s->pfx_force >= 0 ? (uint32_t)s->pfx_force : kvo__mini_best(s->pfx_mini)];
+    return kvo__mini_knob8[kvo__prefix_setting(s)];
 }
 
 int kvo__store_check(kvo_store *s) {
