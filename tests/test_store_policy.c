@@ -64,6 +64,63 @@ KVO_TEST(scan_resistance) {
     /* no lookups, so no scores: every shadow votes alike, and only LRU's
      * shadow evicts the hot keys (one vote against six for the scan's) */
     ASSERT_EQ_INT(scan_survivors(KVO_POLICY_ENSEMBLE), 4);
+    /* no lookups, so no branch points: the branch policy is LRU */
+    ASSERT_EQ_INT(scan_survivors(KVO_POLICY_BRANCH), 0);
+}
+
+/* The branch policy (policy_branch.c): a request as a prefix cache sees it,
+ * looked up then stored. */
+static void request(kvo_store *s, const uint64_t *ids, size_t n) {
+    kvo_chunk_key c[8];
+    uint8_t st[8];
+    for (size_t i = 0; i < n; i++) c[i] = st_key(0, ids[i]);
+    ASSERT_OK(kvo_store_lookup(s, c, n, st));
+    st_put(s, c, n);
+}
+
+/* nreq one-off requests of 5 chunks each, from key `first` on */
+static void one_offs(kvo_store *s, uint64_t first, uint64_t nreq) {
+    for (uint64_t r = 0; r < nreq; r++) {
+        uint64_t one_off[5];
+        for (uint64_t i = 0; i < 5; i++) one_off[i] = first + 5 * r + i;
+        request(s, one_off, 5);
+    }
+}
+
+/* How many of a 4-chunk prefix survive a flood of one-off requests (200
+ * chunks through a 32-chunk store) after two requests shared it, going on
+ * differently (branched: 2) or the same way (1), or one request used it (0),
+ * or one request used it, was flushed out by 40 chunks, and a second came
+ * back to it (3: the root a remembered ghost, a prefix coming back). */
+static int branch_prefix_survivors(kvo_policy_kind pol, int shape) {
+    kvo_plan *p;
+    kvo_store *s = mk(&p, pol, 32);
+    const uint64_t a[6] = {1, 2, 3, 4, 10, 11}, b[6] = {1, 2, 3, 4, 20, 21};
+    request(s, a, 6);
+    if (shape == 3) {
+        one_offs(s, 100000, 8);
+        ASSERT_FALSE(ready(s, 1));
+    }
+    if (shape) request(s, shape == 2 ? b : a, 6);
+    one_offs(s, 1000, 40);
+    int n = 0;
+    for (uint64_t i = 1; i <= (shape == 3 ? 6 : 4); i++) n += ready(s, i == 5 ? 10 : i == 6 ? 11 : i);
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+    return n;
+}
+
+KVO_TEST(branch_protects_the_prefix_requests_branch_from) {
+    ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 2), 4);
+    ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_LRU, 2), 0);
+    /* the same continuation twice is not a branch, one request neither:
+     * recency alone, as LRU */
+    ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 1), 0);
+    ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 0), 0);
+    /* a whole request coming back after its eviction: all 6 chunks kept */
+    ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 3), 6);
+    ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_LRU, 3), 0);
 }
 
 /* The ensemble's shadows hold exactly what their policies hold running
@@ -387,22 +444,22 @@ static void chain_use(kvo_store *s, const kvo_chunk_key *c, size_t n, int how) {
 }
 
 KVO_TEST(prefix_evicts_a_chain_from_its_leaf_end) {
-    for (int how = 0; how < 4; how++) {
+    for (int how = 0; how < 8; how++) {
         kvo_plan *p;
-        kvo_store *s = mk(&p, KVO_POLICY_PREFIX, 64);
+        kvo_store *s = mk(&p, how < 4 ? KVO_POLICY_PREFIX : KVO_POLICY_BRANCH, 64); /* branch: ops.leaf_first too */
         kvo_chunk_key c[8];
         for (uint64_t i = 0; i < 8; i++) c[i] = st_key(0, i);
-        if (how) /* present already, the root the oldest */
+        if (how % 4) /* present already, the root the oldest */
             for (uint64_t i = 0; i < 8; i++) put1(s, i);
-        chain_use(s, c, 8, how);
+        chain_use(s, c, 8, how % 4);
         /* one-off keys until the chain loses a key */
         uint64_t next = 1000;
         for (int k = 0; k < 8; k++) {
             while (ready(s, 7 - (uint64_t)k)) {
                 for (int j = 0; j < 7 - k; j++)
-                    if (!ready(s, (uint64_t)j)) FAILF("use %d: key %d went before key %d", how, j, 7 - k);
+                    if (!ready(s, (uint64_t)j)) FAILF("use %d: key %d went before key %d", how % 4, j, 7 - k);
                 put1(s, next++);
-                if (next > 100000) FAILF("use %d: the chain is never evicted", how);
+                if (next > 100000) FAILF("use %d: the chain is never evicted", how % 4);
             }
         }
         kvo_store_destroy(s);

@@ -42,14 +42,20 @@ typedef enum kvo_policy_kind {
     KVO_POLICY_PREFIX = 3, /* recency or protection of reused prefixes, chosen online by
                               miniature simulations (src/store/policy_prefix.c,
                               docs/replay.md); keeps 4x as many ghosts as entries */
-    KVO_POLICY_ENSEMBLE = 4 /* a weighted vote of full shadows of LRU, ARC, S3-FIFO and four
+    KVO_POLICY_ENSEMBLE = 4, /* a weighted vote of full shadows of LRU, ARC, S3-FIFO and four
                               prefix settings (src/store/follow.c, docs/replay.md): the
                               nearest to the best of them on shared-prefix and document
                               traffic; costs 8x the calls and ~2.8 KiB per entry; may fall
                               below LRU (by up to 0.3 points on chat traffic) */
+    KVO_POLICY_BRANCH = 5   /* LRU, but protects the prefixes that requests branch from
+                              or come back to, as lookups and stores name them in order
+                              (src/store/policy_branch.c, docs/replay.md): never below
+                              LRU on chat traffic, within 0.25 points of the best of
+                              LRU, ARC and S3-FIFO (mostly above) on shared-prefix and
+                              document traffic; O(1) per use, 20 bytes per entry */
 } kvo_policy_kind;
 
-/** "lru", "arc", "s3fifo", "prefix", "ensemble". */
+/** "lru", "arc", "s3fifo", "prefix", "ensemble", "branch". */
 KVO_API const char *kvo_policy_name(kvo_policy_kind k);
 /** Parse a policy name.  Errors: KVO_EINVAL listing the names. */
 KVO_API int kvo_policy_parse(const char *name, kvo_policy_kind *out);

@@ -40,7 +40,7 @@ from ._lib import KvoError, check, check_int, lib, need, set_fields
 KEY_DTYPE = np.dtype([("lo", "<u8"), ("hi", "<u8"), ("group", "<u4"), ("reserved", "<u4")])
 SLOT_DTYPE = np.dtype([("offset", "<u8"), ("bytes", "<u8")])
 MISS, READY, PENDING = 0, 1, 2
-POLICIES = ("lru", "arc", "s3fifo", "prefix", "ensemble")
+POLICIES = ("lru", "arc", "s3fifo", "prefix", "ensemble", "branch")
 _KINDS = {"full": 0, "sliding": 1, "state": 2}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
 

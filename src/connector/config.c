@@ -48,7 +48,7 @@ typedef enum kvo__cfg_type {
     T_BOOL,
     T_STR,
     T_DISK,       /* LMCache local_disk: "file:///path", a path, or null (no disk) */
-    T_POLICY,     /* "lru", "arc", "s3fifo", "prefix", "ensemble" */
+    T_POLICY,     /* "lru", "arc", "s3fifo", "prefix", "ensemble", "branch" */
     T_FILE_MODE,  /* "write_through", "write_back" */
     T_SLIDING,    /* "all", "checkpoints" */
     T_ANY,        /* accepted and ignored (vLLM's kv_transfer_config fields) */

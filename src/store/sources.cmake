@@ -5,6 +5,7 @@ kvo_sources(KVO_SOURCES store
   index.c
   minisim.c
   policy_arc.c
+  policy_branch.c
   policy_lru.c
   policy_ensemble.c
   policy_prefix.c

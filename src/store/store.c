@@ -59,7 +59,7 @@
 const char *kvo_policy_name(kvo_policy_kind k) {
     static const char *const names[] = {[KVO_POLICY_LRU] = "lru", [KVO_POLICY_ARC] = "arc",
                                         [KVO_POLICY_S3FIFO] = "s3fifo", [KVO_POLICY_PREFIX] = "prefix",
-                                        [KVO_POLICY_ENSEMBLE] = "ensemble"};
+                                        [KVO_POLICY_ENSEMBLE] = "ensemble", [KVO_POLICY_BRANCH] = "branch"};
     return (unsigned)k < sizeof names / sizeof names[0] && names[k] ? names[k] : "?";
 }
 
@@ -70,7 +70,9 @@ int kvo_policy_parse(const char *name, kvo_policy_kind *out) {
     else if (!strcmp(name, "s3fifo") || !strcmp(name, "s3-fifo")) *out = KVO_POLICY_S3FIFO;
     else if (!strcmp(name, "prefix")) *out = KVO_POLICY_PREFIX;
     else if (!strcmp(name, "ensemble")) *out = KVO_POLICY_ENSEMBLE;
-    else return kvo__error(KVO_EINVAL, "policy '%s' is unknown; use lru, arc, s3fifo, prefix or ensemble", name);
+    else if (!strcmp(name, "branch")) *out = KVO_POLICY_BRANCH;
+    else return kvo__error(KVO_EINVAL, "policy '%s' is unknown; use lru, arc, s3fifo, prefix, ensemble or branch",
+                           name);
     return 0;
 }
 
@@ -201,8 +203,9 @@ static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of 
     KVO__PARAMS_IN(p, kvo_store_params, p_in_, kvo_store_default_params, segment_bytes, "kvo_store_create");
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_store_create: NULL %s", !p ? "params" : "out");
     if (!p->plan) return kvo__error(KVO_EINVAL, "kvo_store_create: params.plan is required");
-    if ((unsigned)p->policy > KVO_POLICY_ENSEMBLE)
-        return kvo__error(KVO_EINVAL, "kvo_store_create: policy %d is unknown; use lru, arc, s3fifo, prefix or ensemble",
+    if ((unsigned)p->policy > KVO_POLICY_BRANCH)
+        return kvo__error(KVO_EINVAL,
+                          "kvo_store_create: policy %d is unknown; use lru, arc, s3fifo, prefix, ensemble or branch",
                           (int)p->policy);
     const kvo_plan *plan = p->plan;
     size_t ng = kvo_plan_num_groups(plan);
@@ -231,7 +234,8 @@ static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of 
     s->pol = p->policy == KVO_POLICY_ARC ? &kvo__policy_arc
            : p->policy == KVO_POLICY_S3FIFO ? &kvo__policy_s3fifo
            : p->policy == KVO_POLICY_PREFIX ? &kvo__policy_prefix
-           : p->policy == KVO_POLICY_ENSEMBLE ? &kvo__policy_ensemble : &kvo__policy_lru;
+           : p->policy == KVO_POLICY_ENSEMBLE ? &kvo__policy_ensemble
+           : p->policy == KVO_POLICY_BRANCH ? &kvo__policy_branch : &kvo__policy_lru;
     /* classes: distinct slot sizes, weights = bytes per token */
     uint64_t cls_bytes[KVO__MAX_CLASSES];
     double cls_w[KVO__MAX_CLASSES];
@@ -261,9 +265,12 @@ static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of 
     }
     s->max_entries = p->max_entries ? p->max_entries : slots_total;
     if (s->max_entries > slots_total) s->max_entries = slots_total;
-    /* ghosts: none for LRU; as many as residents for ARC and S3-FIFO; 4x for
-     * prefix, whose reuse signal is a key coming back (policy_prefix.c) */
-    s->ghost_cap = p->policy == KVO_POLICY_LRU || p->policy == KVO_POLICY_ENSEMBLE ? 0
+    /* ghosts: none for LRU, the ensemble (its shadows have their own) and
+     * branch (its history is a table of 8-byte records); as many as
+     * residents for ARC and S3-FIFO; 4x for prefix, whose reuse signal is a
+     * key coming back (policy_prefix.c) */
+    s->ghost_cap = p->policy == KVO_POLICY_LRU || p->policy == KVO_POLICY_ENSEMBLE || p->policy == KVO_POLICY_BRANCH
+                 ? 0
                  : p->policy == KVO_POLICY_PREFIX ? KVO__PREFIX_GHOSTS * s->max_entries
                                                   : s->max_entries;
     if (s->max_entries + s->ghost_cap >= (UINT64_C(1) << 30)) {

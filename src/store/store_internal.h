@@ -221,6 +221,9 @@ extern const kvo__policy_ops kvo__policy_arc;
 extern const kvo__policy_ops kvo__policy_s3fifo;
 extern const kvo__policy_ops kvo__policy_prefix;
 extern const kvo__policy_ops kvo__policy_ensemble;
+extern const kvo__policy_ops kvo__policy_branch;
+/* The branch policy's history table (policy_branch.c). */
+typedef struct kvo__branch kvo__branch;
 
 /* ------------------------------------------- miniature simulations (minisim.c) -- */
 /* Evicted keys the prefix policy remembers per key the store can hold (the
@@ -328,6 +331,7 @@ struct kvo_store {
     int pfx_force;                         /* prefix policy: a fixed setting (a shadow's), or -1 */
     kvo__follow *follow;                   /* ensemble policy: its shadows (follow.c), or NULL */
     kvo__shadow_of shadow;                 /* a shadow's: the store it shadows (up NULL: none) */
+    kvo__branch *branch;                   /* branch policy: its history table, or NULL */
 
     /* admission: count-min sketch, 4 rows of uint8, halved every `cms_period` adds */
     uint8_t *cms;

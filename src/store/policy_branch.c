@@ -1,0 +1,324 @@
+/*
+ * Branch eviction: protect the prefixes that requests branch from or come
+ * back to.
+ *
+ * What it exploits: a prefix cache's keys form a tree (a chunk's key hashes
+ * its parent's), and a request is a path from a root.  A key that has been
+ * followed by two different children is a branch point: two requests shared
+ * everything up to it and went on differently.  Such a prefix (a system
+ * prompt, a document asked several questions, the shared turns of a forked
+ * conversation) is the part of the tree that later requests share again;
+ * the chunks past a request's last branch point are its own (a one-off
+ * question's tail, the newest turn of a conversation) and are worth what
+ * recency says.  A request whose first key was evicted and is still
+ * remembered is a prefix coming back (a document asked again after a long
+ * while): what of it was evicted is worth protecting too.  Both signals are
+ * structural: no hit counts to learn, no sampling, no lag after a change of
+ * traffic (the prefix policy's simulations need thousands of uses to
+ * choose; the ensemble's vote starts with equal weights and loses its first
+ * evictions on chat traffic).
+ *
+ * How: each key has a 32-bit record: 28 bits of its first child's hash (0:
+ * none seen), BRANCHED (a second, different child was seen), MARKED, and
+ * GHOST.  A stored key's record is its entry's (ent.stamp); a key not in
+ * the store has its record in a table of 2.5 records per entry the store
+ * can hold, 8-way set associative (a set is one cache line of tag + record
+ * pairs, in recency order: a use moves a record to the front, a new one
+ * replaces the set's last).  A victim's record moves into the table as a
+ * GHOST; a stored key's record moves from the table into its entry.  Each
+ * lookup and each store (the whole request, in order; per group) uses every
+ * key's record and notes each parent's child; then it marks every key up to
+ * the deepest branched one, and, when the request's first key is a ghost,
+ * up to the deepest ghost if that is deeper.  Marks last as long as the
+ * record.  Resident entries live in two LRU lists: P (marked at their last
+ * use) and Q (the others).  The victim is Q's oldest; P's oldest only when
+ * Q is empty, with a second chance for each use it had while in P (a count
+ * capped at 4, restarted on entering P: S3-FIFO's main queue, so that the
+ * popular shared prefixes outlive the ones a branch touched once).  Uses
+ * reach the policy deepest key first (ops.leaf_first), so each list evicts
+ * a chain from its leaf end, leaving a prefix that still hits.
+ *
+ * Why this design (docs/replay.md has the sweeps): on conversation traffic
+ * nothing branches but shared system prompts, and a conversation's root is
+ * resident while it goes on, so Q is LRU over everything else (never below
+ * LRU on the generated chat traces, where LRU is the best of the three at
+ * every capacity; marking every key used twice instead protects finished
+ * conversations and loses up to 7 points there).  On document traffic the
+ * documents are the branch points and the questions the one-off tails; on
+ * Mooncake both.  Records must outlive entries (a branch point or a prefix
+ * coming back is seen when a later request returns, usually after its
+ * first chunks were evicted): with no table, forgetting a record at
+ * eviction, Mooncake falls below the best of three at 44 of 84 capacities
+ * (by up to 4 points); more table (3-4 per entry) suits Mooncake, less
+ * (2-2.5) documents, whose popular documents a long memory lets a rarely
+ * asked one crowd out.
+ *
+ * Invariants: a queued entry is READY, unpinned and in exactly one of P
+ * (KVO__Q_T2), Q (KVO__Q_T1), with at most BR_USES uses; a READY key's
+ * record is in its entry, never also in the table (a hash collision in the
+ * table costs hit rate, never correctness: the lists hold only resident
+ * entries).  No ghosts (ghost_cap 0): the history is the table.  Cost: a
+ * lookup or store is O(n) (its resolution's entries, plus a set scan of 8
+ * for each key not in the store); insert and take one set scan; hit and
+ * reinsert none; take_victim O(1) amortized (each second chance was paid
+ * for by a use).  Memory: 20 bytes of table per entry.
+ */
+#include <string.h>
+
+#include "store/store_internal.h"
+
+#define BR_Q KVO__Q_T1 /* unmarked: evicted first */
+#define BR_P KVO__Q_T2 /* marked: the shared prefixes */
+#define BR_WAYS 8
+#define BR_GHOSTS_X2 5 /* table records per two entries the store holds (2.5 per entry) */
+#define BR_USES 4      /* second chances a P entry can earn */
+
+/* A key's record, 32 bits: in its entry's stamp while the key is in the
+ * store, else in the table with its tag. */
+#define BR_CHILD 0x0FFFFFFFu /* 28 bits of the first child's hash; 0: none seen */
+#define BR_GHOST (1u << 29)  /* (in the table) the key was evicted */
+#define BR_BRANCHED (1u << 30)
+#define BR_MARKED (1u << 31)
+
+typedef struct br_slot {
+    uint32_t tag; /* 32 bits of the key's hash, never 0; 0: an empty slot */
+    uint32_t rec;
+} br_slot;
+
+struct kvo__branch {
+    br_slot *tab; /* nsets * BR_WAYS slots, 64-byte aligned: a set is a cache line */
+    void *base;
+    uint64_t nsets;
+};
+
+static inline uint32_t br_tag(uint64_t mix) { return (uint32_t)(mix >> 32) | 1u; }
+static inline uint32_t br_child(uint64_t mix) { return (uint32_t)(mix >> 36) | 1u; }
+
+static inline br_slot *br_set(const kvo__branch *b, uint64_t mix) {
+    return b->tab + BR_WAYS * (((mix & UINT32_MAX) * b->nsets) >> 32);
+}
+
+static inline int br_find(const br_slot *set, uint32_t tag) {
+    for (int i = 0; i < BR_WAYS; i++)
+        if (set[i].tag == tag) return i;
+    return -1;
+}
+
+/* The table's record of the key (mix: its kvo__key_mix), moved to its set's
+ * front (most recent); a new one (rec) there in place of the set's oldest
+ * when the key has none.  Returns the record. */
+static uint32_t *br_use(kvo__branch *b, uint64_t mix, uint32_t rec) {
+    br_slot *set = br_set(b, mix);
+    br_slot r = {br_tag(mix), rec};
+    int i = br_find(set, r.tag);
+    if (i >= 0) r = set[i];
+    else i = BR_WAYS - 1;
+    memmove(set + 1, set, (size_t)i * sizeof *set);
+    set[0] = r;
+    return &set[0].rec;
+}
+
+/* The table's record of the key taken out of the table: *rec set, true; or
+ * false when the table has none. */
+static bool br_take_record(kvo__branch *b, uint64_t mix, uint32_t *rec) {
+    br_slot *set = br_set(b, mix);
+    int i = br_find(set, br_tag(mix));
+    if (i < 0) return false;
+    *rec = set[i].rec;
+    memmove(set + i, set + i + 1, (size_t)(BR_WAYS - 1 - i) * sizeof *set);
+    set[BR_WAYS - 1] = (br_slot){0, 0};
+    return true;
+}
+
+/* A use of e (not queued) that was in list `was` (0: none): into P or Q by
+ * its mark; its use count grows in P and restarts outside it. */
+static void br_queue(kvo_store *s, uint32_t e, uint8_t was) {
+    kvo__entry *x = &s->ent[e];
+    uint8_t q = x->stamp & BR_MARKED ? BR_P : BR_Q;
+    x->freq = (uint8_t)(was != BR_P ? 0 : x->freq < BR_USES ? x->freq + 1 : BR_USES);
+    kvo__list_push_head(s, &s->q[q], e, q);
+}
+
+/* A stored key's record moves from the table into its entry. */
+static void br_insert(kvo_store *s, uint32_t e) {
+    kvo__entry *x = &s->ent[e];
+    uint32_t rec = 0;
+    br_take_record(s->branch, kvo__key_mix(&x->key), &rec);
+    x->stamp = rec & ~BR_GHOST;
+    x->ghost_q = 0;
+    br_queue(s, e, 0);
+}
+
+static void br_remove(kvo_store *s, uint32_t e) {
+    uint8_t q = s->ent[e].q;
+    kvo__list_unlink(s, &s->q[q], e);
+    s->ent[e].ghost_q = q; /* for untake (a reclaimed victim put back) and reinsert */
+}
+
+static void br_reinsert(kvo_store *s, uint32_t e) {
+    uint8_t was = s->ent[e].ghost_q;
+    s->ent[e].ghost_q = 0;
+    br_queue(s, e, was);
+}
+
+static void br_hit(kvo_store *s, uint32_t e) {
+    uint8_t was = s->ent[e].q;
+    kvo__list_unlink(s, &s->q[was], e);
+    br_queue(s, e, was);
+}
+
+/* The victim's record goes to the table as its set's newest ghost: at take,
+ * not at evicted, which prepare_store skips when it hands a victim's entry
+ * to a new key (one slot size, no ghosts: store_prepare.c, KVO__HO_ENTRY);
+ * untake takes it back out. */
+static uint32_t br_take(kvo_store *s) {
+    kvo__list *Q = &s->q[BR_Q], *P = &s->q[BR_P];
+    uint32_t e = Q->tail;
+    if (e == KVO__NIL) {
+        while ((e = P->tail) != KVO__NIL && s->ent[e].freq > 0) {
+            s->ent[e].freq--;
+            kvo__list_unlink(s, P, e);
+            kvo__list_push_head(s, P, e, BR_P);
+        }
+    }
+    if (e != KVO__NIL) {
+        br_remove(s, e);
+        *br_use(s->branch, kvo__key_mix(&s->ent[e].key), 0) = s->ent[e].stamp | BR_GHOST;
+    }
+    return e;
+}
+
+static void br_untake(kvo_store *s, uint32_t e) {
+    uint32_t rec;
+    br_take_record(s->branch, kvo__key_mix(&s->ent[e].key), &rec);
+    kvo__untake_to_origin(s, e);
+}
+
+static void br_evicted(kvo_store *s, uint32_t e) {
+    s->ent[e].ghost_q = 0;
+    kvo__ghost_drop(s, e);
+}
+
+static void br_ghost_claim(kvo_store *s, uint32_t e) { (void)s; (void)e; }
+
+/* Key j's record for a lookup or a store (its entry's, when the key is
+ * READY in the store, found by the call's own resolution: the lookup's
+ * memo or prepare_store's sc_ent), else the table's (use: moved to the
+ * front or created).  *ghost: the table's record says evicted. */
+static uint32_t *br_rec(kvo_store *s, int call, const kvo_chunk_key *keys, size_t n, size_t j, bool use,
+                        bool *ghost) {
+    uint32_t e = call == KVO__CALL_STORE ? s->sc_ent[j]
+               : s->memo_n == n ? s->memo[j] : kvo__index_find(s, &keys[j]);
+    *ghost = false;
+    if (e != KVO__NIL && s->ent[e].state == KVO__E_READY) return &s->ent[e].stamp;
+    uint64_t mix = kvo__key_mix(&keys[j]);
+    if (use) {
+        uint32_t *r = br_use(s->branch, mix, 0);
+        *ghost = *r & BR_GHOST;
+        return r;
+    }
+    br_slot *set = br_set(s->branch, mix);
+    int i = br_find(set, br_tag(mix));
+    return i < 0 ? NULL : &set[i].rec;
+}
+
+/* A lookup's or store's keys, per group in order: each key's record used
+ * and its parent's child noted; then each key up to the group's deepest
+ * branched one marked, or, when the group's first key was evicted and is
+ * remembered (a ghost: a prefix coming back), up to its deepest ghost if
+ * that is deeper.  A clear forgets everything. */
+static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t n) {
+    kvo__branch *b = s->branch;
+    if (call == KVO__CALL_CLEAR) {
+        memset(b->tab, 0, (size_t)(b->nsets * BR_WAYS * sizeof *b->tab));
+        return;
+    }
+    if (call != KVO__CALL_LOOKUP && call != KVO__CALL_STORE) return;
+    uint64_t seen = 0, mark = 0, ghost_root = 0;
+    size_t prev[KVO_MAX_GROUPS], deepest[KVO_MAX_GROUPS], ghost_at[KVO_MAX_GROUPS];
+    bool ghost;
+    for (size_t j = 0; j < n; j++) {
+        uint32_t g = keys[j].group;
+        uint64_t bit = UINT64_C(1) << g;
+        uint32_t *r = seen & bit ? br_rec(s, call, keys, n, prev[g], false, &ghost) : NULL;
+        if (r) { /* the parent, before the child's use can move it in the table */
+            uint32_t c = br_child(kvo__key_mix(&keys[j])), had = *r & BR_CHILD;
+            if (!had) *r |= c;
+            else if (had != c) *r |= BR_BRANCHED;
+            if (*r & BR_BRANCHED) {
+                mark |= bit;
+                deepest[g] = prev[g];
+            }
+        }
+        br_rec(s, call, keys, n, j, true, &ghost);
+        if (ghost) {
+            if (!(seen & bit)) ghost_root |= bit;
+            ghost_at[g] = j;
+        }
+        prev[g] = j;
+        seen |= bit;
+    }
+    for (uint64_t m = ghost_root; m; m &= m - 1) {
+        uint32_t g = (uint32_t)__builtin_ctzll(m);
+        if (!(mark & (UINT64_C(1) << g)) || ghost_at[g] > deepest[g]) deepest[g] = ghost_at[g];
+        mark |= UINT64_C(1) << g;
+    }
+    for (size_t j = 0; mark && j < n; j++) {
+        uint32_t g = keys[j].group;
+        if (!(mark & (UINT64_C(1) << g)) || j > deepest[g]) continue;
+        uint32_t *r = br_rec(s, call, keys, n, j, false, &ghost);
+        if (r) *r |= BR_MARKED;
+    }
+}
+
+static int br_init(kvo_store *s) {
+    kvo__branch *b = kvo__calloc(1, sizeof *b);
+    if (!b) return kvo__error(KVO_ENOMEM, "kvo_store_create: out of memory (branch policy)");
+    b->nsets = kvo__div_ceil_u64(BR_GHOSTS_X2 * s->max_entries, 2 * BR_WAYS);
+    if (b->nsets == 0) b->nsets = 1;
+    size_t bytes = (size_t)(b->nsets * BR_WAYS * sizeof *b->tab);
+    b->tab = kvo__store_big_alloc(bytes, &b->base);
+    if (!b->tab) {
+        kvo__free(b);
+        return kvo__error(KVO_ENOMEM, "kvo_store_create: cannot allocate the branch policy's history (%zu bytes)",
+                          bytes);
+    }
+    memset(b->tab, 0, bytes);
+    s->branch = b;
+    return 0;
+}
+
+static void br_fini(kvo_store *s) {
+    if (!s->branch) return;
+    kvo__free(s->branch->base);
+    kvo__free(s->branch);
+    s->branch = NULL;
+}
+
+/* Every queued entry READY, unpinned, in P or Q, with at most BR_USES uses,
+ * its key's record in the entry and not in the table (a 32-bit tag
+ * collision in the same set would be reported too: 8 in 2^32 per entry). */
+static int br_check(kvo_store *s) {
+    static const uint8_t qs[2] = {BR_Q, BR_P};
+    for (int k = 0; k < 2; k++) {
+        uint64_t n = 0;
+        for (uint32_t e = s->q[qs[k]].head; e != KVO__NIL; e = s->ent[e].next, n++) {
+            const kvo__entry *x = &s->ent[e];
+            if (x->q != qs[k] || x->state != KVO__E_READY || x->pins || x->freq > BR_USES)
+                return kvo__error(KVO_ECORRUPT, "branch policy: entry %u in list %u: q %u state %u pins %u uses %u",
+                                  e, qs[k], x->q, x->state, x->pins, x->freq);
+            uint64_t mix = kvo__key_mix(&x->key);
+            if (br_find(br_set(s->branch, mix), br_tag(mix)) >= 0)
+                return kvo__error(KVO_ECORRUPT, "branch policy: stored entry %u's record is in the table too", e);
+        }
+        if (n != s->q[qs[k]].n)
+            return kvo__error(KVO_ECORRUPT, "branch policy: list %u holds %llu entries, counts %llu", qs[k],
+                              (unsigned long long)n, (unsigned long long)s->q[qs[k]].n);
+    }
+    return 0;
+}
+
+const kvo__policy_ops kvo__policy_branch = {
+    "branch", br_insert, br_hit, br_remove, br_reinsert, br_take, br_untake, br_evicted,
+    br_ghost_claim, br_init, br_fini, true, br_observe, br_check,
+};
