@@ -320,7 +320,7 @@ KVO_TEST(docs_ensemble_near_best_of_three) { docs_near_best_of_three("docs4.json
 /* The branch policy (policy_branch.c): on Mooncake above the best of three
  * where shared prefixes branch (+0.6..+1.7 points at 2,600-11,000 blocks)
  * and within 0.15 where S3-FIFO leads by a few dozen hits (15,800 and
- * 17,000: -0.06 and -0.08); on documents within 0.3 at 5-30 % of the
+ * 17,000: -0.06 both); on documents within 0.3 at 5-30 % of the
  * blocks (-0.16..+0.44; `prefix` 1.5, `ensemble` 0.5: docs/replay.md). */
 KVO_TEST(mooncake_branch_near_best_of_three) {
     static const uint64_t above[] = {2600, 5000, 9800, 11000};

@@ -89,19 +89,21 @@ static void one_offs(kvo_store *s, uint64_t first, uint64_t nreq) {
 
 /* How many of a 4-chunk prefix survive a flood of one-off requests (200
  * chunks through a 32-chunk store) after two requests shared it, going on
- * differently (branched: 2) or the same way (1), or one request used it (0),
- * or one request used it, was flushed out by 40 chunks, and a second came
- * back to it (3: the root a remembered ghost, a prefix coming back). */
+ * differently (branched: 2), the second the first again (a repeat: 1) or
+ * the first and more (a conversation's next turn: 4), or one request used
+ * it (0), or one request used it, was flushed out by 40 chunks, and a
+ * second came back to it (3: its root a remembered ghost, a prefix coming
+ * back; then all 6 chunks count). */
 static int branch_prefix_survivors(kvo_policy_kind pol, int shape) {
     kvo_plan *p;
     kvo_store *s = mk(&p, pol, 32);
-    const uint64_t a[6] = {1, 2, 3, 4, 10, 11}, b[6] = {1, 2, 3, 4, 20, 21};
+    const uint64_t a[8] = {1, 2, 3, 4, 10, 11, 12, 13}, b[6] = {1, 2, 3, 4, 20, 21};
     request(s, a, 6);
     if (shape == 3) {
         one_offs(s, 100000, 8);
         ASSERT_FALSE(ready(s, 1));
     }
-    if (shape) request(s, shape == 2 ? b : a, 6);
+    if (shape) request(s, shape == 2 ? b : a, shape == 4 ? 8 : 6);
     one_offs(s, 1000, 40);
     int n = 0;
     for (uint64_t i = 1; i <= (shape == 3 ? 6 : 4); i++) n += ready(s, i == 5 ? 10 : i == 6 ? 11 : i);
@@ -114,9 +116,10 @@ static int branch_prefix_survivors(kvo_policy_kind pol, int shape) {
 KVO_TEST(branch_protects_the_prefix_requests_branch_from) {
     ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 2), 4);
     ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_LRU, 2), 0);
-    /* the same continuation twice is not a branch, one request neither:
-     * recency alone, as LRU */
-    ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 1), 0);
+    /* a request repeated whole (its lookup ends at a known leaf) */
+    ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 1), 4);
+    /* a chain extended, or used once: recency alone, as LRU */
+    ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 4), 0);
     ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 0), 0);
     /* a whole request coming back after its eviction: all 6 chunks kept */
     ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_BRANCH, 3), 6);

@@ -12,15 +12,16 @@
  * question's tail, the newest turn of a conversation) and are worth what
  * recency says.  A request whose first key was evicted and is still
  * remembered is a prefix coming back (a document asked again after a long
- * while): what of it was evicted is worth protecting too.  Both signals are
- * structural: no hit counts to learn, no sampling, no lag after a change of
+ * while): what of it was evicted is worth protecting too; so is a request
+ * repeated whole, whose lookup ends at a known leaf (a key used before and
+ * never followed).  The signals are structural: no hit counts to learn, no sampling, no lag after a change of
  * traffic (the prefix policy's simulations need thousands of uses to
  * choose; the ensemble's vote starts with equal weights and loses its first
  * evictions on chat traffic).
  *
  * How: each key has a 32-bit record: 28 bits of its first child's hash (0:
- * none seen), BRANCHED (a second, different child was seen), MARKED, and
- * GHOST.  A stored key's record is its entry's (ent.stamp); a key not in
+ * none seen), BRANCHED (a second, different child was seen), MARKED, SEEN
+ * (used by a lookup or store before) and GHOST.  A stored key's record is its entry's (ent.stamp); a key not in
  * the store has its record in a table of 2.5 records per entry the store
  * can hold, 8-way set associative (a set is one cache line of tag + record
  * pairs, in recency order: a use moves a record to the front, a new one
@@ -28,8 +29,9 @@
  * GHOST; a stored key's record moves from the table into its entry.  Each
  * lookup and each store (the whole request, in order; per group) uses every
  * key's record and notes each parent's child; then it marks every key up to
- * the deepest branched one, and, when the request's first key is a ghost,
- * up to the deepest ghost if that is deeper.  Marks last as long as the
+ * the deepest branched one; when the request's first key is a ghost, up to
+ * the deepest ghost if that is deeper; when a lookup's last key is a known
+ * leaf, all of it.  Marks last as long as the
  * record.  Resident entries live in two LRU lists: P (marked at their last
  * use) and Q (the others).  The victim is Q's oldest; P's oldest only when
  * Q is empty, with a second chance for each use it had while in P (a count
@@ -43,7 +45,8 @@
  * resident while it goes on, so Q is LRU over everything else (never below
  * LRU on the generated chat traces, where LRU is the best of the three at
  * every capacity; marking every key used twice instead protects finished
- * conversations and loses up to 7 points there).  On document traffic the
+ * conversations and loses up to 7 points there; a turn's lookup ends with
+ * new chunks, never at a known leaf).  On document traffic the
  * documents are the branch points and the questions the one-off tails; on
  * Mooncake both.  Records must outlive entries (a branch point or a prefix
  * coming back is seen when a later request returns, usually after its
@@ -76,6 +79,7 @@
 /* A key's record, 32 bits: in its entry's stamp while the key is in the
  * store, else in the table with its tag. */
 #define BR_CHILD 0x0FFFFFFFu /* 28 bits of the first child's hash; 0: none seen */
+#define BR_SEEN (1u << 28)   /* a lookup or store used the record before */
 #define BR_GHOST (1u << 29)  /* (in the table) the key was evicted */
 #define BR_BRANCHED (1u << 30)
 #define BR_MARKED (1u << 31)
@@ -135,7 +139,7 @@ static bool br_take_record(kvo__branch *b, uint64_t mix, uint32_t *rec) {
 static void br_queue(kvo_store *s, uint32_t e, uint8_t was) {
     kvo__entry *x = &s->ent[e];
     uint8_t q = x->stamp & BR_MARKED ? BR_P : BR_Q;
-    x->freq = (uint8_t)(was != BR_P ? 0 : x->freq < BR_USES ? x->freq + 1 : BR_USES);
+    x->freq = (uint8_t)(was != BR_P ? 0 : x->freq < BR_USES ? x->freq + 1u : BR_USES);
     kvo__list_push_head(s, &s->q[q], e, q);
 }
 
@@ -224,9 +228,10 @@ static uint32_t *br_rec(kvo_store *s, int call, const kvo_chunk_key *keys, size_
 
 /* A lookup's or store's keys, per group in order: each key's record used
  * and its parent's child noted; then each key up to the group's deepest
- * branched one marked, or, when the group's first key was evicted and is
+ * branched one marked; when the group's first key was evicted and is
  * remembered (a ghost: a prefix coming back), up to its deepest ghost if
- * that is deeper.  A clear forgets everything. */
+ * that is deeper; when a lookup's last key of the group is a known leaf (a
+ * repeat), all of them.  A clear forgets everything. */
 static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t n) {
     kvo__branch *b = s->branch;
     if (call == KVO__CALL_CLEAR) {
@@ -236,6 +241,7 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
     if (call != KVO__CALL_LOOKUP && call != KVO__CALL_STORE) return;
     uint64_t seen = 0, mark = 0, ghost_root = 0;
     size_t prev[KVO_MAX_GROUPS], deepest[KVO_MAX_GROUPS], ghost_at[KVO_MAX_GROUPS];
+    uint64_t again = 0; /* bit g: group g's last key so far was used before */
     bool ghost;
     for (size_t j = 0; j < n; j++) {
         uint32_t g = keys[j].group;
@@ -250,13 +256,25 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
                 deepest[g] = prev[g];
             }
         }
-        br_rec(s, call, keys, n, j, true, &ghost);
+        uint32_t *me = br_rec(s, call, keys, n, j, true, &ghost);
+        again = *me & BR_SEEN ? again | bit : again & ~bit;
+        *me |= BR_SEEN;
         if (ghost) {
             if (!(seen & bit)) ghost_root |= bit;
             ghost_at[g] = j;
         }
         prev[g] = j;
         seen |= bit;
+    }
+    /* a lookup ending at a known leaf (seen, never followed): the request
+     * repeats an earlier one's whole chain (stores: the lookup did it) */
+    for (uint64_t m = call == KVO__CALL_LOOKUP ? again : 0; m; m &= m - 1) {
+        uint32_t g = (uint32_t)__builtin_ctzll(m);
+        uint32_t *r = br_rec(s, call, keys, n, prev[g], false, &ghost);
+        if (r && !(*r & BR_CHILD)) {
+            mark |= UINT64_C(1) << g;
+            deepest[g] = prev[g];
+        }
     }
     for (uint64_t m = ghost_root; m; m &= m - 1) {
         uint32_t g = (uint32_t)__builtin_ctzll(m);
