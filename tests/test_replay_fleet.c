@@ -130,10 +130,10 @@ KVO_TEST(one_engine_is_the_single_replay_and_a_full_shared_tier_the_infinite_cac
         uint64_t nblocks = 0;
         for (size_t r = 0; r < t.n; r++) nblocks += t.len[r];
         const char *path = write_trace(&t, "fleet.jsonl");
-        static const char *const pols[] = {"lru", "arc", "s3fifo", "prefix"};
-        for (int k = 0; k < 5; k++) {
-            /* the fifth: vLLM's manager (--ignore-present) on the prefix policy */
-            const char *pol = pols[k < 4 ? k : 3], *extra = k < 4 ? "" : "--ignore-present";
+        static const char *const pols[] = {"lru", "arc", "s3fifo", "prefix", "branch"};
+        for (int k = 0; k < 6; k++) {
+            /* the sixth: vLLM's manager (--ignore-present) on the prefix policy */
+            const char *pol = pols[k < 5 ? k : 3], *extra = k < 5 ? "" : "--ignore-present";
             uint64_t cap = 6 + kvo_test_rand() % 30, want, inf;
             single(path, pol, cap, extra, &want, &inf);
             char args[256];
