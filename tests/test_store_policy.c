@@ -106,7 +106,7 @@ static int branch_prefix_survivors(kvo_policy_kind pol, int shape) {
     if (shape) request(s, shape == 2 ? b : a, shape == 4 ? 8 : 6);
     one_offs(s, 1000, 40);
     int n = 0;
-    for (uint64_t i = 1; i <= (shape == 3 ? 6 : 4); i++) n += ready(s, i == 5 ? 10 : i == 6 ? 11 : i);
+    for (size_t i = 0; i < (shape == 3 ? 6u : 4u); i++) n += ready(s, a[i]);
     st_check(s);
     kvo_store_destroy(s);
     kvo_plan_destroy(p);

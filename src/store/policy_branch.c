@@ -7,38 +7,38 @@
  * followed by two different children is a branch point: two requests shared
  * everything up to it and went on differently.  Such a prefix (a system
  * prompt, a document asked several questions, the shared turns of a forked
- * conversation) is the part of the tree that later requests share again;
- * the chunks past a request's last branch point are its own (a one-off
+ * conversation) is the part of the tree that later requests share again; the
+ * chunks past a request's last branch point are its own (a one-off
  * question's tail, the newest turn of a conversation) and are worth what
  * recency says.  A request whose first key was evicted and is still
  * remembered is a prefix coming back (a document asked again after a long
  * while): what of it was evicted is worth protecting too; so is a request
  * repeated whole, whose lookup ends at a known leaf (a key used before and
- * never followed).  The signals are structural: no hit counts to learn, no sampling, no lag after a change of
- * traffic (the prefix policy's simulations need thousands of uses to
- * choose; the ensemble's vote starts with equal weights and loses its first
- * evictions on chat traffic).
+ * never followed).  The signals are structural: no hit counts to learn, no
+ * sampling, no lag after a change of traffic (the prefix policy's
+ * simulations need thousands of uses to choose; the ensemble's vote starts
+ * with equal weights and loses its first evictions on chat traffic).
  *
  * How: each key has a 32-bit record: 28 bits of its first child's hash (0:
  * none seen), BRANCHED (a second, different child was seen), MARKED, SEEN
- * (used by a lookup or store before) and GHOST.  A stored key's record is its entry's (ent.stamp); a key not in
- * the store has its record in a table of 2.5 records per entry the store
- * can hold, 8-way set associative (a set is one cache line of tag + record
- * pairs, in recency order: a use moves a record to the front, a new one
- * replaces the set's last).  A victim's record moves into the table as a
- * GHOST; a stored key's record moves from the table into its entry.  Each
- * lookup and each store (the whole request, in order; per group) uses every
- * key's record and notes each parent's child; then it marks every key up to
- * the deepest branched one; when the request's first key is a ghost, up to
- * the deepest ghost if that is deeper; when a lookup's last key is a known
- * leaf, all of it.  Marks last as long as the
- * record.  Resident entries live in two LRU lists: P (marked at their last
- * use) and Q (the others).  The victim is Q's oldest; P's oldest only when
- * Q is empty, with a second chance for each use it had while in P (a count
- * capped at 4, restarted on entering P: S3-FIFO's main queue, so that the
- * popular shared prefixes outlive the ones a branch touched once).  Uses
- * reach the policy deepest key first (ops.leaf_first), so each list evicts
- * a chain from its leaf end, leaving a prefix that still hits.
+ * (used by a lookup or store before) and GHOST.  A stored key's record is
+ * its entry's (ent.stamp); a key not in the store has its record in a table
+ * of 2.5 records per entry the store can hold, 8-way set associative (a set
+ * is one cache line of tag + record pairs, in recency order: a use moves a
+ * record to the front, a new one replaces the set's last).  A victim's
+ * record moves into the table as a GHOST; a stored key's record moves from
+ * the table into its entry.  Each lookup and each store (the whole request,
+ * in order; per group) uses every key's record and notes each parent's
+ * child; then it marks every key up to the deepest branched one; when the
+ * request's first key is a ghost, up to the deepest ghost if that is deeper;
+ * when a lookup's last key is a known leaf, all of it.  Marks last as long
+ * as the record.  Resident entries live in two LRU lists: P (marked at their
+ * last use) and Q (the others).  The victim is Q's oldest; P's oldest only
+ * when Q is empty, with a second chance for each use it had while in P (a
+ * count capped at 4, restarted on entering P: S3-FIFO's main queue, so that
+ * the popular shared prefixes outlive the ones a branch touched once).  Uses
+ * reach the policy deepest key first (ops.leaf_first), so each list evicts a
+ * chain from its leaf end, leaving a prefix that still hits.
  *
  * Why this design (docs/replay.md has the sweeps): on conversation traffic
  * nothing branches but shared system prompts, and a conversation's root is
@@ -46,15 +46,14 @@
  * LRU on the generated chat traces, where LRU is the best of the three at
  * every capacity; marking every key used twice instead protects finished
  * conversations and loses up to 7 points there; a turn's lookup ends with
- * new chunks, never at a known leaf).  On document traffic the
- * documents are the branch points and the questions the one-off tails; on
- * Mooncake both.  Records must outlive entries (a branch point or a prefix
- * coming back is seen when a later request returns, usually after its
- * first chunks were evicted): with no table, forgetting a record at
- * eviction, Mooncake falls below the best of three at 44 of 84 capacities
- * (by up to 4 points); more table (3-4 per entry) suits Mooncake, less
- * (2-2.5) documents, whose popular documents a long memory lets a rarely
- * asked one crowd out.
+ * new chunks, never at a known leaf).  On document traffic the documents are
+ * the branch points and the questions the one-off tails; on Mooncake both. 
+ * Records must outlive entries (a branch point or a prefix coming back is
+ * seen when a later request returns, usually after its first chunks were
+ * evicted): with no table, forgetting a record at eviction, Mooncake falls
+ * below the best of three at 41 of 84 capacities (by up to 4 points); more
+ * table (3-4 per entry) suits Mooncake, less (2-2.5) documents, whose
+ * popular documents a long memory lets a rarely asked one crowd out.
  *
  * Invariants: a queued entry is READY, unpinned and in exactly one of P
  * (KVO__Q_T2), Q (KVO__Q_T1), with at most BR_USES uses; a READY key's
@@ -63,8 +62,8 @@
  * entries).  No ghosts (ghost_cap 0): the history is the table.  Cost: a
  * lookup or store is O(n) (its resolution's entries, plus a set scan of 8
  * for each key not in the store); insert and take one set scan; hit and
- * reinsert none; take_victim O(1) amortized (each second chance was paid
- * for by a use).  Memory: 20 bytes of table per entry.
+ * reinsert none; take_victim O(1) amortized (each second chance was paid for
+ * by a use).  Memory: 20 bytes of table per entry.
  */
 #include <string.h>
 
@@ -108,12 +107,19 @@ static inline int br_find(const br_slot *set, uint32_t tag) {
     return -1;
 }
 
-/* The table's record of the key (mix: its kvo__key_mix), moved to its set's
- * front (most recent); a new one (rec) there in place of the set's oldest
- * when the key has none.  Returns the record. */
-static uint32_t *br_use(kvo__branch *b, uint64_t mix, uint32_t rec) {
+/* The table's slot of the key (mix: its kvo__key_mix), or NULL. */
+static inline br_slot *br_lookup(const kvo__branch *b, uint64_t mix) {
     br_slot *set = br_set(b, mix);
-    br_slot r = {br_tag(mix), rec};
+    int i = br_find(set, br_tag(mix));
+    return i < 0 ? NULL : &set[i];
+}
+
+/* The table's record of the key, moved to its set's front (most recent); a
+ * new, empty one there in place of the set's oldest when the key has none.
+ * Returns the record. */
+static uint32_t *br_use(kvo__branch *b, uint64_t mix) {
+    br_slot *set = br_set(b, mix);
+    br_slot r = {br_tag(mix), 0};
     int i = br_find(set, r.tag);
     if (i >= 0) r = set[i];
     else i = BR_WAYS - 1;
@@ -125,11 +131,10 @@ static uint32_t *br_use(kvo__branch *b, uint64_t mix, uint32_t rec) {
 /* The table's record of the key taken out of the table: *rec set, true; or
  * false when the table has none. */
 static bool br_take_record(kvo__branch *b, uint64_t mix, uint32_t *rec) {
-    br_slot *set = br_set(b, mix);
-    int i = br_find(set, br_tag(mix));
-    if (i < 0) return false;
-    *rec = set[i].rec;
-    memmove(set + i, set + i + 1, (size_t)(BR_WAYS - 1 - i) * sizeof *set);
+    br_slot *set = br_set(b, mix), *x = br_lookup(b, mix);
+    if (!x) return false;
+    *rec = x->rec;
+    memmove(x, x + 1, (size_t)(set + BR_WAYS - 1 - x) * sizeof *set);
     set[BR_WAYS - 1] = (br_slot){0, 0};
     return true;
 }
@@ -187,7 +192,7 @@ static uint32_t br_take(kvo_store *s) {
     }
     if (e != KVO__NIL) {
         br_remove(s, e);
-        *br_use(s->branch, kvo__key_mix(&s->ent[e].key), 0) = s->ent[e].stamp | BR_GHOST;
+        *br_use(s->branch, kvo__key_mix(&s->ent[e].key)) = s->ent[e].stamp | BR_GHOST;
     }
     return e;
 }
@@ -205,25 +210,24 @@ static void br_evicted(kvo_store *s, uint32_t e) {
 
 static void br_ghost_claim(kvo_store *s, uint32_t e) { (void)s; (void)e; }
 
-/* Key j's record for a lookup or a store (its entry's, when the key is
- * READY in the store, found by the call's own resolution: the lookup's
- * memo or prepare_store's sc_ent), else the table's (use: moved to the
- * front or created).  *ghost: the table's record says evicted. */
-static uint32_t *br_rec(kvo_store *s, int call, const kvo_chunk_key *keys, size_t n, size_t j, bool use,
-                        bool *ghost) {
+/* Key j's record (mix: its kvo__key_mix) for a lookup or a store: its
+ * entry's, when the key is READY in the store, found by the call's own
+ * resolution (the lookup's memo or prepare_store's sc_ent), else the
+ * table's (use: moved to the front or created; else NULL when absent).
+ * *ghost: the table's record says evicted. */
+static uint32_t *br_rec(kvo_store *s, int call, const kvo_chunk_key *keys, size_t n, size_t j, uint64_t mix,
+                        bool use, bool *ghost) {
     uint32_t e = call == KVO__CALL_STORE ? s->sc_ent[j]
-               : s->memo_n == n ? s->memo[j] : kvo__index_find(s, &keys[j]);
+               : s->memo_n == n ? s->memo[j] : kvo__index_find_h(s, &keys[j], mix);
     *ghost = false;
     if (e != KVO__NIL && s->ent[e].state == KVO__E_READY) return &s->ent[e].stamp;
-    uint64_t mix = kvo__key_mix(&keys[j]);
     if (use) {
-        uint32_t *r = br_use(s->branch, mix, 0);
+        uint32_t *r = br_use(s->branch, mix);
         *ghost = *r & BR_GHOST;
         return r;
     }
-    br_slot *set = br_set(s->branch, mix);
-    int i = br_find(set, br_tag(mix));
-    return i < 0 ? NULL : &set[i].rec;
+    br_slot *x = br_lookup(s->branch, mix);
+    return x ? &x->rec : NULL;
 }
 
 /* A lookup's or store's keys, per group in order: each key's record used
@@ -240,15 +244,15 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
     }
     if (call != KVO__CALL_LOOKUP && call != KVO__CALL_STORE) return;
     uint64_t seen = 0, mark = 0, ghost_root = 0;
+    uint64_t prev_mix[KVO_MAX_GROUPS], again = 0; /* again, bit g: group g's last key so far was used before */
     size_t prev[KVO_MAX_GROUPS], deepest[KVO_MAX_GROUPS], ghost_at[KVO_MAX_GROUPS];
-    uint64_t again = 0; /* bit g: group g's last key so far was used before */
     bool ghost;
     for (size_t j = 0; j < n; j++) {
         uint32_t g = keys[j].group;
-        uint64_t bit = UINT64_C(1) << g;
-        uint32_t *r = seen & bit ? br_rec(s, call, keys, n, prev[g], false, &ghost) : NULL;
+        uint64_t bit = UINT64_C(1) << g, mix = kvo__key_mix(&keys[j]);
+        uint32_t *r = seen & bit ? br_rec(s, call, keys, n, prev[g], prev_mix[g], false, &ghost) : NULL;
         if (r) { /* the parent, before the child's use can move it in the table */
-            uint32_t c = br_child(kvo__key_mix(&keys[j])), had = *r & BR_CHILD;
+            uint32_t c = br_child(mix), had = *r & BR_CHILD;
             if (!had) *r |= c;
             else if (had != c) *r |= BR_BRANCHED;
             if (*r & BR_BRANCHED) {
@@ -256,7 +260,7 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
                 deepest[g] = prev[g];
             }
         }
-        uint32_t *me = br_rec(s, call, keys, n, j, true, &ghost);
+        uint32_t *me = br_rec(s, call, keys, n, j, mix, true, &ghost);
         again = *me & BR_SEEN ? again | bit : again & ~bit;
         *me |= BR_SEEN;
         if (ghost) {
@@ -264,13 +268,14 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
             ghost_at[g] = j;
         }
         prev[g] = j;
+        prev_mix[g] = mix;
         seen |= bit;
     }
     /* a lookup ending at a known leaf (seen, never followed): the request
      * repeats an earlier one's whole chain (stores: the lookup did it) */
     for (uint64_t m = call == KVO__CALL_LOOKUP ? again : 0; m; m &= m - 1) {
         uint32_t g = (uint32_t)__builtin_ctzll(m);
-        uint32_t *r = br_rec(s, call, keys, n, prev[g], false, &ghost);
+        uint32_t *r = br_rec(s, call, keys, n, prev[g], prev_mix[g], false, &ghost);
         if (r && !(*r & BR_CHILD)) {
             mark |= UINT64_C(1) << g;
             deepest[g] = prev[g];
@@ -284,7 +289,7 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
     for (size_t j = 0; mark && j < n; j++) {
         uint32_t g = keys[j].group;
         if (!(mark & (UINT64_C(1) << g)) || j > deepest[g]) continue;
-        uint32_t *r = br_rec(s, call, keys, n, j, false, &ghost);
+        uint32_t *r = br_rec(s, call, keys, n, j, kvo__key_mix(&keys[j]), false, &ghost);
         if (r) *r |= BR_MARKED;
     }
 }
@@ -325,8 +330,7 @@ static int br_check(kvo_store *s) {
             if (x->q != qs[k] || x->state != KVO__E_READY || x->pins || x->freq > BR_USES)
                 return kvo__error(KVO_ECORRUPT, "branch policy: entry %u in list %u: q %u state %u pins %u uses %u",
                                   e, qs[k], x->q, x->state, x->pins, x->freq);
-            uint64_t mix = kvo__key_mix(&x->key);
-            if (br_find(br_set(s->branch, mix), br_tag(mix)) >= 0)
+            if (br_lookup(s->branch, kvo__key_mix(&x->key)))
                 return kvo__error(KVO_ECORRUPT, "branch policy: stored entry %u's record is in the table too", e);
         }
         if (n != s->q[qs[k]].n)
