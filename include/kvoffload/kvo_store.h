@@ -50,7 +50,7 @@ typedef enum kvo_policy_kind {
     KVO_POLICY_BRANCH = 5   /* LRU, but protects the prefixes that requests branch from
                               or come back to, as lookups and stores name them in order
                               (src/store/policy_branch.c, docs/replay.md): never below
-                              LRU on chat traffic, within 0.25 points of the best of
+                              LRU on chat traffic, within 0.3 points of the best of
                               LRU, ARC and S3-FIFO (mostly above) on shared-prefix and
                               document traffic; O(1) per use, 20 bytes per entry */
 } kvo_policy_kind;

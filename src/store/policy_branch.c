@@ -19,26 +19,31 @@
  * simulations need thousands of uses to choose; the ensemble's vote starts
  * with equal weights and loses its first evictions on chat traffic).
  *
- * How: each key has a 32-bit record: 28 bits of its first child's hash (0:
+ * How: each key has a 32-bit record: 27 bits of its first child's hash (0:
  * none seen), BRANCHED (a second, different child was seen), MARKED, SEEN
- * (used by a lookup or store before) and GHOST.  A stored key's record is
- * its entry's (ent.stamp); a key not in the store has its record in a table
- * of 2.5 records per entry the store can hold, 8-way set associative (a set
- * is one cache line of tag + record pairs, in recency order: a use moves a
- * record to the front, a new one replaces the set's last).  A victim's
- * record moves into the table as a GHOST; a stored key's record moves from
- * the table into its entry.  Each lookup and each store (the whole request,
- * in order; per group) uses every key's record and notes each parent's
- * child; then it marks every key up to the deepest branched one; when the
- * request's first key is a ghost, up to the deepest ghost if that is deeper;
- * when a lookup's last key is a known leaf, all of it.  Marks last as long
- * as the record.  Resident entries live in two LRU lists: P (marked at their
- * last use) and Q (the others).  The victim is Q's oldest; P's oldest only
- * when Q is empty, with a second chance for each use it had while in P (a
- * count capped at 4, restarted on entering P: S3-FIFO's main queue, so that
- * the popular shared prefixes outlive the ones a branch touched once).  Uses
- * reach the policy deepest key first (ops.leaf_first), so each list evicts a
- * chain from its leaf end, leaving a prefix that still hits.
+ * (used by a lookup or store before), GHOST and FROM_P (whose victim).  A
+ * stored key's record is its entry's (ent.stamp); a key not in the store has
+ * its record in a table of 2.5 records per entry the store can hold, 8-way
+ * set associative (a set is one cache line of tag + record pairs, in recency
+ * order: a use moves a record to the front, a new one replaces the set's
+ * last).  A victim's record moves into the table as a GHOST; a stored key's
+ * record moves from the table into its entry.  Each lookup and each store
+ * (the whole request, in order; per group) uses every key's record and notes
+ * each parent's child; then it marks every key up to the deepest branched
+ * one; when the request's first key is a ghost, up to the deepest ghost if
+ * that is deeper; when a lookup's last key is a known leaf, all of it.  Marks
+ * last as long as the record.  Resident entries live in two LRU lists: P
+ * (marked at their last use) and Q (the others).  The victim is Q's oldest;
+ * P's oldest only when Q is empty or under its floor, with a second chance
+ * for each use it had while in P (a count capped at 4, restarted on entering
+ * P: S3-FIFO's main queue, so that the popular shared prefixes outlive the
+ * ones a branch touched once).  Q's floor is a share of the queued entries, 0
+ * to 5 %, learnt from the victims that come back (stored again while the
+ * table remembers them): up a step for one of Q's, down for one of P's, each
+ * weighted by how much rarer its list's victims are (ARC's rule, victim
+ * counts standing for ghost-list lengths).  Uses reach the policy deepest key
+ * first (ops.leaf_first), so each list evicts a chain from its leaf end,
+ * leaving a prefix that still hits.
  *
  * Why this design (docs/replay.md has the sweeps): on conversation traffic
  * nothing branches but shared system prompts, and a conversation's root is
@@ -47,23 +52,32 @@
  * every capacity; marking every key used twice instead protects finished
  * conversations and loses up to 7 points there; a turn's lookup ends with
  * new chunks, never at a known leaf).  On document traffic the documents are
- * the branch points and the questions the one-off tails; on Mooncake both. 
- * Records must outlive entries (a branch point or a prefix coming back is
- * seen when a later request returns, usually after its first chunks were
- * evicted): with no table, forgetting a record at eviction, Mooncake falls
- * below the best of three at 41 of 84 capacities (by up to 4 points); more
- * table (3-4 per entry) suits Mooncake, less (2-2.5) documents, whose
- * popular documents a long memory lets a rarely asked one crowd out.
+ * the branch points and the questions the one-off tails; on Mooncake both.
+ * The floor is for traffic where nearly every re-used chunk is marked (on
+ * Mooncake a prefix used again is nearly always followed by a new chunk): P
+ * then takes no victim and grows over the cache, and late in the trace Q is
+ * a chunk or two, losing the once-used requests that are repeated a few
+ * hundred requests on; with the floor Mooncake is at or above the best of
+ * three at 83 of 84 capacities (was 78).  It falls on small caches of
+ * documents, whose P victims come back more often (36 % against Q's 15 % at
+ * 2,600 blocks of a generated trace), and changes no hit on chat, where Q is
+ * most of the cache.  Records must outlive entries (a branch point or a
+ * prefix coming back is seen when a later request returns, usually after its
+ * first chunks were evicted): with no table, forgetting a record at
+ * eviction, Mooncake falls below the best of three at 41 of 84 capacities
+ * (by up to 4 points); more table (3-4 per entry) suits Mooncake, less
+ * (2-2.5) documents, whose popular documents a long memory lets a rarely
+ * asked one crowd out.
  *
  * Invariants: a queued entry is READY, unpinned and in exactly one of P
  * (KVO__Q_T2), Q (KVO__Q_T1), with at most BR_USES uses; a READY key's
  * record is in its entry, never also in the table (a hash collision in the
  * table costs hit rate, never correctness: the lists hold only resident
- * entries).  No ghosts (ghost_cap 0): the history is the table.  Cost: a
- * lookup or store is O(n) (its resolution's entries, plus a set scan of 8
- * for each key not in the store); insert and take one set scan; hit and
- * reinsert none; take_victim O(1) amortized (each second chance was paid for
- * by a use).  Memory: 20 bytes of table per entry.
+ * entries); Q's floor is at most 5 %.  No ghosts (ghost_cap 0): the history
+ * is the table.  Cost: a lookup or store is O(n) (its resolution's entries,
+ * plus a set scan of 8 for each key not in the store); insert and take one
+ * set scan; hit and reinsert none; take_victim O(1) amortized (each second
+ * chance was paid for by a use).  Memory: 20 bytes of table per entry.
  */
 #include <string.h>
 
@@ -74,10 +88,16 @@
 #define BR_WAYS 8
 #define BR_GHOSTS_X2 5 /* table records per two entries the store holds (2.5 per entry) */
 #define BR_USES 4      /* second chances a P entry can earn */
+/* Q's floor, a share of the queued entries in units of 1/BR_FLOOR_ONE: at
+ * most BR_FLOOR_MAX (5 %), moved by BR_FLOOR_STEP (0.003 %) a return */
+#define BR_FLOOR_ONE 100000
+#define BR_FLOOR_MAX 5000
+#define BR_FLOOR_STEP 3
 
 /* A key's record, 32 bits: in its entry's stamp while the key is in the
  * store, else in the table with its tag. */
-#define BR_CHILD 0x0FFFFFFFu /* 28 bits of the first child's hash; 0: none seen */
+#define BR_CHILD 0x07FFFFFFu /* 27 bits of the first child's hash; 0: none seen */
+#define BR_FROM_P (1u << 27) /* (in the table, with GHOST) the key was P's victim */
 #define BR_SEEN (1u << 28)   /* a lookup or store used the record before */
 #define BR_GHOST (1u << 29)  /* (in the table) the key was evicted */
 #define BR_BRANCHED (1u << 30)
@@ -92,10 +112,12 @@ struct kvo__branch {
     br_slot *tab; /* nsets * BR_WAYS slots, 64-byte aligned: a set is a cache line */
     void *base;
     uint64_t nsets;
+    uint64_t floor;         /* Q's floor, in 1/BR_FLOOR_ONE of the queued entries */
+    uint64_t from_q, from_p; /* victims taken from Q and from P */
 };
 
 static inline uint32_t br_tag(uint64_t mix) { return (uint32_t)(mix >> 32) | 1u; }
-static inline uint32_t br_child(uint64_t mix) { return (uint32_t)(mix >> 36) | 1u; }
+static inline uint32_t br_child(uint64_t mix) { return (uint32_t)(mix >> 37) | 1u; }
 
 static inline br_slot *br_set(const kvo__branch *b, uint64_t mix) {
     return b->tab + BR_WAYS * (((mix & UINT32_MAX) * b->nsets) >> 32);
@@ -148,12 +170,26 @@ static void br_queue(kvo_store *s, uint32_t e, uint8_t was) {
     kvo__list_push_head(s, &s->q[q], e, q);
 }
 
+/* A victim coming back (stored again while the table remembers it): Q's
+ * floor rises when it was Q's, falls when it was P's, each return weighted
+ * by how much rarer its list's victims are (ARC's rule, with victim counts
+ * for ghost-list lengths), so the floor settles where the victims of both
+ * lists come back as often. */
+static void br_returned(kvo__branch *b, bool from_p) {
+    uint64_t mine = from_p ? b->from_p : b->from_q, other = from_p ? b->from_q : b->from_p;
+    uint64_t d = mine && other > mine ? (uint64_t)((double)BR_FLOOR_STEP * (double)other / (double)mine)
+                                      : BR_FLOOR_STEP;
+    if (from_p) b->floor = b->floor > d ? b->floor - d : 0;
+    else b->floor = b->floor + d < BR_FLOOR_MAX ? b->floor + d : BR_FLOOR_MAX;
+}
+
 /* A stored key's record moves from the table into its entry. */
 static void br_insert(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
     uint32_t rec = 0;
     br_take_record(s->branch, kvo__key_mix(&x->key), &rec);
-    x->stamp = rec & ~BR_GHOST;
+    if (rec & BR_GHOST) br_returned(s->branch, rec & BR_FROM_P);
+    x->stamp = rec & ~(BR_GHOST | BR_FROM_P);
     x->ghost_q = 0;
     br_queue(s, e, 0);
 }
@@ -181,25 +217,35 @@ static void br_hit(kvo_store *s, uint32_t e) {
  * to a new key (one slot size, no ghosts: store_prepare.c, KVO__HO_ENTRY);
  * untake takes it back out. */
 static uint32_t br_take(kvo_store *s) {
+    kvo__branch *b = s->branch;
     kvo__list *Q = &s->q[BR_Q], *P = &s->q[BR_P];
     uint32_t e = Q->tail;
+    if (e != KVO__NIL && P->tail != KVO__NIL && Q->n * BR_FLOOR_ONE < (Q->n + P->n) * b->floor)
+        e = KVO__NIL; /* Q under its floor: P gives the victim */
+    uint32_t from_p = 0;
     if (e == KVO__NIL) {
         while ((e = P->tail) != KVO__NIL && s->ent[e].freq > 0) {
             s->ent[e].freq--;
             kvo__list_unlink(s, P, e);
             kvo__list_push_head(s, P, e, BR_P);
         }
+        from_p = BR_FROM_P;
     }
     if (e != KVO__NIL) {
         br_remove(s, e);
-        *br_use(s->branch, kvo__key_mix(&s->ent[e].key)) = s->ent[e].stamp | BR_GHOST;
+        *br_use(b, kvo__key_mix(&s->ent[e].key)) = s->ent[e].stamp | BR_GHOST | from_p;
+        if (from_p) b->from_p++;
+        else b->from_q++;
     }
     return e;
 }
 
 static void br_untake(kvo_store *s, uint32_t e) {
+    kvo__branch *b = s->branch;
     uint32_t rec;
-    br_take_record(s->branch, kvo__key_mix(&s->ent[e].key), &rec);
+    br_take_record(b, kvo__key_mix(&s->ent[e].key), &rec);
+    uint64_t *n = s->ent[e].ghost_q == BR_P ? &b->from_p : &b->from_q;
+    if (*n) --*n;
     kvo__untake_to_origin(s, e);
 }
 
@@ -240,6 +286,7 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
     kvo__branch *b = s->branch;
     if (call == KVO__CALL_CLEAR) {
         memset(b->tab, 0, (size_t)(b->nsets * BR_WAYS * sizeof *b->tab));
+        b->floor = b->from_q = b->from_p = 0;
         return;
     }
     if (call != KVO__CALL_LOOKUP && call != KVO__CALL_STORE) return;
@@ -323,6 +370,9 @@ static void br_fini(kvo_store *s) {
  * collision in the same set would be reported too: 8 in 2^32 per entry). */
 static int br_check(kvo_store *s) {
     static const uint8_t qs[2] = {BR_Q, BR_P};
+    if (s->branch->floor > BR_FLOOR_MAX)
+        return kvo__error(KVO_ECORRUPT, "branch policy: Q's floor %llu exceeds %d", (unsigned long long)s->branch->floor,
+                          BR_FLOOR_MAX);
     for (int k = 0; k < 2; k++) {
         uint64_t n = 0;
         for (uint32_t e = s->q[qs[k]].head; e != KVO__NIL; e = s->ent[e].next, n++) {
