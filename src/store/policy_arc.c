@@ -83,16 +83,8 @@ static void arc_evicted(kvo_store *s, uint32_t e) {
 static void arc_ghost_claim(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
     kvo__list *b1 = &s->q[KVO__Q_B1], *b2 = &s->q[KVO__Q_B2];
-    uint64_t c = s->ghost_cap;
-    if (x->q == KVO__Q_B1) {
-        uint64_t d = b1->n ? b2->n / b1->n : 0;
-        if (d < 1) d = 1;
-        s->arc_p = s->arc_p + d > c ? c : s->arc_p + d;
-    } else if (x->q == KVO__Q_B2) {
-        uint64_t d = b2->n ? b1->n / b2->n : 0;
-        if (d < 1) d = 1;
-        s->arc_p = s->arc_p > d ? s->arc_p - d : 0;
-    }
+    if (x->q == KVO__Q_B1) s->arc_p = kvo__adapt(s->arc_p, true, b1->n, b2->n, 1, s->ghost_cap);
+    else if (x->q == KVO__Q_B2) s->arc_p = kvo__adapt(s->arc_p, false, b2->n, b1->n, 1, s->ghost_cap);
     uint8_t q = x->q;
     kvo__list_unlink(s, &s->q[q], e);
     x->ghost_q = q;

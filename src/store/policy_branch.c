@@ -170,25 +170,22 @@ static void br_queue(kvo_store *s, uint32_t e, uint8_t was) {
     kvo__list_push_head(s, &s->q[q], e, q);
 }
 
-/* A victim coming back (stored again while the table remembers it): Q's
- * floor rises when it was Q's, falls when it was P's, each return weighted
- * by how much rarer its list's victims are (ARC's rule, with victim counts
- * for ghost-list lengths), so the floor settles where the victims of both
- * lists come back as often. */
-static void br_returned(kvo__branch *b, bool from_p) {
-    uint64_t mine = from_p ? b->from_p : b->from_q, other = from_p ? b->from_q : b->from_p;
-    uint64_t d = mine && other > mine ? (uint64_t)((double)BR_FLOOR_STEP * (double)other / (double)mine)
-                                      : BR_FLOOR_STEP;
-    if (from_p) b->floor = b->floor > d ? b->floor - d : 0;
-    else b->floor = b->floor + d < BR_FLOOR_MAX ? b->floor + d : BR_FLOOR_MAX;
-}
-
 /* A stored key's record moves from the table into its entry. */
 static void br_insert(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
+    kvo__branch *b = s->branch;
     uint32_t rec = 0;
-    br_take_record(s->branch, kvo__key_mix(&x->key), &rec);
-    if (rec & BR_GHOST) br_returned(s->branch, rec & BR_FROM_P);
+    br_take_record(b, kvo__key_mix(&x->key), &rec);
+    /* a victim coming back (stored again while the table remembers it):
+     * Q's floor rises when it was Q's, falls when it was P's, each return
+     * weighted by how much rarer its list's victims are (ARC's rule, victim
+     * counts for ghost-list lengths), so the floor settles where the
+     * victims of both lists come back as often */
+    if (rec & BR_GHOST) {
+        bool p = rec & BR_FROM_P;
+        b->floor = kvo__adapt(b->floor, !p, p ? b->from_p : b->from_q, p ? b->from_q : b->from_p, BR_FLOOR_STEP,
+                              BR_FLOOR_MAX);
+    }
     x->stamp = rec & ~(BR_GHOST | BR_FROM_P);
     x->ghost_q = 0;
     br_queue(s, e, 0);

@@ -470,6 +470,17 @@ uint32_t kvo__resident_unslot(kvo_store *s, uint32_t e);
 /* Remove a resident entry entirely (remove, clear, failed store). */
 void kvo__resident_drop(kvo_store *s, uint32_t e, uint32_t evtype);
 
+/* ARC's adaptation (ARC's ghost_claim, the branch policy's floor): a
+ * target in [0, max] moved up or down after a return to one side, by step
+ * times how many more victims or ghosts the other side has than this one
+ * (other / mine; at least 1). */
+static inline uint64_t kvo__adapt(uint64_t target, bool up, uint64_t mine, uint64_t other, uint64_t step,
+                                  uint64_t max) {
+    uint64_t d = mine && other > mine ? step * other / mine : step;
+    if (up) return target + d > max ? max : target + d;
+    return target > d ? target - d : 0;
+}
+
 /* Policies' untake for victims whose queue was remembered in ghost_q by
  * take_victim (ARC, S3-FIFO): back at that queue's victim end. */
 static inline void kvo__untake_to_origin(kvo_store *s, uint32_t e) {
