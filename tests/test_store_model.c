@@ -64,10 +64,23 @@ static void compare_all(kvo_store *s) {
     }
 }
 
+/* kvo_store_params.policy_admission for the next runs; the runs count the
+ * keys the policy turned away (need 0 while the model says MISS, matched
+ * against store_not_admitted) */
+static bool ADMISSION;
+static uint64_t n_refused;
+
+static uint64_t not_admitted(kvo_store *s) {
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
+    ASSERT_OK(kvo_store_get_stats(s, &ss));
+    return ss.store_not_admitted;
+}
+
 static void run_model_x(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_bytes, int steps, uint64_t min_evict,
                         size_t evcap, uint64_t max_entries) {
     kvo_plan *p = st_plan(NG, PAGES);
     kvo_store_params sp = kvo_store_default_params();
+    sp.policy_admission = ADMISSION;
     sp.plan = p;
     sp.capacity_bytes = capacity;
     sp.policy = pol;
@@ -108,7 +121,14 @@ static void run_model_x(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_byt
             uint64_t room = (uint64_t)s->sl.cls_k[0] * s->sl.nseg;
             if (s->max_entries < room) room = s->max_entries;
             bool feasible = n_new == 0 || busy + n_new <= room;
+            uint64_t refused = not_admitted(s);
             int rc = kvo_store_prepare_store(s, keys, n, need, slots, ev, evs, evcap, &nev);
+            refused = not_admitted(s) - refused;
+            if (refused && (!ADMISSION || rc)) FAILF("%llu keys turned away (admission %d, rc %d)",
+                                                     (unsigned long long)refused, ADMISSION, rc);
+            n_refused += refused;
+            /* keys turned away need no room: feasible with the others */
+            if (!rc) feasible = n_new == refused || busy + n_new - refused <= room;
             if (s->sl.nclass == 1 && feasible != (rc != KVO_ENOSPC))
                 FAILF("one class: %llu busy + %llu new of %llu: expected %s, got %d", (unsigned long long)busy,
                       (unsigned long long)n_new, (unsigned long long)room, feasible ? "room" : "ENOSPC", rc);
@@ -133,13 +153,16 @@ static void run_model_x(kvo_policy_kind pol, uint64_t capacity, uint64_t seg_byt
                 }
                 for (size_t i = 0; i < n; i++) {
                     mkey *m = &M[idx[i]];
-                    ASSERT_EQ_INT(need[i], m->state == KVO_MISS);
+                    if (!need[i] && m->state == KVO_MISS) refused--; /* turned away: stays a MISS */
+                    else ASSERT_EQ_INT(need[i], m->state == KVO_MISS);
                     if (need[i]) {
                         m->state = KVO_PENDING;
                         m->slot = slots[i];
                         ASSERT_EQ_U64(slots[i].bytes, PAGES[m->key.group]);
                     }
                 }
+                if (refused) FAILF("store_not_admitted and the keys with need 0 that are MISSes differ by %lld",
+                                   (long long)refused);
             }
         } else if (op < 65) { /* complete_store */
             n = pick(idx, 16, KVO_PENDING, true);
@@ -279,3 +302,12 @@ KVO_TEST(random_ensemble) { run_model_policy_state(KVO_POLICY_ENSEMBLE); }
 /* the branch policy: lookups and stores teach its records, evictions move
  * them to its table (st_check: the lists, kvo__policy_ops.check) */
 KVO_TEST(random_branch) { run_model_policy_state(KVO_POLICY_BRANCH); }
+/* the same with policy admission: a key turned away gets need 0, stays a
+ * MISS and is counted; the runs must turn some away */
+KVO_TEST(random_branch_admission) {
+    ADMISSION = true;
+    n_refused = 0;
+    run_model_policy_state(KVO_POLICY_BRANCH);
+    ADMISSION = false;
+    if (n_refused == 0) FAILF("the branch policy never turned a key away");
+}

@@ -126,6 +126,54 @@ KVO_TEST(branch_protects_the_prefix_requests_branch_from) {
     ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_LRU, 3), 0);
 }
 
+/* Policy admission (kvo_store_params.policy_admission): 7 documents of 4
+ * chunks, each asked two questions (so marked, in P: 28 chunks of a 32-chunk
+ * store), then a one-off request of 6 chunks.  Q holds 4 chunks (questions),
+ * so with admission the one-off's first 4 chunks are stored in their place
+ * and its last 2, whose room would come from the documents, are turned away
+ * (MISS, counted); without it all 6 are stored and 2 document chunks go. */
+static void admission_run(bool admission, int *docs_kept, int *one_off_kept, uint64_t *refused) {
+    static const uint64_t pg[] = {4096};
+    kvo_plan *p = st_plan(1, pg);
+    kvo_store_params sp = kvo_store_default_params();
+    sp.plan = p;
+    sp.capacity_bytes = 32 * 4096;
+    sp.policy = KVO_POLICY_BRANCH;
+    sp.policy_admission = admission;
+    kvo_store *s = NULL;
+    ASSERT_OK(kvo_store_create(&sp, &s));
+    for (uint64_t d = 0; d < 7; d++)
+        for (uint64_t q = 0; q < 2; q++) {
+            const uint64_t r[5] = {100 * d + 1, 100 * d + 2, 100 * d + 3, 100 * d + 4, 100 * d + 50 + q};
+            request(s, r, 5);
+        }
+    const uint64_t one_off[6] = {9001, 9002, 9003, 9004, 9005, 9006};
+    request(s, one_off, 6);
+    *docs_kept = *one_off_kept = 0;
+    for (uint64_t d = 0; d < 7; d++)
+        for (uint64_t i = 1; i <= 4; i++) *docs_kept += ready(s, 100 * d + i);
+    for (int i = 0; i < 6; i++) *one_off_kept += ready(s, one_off[i]) << i;
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
+    ASSERT_OK(kvo_store_get_stats(s, &ss));
+    *refused = ss.store_not_admitted;
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
+KVO_TEST(branch_admission_keeps_the_prefixes_from_a_one_off_request) {
+    int docs, one_off;
+    uint64_t refused;
+    admission_run(true, &docs, &one_off, &refused);
+    ASSERT_EQ_INT(docs, 28);
+    ASSERT_EQ_INT(one_off, 0x0F); /* the first 4 chunks, a prefix that still hits */
+    ASSERT_EQ_U64(refused, 2);
+    admission_run(false, &docs, &one_off, &refused);
+    ASSERT_EQ_INT(docs, 26);
+    ASSERT_EQ_INT(one_off, 0x3F);
+    ASSERT_EQ_U64(refused, 0);
+}
+
 /* The ensemble's shadows hold exactly what their policies hold running
  * alone (follow.c): each shadow against a twin store of its policy and
  * parameters (a prefix setting: a store made as a shadow of nothing), key

@@ -52,7 +52,9 @@ typedef enum kvo_policy_kind {
                               (src/store/policy_branch.c, docs/replay.md): never below
                               LRU on chat traffic, within 0.3 points of the best of
                               LRU, ARC and S3-FIFO (mostly above) on shared-prefix and
-                              document traffic; O(1) per use, 20 bytes per entry */
+                              document traffic; with policy_admission it also turns
+                              away once-used chunks whose room would come from those
+                              prefixes; O(1) per use, 20 bytes per entry */
 } kvo_policy_kind;
 
 /** "lru", "arc", "s3fifo", "prefix", "ensemble", "branch". */
@@ -84,6 +86,19 @@ typedef struct kvo_store_params {
                                    callers mark hits used with touch.  On the
                                    Mooncake trace (LRU, 10k blocks, hits
                                    touched) true gives vLLM's 42.39 %. */
+    bool policy_admission;      /* false (default): prepare_store stores every
+                                   absent key (admit_after aside).  true: the
+                                   policy may turn one away (need 0, it stays
+                                   a MISS, counted in store_not_admitted) when
+                                   its room would cost more than the key is
+                                   likely to be worth: the branch policy does
+                                   so for a key used once whose room would come
+                                   from the prefixes it protects.  Set it only
+                                   when nothing behind the store takes its
+                                   chunks from it (a lower tier written from
+                                   its slots would never see such a key); the
+                                   connector sets it when it has no file or
+                                   remote tier. */
 } kvo_store_params;
 
 KVO_API kvo_store_params kvo_store_default_params(void);

@@ -135,6 +135,7 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     sp.policy = p->policy;
     sp.admit_after = p->admit_after;
     sp.event_capacity = p->event_capacity;
+    sp.policy_admission = !p->file_tier && !p->remote_tier; /* the host tier is the last one */
     if ((rc = kvo_store_create(&sp, &c->store))) goto fail;
 
     kvo_transfer_params tp = kvo_transfer_default_params();

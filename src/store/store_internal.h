@@ -208,6 +208,12 @@ typedef struct kvo__policy_ops {
     void (*observe)(struct kvo_store *s, int call, const kvo_chunk_key *keys, size_t n);
     /* Optional (NULL): the policy's own invariants, for kvo__store_check. */
     int (*check)(struct kvo_store *s);
+    /* Optional (NULL): whether prepare_store stores absent key i of the
+     * batch (after observe; lock held; s->sc_mix[i] is its kvo__key_mix),
+     * n_new being the batch's keys before it that will be stored; *state is
+     * the policy's, 0 at each batch's start.  A key turned away gets need 0
+     * and stays a MISS, counted in store_not_admitted (as admit_after's). */
+    bool (*admit)(struct kvo_store *s, const kvo_chunk_key *keys, size_t i, uint64_t n_new, uint64_t *state);
 } kvo__policy_ops;
 enum { KVO__CALL_LOOKUP, KVO__CALL_STORE, KVO__CALL_TOUCH, KVO__CALL_REMOVE, KVO__CALL_CLEAR };
 

@@ -274,14 +274,17 @@ static int kvo__ps_validate(kvo_store *s, const kvo_chunk_key *keys, size_t n, c
 }
 
 /* Resolution, step 1: classify the resolved keys (present, turned away by
- * admission, or new: counted in pl->demand per class). */
+ * admission (admit_after's count, or the policy's ops.admit), or new:
+ * counted in pl->demand per class). */
 static void kvo__ps_classify(kvo_store *s, const kvo_chunk_key *keys, size_t n, kvo__plan *pl, kvo__batch *b) {
+    uint64_t adm = 0; /* the policy's admission state for this batch */
     for (size_t i = 0; i < n; i++) {
         if (s->sc_ent[i] != KVO__NIL) {
             b->n_present++;
             continue;
         }
-        if (s->cms && kvo__cms_get(s, &keys[i]) < s->params.admit_after) {
+        if ((s->cms && kvo__cms_get(s, &keys[i]) < s->params.admit_after) ||
+            (s->params.policy_admission && s->pol->admit && !s->pol->admit(s, keys, i, b->n_new, &adm))) {
             b->n_not_admitted++;
             s->sc_ent[i] = KVO__NOT_ADMITTED;
             continue;
