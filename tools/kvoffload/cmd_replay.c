@@ -17,7 +17,8 @@
 static void rp_usage(FILE *f) {
     fprintf(f,
             "usage: kvoffload replay --trace FILE --capacity LIST [--model M] [--policy LIST]\n"
-            "                        [--no-min] [--ignore-present] [--json] [--plot FILE.png] [--quiet]\n"
+            "                        [--no-min] [--ignore-present] [--store-all] [--json] [--plot FILE.png]\n"
+            "                        [--quiet]\n"
             "       kvoffload replay --trace FILE --capacity LIST --engines N [--routing LIST]\n"
             "                        [--shared-capacity LIST] [--shared-policy P] [--prefix-blocks K] ...\n\n"
             "Replays a Mooncake-format trace (one {\"hash_ids\": [..]} per line, 512-token blocks)\n"
@@ -32,6 +33,10 @@ static void rp_usage(FILE *f) {
             "  --no-min         skip Belady's MIN\n"
             "  --ignore-present vLLM's manager: hits touched, present blocks not touched by a\n"
             "                   store (LRU 42.39 %% at 10k blocks on the Mooncake trace)\n"
+            "  --store-all      the store keeps every block it is given, as a host tier in front\n"
+            "                   of a file or remote tier does (default: it is the last tier, and\n"
+            "                   the branch policy may turn away a block used once whose room\n"
+            "                   would come from the prefixes it protects)\n"
             "  --json           one JSON object per (policy, capacity) line\n"
             "  --plot FILE      hit rate vs capacity as a PNG (needs cairo)\n"
             "  --quiet          no progress on stderr\n"
@@ -51,7 +56,7 @@ static void rp_usage(FILE *f) {
 
 typedef struct rp_opts {
     const char *trace, *model, *plot;
-    int json, quiet, no_min, ignore_present, pol_given;
+    int json, quiet, no_min, ignore_present, store_all, pol_given;
     kvo_policy_kind pol[RP_MAXPOL];
     size_t npol;
     uint64_t cap[RP_MAXCAP];
@@ -230,6 +235,7 @@ static int rp_parse(int argc, char **argv, rp_opts *o, const char **caps) {
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--no-min")) o->no_min = 1;
         else if (!strcmp(a, "--ignore-present")) o->ignore_present = 1;
+        else if (!strcmp(a, "--store-all")) o->store_all = 1;
         else if (v && !strcmp(a, "--trace")) o->trace = argv[++i];
         else if (v && !strcmp(a, "--model")) o->model = argv[++i];
         else if (v && !strcmp(a, "--plot")) o->plot = argv[++i];
@@ -293,7 +299,7 @@ static int rp_run(const rp_opts *o, const rp_trace *t, double *rates, size_t ncu
             int rc = 0;
             if (k < o->npol) {
                 name = kvo_policy_name(o->pol[k]);
-                rc = rp_replay_store(t, o->pol[k], o->cap[c], o->ignore_present, &r);
+                rc = rp_replay_store(t, o->pol[k], o->cap[c], o->ignore_present, o->store_all, &r);
             } else if (k == o->npol && !o->no_min) {
                 name = "min";
                 rc = rp_replay_min(t, o->cap[c], &r);
@@ -388,7 +394,7 @@ static int rp_fleet_main(const rp_opts *o, const rp_trace *t) {
         double *pooled = rates + (nline * o->nroutes + k) * S;
         for (size_t s = 0; !rc && s < S; s++) {
             rp_result r;
-            rc = rp_replay_store(t, pol, cap * N + o->shared[s], o->ignore_present, &r);
+            rc = rp_replay_store(t, pol, cap * N + o->shared[s], o->ignore_present, o->store_all, &r);
             pooled[s] = rp_rate(r.hits, r.blocks);
         }
         if (nline == 1) snprintf(names[nline * o->nroutes + k], 64, "one pool");
@@ -397,7 +403,8 @@ static int rp_fleet_main(const rp_opts *o, const rp_trace *t) {
         for (size_t q = 0; !rc && q < o->nroutes; q++) {
             rp_fleet_params fp = {.engines = N, .prefix_blocks = o->prefix_blocks, .routing = (rp_routing)o->routes[q],
                                   .pol = pol, .shared_pol = o->shared_pol, .cap = cap,
-                                  .ignore_present = o->ignore_present != 0, .shared_caps = o->shared, .nshared = S};
+                                  .ignore_present = o->ignore_present != 0, .store_all = o->store_all != 0,
+                                  .shared_caps = o->shared, .nshared = S};
             rc = rp_replay_fleet(t, &fp, cells, NULL);
             double *curve = rates + (k * o->nroutes + q) * S;
             for (size_t s = 0; !rc && s < S; s++) {

@@ -17,7 +17,13 @@
  * The host tiers see the same calls whatever the shared tier holds, so one
  * pass replays every shared capacity at once (one kvo_store per capacity,
  * none for 0): the fleet's hit count can only grow with a shared tier, per
- * engine, and the host-only figures are the 0 entry.
+ * engine, and the host-only figures are the 0 entry.  In front of a shared
+ * tier a host tier stores every chunk (policy admission off, as the
+ * connector sets it with a remote tier: a chunk it turned away would never
+ * reach the shared tier); as the last tier (the 0 entry) it may turn chunks
+ * away (policy admission on, as in the single replay), so with the branch
+ * policy the 0 entry's host tiers are a second set of stores and a small
+ * shared tier can count fewer hits than none.
  *
  * Routing: round-robin (request r on engine r mod N); session (a hash of the
  * session: the line's "session_id", else inferred, see rp_sessions); and
@@ -75,30 +81,41 @@ int rp_replay_fleet(const rp_trace *t, const rp_fleet_params *p, rp_fleet_cell *
     size_t N = p->engines, S = p->nshared, n = t->maxlen ? t->maxlen : 1;
     memset(cells, 0, S * N * sizeof *cells);
     if (shared_evictions) memset(shared_evictions, 0, S * sizeof *shared_evictions);
-    rp_cache *host = calloc(N, sizeof *host), *shared = calloc(S, sizeof *shared);
+    /* host[0]: the host tiers as the last tier (policy admission on), for
+     * the cells without a shared tier; host[1]: in front of a shared tier,
+     * storing every chunk (a connector with a remote tier does so) */
+    bool use[2] = {false, false};
+    for (size_t s = 0; s < S; s++) use[p->shared_caps[s] != 0] = true;
+    rp_cache *host[2] = {calloc(N, sizeof *host[0]), calloc(N, sizeof *host[1])}, *shared = calloc(S, sizeof *shared);
     kvo_chunk_key *keys = malloc(n * sizeof *keys), *put = malloc(n * sizeof *put);
     uint64_t *sess = p->routing == RP_ROUTE_SESSION ? malloc((t->nreq ? t->nreq : 1) * sizeof *sess) : NULL;
-    int rc = host && shared && keys && put && (sess || p->routing != RP_ROUTE_SESSION) ? 0 : KVO_ENOMEM;
+    int rc = host[0] && host[1] && shared && keys && put && (sess || p->routing != RP_ROUTE_SESSION) ? 0 : KVO_ENOMEM;
     if (!rc && sess) rc = rp_sessions(t, sess);
-    for (size_t e = 0; !rc && e < N; e++) rc = rp_cache_open(&host[e], p->pol, p->cap, p->ignore_present, n);
+    for (int k = 0; k < 2; k++)
+        for (size_t e = 0; !rc && use[k] && e < N; e++)
+            rc = rp_cache_open(&host[k][e], p->pol, p->cap, p->ignore_present, k == 0 && !p->store_all, n);
     for (size_t s = 0; !rc && s < S; s++)
-        if (p->shared_caps[s]) rc = rp_cache_open(&shared[s], p->shared_pol, p->shared_caps[s], false, n);
+        if (p->shared_caps[s]) rc = rp_cache_open(&shared[s], p->shared_pol, p->shared_caps[s], false, true, n);
     for (size_t r = 0; !rc && r < t->nreq; r++) {
-        size_t len = t->starts[r + 1] - t->starts[r], e = rp_route(t, p, sess, r), h = 0;
+        size_t len = t->starts[r + 1] - t->starts[r], e = rp_route(t, p, sess, r), h[2] = {0, 0};
         for (size_t s = 0; s < S; s++) cells[s * N + e].requests++, cells[s * N + e].blocks += len;
         if (!len) continue;
         for (size_t i = 0; i < len; i++) keys[i] = rp_trace_key(t->ids[t->starts[r] + i]);
-        rp_cache *c = &host[e];
-        rc = rp_cache_request(c, keys, len, &h);
+        for (int k = 0; !rc && k < 2; k++)
+            if (use[k]) rc = rp_cache_request(&host[k][e], keys, len, &h[k]);
         for (size_t s = 0; !rc && s < S; s++) {
             rp_fleet_cell *cell = &cells[s * N + e];
-            cell->local_hits += h;
-            if (!p->shared_caps[s]) continue;
-            size_t sh = 0, m = 0;
-            rc = rp_cache_hits(&shared[s], keys, h, len, &sh);
-            if (!rc && sh) rc = kvo_store_touch(shared[s].s, keys + h, sh); /* the GETs */
+            if (!p->shared_caps[s]) {
+                cell->local_hits += h[0];
+                continue;
+            }
+            const rp_cache *c = &host[1][e];
+            size_t hl = h[1], sh = 0, m = 0;
+            cell->local_hits += hl;
+            rc = rp_cache_hits(&shared[s], keys, hl, len, &sh);
+            if (!rc && sh) rc = kvo_store_touch(shared[s].s, keys + hl, sh); /* the GETs */
             for (size_t i = 0; i < len; i++)
-                if (c->need[i] && (i < h || i >= h + sh)) put[m++] = keys[i];
+                if (c->need[i] && (i < hl || i >= hl + sh)) put[m++] = keys[i];
             if (!rc && m) rc = rp_cache_store(&shared[s], put, m, NULL);
             cell->shared_hits += sh;
             cell->shared_puts += m;
@@ -106,8 +123,9 @@ int rp_replay_fleet(const rp_trace *t, const rp_fleet_params *p, rp_fleet_cell *
     }
     for (size_t s = 0; !rc && shared_evictions && s < S; s++)
         shared_evictions[s] = p->shared_caps[s] ? rp_cache_evictions(&shared[s]) : 0;
-    for (size_t e = 0; host && e < N; e++) rp_cache_close(&host[e]);
+    for (int k = 0; k < 2; k++)
+        for (size_t e = 0; host[k] && e < N; e++) rp_cache_close(&host[k][e]);
     for (size_t s = 0; shared && s < S; s++) rp_cache_close(&shared[s]);
-    free(host); free(shared); free(keys); free(put); free(sess);
+    free(host[0]); free(host[1]); free(shared); free(keys); free(put); free(sess);
     return rc;
 }
