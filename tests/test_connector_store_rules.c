@@ -6,6 +6,7 @@
  * max_hit_tokens, and kvo_connector_reset with requests in flight.
  */
 #include "connector_rules_util.h"
+#include "store/store_internal.h"
 
 static kvo_plan *plan_one(void) {
     sim_group gs[] = {{"full", KVO_GROUP_FULL, 16, 0, 1, true, false}};
@@ -322,6 +323,36 @@ KVO_TEST(reset_hides_file_tier_chunks) {
     ASSERT_EQ_U64(lr.tokens, 128);
     ASSERT_EQ_U64(lr.tokens_file, 128);
     sim_destroy(&s);
+    kvo_file_tier_destroy(t);
+    kvo_plan_destroy(p);
+}
+
+/* Policy admission (kvo_store_params.policy_admission) lets the branch policy
+ * turn chunks away from the host tier; a file or remote tier is written from
+ * host slots and would never see them, so the connector sets it only when
+ * the host tier is its last. */
+KVO_TEST(policy_admission_only_on_a_last_host_tier) {
+    char root[512];
+    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
+    kvo_plan *p = plan_one();
+    kvo_file_tier_params fp = kvo_file_tier_default_params();
+    fp.root = root;
+    fp.plan = p;
+    fp.quota_bytes = 32ull << 20;
+    fp.max_staging_bytes = 8ull << 20;
+    fp.log_interval_s = 3600;
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&fp, &t));
+    for (int with_tier = 0; with_tier < 2; with_tier++) {
+        kvo_connector_params cp = kvo_connector_default_params();
+        cp.policy = KVO_POLICY_BRANCH;
+        cp.file_tier = with_tier ? t : NULL;
+        sim s;
+        sim_init(&s, p, &cp, 64);
+        s.keep_plan = true;
+        ASSERT_EQ_INT(kvo_connector_store(s.c)->params.policy_admission, !with_tier);
+        sim_destroy(&s);
+    }
     kvo_file_tier_destroy(t);
     kvo_plan_destroy(p);
 }
