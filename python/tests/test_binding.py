@@ -197,6 +197,32 @@ def test_store_batch_cycle_eviction_and_events():
     assert st["entries"] == 2 and st["groups"][0]["slot_bytes"] == slot
 
 
+def test_store_policy_admission_turns_a_once_used_request_away():
+    # seven 4-chunk documents, each asked two questions (marked: the branch
+    # policy's P), fill 28 of 32 slots; a once-used request of 6 chunks then
+    # gets Q's 4 places and its last 2 are turned away (need False, MISS)
+    p = small_plan()
+    slot = p.groups[0]["slot_bytes"]
+    kept = {}
+    for admission in (True, False):
+        s = k.Store(p, 32 * slot, policy="branch", policy_admission=admission)
+        for d in range(7):
+            for q in range(2):
+                keys = k.make_keys([100 * d + 1, 100 * d + 2, 100 * d + 3, 100 * d + 4, 100 * d + 50 + q], 0)
+                s.lookup(keys)
+                need, _, _, _ = s.prepare_store(keys)
+                if need.any():
+                    s.complete_store(keys[need])
+        one_off = k.make_keys(list(range(9001, 9007)), 0)
+        s.lookup(one_off)
+        need, _, _, _ = s.prepare_store(one_off)
+        s.complete_store(one_off[need])
+        docs = k.make_keys([100 * d + i for d in range(7) for i in range(1, 5)], 0)
+        kept[admission] = (int((s.lookup(docs) == k.READY).sum()), need.tolist(), s.stats()["store_not_admitted"])
+    assert kept[True] == (28, [True] * 4 + [False] * 2, 2)
+    assert kept[False] == (26, [True] * 6, 0)
+
+
 def test_store_rejects_foreign_group():
     s = k.Store(small_plan(), 1 << 20)
     with pytest.raises(k.KvoError) as e:
