@@ -6,11 +6,21 @@
  * max_hit_tokens, and kvo_connector_reset with requests in flight.
  */
 #include "connector_rules_util.h"
+#include "file_tier_fixture.h"
 #include "store/store_internal.h"
 
 static kvo_plan *plan_one(void) {
     sim_group gs[] = {{"full", KVO_GROUP_FULL, 16, 0, 1, true, false}};
     return sim_plan("one16", 16, gs, 1);
+}
+
+/* A file tier for plan p under the test's temporary directory (the file
+ * tier tests' parameters, file_tier_fixture.h). */
+static kvo_file_tier *tmp_tier(const kvo_plan *p) {
+    kvo_file_tier_params fp = ftf_params(ftf_subdir("tier"), p);
+    kvo_file_tier *t = NULL;
+    ASSERT_OK(kvo_file_tier_create(&fp, &t));
+    return t;
 }
 
 /* Pin every READY entry of the host store (another reader); returns them. */
@@ -289,17 +299,8 @@ KVO_TEST(reset_drops_everything_with_requests_in_flight) {
  * from files (new requests use the next epoch's namespace); files written
  * after it hit as usual. */
 KVO_TEST(reset_hides_file_tier_chunks) {
-    char root[512];
-    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
     kvo_plan *p = plan_one();
-    kvo_file_tier_params fp = kvo_file_tier_default_params();
-    fp.root = root;
-    fp.plan = p;
-    fp.quota_bytes = 32ull << 20;
-    fp.max_staging_bytes = 8ull << 20;
-    fp.log_interval_s = 3600;
-    kvo_file_tier *t = NULL;
-    ASSERT_OK(kvo_file_tier_create(&fp, &t));
+    kvo_file_tier *t = tmp_tier(p);
     kvo_connector_params cp = kvo_connector_default_params();
     cp.file_tier = t;
     sim s;
@@ -332,17 +333,8 @@ KVO_TEST(reset_hides_file_tier_chunks) {
  * host slots and would never see them, so the connector sets it only when
  * the host tier is its last. */
 KVO_TEST(policy_admission_only_on_a_last_host_tier) {
-    char root[512];
-    snprintf(root, sizeof root, "%s/tier", kvo_test_tmpdir());
     kvo_plan *p = plan_one();
-    kvo_file_tier_params fp = kvo_file_tier_default_params();
-    fp.root = root;
-    fp.plan = p;
-    fp.quota_bytes = 32ull << 20;
-    fp.max_staging_bytes = 8ull << 20;
-    fp.log_interval_s = 3600;
-    kvo_file_tier *t = NULL;
-    ASSERT_OK(kvo_file_tier_create(&fp, &t));
+    kvo_file_tier *t = tmp_tier(p);
     for (int with_tier = 0; with_tier < 2; with_tier++) {
         kvo_connector_params cp = kvo_connector_default_params();
         cp.policy = KVO_POLICY_BRANCH;
