@@ -81,11 +81,13 @@ int rp_replay_fleet(const rp_trace *t, const rp_fleet_params *p, rp_fleet_cell *
     size_t N = p->engines, S = p->nshared, n = t->maxlen ? t->maxlen : 1;
     memset(cells, 0, S * N * sizeof *cells);
     if (shared_evictions) memset(shared_evictions, 0, S * sizeof *shared_evictions);
-    /* host[0]: the host tiers as the last tier (policy admission on), for
-     * the cells without a shared tier; host[1]: in front of a shared tier,
-     * storing every chunk (a connector with a remote tier does so) */
-    bool use[2] = {false, false};
-    for (size_t s = 0; s < S; s++) use[p->shared_caps[s] != 0] = true;
+    /* host[1]: the host tiers in front of a shared tier, storing every chunk
+     * (a connector with a remote tier does so); host[0]: as the last tier
+     * (policy admission on), for the cells without a shared tier, a second
+     * set only where admission changes anything (the branch policy's, the
+     * one policy with admission: kvo_store.h); else host[1] serves them */
+    bool admits = p->pol == KVO_POLICY_BRANCH && !p->store_all, use[2] = {false, false};
+    for (size_t s = 0; s < S; s++) use[p->shared_caps[s] != 0 || !admits] = true;
     rp_cache *host[2] = {calloc(N, sizeof *host[0]), calloc(N, sizeof *host[1])}, *shared = calloc(S, sizeof *shared);
     kvo_chunk_key *keys = malloc(n * sizeof *keys), *put = malloc(n * sizeof *put);
     uint64_t *sess = p->routing == RP_ROUTE_SESSION ? malloc((t->nreq ? t->nreq : 1) * sizeof *sess) : NULL;
@@ -93,7 +95,7 @@ int rp_replay_fleet(const rp_trace *t, const rp_fleet_params *p, rp_fleet_cell *
     if (!rc && sess) rc = rp_sessions(t, sess);
     for (int k = 0; k < 2; k++)
         for (size_t e = 0; !rc && use[k] && e < N; e++)
-            rc = rp_cache_open(&host[k][e], p->pol, p->cap, p->ignore_present, k == 0 && !p->store_all, n);
+            rc = rp_cache_open(&host[k][e], p->pol, p->cap, p->ignore_present, k == 0, n);
     for (size_t s = 0; !rc && s < S; s++)
         if (p->shared_caps[s]) rc = rp_cache_open(&shared[s], p->shared_pol, p->shared_caps[s], false, true, n);
     for (size_t r = 0; !rc && r < t->nreq; r++) {
@@ -106,7 +108,7 @@ int rp_replay_fleet(const rp_trace *t, const rp_fleet_params *p, rp_fleet_cell *
         for (size_t s = 0; !rc && s < S; s++) {
             rp_fleet_cell *cell = &cells[s * N + e];
             if (!p->shared_caps[s]) {
-                cell->local_hits += h[0];
+                cell->local_hits += h[admits ? 0 : 1];
                 continue;
             }
             const rp_cache *c = &host[1][e];
