@@ -99,6 +99,23 @@ typedef struct kvo_store_params {
                                    its slots would never see such a key); the
                                    connector sets it when it has no file or
                                    remote tier. */
+    bool lookups_per_key;       /* false (default): each lookup names a
+                                   request's keys in order, and the policy
+                                   learns from it (the branch policy: branch
+                                   points, repeats, prefixes coming back).
+                                   true: lookups come one key at a time (vLLM's
+                                   OffloadingManager.lookup), so they say
+                                   nothing about requests and the policy
+                                   learns from prepare_store batches alone,
+                                   each a request's keys in order from its
+                                   first (vLLM's request-level offload policy),
+                                   a batch ending at a known leaf counting as
+                                   a repeat.  Without it such one-key lookups
+                                   cost the branch policy up to 16 points on
+                                   conversation traffic (docs/replay.md).
+                                   Other policies use lookups as before (the
+                                   ensemble scores its shadows by each key's
+                                   hit or miss). */
 } kvo_store_params;
 
 KVO_API kvo_store_params kvo_store_default_params(void);

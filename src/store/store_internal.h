@@ -46,6 +46,7 @@ typedef struct kvo__entry {
     uint8_t freq;      /* S3-FIFO access count (0..3) */
     uint8_t flags;
     uint8_t ghost_q;   /* queue of the ghost this entry was revived from (0: none) */
+    uint16_t use_tag;  /* branch policy: the request (its epoch) of the last use */
 } kvo__entry;
 _Static_assert(sizeof(kvo__entry) == 64, "a pool entry is one cache line");
 
