@@ -106,6 +106,8 @@ def main():
                                                     "mooncake_synthetic_trace.jsonl"))
     ap.add_argument("--capacity", type=int, default=10000, help="chunks (512-token blocks)")
     ap.add_argument("--requests", type=int, default=0, help="first N requests (0: all)")
+    ap.add_argument("--policy", default="lru", help="kvoffload's eviction policy (vllm_cpu stays LRU); with "
+                    "branch the hit rates show what the policy gains through vLLM's interface")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (ratios: median of the rounds')")
     ap.add_argument("--min-seconds", type=float, default=0.5,
                     help="CPU seconds each contender runs per round at least (repeated replays)")
@@ -126,8 +128,8 @@ def main():
     res = {}
     ratios = {"kvo_vllm_api": [], "kvo_batched": []}
     contenders = [("vllm_cpu", lambda: CPUOffloadingManager(num_chunks=a.capacity, cache_policy="lru"), False),
-                  ("kvo_vllm_api", lambda: KvoffloadOffloadingManager(plan, a.capacity * slot, [0]), False),
-                  ("kvo_batched", lambda: KvoffloadOffloadingManager(plan, a.capacity * slot, [0]), True)]
+                  ("kvo_vllm_api", lambda: KvoffloadOffloadingManager(plan, a.capacity * slot, [0], a.policy), False),
+                  ("kvo_batched", lambda: KvoffloadOffloadingManager(plan, a.capacity * slot, [0], a.policy), True)]
     for i in range(a.repeat):
         rnd = {}
         for name, make, batched in contenders[i % 3:] + contenders[:i % 3]:
@@ -136,7 +138,7 @@ def main():
                 res[name] = r
         for name in ratios:
             ratios[name].append(rnd[name]["key_ops_per_s"] / rnd["vllm_cpu"]["key_ops_per_s"])
-    out = {"trace": os.path.basename(a.trace), "requests": len(reqs), "capacity_chunks": a.capacity,
+    out = {"trace": os.path.basename(a.trace), "requests": len(reqs), "capacity_chunks": a.capacity, "policy": a.policy,
            "rounds": a.repeat, "results": res}
     for name, rs in ratios.items():
         out[f"ratio_{name}_vs_vllm_cpu"] = round(statistics.median(rs), 2)

@@ -143,7 +143,8 @@ class GroupPlan(ctypes.Structure):
 class StoreParams(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t)] + [("plan", c_void_p), ("capacity_bytes", c_uint64), ("policy", c_int), ("admit_after", c_uint32),
                 ("max_entries", c_uint64), ("event_capacity", c_uint32), ("segment_bytes", c_uint64),
-                ("ignore_present", c_bool), ("policy_admission", c_bool)]
+                ("ignore_present", c_bool), ("policy_admission", c_bool),
+                ("lookups_per_key", c_bool)]
 
 
 class Slot(ctypes.Structure):

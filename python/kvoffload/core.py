@@ -464,14 +464,18 @@ class Store(_Handle):
 
     def __init__(self, plan: Plan, capacity_bytes: int, policy: str = "lru", admit_after: int = 0,
                  max_entries: int = 0, event_capacity: int = 0, segment_bytes: int = 0,
-                 policy_admission: bool = False) -> None:
+                 policy_admission: bool = False, lookups_per_key: bool = False) -> None:
         """policy_admission: kvo_store_params.policy_admission (the policy may
         turn a new chunk away: need False, it stays a MISS; only for a last
-        tier, since a lower tier written from this store would never see it)."""
+        tier, since a lower tier written from this store would never see it).
+        lookups_per_key: kvo_store_params.lookups_per_key (lookups come one
+        key at a time and teach the branch policy nothing; it learns from
+        prepare_store batches, each a request's keys in order)."""
         need("plan", plan, Plan)
         p = lib.kvo_store_default_params()
         p.plan, p.policy = plan._h, _policy(policy)
         p.policy_admission = bool(policy_admission)
+        p.lookups_per_key = bool(lookups_per_key)
         set_fields(p, capacity_bytes=capacity_bytes, admit_after=admit_after, max_entries=max_entries,
                    event_capacity=event_capacity, segment_bytes=segment_bytes)
         h = c_void_p()

@@ -26,7 +26,7 @@ Use with vLLM's OffloadingConnector:
             "spec_module_path": "kvoffload.vllm",
             "cpu_bytes_to_use": 8 << 30,        # host tier (slot space)
             "blocks_per_chunk": 4,              # or "block_size" (legacy)
-            "eviction_policy": "lru",           # lru | arc | s3fifo
+            "eviction_policy": "lru",           # lru | arc | s3fifo | branch
             "kvo_file_root": "/var/cache/kvo",  # optional file tier
             "kvo_file_bytes": 100 << 30,
             "kvo_redis_url": "redis://10.0.0.5:7000,10.0.0.6:7000",  # optional
@@ -40,6 +40,19 @@ first 16 bytes of the hash and the group's position among the offloaded
 groups.  Each group gets its own slot size (the C store's segments), so
 groups with 12- and 16-token blocks, sliding and full groups share one
 capacity without padding each other.
+
+eviction_policy "branch" (src/store/policy_branch.c) protects the prefixes
+requests branch from or come back to.  It learns a request's shape from
+prepare_store batches (vLLM's lookups come one key at a time and say nothing
+about requests: the store is made with lookups_per_key), so under it the
+manager asks vLLM for request-level offloading (on_new_request): the prefix
+hits are offered to prepare_store too, present, so not stored again.  With
+no file or remote tier it may also turn away a once-used chunk whose room
+would come from those prefixes (policy_admission; never with a lower tier,
+which is written from host slots).  Through this interface its hit rates
+are those of the C replay or a little above (docs/benchmarks.md): Mooncake
+at 10k chunks 44.68 % (replay 44.62 %, LRU 42.35 %), generated conversations
+at 2,600 chunks 70.52 % (replay 70.52 %, LRU 70.50 %).
 
 Worker side: KvoffloadOffloadingWorker copies between vLLM's KV tensors and
 the slots with kvoffload's transfer engine (host device: CPU tensors; the CUDA

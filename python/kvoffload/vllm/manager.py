@@ -38,7 +38,8 @@ from typing import Any, Optional
 import numpy as np
 
 from vllm.v1.kv_offload.base import (LoadStoreSpec, LookupResult, Medium, OffloadingEvent, OffloadingManager,
-                                     OffloadKey, PrepareStoreOutput, ReqContext, RequestOffloadingContext)
+                                     OffloadKey, OffloadPolicy, PrepareStoreOutput, ReqContext,
+                                     RequestOffloadingContext)
 
 from .. import _lib as L
 
@@ -84,7 +85,13 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self.capacity_bytes = capacity_bytes - staging_bytes
         self.policy = policy
         self.store_threshold = store_threshold
+        # the host tier is the last one (no file or remote tier written from
+        # its slots): the policy may turn a chunk away (the branch policy's
+        # admission, kvo_store_params.policy_admission), as the C connector
+        # lets it; with a lower tier every chunk is stored, so it reaches them
+        self.policy_admission = file_tier is None and remote_tier is None
         self.store = self._new_store()
+        self._offload_policy = OffloadPolicy.REQUEST_LEVEL if policy == "branch" else OffloadPolicy.CHUNK_LEVEL
         self.medium = Medium.CPU
         self.events: Optional[list[OffloadingEvent]] = [] if enable_events else None
         self.arena = arena
@@ -123,7 +130,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
                         file_refused=0, remote_refused=0, read_no_room=0, file_lent=0, read_wait_lent=0)
 
     def _new_store(self) -> Store:
-        return Store(self.plan, self.capacity_bytes, policy=self.policy, admit_after=self.store_threshold)
+        # lookups_per_key: vLLM looks keys up one at a time, which names no
+        # request (the policy learns from prepare_store instead)
+        return Store(self.plan, self.capacity_bytes, policy=self.policy, admit_after=self.store_threshold,
+                     policy_admission=self.policy_admission, lookups_per_key=True)
 
     # -- key conversion ---------------------------------------------------
     def _ckey(self, key: bytes) -> bytes:
@@ -147,7 +157,11 @@ class KvoffloadOffloadingManager(OffloadingManager):
 
     # -- OffloadingManager --------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        return RequestOffloadingContext()
+        # the branch policy learns a request's shape (the prefix it branches
+        # from) from prepare_store batches that name the request from its
+        # first chunk: vLLM's request-level offloading offers the prefix hits
+        # too (present, so not stored again: they count as used)
+        return RequestOffloadingContext(policy=self._offload_policy)
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         r = self._hot.lookup(self.store._h, key)  # HIT, HIT_PENDING or MISS (the host tier)
