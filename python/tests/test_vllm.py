@@ -11,13 +11,15 @@ pytestmark = pytest.mark.vllm
 
 from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,  # noqa: E402
                                      GPULoadStoreSpec, LoadStoreSpec, LookupResult, OffloadingEvent,
-                                     OffloadingManager, PrepareStoreOutput, ReqContext, make_offload_key)
+                                     OffloadingManager, OffloadPolicy, PrepareStoreOutput, ReqContext,
+                                     make_offload_key)
 from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,  # noqa: E402
                                        OffloadingModelConfig, OffloadingParallelConfig)
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
 import kvoffload as k  # noqa: E402
+import workloads  # noqa: E402
 from kvoffload import vllm as kvo_vllm  # noqa: E402
 from kvoffload.vllm import KvoffloadLoadStoreSpec, KvoffloadOffloadingManager, KvoffloadOffloadingSpec  # noqa: E402
 from kvoffload.vllm.compat import EVENT_HAS_METADATA_ONLY, GROUP_HAS_WINDOW  # noqa: E402
@@ -217,6 +219,61 @@ def test_same_hits_as_vllm_cpu_manager():
     assert abs(sum(h1) - sum(h2)) <= 0.25 * max(sum(h1), sum(h2)), (sum(h1), sum(h2))
 
 
+def run_request_level(m, requests, per_key=True):
+    """vLLM's scheduler with request-level offloading (OffloadPolicy.REQUEST_LEVEL):
+    lookups one key at a time up to the first miss (per_key; else the batched
+    prefix_hits), the hits loaded, then prepare_store of the whole request.
+    Returns the hits."""
+    hits = 0
+    for rid, keys in enumerate(requests):
+        rc = ReqContext(f"r{rid}")
+        m.on_new_request(rc)
+        if per_key:
+            n = 0
+            while n < len(keys) and m.lookup(keys[n], rc) == LookupResult.HIT:
+                n += 1
+        else:
+            n = m.prefix_hits(keys)
+        if n:
+            m.prepare_load(keys[:n], rc)
+            m.complete_load(keys[:n], rc)
+        out = m.prepare_store(keys, rc)
+        if out is not None and out.keys_to_store:
+            m.complete_store(out.keys_to_store, rc)
+        m.on_request_finished(rc)
+        hits += n
+    return hits
+
+
+def test_branch_policy_learns_requests_through_one_key_lookups():
+    """vLLM looks keys up one at a time, which names no request: the manager
+    asks for request-level offloading under the branch policy (its stores
+    then name whole requests) and its store learns from those alone
+    (kvo_store_params.lookups_per_key).  Without that, each one-key lookup of
+    an evicted chunk reads as a prefix coming back: here 64 % fewer hits than
+    the same policy fed whole requests (the library before the change)."""
+    cap = dict(cpu_bytes_to_use=120 * 16384)
+    assert new_manager(**cap)[1].on_new_request(ReqContext("x")).policy == OffloadPolicy.CHUNK_LEVEL
+    m = new_manager(eviction_policy="branch", **cap)[1]
+    assert m.on_new_request(ReqContext("x")).policy == OffloadPolicy.REQUEST_LEVEL
+    ids = workloads.conversations(5)
+    reqs = [[make_offload_key(i.to_bytes(32, "little"), 0) for i in r] for r in ids]
+    per_key = run_request_level(m, reqs)
+    whole = run_request_level(new_manager(eviction_policy="branch", **cap)[1], reqs, per_key=False)
+    # the reference: a bare store fed whole requests (a lookup, then a store)
+    s = k.Store(m.plan, 120 * 16384, policy="branch")
+    ref = 0
+    for r in ids:
+        ck = k.make_keys(r, 0)
+        st = s.lookup(ck)
+        ref += int(np.argmin(np.append(st == k.READY, False)))
+        need, _, _, _ = s.prepare_store(ck)
+        if need.any():
+            s.complete_store(ck[need])
+    assert whole > 0 and per_key >= whole - whole // 100, (per_key, whole)
+    assert per_key >= ref - ref // 100, (per_key, ref)
+
+
 # ------------------------------------------------------------- the worker --
 
 def make_kv(num_blocks, page, n_tensors=2, seed=0):
@@ -341,6 +398,35 @@ def test_file_tier_promotes_after_host_eviction(tmp_path, zero_copy):
         assert torch.equal(t[20:22], o[4:6])
     w.shutdown()
     m.shutdown()
+
+
+@pytest.mark.parametrize("file_tier", [False, True])
+def test_branch_admission_only_when_the_host_tier_is_the_last(tmp_path, file_tier):
+    """Seven 4-chunk documents asked two questions each fill 28 of 32 host
+    chunks; a once-used 6-chunk request then gets the 4 places of the
+    questions, and its last 2 chunks, whose room would come from the
+    documents, are not stored (the branch policy's admission).  With a file
+    tier behind the host tier every chunk is stored: the tier is written from
+    host slots and would never see a chunk turned away."""
+    extra = {"cpu_bytes_to_use": 32 * 8192, "eviction_policy": "branch"}
+    if file_tier:
+        extra.update(kvo_file_root=str(tmp_path), kvo_file_bytes=64 * 8192)
+    spec = KvoffloadOffloadingSpec(make_config(kv_bytes=4096, extra=extra))
+    m = spec.get_manager()
+    try:
+        rc = ReqContext("r")
+        for d in range(7):
+            for q in range(2):
+                keys = keys_of(d, 4) + keys_of(100 + 2 * d + q, 1)
+                run_request_level(m, [keys])
+        out = m.prepare_store(keys_of(999, 6), rc)
+        assert len(out.keys_to_store) == (6 if file_tier else 4)
+        assert m.store.stats()["store_not_admitted"] == (0 if file_tier else 2)
+        m.complete_store(out.keys_to_store, rc)
+        if file_tier:
+            m.file_tier.flush()
+    finally:
+        m.shutdown()
 
 
 def _store_blocks(m, w, rc, keys, first_block, job):
@@ -473,8 +559,12 @@ def sim():
     return vllm_engine_sim
 
 
-def test_connector_scheduler_runs_requests_and_loads_stored_bytes(sim):
-    e = sim.Engine(_extra("KvoffloadOffloadingSpec"), engine_id=f"kvo-sim-{os.getpid()}-1")
+@pytest.mark.parametrize("policy", ["lru", "branch"])
+def test_connector_scheduler_runs_requests_and_loads_stored_bytes(sim, policy):
+    """branch: the manager asks vLLM for request-level offloading (the prefix
+    hits offered to prepare_store too: present, so not stored again)."""
+    eid = f"kvo-sim-{os.getpid()}-1{policy}"
+    e = sim.Engine(_extra("KvoffloadOffloadingSpec", eviction_policy=policy), engine_id=eid)
     try:
         hits = _scenario(e)
         # c and d hit what a and b stored; the loads filled blocks whose bytes
@@ -483,9 +573,13 @@ def test_connector_scheduler_runs_requests_and_loads_stored_bytes(sim):
         assert e.load_jobs >= 3 and e.loaded_blocks_checked >= 30
         m = e.connector.scheduler.manager
         assert m.store.stats()["entries"] > 0
+        # chunk-level offers each chunk once (all stored: no eviction here);
+        # request-level offers the loaded prefixes again (36 chunks of 16 tokens)
+        again = m._sc["offered"] - m.store.stats()["entries"]
+        assert again == (0 if policy == "lru" else (hits["c"] + hits["d"] + hits["e"]) // 16), again
     finally:
         e.shutdown()
-    assert not os.path.exists(f"/dev/shm/kvoffload-kvo-sim-{os.getpid()}-1-dp0")
+    assert not os.path.exists(f"/dev/shm/kvoffload-{eid}-dp0")
 
 
 @pytest.mark.parametrize("extra", [{}, {"blocks_per_chunk": 4}, {"block_size": 32}])

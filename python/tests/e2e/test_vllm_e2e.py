@@ -90,10 +90,12 @@ def redis_or_skip() -> str:
 # each model's host run first: it measures what the small host tiers are sized by
 @pytest.mark.parametrize("model,tiers", [(m, t) for m in tiny_models.MODELS
                                          for t in ("host", "small_host_file", "small_host_file_zero_copy",
-                                                   "host_remote")])
+                                                   "host_remote", "host_branch")])
 def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
     extra: dict = {"cpu_bytes_to_use": HOST_BYTES}
-    if tiers != "host":
+    if tiers == "host_branch":   # the branch policy: request-level offloading (prefix hits offered again)
+        extra["eviction_policy"] = "branch"
+    elif tiers != "host":
         if model not in _host_used:
             pytest.skip(f"{model}: the host run did not pass (it sizes the small host tier)")
         # half of what the host run filled: the prefix is evicted from the
@@ -122,6 +124,9 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
     if tiers == "host":
         _host_used[model] = host["bytes_used"]
         assert host["evictions"] == 0
+    elif tiers == "host_branch":
+        # vLLM offered the loaded prefix to the store again (present: not stored twice)
+        assert host["evictions"] == 0 and m["stores"]["offered"] > host["entries"], (m["stores"], host)
     else:
         assert host["evictions"] > 0, "the small host tier evicted nothing: the lower tier was not needed"
     if tiers.startswith("small_host_file"):
