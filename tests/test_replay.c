@@ -250,7 +250,8 @@ KVO_TEST(docs_workload_branch_beats_lru) { workload_vs_lru(false, "branch"); }
 
 /* Policy `pol` against the best of LRU, ARC and S3-FIFO at each of
  * caps[0..n), counted in hits: fails when it is more than `points` below
- * (docs/replay.md, "Against the best of LRU, ARC and S3-FIFO"). */
+ * (docs/replay.md, "Against the best of LRU, ARC and S3-FIFO"); a negative
+ * `points` asks it to lead by at least that much. */
 static void near_best_of_three(const char *path, const char *pol, const uint64_t *caps, size_t n, double points) {
     char args[512];
     int o = snprintf(args, sizeof args, "--no-min --policy lru,arc,s3fifo,%s --capacity ", pol);
@@ -271,8 +272,8 @@ static void near_best_of_three(const char *path, const char *pol, const uint64_t
         if (getenv("KVO_TEST_VERBOSE")) printf("%llu: %s %.4f, best %s, gap %+.2f points\n",
                                                (unsigned long long)caps[i], pol, r.rate[p], bp, gap);
         if (gap < -points)
-            FAILF("capacity %llu: %s %.4f is %.2f points below %s", (unsigned long long)caps[i], pol, r.rate[p], -gap,
-                  bp);
+            FAILF("capacity %llu: %s %.4f is %+.2f points from %s (%+.2f asked)", (unsigned long long)caps[i], pol,
+                  r.rate[p], gap, bp, -points);
     }
 }
 
@@ -371,6 +372,19 @@ KVO_TEST(docs_branch_admission_gains_on_small_caches) {
 }
 
 KVO_TEST(chat_branch_admission_changes_nothing) { admission_gain(true, "chat.jsonl", 0.0); }
+
+/* Dead-end classes (policy_branch.c): a document trace's questions are
+ * stored after a resident document and never used again; learnt dead, they
+ * go first, and Q keeps the documents asked once for longer.  At 40 % and
+ * 50 % of the blocks, where ARC, S3-FIFO and branch without them were within
+ * a few hits of each other, branch now leads the best of three by 0.8-1.3
+ * points over generated traces; 0.4 is asked. */
+KVO_TEST(docs_branch_dead_ends_lead_large_caches) {
+    uint64_t distinct;
+    const char *path = write_workload("docs3.jsonl", false, false, &distinct);
+    uint64_t caps[2] = {(uint64_t)(0.4 * (double)distinct), (uint64_t)(0.5 * (double)distinct)};
+    near_best_of_three(path, "branch", caps, 2, -0.4);
+}
 
 /* ------------------------------------------------------ command errors -- */
 

@@ -309,6 +309,51 @@ KVO_TEST(branch_learns_a_request_once_however_it_is_called) {
     }
 }
 
+/* Dead-end classes (policy_branch.c).  Twenty documents of 4 chunks, each
+ * asked five times with a new one-chunk question: a question is stored as
+ * the continuation of a resident document (class CONT | LEAF) and never
+ * used again, so its class is learnt dead.  Then, with the cache full (P
+ * holds the twenty, 80 chunks, leaving 40), new documents asked once with a
+ * question (a request with no resident prefix: class LEAF, not counted
+ * dead before its stores are halved away), and between them the old ones
+ * asked again with new questions: those go to D and are evicted first, so
+ * Q holds the new documents and their questions, 5 chunks each, and the
+ * last 8 documents are all still stored.  Before D, Q held them in LRU
+ * order with the old documents' questions, 6 chunks a document, and 27 of
+ * the 32 chunks were. */
+static uint64_t dead_end_run(bool admission) {
+    kvo_plan *p;
+    kvo_store *s = mk_with(&p, KVO_POLICY_BRANCH, 120, admission, false);
+    uint64_t question = 1, hits = 0;
+    kvo_chunk_key c[5];
+    uint8_t st[5];
+    for (int r = 0; r < 100 + 2 * 60; r++) {
+        bool fresh = r >= 100 && r % 2 == 0; /* a new document, B_(r - 100) / 2 */
+        uint64_t doc = fresh ? 100 + (uint64_t)(r - 100) / 2 : (uint64_t)r % 20;
+        for (int k = 0; k < 4; k++) c[k] = st_key(0, 1000000 + 16 * doc + (uint64_t)k);
+        c[4] = st_key(0, question++);
+        ASSERT_OK(kvo_store_lookup(s, c, 5, st));
+        if (r >= 20 && !fresh) hits += st[0] == KVO_READY && st[3] == KVO_READY;
+        st_put(s, c, 5);
+    }
+    uint64_t kept = 0; /* chunks of the last eight new documents still stored */
+    for (uint64_t doc = 152; doc < 160; doc++)
+        for (uint64_t k = 0; k < 4; k++) kept += ready(s, 1000000 + 16 * doc + k);
+    ASSERT_EQ_U64(hits, 80 + 60); /* the twenty documents are never lost */
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+    return kept;
+}
+
+KVO_TEST(branch_evicts_dead_end_classes_first) {
+    for (int admission = 0; admission < 2; admission++) {
+        uint64_t kept = dead_end_run(admission);
+        if (getenv("KVO_TEST_VERBOSE")) printf("admission %d: %llu of 32 kept\n", admission, (unsigned long long)kept);
+        ASSERT_EQ_U64(kept, 32);
+    }
+}
+
 /* The ensemble's shadows hold exactly what their policies hold running
  * alone (follow.c): each shadow against a twin store of its policy and
  * parameters (a prefix setting: a store made as a shadow of nothing), key

@@ -19,21 +19,23 @@
  * simulations need thousands of uses to choose; the ensemble's vote starts
  * with equal weights and loses its first evictions on chat traffic).
  *
- * How: each key has a 32-bit record: 27 bits of its first child's hash (0:
+ * How: each key has a 32-bit record: 24 bits of its first child's hash (0:
  * none seen), BRANCHED (a second, different child was seen), MARKED, SEEN
- * (used by a lookup or store before), GHOST and FROM_P (whose victim).  A
- * stored key's record is its entry's (ent.stamp); a key not in the store has
- * its record in a table of 2.5 records per entry the store can hold, 8-way
- * set associative (a set is one cache line of tag + record pairs, in recency
- * order: a use moves a record to the front, a new one replaces the set's
- * last).  A victim's record moves into the table as a GHOST; a stored key's
- * record moves from the table into its entry.  Each lookup and each store
+ * (used by a lookup or store before), GHOST, FROM_P and FROM_D (whose
+ * victim), and its class, LEAF and CONT (below).  A stored key's record is
+ * its entry's (ent.stamp); a key not in the store has its record in a table
+ * of 2.5 records per entry the store can hold, 8-way set associative (a set
+ * is one cache line of tag + record pairs, in recency order: a use moves a
+ * record to the front, a new one replaces the set's last).  A victim's
+ * record moves into the table as a GHOST; a stored key's record moves from
+ * the table into its entry.  Each lookup and each store
  * (the whole request, in order; per group) uses every key's record and notes
  * each parent's child; then it marks every key up to the deepest branched
  * one; when the request's first key is a ghost, up to the deepest ghost if
  * that is deeper; when a lookup's last key is a known leaf, all of it.  Marks
- * last as long as the record.  Resident entries live in two LRU lists: P
- * (marked at their last use) and Q (the others).  The victim is Q's oldest;
+ * last as long as the record.  Resident entries live in LRU lists: P
+ * (marked at their last use), Q (the others) and D (unmarked keys of a dead
+ * end class, below).  The victim is Q's oldest (D's first, below);
  * P's oldest only when Q is empty or under its floor, with a second chance
  * for each request that used it while in P (a count capped at 4, restarted
  * on entering P: S3-FIFO's main queue, so that the popular shared prefixes
@@ -59,7 +61,16 @@
  * is under it); past that its room would come from P with Q at its floor, so
  * it and its group's deeper keys are turned away: Q never grows past its
  * floor at P's expense, and a request used once keeps the prefix of it that
- * fits in Q's place.
+ * fits in Q's place.  Dead ends: each key stored gets a class from the
+ * store that stores it, LEAF (its group's last key in the batch) and CONT
+ * (the batch had a resident key of its group before it: the key continues a
+ * prefix that hit), and the policy counts, per class, the keys stored and
+ * their reuses (a request's use of one while unmarked, a return), halving
+ * the counts every 4 x max_entries stores.  An unmarked key whose class has
+ * at least 64 stores counted and under 1/8 of all classes' reuses per store
+ * goes to a third list, D, whose oldest is the victim before Q's, while D's
+ * victims come back no more often than Q's (victims and returns counted
+ * per list, halved with the classes).
  *
  * Why this design (docs/replay.md has the sweeps): on conversation traffic
  * nothing branches but shared system prompts, and a conversation's root is
@@ -94,11 +105,25 @@
  * eviction, Mooncake falls below the best of three at 41 of 84 capacities
  * (by up to 4 points); more table (3-4 per entry) suits Mooncake, less
  * (2-2.5) documents, whose popular documents a long memory lets a rarely
- * asked one crowd out.
+ * asked one crowd out.  Dead ends are for the one-off tails: a document's
+ * question is stored after the document hit (CONT | LEAF) and is never used
+ * again, and in Q it pushed out, in LRU order, the documents asked once that
+ * would be asked again; evicted first, it leaves them Q's room (0.5-1.3
+ * points on generated document traces at 20-50 % of their blocks, where ARC,
+ * S3-FIFO and this policy without D were within a few hits of each other).
+ * The classes are learnt, not assumed: on chat a turn's new chunks are
+ * extended by the next turn (every class is reused, nothing is dead, the
+ * same hits as without D); on Mooncake a leaf stored with no hit before it
+ * is (2 % of them reused at 10,000 blocks, against 45 % of all keys).  D
+ * stops giving victims when its victims come back more often than Q's
+ * (Mooncake near a full cache, where late requests repeat once-used ones).
+ * Cost: 3 record bits (the child hash went from 27 bits to 24) and a dozen
+ * counters; a store's classes are set in its pass over the keys, and
+ * judging a class is 4 terms.
  *
  * Invariants: a queued entry is READY, unpinned and in exactly one of P
- * (KVO__Q_T2), Q (KVO__Q_T1), with at most BR_USES uses; a READY key's
- * record is in its entry, never also in the table (a hash collision in the
+ * (KVO__Q_T2), Q (KVO__Q_T1), D (KVO__Q_S), with at most BR_USES uses; a
+ * READY key's record is in its entry, never also in the table (a hash collision in the
  * table costs hit rate, never correctness: the lists hold only resident
  * entries); Q's floor is at most 5 %.  No ghosts (ghost_cap 0): the history
  * is the table.  Cost: a lookup or store is O(n) (its resolution's entries,
@@ -110,7 +135,8 @@
 
 #include "store/store_internal.h"
 
-#define BR_Q KVO__Q_T1 /* unmarked: evicted first */
+#define BR_D KVO__Q_S  /* unmarked, of a dead-end class: evicted first */
+#define BR_Q KVO__Q_T1 /* unmarked: evicted next */
 #define BR_P KVO__Q_T2 /* marked: the shared prefixes */
 #define BR_WAYS 8
 #define BR_GHOSTS_X2 5 /* table records per two entries the store holds (2.5 per entry) */
@@ -120,10 +146,20 @@
 #define BR_FLOOR_ONE 100000
 #define BR_FLOOR_MAX 5000
 #define BR_FLOOR_STEP 3
+/* Dead-end classes: a class's counts are halved every BR_CLS_WINDOW x
+ * max_entries stores; a class is dead while it has BR_CLS_MIN stores counted
+ * and its reuses per store are under 1/BR_CLS_DEAD of all classes' */
+#define BR_CLS_WINDOW 4
+#define BR_CLS_MIN 64
+#define BR_CLS_DEAD 8
 
 /* A key's record, 32 bits: in its entry's stamp while the key is in the
  * store, else in the table with its tag. */
-#define BR_CHILD 0x07FFFFFFu /* 27 bits of the first child's hash; 0: none seen */
+#define BR_CHILD 0x00FFFFFFu /* 24 bits of the first child's hash; 0: none seen */
+#define BR_FROM_D (1u << 24) /* (in the table, with GHOST) the key was D's victim */
+#define BR_LEAF (1u << 25)   /* class: the last key of its group in the store that stored it */
+#define BR_CONT (1u << 26)   /* class: that store's batch had a resident key of its group before it */
+#define BR_CLS (BR_LEAF | BR_CONT)
 #define BR_FROM_P (1u << 27) /* (in the table, with GHOST) the key was P's victim */
 #define BR_SEEN (1u << 28)   /* a lookup or store used the record before */
 #define BR_GHOST (1u << 29)  /* (in the table) the key was evicted */
@@ -143,10 +179,47 @@ struct kvo__branch {
     uint64_t from_q, from_p; /* victims taken from Q and from P */
     uint16_t epoch;          /* the request now in progress (br_observe), mod 2^16 */
     bool stored;             /* the last call br_observe saw was a store */
+    /* dead-end classes (record bits LEAF, CONT), counts halved together */
+    uint64_t cls_in[4];     /* keys of the class stored */
+    uint64_t cls_used[4];   /* their reuses: a request's use while unmarked, a return */
+    uint64_t cls_stores;    /* stores since the last halving */
+    uint64_t d_out, d_back; /* D's victims, and those of them that came back */
+    uint64_t q_out, q_back; /* the same for Q's */
 };
 
 static inline uint32_t br_tag(uint64_t mix) { return (uint32_t)(mix >> 32) | 1u; }
-static inline uint32_t br_child(uint64_t mix) { return (uint32_t)(mix >> 37) | 1u; }
+static inline uint32_t br_child(uint64_t mix) { return (uint32_t)(mix >> 40) | 1u; }
+static inline unsigned br_cls(uint32_t rec) { return (rec & BR_CLS) >> 25; }
+
+/* Whether class c is a dead end: its reuses per store are under
+ * 1/BR_CLS_DEAD of all classes' (doubles: the products of three counts can
+ * pass 2^64). */
+static bool br_dead(const kvo__branch *b, unsigned c) {
+    if (b->cls_in[c] < BR_CLS_MIN) return false;
+    double in = 0, used = 0;
+    for (int k = 0; k < 4; k++) {
+        in += (double)b->cls_in[k];
+        used += (double)b->cls_used[k];
+    }
+    return (double)b->cls_used[c] * in * BR_CLS_DEAD < used * (double)b->cls_in[c];
+}
+
+/* A store of a key of class c: counted; every BR_CLS_WINDOW x max_entries
+ * stores all counts are halved, so they follow the traffic. */
+static void br_count_store(kvo_store *s, unsigned c) {
+    kvo__branch *b = s->branch;
+    b->cls_in[c]++;
+    if (++b->cls_stores < BR_CLS_WINDOW * s->max_entries) return;
+    b->cls_stores = 0;
+    for (int k = 0; k < 4; k++) {
+        b->cls_in[k] >>= 1;
+        b->cls_used[k] >>= 1;
+    }
+    b->d_out >>= 1;
+    b->d_back >>= 1;
+    b->q_out >>= 1;
+    b->q_back >>= 1;
+}
 
 static inline br_slot *br_set(const kvo__branch *b, uint64_t mix) {
     return b->tab + BR_WAYS * (((mix & UINT32_MAX) * b->nsets) >> 32);
@@ -190,14 +263,17 @@ static bool br_take_record(kvo__branch *b, uint64_t mix, uint32_t *rec) {
     return true;
 }
 
-/* A use of e (not queued) that was in list `was` (0: none): into P or Q by
- * its mark; its use count grows in P, once a request (a load, a touch and a
- * store of one request are one use: the count is of requests, however many
- * calls the caller makes for one), and restarts outside it. */
-static void br_queue(kvo_store *s, uint32_t e, uint8_t was) {
+/* A use of e (not queued) that was in list `was` (0: none, a store): into
+ * P or Q by its mark (a store of a dead-end class unmarked: D); its use
+ * count grows in P, once a request (a load, a touch and a store of one
+ * request are one use: the count is of requests, however many calls the
+ * caller makes for one), and restarts outside it; a use of an unmarked
+ * entry counts for its class, once a request. */
+static void br_queue(kvo_store *s, uint32_t e, uint8_t was, bool dead) {
     kvo__entry *x = &s->ent[e];
     uint16_t epoch = s->branch->epoch;
-    uint8_t q = x->stamp & BR_MARKED ? BR_P : BR_Q;
+    if ((was == BR_Q || was == BR_D) && x->use_tag != epoch) s->branch->cls_used[br_cls(x->stamp)]++;
+    uint8_t q = x->stamp & BR_MARKED ? BR_P : dead ? BR_D : BR_Q;
     x->freq = (uint8_t)(was != BR_P ? 0 : x->freq >= BR_USES || x->use_tag == epoch ? x->freq : x->freq + 1u);
     x->use_tag = epoch;
     kvo__list_push_head(s, &s->q[q], e, q);
@@ -216,12 +292,16 @@ static void br_insert(kvo_store *s, uint32_t e) {
      * victims of both lists come back as often */
     if (rec & BR_GHOST) {
         bool p = rec & BR_FROM_P;
+        if (rec & BR_FROM_D) b->d_back++;
+        else if (!p) b->q_back++;
         b->floor = kvo__adapt(b->floor, !p, p ? b->from_p : b->from_q, p ? b->from_q : b->from_p, BR_FLOOR_STEP,
                               BR_FLOOR_MAX);
     }
-    x->stamp = rec & ~(BR_GHOST | BR_FROM_P);
+    x->stamp = rec & ~(BR_GHOST | BR_FROM_P | BR_FROM_D);
     x->ghost_q = 0;
-    br_queue(s, e, 0);
+    unsigned c = br_cls(x->stamp);
+    br_count_store(s, c);
+    br_queue(s, e, 0, br_dead(b, c));
 }
 
 static void br_remove(kvo_store *s, uint32_t e) {
@@ -233,13 +313,13 @@ static void br_remove(kvo_store *s, uint32_t e) {
 static void br_reinsert(kvo_store *s, uint32_t e) {
     uint8_t was = s->ent[e].ghost_q;
     s->ent[e].ghost_q = 0;
-    br_queue(s, e, was);
+    br_queue(s, e, was, false);
 }
 
 static void br_hit(kvo_store *s, uint32_t e) {
     uint8_t was = s->ent[e].q;
     kvo__list_unlink(s, &s->q[was], e);
-    br_queue(s, e, was);
+    br_queue(s, e, was, false);
 }
 
 /* The victim's record goes to the table as its set's newest ghost: at take,
@@ -248,24 +328,33 @@ static void br_hit(kvo_store *s, uint32_t e) {
  * untake takes it back out. */
 static uint32_t br_take(kvo_store *s) {
     kvo__branch *b = s->branch;
-    kvo__list *Q = &s->q[BR_Q], *P = &s->q[BR_P];
-    uint32_t e = Q->tail;
-    if (e != KVO__NIL && P->tail != KVO__NIL && Q->n * BR_FLOOR_ONE < (Q->n + P->n) * b->floor)
+    kvo__list *D = &s->q[BR_D], *Q = &s->q[BR_Q], *P = &s->q[BR_P];
+    uint32_t e = Q->tail, from = 0;
+    /* D first, while its victims come back no more often than Q's */
+    if (D->tail != KVO__NIL && (e == KVO__NIL || b->d_back * (b->q_out + 1) <= b->q_back * (b->d_out + 1))) {
+        e = D->tail;
+        from = BR_FROM_D;
+    } else if (e != KVO__NIL && P->tail != KVO__NIL && Q->n * BR_FLOOR_ONE < (Q->n + P->n) * b->floor) {
         e = KVO__NIL; /* Q under its floor: P gives the victim */
-    uint32_t from_p = 0;
+    }
     if (e == KVO__NIL) {
         while ((e = P->tail) != KVO__NIL && s->ent[e].freq > 0) {
             s->ent[e].freq--;
             kvo__list_unlink(s, P, e);
             kvo__list_push_head(s, P, e, BR_P);
         }
-        from_p = BR_FROM_P;
+        from = BR_FROM_P;
     }
     if (e != KVO__NIL) {
         br_remove(s, e);
-        *br_use(b, kvo__key_mix(&s->ent[e].key)) = s->ent[e].stamp | BR_GHOST | from_p;
-        if (from_p) b->from_p++;
-        else b->from_q++;
+        *br_use(b, kvo__key_mix(&s->ent[e].key)) = s->ent[e].stamp | BR_GHOST | from;
+        if (from == BR_FROM_P) {
+            b->from_p++;
+        } else { /* D's victims count as Q's for the floor */
+            b->from_q++;
+            if (from == BR_FROM_D) b->d_out++;
+            else b->q_out++;
+        }
     }
     return e;
 }
@@ -274,8 +363,11 @@ static void br_untake(kvo_store *s, uint32_t e) {
     kvo__branch *b = s->branch;
     uint32_t rec;
     br_take_record(b, kvo__key_mix(&s->ent[e].key), &rec);
-    uint64_t *n = s->ent[e].ghost_q == BR_P ? &b->from_p : &b->from_q;
+    uint8_t was = s->ent[e].ghost_q;
+    uint64_t *n = was == BR_P ? &b->from_p : &b->from_q;
     if (*n) --*n;
+    n = was == BR_D ? &b->d_out : was == BR_Q ? &b->q_out : NULL;
+    if (n && *n) --*n;
     kvo__untake_to_origin(s, e);
 }
 
@@ -317,6 +409,9 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
     if (call == KVO__CALL_CLEAR) {
         memset(b->tab, 0, (size_t)(b->nsets * BR_WAYS * sizeof *b->tab));
         b->floor = b->from_q = b->from_p = 0;
+        memset(b->cls_in, 0, sizeof b->cls_in);
+        memset(b->cls_used, 0, sizeof b->cls_used);
+        b->cls_stores = b->d_out = b->d_back = b->q_out = b->q_back = 0;
         return;
     }
     /* one-key lookups (kvo_store_params.lookups_per_key) name no request */
@@ -329,7 +424,7 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
     if (b->stored) b->epoch++;
     b->stored = call == KVO__CALL_STORE;
     if (call == KVO__CALL_TOUCH) return;
-    uint64_t seen = 0, mark = 0, ghost_root = 0;
+    uint64_t seen = 0, mark = 0, ghost_root = 0, cont = 0; /* cont, bit g: a resident key of group g so far */
     uint64_t prev_mix[KVO_MAX_GROUPS], again = 0; /* again, bit g: group g's last key so far was used before */
     size_t prev[KVO_MAX_GROUPS], deepest[KVO_MAX_GROUPS], ghost_at[KVO_MAX_GROUPS];
     bool ghost;
@@ -347,6 +442,15 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
             }
         }
         uint32_t *me = br_rec(s, call, keys, n, j, mix, true, &ghost);
+        if (call == KVO__CALL_STORE) { /* the key's class, for a key to be stored */
+            uint32_t e = s->sc_ent[j];
+            if (e != KVO__NIL && s->ent[e].state == KVO__E_READY) {
+                cont |= bit;
+            } else {
+                if (ghost) b->cls_used[br_cls(*me)]++; /* a return: a reuse of its class at its last store */
+                *me = (*me & ~BR_CLS) | (cont & bit ? BR_CONT : 0);
+            }
+        }
         again = *me & BR_SEEN ? again | bit : again & ~bit;
         *me |= BR_SEEN;
         if (ghost) {
@@ -356,6 +460,13 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
         prev[g] = j;
         prev_mix[g] = mix;
         seen |= bit;
+    }
+    /* a store's last key of each group, to be stored, is of a LEAF class */
+    for (uint64_t m = call == KVO__CALL_STORE ? seen : 0; m; m &= m - 1) {
+        uint32_t g = (uint32_t)__builtin_ctzll(m), e = s->sc_ent[prev[g]];
+        if (e != KVO__NIL && s->ent[e].state == KVO__E_READY) continue;
+        uint32_t *r = br_rec(s, call, keys, n, prev[g], prev_mix[g], false, &ghost);
+        if (r) *r |= BR_LEAF;
     }
     /* a lookup ending at a known leaf (seen, never followed): the request
      * repeats an earlier one's whole chain (stores: the lookup did it, unless
@@ -410,11 +521,11 @@ static void br_fini(kvo_store *s) {
  * its key's record in the entry and not in the table (a 32-bit tag
  * collision in the same set would be reported too: 8 in 2^32 per entry). */
 static int br_check(kvo_store *s) {
-    static const uint8_t qs[2] = {BR_Q, BR_P};
+    static const uint8_t qs[3] = {BR_D, BR_Q, BR_P};
     if (s->branch->floor > BR_FLOOR_MAX)
         return kvo__error(KVO_ECORRUPT, "branch policy: Q's floor %llu exceeds %d", (unsigned long long)s->branch->floor,
                           BR_FLOOR_MAX);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         uint64_t n = 0;
         for (uint32_t e = s->q[qs[k]].head; e != KVO__NIL; e = s->ent[e].next, n++) {
             const kvo__entry *x = &s->ent[e];
@@ -432,8 +543,8 @@ static int br_check(kvo_store *s) {
 }
 
 /* Admission (ops.admit): an absent marked key is stored; an unmarked one
- * while the batch's new keys fit in the free entries plus Q's entries, or
- * plus Q's floor when Q is under it: past that its room would come from P
+ * while the batch's new keys fit in the free entries plus Q's and D's
+ * entries, or plus Q's floor when they are under it: past that its room would come from P
  * with Q already at its floor, so it is not stored, nor are its group's
  * deeper keys (*denied, a bit per group: they would follow a miss). */
 static bool br_admit(kvo_store *s, const kvo_chunk_key *keys, size_t i, uint64_t n_new, uint64_t *denied) {
@@ -442,7 +553,7 @@ static bool br_admit(kvo_store *s, const kvo_chunk_key *keys, size_t i, uint64_t
     const kvo__branch *b = s->branch;
     const br_slot *x = br_lookup(b, s->sc_mix[i]);
     if (x && (x->rec & BR_MARKED)) return true;
-    uint64_t q = s->q[BR_Q].n, floor = (q + s->q[BR_P].n) * b->floor / BR_FLOOR_ONE;
+    uint64_t q = s->q[BR_Q].n + s->q[BR_D].n, floor = (q + s->q[BR_P].n) * b->floor / BR_FLOOR_ONE;
     uint64_t room = (s->max_entries > s->resident ? s->max_entries - s->resident : 0) + (q > floor ? q : floor);
     if (n_new < room) return true;
     *denied |= bit;
