@@ -314,8 +314,8 @@ KVO_TEST(branch_learns_a_request_once_however_it_is_called) {
  * the continuation of a resident document (class CONT | LEAF) and never
  * used again, so its class is learnt dead.  Then, with the cache full (P
  * holds the twenty, 80 chunks, leaving 40), new documents asked once with a
- * question (a request with no resident prefix: class LEAF, not counted
- * dead before its stores are halved away), and between them the old ones
+ * question (a request with no resident prefix: class LEAF), and between
+ * them the old ones
  * asked again with new questions: those go to D and are evicted first, so
  * Q holds the new documents and their questions, 5 chunks each, and the
  * last 8 documents are all still stored.  Before D, Q held them in LRU

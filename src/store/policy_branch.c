@@ -28,9 +28,9 @@
  * is one cache line of tag + record pairs, in recency order: a use moves a
  * record to the front, a new one replaces the set's last).  A victim's
  * record moves into the table as a GHOST; a stored key's record moves from
- * the table into its entry.  Each lookup and each store
- * (the whole request, in order; per group) uses every key's record and notes
- * each parent's child; then it marks every key up to the deepest branched
+ * the table into its entry.  Each lookup and each store (the whole
+ * request, in order; per group) uses every key's record and notes each
+ * parent's child; then it marks every key up to the deepest branched
  * one; when the request's first key is a ghost, up to the deepest ghost if
  * that is deeper; when a lookup's last key is a known leaf, all of it.  Marks
  * last as long as the record.  Resident entries live in LRU lists: P
@@ -123,9 +123,9 @@
  *
  * Invariants: a queued entry is READY, unpinned and in exactly one of P
  * (KVO__Q_T2), Q (KVO__Q_T1), D (KVO__Q_S), with at most BR_USES uses; a
- * READY key's record is in its entry, never also in the table (a hash collision in the
- * table costs hit rate, never correctness: the lists hold only resident
- * entries); Q's floor is at most 5 %.  No ghosts (ghost_cap 0): the history
+ * READY key's record is in its entry, never also in the table (a hash
+ * collision in the table costs hit rate, never correctness: the lists hold
+ * only resident entries); Q's floor is at most 5 %.  No ghosts (ghost_cap 0): the history
  * is the table.  Cost: a lookup or store is O(n) (its resolution's entries,
  * plus a set scan of 8 for each key not in the store); insert, take and
  * admit one set scan; hit and reinsert none; take_victim O(1) amortized (each
@@ -179,12 +179,13 @@ struct kvo__branch {
     uint64_t from_q, from_p; /* victims taken from Q and from P */
     uint16_t epoch;          /* the request now in progress (br_observe), mod 2^16 */
     bool stored;             /* the last call br_observe saw was a store */
-    /* dead-end classes (record bits LEAF, CONT), counts halved together */
-    uint64_t cls_in[4];     /* keys of the class stored */
-    uint64_t cls_used[4];   /* their reuses: a request's use while unmarked, a return */
-    uint64_t cls_stores;    /* stores since the last halving */
-    uint64_t d_out, d_back; /* D's victims, and those of them that came back */
-    uint64_t q_out, q_back; /* the same for Q's */
+    struct {                    /* dead-end classes (record bits LEAF, CONT) */
+        uint64_t in[4];         /* keys of the class stored */
+        uint64_t used[4];       /* their reuses: a request's use while unmarked, a return */
+        uint64_t d_out, d_back; /* D's victims, and those of them that came back */
+        uint64_t q_out, q_back; /* the same for Q's */
+        uint64_t stores;        /* stores since the counts above were last halved */
+    } ends;
 };
 
 static inline uint32_t br_tag(uint64_t mix) { return (uint32_t)(mix >> 32) | 1u; }
@@ -195,30 +196,30 @@ static inline unsigned br_cls(uint32_t rec) { return (rec & BR_CLS) >> 25; }
  * 1/BR_CLS_DEAD of all classes' (doubles: the products of three counts can
  * pass 2^64). */
 static bool br_dead(const kvo__branch *b, unsigned c) {
-    if (b->cls_in[c] < BR_CLS_MIN) return false;
+    if (b->ends.in[c] < BR_CLS_MIN) return false;
     double in = 0, used = 0;
     for (int k = 0; k < 4; k++) {
-        in += (double)b->cls_in[k];
-        used += (double)b->cls_used[k];
+        in += (double)b->ends.in[k];
+        used += (double)b->ends.used[k];
     }
-    return (double)b->cls_used[c] * in * BR_CLS_DEAD < used * (double)b->cls_in[c];
+    return (double)b->ends.used[c] * in * BR_CLS_DEAD < used * (double)b->ends.in[c];
 }
 
 /* A store of a key of class c: counted; every BR_CLS_WINDOW x max_entries
  * stores all counts are halved, so they follow the traffic. */
 static void br_count_store(kvo_store *s, unsigned c) {
     kvo__branch *b = s->branch;
-    b->cls_in[c]++;
-    if (++b->cls_stores < BR_CLS_WINDOW * s->max_entries) return;
-    b->cls_stores = 0;
+    b->ends.in[c]++;
+    if (++b->ends.stores < BR_CLS_WINDOW * s->max_entries) return;
+    b->ends.stores = 0;
     for (int k = 0; k < 4; k++) {
-        b->cls_in[k] >>= 1;
-        b->cls_used[k] >>= 1;
+        b->ends.in[k] >>= 1;
+        b->ends.used[k] >>= 1;
     }
-    b->d_out >>= 1;
-    b->d_back >>= 1;
-    b->q_out >>= 1;
-    b->q_back >>= 1;
+    b->ends.d_out >>= 1;
+    b->ends.d_back >>= 1;
+    b->ends.q_out >>= 1;
+    b->ends.q_back >>= 1;
 }
 
 static inline br_slot *br_set(const kvo__branch *b, uint64_t mix) {
@@ -272,7 +273,7 @@ static bool br_take_record(kvo__branch *b, uint64_t mix, uint32_t *rec) {
 static void br_queue(kvo_store *s, uint32_t e, uint8_t was, bool dead) {
     kvo__entry *x = &s->ent[e];
     uint16_t epoch = s->branch->epoch;
-    if ((was == BR_Q || was == BR_D) && x->use_tag != epoch) s->branch->cls_used[br_cls(x->stamp)]++;
+    if ((was == BR_Q || was == BR_D) && x->use_tag != epoch) s->branch->ends.used[br_cls(x->stamp)]++;
     uint8_t q = x->stamp & BR_MARKED ? BR_P : dead ? BR_D : BR_Q;
     x->freq = (uint8_t)(was != BR_P ? 0 : x->freq >= BR_USES || x->use_tag == epoch ? x->freq : x->freq + 1u);
     x->use_tag = epoch;
@@ -292,8 +293,8 @@ static void br_insert(kvo_store *s, uint32_t e) {
      * victims of both lists come back as often */
     if (rec & BR_GHOST) {
         bool p = rec & BR_FROM_P;
-        if (rec & BR_FROM_D) b->d_back++;
-        else if (!p) b->q_back++;
+        if (rec & BR_FROM_D) b->ends.d_back++;
+        else if (!p) b->ends.q_back++;
         b->floor = kvo__adapt(b->floor, !p, p ? b->from_p : b->from_q, p ? b->from_q : b->from_p, BR_FLOOR_STEP,
                               BR_FLOOR_MAX);
     }
@@ -331,7 +332,7 @@ static uint32_t br_take(kvo_store *s) {
     kvo__list *D = &s->q[BR_D], *Q = &s->q[BR_Q], *P = &s->q[BR_P];
     uint32_t e = Q->tail, from = 0;
     /* D first, while its victims come back no more often than Q's */
-    if (D->tail != KVO__NIL && (e == KVO__NIL || b->d_back * (b->q_out + 1) <= b->q_back * (b->d_out + 1))) {
+    if (D->tail != KVO__NIL && (e == KVO__NIL || b->ends.d_back * (b->ends.q_out + 1) <= b->ends.q_back * (b->ends.d_out + 1))) {
         e = D->tail;
         from = BR_FROM_D;
     } else if (e != KVO__NIL && P->tail != KVO__NIL && Q->n * BR_FLOOR_ONE < (Q->n + P->n) * b->floor) {
@@ -352,8 +353,8 @@ static uint32_t br_take(kvo_store *s) {
             b->from_p++;
         } else { /* D's victims count as Q's for the floor */
             b->from_q++;
-            if (from == BR_FROM_D) b->d_out++;
-            else b->q_out++;
+            if (from == BR_FROM_D) b->ends.d_out++;
+            else b->ends.q_out++;
         }
     }
     return e;
@@ -366,7 +367,7 @@ static void br_untake(kvo_store *s, uint32_t e) {
     uint8_t was = s->ent[e].ghost_q;
     uint64_t *n = was == BR_P ? &b->from_p : &b->from_q;
     if (*n) --*n;
-    n = was == BR_D ? &b->d_out : was == BR_Q ? &b->q_out : NULL;
+    n = was == BR_D ? &b->ends.d_out : was == BR_Q ? &b->ends.q_out : NULL;
     if (n && *n) --*n;
     kvo__untake_to_origin(s, e);
 }
@@ -377,6 +378,12 @@ static void br_evicted(kvo_store *s, uint32_t e) {
 }
 
 static void br_ghost_claim(kvo_store *s, uint32_t e) { (void)s; (void)e; }
+
+/* Whether a store's key j is READY in the store (prepare_store's sc_ent). */
+static inline bool br_stored(const kvo_store *s, size_t j) {
+    uint32_t e = s->sc_ent[j];
+    return e != KVO__NIL && s->ent[e].state == KVO__E_READY;
+}
 
 /* Key j's record (mix: its kvo__key_mix) for a lookup or a store: its
  * entry's, when the key is READY in the store, found by the call's own
@@ -409,9 +416,7 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
     if (call == KVO__CALL_CLEAR) {
         memset(b->tab, 0, (size_t)(b->nsets * BR_WAYS * sizeof *b->tab));
         b->floor = b->from_q = b->from_p = 0;
-        memset(b->cls_in, 0, sizeof b->cls_in);
-        memset(b->cls_used, 0, sizeof b->cls_used);
-        b->cls_stores = b->d_out = b->d_back = b->q_out = b->q_back = 0;
+        memset(&b->ends, 0, sizeof b->ends);
         return;
     }
     /* one-key lookups (kvo_store_params.lookups_per_key) name no request */
@@ -443,11 +448,10 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
         }
         uint32_t *me = br_rec(s, call, keys, n, j, mix, true, &ghost);
         if (call == KVO__CALL_STORE) { /* the key's class, for a key to be stored */
-            uint32_t e = s->sc_ent[j];
-            if (e != KVO__NIL && s->ent[e].state == KVO__E_READY) {
+            if (br_stored(s, j)) {
                 cont |= bit;
             } else {
-                if (ghost) b->cls_used[br_cls(*me)]++; /* a return: a reuse of its class at its last store */
+                if (ghost) b->ends.used[br_cls(*me)]++; /* a return: a reuse of its class at its last store */
                 *me = (*me & ~BR_CLS) | (cont & bit ? BR_CONT : 0);
             }
         }
@@ -463,8 +467,8 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
     }
     /* a store's last key of each group, to be stored, is of a LEAF class */
     for (uint64_t m = call == KVO__CALL_STORE ? seen : 0; m; m &= m - 1) {
-        uint32_t g = (uint32_t)__builtin_ctzll(m), e = s->sc_ent[prev[g]];
-        if (e != KVO__NIL && s->ent[e].state == KVO__E_READY) continue;
+        uint32_t g = (uint32_t)__builtin_ctzll(m);
+        if (br_stored(s, prev[g])) continue;
         uint32_t *r = br_rec(s, call, keys, n, prev[g], prev_mix[g], false, &ghost);
         if (r) *r |= BR_LEAF;
     }
