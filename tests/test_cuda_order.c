@@ -118,6 +118,12 @@ static void t_load_event(void) {
     ASSERT_EQ_INT(probe[0], 0xc3);
     ASSERT_EQ_INT(probe[1], 0xc3);
     ASSERT_ERR(kvo_cuda_job_event(o.e.cu, o.e.t, KVO_XFER_LOAD, 999, ev), KVO_ENOTFOUND);
+    /* record_event joins the direction's two streams (device_cuda.c): it
+     * records and completes in both directions. */
+    for (int d = 0; d < 2; d++) {
+        ASSERT_OK(kvo_cuda_record_event(o.e.cu, (kvo_xfer_dir)d, ev));
+        CU_OK(cudaEventSynchronize(ev));
+    }
     ASSERT_ERR(kvo_cuda_record_event(o.e.cu, (kvo_xfer_dir)5, ev), KVO_EINVAL);
     CU_OK(cudaEventDestroy(ev));
     ord_close(&o);

@@ -14,9 +14,9 @@
  *     ... submit / poll as with the host device ...
  *     kvo_transfer_destroy(t);  kvo_cuda_destroy(cu);  kvo_arena_destroy(arena);
  *
- * One kvo_cuda per device index per process: it owns one stream per
+ * One kvo_cuda per device index per process: it owns two copy streams per
  * direction (stores, loads) shared by every transfer engine and worker
- * thread using that device.  A transfer engine created with device "cuda"
+ * thread using that device (kvo_cuda_record_event covers both).  A transfer engine created with device "cuda"
  * and no kvo_cuda for its index creates one with the default params (no
  * compute stream, nothing pinned) and frees it when destroyed.
  *
@@ -95,7 +95,7 @@ typedef struct kvo_cuda kvo_cuda;
  *  reason), KVO_EINVAL (NULL). */
 KVO_API int kvo_cuda_device_count(int *count);
 
-/** Create the context of one device: its two streams (non-blocking), the
+/** Create the context of one device: its copy streams (non-blocking), the
  *  check for batched copies.  *out is owned by the caller
  *  (kvo_cuda_destroy).  Errors: KVO_EINVAL (NULL, bad params, struct_size
  *  not set by kvo_cuda_default_params), KVO_ENOTSUP

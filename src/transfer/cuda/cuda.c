@@ -3,10 +3,16 @@
  * host ranges.
  *
  * One context per device index per process, kept in a small registry (an
- * array indexed by device ordinal under one mutex).  It owns the two streams
- * (stores, loads: one per direction per device, created non-blocking so they
- * never synchronise with the legacy default stream), the compute stream the
- * engine passed, the copy-planning thresholds and the pinned host ranges.  A
+ * array indexed by device ordinal under one mutex).  It owns the copy
+ * streams (two per direction, stores and loads, created non-blocking so they
+ * never synchronise with the legacy default stream: the first carries the
+ * copy-engine units and the kernel units of even workers, the second the
+ * kernel units of odd workers, device_cuda.c), the compute stream the
+ * engine passed, the copy-planning thresholds and the pinned host ranges.
+ * kvo_cuda_record_event joins a direction's second stream into its first
+ * (an event recorded on the second, waited for on the first) before it
+ * records the caller's event, so that event still covers every copy of the
+ * direction enqueued so far.  A
  * transfer engine opened with device "cuda" takes a reference on the
  * registered context of its device_index, or creates one with the defaults;
  * kvo_cuda_create's caller holds one reference too.  The context is freed
@@ -153,8 +159,11 @@ static void kvo__cuda_free(kvo_cuda *cu) {
     for (size_t i = 0; i < cu->n_pins; i++) (void)kvo__gpin_release(cu->pins[i].base, hung);
     pthread_mutex_unlock(&kvo__gpin_mu);
     if (!hung) {
-        for (int d = 0; d < 2; d++)
+        for (int d = 0; d < 2; d++) {
             if (cu->stream[d]) (void)cudaStreamDestroy(cu->stream[d]);
+            if (cu->kstream[d]) (void)cudaStreamDestroy(cu->kstream[d]);
+            if (cu->join[d]) (void)cudaEventDestroy(cu->join[d]);
+        }
         for (kvo__cuda_jobev *e = cu->ev_all; e; e = e->all) (void)cudaEventDestroy(e->ev);
     }
     (void)cudaGetLastError();
@@ -274,8 +283,11 @@ static int kvo__cuda_new(const kvo_cuda_params *p, kvo_cuda **out) {
     pthread_mutex_init(&cu->ev_lock, NULL);
     int prev;
     cudaError_t e = kvo__cuda_enter(cu->index, &prev); /* the caller's device is put back */
-    for (int d = 0; d < 2 && e == cudaSuccess; d++)
+    for (int d = 0; d < 2 && e == cudaSuccess; d++) {
         e = cudaStreamCreateWithFlags(&cu->stream[d], cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&cu->kstream[d], cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&cu->join[d], cudaEventDisableTiming);
+    }
     kvo__cuda_leave(cu->index, prev);
     if (e != cudaSuccess) {
         rc = kvo__cuda_error(e, "kvo_cuda_create: creating the copy streams");
@@ -380,8 +392,22 @@ int kvo_cuda_record_event(kvo_cuda *cu, kvo_xfer_dir dir, void *event) {
     if (!cu || !event || (dir != KVO_XFER_STORE && dir != KVO_XFER_LOAD))
         return kvo__error(KVO_EINVAL, "kvo_cuda_record_event: cu and event must not be NULL, dir must be "
                                       "KVO_XFER_STORE or KVO_XFER_LOAD (got %d)", (int)dir);
-    cudaError_t e = cudaEventRecord((cudaEvent_t)event, cu->stream[dir]);
-    return e == cudaSuccess ? 0 : kvo__cuda_error(e, "kvo_cuda_record_event: cudaEventRecord");
+    /* The direction's copies are on two streams: the second joins the first
+     * (what it holds now) before the caller's event.  Two callers at once may
+     * each wait on the other's later mark: that covers more, never less. */
+    int prev;
+    cudaError_t e = kvo__cuda_enter(cu->index, &prev);
+    const char *what = "cudaSetDevice";
+    if (e == cudaSuccess && (e = cudaEventRecord(cu->join[dir], cu->kstream[dir])) != cudaSuccess)
+        what = "cudaEventRecord (joining the kernel stream)";
+    if (e == cudaSuccess && (e = cudaStreamWaitEvent(cu->stream[dir], cu->join[dir], 0)) != cudaSuccess)
+        what = "cudaStreamWaitEvent (joining the kernel stream)";
+    if (e == cudaSuccess && (e = cudaEventRecord((cudaEvent_t)event, cu->stream[dir])) != cudaSuccess)
+        what = "cudaEventRecord";
+    kvo__cuda_leave(cu->index, prev);
+    if (e == cudaSuccess) return 0;
+    int rc = kvo__cuda_error(e, what);
+    return kvo__error_prefix(rc, "kvo_cuda_record_event");
 }
 
 /* Index of the last range with base <= p, or -1. */

@@ -50,7 +50,9 @@ struct kvo_cuda {
     bool require_pinned;
     bool hung;                   /* a completion wait timed out: atomic; free leaks instead of blocking */
     uint32_t timeout_ms;         /* completion wait deadline */
-    cudaStream_t stream[2];      /* per kvo_xfer_dir */
+    cudaStream_t stream[2];      /* per kvo_xfer_dir: copy-engine units, and kernel units of even workers */
+    cudaStream_t kstream[2];     /* per kvo_xfer_dir: kernel units of odd workers (device_cuda.c) */
+    cudaEvent_t join[2];         /* kvo_cuda_record_event: kstream[dir] joined into stream[dir] */
     void *compute;               /* cudaStream_t or NULL; atomic */
     kvo__cuda_plan_cfg plan;
     pthread_rwlock_t pin_lock;   /* pins: read by workers, written by pin/unpin */

@@ -13,8 +13,10 @@
  *      gather/scatter kernel launch when the unit has at least
  *      kernel_min_pieces of them: a copy-engine copy costs a few
  *      microseconds of setup each, so dozens of 16 KiB pages are faster as
- *      one kernel whose thread blocks read/write the pinned slot over the
- *      bus directly (one block per piece, 16-byte accesses).  At most
+ *      one kernel (one block per piece, 16-byte accesses) that scatters or
+ *      gathers them between the pages and a staging buffer moved by one
+ *      copy-engine copy (or, when the slot side is not one pinned span,
+ *      reads/writes the pinned slot over the bus directly; device_cuda.c).  At most
  *      kernel_cap pieces per launch (the size of the descriptor buffer); any
  *      excess goes to the copy engine.
  *   3. The remaining pieces use the copy engine: one cudaMemcpyBatchAsync

@@ -14,10 +14,28 @@
  *   1. resolves each slot to its pinned range (one read lock per unit),
  *   2. plans the pieces (cuda_plan.c: coalesce, kernel for many small pages,
  *      cudaMemcpyBatchAsync for several pieces, else cudaMemcpyAsync),
- *   3. enqueues them on the device's stream for the direction (a store first
- *      waits on the GPU for the event job_submit recorded on the engine's
- *      compute stream at submit; a refused cudaMemcpyBatchAsync falls back
- *      to single copies, once and for good),
+ *   3. enqueues them on one of the device's two streams for the direction
+ *      (a store first waits on the GPU for the event job_submit recorded on
+ *      the engine's compute stream at submit; a refused cudaMemcpyBatchAsync
+ *      falls back to single copies, once and for good).  The kernel's pieces
+ *      go through the worker's staging buffer in device memory when their
+ *      slot sides tile one pinned range (they do for a unit of small pages:
+ *      its slot side is contiguous): a load is one copy-engine copy of the
+ *      whole slot span into the buffer, then the kernel scatters it to the
+ *      pages, device memory to device memory; a store is the kernel
+ *      gathering the pages into the buffer, then one copy-engine copy out.
+ *      Otherwise the kernel reaches the slots over the bus (mapped memory).
+ *      Why: the H200 measured (docs/gpu.md) loads of 16 KiB pages at
+ *      0.72-0.75 of a contiguous copy with the kernel reading pinned host
+ *      memory over PCIe (reads wait a round trip each; writes are posted, so
+ *      stores were 0.85), and 0.77-0.83 staged (stores 0.91-0.92).  Staged, a unit is a copy and a kernel
+ *      that must run in order, and on one stream the next unit's copy waits
+ *      for this unit's kernel (staging on one stream measured 0.63): so
+ *      units with a kernel go to the direction's first stream from even
+ *      workers and to its second from odd ones, and the copy engine is fed
+ *      by one worker while the other's kernel runs.  Units of copy-engine
+ *      copies only stay on the first stream (two streams cost them about
+ *      1 %),
  *   4. records the worker's event after them and polls it (cudaEventQuery,
  *      spinning briefly, then yielding, then sleeping 20 us) until the
  *      copies have completed or completion_timeout_ms passed
@@ -27,11 +45,15 @@
  * device) only after every unit returned, so a posted load is in device
  * memory, cancellation (only of unstarted jobs) and dependency ordering keep
  * their semantics, and the per-worker descriptor buffer and arrays can be
- * reused by the next unit.  A failed enqueue still waits for what was
- * enqueued before it (those copies touch the job's memory), then fails the
- * unit: a failed job, never a crash.  Every worker shares the direction's
- * stream: while one waits for its event the others enqueue behind it, so the
- * copy engine stays busy with two or more workers.
+ * reused by the next unit (the staging buffer too: one unit at a time per
+ * worker, so no copy is ever in flight on it when it is refilled).  A failed
+ * enqueue still waits for what was enqueued before it (those copies touch
+ * the job's memory), then fails the unit: a failed job, never a crash.  The
+ * workers share the direction's streams: while one waits for its event the
+ * others enqueue behind it, so the copy engine stays busy with two or more
+ * workers.  Memory per worker: the staging buffer (2 MiB of device memory,
+ * cudaMalloc at worker_init, only when the kernel is on) and the kernel's
+ * descriptors (mapped pinned memory); nothing is allocated per unit.
  *
  * Threads: worker_init and worker_fini run on the thread creating or
  * destroying the engine and put its current device back; unit_end runs on
@@ -64,6 +86,8 @@ typedef struct kvo__cuda_w {
     size_t *bsz, bcap;
     kvo__cuda_desc *desc;    /* kernel descriptors: mapped pinned memory, plan.kernel_cap of them */
     kvo__cuda_desc *desc_dev;
+    unsigned char *stage;    /* device staging buffer of KVO__CUDA_UNIT_BYTES (with the kernel) */
+    uint32_t worker;         /* index: odd workers put kernel units on the second stream */
 } kvo__cuda_w;
 
 static int kvo__cuda_open(const kvo__xfer_device_config *cfg, void **state) {
@@ -115,6 +139,7 @@ static void kvo__cuda_worker_fini(void *state, void *wctx) {
     (void)kvo__cuda_enter(w->cu->index, &prev);
     if (w->ev) (void)cudaEventDestroy(w->ev);
     if (w->desc && !__atomic_load_n(&w->cu->hung, __ATOMIC_ACQUIRE)) (void)cudaFreeHost(w->desc);
+    if (w->stage && !__atomic_load_n(&w->cu->hung, __ATOMIC_ACQUIRE)) (void)cudaFree(w->stage);
     (void)cudaGetLastError();
     kvo__cuda_leave(w->cu->index, prev);
     kvo__free(w->pc);
@@ -129,6 +154,7 @@ static int kvo__cuda_worker_init(void *state, uint32_t worker, void **wctx) {
     kvo__cuda_w *w = kvo__calloc(1, sizeof *w);
     if (!w) return kvo__error(KVO_ENOMEM, "transfer device 'cuda': out of memory for worker %u", worker);
     w->cu = cu;
+    w->worker = worker;
     int rc = kvo__grow((void **)&w->pc, &w->cap, 256, sizeof *w->pc, 256, "cuda pieces");
     /* Runs on the thread creating the transfer engine: its device is put back. */
     int prev;
@@ -142,6 +168,9 @@ static int kvo__cuda_worker_init(void *state, uint32_t worker, void **wctx) {
         what = "cudaHostAlloc (kernel descriptors)";
     if (e == cudaSuccess && w->desc && (e = cudaHostGetDevicePointer((void **)&w->desc_dev, w->desc, 0)) != cudaSuccess)
         what = "cudaHostGetDevicePointer (kernel descriptors)";
+    if (e == cudaSuccess && cu->plan.kernel_cap && cu->plan.kernel_max_bytes &&
+        (e = cudaMalloc((void **)&w->stage, KVO__CUDA_UNIT_BYTES)) != cudaSuccess)
+        what = "cudaMalloc (staging buffer)";
     if (!rc && e != cudaSuccess) rc = kvo__cuda_error(e, what);
     kvo__cuda_leave(cu->index, prev);
     if (rc) {
@@ -266,21 +295,64 @@ static cudaError_t kvo__cuda_enqueue_copies(kvo__cuda_w *w, const kvo__cuda_piec
     return cudaSuccess;
 }
 
+/* The slot-side span of p[0..n-1] when the pieces tile it exactly, lie in
+ * one pinned range and fit the staging buffer: *lo, returns its bytes (0:
+ * not stageable).  Span == sum of the pieces means they tile it because a
+ * store's slot sides never overlap (transfer_submit.c refuses store ops
+ * writing the same chunk blocks of a slot, layout.c overlapping pages), so
+ * a staged store copies out no byte it did not gather (a load copies the
+ * whole span in, so any pieces inside it are read right). */
+static uint64_t kvo__cuda_stage_span(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, uintptr_t *lo) {
+    bool store = w->dir == KVO_XFER_STORE;
+    uintptr_t a = UINTPTR_MAX, b = 0;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        uintptr_t h = store ? p[i].dst : p[i].src;
+        if (h < a) a = h;
+        if (h + p[i].bytes > b) b = h + p[i].bytes;
+        sum += p[i].bytes;
+    }
+    if (!n || b - a != sum || sum > KVO__CUDA_UNIT_BYTES) return 0;
+    int64_t hd;
+    pthread_rwlock_rdlock(&w->cu->pin_lock);
+    bool ok = kvo__cuda_pinned(w->cu, a, sum, &hd);
+    pthread_rwlock_unlock(&w->cu->pin_lock);
+    if (!ok) return 0;
+    *lo = a;
+    return sum;
+}
+
 /* Step 3 for the kernel pieces p[0..n-1] (n <= kernel_cap). */
 static cudaError_t kvo__cuda_enqueue_kernel(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, cudaStream_t s) {
     uint64_t maxb = 0;
     bool store = w->dir == KVO_XFER_STORE;
+    uintptr_t lo = 0;
+    uint64_t span = 0;
+    if (w->stage) span = kvo__cuda_stage_span(w, p, n, &lo);
     for (size_t i = 0; i < n; i++) {
         uint64_t dst = p[i].dst, src = p[i].src;
-        if (store) dst += (uint64_t)p[i].hdelta;
+        if (span) {
+            if (store) dst = (uint64_t)(uintptr_t)w->stage + (dst - lo);
+            else src = (uint64_t)(uintptr_t)w->stage + (src - lo);
+        } else if (store) dst += (uint64_t)p[i].hdelta;
         else src += (uint64_t)p[i].hdelta;
         w->desc[i] = (kvo__cuda_desc){dst, src, p[i].bytes};
         if (p[i].bytes > maxb) maxb = p[i].bytes;
     }
-    cudaError_t e = (cudaError_t)kvo__cuda_launch_copy(w->desc_dev, (uint32_t)n, kvo__cuda_kernel_threads(maxb), s);
+    cudaError_t e = cudaSuccess;
+    if (span && !store) {
+        e = cudaMemcpyAsync(w->stage, (const void *)lo, (size_t)span, cudaMemcpyHostToDevice, s);
+        if (e == cudaSuccess) kvo__cuda_count(&w->cu->st.memcpy_calls, 1);
+    }
+    if (e == cudaSuccess)
+        e = (cudaError_t)kvo__cuda_launch_copy(w->desc_dev, (uint32_t)n, kvo__cuda_kernel_threads(maxb), s);
     if (e == cudaSuccess) {
         kvo__cuda_count(&w->cu->st.kernel_launches, 1);
         kvo__cuda_count(&w->cu->st.kernel_pieces, n);
+    }
+    if (e == cudaSuccess && span && store) {
+        e = cudaMemcpyAsync((void *)lo, w->stage, (size_t)span, cudaMemcpyDeviceToHost, s);
+        if (e == cudaSuccess) kvo__cuda_count(&w->cu->st.memcpy_calls, 1);
     }
     return e;
 }
@@ -338,7 +410,11 @@ static int kvo__cuda_unit_end(void *wctx) {
     kvo__cuda_plan_make(&cfg, w->pc, n, &plan);
     w->n = 0;
 
-    cudaStream_t s = cu->stream[w->dir];
+    /* Units with a kernel alternate between the direction's two streams by
+     * worker, so that one worker's staging copy runs while another's kernel
+     * does; copy-engine-only units keep to the first (a second stream cost
+     * them about 1 % on the H200, docs/gpu.md). */
+    cudaStream_t s = plan.n_kernel && (w->worker & 1) ? cu->kstream[w->dir] : cu->stream[w->dir];
     const char *what = "";
     if (w->job_ev) {
         /* A store reads KV that the engine's work enqueued before the submit

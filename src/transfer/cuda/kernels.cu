@@ -4,9 +4,12 @@
  * Block b copies piece b (descs[b]); its threads stride over the piece in
  * 16-byte words when both addresses and the length are 16-byte aligned (KV
  * pages always are), else in 8-byte words when 8-aligned, else bytewise.  One
- * side is device memory, the other a pinned host slot reached over the bus
- * (mapped registered memory), so a launch of n blocks moves n pages with one
- * enqueue instead of n copy-engine setups.  Pieces of one launch are
+ * side is the engine's device memory, the other either the worker's staging
+ * buffer in device memory (which one copy-engine copy fills from, or empties
+ * into, the unit's contiguous slot span: device_cuda.c) or a pinned host
+ * slot reached over the bus (mapped registered memory); either way a launch
+ * of n blocks moves n pages with one enqueue instead of n copy-engine
+ * setups.  Pieces of one launch are
  * disjoint: no ordering between blocks is needed.
  */
 #include <cuda_runtime.h>
