@@ -16,9 +16,10 @@
  *
  * One kvo_cuda per device index per process: it owns two copy streams per
  * direction (stores, loads) shared by every transfer engine and worker
- * thread using that device (kvo_cuda_record_event covers both).  A transfer engine created with device "cuda"
- * and no kvo_cuda for its index creates one with the default params (no
- * compute stream, nothing pinned) and frees it when destroyed.
+ * thread using that device (kvo_cuda_record_event covers both).  A
+ * transfer engine created with device "cuda" and no kvo_cuda for its index
+ * creates one with the default params (no compute stream, nothing pinned)
+ * and frees it when destroyed.
  *
  * Libraries.  libkvoffload_cuda.so (CMake: find_package(kvoffload
  * COMPONENTS cuda), target kvoffload::cuda; pkg-config: kvoffload-cuda,

@@ -178,8 +178,7 @@ static void kvo__follow_link(kvo__follow *f, uint32_t e, uint32_t m) {
 
 /* Whether shadow h holds key k (READY). */
 static bool kvo__follow_holds(kvo_store *h, const kvo_chunk_key *k) {
-    uint32_t e = kvo__index_find(h, k);
-    return e != KVO__NIL && h->ent[e].state == KVO__E_READY;
+    return kvo__entry_ready(h, kvo__index_find(h, k));
 }
 
 static uint32_t kvo__follow_mask_of(kvo__follow *f, const kvo_chunk_key *k) {

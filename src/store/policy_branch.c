@@ -125,8 +125,8 @@
  * (KVO__Q_T2), Q (KVO__Q_T1), D (KVO__Q_S), with at most BR_USES uses; a
  * READY key's record is in its entry, never also in the table (a hash
  * collision in the table costs hit rate, never correctness: the lists hold
- * only resident entries); Q's floor is at most 5 %.  No ghosts (ghost_cap 0): the history
- * is the table.  Cost: a lookup or store is O(n) (its resolution's entries,
+ * only resident entries); Q's floor is at most 5 %.  No ghosts (ghost_cap
+ * 0): the history is the table.  Cost: a lookup or store is O(n) (its resolution's entries,
  * plus a set scan of 8 for each key not in the store); insert, take and
  * admit one set scan; hit and reinsert none; take_victim O(1) amortized (each
  * second chance was paid for by a use).  Memory: 20 bytes of table per entry.
@@ -332,7 +332,8 @@ static uint32_t br_take(kvo_store *s) {
     kvo__list *D = &s->q[BR_D], *Q = &s->q[BR_Q], *P = &s->q[BR_P];
     uint32_t e = Q->tail, from = 0;
     /* D first, while its victims come back no more often than Q's */
-    if (D->tail != KVO__NIL && (e == KVO__NIL || b->ends.d_back * (b->ends.q_out + 1) <= b->ends.q_back * (b->ends.d_out + 1))) {
+    const uint64_t d_back = b->ends.d_back, d_out = b->ends.d_out, q_back = b->ends.q_back, q_out = b->ends.q_out;
+    if (D->tail != KVO__NIL && (e == KVO__NIL || d_back * (q_out + 1) <= q_back * (d_out + 1))) {
         e = D->tail;
         from = BR_FROM_D;
     } else if (e != KVO__NIL && P->tail != KVO__NIL && Q->n * BR_FLOOR_ONE < (Q->n + P->n) * b->floor) {
@@ -379,12 +380,6 @@ static void br_evicted(kvo_store *s, uint32_t e) {
 
 static void br_ghost_claim(kvo_store *s, uint32_t e) { (void)s; (void)e; }
 
-/* Whether a store's key j is READY in the store (prepare_store's sc_ent). */
-static inline bool br_stored(const kvo_store *s, size_t j) {
-    uint32_t e = s->sc_ent[j];
-    return e != KVO__NIL && s->ent[e].state == KVO__E_READY;
-}
-
 /* Key j's record (mix: its kvo__key_mix) for a lookup or a store: its
  * entry's, when the key is READY in the store, found by the call's own
  * resolution (the lookup's memo or prepare_store's sc_ent), else the
@@ -395,7 +390,7 @@ static uint32_t *br_rec(kvo_store *s, int call, const kvo_chunk_key *keys, size_
     uint32_t e = call == KVO__CALL_STORE ? s->sc_ent[j]
                : s->memo_n == n ? s->memo[j] : kvo__index_find_h(s, &keys[j], mix);
     *ghost = false;
-    if (e != KVO__NIL && s->ent[e].state == KVO__E_READY) return &s->ent[e].stamp;
+    if (kvo__entry_ready(s, e)) return &s->ent[e].stamp;
     if (use) {
         uint32_t *r = br_use(s->branch, mix);
         *ghost = *r & BR_GHOST;
@@ -448,7 +443,7 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
         }
         uint32_t *me = br_rec(s, call, keys, n, j, mix, true, &ghost);
         if (call == KVO__CALL_STORE) { /* the key's class, for a key to be stored */
-            if (br_stored(s, j)) {
+            if (kvo__entry_ready(s, s->sc_ent[j])) {
                 cont |= bit;
             } else {
                 if (ghost) b->ends.used[br_cls(*me)]++; /* a return: a reuse of its class at its last store */
@@ -468,7 +463,7 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
     /* a store's last key of each group, to be stored, is of a LEAF class */
     for (uint64_t m = call == KVO__CALL_STORE ? seen : 0; m; m &= m - 1) {
         uint32_t g = (uint32_t)__builtin_ctzll(m);
-        if (br_stored(s, prev[g])) continue;
+        if (kvo__entry_ready(s, s->sc_ent[prev[g]])) continue;
         uint32_t *r = br_rec(s, call, keys, n, prev[g], prev_mix[g], false, &ghost);
         if (r) *r |= BR_LEAF;
     }

@@ -390,6 +390,11 @@ static inline void kvo__list_push(kvo_store *s, kvo__list *l, uint32_t e, uint8_
     l->n++;
     x->q = q;
 }
+/* Whether entry e (KVO__NIL: none) holds a READY chunk. */
+static inline bool kvo__entry_ready(const kvo_store *s, uint32_t e) {
+    return e != KVO__NIL && s->ent[e].state == KVO__E_READY;
+}
+
 static inline void kvo__list_push_head(kvo_store *s, kvo__list *l, uint32_t e, uint8_t q) {
     kvo__list_push(s, l, e, q, true);
 }

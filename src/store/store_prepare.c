@@ -664,7 +664,7 @@ int kvo_store_complete_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, 
     size_t i;
     for (i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
-        if (e != KVO__NIL && s->ent[e].state == KVO__E_READY) continue; /* completed already: no-op */
+        if (kvo__entry_ready(s, e)) continue; /* completed already: no-op */
         if (e == KVO__NIL || s->ent[e].state != KVO__E_PENDING) {
             rc = kvo__error(KVO_ESTATE, "%s: key %zu (group %u) is absent, not PENDING (it was not prepared, or "
                             "its failed store removed it)", fn, i, keys[i].group);

@@ -28,8 +28,9 @@
  *      Why: the H200 measured (docs/gpu.md) loads of 16 KiB pages at
  *      0.72-0.75 of a contiguous copy with the kernel reading pinned host
  *      memory over PCIe (reads wait a round trip each; writes are posted, so
- *      stores were 0.85), and 0.77-0.83 staged (stores 0.91-0.92).  Staged, a unit is a copy and a kernel
- *      that must run in order, and on one stream the next unit's copy waits
+ *      stores were 0.85), and 0.77-0.83 staged (stores 0.91-0.92).  Staged,
+ *      a unit is a copy and a kernel that must run in order, and on one
+ *      stream the next unit's copy waits
  *      for this unit's kernel (staging on one stream measured 0.63): so
  *      units with a kernel go to the direction's first stream from even
  *      workers and to its second from odd ones, and the copy engine is fed
