@@ -340,9 +340,11 @@ KVO_TEST(docs_branch_near_best_of_three) {
 
 /* Policy admission (the replay's store is the last tier; --store-all turns
  * it off): on documents a question's new document, its room coming from the
- * documents in P, is turned away, which gains 0.4-1.2 points at 2 % of the
- * blocks and 0.1-0.7 at 5 % over generated traces (0.05 is asked here);
- * on chat Q is most of the cache and nothing is turned away: the same hits. */
+ * documents in P, is turned away, which gains 0.1-1.1 points at 2 % of the
+ * blocks and 0.0-0.6 at 5 % over generated traces: the mean of the two is
+ * asked to gain `points`, and neither to lose more than 0.1 (one capacity's
+ * hits move by 0.1-0.3 points with the table's layout, docs/replay.md); on
+ * chat Q is most of the cache and nothing is turned away: the same hits. */
 static void admission_gain(bool chat, const char *name, double points) {
     uint64_t distinct;
     const char *path = write_workload(name, chat, false, &distinct);
@@ -354,21 +356,26 @@ static void admission_gain(bool chat, const char *name, double points) {
     replay(path, args, &with);
     snprintf(args + strlen(args), sizeof args - strlen(args), " --store-all");
     replay(path, args, &without);
+    double mean = 0;
     for (int i = 0; i < 2; i++) {
         size_t a = row(&with, "branch", caps[i]), b = row(&without, "branch", caps[i]);
         double gain = 100.0 * ((double)with.hits[a] - (double)without.hits[b]) / (double)with.blocks[a];
+        mean += gain / 2;
         if (getenv("KVO_TEST_VERBOSE")) printf("%s at %llu: admission %+.2f points\n", name,
                                                (unsigned long long)caps[i], gain);
-        if (chat ? with.hits[a] != without.hits[b] : gain < points)
+        if (chat ? with.hits[a] != without.hits[b] : gain < -0.1)
             FAILF("%s at %llu blocks: admission gains %+.2f points (%llu hits against %llu)", name,
                   (unsigned long long)caps[i], gain, (unsigned long long)with.hits[a],
                   (unsigned long long)without.hits[b]);
     }
+    if (!chat && mean < points)
+        FAILF("%s: admission gains %+.2f points on average at 2 %% and 5 %% of the blocks, %.2f asked", name, mean,
+              points);
 }
 
 KVO_TEST(docs_branch_admission_gains_on_small_caches) {
-    admission_gain(false, "docs3.jsonl", 0.05);
-    admission_gain(false, "docs4.jsonl", 0.05);
+    admission_gain(false, "docs3.jsonl", 0.1);
+    admission_gain(false, "docs4.jsonl", 0.1);
 }
 
 KVO_TEST(chat_branch_admission_changes_nothing) { admission_gain(true, "chat.jsonl", 0.0); }

@@ -54,7 +54,7 @@ typedef enum kvo_policy_kind {
                               LRU, ARC and S3-FIFO (mostly above) on shared-prefix and
                               document traffic; with policy_admission it also turns
                               away once-used chunks whose room would come from those
-                              prefixes; O(1) per use, 20 bytes per entry */
+                              prefixes; O(1) per use, 16 bytes per entry */
 } kvo_policy_kind;
 
 /** "lru", "arc", "s3fifo", "prefix", "ensemble", "branch". */

@@ -24,7 +24,7 @@
  * (used by a lookup or store before), GHOST, FROM_P and FROM_D (whose
  * victim), and its class, LEAF and CONT (below).  A stored key's record is
  * its entry's (ent.stamp); a key not in the store has its record in a table
- * of 2.5 records per entry the store can hold, 8-way set associative (a set
+ * of 2 records per entry the store can hold, 8-way set associative (a set
  * is one cache line of tag + record pairs, in recency order: a use moves a
  * record to the front, a new one replaces the set's last).  A victim's
  * record moves into the table as a GHOST; a stored key's record moves from
@@ -103,9 +103,12 @@
  * prefix coming back is seen when a later request returns, usually after its
  * first chunks were evicted): with no table, forgetting a record at
  * eviction, Mooncake falls below the best of three at 41 of 84 capacities
- * (by up to 4 points); more table (3-4 per entry) suits Mooncake, less
- * (2-2.5) documents, whose popular documents a long memory lets a rarely
- * asked one crowd out.  Dead ends are for the one-off tails: a document's
+ * (by up to 4 points); more table suits Mooncake, less documents, whose
+ * popular documents a long memory lets a rarely asked one crowd out: over
+ * 9 table layouts (KVO_BRANCH_LAYOUT) and 33 traces, 1.75, 2, 2.25, 2.5
+ * and 3 records per entry leave 58, 59, 78, 112 and 236 sweep capacities
+ * below the best of three; 2 is kept (Mooncake's mean lead 0.05 points
+ * smaller than at 2.5, the documents' larger).  Dead ends are for the one-off tails: a document's
  * question is stored after the document hit (CONT | LEAF) and is never used
  * again, and in Q it pushed out, in LRU order, the documents asked once that
  * would be asked again; evicted first, it leaves them Q's room (0.5-1.3
@@ -129,7 +132,7 @@
  * 0): the history is the table.  Cost: a lookup or store is O(n) (its resolution's entries,
  * plus a set scan of 8 for each key not in the store); insert, take and
  * admit one set scan; hit and reinsert none; take_victim O(1) amortized (each
- * second chance was paid for by a use).  Memory: 20 bytes of table per entry.
+ * second chance was paid for by a use).  Memory: 16 bytes of table per entry.
  */
 #include <string.h>
 
@@ -139,7 +142,14 @@
 #define BR_Q KVO__Q_T1 /* unmarked: evicted next */
 #define BR_P KVO__Q_T2 /* marked: the shared prefixes */
 #define BR_WAYS 8
-#define BR_GHOSTS_X2 5 /* table records per two entries the store holds (2.5 per entry) */
+#define BR_GHOSTS_X2 4 /* table records per two entries the store holds (2 per entry) */
+/* Which bits of a key's mix choose its table set: 0 ships.  Another value
+ * (0-8, -DKVO_BRANCH_LAYOUT=k at build time) gives the same policy with
+ * other set collisions, whose sweeps show how much of a capacity's result
+ * is layout luck (tools/branch_layouts.sh, docs/replay.md). */
+#ifndef KVO_BRANCH_LAYOUT
+#define KVO_BRANCH_LAYOUT 0
+#endif
 #define BR_USES 4      /* second chances a P entry can earn */
 /* Q's floor, a share of the queued entries in units of 1/BR_FLOOR_ONE: at
  * most BR_FLOOR_MAX (5 %), moved by BR_FLOOR_STEP (0.003 %) a return */
@@ -223,7 +233,7 @@ static void br_count_store(kvo_store *s, unsigned c) {
 }
 
 static inline br_slot *br_set(const kvo__branch *b, uint64_t mix) {
-    return b->tab + BR_WAYS * (((mix & UINT32_MAX) * b->nsets) >> 32);
+    return b->tab + BR_WAYS * ((((mix >> KVO_BRANCH_LAYOUT) & UINT32_MAX) * b->nsets) >> 32);
 }
 
 static inline int br_find(const br_slot *set, uint32_t tag) {
