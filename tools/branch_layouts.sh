@@ -43,10 +43,10 @@ for k in $layouts; do
     ninja -C "$b" kvoffload > "$b.build.log" 2>&1 || { cat "$b.build.log"; exit 1; }
 done
 names=()
+first=${layouts%% *}
 for t in "$@"; do
     n=$(basename "$t" .jsonl)
     names+=("$n")
-    first=${layouts%% *}
     [ -s "$out/json/$n.base.json" ] ||
         "$out/layout$first/kvoffload" replay --trace "$t" "${sweep[@]}" --policy lru,arc,s3fifo \
             > "$out/json/$n.base.json"
@@ -61,25 +61,22 @@ for k in $layouts; do
             python3 "$root/tools/replay_oracles.py" --gaps branch)"
     done
 done
-python3 - "$out/json" "$layouts" "${names[@]}" <<'EOF'
-import json, sys
+python3 - "$root/tools" "$out/json" "$layouts" "${names[@]}" <<'EOF'
+import sys
 from collections import defaultdict
-d, layouts, names = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
-def rows(path):
-    with open(path) as f:
-        return [o for o in map(json.loads, f) if o["policy"] != "infinite"]
+sys.path.insert(0, sys.argv[1])
+from replay_oracles import margins
+d, layouts, names = sys.argv[2], sys.argv[3].split(), sys.argv[4:]
 below, short, surplus, total = defaultdict(list), 0, 0, 0
 for n in names:
-    best = defaultdict(int)
-    for o in rows(f"{d}/{n}.base.json"):
-        best[o["capacity_blocks"]] = max(best[o["capacity_blocks"]], o["hits"])
     for k in layouts:
-        for o in rows(f"{d}/{n}.{k}.json"):
-            diff = o["hits"] - best[o["capacity_blocks"]]
-            surplus += diff
-            if diff < 0:
-                below[(n, o["capacity_blocks"])].append(diff)
-                short += diff
+        with open(f"{d}/{n}.base.json") as base, open(f"{d}/{n}.{k}.json") as run:
+            rows, _ = margins(list(base) + list(run), "branch")
+        for c, (hits, best, _) in rows.items():
+            surplus += hits - best
+            if hits < best:
+                below[(n, c)].append(hits - best)
+                short += hits - best
                 total += 1
 most = {p: v for p, v in below.items() if 2 * len(v) > len(layouts)}
 print(f"over {len(layouts)} layouts: {total} capacities below the best of three "

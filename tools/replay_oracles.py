@@ -114,28 +114,37 @@ def generate(kind, seed):
             nxt += q
 
 
-def gaps(lines, pol):
-    """The gap figures of a replay sweep (see the module's doc)."""
+def margins(lines, pol):
+    """A replay sweep's `kvoffload replay --json` lines, per capacity that has
+    lru, arc, s3fifo and pol: (pol's hits, the best of the three's, lru's), in
+    capacity order; and the trace's blocks."""
     hits, blocks = defaultdict(dict), 0
     for line in lines:
         if line.strip():
             o = json.loads(line)
             hits[o["capacity_blocks"]][o["policy"]] = o["hits"]
             blocks = o["blocks"]
-    below = below_lru = n = 0
-    total, worst, worst_lru, at = 0.0, 0.0, 0.0, None
+    out = {}
     for c in sorted(hits):
         r = hits[c]
-        if pol not in r or not all(p in r for p in ("lru", "arc", "s3fifo")):
-            continue
-        best = max(r["lru"], r["arc"], r["s3fifo"])
-        g = 100.0 * (r[pol] - best) / blocks
+        if pol in r and all(p in r for p in ("lru", "arc", "s3fifo")):
+            out[c] = (r[pol], max(r["lru"], r["arc"], r["s3fifo"]), r["lru"])
+    return out, blocks
+
+
+def gaps(lines, pol):
+    """The gap figures of a replay sweep (see the module's doc)."""
+    rows, blocks = margins(lines, pol)
+    below = below_lru = n = 0
+    total, worst, worst_lru, at = 0.0, 0.0, 0.0, None
+    for c, (hits, best, lru) in rows.items():
+        g = 100.0 * (hits - best) / blocks
         n += 1
         total += g
-        below += r[pol] < best
-        if r[pol] < r["lru"]:
+        below += hits < best
+        if hits < lru:
             below_lru += 1
-            worst_lru = min(worst_lru, 100.0 * (r[pol] - r["lru"]) / blocks)
+            worst_lru = min(worst_lru, 100.0 * (hits - lru) / blocks)
         if g < worst:
             worst, at = g, c
     if not n:
