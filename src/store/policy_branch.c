@@ -108,12 +108,13 @@
  * 9 table layouts (KVO_BRANCH_LAYOUT) and 33 traces, 1.75, 2, 2.25, 2.5
  * and 3 records per entry leave 58, 59, 78, 112 and 236 sweep capacities
  * below the best of three; 2 is kept (Mooncake's mean lead 0.05 points
- * smaller than at 2.5, the documents' larger).  Dead ends are for the one-off tails: a document's
- * question is stored after the document hit (CONT | LEAF) and is never used
- * again, and in Q it pushed out, in LRU order, the documents asked once that
- * would be asked again; evicted first, it leaves them Q's room (0.5-1.3
- * points on generated document traces at 20-50 % of their blocks, where ARC,
- * S3-FIFO and this policy without D were within a few hits of each other).
+ * smaller than at 2.5, the documents' larger).  Dead ends are for the
+ * one-off tails: a document's question is stored after the document hit
+ * (CONT | LEAF) and is never used again, and in Q it pushed out, in LRU
+ * order, the documents asked once that would be asked again; evicted
+ * first, it leaves them Q's room (0.5-1.3 points on generated document
+ * traces at 20-50 % of their blocks, where ARC, S3-FIFO and this policy
+ * without D were within a few hits of each other).
  * The classes are learnt, not assumed: on chat a turn's new chunks are
  * extended by the next turn (every class is reused, nothing is dead, the
  * same hits as without D); on Mooncake a leaf stored with no hit before it
@@ -129,10 +130,11 @@
  * READY key's record is in its entry, never also in the table (a hash
  * collision in the table costs hit rate, never correctness: the lists hold
  * only resident entries); Q's floor is at most 5 %.  No ghosts (ghost_cap
- * 0): the history is the table.  Cost: a lookup or store is O(n) (its resolution's entries,
- * plus a set scan of 8 for each key not in the store); insert, take and
- * admit one set scan; hit and reinsert none; take_victim O(1) amortized (each
- * second chance was paid for by a use).  Memory: 16 bytes of table per entry.
+ * 0): the history is the table.  Cost: a lookup or store is O(n) (its
+ * resolution's entries, plus a set scan of 8 for each key not in the
+ * store); insert, take and admit one set scan; hit and reinsert none;
+ * take_victim O(1) amortized (each second chance was paid for by a use).
+ * Memory: 16 bytes of table per entry.
  */
 #include <string.h>
 
@@ -150,6 +152,7 @@
 #ifndef KVO_BRANCH_LAYOUT
 #define KVO_BRANCH_LAYOUT 0
 #endif
+_Static_assert(KVO_BRANCH_LAYOUT >= 0 && KVO_BRANCH_LAYOUT <= 32, "KVO_BRANCH_LAYOUT: 0-32 (a 64-bit mix's 32 bits)");
 #define BR_USES 4      /* second chances a P entry can earn */
 /* Q's floor, a share of the queued entries in units of 1/BR_FLOOR_ONE: at
  * most BR_FLOOR_MAX (5 %), moved by BR_FLOOR_STEP (0.003 %) a return */
