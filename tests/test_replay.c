@@ -333,6 +333,16 @@ KVO_TEST(mooncake_branch_near_best_of_three) {
     near_best_of_three(mooncake(), "branch", near, 1, 0.3);
 }
 
+/* Near a full cache (Mooncake at 39,200-42,200 blocks: LRU, ARC and S3-FIFO
+ * lose at most 35 hits there to victims asked again) the first victims are
+ * chosen before any has come back; D's oldest first then lost 1-23 hits to
+ * once-used requests repeated late.  Judged by age until a victim comes back
+ * (policy_branch.c, br_d_first): at or above the best of three. */
+KVO_TEST(mooncake_branch_near_full_at_best_of_three) {
+    static const uint64_t full[] = {39200, 41600, 42200};
+    near_best_of_three(mooncake(), "branch", full, 3, 0.0);
+}
+
 KVO_TEST(docs_branch_near_best_of_three) {
     docs_near_best_of_three("docs3.jsonl", "branch", 0.3);
     docs_near_best_of_three("docs4.jsonl", "branch", 0.3);

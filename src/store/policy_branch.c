@@ -70,7 +70,12 @@
  * at least 64 stores counted and under 1/8 of all classes' reuses per store
  * goes to a third list, D, whose oldest is the victim before Q's, while D's
  * victims come back no more often than Q's (victims and returns counted
- * per list, halved with the classes).
+ * per list, halved with the classes); before any victim of either has come
+ * back, while an entry as old as D's oldest is no likelier to be used again
+ * than one as old as Q's oldest, judged from the ages at which each list's
+ * entries were used, were evicted or are still waiting (the estimate of
+ * LHD, Beckmann et al., NSDI 2018: uses at that age or older over all
+ * three).
  *
  * Why this design (docs/replay.md has the sweeps): on conversation traffic
  * nothing branches but shared system prompts, and a conversation's root is
@@ -121,9 +126,19 @@
  * is (2 % of them reused at 10,000 blocks, against 45 % of all keys).  D
  * stops giving victims when its victims come back more often than Q's
  * (Mooncake near a full cache, where late requests repeat once-used ones).
- * Cost: 3 record bits (the child hash went from 27 bits to 24) and a dozen
- * counters; a store's classes are set in its pass over the keys, and
- * judging a class is 4 terms.
+ * Near a full cache the first victims are chosen before any can come back,
+ * and D first with no evidence lost the once-used requests repeated late
+ * (Mooncake at 39,200-42,200 blocks: 1-23 hits below LRU, which evicts the
+ * oldest of all); by age Q's oldest goes first at 39,200 (1 use among 65
+ * of D's entries as old as its oldest, 0 among 64 of Q's), and no sweep
+ * capacity of the 21 tuning traces is below the best of three (3 before;
+ * over 9 table layouts 12, was 39).  After the first return the returns
+ * decide: by age alone Q's old victims go first at 26,600-28,400 blocks
+ * too, and come back (7 capacities below).  Cost: 3
+ * record bits (the child hash went from 27 bits to 24), a dozen counters
+ * and 2 KiB of age counts; a store's classes are set in its pass over the
+ * keys, judging a class is 4 terms, and the age rule (only while no victim
+ * has come back) sums 4 x 64 counts and visits at most 2 x 64 entries.
  *
  * Invariants: a queued entry is READY, unpinned and in exactly one of P
  * (KVO__Q_T2), Q (KVO__Q_T1), D (KVO__Q_S), with at most BR_USES uses; a
@@ -133,8 +148,9 @@
  * 0): the history is the table.  Cost: a lookup or store is O(n) (its
  * resolution's entries, plus a set scan of 8 for each key not in the
  * store); insert, take and admit one set scan; hit and reinsert none;
- * take_victim O(1) amortized (each second chance was paid for by a use).
- * Memory: 16 bytes of table per entry.
+ * take_victim O(1) amortized (each second chance was paid for by a use;
+ * the age rule's sums and scans are bounded).
+ * Memory: 16 bytes of table per entry, 2 KiB of age counts per store.
  */
 #include <string.h>
 
@@ -165,6 +181,11 @@ _Static_assert(KVO_BRANCH_LAYOUT >= 0 && KVO_BRANCH_LAYOUT <= 32, "KVO_BRANCH_LA
 #define BR_CLS_WINDOW 4
 #define BR_CLS_MIN 64
 #define BR_CLS_DEAD 8
+/* Ages (requests since an entry's last use, mod 2^16) in BR_AGES buckets, 4
+ * an octave (br_age); at most BR_AGE_SCAN of a list's oldest entries are
+ * visited to count those still waiting at its tail's age */
+#define BR_AGES 64
+#define BR_AGE_SCAN 64
 
 /* A key's record, 32 bits: in its entry's stamp while the key is in the
  * store, else in the table with its tag. */
@@ -198,6 +219,9 @@ struct kvo__branch {
         uint64_t d_out, d_back; /* D's victims, and those of them that came back */
         uint64_t q_out, q_back; /* the same for Q's */
         uint64_t stores;        /* stores since the counts above were last halved */
+        /* by age bucket (br_age), for D [0] and Q [1]: the uses of their
+         * entries (a request's, as used above) and their victims */
+        uint64_t age_used[2][BR_AGES], age_out[2][BR_AGES];
     } ends;
 };
 
@@ -233,6 +257,21 @@ static void br_count_store(kvo_store *s, unsigned c) {
     b->ends.d_back >>= 1;
     b->ends.q_out >>= 1;
     b->ends.q_back >>= 1;
+    for (int l = 0; l < 2; l++)
+        for (int a = 0; a < BR_AGES; a++) {
+            b->ends.age_used[l][a] >>= 1;
+            b->ends.age_out[l][a] >>= 1;
+        }
+}
+
+/* Entry e's age, requests since its last use (mod 2^16: an entry unused for
+ * longer reads younger, a matter of hit rate only), as a bucket: 0-3 exact,
+ * then four an octave (at most 59). */
+static inline unsigned br_age(const kvo_store *s, uint32_t e) {
+    unsigned a = (uint16_t)(s->branch->epoch - s->ent[e].use_tag);
+    if (a < 4) return a;
+    unsigned l = 31u - (unsigned)__builtin_clz(a);
+    return 4u * (l - 1u) + ((a >> (l - 2u)) & 3u);
 }
 
 static inline br_slot *br_set(const kvo__branch *b, uint64_t mix) {
@@ -286,7 +325,10 @@ static bool br_take_record(kvo__branch *b, uint64_t mix, uint32_t *rec) {
 static void br_queue(kvo_store *s, uint32_t e, uint8_t was, bool dead) {
     kvo__entry *x = &s->ent[e];
     uint16_t epoch = s->branch->epoch;
-    if ((was == BR_Q || was == BR_D) && x->use_tag != epoch) s->branch->ends.used[br_cls(x->stamp)]++;
+    if ((was == BR_Q || was == BR_D) && x->use_tag != epoch) {
+        s->branch->ends.used[br_cls(x->stamp)]++;
+        s->branch->ends.age_used[was == BR_Q][br_age(s, e)]++;
+    }
     uint8_t q = x->stamp & BR_MARKED ? BR_P : dead ? BR_D : BR_Q;
     x->freq = (uint8_t)(was != BR_P ? 0 : x->freq >= BR_USES || x->use_tag == epoch ? x->freq : x->freq + 1u);
     x->use_tag = epoch;
@@ -336,6 +378,40 @@ static void br_hit(kvo_store *s, uint32_t e) {
     br_queue(s, e, was, false);
 }
 
+/* How likely list l's (0: D, 1: Q) entries as old as its oldest, t, are to
+ * be used again, as *num / *den: the uses of its entries at that age bucket
+ * or older, over those uses, its victims that old, and its entries still
+ * waiting that old (counted from t towards the head, which is younger, up to
+ * BR_AGE_SCAN: without them no victim has been counted when a cache first
+ * fills, and every list's chance would read 1). */
+static void br_tail_chance(const kvo_store *s, int l, uint32_t t, double *num, double *den) {
+    const kvo__branch *b = s->branch;
+    unsigned a = br_age(s, t);
+    uint64_t used = 0, out = 0, waiting = 0;
+    for (unsigned k = a; k < BR_AGES; k++) {
+        used += b->ends.age_used[l][k];
+        out += b->ends.age_out[l][k];
+    }
+    for (uint32_t x = t; x != KVO__NIL && waiting < BR_AGE_SCAN && br_age(s, x) >= a; x = s->ent[x].prev) waiting++;
+    *num = (double)used;
+    *den = (double)(used + out + waiting);
+}
+
+/* Whether D's oldest (d) is the victim before Q's (q): while D's victims come
+ * back no more often than Q's; before any victim of either has come back (a
+ * cache that has just filled, or whose victims are not asked again), while
+ * an entry as old as d is no likelier to be used again than one as old as q
+ * (br_tail_chance; ties to D). */
+static bool br_d_first(const kvo_store *s, uint32_t d, uint32_t q) {
+    const kvo__branch *b = s->branch;
+    const uint64_t d_back = b->ends.d_back, d_out = b->ends.d_out, q_back = b->ends.q_back, q_out = b->ends.q_out;
+    if (d_back + q_back) return d_back * (q_out + 1) <= q_back * (d_out + 1);
+    double dn, dd, qn, qd;
+    br_tail_chance(s, 0, d, &dn, &dd);
+    br_tail_chance(s, 1, q, &qn, &qd);
+    return dn * qd <= qn * dd;
+}
+
 /* The victim's record goes to the table as its set's newest ghost: at take,
  * not at evicted, which prepare_store skips when it hands a victim's entry
  * to a new key (one slot size, no ghosts: store_prepare.c, KVO__HO_ENTRY);
@@ -344,9 +420,7 @@ static uint32_t br_take(kvo_store *s) {
     kvo__branch *b = s->branch;
     kvo__list *D = &s->q[BR_D], *Q = &s->q[BR_Q], *P = &s->q[BR_P];
     uint32_t e = Q->tail, from = 0;
-    /* D first, while its victims come back no more often than Q's */
-    const uint64_t d_back = b->ends.d_back, d_out = b->ends.d_out, q_back = b->ends.q_back, q_out = b->ends.q_out;
-    if (D->tail != KVO__NIL && (e == KVO__NIL || d_back * (q_out + 1) <= q_back * (d_out + 1))) {
+    if (D->tail != KVO__NIL && (e == KVO__NIL || br_d_first(s, D->tail, e))) {
         e = D->tail;
         from = BR_FROM_D;
     } else if (e != KVO__NIL && P->tail != KVO__NIL && Q->n * BR_FLOOR_ONE < (Q->n + P->n) * b->floor) {
@@ -361,6 +435,7 @@ static uint32_t br_take(kvo_store *s) {
         from = BR_FROM_P;
     }
     if (e != KVO__NIL) {
+        if (from != BR_FROM_P) b->ends.age_out[from == BR_FROM_D ? 0 : 1][br_age(s, e)]++;
         br_remove(s, e);
         *br_use(b, kvo__key_mix(&s->ent[e].key)) = s->ent[e].stamp | BR_GHOST | from;
         if (from == BR_FROM_P) {
@@ -382,6 +457,8 @@ static void br_untake(kvo_store *s, uint32_t e) {
     uint64_t *n = was == BR_P ? &b->from_p : &b->from_q;
     if (*n) --*n;
     n = was == BR_D ? &b->ends.d_out : was == BR_Q ? &b->ends.q_out : NULL;
+    if (n && *n) --*n;
+    n = was == BR_D || was == BR_Q ? &b->ends.age_out[was == BR_Q][br_age(s, e)] : NULL;
     if (n && *n) --*n;
     kvo__untake_to_origin(s, e);
 }
