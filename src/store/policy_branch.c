@@ -134,11 +134,11 @@
  * capacity of the 21 tuning traces is below the best of three (3 before;
  * over 9 table layouts 12, was 39).  After the first return the returns
  * decide: by age alone Q's old victims go first at 26,600-28,400 blocks
- * too, and come back (7 capacities below).  Cost: 3
- * record bits (the child hash went from 27 bits to 24), a dozen counters
- * and 2 KiB of age counts; a store's classes are set in its pass over the
- * keys, judging a class is 4 terms, and the age rule (only while no victim
- * has come back) sums 4 x 64 counts and visits at most 2 x 64 entries.
+ * too, and come back (7 capacities below).  Cost: 3 record bits (the child
+ * hash went from 27 bits to 24), a dozen counters and 2 KiB of age counts;
+ * a store's classes are set in its pass over the keys, judging a class is
+ * 4 terms, and the age rule (only while no victim has come back) sums
+ * 4 x 64 counts and visits at most 2 x 64 entries.
  *
  * Invariants: a queued entry is READY, unpinned and in exactly one of P
  * (KVO__Q_T2), Q (KVO__Q_T1), D (KVO__Q_S), with at most BR_USES uses; a
