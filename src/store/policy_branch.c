@@ -398,8 +398,9 @@ static void br_tail_chance(const kvo_store *s, int l, uint32_t t, double *num, d
 }
 
 /* Whether D's oldest (d) is the victim before Q's (q): while D's victims come
- * back no more often than Q's; before any victim of either has come back (a
- * cache that has just filled, or whose victims are not asked again), while
+ * back no more often than Q's; while no return of either is counted (a cache
+ * that has just filled, or whose victims are not asked again: the counts are
+ * halved with the classes, so a return long ago no longer counts), while
  * an entry as old as d is no likelier to be used again than one as old as q
  * (br_tail_chance; ties to D). */
 static bool br_d_first(const kvo_store *s, uint32_t d, uint32_t q) {
@@ -456,10 +457,12 @@ static void br_untake(kvo_store *s, uint32_t e) {
     uint8_t was = s->ent[e].ghost_q;
     uint64_t *n = was == BR_P ? &b->from_p : &b->from_q;
     if (*n) --*n;
-    n = was == BR_D ? &b->ends.d_out : was == BR_Q ? &b->ends.q_out : NULL;
-    if (n && *n) --*n;
-    n = was == BR_D || was == BR_Q ? &b->ends.age_out[was == BR_Q][br_age(s, e)] : NULL;
-    if (n && *n) --*n;
+    if (was == BR_D || was == BR_Q) { /* its list's victim counts, by list and by age */
+        uint64_t *out = was == BR_D ? &b->ends.d_out : &b->ends.q_out;
+        uint64_t *aged = &b->ends.age_out[was == BR_Q][br_age(s, e)];
+        if (*out) --*out;
+        if (*aged) --*aged;
+    }
     kvo__untake_to_origin(s, e);
 }
 
