@@ -29,7 +29,7 @@ static void rp_usage(FILE *f) {
             "                   KB, MB, GB) when --model is given\n"
             "  --model M        preset or kvoffload-model/1 file: bytes per block from its plan\n"
             "  --policy LIST    store policies of lru, arc, s3fifo, prefix, ensemble, branch\n"
-            "                   (default lru,arc,s3fifo,prefix)\n"
+            "                   (default lru,arc,s3fifo,branch)\n"
             "  --no-min         skip Belady's MIN\n"
             "  --ignore-present vLLM's manager: hits touched, present blocks not touched by a\n"
             "                   store (LRU 42.39 %% at 10k blocks on the Mooncake trace)\n"
@@ -451,7 +451,7 @@ static int rp_fleet_main(const rp_opts *o, const rp_trace *t) {
 int kvo_cmd_replay(int argc, char **argv) {
     rp_opts o;
     memset(&o, 0, sizeof o);
-    static const kvo_policy_kind defpol[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_PREFIX};
+    static const kvo_policy_kind defpol[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_BRANCH};
     memcpy(o.pol, defpol, sizeof defpol);
     o.npol = sizeof defpol / sizeof defpol[0];
     o.shared_pol = KVO_POLICY_LRU;
