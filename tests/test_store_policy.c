@@ -143,6 +143,38 @@ KVO_TEST(branch_protects_the_prefix_requests_branch_from) {
     ASSERT_EQ_INT(branch_prefix_survivors(KVO_POLICY_LRU, 3), 0);
 }
 
+/* The branch policy's ages (requests since an entry's last use) are 16-bit
+ * differences of request epochs: a prefix left in P, unused, through 70,000
+ * one-off requests reads 20,000 after 20,000 of them, then at least 2^15 and
+ * never as young as a wrapped 70,000 - 2^16 = 4,464. */
+KVO_TEST(branch_ages_do_not_wrap) {
+    kvo_plan *p;
+    kvo_store *s = mk(&p, KVO_POLICY_BRANCH, 32);
+    const uint64_t a[6] = {1, 2, 3, 4, 10, 11}, b[6] = {1, 2, 3, 4, 20, 21};
+    request(s, a, 6);
+    request(s, b, 6); /* 1-4: a branch point's prefix, in P */
+    kvo_chunk_key k1 = st_key(0, 1);
+    uint32_t e = kvo__index_find(s, &k1);
+    ASSERT_TRUE(e != KVO__NIL);
+    one_offs(s, 1000, 20000);
+    ASSERT_EQ_U64(kvo__branch_age(s, e), 20000);
+    for (int step = 0; step < 10; step++) {
+        one_offs(s, 1000 + 5 * (20000 + 5000 * (uint64_t)step), 5000);
+        ASSERT_TRUE(ready(s, 1)); /* still the same entry */
+        ASSERT_EQ_U64(kvo__index_find(s, &k1), e);
+        unsigned age = kvo__branch_age(s, e), want = 25000 + 5000 * (unsigned)step;
+        if (want < 0x8000u)
+            ASSERT_EQ_U64(age, want);
+        else
+            ASSERT_TRUE(age >= 0x8000u && age < 0xC000u);
+    }
+    request(s, a, 4); /* a use: age 0 again */
+    ASSERT_EQ_U64(kvo__branch_age(s, e), 0);
+    st_check(s);
+    kvo_store_destroy(s);
+    kvo_plan_destroy(p);
+}
+
 /* Policy admission (kvo_store_params.policy_admission): 7 documents of 4
  * chunks, each asked two questions (so marked, in P: 28 chunks of a 32-chunk
  * store), then a one-off request of 6 chunks.  Q holds 4 chunks (questions),

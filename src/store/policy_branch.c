@@ -141,7 +141,8 @@
  * 4 x 64 counts and visits at most 2 x 64 entries.
  *
  * Invariants: a queued entry is READY, unpinned and in exactly one of P
- * (KVO__Q_T2), Q (KVO__Q_T1), D (KVO__Q_S), with at most BR_USES uses; a
+ * (KVO__Q_T2), Q (KVO__Q_T1), D (KVO__Q_S), with at most BR_USES uses and
+ * an age (requests since its last use) under 2^15 + 2^14; a
  * READY key's record is in its entry, never also in the table (a hash
  * collision in the table costs hit rate, never correctness: the lists hold
  * only resident entries); Q's floor is at most 5 %.  No ghosts (ghost_cap
@@ -149,7 +150,9 @@
  * resolution's entries, plus a set scan of 8 for each key not in the
  * store); insert, take and admit one set scan; hit and reinsert none;
  * take_victim O(1) amortized (each second chance was paid for by a use;
- * the age rule's sums and scans are bounded).
+ * the age rule's sums and scans are bounded); a new request moves the age
+ * hand over ceil(pool / 2^14) entries (one below 16,384 keys, 62 at a
+ * million), so that no 16-bit age wraps (br_age_clamp).
  * Memory: 16 bytes of table per entry, 2 KiB of age counts per store.
  */
 #include <string.h>
@@ -186,6 +189,14 @@ _Static_assert(KVO_BRANCH_LAYOUT >= 0 && KVO_BRANCH_LAYOUT <= 32, "KVO_BRANCH_LA
  * visited to count those still waiting at its tail's age */
 #define BR_AGES 64
 #define BR_AGE_SCAN 64
+/* Ages are 16-bit differences of epochs.  So that none wraps (an entry
+ * unused for 2^16 requests would read as just used), a hand clamps the ages
+ * of pool entries to BR_AGE_CAP as it passes them, visiting every entry
+ * within BR_AGE_LAP requests: no age exceeds BR_AGE_CAP + BR_AGE_LAP - 1 < 2^16,
+ * and every age under BR_AGE_CAP is exact (bucket 56 and above: "that old or
+ * older"). */
+#define BR_AGE_CAP 0x8000u
+#define BR_AGE_LAP 0x4000u
 
 /* A key's record, 32 bits: in its entry's stamp while the key is in the
  * store, else in the table with its tag. */
@@ -212,6 +223,8 @@ struct kvo__branch {
     uint64_t floor;         /* Q's floor, in 1/BR_FLOOR_ONE of the queued entries */
     uint64_t from_q, from_p; /* victims taken from Q and from P */
     uint16_t epoch;          /* the request now in progress (br_observe), mod 2^16 */
+    uint32_t age_hand;       /* the next pool entry whose age br_age_clamp caps */
+    uint32_t age_step;       /* entries it passes per request: a lap in BR_AGE_LAP requests */
     bool stored;             /* the last call br_observe saw was a store */
     struct {                    /* dead-end classes (record bits LEAF, CONT) */
         uint64_t in[4];         /* keys of the class stored */
@@ -264,11 +277,29 @@ static void br_count_store(kvo_store *s, unsigned c) {
         }
 }
 
-/* Entry e's age, requests since its last use (mod 2^16: an entry unused for
- * longer reads younger, a matter of hit rate only), as a bucket: 0-3 exact,
- * then four an octave (at most 59). */
+/* Entry e's age, requests since its last use (exact under BR_AGE_CAP; at
+ * most BR_AGE_CAP + BR_AGE_LAP - 1, br_age_clamp). */
+static inline unsigned br_age_raw(const kvo_store *s, uint32_t e) {
+    return (uint16_t)(s->branch->epoch - s->ent[e].use_tag);
+}
+
+unsigned kvo__branch_age(const kvo_store *s, uint32_t e) { return br_age_raw(s, e); }
+
+/* At a new request: the next age_step pool entries' ages capped at
+ * BR_AGE_CAP (any entry, queued or not: a free one's tag is rewritten when
+ * it is next queued). */
+static void br_age_clamp(kvo_store *s) {
+    kvo__branch *b = s->branch;
+    for (uint32_t i = 0; i < b->age_step; i++) {
+        uint32_t e = b->age_hand;
+        if (br_age_raw(s, e) > BR_AGE_CAP) s->ent[e].use_tag = (uint16_t)(b->epoch - BR_AGE_CAP);
+        b->age_hand = e + 1 < s->pool_cap ? e + 1 : 0;
+    }
+}
+
+/* Entry e's age as a bucket: 0-3 exact, then four an octave (at most 59). */
 static inline unsigned br_age(const kvo_store *s, uint32_t e) {
-    unsigned a = (uint16_t)(s->branch->epoch - s->ent[e].use_tag);
+    unsigned a = br_age_raw(s, e);
     if (a < 4) return a;
     unsigned l = 31u - (unsigned)__builtin_clz(a);
     return 4u * (l - 1u) + ((a >> (l - 2u)) & 3u);
@@ -514,7 +545,10 @@ static void br_observe(kvo_store *s, int call, const kvo_chunk_key *keys, size_t
      * after a store is another request's, or a later step of the same one,
      * whose batch holds only new keys) */
     if (call != KVO__CALL_LOOKUP && call != KVO__CALL_STORE && call != KVO__CALL_TOUCH) return;
-    if (b->stored) b->epoch++;
+    if (b->stored) {
+        b->epoch++;
+        br_age_clamp(s);
+    }
     b->stored = call == KVO__CALL_STORE;
     if (call == KVO__CALL_TOUCH) return;
     uint64_t seen = 0, mark = 0, ghost_root = 0, cont = 0; /* cont, bit g: a resident key of group g so far */
@@ -598,6 +632,7 @@ static int br_init(kvo_store *s) {
                           bytes);
     }
     memset(b->tab, 0, bytes);
+    b->age_step = (uint32_t)kvo__div_ceil_u64(s->pool_cap, BR_AGE_LAP);
     s->branch = b;
     return 0;
 }
@@ -609,7 +644,8 @@ static void br_fini(kvo_store *s) {
     s->branch = NULL;
 }
 
-/* Every queued entry READY, unpinned, in P or Q, with at most BR_USES uses,
+/* Every queued entry READY, unpinned, in P or Q, with at most BR_USES uses
+ * and an age within br_age_clamp's bound,
  * its key's record in the entry and not in the table (a 32-bit tag
  * collision in the same set would be reported too: 8 in 2^32 per entry). */
 static int br_check(kvo_store *s) {
@@ -624,6 +660,9 @@ static int br_check(kvo_store *s) {
             if (x->q != qs[k] || x->state != KVO__E_READY || x->pins || x->freq > BR_USES)
                 return kvo__error(KVO_ECORRUPT, "branch policy: entry %u in list %u: q %u state %u pins %u uses %u",
                                   e, qs[k], x->q, x->state, x->pins, x->freq);
+            if (br_age_raw(s, e) >= BR_AGE_CAP + BR_AGE_LAP)
+                return kvo__error(KVO_ECORRUPT, "branch policy: entry %u's age %u passed the clamp's bound %u", e,
+                                  br_age_raw(s, e), BR_AGE_CAP + BR_AGE_LAP - 1);
             if (br_lookup(s->branch, kvo__key_mix(&x->key)))
                 return kvo__error(KVO_ECORRUPT, "branch policy: stored entry %u's record is in the table too", e);
         }

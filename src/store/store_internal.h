@@ -231,6 +231,9 @@ extern const kvo__policy_ops kvo__policy_ensemble;
 extern const kvo__policy_ops kvo__policy_branch;
 /* The branch policy's history table (policy_branch.c). */
 typedef struct kvo__branch kvo__branch;
+/* Requests since entry e's last use under the branch policy (exact below
+ * 2^15; capped, never wrapped, past it).  For tests. */
+unsigned kvo__branch_age(const struct kvo_store *s, uint32_t e);
 
 /* ------------------------------------------- miniature simulations (minisim.c) -- */
 /* Evicted keys the prefix policy remembers per key the store can hold (the
