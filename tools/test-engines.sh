@@ -28,17 +28,7 @@ kvo_test_library
 venv=${KVO_ENGINES_VENV:-build/engines-venv}
 [ "${venv:0:1}" = / ] || venv="$root/$venv"
 reqs="python/requirements-sglang.txt python/requirements-lmcache.txt"
-stamp="$venv/.kvo-requirements"
-want=$(cat $reqs | sha256sum | cut -c1-16)
-if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  start=$(date +%s)
-  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  args=()
-  for r in $reqs; do args+=(-r "$r"); done
-  "$venv/bin/pip" install -q --no-cache-dir --no-deps "${args[@]}"
-  echo "$want" > "$stamp"
-  echo "test-engines: pip install took $(( $(date +%s) - start )) s ($(du -sh "$venv" | cut -f1))"
-fi
+kvo_pinned_venv "$venv" "test-engines: pip install" $reqs
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export KVO_TEST_ENGINES=1
 

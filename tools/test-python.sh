@@ -82,18 +82,9 @@ echo "test-python: binding tests took $(( $(date +%s) - start )) s"
 if [ $with_vllm -eq 1 ]; then
   vv=${KVO_VLLM_VENV:-build/vllm-venv}
   [ "${vv:0:1}" = / ] || vv="$root/$vv"
-  # every package pinned in python/requirements-vllm.txt, installed with
-  # --no-deps (vllm's own requirements would add 3.6 GB of GPU kernels); the
-  # venv is remade from that list when the list changes (a stamp of its hash)
-  stamp="$vv/.kvo-requirements"
-  want=$(sha256sum < python/requirements-vllm.txt | cut -c1-16)
-  if [ ! -x "$vv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    start=$(date +%s)
-    [ -x "$vv/bin/python" ] || python3 -m venv "$vv"
-    "$vv/bin/pip" install -q --no-cache-dir --no-deps -r python/requirements-vllm.txt
-    echo "$want" > "$stamp"
-    echo "test-python: pip install vllm took $(( $(date +%s) - start )) s ($(du -sh "$vv" | cut -f1))"
-  fi
+  # every package pinned, installed with --no-deps (vllm's own requirements
+  # would add 3.6 GB of GPU kernels; tools/test-library.sh)
+  kvo_pinned_venv "$vv" "test-python: pip install vllm" python/requirements-vllm.txt
   build_ext "$vv/bin/python"
   start=$(date +%s)
   KVO_TEST_VLLM=1 run_pytest "$vv/bin/python" -q -m vllm tests "$@"
