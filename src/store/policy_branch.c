@@ -184,7 +184,7 @@ _Static_assert(KVO_BRANCH_LAYOUT >= 0 && KVO_BRANCH_LAYOUT <= 32, "KVO_BRANCH_LA
 #define BR_CLS_WINDOW 4
 #define BR_CLS_MIN 64
 #define BR_CLS_DEAD 8
-/* Ages (requests since an entry's last use, mod 2^16) in BR_AGES buckets, 4
+/* Ages (requests since an entry's last use, br_age_raw) in BR_AGES buckets, 4
  * an octave (br_age); at most BR_AGE_SCAN of a list's oldest entries are
  * visited to count those still waiting at its tail's age */
 #define BR_AGES 64
@@ -232,8 +232,8 @@ struct kvo__branch {
         uint64_t d_out, d_back; /* D's victims, and those of them that came back */
         uint64_t q_out, q_back; /* the same for Q's */
         uint64_t stores;        /* stores since the counts above were last halved */
-        /* by age bucket (br_age), for D [0] and Q [1]: the uses of their
-         * entries (a request's, as used above) and their victims */
+        /* by age bucket (br_age), for D and Q (index br_aged): the uses of
+         * their entries (a request's, as used above) and their victims */
         uint64_t age_used[2][BR_AGES], age_out[2][BR_AGES];
     } ends;
 };
@@ -241,6 +241,8 @@ struct kvo__branch {
 static inline uint32_t br_tag(uint64_t mix) { return (uint32_t)(mix >> 32) | 1u; }
 static inline uint32_t br_child(uint64_t mix) { return (uint32_t)(mix >> 40) | 1u; }
 static inline unsigned br_cls(uint32_t rec) { return (rec & BR_CLS) >> 25; }
+/* List q's (BR_D or BR_Q) index in the age counts: D 0, Q 1. */
+static inline unsigned br_aged(uint8_t q) { return q == BR_Q; }
 
 /* Whether class c is a dead end: its reuses per store are under
  * 1/BR_CLS_DEAD of all classes' (doubles: the products of three counts can
@@ -358,7 +360,7 @@ static void br_queue(kvo_store *s, uint32_t e, uint8_t was, bool dead) {
     uint16_t epoch = s->branch->epoch;
     if ((was == BR_Q || was == BR_D) && x->use_tag != epoch) {
         s->branch->ends.used[br_cls(x->stamp)]++;
-        s->branch->ends.age_used[was == BR_Q][br_age(s, e)]++;
+        s->branch->ends.age_used[br_aged(was)][br_age(s, e)]++;
     }
     uint8_t q = x->stamp & BR_MARKED ? BR_P : dead ? BR_D : BR_Q;
     x->freq = (uint8_t)(was != BR_P ? 0 : x->freq >= BR_USES || x->use_tag == epoch ? x->freq : x->freq + 1u);
@@ -409,15 +411,15 @@ static void br_hit(kvo_store *s, uint32_t e) {
     br_queue(s, e, was, false);
 }
 
-/* How likely list l's (0: D, 1: Q) entries as old as its oldest, t, are to
+/* How likely list q's (BR_D or BR_Q) entries as old as its oldest, t, are to
  * be used again, as *num / *den: the uses of its entries at that age bucket
  * or older, over those uses, its victims that old, and its entries still
  * waiting that old (counted from t towards the head, which is younger, up to
  * BR_AGE_SCAN: without them no victim has been counted when a cache first
  * fills, and every list's chance would read 1). */
-static void br_tail_chance(const kvo_store *s, int l, uint32_t t, double *num, double *den) {
+static void br_tail_chance(const kvo_store *s, uint8_t q, uint32_t t, double *num, double *den) {
     const kvo__branch *b = s->branch;
-    unsigned a = br_age(s, t);
+    unsigned a = br_age(s, t), l = br_aged(q);
     uint64_t used = 0, out = 0, waiting = 0;
     for (unsigned k = a; k < BR_AGES; k++) {
         used += b->ends.age_used[l][k];
@@ -439,8 +441,8 @@ static bool br_d_first(const kvo_store *s, uint32_t d, uint32_t q) {
     const uint64_t d_back = b->ends.d_back, d_out = b->ends.d_out, q_back = b->ends.q_back, q_out = b->ends.q_out;
     if (d_back + q_back) return d_back * (q_out + 1) <= q_back * (d_out + 1);
     double dn, dd, qn, qd;
-    br_tail_chance(s, 0, d, &dn, &dd);
-    br_tail_chance(s, 1, q, &qn, &qd);
+    br_tail_chance(s, BR_D, d, &dn, &dd);
+    br_tail_chance(s, BR_Q, q, &qn, &qd);
     return dn * qd <= qn * dd;
 }
 
@@ -467,7 +469,7 @@ static uint32_t br_take(kvo_store *s) {
         from = BR_FROM_P;
     }
     if (e != KVO__NIL) {
-        if (from != BR_FROM_P) b->ends.age_out[from == BR_FROM_D ? 0 : 1][br_age(s, e)]++;
+        if (from != BR_FROM_P) b->ends.age_out[br_aged(s->ent[e].q)][br_age(s, e)]++;
         br_remove(s, e);
         *br_use(b, kvo__key_mix(&s->ent[e].key)) = s->ent[e].stamp | BR_GHOST | from;
         if (from == BR_FROM_P) {
@@ -490,7 +492,7 @@ static void br_untake(kvo_store *s, uint32_t e) {
     if (*n) --*n;
     if (was == BR_D || was == BR_Q) { /* its list's victim counts, by list and by age */
         uint64_t *out = was == BR_D ? &b->ends.d_out : &b->ends.q_out;
-        uint64_t *aged = &b->ends.age_out[was == BR_Q][br_age(s, e)];
+        uint64_t *aged = &b->ends.age_out[br_aged(was)][br_age(s, e)];
         if (*out) --*out;
         if (*aged) --*aged;
     }
