@@ -2,12 +2,12 @@
  * The chunk plan: per-group chunk geometry derived from a model and the
  * offload configuration.
  *
- * Why per group.  Chunking used to be one scalar ("block_size" tokens per
- * chunk) turned into one blocks-per-chunk factor, which silently assumes that
- * every KV-cache group has the same tokens_per_block.  Here every group gets
- * its own blocks_per_chunk and therefore its own tokens_per_chunk,
- * hashes_per_chunk and chunk bytes; nothing downstream ever reads a global
- * chunk size.
+ * Why per group.  One scalar chunk size ("block_size" tokens per chunk, as
+ * engines' offload configs give it) turned into one blocks-per-chunk factor
+ * silently assumes that every KV-cache group has the same tokens_per_block.
+ * Here every group gets its own blocks_per_chunk and therefore its own
+ * tokens_per_chunk, hashes_per_chunk and chunk bytes; nothing downstream ever
+ * reads a global chunk size.
  *
  * How blocks_per_chunk is chosen for group g (tpb_g = tokens_per_block,
  * tph = tokens_per_hash, min_g = lcm(tpb_g, tph) / tpb_g, the fewest blocks
