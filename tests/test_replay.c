@@ -241,10 +241,6 @@ static void workload_vs_lru(bool chat, const char *pol) {
 
 KVO_TEST(chat_workload_prefix_never_below_lru) { workload_vs_lru(true, "prefix"); }
 KVO_TEST(docs_workload_prefix_beats_lru) { workload_vs_lru(false, "prefix"); }
-/* The branch policy (policy_branch.c): on chat only system prompts branch,
- * the rest is LRU's order; on docs the documents are the branch points. */
-KVO_TEST(chat_workload_branch_never_below_lru) { workload_vs_lru(true, "branch"); }
-KVO_TEST(docs_workload_branch_beats_lru) { workload_vs_lru(false, "branch"); }
 
 /* -------------------------------------- against the best of the three -- */
 
@@ -303,105 +299,6 @@ static void docs_near_best_of_three(const char *name, const char *pol, double po
 }
 
 KVO_TEST(docs_prefix_near_best_of_three) { docs_near_best_of_three("docs3.jsonl", "prefix", 1.5); }
-
-/* The ensemble policy (follow.c): on Mooncake, where the prefix policy is
- * 0.5-0.7 points below ARC above ~20k blocks and at 2,600, within 0.35 of
- * the best of three everywhere on the 84-capacity sweep, and at or above
- * it at these large capacities (a vote of the shadows that do best keeps
- * what they agree on); on documents within 0.5 (the prefix policy: 1.3). */
-KVO_TEST(mooncake_ensemble_near_best_of_three) {
-    static const uint64_t caps[] = {2600, 10000, 24200};
-    near_best_of_three(mooncake(), "ensemble", caps, 3, 0.35);
-    static const uint64_t large[] = {24200, 30000};
-    near_best_of_three(mooncake(), "ensemble", large, 2, 0.0);
-}
-
-KVO_TEST(docs_ensemble_near_best_of_three) { docs_near_best_of_three("docs4.jsonl", "ensemble", 0.5); }
-
-/* The branch policy (policy_branch.c): on Mooncake at or above the best of
- * three where shared prefixes branch (+0.6..+2.2 points at 3,200-11,000
- * blocks) and where, late in the trace, P holds nearly every chunk and Q's
- * floor keeps once-used requests that come back (15,800-18,200: S3-FIFO led
- * there by 68-132 hits before the floor); at 2,600 within 0.3 (-0.27:
- * admission turns away once-used requests that come back there; +0.55
- * without it); on documents within 0.3 at 5-30 % of the blocks
- * (-0.15..+0.57; `prefix` 1.5, `ensemble` 0.5: docs/replay.md). */
-KVO_TEST(mooncake_branch_near_best_of_three) {
-    static const uint64_t above[] = {3200, 3800, 5000, 9800, 11000, 15800, 17000, 18200};
-    near_best_of_three(mooncake(), "branch", above, 8, 0.0);
-    static const uint64_t near[] = {2600};
-    near_best_of_three(mooncake(), "branch", near, 1, 0.3);
-}
-
-/* Near a full cache (Mooncake at 39,200-42,200 blocks: LRU, ARC and S3-FIFO
- * lose at most 35 hits there to victims asked again) the first victims are
- * chosen before any has come back; D's oldest first then lost 1-23 hits to
- * once-used requests repeated late.  Judged by age until a victim comes back
- * (policy_branch.c, br_d_first): at or above the best of three. */
-KVO_TEST(mooncake_branch_near_full_at_best_of_three) {
-    static const uint64_t full[] = {39200, 41600, 42200};
-    near_best_of_three(mooncake(), "branch", full, 3, 0.0);
-}
-
-KVO_TEST(docs_branch_near_best_of_three) {
-    docs_near_best_of_three("docs3.jsonl", "branch", 0.3);
-    docs_near_best_of_three("docs4.jsonl", "branch", 0.3);
-}
-
-/* Policy admission (the replay's store is the last tier; --store-all turns
- * it off): on documents a question's new document, its room coming from the
- * documents in P, is turned away, which gains 0.1-1.1 points at 2 % of the
- * blocks and 0.0-0.6 at 5 % over generated traces: the mean of the two is
- * asked to gain `points`, and neither to lose more than 0.1 (one capacity's
- * hits move by 0.1-0.3 points with the table's layout, docs/replay.md); on
- * chat Q is most of the cache and nothing is turned away: the same hits. */
-static void admission_gain(bool chat, const char *name, double points) {
-    uint64_t distinct;
-    const char *path = write_workload(name, chat, false, &distinct);
-    uint64_t caps[2] = {(uint64_t)(0.02 * (double)distinct), (uint64_t)(0.05 * (double)distinct)};
-    char args[256];
-    rows with, without;
-    snprintf(args, sizeof args, "--no-min --policy branch --capacity %llu,%llu", (unsigned long long)caps[0],
-             (unsigned long long)caps[1]);
-    replay(path, args, &with);
-    snprintf(args + strlen(args), sizeof args - strlen(args), " --store-all");
-    replay(path, args, &without);
-    double mean = 0;
-    for (int i = 0; i < 2; i++) {
-        size_t a = row(&with, "branch", caps[i]), b = row(&without, "branch", caps[i]);
-        double gain = 100.0 * ((double)with.hits[a] - (double)without.hits[b]) / (double)with.blocks[a];
-        mean += gain / 2;
-        if (getenv("KVO_TEST_VERBOSE")) printf("%s at %llu: admission %+.2f points\n", name,
-                                               (unsigned long long)caps[i], gain);
-        if (chat ? with.hits[a] != without.hits[b] : gain < -0.1)
-            FAILF("%s at %llu blocks: admission gains %+.2f points (%llu hits against %llu)", name,
-                  (unsigned long long)caps[i], gain, (unsigned long long)with.hits[a],
-                  (unsigned long long)without.hits[b]);
-    }
-    if (!chat && mean < points)
-        FAILF("%s: admission gains %+.2f points on average at 2 %% and 5 %% of the blocks, %.2f asked", name, mean,
-              points);
-}
-
-KVO_TEST(docs_branch_admission_gains_on_small_caches) {
-    admission_gain(false, "docs3.jsonl", 0.1);
-    admission_gain(false, "docs4.jsonl", 0.1);
-}
-
-KVO_TEST(chat_branch_admission_changes_nothing) { admission_gain(true, "chat.jsonl", 0.0); }
-
-/* Dead-end classes (policy_branch.c): a document trace's questions are
- * stored after a resident document and never used again; learnt dead, they
- * go first, and Q keeps the documents asked once for longer.  At 40 % and
- * 50 % of the blocks, where ARC, S3-FIFO and branch without them were within
- * a few hits of each other, branch now leads the best of three by 0.8-1.3
- * points over generated traces; 0.4 is asked. */
-KVO_TEST(docs_branch_dead_ends_lead_large_caches) {
-    uint64_t distinct;
-    const char *path = write_workload("docs3.jsonl", false, false, &distinct);
-    uint64_t caps[2] = {(uint64_t)(0.4 * (double)distinct), (uint64_t)(0.5 * (double)distinct)};
-    near_best_of_three(path, "branch", caps, 2, -0.4);
-}
 
 /* ------------------------------------------------------ command errors -- */
 

@@ -52,7 +52,7 @@
  */
 
 #include "core/hmap.h"
-#include "store/store_internal.h"
+#include "store/minisim.h"
 
 #define KVO__MINI_CAP 1024u      /* most keys a simulation holds */
 #define KVO__MINI_HL 16.0        /* score memory, in fills of the simulated cache */

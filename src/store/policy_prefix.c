@@ -56,78 +56,103 @@
  * bits: an age gap over 2^31 uses compares wrongly, which costs hit rate and
  * nothing else.
  */
+#include "store/minisim.h"
 #include "store/store_internal.h"
 
-#define PFX_P KVO__Q_T1
-#define PFX_M KVO__Q_T2
+enum { P = 1, M, G };
+/* Per entry: the use count at its last use (a ghost: the eviction count at
+ * its eviction), and the list it last left (a revived ghost: G when it
+ * counts as reused). */
+#define PFX_STAMP(s, e) ((s)->ent[e].pol.u32[0])
+#define PFX_FROM(s, e) ((s)->ent[e].pol.u8[4])
+
+typedef struct pfx_state {
+    uint32_t clock;  /* uses so far (PFX_STAMP of queued entries) */
+    uint32_t evseq;  /* evictions so far (PFX_STAMP of ghosts) */
+    kvo__mini *mini; /* the simulations */
+} pfx_state;
+#define PFX(s) ((pfx_state *)(s)->ps)
 
 /* A use of e (not queued now) by the store: stamp it, queue it in q, and
  * tell the simulations. */
 static void pfx_use_in(kvo_store *s, uint32_t e, uint8_t q, bool hit) {
-    kvo__entry *x = &s->ent[e];
-    x->stamp = ++s->pfx_clock;
-    kvo__list_push_head(s, &s->q[q], e, q);
-    if (s->pfx_mini) kvo__mini_ref(s->pfx_mini, kvo__key_mix(&x->key), s->resident, hit);
+    PFX_STAMP(s, e) = ++PFX(s)->clock;
+    kvo__list_push_head(s, q, e);
+    kvo__mini_ref(PFX(s)->mini, kvo__key_mix(&s->ent[e].key), s->resident, hit);
 }
 
 static void pfx_insert(kvo_store *s, uint32_t e) {
-    uint8_t q = s->ent[e].ghost_q == KVO__Q_G ? PFX_M : PFX_P;
-    s->ent[e].ghost_q = 0;
+    uint8_t q = PFX_FROM(s, e) == G ? M : P;
+    PFX_FROM(s, e) = 0;
     pfx_use_in(s, e, q, false);
 }
 
-static void pfx_remove(kvo_store *s, uint32_t e) {
-    uint8_t q = s->ent[e].q;
-    kvo__list_unlink(s, &s->q[q], e);
-    s->ent[e].ghost_q = q; /* for untake (a reclaimed victim put back) */
+/* Leave the list it is in, remembering which (untake puts it back). */
+static void pfx_leave(kvo_store *s, uint32_t e) {
+    PFX_FROM(s, e) = s->ent[e].q;
+    kvo__list_unlink(s, e);
 }
 
-static void pfx_reinsert(kvo_store *s, uint32_t e) { pfx_use_in(s, e, PFX_M, true); }
+static void pfx_reinsert(kvo_store *s, uint32_t e) { pfx_use_in(s, e, M, true); }
 
 static void pfx_hit(kvo_store *s, uint32_t e) {
-    pfx_remove(s, e);
-    pfx_use_in(s, e, PFX_M, true);
+    pfx_leave(s, e);
+    pfx_use_in(s, e, M, true);
 }
 
 static uint32_t pfx_take(kvo_store *s) {
-    uint32_t tp = s->q[PFX_P].tail, tm = s->q[PFX_M].tail, e;
+    uint32_t tp = s->pq[P].tail, tm = s->pq[M].tail, e;
     if (tp == KVO__NIL) e = tm;
     else if (tm == KVO__NIL) e = tp;
     else {
-        uint64_t gap = kvo__prefix_gap(kvo__mini_knob8[kvo__prefix_setting(s)], s->resident);
-        e = kvo__prefix_take_m(s->ent[tp].stamp, s->ent[tm].stamp, gap) ? tm : tp;
+        uint64_t gap = kvo__prefix_gap(kvo__mini_knob8[kvo__mini_best(PFX(s)->mini)], s->resident);
+        e = kvo__prefix_take_m(PFX_STAMP(s, tp), PFX_STAMP(s, tm), gap) ? tm : tp;
     }
-    if (e != KVO__NIL) pfx_remove(s, e);
+    if (e != KVO__NIL) pfx_leave(s, e);
     return e;
 }
 
+static void pfx_untake(kvo_store *s, uint32_t e) {
+    uint8_t from = PFX_FROM(s, e);
+    PFX_FROM(s, e) = 0;
+    kvo__list_push_tail(s, from, e);
+}
+
 static void pfx_evicted(kvo_store *s, uint32_t e) {
-    s->ent[e].ghost_q = 0;
-    s->ent[e].stamp = ++s->pfx_evseq;
-    kvo__list *G = &s->q[KVO__Q_G];
-    kvo__list_push_head(s, G, e, KVO__Q_G);
-    while (G->n > s->ghost_cap) kvo__ghost_drop(s, G->tail);
+    PFX_FROM(s, e) = 0;
+    PFX_STAMP(s, e) = ++PFX(s)->evseq;
+    kvo__list_push_head(s, G, e);
+    while (s->pq[G].n > s->ghost_cap) kvo__ghost_drop(s, s->pq[G].tail);
 }
 
 /* A ghost stored again: reused (M at insert) when evicted within the
  * current setting's ghost window, W cache sizes of evictions ago. */
 static void pfx_ghost_claim(kvo_store *s, uint32_t e) {
-    kvo__list_unlink(s, &s->q[KVO__Q_G], e);
-    uint64_t w = kvo__mini_ghostw[kvo__prefix_setting(s)];
-    s->ent[e].ghost_q = (uint64_t)(uint32_t)(s->pfx_evseq - s->ent[e].stamp) < w * s->resident ? KVO__Q_G : 0;
+    kvo__list_unlink(s, e);
+    uint64_t w = kvo__mini_ghostw[kvo__mini_best(PFX(s)->mini)];
+    PFX_FROM(s, e) = (uint64_t)(uint32_t)(PFX(s)->evseq - PFX_STAMP(s, e)) < w * s->resident ? G : 0;
 }
 
 static int pfx_init(kvo_store *s) {
-    if (s->pfx_force >= 0) return 0; /* an ensemble's shadow at a fixed setting: nothing to learn */
-    return kvo__mini_create(&s->pfx_mini, s->max_entries);
+    pfx_state *st = kvo__calloc(1, sizeof *st);
+    if (!st) return kvo__error(KVO_ENOMEM, "kvo_store_create: out of memory for the prefix policy's state");
+    s->ps = st;
+    return kvo__mini_create(&st->mini, s->max_entries);
 }
 
 static void pfx_fini(kvo_store *s) {
-    kvo__mini_destroy(s->pfx_mini);
-    s->pfx_mini = NULL;
+    if (s->ps) kvo__mini_destroy(PFX(s)->mini);
+    kvo__free(s->ps);
+    s->ps = NULL;
+}
+
+uint32_t kvo__prefix_knob(kvo_store *s) {
+    return s->pol == &kvo__policy_prefix ? kvo__mini_knob8[kvo__mini_best(PFX(s)->mini)] : 0;
 }
 
 const kvo__policy_ops kvo__policy_prefix = {
-    "prefix", pfx_insert, pfx_hit, pfx_remove, pfx_reinsert, pfx_take, kvo__untake_to_origin, pfx_evicted,
-    pfx_ghost_claim, pfx_init, pfx_fini, true,
+    .name = "prefix", .lists = {"p", "m", "g"}, .ghosts_per_entry = KVO__PREFIX_GHOSTS, .leaf_first = true,
+    .insert = pfx_insert, .hit = pfx_hit, .remove = pfx_leave, .reinsert = pfx_reinsert, .take_victim = pfx_take,
+    .untake = pfx_untake, .evicted = pfx_evicted, .ghost_claim = pfx_ghost_claim, .init = pfx_init,
+    .fini = pfx_fini,
 };
