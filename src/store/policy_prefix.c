@@ -1,60 +1,55 @@
 /*
  * Prefix-cache eviction: recency, or protection of reused prefixes, chosen
- * online by miniature simulations of both on a sample of the keys.
+ * online by miniature simulations, with LRU as the fallback.
  *
  * What a prefix cache sees: a request looks its chunks up in order and hits
  * until its first miss, then stores all of them.  Reuse comes in two shapes.
  * Conversations: turn k+1 extends turn k a little later, so the chunks used
  * last are the ones wanted next (LRU is right, and protecting "frequent" old
- * turns only keeps dead conversations).  Shared prefixes: long documents or
- * system prompts reused by many requests, among many one-off requests whose
- * chunks are never used again (on the Mooncake trace 58 % of chunks are used
- * once); there a chunk that was used again is worth far more than a fresh
- * one, and a burst of one-off requests must not flush it (LRU loses them).
+ * turns only keeps dead conversations).  Shared prefixes: documents or system
+ * prompts reused by many requests among many one-off ones; there a chunk that
+ * was used again is worth far more than a fresh one, and a burst of one-off
+ * requests must not flush it (LRU loses them).
  *
  * How: two LRU lists through the entries, P (used once) and M (used again,
  * or stored again while the store still remembered it as a ghost), and a
- * ghost history of evicted keys 4 times the store's size (ghost_cap; a ghost
- * is an index entry without a slot, 64 bytes, against the megabytes of a KV
- * chunk).  Each use stamps the entry with a use counter (ent.stamp; a
- * ghost's stamp is its eviction number instead).  The victim is P's oldest
- * entry, unless M's oldest is older than it by more than A uses.  A = 0 is
- * exactly LRU (the older of two LRU tails is the global LRU entry); A =
- * infinity is 2Q-like protection of every reused key.  The second knob, W,
- * is how recent an eviction must be for a key stored again to count as
- * reused (join M): W = 4 cache sizes (the whole history) or 1.  Both are
- * learnt: minisim.c runs this same policy at 10 settings of (A, W), keys
- * only, on a hashed sample of the keys scaled to the store's size, and the
- * store follows the one with the most (recent, decayed) hits once it beats
- * the LRU simulation by a margin, and goes back to LRU when its own hits on
- * the sample fall below the LRU simulation's (the guard; the margin then
- * doubles).  Prefix order: the store hands this policy a batch's uses
- * deepest key first (ops.leaf_first), so a request's root is its newest
- * chunk and each list evicts a chain from its leaf end, leaving a prefix
- * that still hits (root first, the root went first and took its
- * descendants' hits with it); a reused parent is in M whenever its child
- * is.
+ * ghost history of evicted keys 4 times the store's size (a ghost is an
+ * index entry without a slot: 64 bytes against the megabytes of a KV
+ * chunk).  Each use stamps the entry with a use count (a ghost: the
+ * eviction count).  The victim is P's oldest entry unless M's oldest is
+ * older than it by more than A uses: A = 0 is exactly LRU (the older of the
+ * two tails is the global LRU entry), A = infinity protects every reused
+ * key.  W, the second knob, is how recent an eviction must be for a key
+ * stored again to count as reused: 4 cache sizes (the whole history) or 1.
+ * minisim.c runs this same rule at each of its settings of (A, W) on a
+ * hashed sample of the keys and the store follows the best of them once it
+ * beats the LRU simulation by a margin.
  *
- * Why this design (docs/replay.md has the numbers): recency wins on chat
- * traces (protection alone loses up to 9 points to LRU there), protection
- * on shared prefixes (Mooncake: +2-3 points over LRU at 4k-14k blocks), and
- * a short ghost window (W = 1) on popular documents among one-off ones (up
- * to +10 points over LRU with W = 4, +2 more with W = 1: with W = 4 a
- * document seen twice in a long while crowds out the popular ones in M).
- * Against the best of LRU, ARC and S3-FIFO over 84-capacity sweeps
- * (200..50,000 blocks): Mooncake on average +0.10 points, worst -0.73;
- * document traces -0.3..-0.4 on average, worst -1.3 (S3-FIFO's frequency
- * counts, which two LRU lists cannot express, and protection's small leads
- * at large caches, within the sampling noise); chat never below.
- * The rest of the gap to Belady's MIN is dead chunks of requests that look
- * like the ones that get reused: no recency or frequency signal separates
- * them (docs/replay.md shows the bounds with oracles).
+ * The bound against LRU: the store scores its own hits on the sampled keys
+ * like a simulation; when they fall below the LRU simulation's by more than
+ * the sampling explains, it goes back to A = 0, exact LRU, and doubles the
+ * margin it asks before leaving it again (minisim.c).  So where protection
+ * does not pay (chat) the policy is LRU after a short detour, and it only
+ * stays away from LRU while its own hits show that this pays.
  *
- * Invariants: a queued entry is READY, unpinned and in exactly one of P, M;
- * a ghost is in G; the stamps of a list are in use order (head newest).
- * All operations are O(1): take_victim compares two tails.  The stamp is 32
- * bits: an age gap over 2^31 uses compares wrongly, which costs hit rate and
- * nothing else.
+ * Prefix order: the store hands this policy a batch's uses deepest key first
+ * (ops.leaf_first), so a request's root is its newest chunk and each list
+ * evicts a chain from its leaf end, leaving a prefix that still hits
+ * (evicting the root first takes its descendants' hits with it); a reused
+ * parent is in M whenever its child is.  This alone is worth most of its
+ * lead over LRU in small caches.
+ *
+ * What it cannot do: the two lists hold recency only, so where frequency
+ * decides (popular documents among ones read twice) S3-FIFO's use counts and
+ * ARC's adaptation keep up to ~1.5 points more (docs/replay.md has the
+ * measured gaps, on traces its settings were not chosen on).
+ *
+ * State: per entry (ent.pol) the stamp and the list it last left; per store
+ * (pfx_state) the use and eviction counts and the simulations.  Invariants:
+ * a queued entry is READY, unpinned and in exactly one of P, M; a ghost is
+ * in G; the stamps of a list are in use order (head newest).  All operations
+ * are O(1): take_victim compares two tails.  Stamps are 32 bits: an age gap
+ * over 2^31 uses compares wrongly, which costs hit rate and nothing else.
  */
 #include "store/minisim.h"
 #include "store/store_internal.h"
