@@ -36,8 +36,7 @@
  * (ops.leaf_first), so a request's root is its newest chunk and each list
  * evicts a chain from its leaf end, leaving a prefix that still hits
  * (evicting the root first takes its descendants' hits with it); a reused
- * parent is in M whenever its child is.  This alone is worth most of its
- * lead over LRU in small caches.
+ * parent is in M whenever its child is.
  *
  * What it cannot do: the two lists hold recency only, so where frequency
  * decides (popular documents among ones read twice) S3-FIFO's use counts and
