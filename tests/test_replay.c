@@ -281,6 +281,18 @@ KVO_TEST(mooncake_sweep_prefix_never_below_lru) {
 
 /* ------------------------------------------------ two other workloads -- */
 
+/* Replay policies `pols` (no MIN) at caps[i] = frac[i] x distinct, i < n. */
+static void replay_fractions(const char *path, uint64_t distinct, const char *pols, const double *frac, size_t n,
+                             uint64_t *caps, rows *r) {
+    char args[512];
+    int o = snprintf(args, sizeof args, "--no-min --policy %s --capacity ", pols);
+    for (size_t i = 0; i < n; i++) {
+        caps[i] = (uint64_t)(frac[i] * (double)distinct);
+        o += snprintf(args + o, sizeof args - (size_t)o, "%s%llu", i ? "," : "", (unsigned long long)caps[i]);
+    }
+    replay(path, args, r);
+}
+
 /* The generated workloads (replay_test_util.h; a new trace at each test
  * seed) at 2 % to 50 % of the distinct blocks: the prefix policy is never
  * more than NEIGHBOUR_NOISE below LRU at a capacity (20 seeds of each: 0.02
@@ -291,14 +303,8 @@ static void workload_vs_lru(bool chat) {
     const char *path = write_workload(chat ? "chat.jsonl" : "docs.jsonl", chat, false, &distinct);
     static const double frac[] = {0.02, 0.05, 0.1, 0.2, 0.3, 0.5};
     uint64_t caps[6];
-    char args[512];
-    int o = snprintf(args, sizeof args, "--no-min --policy lru,prefix --capacity ");
-    for (int i = 0; i < 6; i++) {
-        caps[i] = (uint64_t)(frac[i] * (double)distinct);
-        o += snprintf(args + o, sizeof args - (size_t)o, "%s%llu", i ? "," : "", (unsigned long long)caps[i]);
-    }
     rows r;
-    replay(path, args, &r);
+    replay_fractions(path, distinct, "lru,prefix", frac, 6, caps, &r);
     for (int i = 0; i < 6; i++) {
         double worst, gap = mean_gap(&r, "prefix", LRU, 1, &caps[i], 1, &worst);
         if (gap < -NEIGHBOUR_NOISE)
@@ -342,14 +348,8 @@ KVO_TEST(docs_prefix_near_best_of_three) {
     const char *path = write_workload("docs3.jsonl", false, false, &distinct);
     static const double frac[] = {0.05, 0.1, 0.2, 0.3};
     uint64_t caps[4];
-    char args[512];
-    int o = snprintf(args, sizeof args, "--no-min --policy lru,arc,s3fifo,prefix --capacity ");
-    for (int i = 0; i < 4; i++) {
-        caps[i] = (uint64_t)(frac[i] * (double)distinct);
-        o += snprintf(args + o, sizeof args - (size_t)o, "%s%llu", i ? "," : "", (unsigned long long)caps[i]);
-    }
     rows r;
-    replay(path, args, &r);
+    replay_fractions(path, distinct, "lru,arc,s3fifo,prefix", frac, 4, caps, &r);
     double worst, mean = mean_gap(&r, "prefix", THREE, 3, caps, 4, &worst);
     if (mean < -(1.08 + NEIGHBOUR_NOISE / 2))
         FAILF("prefix %+.2f points from the best of three on average (worst %+.2f)", mean, worst);
