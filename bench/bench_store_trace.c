@@ -298,7 +298,7 @@ int kvo__bs_trace_bench(const kvo_bench_out *o, const char *path, bool peer) {
         snprintf(name, sizeof name, "store.trace_prefix_hit_rate_min_%llublocks", (unsigned long long)caps[c]);
         kvo_bench_report(o, name, 100 * minr, "%", "infinite_cache", 100.0 * (double)inf.hits / (double)inf.blocks);
         for (size_t k = 0; k < sizeof pols / sizeof pols[0] && !rc; k++) {
-            if ((rc = rp_replay_store(&t.rp, pols[k], caps[c], false, false, &r))) break;
+            if ((rc = rp_replay_store(&t.rp, pols[k], caps[c], false, &r))) break;
             snprintf(name, sizeof name, "store.trace_prefix_hit_rate_%s_%llublocks", kvo_policy_name(pols[k]),
                      (unsigned long long)caps[c]);
             kvo_bench_report(o, name, 100.0 * (double)r.hits / (double)r.blocks, "%", "belady_min", 100 * minr);

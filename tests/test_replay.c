@@ -1,7 +1,8 @@
 /* `kvoffload replay`: Belady's MIN against a brute-force optimum, the store's
  * LRU against a reference LRU written here, the Mooncake trace's figures
- * (shared/traces/README.md), the prefix policy's goals (docs/replay.md), and
- * the command's errors and plot. */
+ * (shared/traces/README.md), the prefix policy's claims (docs/replay.md)
+ * within the noise between neighbouring capacities, and the command's
+ * errors and plot. */
 #include <stdlib.h>
 
 #include <jansson.h>
@@ -167,42 +168,112 @@ KVO_TEST(lru_equals_reference_lru) {
 #define NEAR(v, ref, tol) do { double v_ = (v); if (v_ < (ref) - (tol) || v_ > (ref) + (tol)) \
     FAILF("%s = %.4f, expected %.4f +- %.4f", #v, v_, (double)(ref), (double)(tol)); } while (0)
 
+/* Tolerances of the hit-rate tests below.  A heuristic's hit rate moves by
+ * layout luck from one capacity to the next: between capacities 200 blocks
+ * apart on Mooncake (a 211-point sweep, 1,000..43,000) the prefix policy's
+ * gap to LRU, or to the best of LRU, ARC and S3-FIFO, changes by 0.07
+ * points at the median, 0.5 at the 90th percentile and 1.1 at most; between
+ * capacities 0.5 % of the blocks apart on the generated traces (20 seeds of
+ * tools/replay_oracles.py --generate) by 0.15 / 0.66 / 0.93 on docs and
+ * 0.03 / 0.30 / 1.14 on chat.  So the tests compare means over several
+ * capacities, and ask a policy to stay within the 90th percentile of that
+ * noise of what is claimed for it (docs/replay.md), never for exact hits at
+ * one capacity.  A broken policy misses by far more (the negative controls
+ * of the commit that set these tolerances): evicting the reused keys first
+ * puts prefix 29 points below LRU around 10k blocks and 15-30 below on the
+ * generated traces; protection without the fall back to LRU 1.5 below LRU
+ * on chat (and test_store_policy.c's prefix tests fail). */
+#define NEIGHBOUR_NOISE 0.6 /* points: the 90th percentile above, rounded up */
+
+/* Capacities lo, lo + step, ..., hi as a --capacity list into args. */
+static size_t cap_list(char *args, size_t len, uint64_t lo, uint64_t hi, uint64_t step, uint64_t *caps) {
+    size_t n = 0, o = strlen(args);
+    for (uint64_t c = lo; c <= hi; c += step, n++) {
+        caps[n] = c;
+        o += (size_t)snprintf(args + o, len - o, "%s%llu", n ? "," : "", (unsigned long long)c);
+    }
+    return n;
+}
+
+/* Mean over caps[0..n) of (pol's hits - the best of `others`' hits), in
+ * points of the blocks; *worst gets the lowest single gap. */
+static double mean_gap(const rows *r, const char *pol, const char *const *others, size_t nothers,
+                       const uint64_t *caps, size_t n, double *worst) {
+    double sum = 0;
+    *worst = 1e9;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t best = 0;
+        for (size_t j = 0; j < nothers; j++) {
+            uint64_t h = r->hits[row(r, others[j], caps[i])];
+            if (h > best) best = h;
+        }
+        size_t p = row(r, pol, caps[i]);
+        double gap = 100.0 * ((double)r->hits[p] - (double)best) / (double)r->blocks[p];
+        if (getenv("KVO_TEST_VERBOSE")) printf("%llu: %s %.4f, gap %+.2f points\n", (unsigned long long)caps[i], pol,
+                                               r->rate[p], gap);
+        sum += gap;
+        if (gap < *worst) *worst = gap;
+    }
+    return sum / (double)n;
+}
+
+static const char *const LRU[] = {"lru"};
+static const char *const THREE[] = {"lru", "arc", "s3fifo"};
+
 /* shared/traces/README.md: LRU 42.35 % at 10k blocks, infinite 64.0 %.  MIN
  * 0.6174 (the issue's 0.6157 broke parent/child ties the wrong way: see
- * replay_min.c); the prefix policy beats LRU by two points (0.4471,
- * docs/replay.md). */
-KVO_TEST(mooncake_10k_lru_min_infinite_prefix) {
+ * replay_min.c).  LRU, MIN and the infinite cache are exact algorithms:
+ * their figures are checked to the last digit. */
+KVO_TEST(mooncake_10k_lru_min_infinite) {
     rows r;
-    replay(mooncake(), "--policy lru,prefix --capacity 10000", &r);
+    replay(mooncake(), "--policy lru --capacity 10000", &r);
     NEAR(r.rate[row(&r, "lru", 10000)], 0.4235, 0.00005);
     NEAR(r.rate[row(&r, "min", 10000)], 0.6174, 0.00005);
     NEAR(r.rate[row(&r, "infinite", 10000)], 0.6396, 0.00005);
     ASSERT_EQ_U64(r.blocks[row(&r, "lru", 10000)], 121877);
-    double pre = r.rate[row(&r, "prefix", 10000)];
-    if (getenv("KVO_TEST_VERBOSE")) printf("prefix at 10k: %.4f\n", pre);
-    ASSERT_TRUE(pre >= r.rate[row(&r, "lru", 10000)] + 0.015);
-    ASSERT_TRUE(pre <= r.rate[row(&r, "min", 10000)]);
 }
 
-/* vLLM's manager (--ignore-present: hits touched, present blocks left alone
- * by a store): LRU 0.4239 at 10k blocks, the figure issue 17 quotes and
- * tests/test_store_trace.c measures through the store directly; prefix keeps
- * its lead. */
+/* The prefix policy around 10k blocks (9,000..11,000, five capacities):
+ * 1.87 points above LRU on average (1.44 at the least), never above MIN;
+ * asked: 1.87 - 2 x NEIGHBOUR_NOISE on average.  The same with vLLM's
+ * manager (--ignore-present: LRU 0.4239 at 10k, the figure
+ * tests/test_store_trace.c measures through the store directly): 2.0
+ * points on average. */
+static void mooncake_prefix_around_10k(const char *extra, double lead) {
+    char args[512];
+    uint64_t caps[8];
+    snprintf(args, sizeof args, "--policy lru,prefix %s --capacity ", extra);
+    size_t n = cap_list(args, sizeof args, 9000, 11000, 500, caps);
+    rows r;
+    replay(mooncake(), args, &r);
+    double worst, mean = mean_gap(&r, "prefix", LRU, 1, caps, n, &worst);
+    if (mean < lead - 2 * NEIGHBOUR_NOISE)
+        FAILF("prefix %+.2f points from LRU on average at 9k-11k blocks (%+.2f asked)", mean,
+              lead - 2 * NEIGHBOUR_NOISE);
+    for (size_t i = 0; i < n && !strstr(extra, "--no-min"); i++)
+        ASSERT_TRUE(r.hits[row(&r, "prefix", caps[i])] <= r.hits[row(&r, "min", caps[i])]);
+}
+
+KVO_TEST(mooncake_prefix_leads_lru_around_10k) { mooncake_prefix_around_10k("", 1.87); }
+
 KVO_TEST(mooncake_10k_ignore_present_is_vllms_lru) {
     rows r;
-    replay(mooncake(), "--policy lru,prefix --capacity 10000 --no-min --ignore-present", &r);
+    replay(mooncake(), "--policy lru --capacity 10000 --no-min --ignore-present", &r);
     NEAR(r.rate[row(&r, "lru", 10000)], 0.4239, 0.00005);
-    ASSERT_TRUE(r.rate[row(&r, "prefix", 10000)] >= r.rate[row(&r, "lru", 10000)] + 0.015);
+    mooncake_prefix_around_10k("--no-min --ignore-present", 2.0);
 }
 
-/* Over a 15-point sweep the prefix policy never hits less than LRU, never
- * more than MIN, and MIN never more than the infinite cache. */
+/* The bound against LRU: over a 15-point sweep (1,000..43,000) the prefix
+ * policy is never more than NEIGHBOUR_NOISE below LRU (measured: at or above
+ * it everywhere on a 211-point sweep), and MIN never hits more than the
+ * infinite cache. */
 KVO_TEST(mooncake_sweep_prefix_never_below_lru) {
     rows r;
     replay(mooncake(), "--policy lru,prefix --capacity 1000:43000:15", &r);
     for (uint64_t c = 1000; c <= 43000; c += 3000) {
         size_t l = row(&r, "lru", c), p = row(&r, "prefix", c), m = row(&r, "min", c);
-        if (r.hits[p] < r.hits[l] || r.hits[p] > r.hits[m] || r.hits[m] > r.hits[row(&r, "infinite", c)])
+        double gap = 100.0 * ((double)r.hits[p] - (double)r.hits[l]) / (double)r.blocks[p];
+        if (gap < -NEIGHBOUR_NOISE || r.hits[p] > r.hits[m] || r.hits[m] > r.hits[row(&r, "infinite", c)])
             FAILF("capacity %llu: lru %.4f prefix %.4f min %.4f", (unsigned long long)c, r.rate[l], r.rate[p],
                   r.rate[m]);
     }
@@ -210,197 +281,78 @@ KVO_TEST(mooncake_sweep_prefix_never_below_lru) {
 
 /* ------------------------------------------------ two other workloads -- */
 
-/* On both, at 2 % to 50 % of the distinct blocks, the prefix policy never
- * hits less than LRU (checked over 40 seeds for chat, 10 for docs:
- * docs/replay.md), and on docs it wins by 3 points or more at 2 %. */
-static void workload_vs_lru(bool chat, const char *pol) {
+/* Replay policies `pols` (no MIN) at caps[i] = frac[i] x distinct, i < n. */
+static void replay_fractions(const char *path, uint64_t distinct, const char *pols, const double *frac, size_t n,
+                             uint64_t *caps, rows *r) {
+    char args[512];
+    int o = snprintf(args, sizeof args, "--no-min --policy %s --capacity ", pols);
+    for (size_t i = 0; i < n; i++) {
+        caps[i] = (uint64_t)(frac[i] * (double)distinct);
+        o += snprintf(args + o, sizeof args - (size_t)o, "%s%llu", i ? "," : "", (unsigned long long)caps[i]);
+    }
+    replay(path, args, r);
+}
+
+/* The generated workloads (replay_test_util.h; a new trace at each test
+ * seed) at 2 % to 50 % of the distinct blocks: the prefix policy is never
+ * more than NEIGHBOUR_NOISE below LRU at a capacity (20 seeds of each: 0.02
+ * points below at worst), and on docs at 2 % it leads LRU by protection
+ * (10.6 points at the least over those seeds; 3 asked). */
+static void workload_vs_lru(bool chat) {
     uint64_t distinct;
     const char *path = write_workload(chat ? "chat.jsonl" : "docs.jsonl", chat, false, &distinct);
     static const double frac[] = {0.02, 0.05, 0.1, 0.2, 0.3, 0.5};
     uint64_t caps[6];
-    char args[512];
-    int o = snprintf(args, sizeof args, "--no-min --policy lru,%s --capacity ", pol);
-    for (int i = 0; i < 6; i++) {
-        caps[i] = (uint64_t)(frac[i] * (double)distinct);
-        o += snprintf(args + o, sizeof args - (size_t)o, "%s%llu", i ? "," : "", (unsigned long long)caps[i]);
-    }
     rows r;
-    replay(path, args, &r);
+    replay_fractions(path, distinct, "lru,prefix", frac, 6, caps, &r);
     for (int i = 0; i < 6; i++) {
-        size_t l = row(&r, "lru", caps[i]), p = row(&r, pol, caps[i]);
-        double lru = r.rate[l], pre = r.rate[p];
-        if (getenv("KVO_TEST_VERBOSE")) printf("%s %llu: lru %.4f %s %.4f\n", chat ? "chat" : "docs",
-                                               (unsigned long long)caps[i], lru, pol, pre);
-        if (r.hits[p] < r.hits[l])
-            FAILF("capacity %llu: lru %.4f %s %.4f", (unsigned long long)caps[i], lru, pol, pre);
-        if (!chat && i == 0 && pre < lru + 0.03)
-            FAILF("docs at %llu: %s %.4f, LRU %.4f: protection should win", (unsigned long long)caps[i], pol, pre,
-                  lru);
+        double worst, gap = mean_gap(&r, "prefix", LRU, 1, &caps[i], 1, &worst);
+        if (gap < -NEIGHBOUR_NOISE)
+            FAILF("%s at %llu blocks: prefix %+.2f points from LRU", chat ? "chat" : "docs",
+                  (unsigned long long)caps[i], gap);
+        if (!chat && i == 0 && gap < 3)
+            FAILF("docs at %llu blocks: prefix only %+.2f points from LRU: protection should win",
+                  (unsigned long long)caps[i], gap);
     }
 }
 
-KVO_TEST(chat_workload_prefix_never_below_lru) { workload_vs_lru(true, "prefix"); }
-KVO_TEST(docs_workload_prefix_beats_lru) { workload_vs_lru(false, "prefix"); }
-/* The branch policy (policy_branch.c): on chat only system prompts branch,
- * the rest is LRU's order; on docs the documents are the branch points. */
-KVO_TEST(chat_workload_branch_never_below_lru) { workload_vs_lru(true, "branch"); }
-KVO_TEST(docs_workload_branch_beats_lru) { workload_vs_lru(false, "branch"); }
+KVO_TEST(chat_workload_prefix_never_below_lru) { workload_vs_lru(true); }
+KVO_TEST(docs_workload_prefix_beats_lru) { workload_vs_lru(false); }
 
 /* -------------------------------------- against the best of the three -- */
 
-/* Policy `pol` against the best of LRU, ARC and S3-FIFO at each of
- * caps[0..n), counted in hits: fails when it is more than `points` below
- * (docs/replay.md, "Against the best of LRU, ARC and S3-FIFO"); a negative
- * `points` asks it to lead by at least that much. */
-static void near_best_of_three(const char *path, const char *pol, const uint64_t *caps, size_t n, double points) {
-    char args[512];
-    int o = snprintf(args, sizeof args, "--no-min --policy lru,arc,s3fifo,%s --capacity ", pol);
-    for (size_t i = 0; i < n; i++)
-        o += snprintf(args + o, sizeof args - (size_t)o, "%s%llu", i ? "," : "", (unsigned long long)caps[i]);
-    rows r;
-    replay(path, args, &r);
-    for (size_t i = 0; i < n; i++) {
-        uint64_t best = 0;
-        const char *bp = "";
-        static const char *const three[] = {"lru", "arc", "s3fifo"};
-        for (int j = 0; j < 3; j++) {
-            size_t k = row(&r, three[j], caps[i]);
-            if (r.hits[k] > best) best = r.hits[k], bp = three[j];
-        }
-        size_t p = row(&r, pol, caps[i]);
-        double gap = 100.0 * ((double)r.hits[p] - (double)best) / (double)r.blocks[p];
-        if (getenv("KVO_TEST_VERBOSE")) printf("%llu: %s %.4f, best %s, gap %+.2f points\n",
-                                               (unsigned long long)caps[i], pol, r.rate[p], bp, gap);
-        if (gap < -points)
-            FAILF("capacity %llu: %s %.4f is %+.2f points from %s (%+.2f asked)", (unsigned long long)caps[i], pol,
-                  r.rate[p], gap, bp, -points);
-    }
-}
-
-
-/* Mooncake above ~14k blocks, where protection leads LRU by only 2-5 %: the
- * former fixed 5 % margin stayed with LRU there (1.4-2.1 points below
- * S3-FIFO at these capacities); the guarded 1 % margin follows protection
- * (0.5-0.7 below; 0.2-0.6 with leaf-first order). */
+/* Mooncake at 14,000-23,000 blocks, where protection leads LRU by less and
+ * S3-FIFO and ARC lead the prefix policy (docs/replay.md): 0.40 points below
+ * the best of the three on average over the 211-point sweep's capacities
+ * there, 1.01 at worst.  Asked, over 16,000..22,000 (seven capacities): the
+ * mean within 0.40 + NEIGHBOUR_NOISE.  A prefix policy that protected
+ * nothing or the wrong keys would be LRU or worse: 2-4 points below. */
 KVO_TEST(mooncake_prefix_near_best_of_three_above_14k) {
-    static const uint64_t caps[] = {16400, 19400, 22400};
-    near_best_of_three(mooncake(), "prefix", caps, 3, 1.0);
+    char args[512] = "--no-min --policy lru,arc,s3fifo,prefix --capacity ";
+    uint64_t caps[8];
+    size_t n = cap_list(args, sizeof args, 16000, 22000, 1000, caps);
+    rows r;
+    replay(mooncake(), args, &r);
+    double worst, mean = mean_gap(&r, "prefix", THREE, 3, caps, n, &worst);
+    if (mean < -(0.40 + NEIGHBOUR_NOISE))
+        FAILF("prefix %+.2f points from the best of three on average (worst %+.2f)", mean, worst);
 }
 
-/* Documents (Zipf popularity among one-off questions): the short ghost
- * window (W = 1) closes most of the gap to S3-FIFO (before: 1.9-3.6 points
- * below it at these capacities; then 0.3-1.2; with leaf-first order and no
- * hysteresis between settings +0.1..-0.7, and at most 1.3 below over ten
- * seeds). */
-/* Policy `pol` on the docs workload (file `name`) at 5-30 % of its blocks. */
-static void docs_near_best_of_three(const char *name, const char *pol, double points) {
-    uint64_t distinct;
-    const char *path = write_workload(name, false, false, &distinct);
-    static const double frac[] = {0.05, 0.1, 0.2, 0.3};
-    uint64_t caps[4];
-    for (int i = 0; i < 4; i++) caps[i] = (uint64_t)(frac[i] * (double)distinct);
-    near_best_of_three(path, pol, caps, 4, points);
-}
-
-KVO_TEST(docs_prefix_near_best_of_three) { docs_near_best_of_three("docs3.jsonl", "prefix", 1.5); }
-
-/* The ensemble policy (follow.c): on Mooncake, where the prefix policy is
- * 0.5-0.7 points below ARC above ~20k blocks and at 2,600, within 0.35 of
- * the best of three everywhere on the 84-capacity sweep, and at or above
- * it at these large capacities (a vote of the shadows that do best keeps
- * what they agree on); on documents within 0.5 (the prefix policy: 1.3). */
-KVO_TEST(mooncake_ensemble_near_best_of_three) {
-    static const uint64_t caps[] = {2600, 10000, 24200};
-    near_best_of_three(mooncake(), "ensemble", caps, 3, 0.35);
-    static const uint64_t large[] = {24200, 30000};
-    near_best_of_three(mooncake(), "ensemble", large, 2, 0.0);
-}
-
-KVO_TEST(docs_ensemble_near_best_of_three) { docs_near_best_of_three("docs4.jsonl", "ensemble", 0.5); }
-
-/* The branch policy (policy_branch.c): on Mooncake at or above the best of
- * three where shared prefixes branch (+0.6..+2.2 points at 3,200-11,000
- * blocks) and where, late in the trace, P holds nearly every chunk and Q's
- * floor keeps once-used requests that come back (15,800-18,200: S3-FIFO led
- * there by 68-132 hits before the floor); at 2,600 within 0.3 (-0.27:
- * admission turns away once-used requests that come back there; +0.55
- * without it); on documents within 0.3 at 5-30 % of the blocks
- * (-0.15..+0.57; `prefix` 1.5, `ensemble` 0.5: docs/replay.md). */
-KVO_TEST(mooncake_branch_near_best_of_three) {
-    static const uint64_t above[] = {3200, 3800, 5000, 9800, 11000, 15800, 17000, 18200};
-    near_best_of_three(mooncake(), "branch", above, 8, 0.0);
-    static const uint64_t near[] = {2600};
-    near_best_of_three(mooncake(), "branch", near, 1, 0.3);
-}
-
-/* Near a full cache (Mooncake at 39,200-42,200 blocks: LRU, ARC and S3-FIFO
- * lose at most 35 hits there to victims asked again) the first victims are
- * chosen before any has come back; D's oldest first then lost 1-23 hits to
- * once-used requests repeated late.  Judged by age until a victim comes back
- * (policy_branch.c, br_d_first): at or above the best of three. */
-KVO_TEST(mooncake_branch_near_full_at_best_of_three) {
-    static const uint64_t full[] = {39200, 41600, 42200};
-    near_best_of_three(mooncake(), "branch", full, 3, 0.0);
-}
-
-KVO_TEST(docs_branch_near_best_of_three) {
-    docs_near_best_of_three("docs3.jsonl", "branch", 0.3);
-    docs_near_best_of_three("docs4.jsonl", "branch", 0.3);
-}
-
-/* Policy admission (the replay's store is the last tier; --store-all turns
- * it off): on documents a question's new document, its room coming from the
- * documents in P, is turned away, which gains 0.1-1.1 points at 2 % of the
- * blocks and 0.0-0.6 at 5 % over generated traces: the mean of the two is
- * asked to gain `points`, and neither to lose more than 0.1 (one capacity's
- * hits move by 0.1-0.3 points with the table's layout, docs/replay.md); on
- * chat Q is most of the cache and nothing is turned away: the same hits. */
-static void admission_gain(bool chat, const char *name, double points) {
-    uint64_t distinct;
-    const char *path = write_workload(name, chat, false, &distinct);
-    uint64_t caps[2] = {(uint64_t)(0.02 * (double)distinct), (uint64_t)(0.05 * (double)distinct)};
-    char args[256];
-    rows with, without;
-    snprintf(args, sizeof args, "--no-min --policy branch --capacity %llu,%llu", (unsigned long long)caps[0],
-             (unsigned long long)caps[1]);
-    replay(path, args, &with);
-    snprintf(args + strlen(args), sizeof args - strlen(args), " --store-all");
-    replay(path, args, &without);
-    double mean = 0;
-    for (int i = 0; i < 2; i++) {
-        size_t a = row(&with, "branch", caps[i]), b = row(&without, "branch", caps[i]);
-        double gain = 100.0 * ((double)with.hits[a] - (double)without.hits[b]) / (double)with.blocks[a];
-        mean += gain / 2;
-        if (getenv("KVO_TEST_VERBOSE")) printf("%s at %llu: admission %+.2f points\n", name,
-                                               (unsigned long long)caps[i], gain);
-        if (chat ? with.hits[a] != without.hits[b] : gain < -0.1)
-            FAILF("%s at %llu blocks: admission gains %+.2f points (%llu hits against %llu)", name,
-                  (unsigned long long)caps[i], gain, (unsigned long long)with.hits[a],
-                  (unsigned long long)without.hits[b]);
-    }
-    if (!chat && mean < points)
-        FAILF("%s: admission gains %+.2f points on average at 2 %% and 5 %% of the blocks, %.2f asked", name, mean,
-              points);
-}
-
-KVO_TEST(docs_branch_admission_gains_on_small_caches) {
-    admission_gain(false, "docs3.jsonl", 0.1);
-    admission_gain(false, "docs4.jsonl", 0.1);
-}
-
-KVO_TEST(chat_branch_admission_changes_nothing) { admission_gain(true, "chat.jsonl", 0.0); }
-
-/* Dead-end classes (policy_branch.c): a document trace's questions are
- * stored after a resident document and never used again; learnt dead, they
- * go first, and Q keeps the documents asked once for longer.  At 40 % and
- * 50 % of the blocks, where ARC, S3-FIFO and branch without them were within
- * a few hits of each other, branch now leads the best of three by 0.8-1.3
- * points over generated traces; 0.4 is asked. */
-KVO_TEST(docs_branch_dead_ends_lead_large_caches) {
+/* Documents (Zipf popularity among one-off questions) at 5, 10, 20 and 30 %
+ * of the blocks: frequency decides there, which the prefix policy's two
+ * recency lists do not see; over 20 seeds its mean gap to the best of the
+ * three (S3-FIFO or ARC) is -1.08..-0.14 points.  Asked: the mean within
+ * 1.08 + NEIGHBOUR_NOISE / 2 (the noise of a mean of four capacities). */
+KVO_TEST(docs_prefix_near_best_of_three) {
     uint64_t distinct;
     const char *path = write_workload("docs3.jsonl", false, false, &distinct);
-    uint64_t caps[2] = {(uint64_t)(0.4 * (double)distinct), (uint64_t)(0.5 * (double)distinct)};
-    near_best_of_three(path, "branch", caps, 2, -0.4);
+    static const double frac[] = {0.05, 0.1, 0.2, 0.3};
+    uint64_t caps[4];
+    rows r;
+    replay_fractions(path, distinct, "lru,arc,s3fifo,prefix", frac, 4, caps, &r);
+    double worst, mean = mean_gap(&r, "prefix", THREE, 3, caps, 4, &worst);
+    if (mean < -(1.08 + NEIGHBOUR_NOISE / 2))
+        FAILF("prefix %+.2f points from the best of three on average (worst %+.2f)", mean, worst);
 }
 
 /* ------------------------------------------------------ command errors -- */

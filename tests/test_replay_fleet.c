@@ -92,19 +92,15 @@ static void single(const char *path, const char *pol, uint64_t cap, const char *
 }
 
 /* Counts on every row: engines' requests and blocks add up to the trace's,
- * hits = local + shared, nothing above the infinite cache; under a policy
- * that stores every chunk (admits: false, the branch policy, whose host
- * tiers turn chunks away only as the last tier) the shared tier never costs
- * an engine a hit and never changes the host tiers. */
-static void check_counts(const frows *r, size_t engines, uint64_t nreq, uint64_t nblocks, uint64_t inf,
-                         bool admits) {
+ * hits = local + shared, nothing above the infinite cache; the shared tier
+ * never costs an engine a hit and never changes the host tiers. */
+static void check_counts(const frows *r, size_t engines, uint64_t nreq, uint64_t nblocks, uint64_t inf) {
     for (size_t i = 0; i < r->n; i++) {
         const frow *f = &r->r[i], *none = frow_at(r, f->routing, 0);
         uint64_t req = 0, blocks = 0, hits = 0;
         ASSERT_EQ_U64(f->ne, engines);
         for (size_t e = 0; e < f->ne; e++) {
             req += f->e_req[e], blocks += f->e_blocks[e], hits += f->e_hits[e];
-            if (admits) continue;
             ASSERT_EQ_U64(f->e_local[e], none->e_local[e]);
             if (f->e_hits[e] < none->e_hits[e])
                 FAILF("%s, %llu shared: engine %zu hits %llu < %llu without the shared tier", f->routing,
@@ -134,10 +130,10 @@ KVO_TEST(one_engine_is_the_single_replay_and_a_full_shared_tier_the_infinite_cac
         uint64_t nblocks = 0;
         for (size_t r = 0; r < t.n; r++) nblocks += t.len[r];
         const char *path = write_trace(&t, "fleet.jsonl");
-        static const char *const pols[] = {"lru", "arc", "s3fifo", "prefix", "branch"};
-        for (int k = 0; k < 6; k++) {
-            /* the sixth: vLLM's manager (--ignore-present) on the prefix policy */
-            const char *pol = pols[k < 5 ? k : 3], *extra = k < 5 ? "" : "--ignore-present";
+        static const char *const pols[] = {"lru", "arc", "s3fifo", "prefix"};
+        for (int k = 0; k < 5; k++) {
+            /* the fifth: vLLM's manager (--ignore-present) on the prefix policy */
+            const char *pol = pols[k < 4 ? k : 3], *extra = k < 4 ? "" : "--ignore-present";
             uint64_t cap = 6 + kvo_test_rand() % 30, want, inf;
             single(path, pol, cap, extra, &want, &inf);
             char args[256];
@@ -147,12 +143,12 @@ KVO_TEST(one_engine_is_the_single_replay_and_a_full_shared_tier_the_infinite_cac
             fleet(path, args, &r);
             ASSERT_EQ_U64(r.n, 3);
             for (size_t i = 0; i < r.n; i++) ASSERT_EQ_U64(r.r[i].hits, want);
-            check_counts(&r, 1, t.n, nblocks, inf, !strcmp(pol, "branch"));
+            check_counts(&r, 1, t.n, nblocks, inf);
             snprintf(args, sizeof args, "--engines 4 --policy %s --capacity %llu --shared-capacity 3,%u %s", pol,
                      (unsigned long long)cap / 4 + 1, next, extra);
             fleet(path, args, &r);
             ASSERT_EQ_U64(r.n, 9);
-            check_counts(&r, 4, t.n, nblocks, inf, !strcmp(pol, "branch"));
+            check_counts(&r, 4, t.n, nblocks, inf);
             for (size_t i = 0; i < r.n; i++)
                 if (r.r[i].shared_cap == next && r.r[i].hits != inf)
                     FAILF("iteration %d, %s %s, %s: %llu hits with a shared tier of every block, infinite cache %llu",
@@ -184,7 +180,7 @@ static void chat(bool sessions) {
               (unsigned long long)ss->hits, (unsigned long long)rr->hits, (unsigned long long)rr->blocks);
     uint64_t inf, lru;
     single(path, "lru", per, "", &lru, &inf);
-    check_counts(&r, 4, r.r[0].requests, r.r[0].blocks, inf, false);
+    check_counts(&r, 4, r.r[0].requests, r.r[0].blocks, inf);
     for (int q = 0; q < 3; q++) {
         const char *name = q == 0 ? "round-robin" : q == 1 ? "session" : "prefix-hash";
         /* larger than a host tier (one as large holds what the host tiers hold) */

@@ -7,8 +7,7 @@
  * (at the victim end). */
 #include "store_test_util.h"
 
-static const kvo_policy_kind protect_pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_PREFIX,
-                                               KVO_POLICY_BRANCH};
+static const kvo_policy_kind protect_pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_PREFIX};
 
 static bool protect_same(kvo_chunk_key a, kvo_chunk_key b) { return kvo_chunk_key_eq(&a, &b); }
 

@@ -74,8 +74,7 @@ static void *worker(void *arg) {
 
 KVO_TEST(concurrent_batches) {
     static const uint64_t pg[] = {4096, 8192};
-    static const kvo_policy_kind pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_PREFIX,
-                                           KVO_POLICY_BRANCH};
+    static const kvo_policy_kind pols[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_PREFIX};
     for (int pi = 0; pi < (int)(sizeof pols / sizeof pols[0]); pi++) {
         kvo_plan *p = st_plan(2, pg);
         kvo_store *s = st_store(p, 120 * 4096, pols[pi]);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Upper bounds for online eviction policies on a Mooncake-format trace.
 
-docs/replay.md ("out of reach") quotes these figures: replays of the trace
+docs/replay.md ("What no online policy reaches") quotes these figures: replays of the trace
 with the store's model (per request, the prefix hits are its leading cached
 blocks; then all its blocks are stored, present ones used), where the
 eviction order is told something about the future.  Each line is a bound for

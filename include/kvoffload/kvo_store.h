@@ -39,27 +39,21 @@ typedef enum kvo_policy_kind {
     KVO_POLICY_LRU = 0,    /* default */
     KVO_POLICY_ARC = 1,
     KVO_POLICY_S3FIFO = 2,
-    KVO_POLICY_PREFIX = 3, /* recency or protection of reused prefixes, chosen online by
-                              miniature simulations (src/store/policy_prefix.c,
-                              docs/replay.md); keeps 4x as many ghosts as entries */
-    KVO_POLICY_ENSEMBLE = 4, /* a weighted vote of full shadows of LRU, ARC, S3-FIFO and four
-                              prefix settings (src/store/follow.c, docs/replay.md): the
-                              nearest to the best of them on shared-prefix and document
-                              traffic; costs 8x the calls and ~2.8 KiB per entry; may fall
-                              below LRU (by up to 0.3 points on chat traffic) */
-    KVO_POLICY_BRANCH = 5   /* LRU, but protects the prefixes that requests branch from
-                              or come back to, as lookups and stores name them in order
-                              (src/store/policy_branch.c, docs/replay.md): never below
-                              LRU on chat traffic, within 0.3 points of the best of
-                              LRU, ARC and S3-FIFO (mostly above) on shared-prefix and
-                              document traffic; with policy_admission it also turns
-                              away once-used chunks whose room would come from those
-                              prefixes; O(1) per use, 16 bytes per entry */
+    KVO_POLICY_PREFIX = 3, /* prefix-aware: evicts a request's chain from its leaf end and
+                              protects reused prefixes when its simulations show that this
+                              beats LRU, falling back to LRU when it does not
+                              (src/store/policy_prefix.c, docs/replay.md); keeps 4x as many
+                              ghost keys as entries */
+    KVO_POLICY_ENSEMBLE = 4, /* removed: kvo_store_create fails with KVO_EINVAL (use PREFIX) */
+    KVO_POLICY_BRANCH = 5  /* an alias of KVO_POLICY_PREFIX (kept for ABI) */
 } kvo_policy_kind;
 
-/** "lru", "arc", "s3fifo", "prefix", "ensemble", "branch". */
+/** "lru", "arc", "s3fifo", "prefix" ("prefix" for KVO_POLICY_BRANCH too; "?"
+ *  for a removed or unknown value).  Static strings. */
 KVO_API const char *kvo_policy_name(kvo_policy_kind k);
-/** Parse a policy name.  Errors: KVO_EINVAL listing the names. */
+/** Parse a policy name: "lru", "arc", "s3fifo" (or "s3-fifo"), "prefix", and
+ *  "branch" as an alias of "prefix".  Errors: KVO_EINVAL listing the names
+ *  ("ensemble", a removed policy, gets a message that names prefix). */
 KVO_API int kvo_policy_parse(const char *name, kvo_policy_kind *out);
 
 typedef struct kvo_store_params {
@@ -86,36 +80,12 @@ typedef struct kvo_store_params {
                                    callers mark hits used with touch.  On the
                                    Mooncake trace (LRU, 10k blocks, hits
                                    touched) true gives vLLM's 42.39 %. */
-    bool policy_admission;      /* false (default): prepare_store stores every
-                                   absent key (admit_after aside).  true: the
-                                   policy may turn one away (need 0, it stays
-                                   a MISS, counted in store_not_admitted) when
-                                   its room would cost more than the key is
-                                   likely to be worth: the branch policy does
-                                   so for a key used once whose room would come
-                                   from the prefixes it protects.  Set it only
-                                   when nothing behind the store takes its
-                                   chunks from it (a lower tier written from
-                                   its slots would never see such a key); the
-                                   connector sets it when it has no file or
-                                   remote tier. */
-    bool lookups_per_key;       /* false (default): each lookup names a
-                                   request's keys in order, and the policy
-                                   learns from it (the branch policy: branch
-                                   points, repeats, prefixes coming back).
-                                   true: lookups come one key at a time (vLLM's
-                                   OffloadingManager.lookup), so they say
-                                   nothing about requests and the policy
-                                   learns from prepare_store batches alone,
-                                   each a request's keys in order from its
-                                   first (vLLM's request-level offload policy),
-                                   a batch ending at a known leaf counting as
-                                   a repeat.  Without it such one-key lookups
-                                   cost the branch policy up to 16 points on
-                                   conversation traffic (docs/replay.md).
-                                   Other policies use lookups as before (the
-                                   ensemble scores its shadows by each key's
-                                   hit or miss). */
+    bool policy_admission;      /* accepted and ignored: no current policy
+                                   turns a key away (the connector still sets
+                                   it when the host tier is the last tier) */
+    bool lookups_per_key;       /* accepted and ignored by the current
+                                   policies: says that lookups come one key at
+                                   a time (vLLM's OffloadingManager.lookup) */
 } kvo_store_params;
 
 KVO_API kvo_store_params kvo_store_default_params(void);
@@ -125,10 +95,12 @@ typedef struct kvo_store kvo_store;
 /** Create a store.  *out owned by the caller (kvo_store_destroy).  All memory
  *  is allocated here: about 112 bytes per entry (max_entries: a 64-byte entry
  *  and 32 bytes of index, rounded up; twice that with ARC or S3-FIFO and five
- *  times with prefix, whose ghost keys take entries too) plus 8 bytes per slot.
+ *  times with prefix, whose ghost keys take entries too, plus its ~4 MiB of
+ *  simulations) plus 8 bytes per slot.
  *  Errors: KVO_EINVAL (no plan, a plan that offloads nothing, capacity below
- *  the largest slot: message names the group and sizes, a bad policy or
- *  segment_bytes), KVO_ERANGE (over 2^30 entries), KVO_ENOMEM. */
+ *  the largest slot: message names the group and sizes, a bad or removed
+ *  policy (KVO_POLICY_ENSEMBLE), or segment_bytes), KVO_ERANGE (over 2^30
+ *  entries), KVO_ENOMEM. */
 KVO_API int kvo_store_create(const kvo_store_params *p, kvo_store **out);
 /** Destroy; the caller guarantees no call is in progress.  NULL is a no-op. */
 KVO_API void kvo_store_destroy(kvo_store *s);

@@ -22,29 +22,26 @@
  * store's current size, scaled by the sample rate: Waldspurger et al.,
  * "Cache Modeling and Optimization using Miniature Simulations", USENIX ATC
  * '17) and remembers W_i times as many evicted keys (the setting's ghost
- * window, kvo__mini_ghostw: 4, the store's whole history, or 1).
+ * window, kvo__mini_ghostw: 4, the store's whole history, or 1).  Small
+ * stores (max_entries <= KVO__MINI_CAP) simulate every key.
  * Nodes live in one fixed pool per simulation (free list), found through one
  * kvo__hmap keyed (mix, simulation); everything is allocated at create, so a
  * use never allocates.  Each simulation's score is its hits with exponential
  * decay (half-life ~11 fills of the simulated cache, KVO__MINI_HL), so the
  * choice follows phase changes.
  *
- * The choice: LRU (A = 0) unless another setting has KVO__MINI_MARGIN more
- * hits than the LRU simulation, then the best of those, whichever it is at
- * the moment (the settings share the store's lists and differ only in the
- * victim rule and the ghost window, so moving between them costs nothing;
- * a 1 % hysteresis between them, until issue 26's fourth stop, kept the
- * store in a setting that had led early for most of a document trace after
- * another had taken over).  The margin is anchored at LRU (a "switch for 5 %
- * more than the current setting" rule could stay in a protecting setting
- * after LRU had become better again), and guarded: the store scores its own
- * hits on the sampled keys like a simulation (kvo__mini_ref's `hit`), and
- * when that falls below the LRU simulation's by more than the sampling can
- * explain (KVO__MINI_TOL; no guard when every key is simulated), it goes
- * back to LRU and doubles its margin.  Workloads where protection really wins never
- * trip the guard and keep a 1 % margin (the former fixed 5 % left Mooncake
- * with LRU above ~14k blocks, 2 points below S3-FIFO); where it only looks
- * better in the simulations (chat), the margin climbs after a trip or two.
+ * The choice: LRU (A = 0) unless another setting has a margin more hits
+ * than the LRU simulation, then the best of those, whichever it is at the
+ * moment (the settings share the store's lists and differ only in the
+ * victim rule and the ghost window, so moving between them costs nothing).
+ * The margin is anchored at LRU, so the store returns to LRU as soon as LRU
+ * leads again.  The guard: the store scores its own hits on the sampled
+ * keys like a simulation (kvo__mini_ref's `hit`), and when they fall below
+ * the LRU simulation's by more than the sampling explains (KVO__MINI_TOL),
+ * it goes back to LRU and doubles its margin.  Workloads where protection
+ * really wins never trip the guard and keep the small margin; where it only
+ * looks better in the simulations, the margin climbs after a trip or two and
+ * the store stays LRU.
  *
  * Cost: one hash test per use; for the sampled 1/2^shift of uses, one map
  * lookup and O(1) list work per simulation.  Memory: about 4 MiB per store
@@ -52,19 +49,17 @@
  */
 
 #include "core/hmap.h"
-#include "store/store_internal.h"
+#include "store/minisim.h"
 
 #define KVO__MINI_CAP 1024u      /* most keys a simulation holds */
 #define KVO__MINI_HL 16.0        /* score memory, in fills of the simulated cache */
-/* Leaving LRU (docs/replay.md, "Against the best of LRU, ARC and S3-FIFO"):
- * a setting must beat the LRU simulation by this margin: 1 %, and 5 % while
- * the sample holds half the keys or more (stores of up to 2,048 entries,
- * where switching costs most: with 1-3 % there, 12-17 of 20 seeded chat
- * traces fell below LRU somewhere, with 5 % 2 of 20).  The guard: when the
- * store's own hits on the sample fall below the LRU simulation's by more
- * than the sampling explains (1.5 %: the two differ by up to 1.3 % while
- * the store is LRU), the store goes back to LRU and the margin doubles, up
- * to 16 %.  Without sampling (every key simulated) there is no guard. */
+/* Leaving LRU: a setting must beat the LRU simulation by 1 %, and by 5 %
+ * while the sample holds half the keys or more (stores of up to 2,048
+ * entries, where a switch costs most: with 1-3 % there, 12-17 of 20 seeded
+ * chat traces fell below LRU somewhere, with 5 % 2 of 20).  The guard's
+ * tolerance, 1.5 %: the store and the LRU simulation differ by up to 1.3 %
+ * while the store is LRU (sampling noise).  The margin doubles at each trip,
+ * up to 16 %. */
 #define KVO__MINI_MARGIN 0.01
 #define KVO__MINI_MARGIN_SMALL 0.05
 #define KVO__MINI_MARGIN_MAX 0.16
@@ -73,8 +68,10 @@
 
 /* The knob settings, in units of the cache's size in keys (eighths): 0 = LRU,
  * ..., UINT32_MAX = never prefer a reused key's eviction; with their ghost
- * windows (cache sizes).  W = 1 settings: +2 points over the W = 4 ones on
- * the document traces (docs/replay.md); LRU ignores W. */
+ * windows (cache sizes).  The W = 1 settings gained ~2 points over the
+ * W = 4 ones on the generated document traces, where a document seen twice
+ * in a long while would otherwise crowd the popular ones out of M; LRU
+ * ignores W. */
 const uint32_t kvo__mini_knob8[KVO__MINI_N] = {0, 4, 8, 16, 32, UINT32_MAX, 4, 8, 16, UINT32_MAX};
 const uint8_t kvo__mini_ghostw[KVO__MINI_N] = {4, 4, 4, 4, 4, 4, 1, 1, 1, 1};
 
@@ -121,7 +118,7 @@ int kvo__mini_create(kvo__mini **out, uint64_t max_entries) {
     while ((max_entries >> m->shift) > KVO__MINI_CAP) m->shift++;
     m->mask = (UINT64_C(1) << m->shift) - 1;
     m->margin = m->shift <= 1 ? KVO__MINI_MARGIN_SMALL : KVO__MINI_MARGIN;
-    m->tol = m->shift ? KVO__MINI_TOL : 1; /* every key simulated: no guard (it cannot fire) */
+    m->tol = KVO__MINI_TOL;
     uint64_t cap = max_entries >> m->shift;
     if (cap < 8) cap = 8;
     m->nodes = (uint32_t)(cap * (1 + KVO__PREFIX_GHOSTS) + 1);

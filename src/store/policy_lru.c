@@ -1,9 +1,9 @@
 /*
  * LRU eviction (the default).
  *
- * How: one doubly linked list through the entries (ent.prev/next), most
+ * How: one doubly linked list through the entries (KVO__LRU_LIST), most
  * recently used at the head, victims taken from the tail.  insert, hit,
- * remove and take_victim are O(1); no ghosts.
+ * remove and take_victim are O(1); no ghosts, no state of its own.
  *
  * Why default: KV prefix reuse is dominated by recency (a conversation's next
  * turn, a shared system prompt that keeps being hit); LRU is predictable and
@@ -13,41 +13,35 @@
  */
 #include "store/store_internal.h"
 
-static void lru_insert(kvo_store *s, uint32_t e) {
-    kvo__list_push_head(s, &s->q[KVO__Q_LRU], e, KVO__Q_LRU);
-}
+#define L KVO__LRU_LIST
+
+static void lru_insert(kvo_store *s, uint32_t e) { kvo__list_push_head(s, L, e); }
 
 static void lru_hit(kvo_store *s, uint32_t e) {
-    kvo__list *l = &s->q[KVO__Q_LRU];
-    if (l->head == e) return;
-    kvo__list_unlink(s, l, e);
-    kvo__list_push_head(s, l, e, KVO__Q_LRU);
+    if (s->pq[L].head == e) return;
+    kvo__list_unlink(s, e);
+    kvo__list_push_head(s, L, e);
 }
 
-static void lru_remove(kvo_store *s, uint32_t e) {
-    kvo__list_unlink(s, &s->q[KVO__Q_LRU], e);
-}
+static void lru_remove(kvo_store *s, uint32_t e) { kvo__list_unlink(s, e); }
 
 static uint32_t lru_take(kvo_store *s) {
-    kvo__list *l = &s->q[KVO__Q_LRU];
-    uint32_t e = l->tail;
-    if (e != KVO__NIL) kvo__list_unlink(s, l, e);
+    uint32_t e = s->pq[L].tail;
+    if (e != KVO__NIL) kvo__list_unlink(s, e);
     return e;
 }
 
-static void lru_untake(kvo_store *s, uint32_t e) {
-    kvo__list_push_tail(s, &s->q[KVO__Q_LRU], e, KVO__Q_LRU);
-}
+static void lru_untake(kvo_store *s, uint32_t e) { kvo__list_push_tail(s, L, e); }
 
-static void lru_evicted(kvo_store *s, uint32_t e) {
-    kvo__ghost_drop(s, e);
-}
+static void lru_evicted(kvo_store *s, uint32_t e) { kvo__ghost_drop(s, e); }
 
 static void lru_ghost_claim(kvo_store *s, uint32_t e) {
     (void)s; (void)e;
 }
 
 const kvo__policy_ops kvo__policy_lru = {
-    "lru", lru_insert, lru_hit, lru_remove, lru_insert, lru_take, lru_untake, lru_evicted, lru_ghost_claim, NULL, NULL,
-    false, /* vLLM's own order: its manager calls in the batch's order */
+    .name = "lru", .lists = {"lru"}, .ghosts_per_entry = 0,
+    .leaf_first = false, /* vLLM's own order: its manager calls in the batch's order */
+    .insert = lru_insert, .hit = lru_hit, .remove = lru_remove, .reinsert = lru_insert, .take_victim = lru_take,
+    .untake = lru_untake, .evicted = lru_evicted, .ghost_claim = lru_ghost_claim,
 };

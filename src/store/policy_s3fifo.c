@@ -19,89 +19,80 @@
  * filters them out quickly ("quick demotion") while reused prefixes earn a
  * place in M, and FIFO queues need no reordering on a hit (hit = a counter
  * increment, lighter than LRU's list move).
+ *
+ * State: per entry, ent.pol.u8[0] = the queue it last left (S3_FROM: untake
+ * and reinsert put it back there, evicted keeps a ghost only of S's
+ * victims, insert sees a revived ghost) and u8[1] = its use counter
+ * (S3_FREQ); nothing per store.
  */
 #include "store/store_internal.h"
 
+enum { S = 1, M, G };
+#define S3_FROM(s, e) ((s)->ent[e].pol.u8[0])
+#define S3_FREQ(s, e) ((s)->ent[e].pol.u8[1])
+
 static void s3_insert(kvo_store *s, uint32_t e) {
-    kvo__entry *x = &s->ent[e];
-    x->freq = 0;
-    if (x->ghost_q == KVO__Q_G) kvo__list_push_head(s, &s->q[KVO__Q_M], e, KVO__Q_M);
-    else kvo__list_push_head(s, &s->q[KVO__Q_S], e, KVO__Q_S);
-    x->ghost_q = 0;
+    uint8_t from = S3_FROM(s, e);
+    S3_FROM(s, e) = 0;
+    S3_FREQ(s, e) = 0;
+    kvo__list_push_head(s, from == G ? M : S, e);
 }
 
 static void s3_hit(kvo_store *s, uint32_t e) {
-    kvo__entry *x = &s->ent[e];
-    if (x->freq < 3) x->freq++;
+    if (S3_FREQ(s, e) < 3) S3_FREQ(s, e)++;
 }
 
-/* Leaving the queues (pin, protect, remove): remember the queue in ghost_q so
- * that reinsert puts the entry back into the same one. */
-static void s3_remove(kvo_store *s, uint32_t e) {
-    kvo__entry *x = &s->ent[e];
-    uint8_t q = x->q;
-    kvo__list_unlink(s, &s->q[q], e);
-    x->ghost_q = q;
+/* Leave the queue it is in, remembering which. */
+static void s3_leave(kvo_store *s, uint32_t e) {
+    S3_FROM(s, e) = s->ent[e].q;
+    kvo__list_unlink(s, e);
 }
 
 /* Back from a pin or a store batch: same queue, at its head, and one use. */
 static void s3_reinsert(kvo_store *s, uint32_t e) {
-    kvo__entry *x = &s->ent[e];
-    uint8_t q = x->ghost_q == KVO__Q_M ? KVO__Q_M : KVO__Q_S;
-    x->ghost_q = 0;
-    kvo__list_push_head(s, &s->q[q], e, q);
-    if (x->freq < 3) x->freq++;
+    uint8_t from = S3_FROM(s, e);
+    S3_FROM(s, e) = 0;
+    kvo__list_push_head(s, from == M ? M : S, e);
+    s3_hit(s, e);
 }
 
 static uint32_t s3_take(kvo_store *s) {
-    kvo__list *S = &s->q[KVO__Q_S], *M = &s->q[KVO__Q_M];
+    kvo__list *qs = &s->pq[S], *qm = &s->pq[M];
     for (;;) {
-        uint64_t total = S->n + M->n;
+        uint64_t total = qs->n + qm->n;
         if (total == 0) return KVO__NIL;
-        if (S->n && (S->n * 10 >= total || M->n == 0)) {
-            uint32_t e = S->tail;
-            kvo__list_unlink(s, S, e);
-            if (s->ent[e].freq > 0) {
-                s->ent[e].freq = 0;
-                kvo__list_push_head(s, M, e, KVO__Q_M);
-                continue;
-            }
-            s->ent[e].ghost_q = KVO__Q_S;
-            return e;
-        }
-        uint32_t e = M->tail;
-        kvo__list_unlink(s, M, e);
-        if (s->ent[e].freq > 0) {
-            s->ent[e].freq--;
-            kvo__list_push_head(s, M, e, KVO__Q_M);
+        uint8_t from = qs->n && (qs->n * 10 >= total || qm->n == 0) ? S : M;
+        uint32_t e = s->pq[from].tail;
+        kvo__list_unlink(s, e);
+        if (S3_FREQ(s, e) > 0) { /* S: promoted with its count reset; M: a second chance */
+            S3_FREQ(s, e) = from == S ? 0 : S3_FREQ(s, e) - 1;
+            kvo__list_push_head(s, M, e);
             continue;
         }
-        s->ent[e].ghost_q = KVO__Q_M;
+        S3_FROM(s, e) = from;
         return e;
     }
 }
 
+static void s3_untake(kvo_store *s, uint32_t e) {
+    uint8_t from = S3_FROM(s, e);
+    S3_FROM(s, e) = 0;
+    kvo__list_push_tail(s, from, e);
+}
+
 static void s3_evicted(kvo_store *s, uint32_t e) {
-    kvo__entry *x = &s->ent[e];
-    uint8_t from = x->ghost_q;
-    x->ghost_q = 0;
-    if (from != KVO__Q_S) {
+    uint8_t from = S3_FROM(s, e);
+    S3_FROM(s, e) = 0;
+    if (from != S) {
         kvo__ghost_drop(s, e);
         return;
     }
-    kvo__list *G = &s->q[KVO__Q_G];
-    kvo__list_push_head(s, G, e, KVO__Q_G);
-    while (G->n > s->ghost_cap) kvo__ghost_drop(s, G->tail);
-}
-
-static void s3_ghost_claim(kvo_store *s, uint32_t e) {
-    kvo__entry *x = &s->ent[e];
-    uint8_t q = x->q;
-    kvo__list_unlink(s, &s->q[q], e);
-    x->ghost_q = q;
+    kvo__list_push_head(s, G, e);
+    while (s->pq[G].n > s->ghost_cap) kvo__ghost_drop(s, s->pq[G].tail);
 }
 
 const kvo__policy_ops kvo__policy_s3fifo = {
-    "s3fifo", s3_insert, s3_hit, s3_remove, s3_reinsert, s3_take, kvo__untake_to_origin, s3_evicted,
-    s3_ghost_claim, NULL, NULL, false,
+    .name = "s3fifo", .lists = {"s", "m", "g"}, .ghosts_per_entry = 1, .leaf_first = false,
+    .insert = s3_insert, .hit = s3_hit, .remove = s3_leave, .reinsert = s3_reinsert, .take_victim = s3_take,
+    .untake = s3_untake, .evicted = s3_evicted, .ghost_claim = s3_leave,
 };

@@ -60,7 +60,7 @@
  */
 #include <stdlib.h>
 
-#include "store/store_internal.h"
+#include "store/slots.h"
 
 static double kvo__seg_cost(uint64_t capacity, uint64_t S, uint64_t N, const uint64_t *b, const double *w,
                             uint32_t nclass) {

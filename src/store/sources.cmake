@@ -1,13 +1,10 @@
 # src/store: the files of this layer.  A file is built because it is listed
 # here: configuring fails when a .c or .cu file under src/ is in no list.
 kvo_sources(KVO_SOURCES store
-  follow.c
   index.c
   minisim.c
   policy_arc.c
-  policy_branch.c
   policy_lru.c
-  policy_ensemble.c
   policy_prefix.c
   policy_s3fifo.c
   slots.c

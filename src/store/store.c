@@ -4,7 +4,8 @@
  *
  * Layout.  Entries live in one preallocated pool (kvo__entry, 64 bytes):
  * resident entries (PENDING or READY, each holding one slot) and ghosts
- * (keys the ARC / S3-FIFO policies remember after eviction, no slot).  The
+ * (keys the ARC, S3-FIFO and prefix policies remember after eviction, no
+ * slot).  The
  * pool holds max_entries residents + ghost_cap ghosts, so it never runs out;
  * free pool entries are chained through ent.next.  The index (index.c) maps
  * a chunk key to its pool entry; slots (slots.c) hand out per-class slots
@@ -59,7 +60,7 @@
 const char *kvo_policy_name(kvo_policy_kind k) {
     static const char *const names[] = {[KVO_POLICY_LRU] = "lru", [KVO_POLICY_ARC] = "arc",
                                         [KVO_POLICY_S3FIFO] = "s3fifo", [KVO_POLICY_PREFIX] = "prefix",
-                                        [KVO_POLICY_ENSEMBLE] = "ensemble", [KVO_POLICY_BRANCH] = "branch"};
+                                        [KVO_POLICY_BRANCH] = "prefix"};
     return (unsigned)k < sizeof names / sizeof names[0] && names[k] ? names[k] : "?";
 }
 
@@ -68,11 +69,10 @@ int kvo_policy_parse(const char *name, kvo_policy_kind *out) {
     if (!strcmp(name, "lru")) *out = KVO_POLICY_LRU;
     else if (!strcmp(name, "arc")) *out = KVO_POLICY_ARC;
     else if (!strcmp(name, "s3fifo") || !strcmp(name, "s3-fifo")) *out = KVO_POLICY_S3FIFO;
-    else if (!strcmp(name, "prefix")) *out = KVO_POLICY_PREFIX;
-    else if (!strcmp(name, "ensemble")) *out = KVO_POLICY_ENSEMBLE;
-    else if (!strcmp(name, "branch")) *out = KVO_POLICY_BRANCH;
-    else return kvo__error(KVO_EINVAL, "policy '%s' is unknown; use lru, arc, s3fifo, prefix, ensemble or branch",
-                           name);
+    else if (!strcmp(name, "prefix") || !strcmp(name, "branch")) *out = KVO_POLICY_PREFIX; /* branch: an alias */
+    else if (!strcmp(name, "ensemble"))
+        return kvo__error(KVO_EINVAL, "policy 'ensemble' was removed; use prefix (or lru, arc, s3fifo)");
+    else return kvo__error(KVO_EINVAL, "policy '%s' is unknown; use lru, arc, s3fifo or prefix", name);
     return 0;
 }
 
@@ -190,23 +190,28 @@ static void kvo__cms_add(kvo_store *s, const kvo_chunk_key *k) {
 
 /* ------------------------------------------------------------- create -- */
 
-static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of *sh, kvo_store **out);
-
-int kvo_store_create(const kvo_store_params *p, kvo_store **out) { return kvo__store_create_in(p, NULL, out); }
-
-int kvo__store_create_shadow(const kvo_store_params *p, const kvo__shadow_of *sh, kvo_store **out) {
-    return kvo__store_create_in(p, sh, out);
+/* The policy a params.policy names, or NULL with a message. */
+static const kvo__policy_ops *kvo__policy_of(kvo_policy_kind k) {
+    switch (k) {
+    case KVO_POLICY_LRU: return &kvo__policy_lru;
+    case KVO_POLICY_ARC: return &kvo__policy_arc;
+    case KVO_POLICY_S3FIFO: return &kvo__policy_s3fifo;
+    case KVO_POLICY_PREFIX: case KVO_POLICY_BRANCH: return &kvo__policy_prefix; /* branch: an alias */
+    case KVO_POLICY_ENSEMBLE:
+        kvo__error(KVO_EINVAL, "kvo_store_create: policy 4 (ensemble) was removed; use KVO_POLICY_PREFIX");
+        return NULL;
+    }
+    kvo__error(KVO_EINVAL, "kvo_store_create: policy %d is unknown; use lru, arc, s3fifo or prefix", (int)k);
+    return NULL;
 }
 
-static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of *sh, kvo_store **out) {
+int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     kvo_store_params p_in_;
     KVO__PARAMS_IN(p, kvo_store_params, p_in_, kvo_store_default_params, segment_bytes, "kvo_store_create");
     if (!p || !out) return kvo__error(KVO_EINVAL, "kvo_store_create: NULL %s", !p ? "params" : "out");
     if (!p->plan) return kvo__error(KVO_EINVAL, "kvo_store_create: params.plan is required");
-    if ((unsigned)p->policy > KVO_POLICY_BRANCH)
-        return kvo__error(KVO_EINVAL,
-                          "kvo_store_create: policy %d is unknown; use lru, arc, s3fifo, prefix, ensemble or branch",
-                          (int)p->policy);
+    const kvo__policy_ops *pol = kvo__policy_of(p->policy);
+    if (!pol) return KVO_EINVAL;
     const kvo_plan *plan = p->plan;
     size_t ng = kvo_plan_num_groups(plan);
     uint64_t maxb = kvo_plan_max_slot_bytes(plan);
@@ -225,17 +230,8 @@ static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of 
     if (!s) return kvo__error(KVO_ENOMEM, "kvo_store_create: out of memory");
     s->plan = plan;
     s->params = *p;
-    s->pfx_force = -1;
-    if (sh) {
-        s->shadow = *sh;
-        s->pfx_force = sh->setting;
-    }
     s->ngroups = (uint32_t)ng;
-    s->pol = p->policy == KVO_POLICY_ARC ? &kvo__policy_arc
-           : p->policy == KVO_POLICY_S3FIFO ? &kvo__policy_s3fifo
-           : p->policy == KVO_POLICY_PREFIX ? &kvo__policy_prefix
-           : p->policy == KVO_POLICY_ENSEMBLE ? &kvo__policy_ensemble
-           : p->policy == KVO_POLICY_BRANCH ? &kvo__policy_branch : &kvo__policy_lru;
+    s->pol = pol;
     /* classes: distinct slot sizes, weights = bytes per token */
     uint64_t cls_bytes[KVO__MAX_CLASSES];
     double cls_w[KVO__MAX_CLASSES];
@@ -265,14 +261,9 @@ static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of 
     }
     s->max_entries = p->max_entries ? p->max_entries : slots_total;
     if (s->max_entries > slots_total) s->max_entries = slots_total;
-    /* ghosts: none for LRU, the ensemble (its shadows have their own) and
-     * branch (its history is a table of 8-byte records); as many as
-     * residents for ARC and S3-FIFO; 4x for prefix, whose reuse signal is a
-     * key coming back (policy_prefix.c) */
-    s->ghost_cap = p->policy == KVO_POLICY_LRU || p->policy == KVO_POLICY_ENSEMBLE || p->policy == KVO_POLICY_BRANCH
-                 ? 0
-                 : p->policy == KVO_POLICY_PREFIX ? KVO__PREFIX_GHOSTS * s->max_entries
-                                                  : s->max_entries;
+    /* ghosts: none for LRU; as many as residents for ARC and S3-FIFO; 4x for
+     * prefix, whose reuse signal is a key coming back (policy_prefix.c) */
+    s->ghost_cap = (uint64_t)pol->ghosts_per_entry * s->max_entries;
     if (s->max_entries + s->ghost_cap >= (UINT64_C(1) << 30)) {
         rc = kvo__error(KVO_ERANGE,
                         "kvo_store_create: %llu entries + %llu ghosts (policy %s) is over the 2^30 limit; set "
@@ -295,7 +286,7 @@ static int kvo__store_create_in(const kvo_store_params *p, const kvo__shadow_of 
     rc = kvo__index_init(&s->ix, s->pool_cap);
     if (rc) goto fail;
     s->pipe_walk = kvo__pipe_walks(s->ix.mask + 1, s->pool_cap);
-    for (int q = 0; q < 9; q++) kvo__list_init(&s->q[q]);
+    for (int q = 0; q <= KVO__POL_LISTS; q++) kvo__list_init(&s->pq[q]);
     if (p->admit_after > 1) {
         uint64_t w = 1024;
         while (w < 2 * s->max_entries) w *= 2;
@@ -378,7 +369,7 @@ static void kvo__entry_free(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
     kvo__index_remove(s, e);
     x->state = KVO__E_FREE;
-    x->q = KVO__Q_NONE;
+    x->q = 0;
     x->next = s->pool_free;
     s->pool_free = e;
 }
@@ -386,7 +377,7 @@ static void kvo__entry_free(kvo_store *s, uint32_t e) {
 void kvo__ghost_drop(kvo_store *s, uint32_t e) {
     kvo__entry *x = &s->ent[e];
     assert(x->state == KVO__E_GHOST);
-    if (x->q != KVO__Q_NONE) kvo__list_unlink(s, &s->q[x->q], e);
+    if (x->q) kvo__list_unlink(s, e);
     s->ghosts--;
     kvo__entry_free(s, e);
 }
@@ -414,7 +405,7 @@ void kvo__resident_release(kvo_store *s, uint32_t e) { kvo__slots_release(&s->sl
 /* Remove a resident entry entirely (remove, clear, failed store). */
 void kvo__resident_drop(kvo_store *s, uint32_t e, uint32_t evtype) {
     kvo__entry *x = &s->ent[e];
-    if (x->q != KVO__Q_NONE) s->pol->remove(s, e);
+    if (x->q) s->pol->remove(s, e);
     if (x->state == KVO__E_PENDING) {
         kvo__busy(s, e, -1);
         s->pending--;
@@ -533,7 +524,6 @@ int kvo_store_lookup(kvo_store *s, const kvo_chunk_key *keys, size_t n, uint8_t 
     }
     s->memo_n = n <= s->memo_cap ? n : 0;
     s->memo_gen = s->res_gen;
-    if (s->pol->observe) s->pol->observe(s, KVO__CALL_LOOKUP, keys, n);
     kvo__store_unlock(s);
     return 0;
 }
@@ -617,7 +607,6 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__batch_begin(s, keys, n, keys, fn);
     if (rc) return rc;
     rc = kvo__unpin_batch(s, keys, n, fn);
-    if (!rc && s->pol->observe) s->pol->observe(s, KVO__CALL_TOUCH, keys, n);
     for (size_t k = 0; k < n && !rc; k++) {
         uint32_t e = s->sc_ent[kvo__use_at(s->pol, n, k)];
         kvo__entry *x = &s->ent[e];
@@ -653,7 +642,7 @@ int kvo_store_complete_load(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
  * unlinks and pushes then changed nothing (3 % of its store cycle). */
 static bool kvo__lru_leads(const kvo_store *s, const uint32_t *ent, size_t n) {
     if (s->pol != &kvo__policy_lru) return false;
-    uint32_t e = s->q[KVO__Q_LRU].head;
+    uint32_t e = s->pq[KVO__LRU_LIST].head;
     for (size_t i = n; i-- > 0;) {
         if (e == KVO__NIL || ent[i] != e) return false;
         e = s->ent[e].next;
@@ -674,14 +663,13 @@ int kvo_store_touch(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
         kvo__store_unlock(s);
         return rc;
     }
-    if (s->pol->observe) s->pol->observe(s, KVO__CALL_TOUCH, keys, n);
     const uint32_t *ent = memo ? s->memo : s->pol->leaf_first ? s->sc_ent : NULL;
     if (ent && kvo__lru_leads(s, ent, n)) n = 0;
     if (!ent) kvo__pipe_init(&pp, keys, n);
     for (size_t k = 0; k < n; k++) {
         size_t i = kvo__use_at(s->pol, n, k);
         uint32_t e = ent ? ent[i] : kvo__pipe_find(s, &pp, keys, n, i);
-        if (e != KVO__NIL && s->ent[e].q != KVO__Q_NONE && s->ent[e].state == KVO__E_READY) s->pol->hit(s, e);
+        if (e != KVO__NIL && s->ent[e].q && s->ent[e].state == KVO__E_READY) s->pol->hit(s, e);
     }
     kvo__store_unlock(s);
     return 0;
@@ -700,7 +688,6 @@ int kvo_store_remove(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
             goto out;
         }
     }
-    if (s->pol->observe) s->pol->observe(s, KVO__CALL_REMOVE, keys, n);
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         /* absent, a duplicate already gone, or retired (gone for callers) */
@@ -716,7 +703,6 @@ out:
 int kvo_store_retire(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
     int rc = kvo__batch_begin(s, keys, n, keys, "kvo_store_retire");
     if (rc) return rc;
-    if (s->pol->observe) s->pol->observe(s, KVO__CALL_REMOVE, keys, n);
     for (size_t i = 0; i < n; i++) {
         uint32_t e = s->sc_ent[i];
         if (e == KVO__NIL || s->ent[e].state != KVO__E_READY) continue; /* absent, PENDING or gone already */
@@ -734,7 +720,6 @@ int kvo_store_retire(kvo_store *s, const kvo_chunk_key *keys, size_t n) {
 size_t kvo_store_clear(kvo_store *s) {
     if (!s) return 0;
     kvo__store_lock(s);
-    if (s->pol->observe) s->pol->observe(s, KVO__CALL_CLEAR, NULL, 0);
     for (uint32_t e = 0; e < s->pool_cap; e++) {
         kvo__entry *x = &s->ent[e];
         if (x->state == KVO__E_READY && x->pins == 0) {

@@ -274,17 +274,15 @@ static int kvo__ps_validate(kvo_store *s, const kvo_chunk_key *keys, size_t n, c
 }
 
 /* Resolution, step 1: classify the resolved keys (present, turned away by
- * admission (admit_after's count, or the policy's ops.admit), or new:
- * counted in pl->demand per class). */
+ * admission (admit_after's count), or new: counted in pl->demand per
+ * class). */
 static void kvo__ps_classify(kvo_store *s, const kvo_chunk_key *keys, size_t n, kvo__plan *pl, kvo__batch *b) {
-    uint64_t adm = 0; /* the policy's admission state for this batch */
     for (size_t i = 0; i < n; i++) {
         if (s->sc_ent[i] != KVO__NIL) {
             b->n_present++;
             continue;
         }
-        if ((s->cms && kvo__cms_get(s, &keys[i]) < s->params.admit_after) ||
-            (s->params.policy_admission && s->pol->admit && !s->pol->admit(s, keys, i, b->n_new, &adm))) {
+        if (s->cms && kvo__cms_get(s, &keys[i]) < s->params.admit_after) {
             b->n_not_admitted++;
             s->sc_ent[i] = KVO__NOT_ADMITTED;
             continue;
@@ -315,7 +313,7 @@ static int kvo__ps_protect(kvo_store *s, size_t n, const kvo__plan *pl, const kv
             later = e;
         }
     }
-    in_place = in_place && later != KVO__NIL && s->q[KVO__Q_LRU].head == later;
+    in_place = in_place && later != KVO__NIL && s->pq[KVO__LRU_LIST].head == later;
     uint64_t busy_total = s->pending + s->pinned + busy_extra;
     if (busy_total + b->n_new > s->max_entries || !kvo__slots_feasible(&s->sl, pl->demand)) {
         for (size_t i = 0; i < n; i++) {
@@ -493,7 +491,6 @@ static void kvo__ps_commit_victims(kvo_store *s, size_t nv, kvo_chunk_key *evict
         if (ho == KVO__HO_NONE) s->sl.seg[kvo__slot_seg(&s->sl, x->slot)].planned = 0; /* one class: never planned */
         x->flags &= (uint8_t)~KVO__F_VICTIM;
         kvo__event(s, KVO_EVENT_EVICTED, &x->key);
-        if (s->shadow.up) s->shadow.evicted(s->shadow.up, s->shadow.index, &x->key);
         s->evictions++;
         s->g_evictions[g]++;
         if (ho == KVO__HO_ENTRY) {
@@ -596,7 +593,6 @@ int kvo_store_prepare_store(kvo_store *s, const kvo_chunk_key *keys, size_t n, u
     kvo__store_lock(s);
     rc = kvo__ps_validate(s, keys, n, fn);
     if (rc) goto out;
-    if (s->pol->observe) s->pol->observe(s, KVO__CALL_STORE, keys, n);
     kvo__plan pl;
     kvo__plan_init(s, &pl);
     kvo__batch b = {0};

@@ -62,23 +62,32 @@ int kvo_store_get_stats(kvo_store *s, kvo_store_stats *out) {
 
 /* ------------------------------------------------------------ checking -- */
 
-uint64_t kvo__store_queue_len(kvo_store *s, int q) { return s->q[q].n; }
-uint64_t kvo__store_arc_p(kvo_store *s) { return s->arc_p; }
-uint64_t kvo__store_reclaims(kvo_store *s) { return s->reclaims; }
-uint32_t kvo__store_prefix_knob(kvo_store *s) {
-    if (s->pol != &kvo__policy_prefix) return 0;
-    return kvo__mini_knob8[kvo__prefix_setting(s)];
+uint64_t kvo__store_list_len(kvo_store *s, const char *name) {
+    for (int i = 0; i < KVO__POL_LISTS; i++)
+        if (s->pol->lists[i] && !strcmp(s->pol->lists[i], name)) return s->pq[i + 1].n;
+    return 0;
 }
+uint64_t kvo__store_reclaims(kvo_store *s) { return s->reclaims; }
 
 int kvo__store_check(kvo_store *s) {
-    uint64_t resident = 0, ghosts = 0, pinned = 0, pending = 0, bytes = 0, queued = 0;
+    uint64_t resident = 0, ghosts = 0, pinned = 0, pending = 0, bytes = 0;
+    uint64_t listed[1 + KVO__POL_LISTS] = {0};
+    uint8_t kind[1 + KVO__POL_LISTS] = {0}; /* what a list holds: 0 nothing yet, else KVO__E_READY or _GHOST */
     for (uint32_t e = 0; e < s->pool_cap; e++) {
         kvo__entry *x = &s->ent[e];
         if (x->state == KVO__E_FREE) continue;
         if (kvo__index_find(s, &x->key) != e)
             return kvo__error(KVO_ECORRUPT, "check: entry %u not found through the index", e);
+        if (x->q > KVO__POL_LISTS || (x->q && kind[x->q] && kind[x->q] != x->state))
+            return kvo__error(KVO_ECORRUPT, "check: entry %u (state %u) in list %u, which holds others", e,
+                              x->state, x->q);
+        if (x->q) {
+            listed[x->q]++;
+            kind[x->q] = x->state;
+        }
         if (x->state == KVO__E_GHOST) {
             ghosts++;
+            if (!x->q) return kvo__error(KVO_ECORRUPT, "check: ghost %u in no list", e);
             if (x->slot != KVO__NIL) return kvo__error(KVO_ECORRUPT, "check: ghost %u holds a slot", e);
             continue;
         }
@@ -93,9 +102,8 @@ int kvo__store_check(kvo_store *s) {
         if (x->state == KVO__E_PENDING) pending++;
         if (x->pins) pinned++;
         bool should_queue = x->state == KVO__E_READY && x->pins == 0 && !(x->flags & KVO__F_PROTECT);
-        if (should_queue != (x->q != KVO__Q_NONE))
-            return kvo__error(KVO_ECORRUPT, "check: entry %u queue %u but evictable %d", e, x->q, should_queue);
-        if (x->q) queued++;
+        if (should_queue != (x->q != 0))
+            return kvo__error(KVO_ECORRUPT, "check: entry %u in list %u but evictable %d", e, x->q, should_queue);
         uint32_t g = kvo__slot_seg(&s->sl, x->slot);
         uint64_t expect = (uint64_t)g * s->sl.seg_bytes + (uint64_t)(x->slot - g * s->sl.kmax) * s->sl.cls_bytes[x->cls];
         if (expect != x->offset || x->offset + s->group_slot[x->key.group] > (uint64_t)(g + 1) * s->sl.seg_bytes)
@@ -110,13 +118,11 @@ int kvo__store_check(kvo_store *s) {
                           (unsigned long long)s->ghosts, (unsigned long long)pinned, (unsigned long long)s->pinned,
                           (unsigned long long)pending, (unsigned long long)s->pending, (unsigned long long)bytes,
                           (unsigned long long)s->bytes_used);
-    uint64_t qsum = 0;
-    static const int resq[] = {KVO__Q_LRU, KVO__Q_T1, KVO__Q_T2, KVO__Q_S, KVO__Q_M};
-    for (size_t i = 0; i < sizeof resq / sizeof resq[0]; i++) qsum += s->q[resq[i]].n;
-    if (qsum != queued) return kvo__error(KVO_ECORRUPT, "check: queue lengths %llu vs %llu queued",
-                                          (unsigned long long)qsum, (unsigned long long)queued);
-    if (s->q[KVO__Q_B1].n + s->q[KVO__Q_B2].n + s->q[KVO__Q_G].n != ghosts)
-        return kvo__error(KVO_ECORRUPT, "check: ghost queues do not match ghosts");
+    for (int q = 1; q <= KVO__POL_LISTS; q++)
+        if (listed[q] != s->pq[q].n)
+            return kvo__error(KVO_ECORRUPT, "check: policy list %d (%s) counts %llu, %llu entries are in it", q,
+                              s->pol->lists[q - 1] ? s->pol->lists[q - 1] : "unused", (unsigned long long)s->pq[q].n,
+                              (unsigned long long)listed[q]);
     /* slots: per segment used counts and busy counts (with one class, the
      * class's busy count: kvo__slots_busy) */
     uint64_t busy_all = 0;
@@ -141,5 +147,5 @@ int kvo__store_check(kvo_store *s) {
     if (busy_all != cls_busy)
         return kvo__error(KVO_ECORRUPT, "check: %llu busy slots, the classes count %llu", (unsigned long long)busy_all,
                           (unsigned long long)cls_busy);
-    return s->pol->check ? s->pol->check(s) : 0; /* the ensemble policy's masks */
+    return 0;
 }

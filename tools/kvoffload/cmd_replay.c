@@ -17,7 +17,7 @@
 static void rp_usage(FILE *f) {
     fprintf(f,
             "usage: kvoffload replay --trace FILE --capacity LIST [--model M] [--policy LIST]\n"
-            "                        [--no-min] [--ignore-present] [--store-all] [--json] [--plot FILE.png]\n"
+            "                        [--no-min] [--ignore-present] [--json] [--plot FILE.png]\n"
             "                        [--quiet]\n"
             "       kvoffload replay --trace FILE --capacity LIST --engines N [--routing LIST]\n"
             "                        [--shared-capacity LIST] [--shared-policy P] [--prefix-blocks K] ...\n\n"
@@ -28,15 +28,11 @@ static void rp_usage(FILE *f) {
             "                   in 512-token blocks, or in bytes with a suffix (B, KiB, MiB, GiB,\n"
             "                   KB, MB, GB) when --model is given\n"
             "  --model M        preset or kvoffload-model/1 file: bytes per block from its plan\n"
-            "  --policy LIST    store policies of lru, arc, s3fifo, prefix, ensemble, branch\n"
-            "                   (default lru,arc,s3fifo,branch)\n"
+            "  --policy LIST    store policies of lru, arc, s3fifo, prefix (branch: an alias\n"
+            "                   of prefix; default lru,arc,s3fifo,prefix)\n"
             "  --no-min         skip Belady's MIN\n"
             "  --ignore-present vLLM's manager: hits touched, present blocks not touched by a\n"
             "                   store (LRU 42.39 %% at 10k blocks on the Mooncake trace)\n"
-            "  --store-all      the store keeps every block it is given, as a host tier in front\n"
-            "                   of a file or remote tier does (default: it is the last tier, and\n"
-            "                   the branch policy may turn away a block used once whose room\n"
-            "                   would come from the prefixes it protects)\n"
             "  --json           one JSON object per (policy, capacity) line\n"
             "  --plot FILE      hit rate vs capacity as a PNG (needs cairo)\n"
             "  --quiet          no progress on stderr\n"
@@ -56,7 +52,7 @@ static void rp_usage(FILE *f) {
 
 typedef struct rp_opts {
     const char *trace, *model, *plot;
-    int json, quiet, no_min, ignore_present, store_all, pol_given;
+    int json, quiet, no_min, ignore_present, pol_given;
     kvo_policy_kind pol[RP_MAXPOL];
     size_t npol;
     uint64_t cap[RP_MAXCAP];
@@ -235,7 +231,6 @@ static int rp_parse(int argc, char **argv, rp_opts *o, const char **caps) {
         else if (!strcmp(a, "--quiet")) o->quiet = 1;
         else if (!strcmp(a, "--no-min")) o->no_min = 1;
         else if (!strcmp(a, "--ignore-present")) o->ignore_present = 1;
-        else if (!strcmp(a, "--store-all")) o->store_all = 1;
         else if (v && !strcmp(a, "--trace")) o->trace = argv[++i];
         else if (v && !strcmp(a, "--model")) o->model = argv[++i];
         else if (v && !strcmp(a, "--plot")) o->plot = argv[++i];
@@ -299,7 +294,7 @@ static int rp_run(const rp_opts *o, const rp_trace *t, double *rates, size_t ncu
             int rc = 0;
             if (k < o->npol) {
                 name = kvo_policy_name(o->pol[k]);
-                rc = rp_replay_store(t, o->pol[k], o->cap[c], o->ignore_present, o->store_all, &r);
+                rc = rp_replay_store(t, o->pol[k], o->cap[c], o->ignore_present, &r);
             } else if (k == o->npol && !o->no_min) {
                 name = "min";
                 rc = rp_replay_min(t, o->cap[c], &r);
@@ -394,7 +389,7 @@ static int rp_fleet_main(const rp_opts *o, const rp_trace *t) {
         double *pooled = rates + (nline * o->nroutes + k) * S;
         for (size_t s = 0; !rc && s < S; s++) {
             rp_result r;
-            rc = rp_replay_store(t, pol, cap * N + o->shared[s], o->ignore_present, o->store_all, &r);
+            rc = rp_replay_store(t, pol, cap * N + o->shared[s], o->ignore_present, &r);
             pooled[s] = rp_rate(r.hits, r.blocks);
         }
         if (nline == 1) snprintf(names[nline * o->nroutes + k], 64, "one pool");
@@ -403,7 +398,7 @@ static int rp_fleet_main(const rp_opts *o, const rp_trace *t) {
         for (size_t q = 0; !rc && q < o->nroutes; q++) {
             rp_fleet_params fp = {.engines = N, .prefix_blocks = o->prefix_blocks, .routing = (rp_routing)o->routes[q],
                                   .pol = pol, .shared_pol = o->shared_pol, .cap = cap,
-                                  .ignore_present = o->ignore_present != 0, .store_all = o->store_all != 0,
+                                  .ignore_present = o->ignore_present != 0,
                                   .shared_caps = o->shared, .nshared = S};
             rc = rp_replay_fleet(t, &fp, cells, NULL);
             double *curve = rates + (k * o->nroutes + q) * S;
@@ -451,7 +446,7 @@ static int rp_fleet_main(const rp_opts *o, const rp_trace *t) {
 int kvo_cmd_replay(int argc, char **argv) {
     rp_opts o;
     memset(&o, 0, sizeof o);
-    static const kvo_policy_kind defpol[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_BRANCH};
+    static const kvo_policy_kind defpol[] = {KVO_POLICY_LRU, KVO_POLICY_ARC, KVO_POLICY_S3FIFO, KVO_POLICY_PREFIX};
     memcpy(o.pol, defpol, sizeof defpol);
     o.npol = sizeof defpol / sizeof defpol[0];
     o.shared_pol = KVO_POLICY_LRU;

@@ -226,7 +226,7 @@ static int rp_plan(kvo_plan **out) {
     return rc;
 }
 
-int rp_cache_open(rp_cache *c, kvo_policy_kind pol, uint64_t cap, bool ignore_present, bool admission, size_t maxlen) {
+int rp_cache_open(rp_cache *c, kvo_policy_kind pol, uint64_t cap, bool ignore_present, size_t maxlen) {
     memset(c, 0, sizeof *c);
     c->cap = cap;
     c->ignore_present = ignore_present;
@@ -236,7 +236,6 @@ int rp_cache_open(rp_cache *c, kvo_policy_kind pol, uint64_t cap, bool ignore_pr
     sp.capacity_bytes = cap * RP_SLOT;
     sp.policy = pol;
     sp.ignore_present = ignore_present;
-    sp.policy_admission = admission;
     if (!rc) rc = kvo_store_create(&sp, &c->s);
     size_t n = maxlen ? maxlen : 1;
     c->todo = malloc(n * sizeof *c->todo);
@@ -290,11 +289,10 @@ uint64_t rp_cache_evictions(const rp_cache *c) {
     return kvo_store_get_stats(c->s, &ss) ? 0 : ss.evictions;
 }
 
-int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, bool ignore_present, bool store_all,
-                    rp_result *out) {
+int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, bool ignore_present, rp_result *out) {
     memset(out, 0, sizeof *out);
     rp_cache c;
-    int rc = rp_cache_open(&c, pol, cap, ignore_present, !store_all, t->maxlen);
+    int rc = rp_cache_open(&c, pol, cap, ignore_present, t->maxlen);
     kvo_chunk_key *keys = rc ? NULL : malloc((t->maxlen ? t->maxlen : 1) * sizeof *keys);
     if (!rc && !keys) rc = KVO_ENOMEM;
     for (size_t r = 0; !rc && r < t->nreq; r++) {

@@ -38,9 +38,7 @@ uint64_t rp_mix(uint64_t x);
 
 /* One cache of the replays: a kvo_store of cap blocks (one 4096-byte slot
  * each, nothing allocated for the bytes) and the buffers of one request of at
- * most maxlen blocks; admission: kvo_store_params.policy_admission (true for
- * a last tier, as the connector sets it).  rp_cache_open returns 0 or a
- * KVO_E* code (closed). */
+ * most maxlen blocks.  rp_cache_open returns 0 or a KVO_E* code (closed). */
 typedef struct rp_cache {
     kvo_plan *plan;
     kvo_store *s;
@@ -50,7 +48,7 @@ typedef struct rp_cache {
     uint64_t cap;
     bool ignore_present;
 } rp_cache;
-int rp_cache_open(rp_cache *c, kvo_policy_kind pol, uint64_t cap, bool ignore_present, bool admission, size_t maxlen);
+int rp_cache_open(rp_cache *c, kvo_policy_kind pol, uint64_t cap, bool ignore_present, size_t maxlen);
 void rp_cache_close(rp_cache *c);
 /* *hits = the READY blocks of keys[from .. len) before the first other one
  * (lookup: no recency change). */
@@ -68,12 +66,9 @@ uint64_t rp_cache_evictions(const rp_cache *c);
  * stored (present ones count as used), in batches of at most cap blocks.
  * With ignore_present, vLLM's manager instead: the prefix hits are touched
  * (its load), and a store leaves present blocks alone
- * (kvo_store_params.ignore_present).  With store_all, the store keeps every
- * block it is given (policy admission off: a host tier in front of a lower
- * tier), else it is the last tier.  Returns 0 or a KVO_E* code (message in
- * kvo_last_error). */
-int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, bool ignore_present, bool store_all,
-                    rp_result *out);
+ * (kvo_store_params.ignore_present).  Returns 0 or a KVO_E* code (message
+ * in kvo_last_error). */
+int rp_replay_store(const rp_trace *t, kvo_policy_kind pol, uint64_t cap, bool ignore_present, rp_result *out);
 /* Belady's MIN at cap blocks, same batches (replay_min.c). */
 int rp_replay_min(const rp_trace *t, uint64_t cap, rp_result *out);
 /* The infinite cache: a block hits when seen before and its prefix hit. */
@@ -94,7 +89,7 @@ typedef struct rp_fleet_params {
     rp_routing routing;
     kvo_policy_kind pol, shared_pol;
     uint64_t cap;
-    bool ignore_present, store_all; /* store_all: host tiers without a shared one too keep every block */
+    bool ignore_present;
     const uint64_t *shared_caps;
     size_t nshared;
 } rp_fleet_params;

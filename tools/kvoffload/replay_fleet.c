@@ -17,13 +17,7 @@
  * The host tiers see the same calls whatever the shared tier holds, so one
  * pass replays every shared capacity at once (one kvo_store per capacity,
  * none for 0): the fleet's hit count can only grow with a shared tier, per
- * engine, and the host-only figures are the 0 entry.  In front of a shared
- * tier a host tier stores every chunk (policy admission off, as the
- * connector sets it with a remote tier: a chunk it turned away would never
- * reach the shared tier); as the last tier (the 0 entry) it may turn chunks
- * away (policy admission on, as in the single replay), so with the branch
- * policy the 0 entry's host tiers are a second set of stores and a small
- * shared tier can count fewer hits than none.
+ * engine, and the host-only figures are the 0 entry.
  *
  * Routing: round-robin (request r on engine r mod N); session (a hash of the
  * session: the line's "session_id", else inferred, see rp_sessions); and
@@ -81,43 +75,29 @@ int rp_replay_fleet(const rp_trace *t, const rp_fleet_params *p, rp_fleet_cell *
     size_t N = p->engines, S = p->nshared, n = t->maxlen ? t->maxlen : 1;
     memset(cells, 0, S * N * sizeof *cells);
     if (shared_evictions) memset(shared_evictions, 0, S * sizeof *shared_evictions);
-    /* host[1]: the host tiers in front of a shared tier, storing every chunk
-     * (a connector with a remote tier does so); host[0]: as the last tier
-     * (policy admission on), for the cells without a shared tier, a second
-     * set only where admission changes anything (the branch policy's, the
-     * one policy with admission: kvo_store.h); else host[1] serves them */
-    bool admits = p->pol == KVO_POLICY_BRANCH && !p->store_all, use[2] = {false, false};
-    for (size_t s = 0; s < S; s++) use[p->shared_caps[s] != 0 || !admits] = true;
-    rp_cache *host[2] = {calloc(N, sizeof *host[0]), calloc(N, sizeof *host[1])}, *shared = calloc(S, sizeof *shared);
+    rp_cache *host = calloc(N, sizeof *host), *shared = calloc(S, sizeof *shared);
     kvo_chunk_key *keys = malloc(n * sizeof *keys), *put = malloc(n * sizeof *put);
     uint64_t *sess = p->routing == RP_ROUTE_SESSION ? malloc((t->nreq ? t->nreq : 1) * sizeof *sess) : NULL;
-    int rc = host[0] && host[1] && shared && keys && put && (sess || p->routing != RP_ROUTE_SESSION) ? 0 : KVO_ENOMEM;
+    int rc = host && shared && keys && put && (sess || p->routing != RP_ROUTE_SESSION) ? 0 : KVO_ENOMEM;
     if (!rc && sess) rc = rp_sessions(t, sess);
-    for (int k = 0; k < 2; k++)
-        for (size_t e = 0; !rc && use[k] && e < N; e++)
-            rc = rp_cache_open(&host[k][e], p->pol, p->cap, p->ignore_present, k == 0, n);
+    for (size_t e = 0; !rc && e < N; e++) rc = rp_cache_open(&host[e], p->pol, p->cap, p->ignore_present, n);
     for (size_t s = 0; !rc && s < S; s++)
-        if (p->shared_caps[s]) rc = rp_cache_open(&shared[s], p->shared_pol, p->shared_caps[s], false, true, n);
+        if (p->shared_caps[s]) rc = rp_cache_open(&shared[s], p->shared_pol, p->shared_caps[s], false, n);
     for (size_t r = 0; !rc && r < t->nreq; r++) {
-        size_t len = t->starts[r + 1] - t->starts[r], e = rp_route(t, p, sess, r), h[2] = {0, 0};
+        size_t len = t->starts[r + 1] - t->starts[r], e = rp_route(t, p, sess, r), hl = 0;
         for (size_t s = 0; s < S; s++) cells[s * N + e].requests++, cells[s * N + e].blocks += len;
         if (!len) continue;
         for (size_t i = 0; i < len; i++) keys[i] = rp_trace_key(t->ids[t->starts[r] + i]);
-        for (int k = 0; !rc && k < 2; k++)
-            if (use[k]) rc = rp_cache_request(&host[k][e], keys, len, &h[k]);
+        rc = rp_cache_request(&host[e], keys, len, &hl);
         for (size_t s = 0; !rc && s < S; s++) {
             rp_fleet_cell *cell = &cells[s * N + e];
-            if (!p->shared_caps[s]) {
-                cell->local_hits += h[admits ? 0 : 1];
-                continue;
-            }
-            const rp_cache *c = &host[1][e];
-            size_t hl = h[1], sh = 0, m = 0;
             cell->local_hits += hl;
+            if (!p->shared_caps[s]) continue;
+            size_t sh = 0, m = 0;
             rc = rp_cache_hits(&shared[s], keys, hl, len, &sh);
             if (!rc && sh) rc = kvo_store_touch(shared[s].s, keys + hl, sh); /* the GETs */
             for (size_t i = 0; i < len; i++)
-                if (c->need[i] && (i < hl || i >= hl + sh)) put[m++] = keys[i];
+                if (host[e].need[i] && (i < hl || i >= hl + sh)) put[m++] = keys[i];
             if (!rc && m) rc = rp_cache_store(&shared[s], put, m, NULL);
             cell->shared_hits += sh;
             cell->shared_puts += m;
@@ -125,9 +105,8 @@ int rp_replay_fleet(const rp_trace *t, const rp_fleet_params *p, rp_fleet_cell *
     }
     for (size_t s = 0; !rc && shared_evictions && s < S; s++)
         shared_evictions[s] = p->shared_caps[s] ? rp_cache_evictions(&shared[s]) : 0;
-    for (int k = 0; k < 2; k++)
-        for (size_t e = 0; host[k] && e < N; e++) rp_cache_close(&host[k][e]);
+    for (size_t e = 0; host && e < N; e++) rp_cache_close(&host[e]);
     for (size_t s = 0; shared && s < S; s++) rp_cache_close(&shared[s]);
-    free(host[0]); free(host[1]); free(shared); free(keys); free(put); free(sess);
+    free(host); free(shared); free(keys); free(put); free(sess);
     return rc;
 }
