@@ -347,11 +347,25 @@ KVO_API int kvo_cascade_read(kvo_cascade *c, const kvo_chunk_key *keys, void *co
 KVO_API int kvo_cascade_write(kvo_cascade *c, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
                               int64_t timeout_ns, int *results);
 
+/** kvo_cascade_write without waiting and without a copy kept by the caller
+ *  beyond the write: the caller lends srcs[i] until the key's completion
+ *  (op KVO_CASCADE_OP_WRITE, user_data[i]; result 0 when some tier queued
+ *  it or held it, else why none did), which comes once every lower tier
+ *  took the chunk or dropped it.  Tiers that refuse for back-pressure are
+ *  asked again at later polls (retry_polls times) from the lent memory.
+ *  For engines whose rows stay pinned until a job is reported (vLLM's
+ *  secondary tiers).  results[i] (may be NULL): 0 (a completion follows,
+ *  possibly already queued) or KVO_EINVAL.  Returns 0, KVO_EINVAL (NULL
+ *  arguments, no lower tier). */
+KVO_API int kvo_cascade_write_async(kvo_cascade *c, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
+                                    const uint64_t *user_data, int *results);
+
 /* ----------------------------------------------------------- completions -- */
 
 typedef enum kvo_cascade_op {
     KVO_CASCADE_OP_PROMOTE = 1, /* a lower-tier chunk into a host slot */
-    KVO_CASCADE_OP_READ = 2     /* kvo_cascade_read into caller memory */
+    KVO_CASCADE_OP_READ = 2,    /* kvo_cascade_read into caller memory */
+    KVO_CASCADE_OP_WRITE = 3    /* kvo_cascade_write_async: the lent memory is free */
 } kvo_cascade_op;
 
 typedef struct kvo_cascade_completion {

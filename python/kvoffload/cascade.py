@@ -37,7 +37,7 @@ PREFIX, PROMOTE = 1, 2
 SKIP, HOST, STAGED, REFUSED = 0, 1, 2, 3
 ALL_OR_NOTHING = 1
 # completion ops
-OP_PROMOTE, OP_READ = 1, 2
+OP_PROMOTE, OP_READ, OP_WRITE = 1, 2, 3
 FILE_MODES = {"write_through": 0, "write_back": 1}
 
 
@@ -116,6 +116,7 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_cascade_remove": (c_int, [_P, c_void_p, c_size_t]),
     "kvo_cascade_read": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_void_p, c_void_p]),
     "kvo_cascade_write": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_int64, c_void_p]),
+    "kvo_cascade_write_async": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_void_p, c_void_p]),
     "kvo_cascade_poll": (c_int, [_P, c_void_p, c_size_t, POINTER(c_size_t)]),
     "kvo_cascade_event_fd": (c_int, [_P]),
     "kvo_cascade_wait_events": (c_int, [_P, c_int64]),
@@ -333,6 +334,40 @@ class Cascade(_Handle):
               "kvo_cascade_write")
         return res
 
+    def write_async(self, keys: np.ndarray, srcs: Sequence[int], user_data: Sequence[int]) -> None:
+        """Write chunks at addresses srcs to every lower tier; the memory is
+        lent until each key's completion (op OP_WRITE, user_data[i]),
+        refusals for back-pressure are retried at later polls."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        s = _uint64s("write_async", "addresses", srcs, n)
+        ud = _uint64s("write_async", "user_data", user_data, n)
+        check(lib.kvo_cascade_write_async(self._h, _ptr(keys), _ptr(s), n, _ptr(ud), None),
+              "kvo_cascade_write_async")
+
+    def drain_events(self, cap: int = 4096) -> list[tuple[str, np.ndarray]]:
+        """The host tier's events (event_capacity > 0): (type, KEY_DTYPE
+        array) runs, "stored" / "evicted" / "removed"."""
+        store = lib.kvo_cascade_store(self._h)
+        if not store:
+            return []
+        buf = (L.StoreEvent * cap)()
+        dt = np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)])
+        names = {1: "stored", 2: "evicted", 3: "removed"}
+        out: list[tuple[str, np.ndarray]] = []
+        while True:
+            n = lib.kvo_store_drain_events(store, buf, cap, None)
+            if n == 0:
+                return out
+            raw = np.frombuffer(memoryview(buf), dtype=dt, count=n).copy()
+            start = 0
+            for i in range(1, n + 1):
+                if i == n or raw["type"][i] != raw["type"][start]:
+                    out.append((names.get(int(raw["type"][start]), "?"), raw["key"][start:i].copy()))
+                    start = i
+            if n < cap:
+                return out
+
     # -- completions
     def poll(self, cap: int = 1024) -> np.ndarray:
         """Drive the cascade; up to cap completions (COMPLETION_DTYPE)."""
@@ -385,4 +420,4 @@ class Cascade(_Handle):
 
 __all__ = ["Cascade", "CascadeWait", "namespace_id", "namespace_keys", "COMPLETION_DTYPE", "TIER_NONE", "TIER_HOST",
            "TIER_FILE", "TIER_REMOTE", "TIER_NAMES", "PREFIX", "PROMOTE", "SKIP", "HOST", "STAGED", "REFUSED",
-           "OP_PROMOTE", "OP_READ"]
+           "OP_PROMOTE", "OP_READ", "OP_WRITE"]

@@ -98,6 +98,9 @@ typedef struct kvo__pend {
 typedef struct kvo__defer {
     kvo_chunk_key key;
     kvo_slot slot;      /* host slot, or staging slot (relative) */
+    const void *src;    /* lent caller memory (kvo_cascade_write_async), or NULL: the slot */
+    uint64_t user_data; /* lent: the completion's user data */
+    int best;           /* lent: the best outcome so far (for the completion) */
     uint8_t tiers;      /* KVO__CASC_TIER_BIT of the tiers still to write */
     uint8_t staged;
     uint32_t polls;
@@ -228,14 +231,17 @@ void kvo__casc_op_del(kvo_cascade *c, kvo__cop *o);
  * the refusal; KVO_ESTATE when no tier holds the group's format).  how:
  * KVO__CASC_W_WRITEBACK counts the queued ones in writebacks,
  * KVO__CASC_W_RETRY (a deferred entry's retry) does not count a refusal as
- * a new deferral, KVO__CASC_W_CALLER below.  Returns how many keys some tier still has to take
- * (deferred). */
+ * a new deferral, KVO__CASC_W_CALLER below.  notify (may be NULL): the
+ * srcs are the caller's, lent until each key's completion (op WRITE, user
+ * data notify[i]), queued once every tier took the key or dropped it;
+ * refusals for back-pressure are deferred with the lent memory.  Returns
+ * how many keys some tier still has to take (deferred). */
 #define KVO__CASC_W_WRITEBACK 1u
 #define KVO__CASC_W_RETRY 2u
 #define KVO__CASC_W_CALLER 4u /* without slots: a key every tier refused for back-pressure is
                                  not counted (the caller retries it and counts the end) */
 size_t kvo__casc_write(kvo_cascade *c, unsigned tiers, const kvo_chunk_key *keys, const void *const *srcs,
-                       const kvo_slot *slots, bool staged, size_t n, unsigned how, int *res);
+                       const kvo_slot *slots, bool staged, size_t n, unsigned how, const uint64_t *notify, int *res);
 /* Zero-copy write-through: lend n READY host chunks to the file tier. */
 void kvo__casc_lend(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n);
 /* A lent write ended. */

@@ -11,6 +11,8 @@
  * next read of it is local.  write: every lower tier, copying before the
  * call returns; a tier that refuses for back-pressure is waited for (its
  * queue drains, the lock released) and asked again until timeout_ns.
+ * write_async lends the caller's memory instead: refusals are retried at
+ * later polls (tierio.c's deferred list) and each key completes once.
  * remove: every tier.
  */
 #include "cascade/cascade_internal.h"
@@ -131,7 +133,7 @@ int kvo_cascade_write(kvo_cascade *c, const kvo_chunk_key *keys, const void *con
         }
         kvo__casc_lock(c);
         /* no slots: a refusal is counted as dropped; retried here instead */
-        kvo__casc_write(c, tiers, wk, ws, NULL, false, m, KVO__CASC_W_CALLER, res);
+        kvo__casc_write(c, tiers, wk, ws, NULL, false, m, KVO__CASC_W_CALLER, NULL, res);
         kvo__casc_unlock(c);
         size_t k = 0;
         for (size_t j = 0; j < m; j++) {
@@ -160,6 +162,21 @@ int kvo_cascade_write(kvo_cascade *c, const kvo_chunk_key *keys, const void *con
         m = k;
     }
     kvo__free(res);
+    return 0;
+}
+
+int kvo_cascade_write_async(kvo_cascade *c, const kvo_chunk_key *keys, const void *const *srcs, size_t n,
+                            const uint64_t *user_data, int *results) {
+    int rc = kvo__direct_check(c, "kvo_cascade_write_async", keys, srcs, n);
+    if (rc || !n) return rc;
+    if (!user_data) return kvo__error(KVO_EINVAL, "kvo_cascade_write_async: user_data must not be NULL");
+    if (!c->file && !c->remote)
+        return kvo__error(KVO_EINVAL, "kvo_cascade_write_async: the cascade has no lower tier");
+    unsigned tiers = (c->file ? KVO__CASC_TIER_BIT(KVO_TIER_FILE) : 0) | (c->remote ? KVO__CASC_TIER_BIT(KVO_TIER_REMOTE) : 0);
+    kvo__casc_lock(c);
+    kvo__casc_write(c, tiers, keys, srcs, NULL, false, n, 0, user_data, NULL);
+    kvo__casc_unlock(c);
+    if (results) memset(results, 0, n * sizeof *results);
     return 0;
 }
 

@@ -57,7 +57,7 @@ static void kvo__finish(kvo_cascade *c, kvo__cop *o, int result, uint64_t bytes)
             ts->read_bytes += bytes;
             if (o->tier == KVO_TIER_REMOTE && o->fill_file && c->file && kvo__casc_uses(c, KVO_TIER_FILE, g)) {
                 const void *src = o->dst;
-                kvo__casc_write(c, KVO__CASC_TIER_BIT(KVO_TIER_FILE), &o->key, &src, NULL, false, 1, 0, NULL);
+                kvo__casc_write(c, KVO__CASC_TIER_BIT(KVO_TIER_FILE), &o->key, &src, NULL, false, 1, 0, NULL, NULL);
             }
         } else
             ts->read_failures++;

@@ -115,7 +115,7 @@ int kvo_cascade_persist(kvo_cascade *c, int64_t timeout_ns, uint64_t *n_queued) 
             }
             /* refused for back-pressure: deferred (the slots hold the bytes),
              * retried by the flushes below */
-            if (w) kvo__casc_write(c, KVO__CASC_TIER_BIT(KVO_TIER_FILE), keys, srcs, slots, false, w, 0, res);
+            if (w) kvo__casc_write(c, KVO__CASC_TIER_BIT(KVO_TIER_FILE), keys, srcs, slots, false, w, 0, NULL, res);
             for (size_t i = 0; i < w; i++) {
                 queued += res[i] == 0 || res[i] == KVO_EAGAIN;
                 if (res[i] == KVO_ECLOSED) rc = KVO_ECLOSED;

@@ -63,14 +63,22 @@ static kvo_cascade_tier_stats *kvo__tst(kvo_cascade *c, unsigned tier) {
     return tier == KVO_TIER_FILE ? &c->st.file : &c->st.remote;
 }
 
+/* A lent write is over (every tier took it or dropped it): its completion. */
+static void kvo__write_done(kvo_cascade *c, const kvo_chunk_key *k, uint64_t ud, int result) {
+    kvo_cascade_completion cp = {ud, *k, KVO_CASCADE_OP_WRITE, KVO_TIER_NONE, result, 0, 0};
+    if (result == 0) cp.bytes = kvo_plan_group(c->plan, k->group)->chunk_bytes;
+    kvo__casc_emit(c, &cp);
+}
+
 /* Add one deferred write (dropped, counted, when out of memory). */
-static void kvo__defer_add(kvo_cascade *c, const kvo_chunk_key *k, kvo_slot s, unsigned tiers, bool staged) {
+static void kvo__defer_add(kvo_cascade *c, const kvo__defer *d) {
     if (kvo__grow((void **)&c->defer, &c->cap_defer, c->n_defer + 1, sizeof *c->defer, 64, "cascade: deferred")) {
         for (unsigned t = KVO_TIER_FILE; t <= KVO_TIER_REMOTE; t++)
-            if (tiers & KVO__CASC_TIER_BIT(t)) kvo__tst(c, t)->writes_dropped++;
+            if (d->tiers & KVO__CASC_TIER_BIT(t)) kvo__tst(c, t)->writes_dropped++;
+        if (d->src) kvo__write_done(c, &d->key, d->user_data, d->best);
         return;
     }
-    c->defer[c->n_defer++] = (kvo__defer){*k, s, (uint8_t)tiers, (uint8_t)staged, 0};
+    c->defer[c->n_defer++] = *d;
 }
 
 /* One tier's writes of a batch (m <= 64 chunks); per chunk its result. */
@@ -99,7 +107,7 @@ static int kvo__best(int a, int b) {
 }
 
 size_t kvo__casc_write(kvo_cascade *c, unsigned tiers, const kvo_chunk_key *keys, const void *const *srcs,
-                       const kvo_slot *slots, bool staged, size_t n, unsigned how, int *res) {
+                       const kvo_slot *slots, bool staged, size_t n, unsigned how, const uint64_t *notify, int *res) {
     enum { B = 64 };
     kvo_chunk_key wk[B];
     const void *ws[B];
@@ -139,16 +147,26 @@ size_t kvo__casc_write(kvo_cascade *c, unsigned tiers, const kvo_chunk_key *keys
             /* refused for back-pressure by the tiers in again[k]: deferred
              * while the bytes stay in a slot; else dropped, unless every
              * tier refused and the caller retries (KVO__CASC_W_CALLER) */
-            if (slots) {
+            if (slots || notify) {
                 for (unsigned t = KVO_TIER_FILE; t <= KVO_TIER_REMOTE; t++)
                     if ((again[k] & KVO__CASC_TIER_BIT(t)) && !(how & KVO__CASC_W_RETRY)) kvo__tst(c, t)->writes_deferred++;
-                kvo__defer_add(c, &keys[i + k], slots[i + k], again[k], staged);
+                kvo__defer d = {keys[i + k], {0, 0}, NULL, 0, best[k], (uint8_t)again[k], (uint8_t)staged, 0};
+                if (slots) d.slot = slots[i + k];
+                else {
+                    d.src = srcs[i + k];
+                    d.user_data = notify[i + k];
+                }
+                kvo__defer_add(c, &d);
                 deferred++;
             } else if (!((how & KVO__CASC_W_CALLER) && best[k] == KVO_EAGAIN)) {
                 for (unsigned t = KVO_TIER_FILE; t <= KVO_TIER_REMOTE; t++)
                     if (again[k] & KVO__CASC_TIER_BIT(t)) kvo__tst(c, t)->writes_dropped++;
             }
         }
+        if (notify && !(how & KVO__CASC_W_RETRY)) /* lent memory: done now unless deferred (a retry's caller
+                                                    completes it itself) */
+            for (size_t k = 0; k < b; k++)
+                if (!again[k]) kvo__write_done(c, &keys[i + k], notify[i + k], best[k]);
     }
     return deferred;
 }
@@ -192,7 +210,8 @@ void kvo__casc_lend(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *s
             if (wr[k] == KVO_EEXIST) c->st.file.writes_skipped++;
             else if (wr[k] == KVO_EAGAIN) {
                 c->st.file.writes_deferred++;
-                kvo__defer_add(c, &wk[k], ws[k], KVO__CASC_TIER_BIT(KVO_TIER_FILE), false);
+                kvo__defer d = {wk[k], ws[k], NULL, 0, KVO_EAGAIN, KVO__CASC_TIER_BIT(KVO_TIER_FILE), 0, 0};
+                kvo__defer_add(c, &d);
             } else
                 c->st.file.writes_dropped++;
         }
@@ -205,11 +224,12 @@ void kvo__casc_lent_done(kvo_cascade *c, const kvo_file_completion *fc) {
     if (fc->result == KVO_ECORRUPT) c->st.checksum_failures++; /* changed since its store: not written */
 }
 
-/* Give up on deferred entry d's remaining tiers (counted) and free its
- * staging slot. */
+/* Give up on deferred entry d's remaining tiers (counted); a lent write
+ * completes. */
 static void kvo__defer_drop(kvo_cascade *c, const kvo__defer *d) {
     for (unsigned t = KVO_TIER_FILE; t <= KVO_TIER_REMOTE; t++)
         if (d->tiers & KVO__CASC_TIER_BIT(t)) kvo__tst(c, t)->writes_dropped++;
+    if (d->src) kvo__write_done(c, &d->key, d->user_data, d->best);
 }
 
 void kvo__casc_retry(kvo_cascade *c) {
@@ -222,17 +242,22 @@ void kvo__casc_retry(kvo_cascade *c) {
      * below the read position) */
     for (size_t i = 0; i < n; i++) {
         kvo__defer e = d[i];
-        bool live = e.staged || kvo__casc_host_ready_at(c, &e.key, e.slot.offset);
+        bool live = e.src || e.staged || kvo__casc_host_ready_at(c, &e.key, e.slot.offset);
         if (!live || ++e.polls > c->p.retry_polls) {
             kvo__defer_drop(c, &e);
             if (e.staged) (void)kvo_store_complete_store(c->stage, &e.key, 1, false);
             continue;
         }
-        const void *src = e.staged ? kvo__casc_stage_ptr(c, e.slot) : kvo__casc_host_ptr(c, e.slot);
+        const void *src = e.src ? e.src : e.staged ? kvo__casc_stage_ptr(c, e.slot) : kvo__casc_host_ptr(c, e.slot);
         size_t before = c->n_defer;
-        kvo__casc_write(c, e.tiers, &e.key, &src, &e.slot, e.staged, 1, KVO__CASC_W_RETRY, NULL);
-        if (c->n_defer > before) /* refused again: keep its poll count */
+        int r = 1;
+        kvo__casc_write(c, e.tiers, &e.key, &src, e.src ? NULL : &e.slot, e.staged, 1, KVO__CASC_W_RETRY,
+                        e.src ? &e.user_data : NULL, &r);
+        if (c->n_defer > before) { /* refused again: keep its poll count and its best outcome */
             c->defer[c->n_defer - 1].polls = e.polls;
+            c->defer[c->n_defer - 1].best = kvo__best(e.best, c->defer[c->n_defer - 1].best);
+        } else if (e.src)
+            kvo__write_done(c, &e.key, e.user_data, kvo__best(e.best, r));
         else if (e.staged)
             (void)kvo_store_complete_store(c->stage, &e.key, 1, false); /* every tier took it: free the slot */
     }
@@ -277,7 +302,7 @@ int kvo__casc_host_prepare(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, 
             }
             if (m)
                 kvo__casc_write(c, KVO__CASC_TIER_BIT(KVO_TIER_FILE), wk, srcs, NULL, false, m, KVO__CASC_W_WRITEBACK,
-                                NULL);
+                                NULL, NULL);
         }
         return 0;
     }
