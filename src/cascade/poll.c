@@ -104,7 +104,10 @@ int kvo_cascade_persist(kvo_cascade *c, int64_t timeout_ns, uint64_t *n_queued) 
             if (m && kvo_file_tier_lookup(c->file, keys, m, st) != 0) memset(st, KVO_MISS, m);
             size_t w = 0;
             for (size_t i = 0; i < m; i++) {
-                if (st[i] != KVO_MISS) continue; /* held or being written */
+                if (st[i] != KVO_MISS) { /* held or being written */
+                    c->st.file.writes_skipped++;
+                    continue;
+                }
                 if (c->sums && c->sums[slots[i].offset / KVO_SLOT_ALIGN] != kvo__casc_sum(c, &keys[i], slots[i])) {
                     c->st.checksum_failures++;
                     continue;
