@@ -37,5 +37,6 @@ int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o);
 int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o);
 int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o);
 int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o);
+int kvo_bench_cascade(int argc, char **argv, const kvo_bench_out *o);
 
 #endif

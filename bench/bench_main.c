@@ -17,6 +17,7 @@ static const struct {
     {"file", kvo_bench_file, "file-tier bandwidth vs raw O_DIRECT, index rebuild time"},
     {"ttft", kvo_bench_ttft, "time to first token: loaded vs recomputed prefix"},
     {"remote", kvo_bench_remote, "remote-tier (Redis Cluster) bandwidth vs raw pipelined hiredis"},
+    {"cascade", kvo_bench_cascade, "a prefix promoted from the file or Redis tier vs a raw batched read"},
 };
 
 double kvo_bench_now(void) {

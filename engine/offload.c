@@ -364,6 +364,31 @@ int kvo_eng_conn_create(kvo_eng *e, const kvo_eng_conn_params *prm, kvo_eng_conn
     if (c->p.remote_url && (rc = kvo__conn_remote(c)) != 0) goto fail;
     kvo_connector_params cp = kvo_connector_default_params();
     cp.plan = c->plan;
+    /* The KV bytes depend on the weights, not only on the geometry: the
+     * model's identity (its whole configuration, the weights' seed
+     * included) names the namespace of every key, in every tier (a file
+     * tier or cluster another run with other weights wrote never hits). */
+    const kvo_eng_config *mc = &e->cfg;
+    char model[1024];
+    int len = snprintf(model, sizeof model, "shape=%s vocab=%u d_model=%u heads=%u d_ff=%u tph=%u seed=%llu",
+                       mc->shape, mc->vocab, mc->d_model, mc->n_heads, mc->d_ff, mc->tokens_per_hash,
+                       (unsigned long long)mc->seed);
+    for (uint32_t g = 0; g < mc->n_groups && len > 0 && (size_t)len < sizeof model; g++)
+        len += snprintf(model + len, sizeof model - (size_t)len, " [%s kind=%d tpb=%u layers=%u window=%u]",
+                        mc->groups[g].name, (int)mc->groups[g].kind, mc->groups[g].tokens_per_block,
+                        mc->groups[g].layers, mc->groups[g].window);
+    kvo_u128 mns;
+    kvo_namespace_desc nd = KVO_NAMESPACE_DESC_INIT;
+    nd.engine = "kvoffload-reference-engine";
+    nd.model = model;
+    nd.model_len = len > 0 && (size_t)len < sizeof model ? (size_t)len : sizeof model - 1;
+    nd.dtype = "float32";
+    if ((rc = kvo_namespace_id(c->plan, &nd, &mns))) {
+        rc = kvo__eng_lib_error(rc, "offload: namespace");
+        goto fail;
+    }
+    cp.salt = &mns;
+    cp.salt_len = sizeof mns;
     cp.remote_tier = c->rt;
     cp.host_bytes = c->p.host_bytes;
     cp.file_tier = c->ft;

@@ -236,7 +236,7 @@ KVO_TEST(zero_copy_write_through) {
     ASSERT_EQ_U64(st.file_writes, st.chunks_stored);
     ASSERT_EQ_U64(st.file_writes_dropped, 0);
     ASSERT_EQ_U64(st.host.pinned, 0);
-    ASSERT_EQ_U64(f.s.c->file_lent, 0);
+    ASSERT_EQ_U64(st.file_lent_now, 0);
     kvo_file_tier_stats ts = KVO_FILE_TIER_STATS_INIT;
     ASSERT_OK(kvo_file_tier_get_stats(f.t, &ts));
     ASSERT_EQ_U64(ts.writes, 12);
@@ -264,7 +264,8 @@ KVO_TEST(zero_copy_write_through) {
     size_t n = 0;
     ASSERT_OK(kvo_store_scan(kvo_connector_store(f.s.c), &cur, ents, 64, &n));
     unsigned char *base = kvo_arena_base(kvo_connector_arena(f.s.c));
-    size_t lent = f.s.c->file_lent;
+    ASSERT_OK(kvo_connector_get_stats(f.s.c, &st));
+    size_t lent = st.file_lent_now;
     ASSERT_GT_U64(lent, 0);
     for (size_t i = 0; i < n; i++) base[ents[i].slot.offset + 100] ^= 0x5a; /* every host chunk */
     atomic_store(&kvo__file_test_write_delay_us, 0);

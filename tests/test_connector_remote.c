@@ -367,6 +367,35 @@ static void kill_port(int port) {
     free(pid);
 }
 
+/* Wait until every master's replicas have acknowledged its whole
+ * replication stream (INFO replication: each slave's offset reaches the
+ * master's master_repl_offset), bounded. */
+static void wait_replicas(int base) {
+    for (int n = 0; n < 6; n++) {
+        bool caught_up = false;
+        for (int spin = 0; spin < 3000 && !caught_up; spin++) {
+            char *o = NULL;
+            if (rcli(base + n, NULL, "info replication", &o) != 0 || !o || !strstr(o, "role:master")) {
+                free(o);
+                caught_up = true; /* a replica (or gone): its master is checked on its own port */
+                break;
+            }
+            const char *m = strstr(o, "master_repl_offset:");
+            long long want = m ? atoll(m + 19) : 0;
+            caught_up = m != NULL;
+            for (const char *sl = strstr(o, "slave"); sl; sl = strstr(sl + 5, "slave")) {
+                const char *off = strstr(sl, "offset=");
+                const char *eol = strchr(sl, '\n');
+                if (!off || (eol && off > eol)) continue;
+                if (atoll(off + 7) < want) caught_up = false;
+            }
+            free(o);
+            if (!caught_up) nap_ms(5);
+        }
+        ASSERT_TRUE(caught_up);
+    }
+}
+
 /* SIGKILL of a master while engine B loads and stores through the
  * connector: loads routed to it fail or shrink (recompute; never wrong
  * bytes: try_load checks every block), stores to it are dropped and
@@ -386,7 +415,7 @@ KVO_TEST(master_kill_during_traffic) {
     }
     ASSERT_EQ_U64(cstats(&a).remote_writes_dropped, 0);
     sim_destroy(&a);
-    nap_ms(500); /* replication is asynchronous: let the replicas catch up */
+    wait_replicas(base); /* replication is asynchronous: the replicas catch up first */
     int victim = -1;
     for (int n = 1; n < 6 && victim < 0; n++)
         if (port_is_master(base + n)) victim = base + n;

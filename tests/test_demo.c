@@ -70,3 +70,32 @@ KVO_TEST(demo_that_loads_nothing_fails) {
     ASSERT_CONTAINS(out, "no prompt token was loaded");
     free(out);
 }
+
+/* A file tier written by a run with other weights (--seed) never hits: the
+ * namespace of every key holds the model's whole identity.  Before, the
+ * file tier was namespaced by the geometry alone: the second run loaded the
+ * first one's KV and its verdict was MISMATCH. */
+KVO_TEST(file_dir_of_other_weights_never_hits) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/files", kvo_test_tmpdir());
+    char args[1400];
+    snprintf(args, sizeof args, "--requests 24 --host-mib 1 --file-dir '%s' --seed 1", dir);
+    int st = 0;
+    json_t *o = demo_outside_tree(args, &st);
+    ASSERT_EQ_INT(st, 0);
+    json_decref(o);
+    /* the same weights again: the files of the first run are hits */
+    o = demo_outside_tree(args, &st);
+    ASSERT_EQ_INT(st, 0);
+    json_int_t same = offload_int(o, "tokens_loaded_file");
+    json_decref(o);
+    snprintf(args, sizeof args, "--requests 24 --host-mib 1 --file-dir '%s' --seed 2", dir);
+    o = demo_outside_tree(args, &st);
+    ASSERT_EQ_INT(st, 0);
+    ASSERT_TRUE(json_is_true(json_object_get(o, "match")));
+    json_int_t other = offload_int(o, "tokens_loaded_file");
+    json_decref(o);
+    /* with other weights only what this run stored itself loads: fewer
+     * tokens than the run that also found the first run's files */
+    ASSERT_LT_INT(other, same);
+}

@@ -7,6 +7,7 @@
 #include "kvo_store.h"
 #include "kvo_transfer.h"
 #include "kvo_file_tier.h"
+#include "kvo_cascade.h"
 #include "kvo_connector.h"
 #include "kvo_metrics.h"
 #include "kvo_config.h"

@@ -80,6 +80,7 @@
 #include "kvo_store.h"
 #include "kvo_transfer.h"
 #include "kvo_file_tier.h"
+#include "kvo_cascade.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -205,26 +206,7 @@ typedef enum kvo_sliding_store {
     KVO_SLIDING_STORE_REACHABLE = 2
 } kvo_sliding_store;
 
-/** How chunks reach the file tier (when one is attached). */
-typedef enum kvo_file_mode {
-    /* Every chunk stored in the host tier is also written to the file tier
-     * once its host store completes (poll).  The file tier holds everything
-     * the host holds (up to its quota and back-pressure); costs one file
-     * write per stored chunk.  Default. */
-    KVO_FILE_WRITE_THROUGH = 0,
-    /* A chunk is written to the file tier only when the host tier evicts it
-     * (and the file tier does not hold it yet): the file tier holds what no
-     * longer fits in host memory, and chunks that live and die in the host
-     * tier cost no disk traffic.  The write is queued (the tier copies the
-     * bytes into its staging memory) before the evicted slot is reused, on
-     * the thread of the call that evicts (update, finish, lookup), after a
-     * file-tier lookup (with a shared tier: one stat per evicted chunk the
-     * index lacks).  Chunks
-     * still in host memory reach files only through
-     * kvo_connector_flush_to_file, or at destroy when
-     * file_persist_on_destroy is set. */
-    KVO_FILE_WRITE_BACK = 1
-} kvo_file_mode;
+/* kvo_file_mode (how chunks reach the file tier): kvo_cascade.h. */
 
 typedef struct kvo_connector_params {
     size_t struct_size;   /* sizeof(kvo_connector_params): kvo_connector_default_params() sets it */

@@ -18,10 +18,7 @@
  *                stats_write / stats_format (Prometheus, JSON)
  *   request.c    the request table, token and unit hashing, shared
  *                scratch, job tracking, block-table checks
- *   remote.c     remote-tier hand-off: presence queries, reads, puts
  *   cq.c         the completion ring
- *   persist.c    file-tier hand-off: checksums, write-through, write-back,
- *                flush
  *   controls.c   per-request limits, the lookup cap, reset (epochs)
  *   agree.c      the hit agreement rule (kvo_agree)
  *   map.c        the connector's hash tables
@@ -37,18 +34,18 @@
  * what is below it (tools/check-layering.py fails on a cycle):
  *   1  create.c, relayout.c   build / tear down and reconfigure; both first
  *                             finish the copies in flight through poll.c
- *   2  poll.c, lifecycle.c    the dispatcher (results -> load.c, remote.c,
- *                             persist.c, the ring); the end of a request
- *                             (its last stores -> update.c)
+ *   2  poll.c, lifecycle.c    the dispatcher (transfer results and the
+ *                             cascade's completions -> load.c, the ring);
+ *                             the end of a request (its last stores ->
+ *                             update.c)
  *   3  load.c, update.c       the copies: one load job, store batches
- *   4  lookup.c, metrics.c    the hit (asks remote.c, reserves through
- *                             persist.c); the statistics
- *   5  request.c, remote.c    the request and job tables; the remote tier,
- *                             which hands finished reads back to its caller
- *   6  cq.c, persist.c, controls.c, agree.c, map.c, config.c   the leaves
- * Completion flows upward only by return: remote.c hands finished gets
- * back to poll.c, which completes the read and submits the deferred load
- * (load.c); the completions for the engine live in cq.c (reserved by
+ *   4  lookup.c, metrics.c    the hit (states and promotions through the
+ *                             cascade); the statistics
+ *   5  request.c              the request and job tables
+ *   6  cq.c, controls.c, agree.c, map.c, config.c   the leaves
+ * Completion flows upward only by return: the cascade's promotions come
+ * back through poll.c, which completes the read and submits the deferred
+ * load (load.c); the completions for the engine live in cq.c (reserved by
  * load.c and lifecycle.c, emitted by load.c and poll.c, dropped by
  * lifecycle.c), which calls no one.
  *
@@ -75,30 +72,20 @@
  *    that read it and the newest such job id: wait_blocks waits for every
  *    in-flight store job up to that id, which covers every store reading the
  *    block (exact, and bounded by the in-flight job count).
- *  - File tier modes.  Write-through: a store job's chunks are handed to the
- *    file tier when its result is polled.  Write-back: every host
- *    prepare_store goes through kvo__prepare_store, which receives the
- *    evicted keys and their old slots and hands the READY chunks the file
- *    tier lacks (file lookup first) to kvo_file_tier_write before returning.
- *    That is safe because the evicted slots keep their bytes until the
- *    caller writes the new slots (a transfer job submitted, or a file read
- *    queued, only after kvo__prepare_store returns) and the tier copies the
- *    bytes into its own staging memory before kvo_file_tier_write returns.
- *    The evicted-key buffer grows when the store answers KVO_ERANGE (the
- *    count it needed) and is kept: no allocation per call once warm.
- *    READY host slots only change under mu (prepare_store, remove), so
- *    flush_to_file copies them under mu without pinning.  Writes the tier
- *    refuses are counted (file_writes_dropped), never an error.
- *  - Remote tier (remote.c, docs/remote-tier.md): behind host and file.
- *    Stores are put to it write-through when their store job is polled
- *    (the tier copies before returning; drops counted).  Lookup asks it
- *    only with asynchronous EXISTS queries whose answers are kept for
- *    remote_exists_ttl_ms in rpres; a chunk whose query runs is PENDING
- *    (within the request's budget), a present one READY with TIER_REMOTE.
- *    A hit reads remote chunks into reserved host slots exactly like file
- *    reads (kvo__read records, the same deferred-load path); a get that
- *    fails (absent, corrupt, node down) fails the load, never delivers
- *    bytes.
+ *  - The tiers.  Everything past the engine's blocks goes through one
+ *    kvo_cascade (src/cascade, kvo_cascade.h): the host arena's slots and
+ *    their store, the file tier and the remote tier, with their lookup
+ *    order, promotion, write-through / write-back, staging, retries,
+ *    presence answers and counters.  The connector asks it where a
+ *    request's chunks are (one lookup per key set), has it promote the
+ *    lower-tier chunks of a hit into host slots (user data: the
+ *    connector's read id, a kvo__read record), reserves store slots
+ *    through it (all or nothing per batch) and completes them through it,
+ *    which hands them to the lower tiers.  The connector keeps only what is
+ *    about requests and the engine's layout: which groups a lower tier
+ *    holds in the current slot format (kvo_cascade_set_tier_groups), and
+ *    the epochs that make reads of an older layout or reset land as
+ *    failures.
  *
  * Invariants
  *  - A hit pinned by lookup is exactly the chunks that load will read; pins
@@ -159,24 +146,22 @@ int kvo__map_reserve(kvo__map *m, size_t extra);
 
 /* ---- the connector's records (see the design above) ---- */
 enum { REQ_ACTIVE = 0, REQ_LOADING = 1, REQ_FINISHED = 2 };
-enum { TIER_HOST = 0, TIER_FILE = 1, TIER_REMOTE = 2 };
 
 typedef struct kvo__hit_item {
     kvo_chunk_key key;
     kvo_slot slot;
     uint64_t chunk;
-    uint8_t tier;    /* where the data came from: TIER_HOST / _FILE / _REMOTE */
+    uint8_t tier;    /* where the data came from: KVO_TIER_HOST / _FILE / _REMOTE */
     uint8_t pinned;  /* pinned in the host store */
     uint8_t snap;    /* a state snapshot at the hit (request.c's snapshot
                         key), loaded into the block holding token hit - 1 */
 } kvo__hit_item;
 
-/* A file-tier or remote-tier read into a host slot (PENDING in the host
- * store until done). */
+/* A promotion of a hit's chunk into a host slot (the cascade's user data is
+ * its id; PENDING in the host store until done). */
 typedef struct kvo__read {
     kvo_chunk_key key;
-    uint8_t tier;   /* TIER_FILE or TIER_REMOTE */
-    kvo_slot slot;
+    uint8_t tier;   /* KVO_TIER_FILE or KVO_TIER_REMOTE */
     uint64_t req;
     uint32_t gen;
     uint32_t lay_epoch; /* lay_epoch of its group when started (relayout.c) */
@@ -224,9 +209,8 @@ typedef struct kvo__req {
     /* the hit pinned by the last lookup */
     bool hit_pinned;
     uint64_t hit_tokens, hit_local, hit_host_tokens, hit_file_tokens, hit_remote_tokens;
-    /* when lookups of this request began answering PENDING for remote
-     * presence queries (ns; 0: not waiting) */
-    uint64_t remote_wait_ns;
+    /* the request's budget for the cluster's presence answers */
+    kvo_cascade_wait rwait;
     kvo__hit_item *hit;
     size_t n_hit, cap_hit;
     /* copies in flight */
@@ -272,32 +256,24 @@ struct kvo_connector {
     kvo_u128 fingerprint;
     kvo_arena *arena;
     uint8_t *arena_base;
-    kvo_store *store;
+    kvo_cascade *casc;  /* the tiers: host (arena + store), file, remote */
+    kvo_store *store;   /* the cascade's host store */
     kvo_transfer *xfer;
-    kvo_file_tier *file;
+    kvo_file_tier *file;       /* the lower tiers, for their statistics only */
+    kvo_remote_tier *remote;
     pthread_mutex_t mu;
     bool layout_set;
     /* the registered layout, per group: a hash of what decides its slot
      * format (its segments' page_bytes in order), its engine block count,
-     * and an epoch bumped when the format changes (file reads started
+     * and an epoch bumped when the format changes (promotions started
      * before land as failures); lay_first: the hashes at the first
-     * set_layout (what an unnamespaced file tier holds); file_groups, bit
-     * g: the file tier holds group g in the current format (read and
-     * written only then) */
+     * set_layout (what an unnamespaced file tier holds); file_groups /
+     * remote_groups, bit g: that tier holds group g in the current format
+     * (the cascade reads and writes it only then) */
     uint64_t lay_hash[KVO_MAX_GROUPS], lay_first[KVO_MAX_GROUPS], lay_blocks[KVO_MAX_GROUPS];
     uint32_t lay_epoch[KVO_MAX_GROUPS];
     uint64_t file_groups;
-    /* remote tier (remote.c): remote_groups like file_groups; rpres: the
-     * EXISTS answers by key digest (a: state, b: time of the answer) */
-    kvo_remote_tier *remote;
     uint64_t remote_groups;
-    kvo__map rpres;
-    size_t remote_reads_inflight;
-    size_t file_lent;          /* host chunks lent to the file tier (file_zero_copy): pinned until their write ends */
-    kvo_chunk_key *r_keys; /* scratch of remote queries (r_cap entries) */
-    size_t *r_idx;
-    int *r_res;
-    size_t r_cap;
     kvo__map reqs, jobs, blocks, reads;
     uint64_t next_read;
     /* completions for the engine (ring) */
@@ -315,30 +291,21 @@ struct kvo_connector {
     size_t s_ops_cap;
     uint8_t *ones;
     size_t ones_cap;
-    uint8_t *s_tier, *s_fst;
-    kvo_chunk_key *s_fkeys;
-    size_t *s_fidx;
-    size_t s_fcap;
-    /* verify_checksums: XXH3-64 per 4 KiB slot start */
-    uint64_t *sums;
-    size_t n_sums;
-    /* write-back: what prepare_store evicts (grown on KVO_ERANGE) */
-    kvo_chunk_key *ev_keys;
-    kvo_slot *ev_slots;
-    size_t ev_cap;
+    uint8_t *s_tier;
     /* snapshots off block boundaries (kvo_connector_store_snapshot):
      * snap_groups bit g: one was ever stored for group g (lookups of other
      * groups never ask for them); scratch of their lookup (sn_tier: the
-     * TIER_* that holds each, host or file) */
+     * kvo_tier_id that holds each) */
     uint64_t snap_groups;
     kvo_chunk_key *sn_keys;
     uint8_t *sn_st;
     uint8_t *sn_tier;
+    uint8_t *sn_hs; /* 2 bytes per snapshot: the cascade's answers */
     kvo_agree_snapshot *sn;
     size_t sn_cap;
     uint32_t epoch; /* bumped by kvo_connector_reset */
     uint32_t inject_load_fail, inject_store_fail;
-    kvo_connector_stats st;
+    kvo_connector_stats st; /* the connector's own counters (the tiers' come from the cascade) */
     kvo__hist load_ns; /* kvo_connector_load -> completion polled */
 };
 
@@ -356,14 +323,6 @@ static inline kvo__req *kvo__conn_req_get(kvo_connector *c, uint64_t id) {
 static inline uint64_t kvo__conn_block_key(uint32_t group, uint64_t block) { return (block << 6) | group; }
 
 static inline void *kvo__conn_slot_ptr(kvo_connector *c, kvo_slot s) { return c->arena_base + s.offset; }
-
-/* Where a lookup keeps the state of key i of a key set it asks a lower tier
- * about: with off, the chunks of phase 1 (s_keys; state at off[group] +
- * chunk in s_u8 / s_tier); without, position i (the snapshots: sn_st /
- * sn_tier). */
-static inline size_t kvo__conn_state_at(const kvo_connector *c, const size_t *off, size_t i) {
-    return off ? off[c->s_grp[i]] + c->s_chunk[i] : i;
-}
 
 /* ---- request.c: request table, scratch ---- */
 /* Scratch arrays (s_keys, s_u8, s_slots, s_grp, s_chunk, s_tier) for n
@@ -442,25 +401,6 @@ size_t kvo__conn_cq_drop_loads(kvo_connector *c, uint64_t id);
  * many. */
 size_t kvo__conn_cq_take(kvo_connector *c, kvo_completion *out, size_t cap);
 
-/* ---- persist.c ---- */
-/* XXH3-64 of the chunk in slot s (verify_checksums). */
-uint64_t kvo__conn_slot_sum(kvo_connector *c, const kvo_chunk_key *k, kvo_slot s);
-/* Hand n READY host chunks to the file tier; returns how many were dropped
- * (see persist.c). */
-size_t kvo__conn_file_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n,
-                          bool lookup, bool verify, int *res);
-/* file_zero_copy write-through: lend n READY host chunks (pinned until
- * kvo__conn_file_lent_done) to the file tier; returns how many were dropped. */
-size_t kvo__conn_file_lend(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n);
-/* The file tier's completion of a lent write (user data KVO__CONN_LENT_UD):
- * unpin the chunk.  Caller holds mu. */
-void kvo__conn_file_lent_done(kvo_connector *c, const kvo_file_completion *fc);
-#define KVO__CONN_LENT_UD UINT64_MAX
-/* kvo_store_prepare_store on the host store, handing evicted READY chunks to
- * the file tier in write-back mode. */
-int kvo__conn_prepare_store(kvo_connector *c, const kvo_chunk_key *keys, size_t n, uint8_t *need,
-                            kvo_slot *slots);
-
 /* ---- controls.c ---- */
 /* The largest boundary a lookup of r above local L may return: N - 1, lowered
  * by max_hit_tokens and the request's max_load_tokens (may be <= L: no hit). */
@@ -469,48 +409,6 @@ uint64_t kvo__conn_bmax(const kvo_connector *c, const kvo__req *r, uint64_t L);
 void kvo__conn_req_controls(kvo_connector *c, kvo__req *r, const kvo_request_desc *d);
 /* Whether r may store chunks now (requests added before a reset may not). */
 static inline bool kvo__conn_may_store(const kvo_connector *c, const kvo__req *r) { return r->epoch == c->epoch; }
-
-/* ---- remote.c ---- */
-int kvo__conn_remote_init(kvo_connector *c);
-/* Wait for the remote reads into the arena still running, then free the
- * remote state (destroy). */
-void kvo__conn_remote_free(kvo_connector *c);
-/* One lookup's presence questions to the remote tier (remote.c): begin
- * (the request's wait budget), ask for any number of key sets, end (the
- * budget's bookkeeping; *pending when an answer the lookup may wait for is
- * still out). */
-typedef struct kvo__rround {
-    uint64_t now, ttl;
-    bool wait;     /* the request's budget is not spent: in-flight answers count as PENDING */
-    bool inflight; /* some answer is still out */
-} kvo__rround;
-void kvo__conn_remote_begin(kvo_connector *c, kvo__req *r, kvo__rround *rr);
-/* The cluster's answers for the n keys whose states are MISS: PRESENT ->
- * READY with tier TIER_REMOTE, a question in flight -> PENDING (budget
- * left), none yet -> one is queued.  States at st[at] / tier[at], at =
- * kvo__conn_state_at(c, off, i). */
-void kvo__conn_remote_ask(kvo_connector *c, kvo__rround *rr, const kvo_chunk_key *keys, size_t n, const size_t *off,
-                          uint8_t *st, uint8_t *tier);
-void kvo__conn_remote_end(kvo_connector *c, kvo__req *r, const kvo__rround *rr, bool *pending);
-/* Queue remote gets of n keys into dsts (like kvo_file_tier_read). */
-int kvo__conn_remote_get(kvo_connector *c, const kvo_chunk_key *keys, void *const *dsts, size_t n,
-                         const uint64_t *ud, int *res, size_t *nq);
-/* Put n READY host chunks to the remote tier (write-through). */
-void kvo__conn_remote_put(kvo_connector *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n);
-/* A remote read into a host slot that finished: its user data (the
- * kvo__read's id), its result, the bytes moved. */
-typedef struct kvo__read_done {
-    uint64_t ud;
-    int result;
-    uint64_t bytes;
-} kvo__read_done;
-#define KVO__REMOTE_POLL_BATCH 32
-/* Consume one batch (up to KVO__REMOTE_POLL_BATCH) of the remote tier's
- * completions: presence answers land in rpres; the gets that finished are
- * handed back in done (*n_done of them, at most the batch) for the caller
- * (poll.c) to finish.  Returns how many completions it consumed (0: none
- * left). */
-size_t kvo__conn_remote_poll(kvo_connector *c, kvo__read_done *done, size_t *n_done);
 
 /* ---- metrics.c (also kvo_connector_get_stats / _request_stats) ---- */
 /* Count one load that took ns. */

@@ -19,8 +19,9 @@
  * makes the reset exact: entries that could not be removed at once (pinned
  * by a load in flight, PENDING) and the file tier's chunks can never be hit
  * by a newer request.  After the bump:
- *  - READY host chunks are removed at once (kvo_store_clear), to free room;
- *  - a store job or file read of an older epoch completes its entries as
+ *  - READY host chunks are removed at once (kvo_cascade_invalidate), to
+ *    free room (pinned ones retired);
+ *  - a store job or promotion of an older epoch completes its entries as
  *    failed (removed);
  *  - a load job of an older epoch completes normally for the engine and
  *    then removes the chunks it had pinned;
@@ -69,11 +70,9 @@ int kvo_connector_reset(kvo_connector *c, uint64_t *n_removed) {
             }
         r->hit_stale = true;
     }
-    kvo_store_stats before = KVO_STORE_STATS_INIT, after = KVO_STORE_STATS_INIT;
-    int rc = kvo_store_get_stats(c->store, &before);
-    (void)kvo_store_clear(c->store);
-    if (!rc) rc = kvo_store_get_stats(c->store, &after);
-    if (n_removed) *n_removed = rc ? 0 : before.entries - after.entries;
+    /* READY host chunks go now (pinned ones are retired), promotions in
+     * flight land as failures */
+    int rc = kvo_cascade_invalidate(c->casc, UINT64_MAX, n_removed);
     kvo__conn_unlock(c);
     return rc;
 }

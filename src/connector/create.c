@@ -1,14 +1,17 @@
 /*
- * Connector creation and teardown, the accessors and the event drain.
+ * Connector creation and teardown, the accessors, the event drain and
+ * flush_to_file.
  *
  * create validates the params against the plan (hit step, slot size,
- * checkpoint interval, scratch groups), then builds the arena, the host
- * store, the transfer engine and the hash maps; any failure unwinds through
+ * checkpoint interval, scratch groups), then builds the arena, the cascade
+ * over it (the host store and the caller's file and remote tiers), the
+ * transfer engine and the hash maps; any failure unwinds through
  * kvo_connector_destroy, which accepts a half-built connector.  destroy
  * closes the transfer engine first (queued jobs cancel, running ones
- * finish), persists READY chunks in write-back mode when asked, then waits
- * for every file-tier read still landing in the arena before unmapping it:
- * the tier outlives the connector.
+ * finish), persists READY chunks in write-back mode when asked, then
+ * destroys the cascade (which waits for every read still landing in the
+ * arena and every write lent from it) before unmapping the arena: the
+ * tiers outlive the connector.
  *
  * Locks: create and destroy run with no other caller (the public contract);
  * everything else here takes c->mu for the bookkeeping it reads.  The
@@ -129,14 +132,22 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     if ((rc = kvo_arena_create(&ap, &c->arena))) goto fail;
     c->arena_base = kvo_arena_base(c->arena);
 
-    kvo_store_params sp = kvo_store_default_params();
-    sp.plan = plan;
-    sp.capacity_bytes = kvo_arena_size(c->arena);
-    sp.policy = p->policy;
-    sp.admit_after = p->admit_after;
-    sp.event_capacity = p->event_capacity;
-    sp.policy_admission = !p->file_tier && !p->remote_tier; /* the host tier is the last one */
-    if ((rc = kvo_store_create(&sp, &c->store))) goto fail;
+    kvo_cascade_params cp = kvo_cascade_default_params();
+    cp.plan = plan;
+    cp.host_bytes = kvo_arena_size(c->arena);
+    cp.arena = c->arena;
+    cp.policy = p->policy;
+    cp.admit_after = p->admit_after;
+    cp.event_capacity = p->event_capacity;
+    cp.verify_checksums = p->verify_checksums;
+    cp.file_tier = p->file_tier;
+    cp.file_mode = p->file_mode;
+    cp.file_zero_copy = p->file_zero_copy;
+    cp.remote_tier = p->remote_tier;
+    cp.remote_lookup_budget_us = p->remote_lookup_budget_us;
+    cp.remote_exists_ttl_ms = p->remote_exists_ttl_ms;
+    if ((rc = kvo_cascade_create(&cp, &c->casc))) goto fail;
+    c->store = kvo_cascade_store(c->casc);
 
     kvo_transfer_params tp = kvo_transfer_default_params();
     tp.plan = plan;
@@ -146,42 +157,13 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     if ((rc = kvo_transfer_create(&tp, &c->xfer))) goto fail;
 
     if ((rc = kvo__map_init(&c->reqs, 64)) || (rc = kvo__map_init(&c->jobs, 64)) ||
-        (rc = kvo__map_init(&c->blocks, 256)) || (rc = kvo__map_init(&c->reads, 64)) ||
-        (rc = kvo__conn_remote_init(c)))
+        (rc = kvo__map_init(&c->blocks, 256)) || (rc = kvo__map_init(&c->reads, 64)))
         goto fail;
-    if (p->verify_checksums) {
-        c->n_sums = (size_t)(kvo_arena_size(c->arena) / KVO_SLOT_ALIGN) + 1;
-        c->sums = kvo__calloc(c->n_sums, sizeof *c->sums);
-        if (!c->sums) {
-            rc = kvo__error(KVO_ENOMEM, "kvo_connector_create: out of memory for %zu checksums", c->n_sums);
-            goto fail;
-        }
-    }
     *out = c;
     return 0;
 fail:
     kvo_connector_destroy(c);
     return rc;
-}
-
-/* Wait until every file-tier read into the arena and every write lent
- * from it has completed (the tier outlives the connector; its reads must
- * not land in unmapped memory, nor its writes read from it). */
-static void kvo__drain_reads(kvo_connector *c) {
-    while (c->file && ((c->reads.e && c->reads.n) || c->file_lent)) {
-        kvo_file_completion fc[32];
-        size_t n = 0;
-        (void)kvo_file_tier_poll(c->file, fc, 32, &n);
-        for (size_t i = 0; i < n; i++) {
-            if (fc[i].op == KVO_FILE_OP_WRITE && fc[i].user_data == KVO__CONN_LENT_UD) kvo__conn_file_lent_done(c, &fc[i]);
-            if (fc[i].op != KVO_FILE_OP_READ || !c->reads.e) continue;
-            kvo__map_entry *e = kvo__map_get(&c->reads, fc[i].user_data);
-            if (!e) continue;
-            kvo__free(e->p);
-            kvo__map_del(&c->reads, e);
-        }
-        if (n == 0 && kvo_file_tier_wait(c->file, KVO_MS(100)) == KVO_ENOTFOUND) break;
-    }
 }
 
 void kvo_connector_destroy(kvo_connector *c) {
@@ -197,8 +179,7 @@ void kvo_connector_destroy(kvo_connector *c) {
         }
         kvo_transfer_destroy(c->xfer);
     }
-    kvo__conn_remote_free(c); /* remote reads land before the arena goes */
-    kvo__drain_reads(c);
+    kvo_cascade_destroy(c->casc); /* reads land and lent writes end before the arena goes */
     if (c->reads.e)
         for (size_t i = 0; i < c->reads.cap; i++)
             if (c->reads.e[i].used) kvo__free(c->reads.e[i].p);
@@ -212,7 +193,6 @@ void kvo_connector_destroy(kvo_connector *c) {
     kvo__map_free(&c->jobs);
     kvo__map_free(&c->reqs);
     kvo__map_free(&c->blocks);
-    kvo_store_destroy(c->store);
     kvo_arena_destroy(c->arena);
     kvo__free(c->cq);
     kvo__free(c->s_keys);
@@ -223,16 +203,11 @@ void kvo_connector_destroy(kvo_connector *c) {
     kvo__free(c->s_ops);
     kvo__free(c->ones);
     kvo__free(c->s_tier);
-    kvo__free(c->s_fst);
-    kvo__free(c->s_fkeys);
     kvo__free(c->sn_keys);
     kvo__free(c->sn_st);
     kvo__free(c->sn_tier);
+    kvo__free(c->sn_hs);
     kvo__free(c->sn);
-    kvo__free(c->s_fidx);
-    kvo__free(c->sums);
-    kvo__free(c->ev_keys);
-    kvo__free(c->ev_slots);
     kvo__free(c->salt);
     pthread_mutex_destroy(&c->mu);
     kvo__free(c);
@@ -251,6 +226,18 @@ void kvo__connector_inject_failures(kvo_connector *c, uint32_t loads, uint32_t s
     kvo__conn_unlock(c);
 }
 #endif
+
+int kvo_connector_flush_to_file(kvo_connector *c, int64_t timeout_ns, uint64_t *n_queued) {
+    if (n_queued) *n_queued = 0;
+    if (!c) return kvo__error(KVO_EINVAL, "kvo_connector_flush_to_file: c must not be NULL");
+    if (!c->file)
+        return kvo__error(KVO_ESTATE, "kvo_connector_flush_to_file: no file tier attached (params.file_tier)");
+    /* the cascade scans the host tier under its own lock, never under c->mu
+     * while it waits for the tier's queue */
+    int rc = kvo_cascade_persist(c->casc, timeout_ns, n_queued);
+    if (rc) return kvo__error_prefix(rc, "kvo_connector_flush_to_file: ");
+    return 0;
+}
 
 size_t kvo_connector_drain_events(kvo_connector *c, kvo_store_event *out, size_t cap, uint64_t *dropped) {
     if (!c) return 0;

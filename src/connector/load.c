@@ -31,8 +31,16 @@ void kvo__conn_fail_load_now(kvo_connector *c, kvo__req *r, int status) {
     kvo__conn_emit(c, &cp);
 }
 
-/* Submit a prepared load job (every item pinned). */
+/* Submit a prepared load job (every item pinned).  The slots of items
+ * promoted from a lower tier are known only once their reads landed
+ * (poll.c pins them): taken from the hit here. */
 int kvo__conn_submit_load(kvo_connector *c, kvo__req *r, kvo__job *j) {
+    assert(r->n_hit == j->n_keys);
+    for (size_t i = 0; i < j->n_keys; i++) {
+        j->slots[i] = r->hit[i].slot;
+        j->ops[i].slot = kvo__conn_slot_ptr(c, r->hit[i].slot);
+        j->ops[i].slot_bytes = r->hit[i].slot.bytes;
+    }
     int rc = kvo__conn_job_reserve(c, r, 0);
     if (!rc) rc = kvo_transfer_submit(c->xfer, KVO_XFER_LOAD, j->ops, j->n_keys, &j->id);
     if (rc) return rc;
@@ -124,15 +132,13 @@ static kvo__job *kvo__build_load_job(kvo_connector *c, kvo__req *r, const kvo_bl
         op->first_block = it->snap ? 0 : (uint32_t)(first - it->chunk * gp->blocks_per_chunk);
         op->n_blocks = (uint32_t)nb;
         op->engine_blocks = &j->eblk[bi];
-        op->slot = kvo__conn_slot_ptr(c, it->slot); /* file items: slot reserved at lookup */
-        op->slot_bytes = it->slot.bytes;
+        /* the slot: set at submit (a promoted item's is known once its read lands) */
         for (uint64_t k = 0; k < nb; k++) {
             j->eblk[bi] = tables[it->key.group].blocks[first + k];
             j->blocks[bi] = (kvo_block_ref){it->key.group, j->eblk[bi]};
             bi++;
         }
         j->keys[i] = it->key;
-        j->slots[i] = it->slot;
     }
     j->n_blocks = bi;
     j->req = r->id;

@@ -1,34 +1,28 @@
 /*
- * lookup: how many tokens of a request the host store (and the file and
- * remote tiers) can serve above what the engine holds locally.
+ * lookup: how many tokens of a request the tiers can serve above what the
+ * engine holds locally.
  *
  * Phases (kvo__lookup_once): list the chunk keys above local_tokens and ask
- * the host store, then the file tier for the host misses, then the remote
- * tier's presence answers for what is left (remote.c: never a wait), then
- * the host store for state snapshots off the block grid (only for groups
- * that ever had one stored: kvo_connector_store_snapshot); let agree.c pick
- * the longest boundary every group supports; list the chunks that boundary
- * needs (the hit; for a state group at a boundary off its block grid,
- * exactly the snapshot there); pin the host ones and start file and
- * remote reads into freshly reserved host slots for the others.  A pin that
- * races with an eviction retries the whole lookup (bounded); a file (remote)
- * read that cannot start retries without the file (remote) tier.  The hit stays pinned until load (which takes the
- * pins over), the next lookup, update, preempt, abort or finish.
+ * the cascade where they are (one kvo_cascade_lookup: host, then the file
+ * tier, then the cluster's presence answers within the request's budget,
+ * never a wait), then the same for state snapshots off the block grid (only
+ * for groups that ever had one stored: kvo_connector_store_snapshot); let
+ * agree.c pick the longest boundary every group supports; list the chunks
+ * that boundary needs (the hit; for a state group at a boundary off its
+ * block grid, exactly the snapshot there); pin the host ones and have the
+ * cascade promote the others into host slots (one batch per tier, each
+ * tracked by a kvo__read whose id is the promotion's user data).  A pin
+ * that races with an eviction retries the whole lookup (bounded); a
+ * promotion that cannot start retries without that tier.  The hit stays
+ * pinned until load (which takes the pins over), the next lookup, update,
+ * preempt, abort or finish.
  *
- * Locks: the public call holds c->mu throughout; the store and the file
- * tier are only asked to queue, never to wait.
+ * Locks: the public call holds c->mu throughout; the cascade is only asked
+ * to queue, never to wait.
  */
 #include <stdlib.h>
 
 #include "connector/connector_internal.h"
-
-/* Scratch for n file-tier lookups. */
-static int kvo__fscratch(kvo_connector *c, size_t n) {
-    const kvo__arr a[] = {{(void **)&c->s_fkeys, sizeof *c->s_fkeys},
-                          {(void **)&c->s_fst, sizeof *c->s_fst},
-                          {(void **)&c->s_fidx, sizeof *c->s_fidx}};
-    return kvo__grow_all(&c->s_fcap, n, a, sizeof a / sizeof a[0], 64, "connector: file lookups");
-}
 
 /* Token range [*lo, *hi) of chunk ch of group g needed to serve boundary b
  * above local L (see agree.c); empty when *lo >= *hi.  Block aligned. */
@@ -78,7 +72,7 @@ static int kvo__cmp_range(const void *a, const void *b) {
 }
 
 /* Tokens of [L, b) covered by the need ranges of the hit's items whose
- * tier is in `tiers` (bit per TIER_*). */
+ * tier is in `tiers` (bit per kvo_tier_id). */
 static uint64_t kvo__tier_tokens(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b, unsigned tiers) {
     size_t nf = 0;
     for (size_t i = 0; i < r->n_hit; i++) nf += (tiers >> r->hit[i].tier) & 1;
@@ -108,115 +102,73 @@ static uint64_t kvo__tier_tokens(kvo_connector *c, kvo__req *r, uint64_t L, uint
     return tot;
 }
 
-/* kvo__start_reads with the nf keys in c->s_fkeys (files pinned); the
- * arrays have nf entries each. */
-static int kvo__start_reads_pinned(kvo_connector *c, kvo__req *r, uint8_t tier, size_t nf, kvo_slot *slots,
-                                   void **dsts, uint64_t *ud, int *res) {
-    const int retry = tier == TIER_FILE ? KVO__NOFILE : KVO__NOREMOTE; /* what a failure asks for */
-    uint64_t *fails = tier == TIER_FILE ? &c->st.file_read_failures : &c->st.remote_read_failures;
-    /* reserve host slots: every key must need writing (absent in host) */
-    int rc = kvo__conn_prepare_store(c, c->s_fkeys, nf, c->s_fst, slots);
-    if (rc == KVO_ENOSPC && c->file_lent) return KVO__WAITLENT;
-    if (rc) return rc == KVO_ENOMEM ? rc : retry;
-    bool all = true;
-    for (size_t i = 0; i < nf; i++) all &= c->s_fst[i] == 1;
-    if (!all) { /* raced: some key appeared in host meanwhile */
-        for (size_t i = 0; i < nf; i++)
-            if (c->s_fst[i]) (void)kvo_store_complete_store(c->store, &c->s_fkeys[i], 1, false);
-        return retry;
-    }
-    for (size_t i = 0; i < nf; i++) {
-        dsts[i] = kvo__conn_slot_ptr(c, slots[i]);
-        ud[i] = ++c->next_read;
-        r->hit[c->s_fidx[i]].slot = slots[i];
-    }
-    size_t nq = 0;
-    rc = tier == TIER_FILE ? kvo_file_tier_read(c->file, c->s_fkeys, dsts, nf, ud, res, &nq)
-                           : kvo__conn_remote_get(c, c->s_fkeys, dsts, nf, ud, res, &nq);
-    if (rc) {
-        (void)kvo_store_complete_store(c->store, c->s_fkeys, nf, false);
-        return retry;
-    }
-    bool failed = false;
-    for (size_t i = 0; i < nf; i++) {
-        if (res[i] != 0) {
-            (void)kvo_store_complete_store(c->store, &c->s_fkeys[i], 1, false);
-            (*fails)++;
-            failed = true;
-            continue;
-        }
-        kvo__read *rd = kvo__malloc(sizeof *rd);
-        kvo__map_entry *e = NULL;
-        if (!rd || kvo__map_put(&c->reads, ud[i], &e) < 0) {
-            /* cannot track: the read still lands in the slot, so the slot
-             * must stay reserved; it is lost until clear (counted) */
-            kvo__free(rd);
-            (*fails)++;
-            failed = true;
-            continue;
-        }
-        rd->key = c->s_fkeys[i];
-        rd->tier = tier;
-        rd->slot = slots[i];
-        rd->req = r->id;
-        rd->gen = r->gen;
-        rd->lay_epoch = c->lay_epoch[rd->key.group];
-        rd->epoch = c->epoch;
-        rd->item = c->s_fidx[i];
-        e->p = rd;
-        r->file_pending++;
-    }
-    if (failed) {
-        /* the queued reads finish as orphans (gen bumped by unpin) */
-        return retry;
-    }
-    return 0;
+/* Whether host slots are lent to file writes now (file_zero_copy). */
+static bool kvo__lent_now(kvo_connector *c) {
+    kvo_cascade_stats st = KVO_CASCADE_STATS_INIT;
+    return kvo_cascade_get_stats(c->casc, &st) == 0 && st.lent_now > 0;
 }
 
-/* Start reading the hit's items of tier (TIER_FILE or TIER_REMOTE) into
- * host slots (reserved PENDING in the host store).  0, KVO__NOFILE /
- * KVO__NOREMOTE (could not: everything undone), or an error. */
-static int kvo__start_reads(kvo_connector *c, kvo__req *r, uint8_t tier) {
+/* Promote the hit's items held by lower tiers into host slots (the
+ * cascade reserves them PENDING and queues the reads, one batch per tier),
+ * each tracked by a kvo__read.  0, KVO__NOFILE / KVO__NOREMOTE (one could
+ * not start: retry without that tier; the promotions already queued finish
+ * as orphans), KVO__WAITLENT, KVO_EAGAIN (one is in host memory now: look
+ * again) or an error. */
+static int kvo__start_reads(kvo_connector *c, kvo__req *r) {
     size_t nf = 0;
-    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier == tier;
+    for (size_t i = 0; i < r->n_hit; i++) nf += r->hit[i].tier != KVO_TIER_HOST;
     if (!nf) return 0;
-    int rc = kvo__fscratch(c, nf);
-    if (rc) return rc;
+    kvo_chunk_key *keys = kvo__malloc(nf * (sizeof *keys + sizeof(size_t) + sizeof(uint64_t) + sizeof(int) + 1));
+    if (!keys) return kvo__error(KVO_ENOMEM, "connector: out of memory");
+    size_t *item = (size_t *)(keys + nf);
+    uint64_t *ud = (uint64_t *)(item + nf);
+    int *res = (int *)(ud + nf);
+    uint8_t *tier = (uint8_t *)(res + nf);
     size_t k = 0;
     for (size_t i = 0; i < r->n_hit; i++)
-        if (r->hit[i].tier == tier) {
-            c->s_fkeys[k] = r->hit[i].key;
-            c->s_fidx[k++] = i;
+        if (r->hit[i].tier != KVO_TIER_HOST) {
+            keys[k] = r->hit[i].key;
+            tier[k] = r->hit[i].tier;
+            item[k] = i;
+            ud[k++] = ++c->next_read;
         }
-    kvo_slot *slots = kvo__malloc(nf * (sizeof(kvo_slot) + sizeof(void *) + sizeof(uint64_t) + sizeof(int)));
-    if (!slots) return kvo__error(KVO_ENOMEM, "connector: out of memory");
-    void **dsts = (void **)(slots + nf);
-    uint64_t *ud = (uint64_t *)(dsts + nf);
-    int *res = (int *)(ud + nf);
-    /* Pin the files first: the host slots reserved below may evict host
-     * chunks whose write-back needs file quota, which must never be made
-     * from these files (and refresh their recency: a hit is a use).  Each
-     * queued read holds its own pin, so the pins go once reads are queued. */
-    if (tier == TIER_REMOTE) {
-        rc = kvo__start_reads_pinned(c, r, tier, nf, slots, dsts, ud, res);
-        kvo__free(slots);
-        return rc;
+    int rc = kvo__map_reserve(&c->reads, nf);
+    if (!rc) rc = kvo_cascade_promote(c->casc, keys, nf, tier, ud, res);
+    for (size_t i = 0; !rc && i < nf; i++) {
+        if (res[i] == 0) {
+            kvo__read *rd = kvo__malloc(sizeof *rd);
+            kvo__map_entry *e = NULL;
+            if (!rd || kvo__map_put(&c->reads, ud[i], &e) < 0) { /* cannot track: it finishes as an orphan */
+                kvo__free(rd);
+                rc = tier[i] == KVO_TIER_FILE ? KVO__NOFILE : KVO__NOREMOTE;
+                continue;
+            }
+            rd->key = keys[i];
+            rd->tier = tier[i];
+            rd->req = r->id;
+            rd->gen = r->gen;
+            rd->lay_epoch = c->lay_epoch[rd->key.group];
+            rd->epoch = c->epoch;
+            rd->item = item[i];
+            e->p = rd;
+            r->file_pending++;
+            continue;
+        }
+        if (tier[i] == KVO_TIER_FILE) c->st.file_read_failures++;
+        else c->st.remote_read_failures++;
+        if (res[i] == KVO_EEXIST) rc = KVO_EAGAIN; /* raced: it is in host memory now */
+        else if (res[i] == KVO_EAGAIN && kvo__lent_now(c))
+            rc = KVO__WAITLENT;
+        else rc = tier[i] == KVO_TIER_FILE ? KVO__NOFILE : KVO__NOREMOTE;
     }
-    if (kvo_file_tier_pin(c->file, c->s_fkeys, nf)) { /* one left the tier meanwhile */
-        kvo__free(slots);
-        return KVO__NOFILE;
-    }
-    (void)kvo_file_tier_touch(c->file, c->s_fkeys, nf);
-    rc = kvo__start_reads_pinned(c, r, tier, nf, slots, dsts, ud, res);
-    (void)kvo_file_tier_unpin(c->file, c->s_fkeys, nf);
-    kvo__free(slots);
+    kvo__free(keys);
     return rc;
 }
 
-/* Phase 1: the chunk states of r above local L, per group g at
- * c->s_u8 + off[g] (ncs[g] chunks; LOCAL below L, else the host store's
- * state), with c->s_tier TIER_HOST; keys of the non-local chunks in s_keys
- * (their group and chunk in s_grp / s_chunk), *nk of them. */
+/* Phase 1: the chunks of r above local L, per group g at c->s_u8 + off[g]
+ * (ncs[g] chunks; LOCAL below L, with c->s_tier KVO_TIER_HOST); keys of the
+ * non-local chunks in s_keys (their group and chunk in s_grp / s_chunk), *nk
+ * of them. */
 static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *off, size_t *ncs, size_t *nk) {
     uint64_t bmax = kvo__conn_bmax(c, r, L);
     size_t total = 0;
@@ -239,7 +191,7 @@ static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *o
         const kvo_group_plan *gp = kvo_plan_group(c->plan, g);
         uint8_t *st = c->s_u8 + off[g];
         for (size_t ch = 0; ch < ncs[g]; ch++) {
-            c->s_tier[off[g] + ch] = TIER_HOST;
+            c->s_tier[off[g] + ch] = KVO_TIER_HOST;
             if ((ch + 1) * gp->tokens_per_chunk <= L) {
                 st[ch] = KVO_CHUNK_LOCAL;
                 continue;
@@ -253,61 +205,35 @@ static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *o
     return 0;
 }
 
-static int kvo__file_ask(kvo_connector *c, const kvo_chunk_key *keys, size_t n, const size_t *off, uint8_t *st,
-                         uint8_t *tier);
-
-/* Phase 2: ask the host store for the nk keys of phase 1, then (use_file)
- * the file tier for the host misses; file hits get TIER_FILE; then (rr not
- * NULL) the remote tier's answers for what is still missing. */
-static int kvo__lookup_tiers(kvo_connector *c, const size_t *off, size_t nk, bool use_file, kvo__rround *rr) {
-    uint8_t *hs = (uint8_t *)c->s_slots; /* s_cap * 16 bytes >= nk */
-    int rc = kvo_store_lookup(c->store, c->s_keys, nk, hs);
+/* Where the cascade finds n keys: their states and tiers into st / tier,
+ * key i at off[s_grp[i]] + s_chunk[i] (the chunks of phase 1, off given) or
+ * at i (the snapshots, off NULL); hs / ht: n bytes each of scratch.  A tier
+ * the lookup is retried without (use_file / use_remote false) counts as a
+ * miss.  *rpending: an answer of the cluster the request may wait for is
+ * still out. */
+static int kvo__ask(kvo_connector *c, kvo__req *r, const kvo_chunk_key *keys, size_t n, bool use_file,
+                    bool use_remote, uint8_t *hs, uint8_t *ht, const size_t *off, uint8_t *st, uint8_t *tier,
+                    bool *rpending) {
+    kvo_cascade_lookup_result res;
+    int rc = kvo_cascade_lookup(c->casc, keys, n, 0, use_remote ? &r->rwait : NULL, 0, hs, ht, &res);
     if (rc) return rc;
-    size_t nmiss = 0;
-    for (size_t i = 0; i < nk; i++) {
-        c->s_u8[off[c->s_grp[i]] + c->s_chunk[i]] = hs[i];
-        nmiss += hs[i] == KVO_MISS;
-    }
-    if (!nmiss) return 0;
-    if (use_file && c->file_groups && (rc = kvo__file_ask(c, c->s_keys, nk, off, c->s_u8, c->s_tier))) return rc;
-    if (rr) kvo__conn_remote_ask(c, rr, c->s_keys, nk, off, c->s_u8, c->s_tier);
-    return 0;
-}
-
-/* Phase 2, file part: the file tier's states (READY or PENDING, tier
- * TIER_FILE) of the n keys whose state is still MISS and whose group's
- * format the tier holds; states at st[at] / tier[at] as in
- * kvo__conn_remote_ask (chunks of phase 1 with off, snapshots without). */
-static int kvo__file_ask(kvo_connector *c, const kvo_chunk_key *keys, size_t n, const size_t *off, uint8_t *st,
-                         uint8_t *tier) {
-    int rc = kvo__fscratch(c, n);
-    if (rc) return rc;
-    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t at = kvo__conn_state_at(c, off, i);
-        if (st[at] == KVO_MISS && ((c->file_groups >> keys[i].group) & 1)) {
-            c->s_fkeys[m] = keys[i];
-            c->s_fidx[m++] = at;
-        }
+        size_t at = off ? off[c->s_grp[i]] + c->s_chunk[i] : i;
+        bool drop = (!use_file && ht[i] == KVO_TIER_FILE) || (!use_remote && ht[i] == KVO_TIER_REMOTE);
+        st[at] = drop ? KVO_MISS : hs[i];
+        tier[at] = ht[i];
     }
-    if (m && kvo_file_tier_lookup(c->file, c->s_fkeys, m, c->s_fst) == 0)
-        for (size_t k = 0; k < m; k++) {
-            if (c->s_fst[k] == KVO_MISS) continue;
-            st[c->s_fidx[k]] = c->s_fst[k];
-            tier[c->s_fidx[k]] = TIER_FILE;
-        }
+    *rpending |= use_remote && res.remote_pending;
     return 0;
 }
 
 /* Phase 2, snapshots: for every offloaded state group some snapshot was
  * ever stored for (c->snap_groups), the states of the snapshot keys at each
  * unit end p in (L, bmax] that is not a block boundary (block snapshots are
- * the chunks), ascending, into c->sn at soff[g] (nsn[g] of them): the host
- * store's, then (use_file) the file tier's and (rr) the remote tier's for
- * what is still missing, with the tier in c->sn_tier.  Bounded by the
- * request's units. */
+ * the chunks), ascending, into c->sn at soff[g] (nsn[g] of them), with the
+ * tier that holds each in c->sn_tier.  Bounded by the request's units. */
 static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *soff, size_t *nsn, bool use_file,
-                            kvo__rround *rr) {
+                            bool use_remote, bool *rpending) {
     uint64_t bmax = kvo__conn_bmax(c, r, L), tph = kvo_plan_tokens_per_hash(c->plan);
     uint64_t hi = bmax < r->n_units * tph ? bmax : r->n_units * tph;
     size_t total = 0;
@@ -319,10 +245,9 @@ static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *s
         total += (size_t)(hi / tph - L / tph);
     }
     if (!total) return 0;
-    const kvo__arr a[] = {{(void **)&c->sn_keys, sizeof *c->sn_keys},
-                          {(void **)&c->sn_st, sizeof *c->sn_st},
-                          {(void **)&c->sn_tier, sizeof *c->sn_tier},
-                          {(void **)&c->sn, sizeof *c->sn}};
+    const kvo__arr a[] = {{(void **)&c->sn_keys, sizeof *c->sn_keys}, {(void **)&c->sn_st, sizeof *c->sn_st},
+                          {(void **)&c->sn_tier, sizeof *c->sn_tier}, {(void **)&c->sn, sizeof *c->sn},
+                          {(void **)&c->sn_hs, 2}};
     int rc = kvo__grow_all(&c->sn_cap, total, a, sizeof a / sizeof a[0], 16, "connector: snapshots");
     if (rc) return rc;
     size_t n = 0;
@@ -337,11 +262,9 @@ static int kvo__snap_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *s
         }
         nsn[g] = n - soff[g];
     }
-    if (n && (rc = kvo_store_lookup(c->store, c->sn_keys, n, c->sn_st))) return rc;
-    memset(c->sn_tier, TIER_HOST, n);
-    if (use_file && c->file_groups && n && (rc = kvo__file_ask(c, c->sn_keys, n, NULL, c->sn_st, c->sn_tier)))
+    if (n && (rc = kvo__ask(c, r, c->sn_keys, n, use_file, use_remote, c->sn_hs, c->sn_hs + n, NULL, c->sn_st,
+                            c->sn_tier, rpending)))
         return rc;
-    if (rr && n) kvo__conn_remote_ask(c, rr, c->sn_keys, n, NULL, c->sn_st, c->sn_tier);
     for (size_t i = 0; i < n; i++) c->sn[i].state = c->sn_st[i];
     return 0;
 }
@@ -404,7 +327,7 @@ static int kvo__hit_build(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b,
             memset(it, 0, sizeof *it);
             kvo__conn_snap_key(r, (uint32_t)g, (size_t)(b / tph - 1), &it->key);
             it->chunk = (b - 1) / gp->tokens_per_block / gp->blocks_per_chunk;
-            it->tier = TIER_HOST;
+            it->tier = KVO_TIER_HOST;
             for (size_t i = soff[g]; i < soff[g] + nsn[g]; i++) /* the snapshot at b: its tier */
                 if (c->sn[i].tokens == b) it->tier = c->sn_tier[i];
             it->snap = 1;
@@ -435,7 +358,7 @@ static int kvo__hit_pin(kvo_connector *c, kvo__req *r, size_t nh, size_t *nhost)
     if (rc) return rc;
     *nhost = 0;
     for (size_t i = 0; i < nh; i++)
-        if (r->hit[i].tier == TIER_HOST) {
+        if (r->hit[i].tier == KVO_TIER_HOST) {
             c->s_keys[*nhost] = r->hit[i].key;
             c->s_chunk[(*nhost)++] = i;
         }
@@ -453,20 +376,20 @@ static int kvo__hit_pin(kvo_connector *c, kvo__req *r, size_t nh, size_t *nhost)
 }
 
 /* One lookup attempt; returns 0, KVO_EAGAIN (pin raced with an eviction:
- * retry), KVO__NOFILE / KVO__NOREMOTE (retry without that tier) or an
- * error. */
+ * retry), KVO__NOFILE / KVO__NOREMOTE (retry without that tier),
+ * KVO__WAITLENT or an error. */
 static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_lookup_result *out, bool use_file,
                             bool use_remote) {
     size_t off[KVO_MAX_GROUPS], ncs[KVO_MAX_GROUPS], soff[KVO_MAX_GROUPS], nsn[KVO_MAX_GROUPS];
     size_t nk = 0, nh = 0, nhost = 0;
     uint64_t b = 0;
     bool rpending = false;
-    kvo__rround rround, *rr = use_remote && c->remote_groups ? &rround : NULL;
-    if (rr) kvo__conn_remote_begin(c, r, rr);
     int rc = kvo__host_states(c, r, L, off, ncs, &nk);
-    if (!rc && nk) rc = kvo__lookup_tiers(c, off, nk, use_file, rr);
-    if (!rc) rc = kvo__snap_states(c, r, L, soff, nsn, use_file, rr);
-    if (rr) kvo__conn_remote_end(c, r, rr, &rpending);
+    /* s_slots (16 bytes per entry) is free in phases 1-2: the cascade's answers */
+    if (!rc && nk)
+        rc = kvo__ask(c, r, c->s_keys, nk, use_file, use_remote, (uint8_t *)c->s_slots, (uint8_t *)c->s_slots + nk,
+                      off, c->s_u8, c->s_tier, &rpending);
+    if (!rc) rc = kvo__snap_states(c, r, L, soff, nsn, use_file, use_remote, &rpending);
     if (!rc) rc = kvo__agree_hit(c, r, L, off, ncs, soff, nsn, out, &b);
     if (!rc && out->status == KVO_HIT_PENDING) out->remote_pending = rpending;
     if (rc || !b) return rc;
@@ -478,17 +401,13 @@ static int kvo__lookup_once(kvo_connector *c, kvo__req *r, uint64_t L, kvo_looku
     r->hit_local = L;
     r->file_pending = 0;
     r->file_status = 0;
-    if (nhost < nh) {
-        rc = kvo__start_reads(c, r, TIER_FILE);
-        if (!rc) rc = kvo__start_reads(c, r, TIER_REMOTE);
-        if (rc) {
-            kvo__conn_unpin_hit(c, r);
-            return rc;
-        }
+    if (nhost < nh && (rc = kvo__start_reads(c, r))) {
+        kvo__conn_unpin_hit(c, r);
+        return rc;
     }
-    enum { FR = (1u << TIER_FILE) | (1u << TIER_REMOTE) };
-    r->hit_remote_tokens = kvo__tier_tokens(c, r, L, b, 1u << TIER_REMOTE);
-    r->hit_file_tokens = kvo__tier_tokens(c, r, L, b, FR) - r->hit_remote_tokens;
+    unsigned fr = (1u << KVO_TIER_FILE) | (1u << KVO_TIER_REMOTE);
+    r->hit_remote_tokens = kvo__tier_tokens(c, r, L, b, 1u << KVO_TIER_REMOTE);
+    r->hit_file_tokens = kvo__tier_tokens(c, r, L, b, fr) - r->hit_remote_tokens;
     r->hit_host_tokens = b - L - r->hit_file_tokens - r->hit_remote_tokens;
     out->status = KVO_HIT;
     out->tokens_host = r->hit_host_tokens;

@@ -81,8 +81,23 @@ static int kvo__connector_get_stats_fill(kvo_connector *c, kvo_connector_stats *
     if (!c || !out) return kvo__error(KVO_EINVAL, "kvo_connector_get_stats: NULL argument");
     kvo__conn_lock(c);
     *out = c->st;
-    out->file_lent_now = c->file_lent;
     kvo__conn_unlock(c);
+    /* the tiers' writes, presence queries and checksums: the cascade's */
+    kvo_cascade_stats cs = KVO_CASCADE_STATS_INIT;
+    int rc = kvo_cascade_get_stats(c->casc, &cs);
+    if (rc) return rc;
+    out->file_writes = cs.file.writes;
+    out->file_writebacks = cs.file.writebacks;
+    out->file_writes_skipped = cs.file.writes_skipped;
+    out->file_writes_dropped = cs.file.writes_dropped;
+    out->file_lent_now = cs.lent_now;
+    out->remote_writes = cs.remote.writes;
+    out->remote_write_bytes = cs.remote.write_bytes;
+    out->remote_writes_dropped = cs.remote.writes_dropped;
+    out->remote_exists = cs.remote_exists;
+    out->remote_exists_refused = cs.remote_exists_refused;
+    out->remote_budget_expired = cs.remote_budget_expired;
+    out->checksum_failures = cs.checksum_failures;
     out->host.struct_size = sizeof out->host;
     return kvo_store_get_stats(c->store, &out->host);
 }

@@ -2,19 +2,19 @@
  * poll: the dispatcher.  Everything that finishes in a lower layer comes
  * back to the connector here and is turned into completions for the engine.
  *
- * kvo_connector_poll consumes, in order, the file tier's read completions,
- * the remote tier's (remote.c keeps the presence answers and hands back the
- * gets that finished), each finishing its host entry and, with the last
- * read of a hit, submitting the request's deferred load (load.c); then the
- * transfer engine's results: store jobs complete their host entries
- * (taking checksums while still PENDING, handing write-through chunks to
- * the file and remote tiers), load jobs unpin and report, checked against
- * the request's generation so that preempted or aborted requests get no
+ * kvo_connector_poll drives the cascade (kvo_cascade_poll: the tiers'
+ * completions, deferred writes) and takes its promotions' completions, each
+ * finishing its kvo__read and, with the last read of a hit, submitting the
+ * request's deferred load (load.c); then the transfer engine's results:
+ * store jobs complete their host entries through the cascade (which takes
+ * the checksums and hands the chunks to the lower tiers), load jobs unpin
+ * and report (checksums verified by the cascade), checked against the
+ * request's generation so that preempted or aborted requests get no
  * notification; then it hands the ring's completions (cq.c) to the engine.
  * kvo__conn_process_results (the transfer results alone) is also what
  * set_layout and destroy call to finish the copies in flight.
  *
- * Locks: everything under c->mu; the tiers' and the engine's poll calls
+ * Locks: everything under c->mu; the cascade's and the engine's poll calls
  * never block.
  */
 #include "connector/connector_internal.h"
@@ -33,23 +33,12 @@ static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_
         c->inject_store_fail--;
         ok = false;
     }
-    /* Checksums are taken while the slots are still PENDING, at the first
-     * poll after the copy: nothing can pin, evict or rewrite them yet. */
-    if (ok && c->sums)
-        for (size_t i = 0; i < j->n_keys; i++)
-            c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] = kvo__conn_slot_sum(c, &j->keys[i], j->slots[i]);
-    (void)kvo_store_complete_store(c->store, j->keys, j->n_keys, ok);
+    /* the cascade takes the checksums while the slots are still PENDING
+     * and hands the chunks to the lower tiers */
+    if (kvo_cascade_complete_store(c->casc, j->keys, j->n_keys, ok) != 0) ok = false;
     if (ok) {
         c->st.chunks_stored += j->n_keys;
         c->st.bytes_stored += res->bytes;
-        /* the tier copies before returning (or, zero-copy, checks the
-         * lent bytes against these sums); no second checksum pass: the
-         * sums were taken from these bytes just above */
-        if (c->file && c->p.file_mode == KVO_FILE_WRITE_THROUGH)
-            c->st.file_writes_dropped += c->p.file_zero_copy
-                                             ? kvo__conn_file_lend(c, j->keys, j->slots, j->n_keys)
-                                             : kvo__conn_file_put(c, j->keys, j->slots, j->n_keys, false, false, NULL);
-        if (c->remote) kvo__conn_remote_put(c, j->keys, j->slots, j->n_keys);
         if (r) {
             r->st.chunks_stored += j->n_keys;
             r->st.bytes_stored += res->bytes;
@@ -69,19 +58,12 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         c->inject_load_fail--;
         status = KVO_EIO;
     }
+    /* verify_checksums: a corrupt chunk fails the load and is retired by
+     * the cascade (hidden from lookups now, gone when its last pin ends) */
+    if (status == 0 && kvo_cascade_verify(c->casc, j->keys, j->slots, j->n_keys, NULL)) status = KVO_ECORRUPT;
     (void)kvo_store_complete_load(c->store, j->keys, j->n_keys);
     if (j->epoch != c->epoch) /* pinned through a reset: drop now (retired while other loads pin it) */
         (void)kvo_store_retire(c->store, j->keys, j->n_keys);
-    if (status == 0 && c->sums)
-        for (size_t i = 0; i < j->n_keys; i++)
-            if (c->sums[j->slots[i].offset / KVO_SLOT_ALIGN] != kvo__conn_slot_sum(c, &j->keys[i], j->slots[i])) {
-                /* a corrupt chunk must not be hit again: drop its entry
-                 * (retired while another load pins it: hidden from
-                 * lookups now, gone when that load ends) */
-                status = KVO_ECORRUPT;
-                c->st.checksum_failures++;
-                (void)kvo_store_retire(c->store, &j->keys[i], 1);
-            }
     if (!r || r->gen != j->gen || r->load_job != j->id) return; /* preempted or aborted */
     kvo__conn_hist_add(&c->load_ns, kvo__now_ns() - j->t0_ns);
     r->load_job = 0;
@@ -149,22 +131,19 @@ void kvo__conn_process_results(kvo_connector *c) {
     }
 }
 
-/* A file or remote read into a host slot finished (user data ud, result,
- * bytes moved): the host entry completes, and the request's deferred load
- * is submitted once its last read is in. */
+/* A promotion of a hit's chunk finished (user data ud, result, bytes): the
+ * cascade already completed the host entry (READY on success); the chunk is
+ * pinned for the request's load, and the request's deferred load is
+ * submitted once its last read is in. */
 static void kvo__finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t bytes) {
     kvo__map_entry *e = kvo__map_get(&c->reads, ud);
     if (!e) return;
     kvo__read *rd = e->p;
     kvo__map_del(&c->reads, e);
-    /* a read started before its group's slot format changed holds the old
-     * format (relayout.c), one started before a reset holds data of before the
-     * reset (controls.c): never READY */
+    /* a read started before its group's slot format changed (relayout.c) or
+     * before a reset (controls.c) is never used: the cascade invalidated it */
     bool ok = result == 0 && rd->lay_epoch == c->lay_epoch[rd->key.group] && rd->epoch == c->epoch;
-    if (ok && c->sums) /* still PENDING, as for stores */
-        c->sums[rd->slot.offset / KVO_SLOT_ALIGN] = kvo__conn_slot_sum(c, &rd->key, rd->slot);
-    (void)kvo_store_complete_store(c->store, &rd->key, 1, ok);
-    if (rd->tier == TIER_REMOTE) { /* remote_reads_inflight: counted down by kvo__conn_remote_poll */
+    if (rd->tier == KVO_TIER_REMOTE) {
         if (ok) {
             c->st.remote_reads++;
             c->st.remote_read_bytes += bytes;
@@ -178,12 +157,9 @@ static void kvo__finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t
     if (r && r->gen == rd->gen && r->hit_pinned && rd->item < r->n_hit &&
         kvo_chunk_key_eq(&r->hit[rd->item].key, &rd->key)) {
         kvo__hit_item *it = &r->hit[rd->item];
-        if (ok) {
-            kvo_slot sl;
-            if (kvo_store_prepare_load(c->store, &rd->key, 1, &sl) == 0 && sl.offset == rd->slot.offset)
-                it->pinned = 1;
-            else
-                ok = false;
+        if (ok) { /* nothing ran between the cascade's completion and this pin (both under mu) */
+            if (kvo_store_prepare_load(c->store, &rd->key, 1, &it->slot) == 0) it->pinned = 1;
+            else ok = false;
         }
         if (!ok && !r->file_status) r->file_status = result ? result : KVO_ESTATE;
         if (r->file_pending) r->file_pending--;
@@ -206,19 +182,12 @@ int kvo_connector_poll(kvo_connector *c, kvo_completion *out, size_t cap, size_t
     if (n_out) *n_out = 0;
     if (!c || !n_out || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_connector_poll: NULL argument");
     kvo__conn_lock(c);
-    if (c->file) { /* the connector consumes the tier's completions */
-        kvo_file_completion fc[32];
-        size_t n;
-        while (kvo_file_tier_poll(c->file, fc, 32, &n) == 0 && n > 0)
-            for (size_t i = 0; i < n; i++)
-                if (fc[i].op == KVO_FILE_OP_READ) kvo__finish_read(c, fc[i].user_data, fc[i].result, 0);
-                else if (fc[i].user_data == KVO__CONN_LENT_UD) kvo__conn_file_lent_done(c, &fc[i]);
-    }
-    if (c->remote) { /* presence answers stay in remote.c; finished gets come back */
-        kvo__read_done done[KVO__REMOTE_POLL_BATCH];
-        size_t nd;
-        while (kvo__conn_remote_poll(c, done, &nd) > 0)
-            for (size_t i = 0; i < nd; i++) kvo__finish_read(c, done[i].ud, done[i].result, done[i].bytes);
+    for (;;) { /* the cascade's completions: the hits' promotions */
+        kvo_cascade_completion cc[32];
+        size_t n = 0;
+        if (kvo_cascade_poll(c->casc, cc, 32, &n) || n == 0) break;
+        for (size_t i = 0; i < n; i++)
+            if (cc[i].op == KVO_CASCADE_OP_PROMOTE) kvo__finish_read(c, cc[i].user_data, cc[i].result, cc[i].bytes);
     }
     kvo__conn_process_results(c);
     size_t n = kvo__conn_cq_take(c, out, cap);

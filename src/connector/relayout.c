@@ -17,17 +17,18 @@
  *  - hits pinned by lookup that include the group are released (a load then
  *    fails with KVO_ESTATE: look up again); a load waiting for file reads of
  *    such a hit completes at once as failed (KVO_ESTATE, nothing written);
- *  - the group's READY host chunks are removed; file reads of it still
- *    running complete as failures (the group's epoch changed);
+ *  - the group's READY host chunks are removed and its promotions still
+ *    running complete as failures (kvo_cascade_invalidate; the group's
+ *    epoch changed too);
  *  - the file tier is used for a group only while it holds that group's
  *    current format (file_groups): a tier namespaced by a layout hash
  *    (kvo_file_tier_layout_hash) holds exactly the layout with that hash,
  *    for every group; an unnamespaced tier is taken to hold the layout of
  *    the first set_layout, so a group is read from and written to it only
- *    while its hash equals its first one.  Going back to that layout makes
- *    the files usable again.  The remote tier follows the same rule
- *    (remote_groups, kvo_remote_tier_layout_hash); its reads in flight
- *    carry the group's epoch like file reads.
+ *    while its hash equals its first one (kvo_cascade_set_tier_groups).
+ *    Going back to that layout makes the files usable again.  The remote
+ *    tier follows the same rule (remote_groups,
+ *    kvo_remote_tier_layout_hash).
  * Groups whose format is unchanged keep everything.
  *
  * Locks: set_layout holds c->mu across kvo_transfer_set_layout, which waits
@@ -81,22 +82,6 @@ static bool kvo__hit_touches(const kvo__req *r, uint64_t mask) {
     return false;
 }
 
-/* Remove the READY host chunks of the groups in mask (scan in batches; a
- * key still pinned by a load of the old format is retired: hidden now, gone
- * when that load ends). */
-static void kvo__drop_host_groups(kvo_connector *c, uint64_t mask) {
-    enum { B = 64 };
-    kvo_store_entry ents[B];
-    uint64_t cursor = 0;
-    do {
-        size_t n = 0;
-        if (kvo_store_scan(c->store, &cursor, ents, B, &n)) break;
-        for (size_t i = 0; i < n; i++)
-            if (ents[i].state == KVO_READY && ((mask >> ents[i].key.group) & 1))
-                (void)kvo_store_retire(c->store, &ents[i].key, 1);
-    } while (cursor);
-}
-
 /* The layout changed the slot format of the groups in mask. */
 static void kvo__invalidate(kvo_connector *c, uint64_t mask) {
     for (size_t i = 0; i < c->reqs.cap; i++) {
@@ -113,7 +98,10 @@ static void kvo__invalidate(kvo_connector *c, uint64_t mask) {
     }
     for (size_t g = 0; g < c->ng; g++)
         if ((mask >> g) & 1) c->lay_epoch[g]++;
-    kvo__drop_host_groups(c, mask);
+    /* the cascade drops the groups' READY host chunks (a key pinned by a
+     * load of the old format is retired: hidden now, gone when that load
+     * ends) and fails their promotions still in flight */
+    (void)kvo_cascade_invalidate(c->casc, mask, NULL);
 }
 
 int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n) {
@@ -139,6 +127,8 @@ int kvo_connector_set_layout(kvo_connector *c, const kvo_segment *segs, size_t n
     c->layout_set = true;
     c->file_groups = c->file ? kvo__tier_groups(c, kvo_file_tier_layout_hash(c->file)) : 0;
     c->remote_groups = c->remote ? kvo__tier_groups(c, kvo_remote_tier_layout_hash(c->remote)) : 0;
+    if (c->file) (void)kvo_cascade_set_tier_groups(c->casc, KVO_TIER_FILE, c->file_groups);
+    if (c->remote) (void)kvo_cascade_set_tier_groups(c->casc, KVO_TIER_REMOTE, c->remote_groups);
     if (changed) kvo__invalidate(c, changed);
     kvo__conn_unlock(c);
     return 0;

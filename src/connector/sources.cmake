@@ -11,10 +11,8 @@ kvo_sources(KVO_SOURCES connector
   lookup.c
   map.c
   metrics.c
-  persist.c
   poll.c
   relayout.c
-  remote.c
   request.c
   update.c
 )

@@ -16,8 +16,9 @@
  * update or finish, as long as the table still holds its blocks (dropped
  * otherwise: it can no longer be stored from this request).  Each skip
  * costs one retry-list entry, so the list never exceeds the request's
- * chunks and one update scans at most them.  The batch is reserved in the host store all-or-nothing, else
- * one by one (chunks that do not fit are counted, never an error), then
+ * chunks and one update scans at most them.  The batch is reserved in the
+ * host tier through the cascade all-or-nothing, else one by one (chunks
+ * that do not fit are counted, never an error), then
  * submitted as one transfer job; its blocks are counted in the block map so
  * that wait_blocks can find it.
  *
@@ -27,6 +28,14 @@
  * Locks: under c->mu; the scratch arrays (s_*) are guarded by it.
  */
 #include "connector/connector_internal.h"
+
+/* Reserve host slots for n chunks through the cascade, all or nothing
+ * (need[i] = 1: write slot slots[i]; 0: present or not admitted). */
+static int kvo__reserve(kvo_connector *c, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots) {
+    int rc = kvo_cascade_prepare_store(c->casc, keys, n, KVO_CASCADE_ALL_OR_NOTHING, need, slots);
+    for (size_t i = 0; !rc && i < n; i++) need[i] = need[i] == KVO_CASCADE_HOST;
+    return rc;
+}
 
 static int kvo__ops_cap(kvo_connector *c, size_t n) {
     return kvo__grow((void **)&c->s_ops, &c->s_ops_cap, n, sizeof *c->s_ops, 16, "connector");
@@ -101,11 +110,11 @@ static void kvo__retry_if_refused(kvo_connector *c, kvo__req *r, size_t i) {
  * arrays.  Best effort: chunks that cannot be stored are counted. */
 static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_table *tables, size_t n) {
     if (n == 0) return;
-    int rc = kvo__conn_prepare_store(c, c->s_keys, n, c->s_u8, c->s_slots);
+    int rc = kvo__reserve(c, c->s_keys, n, c->s_u8, c->s_slots);
     if (rc == KVO_ENOSPC && n > 1) {
         /* all-or-nothing failed: try one by one, skipping those that do not fit */
         for (size_t i = 0; i < n; i++) {
-            int r1 = kvo__conn_prepare_store(c, &c->s_keys[i], 1, &c->s_u8[i], &c->s_slots[i]);
+            int r1 = kvo__reserve(c, &c->s_keys[i], 1, &c->s_u8[i], &c->s_slots[i]);
             if (r1) {
                 c->s_u8[i] = 0;
                 c->st.stores_skipped_nospace++;
@@ -129,7 +138,7 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
         /* cannot build ops: undo the reservations */
         for (size_t i = 0; i < n; i++)
             if (c->s_u8[i]) {
-                (void)kvo_store_complete_store(c->store, &c->s_keys[i], 1, false);
+                (void)kvo_cascade_complete_store(c->casc, &c->s_keys[i], 1, false);
                 kvo__retry_push(r, c->s_grp[i], c->s_chunk[i]);
             }
         return;
@@ -177,7 +186,7 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
         rc = KVO_ENOMEM;
     }
     if (rc) {
-        (void)kvo_store_complete_store(c->store, c->s_keys, m, false);
+        (void)kvo_cascade_complete_store(c->casc, c->s_keys, m, false);
         c->st.stores_skipped_queue += m;
         r->st.stores_skipped += m;
         for (size_t i = 0; i < m; i++) kvo__retry_push(r, c->s_grp[i], c->s_chunk[i]);

@@ -1,0 +1,423 @@
+"""The cascade (include/kvoffload/kvo_cascade.h): kvoffload's one way through
+the tiers, for every engine adapter.
+
+A Cascade owns, for one plan, the host tier (an arena of slots and its
+index), an optional FileTier and an optional RemoteTier behind it: lookup of
+a whole key sequence in one call (where each key is, the longest prefix
+held), promotion of lower-tier chunks into host slots (one batch per tier),
+stores with write-through / write-back / staging and retried back-pressure,
+direct reads and writes against the engine's own memory (host_bytes=0), and
+one completion ring behind one event fd.  Adapters translate their engine's
+types into these calls and hold no tier logic of their own.
+
+namespace_id() and namespace_keys() are the one namespace rule: a 128-bit
+namespace from the plan, the model identity, dtype, KV layout and tenant,
+and chunk keys derived from an engine's own identifiers under it.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, Structure, byref, c_bool, c_char_p, c_int, c_int64, c_size_t, c_uint8, c_uint32, c_uint64
+from ctypes import c_void_p
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _lib as L
+from ._lib import U128, KvoError, check, check_int, lib, set_fields
+from .core import KEY_DTYPE, SLOT_DTYPE, Arena, FileTier, Plan, RemoteTier, _as_keys, _Handle, _policy, _ptr
+from .core import _stats, _struct_dict, _uint64s
+
+# kvo_tier_id
+TIER_NONE, TIER_HOST, TIER_FILE, TIER_REMOTE = 0, 1, 2, 3
+TIER_NAMES = {TIER_NONE: "none", TIER_HOST: "host", TIER_FILE: "file", TIER_REMOTE: "remote"}
+# lookup flags
+PREFIX, PROMOTE = 1, 2
+# prepare_store: what to do with each key
+SKIP, HOST, STAGED, REFUSED = 0, 1, 2, 3
+ALL_OR_NOTHING = 1
+# completion ops
+OP_PROMOTE, OP_READ, OP_WRITE = 1, 2, 3
+FILE_MODES = {"write_through": 0, "write_back": 1}
+
+
+class NamespaceDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("engine", c_char_p), ("model", c_void_p), ("model_len", c_size_t),
+                ("dtype", c_char_p), ("kv_layout", c_char_p), ("tenant", c_void_p), ("tenant_len", c_size_t),
+                ("extra", c_void_p), ("extra_len", c_size_t), ("layout_hash", c_uint64)]
+
+
+class CascadeParams(Structure):
+    _fields_ = [("struct_size", c_size_t), ("plan", c_void_p), ("host_bytes", c_uint64), ("staging_bytes", c_uint64),
+                ("arena", c_void_p), ("huge_pages", c_bool), ("lock_memory", c_bool), ("prefault", c_bool),
+                ("policy", c_int), ("admit_after", c_uint32), ("event_capacity", c_uint32),
+                ("ignore_present", c_bool), ("lookups_per_key", c_bool), ("verify_checksums", c_bool),
+                ("file_tier", c_void_p), ("file_mode", c_int), ("file_zero_copy", c_bool),
+                ("remote_tier", c_void_p), ("remote_lookup_budget_us", c_uint32),
+                ("remote_exists_ttl_ms", c_uint32), ("retry_polls", c_uint32)]
+
+
+class CascadeWait(Structure):
+    _fields_ = [("since_ns", c_uint64)]
+
+
+class CascadeLookupResult(Structure):
+    _fields_ = [("prefix", c_size_t), ("prefix_if_pending", c_size_t), ("host", c_size_t), ("file", c_size_t),
+                ("remote", c_size_t), ("promoting", c_size_t), ("remote_pending", c_bool)]
+
+
+class CascadeCompletion(Structure):
+    _fields_ = [("user_data", c_uint64), ("key", L.ChunkKey), ("op", c_uint32), ("tier", c_uint32),
+                ("result", c_int), ("bytes", c_uint64), ("latency_ns", c_uint64)]
+
+
+_TIER_STATS = ["hits", "promotions", "promotion_failures", "reads", "read_bytes", "read_failures", "writes",
+               "write_bytes", "writes_skipped", "writebacks", "writes_deferred", "writes_dropped", "lent"]
+
+
+class CascadeTierStats(Structure):
+    _fields_ = [(n, c_uint64) for n in _TIER_STATS]
+
+
+_CASCADE_STATS = ["lookups", "remote_exists", "remote_exists_refused", "remote_budget_expired", "stores_offered",
+                  "stores_host", "stores_staged", "stores_refused", "checksum_failures", "completions_lost",
+                  "promotions_now", "reads_now", "deferred_now", "lent_now", "staged_now"]
+
+
+class CascadeStats(Structure):
+    _fields_ = [("struct_size", c_size_t), ("host", CascadeTierStats), ("file", CascadeTierStats),
+                ("remote", CascadeTierStats)] + [(n, c_uint64) for n in _CASCADE_STATS]
+
+
+# completions as a numpy array (one C call fills it, no per-item Python)
+COMPLETION_DTYPE = np.dtype([("user_data", "<u8"), ("lo", "<u8"), ("hi", "<u8"), ("group", "<u4"),
+                             ("reserved", "<u4"), ("op", "<u4"), ("tier", "<u4"), ("result", "<i4"),
+                             ("pad", "<u4"), ("bytes", "<u8"), ("latency_ns", "<u8")])
+assert COMPLETION_DTYPE.itemsize == ctypes.sizeof(CascadeCompletion), "kvo_cascade_completion's layout changed"
+
+_P = c_void_p
+_PROTOS: dict[str, tuple[Any, list[Any]]] = {
+    "kvo_namespace_id": (c_int, [_P, POINTER(NamespaceDesc), POINTER(U128)]),
+    "kvo_namespace_keys": (c_int, [U128, c_void_p, c_size_t, c_size_t, c_size_t, c_uint32, c_void_p]),
+    "kvo_cascade_default_params": (CascadeParams, []),
+    "kvo_cascade_create": (c_int, [POINTER(CascadeParams), POINTER(_P)]),
+    "kvo_cascade_destroy": (None, [_P]),
+    "kvo_cascade_store": (_P, [_P]),
+    "kvo_cascade_arena": (_P, [_P]),
+    "kvo_cascade_lookup": (c_int, [_P, c_void_p, c_size_t, c_uint32, POINTER(CascadeWait), c_int64, c_void_p,
+                                   c_void_p, POINTER(CascadeLookupResult)]),
+    "kvo_cascade_promote": (c_int, [_P, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p]),
+    "kvo_cascade_prepare_load": (c_int, [_P, c_void_p, c_size_t, c_void_p]),
+    "kvo_cascade_complete_load": (c_int, [_P, c_void_p, c_size_t]),
+    "kvo_cascade_touch": (c_int, [_P, c_void_p, c_size_t]),
+    "kvo_cascade_verify": (c_size_t, [_P, c_void_p, c_void_p, c_size_t, c_void_p]),
+    "kvo_cascade_prepare_store": (c_int, [_P, c_void_p, c_size_t, c_uint32, c_void_p, c_void_p]),
+    "kvo_cascade_complete_store": (c_int, [_P, c_void_p, c_size_t, c_bool]),
+    "kvo_cascade_remove": (c_int, [_P, c_void_p, c_size_t]),
+    "kvo_cascade_read": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_void_p, c_void_p]),
+    "kvo_cascade_write": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_int64, c_void_p]),
+    "kvo_cascade_write_async": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_void_p, c_void_p]),
+    "kvo_cascade_poll": (c_int, [_P, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "kvo_cascade_event_fd": (c_int, [_P]),
+    "kvo_cascade_wait_events": (c_int, [_P, c_int64]),
+    "kvo_cascade_flush": (c_int, [_P, c_int64]),
+    "kvo_cascade_persist": (c_int, [_P, c_int64, POINTER(c_uint64)]),
+    "kvo_cascade_set_tier_groups": (c_int, [_P, c_int, c_uint64]),
+    "kvo_cascade_invalidate": (c_int, [_P, c_uint64, POINTER(c_uint64)]),
+    "kvo_cascade_get_stats": (c_int, [_P, POINTER(CascadeStats)]),
+}
+for _name, (_res, _args) in _PROTOS.items():
+    _fn = getattr(lib, _name)
+    _fn.restype, _fn.argtypes = _res, _args
+
+
+def _bytes(name: str, v: Union[None, str, bytes]) -> Optional[bytes]:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogateescape")
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError(f"{name} must be str or bytes, not {type(v).__name__}")
+
+
+def namespace_id(plan: Plan, engine: Optional[str] = None, model: Union[None, str, bytes] = None,
+                 dtype: Optional[str] = None, kv_layout: Optional[str] = None,
+                 tenant: Union[None, str, bytes] = None, extra: Union[None, str, bytes] = None,
+                 layout_hash: int = 0) -> int:
+    """The 128-bit namespace (an int) of a plan under a model identity, dtype,
+    KV layout and tenant: every field whole (no folding, no truncation); an
+    absent field (None) differs from an empty one."""
+    d = NamespaceDesc()
+    d.struct_size = ctypes.sizeof(NamespaceDesc)
+    keep = [_bytes("engine", engine), _bytes("model", model), _bytes("dtype", dtype), _bytes("kv_layout", kv_layout),
+            _bytes("tenant", tenant), _bytes("extra", extra)]
+    d.engine, d.dtype, d.kv_layout = keep[0], keep[2], keep[3]
+    for field, v in (("model", keep[1]), ("tenant", keep[4]), ("extra", keep[5])):
+        if v is not None:
+            buf = ctypes.create_string_buffer(v, len(v) or 1)
+            keep.append(buf)  # type: ignore[arg-type]
+            setattr(d, field, ctypes.cast(buf, c_void_p))
+            setattr(d, field + "_len", len(v))
+    set_fields(d, layout_hash=layout_hash)
+    out = U128()
+    check(lib.kvo_namespace_id(plan._h, byref(d), byref(out)), "kvo_namespace_id")
+    return out.lo | (out.hi << 64)
+
+
+def namespace_keys(ns: int, ids: Union[Sequence[bytes], np.ndarray], group: int = 0,
+                   id_len: Optional[int] = None) -> np.ndarray:
+    """KEY_DTYPE keys of engine identifiers under namespace ns (one C call):
+    ids are equal-length bytes (or a 2-D uint8 array, one row per id); a
+    shorter id is zero-padded to id_len (default: the longest)."""
+    check_int("ns", ns, 0, (1 << 128) - 1)
+    check_int("group", group, 0, 0xFFFFFFFF)
+    if isinstance(ids, np.ndarray):
+        if ids.dtype != np.uint8 or ids.ndim != 2:
+            raise ValueError(f"namespace_keys: ids as an array must be 2-D uint8, not {ids.dtype} {ids.shape}")
+        raw = np.ascontiguousarray(ids)
+        n, width = raw.shape
+    else:
+        n = len(ids)
+        width = id_len if id_len is not None else max((len(i) for i in ids), default=0)
+        raw = np.zeros((n, width), dtype=np.uint8)
+        for i, v in enumerate(ids):
+            b = _bytes("ids", v) or b""
+            if len(b) > width:
+                raise ValueError(f"namespace_keys: id {i} has {len(b)} bytes, more than id_len {width}")
+            raw[i, :len(b)] = np.frombuffer(b, dtype=np.uint8)
+    out = np.zeros(n, dtype=KEY_DTYPE)
+    if n:
+        check(lib.kvo_namespace_keys(U128(ns & 0xFFFFFFFFFFFFFFFF, ns >> 64), _ptr(raw), width, width, n, group,
+                                     _ptr(out)), "kvo_namespace_keys")
+    return out
+
+
+class Cascade(_Handle):
+    """The host tier (host_bytes of slots; 0 for none) and the given lower
+    tiers, as one object (kvo_cascade_create).  The tiers are borrowed: close
+    the Cascade before them.  arena: an Arena or SharedArena whose slot space
+    holds the host tier (and the staging area after it); None: the cascade
+    maps its own."""
+
+    _destroy = "kvo_cascade_destroy"
+
+    def __init__(self, plan: Plan, host_bytes: int = 0, *, file_tier: Optional[FileTier] = None,
+                 remote_tier: Optional[RemoteTier] = None, arena: Any = None, staging_bytes: int = 0,
+                 policy: str = "lru", admit_after: int = 0, event_capacity: int = 0,
+                 ignore_present: bool = False, lookups_per_key: bool = False, verify_checksums: bool = False,
+                 file_mode: str = "write_through", file_zero_copy: bool = False,
+                 remote_lookup_budget_us: Optional[int] = None, remote_exists_ttl_ms: Optional[int] = None,
+                 retry_polls: Optional[int] = None, prefault: bool = True) -> None:
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a Plan, not {type(plan).__name__}")
+        if file_mode not in FILE_MODES:
+            raise KvoError(L.KVO_EINVAL, f"file_mode '{file_mode}': use write_through or write_back", "Cascade")
+        p = lib.kvo_cascade_default_params()
+        p.plan = plan._h
+        set_fields(p, host_bytes=host_bytes, staging_bytes=staging_bytes, admit_after=admit_after,
+                   event_capacity=event_capacity)
+        p.policy = _policy(policy)
+        p.ignore_present, p.lookups_per_key, p.verify_checksums = ignore_present, lookups_per_key, verify_checksums
+        p.file_mode, p.file_zero_copy, p.prefault = FILE_MODES[file_mode], file_zero_copy, prefault
+        for name, v in (("remote_lookup_budget_us", remote_lookup_budget_us),
+                        ("remote_exists_ttl_ms", remote_exists_ttl_ms), ("retry_polls", retry_polls)):
+            if v is not None:
+                set_fields(p, **{name: v})
+        inner = getattr(arena, "_arena", arena)  # a SharedArena wraps an Arena
+        if inner is not None:
+            if not isinstance(inner, Arena):
+                raise TypeError(f"arena must be an Arena or SharedArena, not {type(arena).__name__}")
+            p.arena = inner._h
+        if file_tier is not None:
+            p.file_tier = file_tier._h
+        if remote_tier is not None:
+            p.remote_tier = remote_tier._h
+        h = c_void_p()
+        check(lib.kvo_cascade_create(byref(p), byref(h)), "kvo_cascade_create")
+        self._h: Optional[int] = h.value
+        # keep what the C object borrows alive as long as it
+        self.plan, self.file_tier, self.remote_tier, self.arena = plan, file_tier, remote_tier, arena
+        a = lib.kvo_cascade_arena(self._h)
+        self.base: int = lib.kvo_arena_base(a) if a else 0
+        self.host_bytes, self.staging_bytes = host_bytes, staging_bytes
+
+    # -- lookup and promotion
+    def lookup(self, keys: np.ndarray, flags: int = PREFIX, wait: Optional[CascadeWait] = None,
+               wait_ms: float = 0) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """(states, tiers, result) of keys: states MISS/READY/PENDING, tiers
+        TIER_*; result: prefix, prefix_if_pending, host, file, remote,
+        promoting, remote_pending.  flags: PREFIX, PROMOTE.  wait: a
+        CascadeWait kept per request (the cluster's answers count as PENDING
+        within its budget); wait_ms: wait that long for them here."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        st = np.empty(n, dtype=np.uint8)
+        tiers = np.empty(n, dtype=np.uint8)
+        r = CascadeLookupResult()
+        check(lib.kvo_cascade_lookup(self._h, _ptr(keys), n, check_int("flags", flags, 0, 3),
+                                     byref(wait) if wait is not None else None, int(wait_ms * 1_000_000), _ptr(st),
+                                     _ptr(tiers), byref(r)), "kvo_cascade_lookup")
+        return st, tiers, {f: getattr(r, f) for f, _ in r._fields_}
+
+    def promote(self, keys: np.ndarray, tiers: Optional[np.ndarray] = None,
+                user_data: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Start promoting lower-tier keys into host slots; per key: 0 (one
+        completion follows), KVO_EEXIST, KVO_ENOTFOUND, KVO_ENOSPC, KVO_EAGAIN."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        t = np.ascontiguousarray(tiers, dtype=np.uint8) if tiers is not None else None
+        if t is not None and len(t) != n:
+            raise ValueError(f"promote: {len(t)} tiers for {n} keys")
+        ud = _uint64s("promote", "user_data", user_data, n) if user_data is not None else None
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_cascade_promote(self._h, _ptr(keys), n, _ptr(t) if t is not None else None,
+                                      _ptr(ud) if ud is not None else None, _ptr(res)), "kvo_cascade_promote")
+        return res
+
+    # -- host tier
+    def prepare_store(self, keys: np.ndarray, all_or_nothing: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(need, slots): need SKIP / HOST / STAGED / REFUSED per key; slots
+        (SLOT_DTYPE) as arena offsets of the keys to write."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        need = np.empty(n, dtype=np.uint8)
+        slots = np.empty(n, dtype=SLOT_DTYPE)
+        check(lib.kvo_cascade_prepare_store(self._h, _ptr(keys), n, ALL_OR_NOTHING if all_or_nothing else 0,
+                                            _ptr(need), _ptr(slots)), "kvo_cascade_prepare_store")
+        return need, slots
+
+    def complete_store(self, keys: np.ndarray, ok: bool = True) -> None:
+        keys = _as_keys(keys)
+        check(lib.kvo_cascade_complete_store(self._h, _ptr(keys), len(keys), ok), "kvo_cascade_complete_store")
+
+    def prepare_load(self, keys: np.ndarray) -> np.ndarray:
+        keys = _as_keys(keys)
+        slots = np.empty(len(keys), dtype=SLOT_DTYPE)
+        check(lib.kvo_cascade_prepare_load(self._h, _ptr(keys), len(keys), _ptr(slots)), "kvo_cascade_prepare_load")
+        return slots
+
+    def complete_load(self, keys: np.ndarray) -> None:
+        keys = _as_keys(keys)
+        check(lib.kvo_cascade_complete_load(self._h, _ptr(keys), len(keys)), "kvo_cascade_complete_load")
+
+    def touch(self, keys: np.ndarray) -> None:
+        keys = _as_keys(keys)
+        check(lib.kvo_cascade_touch(self._h, _ptr(keys), len(keys)), "kvo_cascade_touch")
+
+    def remove(self, keys: np.ndarray) -> None:
+        keys = _as_keys(keys)
+        check(lib.kvo_cascade_remove(self._h, _ptr(keys), len(keys)), "kvo_cascade_remove")
+
+    # -- the engine's own memory
+    def read(self, keys: np.ndarray, dsts: Sequence[int], user_data: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Read keys from the lower tiers into addresses dsts (room for the
+        group's slot_bytes each); per key 0 (a completion follows) or why not."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        d = _uint64s("read", "addresses", dsts, n)
+        ud = _uint64s("read", "user_data", user_data, n) if user_data is not None else None
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_cascade_read(self._h, _ptr(keys), _ptr(d), n, _ptr(ud) if ud is not None else None,
+                                   _ptr(res)), "kvo_cascade_read")
+        return res
+
+    def write(self, keys: np.ndarray, srcs: Sequence[int], timeout_ms: float = 0) -> np.ndarray:
+        """Write chunks at addresses srcs to every lower tier (copied before
+        this returns); waits out back-pressure up to timeout_ms; per key 0,
+        KVO_EEXIST or why every tier refused."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        s = _uint64s("write", "addresses", srcs, n)
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_cascade_write(self._h, _ptr(keys), _ptr(s), n, int(timeout_ms * 1_000_000), _ptr(res)),
+              "kvo_cascade_write")
+        return res
+
+    def write_async(self, keys: np.ndarray, srcs: Sequence[int], user_data: Sequence[int]) -> None:
+        """Write chunks at addresses srcs to every lower tier; the memory is
+        lent until each key's completion (op OP_WRITE, user_data[i]),
+        refusals for back-pressure are retried at later polls."""
+        keys = _as_keys(keys)
+        n = len(keys)
+        s = _uint64s("write_async", "addresses", srcs, n)
+        ud = _uint64s("write_async", "user_data", user_data, n)
+        check(lib.kvo_cascade_write_async(self._h, _ptr(keys), _ptr(s), n, _ptr(ud), None),
+              "kvo_cascade_write_async")
+
+    def drain_events(self, cap: int = 4096) -> list[tuple[str, np.ndarray]]:
+        """The host tier's events (event_capacity > 0): (type, KEY_DTYPE
+        array) runs, "stored" / "evicted" / "removed"."""
+        store = lib.kvo_cascade_store(self._h)
+        if not store:
+            return []
+        buf = (L.StoreEvent * cap)()
+        dt = np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)])
+        names = {1: "stored", 2: "evicted", 3: "removed"}
+        out: list[tuple[str, np.ndarray]] = []
+        while True:
+            n = lib.kvo_store_drain_events(store, buf, cap, None)
+            if n == 0:
+                return out
+            raw = np.frombuffer(memoryview(buf), dtype=dt, count=n).copy()
+            start = 0
+            for i in range(1, n + 1):
+                if i == n or raw["type"][i] != raw["type"][start]:
+                    out.append((names.get(int(raw["type"][start]), "?"), raw["key"][start:i].copy()))
+                    start = i
+            if n < cap:
+                return out
+
+    # -- completions
+    def poll(self, cap: int = 1024) -> np.ndarray:
+        """Drive the cascade; up to cap completions (COMPLETION_DTYPE)."""
+        out = np.empty(check_int("cap", cap, 0, 1 << 24), dtype=COMPLETION_DTYPE)
+        n = c_size_t(0)
+        check(lib.kvo_cascade_poll(self._h, _ptr(out) if cap else None, cap, byref(n)), "kvo_cascade_poll")
+        return out[:n.value]
+
+    def event_fd(self) -> int:
+        return lib.kvo_cascade_event_fd(self._h)
+
+    def wait_events(self, timeout_ms: float = -1) -> bool:
+        """Whether poll has work (False: timed out)."""
+        rc = lib.kvo_cascade_wait_events(self._h, -1 if timeout_ms < 0 else int(timeout_ms * 1_000_000))
+        if rc not in (0, L.KVO_ETIMEDOUT):
+            check(rc, "kvo_cascade_wait_events")
+        return rc == 0
+
+    def flush(self, timeout_ms: float = -1) -> None:
+        check(lib.kvo_cascade_flush(self._h, -1 if timeout_ms < 0 else int(timeout_ms * 1_000_000)),
+              "kvo_cascade_flush")
+
+    def persist(self, timeout_ms: float = -1) -> int:
+        n = c_uint64(0)
+        check(lib.kvo_cascade_persist(self._h, -1 if timeout_ms < 0 else int(timeout_ms * 1_000_000), byref(n)),
+              "kvo_cascade_persist")
+        return n.value
+
+    # -- control
+    def set_tier_groups(self, tier: int, groups: int) -> None:
+        check(lib.kvo_cascade_set_tier_groups(self._h, check_int("tier", tier, 0, 3),
+                                              check_int("groups", groups, 0, (1 << 64) - 1)),
+              "kvo_cascade_set_tier_groups")
+
+    def invalidate(self, groups: int = (1 << 64) - 1) -> int:
+        n = c_uint64(0)
+        check(lib.kvo_cascade_invalidate(self._h, check_int("groups", groups, 0, (1 << 64) - 1), byref(n)),
+              "kvo_cascade_invalidate")
+        return n.value
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: host / file / remote (per tier) and the cascade's own."""
+        s = _stats(CascadeStats)
+        check(lib.kvo_cascade_get_stats(self._h, byref(s)), "kvo_cascade_get_stats")
+        out: dict[str, Any] = {t: {f: getattr(getattr(s, t), f) for f in _TIER_STATS}
+                               for t in ("host", "file", "remote")}
+        out.update({f: getattr(s, f) for f in _CASCADE_STATS})
+        return out
+
+
+__all__ = ["Cascade", "CascadeWait", "namespace_id", "namespace_keys", "COMPLETION_DTYPE", "TIER_NONE", "TIER_HOST",
+           "TIER_FILE", "TIER_REMOTE", "TIER_NAMES", "PREFIX", "PROMOTE", "SKIP", "HOST", "STAGED", "REFUSED",
+           "OP_PROMOTE", "OP_READ", "OP_WRITE"]
