@@ -70,11 +70,30 @@ def test_version_and_library_path():
     assert os.path.exists(k.LIBRARY_PATH) or "kvoffload" in k.LIBRARY_PATH
 
 
+def test_one_version():
+    """The package, the loaded library and the compiled module report one
+    version: the root CMakeLists.txt's project(), the one place it is written
+    (an installed package: its _version.py, written by the build)."""
+    assert k.__version__ == k.library_version()
+    from kvoffload import _hot
+    assert _hot.KVO_VERSION == k.library_version()
+    cmake = os.path.join(HERE, "..", "..", "CMakeLists.txt")
+    if os.path.exists(cmake):  # a checkout (the sdist's tests run beside kvoffload-c/ instead)
+        import re
+        with open(cmake) as f:
+            m = re.search(r"project\(kvoffload VERSION ([0-9.]+)", f.read())
+        assert m and m.group(1) == k.library_version()
+
+
 def test_library_lookup_order(tmp_path):
     """KVO_LIBRARY first, else a libkvoffload.so next to the package."""
     pkg = tmp_path / "kvoffload"
     shutil.copytree(os.path.dirname(k.__file__), pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     shutil.copy(k.LIBRARY_PATH, pkg / "libkvoffload.so")
+    # a wheel repaired by auditwheel: the library's RPATH names the libraries beside the package
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(k.__file__))), "kvoffload.libs")
+    if os.path.isdir(libs):
+        shutil.copytree(libs, tmp_path / "kvoffload.libs")
     env = {kk: v for kk, v in os.environ.items() if kk != "KVO_LIBRARY"}
     env["PYTHONPATH"] = str(tmp_path)
     code = "import kvoffload; print(kvoffload.LIBRARY_PATH)"
