@@ -323,6 +323,10 @@ static int kvo__demo_config(const char *path, const kvo__demo_opts *o, const boo
     kvo_config_apply_connector(cfg, &cp);
     kvo_config_apply_file_tier(cfg, &fp);
     if (pp.block_size && !given['c']) *o->chunk = pp.block_size;
+    if (pp.blocks_per_chunk && !pp.block_size && !given['c'])
+        fprintf(stderr, "kvoffload demo: %s: blocks_per_chunk %llu not used: the demo's chunks are set in tokens "
+                "(block_size in the config, or --chunk-tokens; now %llu)\n", path,
+                (unsigned long long)pp.blocks_per_chunk, (unsigned long long)*o->chunk);
     if (cp.host_bytes && !given['H']) *o->host_mib = (cp.host_bytes + (1u << 20) - 1) >> 20;
     if (cp.remote_lookup_budget_us && !given['U']) *o->remote_budget_us = cp.remote_lookup_budget_us;
     if (!given['m']) *o->file_mode = cp.file_mode;
