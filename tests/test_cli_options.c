@@ -86,3 +86,38 @@ KVO_TEST(plan_config_file) {
     ASSERT_CONTAINS(a, "'chunk_size'");
     free(a);
 }
+
+/* Exit codes as the help says (1 a failure, 2 bad usage or input) and
+ * refusals that say what would be accepted (issue 51, item 6). */
+KVO_TEST(refusals_say_what_is_accepted) {
+    char path[512], args[1024], *out = NULL;
+    /* a server out of reach is a failure, not bad usage */
+    ASSERT_EQ_INT(run("demo --quiet --requests 4 --remote redis://127.0.0.1:1", &out), 1);
+    ASSERT_CONTAINS(out, "cannot connect to 127.0.0.1:1");
+    free(out);
+    /* a sweep that goes down says so and gives one that works */
+    snprintf(args, sizeof args, "replay --trace '%s/data/mooncake_sample.jsonl' --capacity 10:5:3", KVO_SOURCE_DIR);
+    ASSERT_EQ_INT(run(args, &out), 2);
+    ASSERT_CONTAINS(out, "FROM 10 is above TO 5");
+    ASSERT_CONTAINS(out, "5:10:3");
+    free(out);
+    snprintf(args, sizeof args, "replay --trace '%s/data/mooncake_sample.jsonl' --capacity 5:10:x", KVO_SOURCE_DIR);
+    ASSERT_EQ_INT(run(args, &out), 2);
+    ASSERT_CONTAINS(out, "COUNT 'x' must be an integer in 2..");
+    free(out);
+    /* a number out of range names the range */
+    ASSERT_EQ_INT(run("demo --requests=-3", &out), 2);
+    ASSERT_CONTAINS(out, "--requests must be an integer in 1..");
+    free(out);
+    /* the file read is the file named */
+    snprintf(path, sizeof path, "%s/empty.json", kvo_test_tmpdir());
+    FILE *f = fopen(path, "w");
+    ASSERT_NOT_NULL(f);
+    fputs("{}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "plan --hf-config '%s'", path);
+    ASSERT_EQ_INT(run(args, &out), 2);
+    ASSERT_CONTAINS(out, path);
+    if (strstr(out, "config.json")) FAILF("names config.json, not the file read: %s", out);
+    free(out);
+}

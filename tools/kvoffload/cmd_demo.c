@@ -568,9 +568,11 @@ int kvo_cmd_demo(int argc, char **argv) {
         cp.remote_prefix = remote_prefix ? remote_prefix : prefix_buf;
         cp.remote_lookup_budget_us = (uint32_t)remote_budget_us;
     }
-    if (kvo_eng_conn_create(off_e, &cp, &conn)) {
+    if ((rc = kvo_eng_conn_create(off_e, &cp, &conn)) != 0) {
         fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
-        exit_code = KVO_EXIT_USAGE;
+        /* 2 for a setting refused (sizes, a URL); 1 for a failure (a server
+         * out of reach, a directory not writable) */
+        exit_code = kvo_cli_exit_code(rc);
         goto out;
     }
 
