@@ -121,3 +121,29 @@ KVO_TEST(refusals_say_what_is_accepted) {
     if (strstr(out, "config.json")) FAILF("names config.json, not the file read: %s", out);
     free(out);
 }
+
+/* A benchmark prints a line of progress per figure (group) on stderr, none
+ * with --quiet; the file tier's back-pressure under the benchmark's
+ * saturation is a figure, never a warning line (issue 51, item 5). */
+KVO_TEST(bench_progress_and_quiet) {
+    char args[1024], *out = NULL;
+    const char *common = "bench file --json --total-mib 8 --sizes 256 --rebuild-files 50 --reps 1";
+    snprintf(args, sizeof args, "'%s' %s --dir '%s' 2>/dev/null", KVO_CLI_PATH, common, kvo_test_tmpdir());
+    ASSERT_EQ_INT(kvo_test_run(args, &out), 0);
+    ASSERT_CONTAINS(out, "\"name\":\"file.write.256KiB.");
+    ASSERT_CONTAINS(out, "backpressure_refusals_per_chunk");
+    if (strstr(out, "kvoffload bench")) FAILF("progress on stdout: %s", out);
+    free(out);
+    snprintf(args, sizeof args, "'%s' %s --dir '%s' 2>&1 >/dev/null", KVO_CLI_PATH, common, kvo_test_tmpdir());
+    ASSERT_EQ_INT(kvo_test_run(args, &out), 0);
+    ASSERT_CONTAINS(out, "kvoffload bench file [");
+    ASSERT_CONTAINS(out, "256 KiB chunks");
+    ASSERT_CONTAINS(out, "index rebuild over 50 files");
+    if (strstr(out, "dropping stores")) FAILF("a back-pressure note printed as a warning: %s", out);
+    free(out);
+    snprintf(args, sizeof args, "'%s' %s --quiet --dir '%s' 2>&1 >/dev/null", KVO_CLI_PATH, common,
+             kvo_test_tmpdir());
+    ASSERT_EQ_INT(kvo_test_run(args, &out), 0);
+    ASSERT_EQ_STR(out, "");
+    free(out);
+}
