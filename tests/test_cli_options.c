@@ -58,15 +58,20 @@ KVO_TEST(version_command) {
     free(out);
 }
 
+/* Write text to path (a test input file). */
+static void put_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    ASSERT_NOT_NULL(f);
+    fputs(text, f);
+    fclose(f);
+}
+
 /* --config FILE gives the model and chunking; options on the command line win;
  * a typo in the file exits 2 naming the nearest key. */
 KVO_TEST(plan_config_file) {
     char path[512], args[1024], *a = NULL, *b = NULL;
     snprintf(path, sizeof path, "%s/lmcache.json", kvo_test_tmpdir());
-    FILE *f = fopen(path, "w");
-    ASSERT_NOT_NULL(f);
-    fputs("{\"model\": \"llama-3.1-8b\", \"chunk_size\": 512}", f);
-    fclose(f);
+    put_file(path, "{\"model\": \"llama-3.1-8b\", \"chunk_size\": 512}");
     snprintf(args, sizeof args, "plan --config '%s' --json", path);
     ASSERT_EQ_INT(run(args, &a), 0);
     ASSERT_EQ_INT(run("plan --model llama-3.1-8b --block-size 512 --json", &b), 0);
@@ -77,10 +82,7 @@ KVO_TEST(plan_config_file) {
     ASSERT_EQ_INT(run(args, &a), 0);
     ASSERT_CONTAINS(a, "\"tokens_per_chunk\": 128");
     free(a);
-    f = fopen(path, "w");
-    ASSERT_NOT_NULL(f);
-    fputs("{\"model\": \"llama-3.1-8b\", \"chunk_sise\": 512}", f);
-    fclose(f);
+    put_file(path, "{\"model\": \"llama-3.1-8b\", \"chunk_sise\": 512}");
     snprintf(args, sizeof args, "plan --config '%s'", path);
     ASSERT_EQ_INT(run(args, &a), 2);
     ASSERT_CONTAINS(a, "'chunk_size'");
@@ -88,38 +90,36 @@ KVO_TEST(plan_config_file) {
 }
 
 /* Exit codes as the help says (1 a failure, 2 bad usage or input) and
- * refusals that say what would be accepted (issue 51, item 6). */
+ * refusals that say what would be accepted (issue 51, item 6); TRACE and
+ * EMPTY stand for the sample trace and an empty JSON file. */
 KVO_TEST(refusals_say_what_is_accepted) {
-    char path[512], args[1024], *out = NULL;
-    /* a server out of reach is a failure, not bad usage */
-    ASSERT_EQ_INT(run("demo --quiet --requests 4 --remote redis://127.0.0.1:1", &out), 1);
-    ASSERT_CONTAINS(out, "cannot connect to 127.0.0.1:1");
-    free(out);
-    /* a sweep that goes down says so and gives one that works */
-    snprintf(args, sizeof args, "replay --trace '%s/data/mooncake_sample.jsonl' --capacity 10:5:3", KVO_SOURCE_DIR);
-    ASSERT_EQ_INT(run(args, &out), 2);
-    ASSERT_CONTAINS(out, "FROM 10 is above TO 5");
-    ASSERT_CONTAINS(out, "5:10:3");
-    free(out);
-    snprintf(args, sizeof args, "replay --trace '%s/data/mooncake_sample.jsonl' --capacity 5:10:x", KVO_SOURCE_DIR);
-    ASSERT_EQ_INT(run(args, &out), 2);
-    ASSERT_CONTAINS(out, "COUNT 'x' must be an integer in 2..");
-    free(out);
-    /* a number out of range names the range */
-    ASSERT_EQ_INT(run("demo --requests=-3", &out), 2);
-    ASSERT_CONTAINS(out, "--requests must be an integer in 1..");
-    free(out);
-    /* the file read is the file named */
-    snprintf(path, sizeof path, "%s/empty.json", kvo_test_tmpdir());
-    FILE *f = fopen(path, "w");
-    ASSERT_NOT_NULL(f);
-    fputs("{}\n", f);
-    fclose(f);
-    snprintf(args, sizeof args, "plan --hf-config '%s'", path);
-    ASSERT_EQ_INT(run(args, &out), 2);
-    ASSERT_CONTAINS(out, path);
-    if (strstr(out, "config.json")) FAILF("names config.json, not the file read: %s", out);
-    free(out);
+    static const struct { const char *args; int code; const char *says, *says_too; } cases[] = {
+        /* a server out of reach is a failure, not bad usage */
+        {"demo --quiet --requests 4 --remote redis://127.0.0.1:1", 1, "cannot connect to 127.0.0.1:1", ""},
+        /* a sweep that goes down says so and gives one that works */
+        {"replay --trace TRACE --capacity 10:5:3", 2, "FROM 10 is above TO 5", "5:10:3"},
+        {"replay --trace TRACE --capacity 5:10:x", 2, "COUNT 'x' must be an integer in 2..", ""},
+        /* a number out of range names the range */
+        {"demo --requests=-3", 2, "--requests must be an integer in 1..", ""},
+        /* the file read is the file named (not config.json) */
+        {"plan --hf-config EMPTY", 2, "empty.json: missing field", ""},
+    };
+    char trace[512], empty[512], args[1400], *out = NULL;
+    snprintf(trace, sizeof trace, "'%s/data/mooncake_sample.jsonl'", KVO_SOURCE_DIR);
+    snprintf(empty, sizeof empty, "%s/empty.json", kvo_test_tmpdir());
+    put_file(empty, "{}\n");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *a = cases[i].args, *t = strstr(a, "TRACE"), *e = strstr(a, "EMPTY");
+        if (t) snprintf(args, sizeof args, "%.*s%s%s", (int)(t - a), a, trace, t + 5);
+        else if (e) snprintf(args, sizeof args, "%.*s'%s'%s", (int)(e - a), a, empty, e + 5);
+        else snprintf(args, sizeof args, "%s", a);
+        int st = run(args, &out);
+        if (st != cases[i].code || !strstr(out, cases[i].says) || !strstr(out, cases[i].says_too) ||
+            strstr(out, "config.json"))
+            FAILF("'%s': exit %d, output '%s'; expected exit %d and '%s'", args, st, out, cases[i].code,
+                  cases[i].says);
+        free(out);
+    }
 }
 
 /* A benchmark prints a line of progress per figure (group) on stderr, none

@@ -3,7 +3,7 @@
 # (removed first), with KVO_LIBRARY and PYTHONPATH unset:
 #   1. `pip install ./python` (the checkout; pip builds the C library with
 #      CMake through scikit-build-core), then the binding tests
-#      (test_binding.py, test_hot.py, test_security.py) run from a directory
+#      (test_binding.py, test_hot.py, test_security.py, test_fork.py) run from a directory
 #      outside the checkout against the installed package;
 #   2. `python -m build python`: the sdist, then a wheel built from the sdist
 #      alone; `auditwheel show` and `auditwheel repair` (a manylinux wheel
@@ -39,7 +39,7 @@ EOF
   )
   set +e
   (cd "$away" && "$out/venv/bin/python" -m pytest -q -p no:cacheprovider "$root/python/tests/test_binding.py" \
-     "$root/python/tests/test_hot.py" "$root/python/tests/test_security.py")
+     "$root/python/tests/test_hot.py" "$root/python/tests/test_security.py" "$root/python/tests/test_fork.py")
   local rc=$?
   set -e
   [ $rc -ne 5 ] || { echo "test-package: no tests were collected (pytest exit 5)" >&2; return 1; }
