@@ -571,8 +571,12 @@ int kvo_bench_file(int argc, char **argv, const kvo_bench_out *o) {
             n_sizes = 0;
             char tmp[256];
             snprintf(tmp, sizeof tmp, "%s", v);
-            for (char *tok = strtok(tmp, ","); tok && n_sizes < 16; tok = strtok(NULL, ",")) {
+            for (char *tok = strtok(tmp, ","); tok; tok = strtok(NULL, ",")) {
                 uint64_t kib;
+                if (n_sizes == 16) {  /* never dropped silently */
+                    fprintf(stderr, "kvoffload bench file: --sizes takes at most 16 sizes, got more: '%s'\n", v);
+                    return KVO_EXIT_USAGE;
+                }
                 if (kvo_cli_parse_u64("--sizes", tok, 4, 1 << 20, &kib)) return KVO_EXIT_USAGE;
                 sizes[n_sizes++] = kib << 10;
             }
