@@ -14,11 +14,29 @@
 
 typedef struct kvo_bench_out {
     bool json;
+    bool quiet;        /* --quiet: no progress lines on stderr */
+    const char *name;  /* the benchmark's name, for its progress lines */
+    double t0;         /* kvo_bench_now() at its start */
 } kvo_bench_out;
 
-/* Print one figure.  limit_name NULL = no limit (ratio omitted). */
+/* Print one figure.  limit_name NULL = no limit (ratio omitted).  A value
+ * that is NAN has no meaning in this run (e.g. a bandwidth from a negative
+ * time difference): printed as n/a (JSON null), never as 0. */
 void kvo_bench_report(const kvo_bench_out *o, const char *name, double value, const char *unit,
                       const char *limit_name, double limit);
+/* One line of progress on stderr, before a figure (or a group of figures
+ * measured together) is measured: "kvoffload bench NAME [12.3 s]: MSG";
+ * nothing with --quiet.  Every benchmark calls it, so that none is silent
+ * for long. */
+void kvo_bench_progress(const kvo_bench_out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Library log lines that a benchmark expects (e.g. the file tier's "dropping
+ * stores" notes under a deliberate saturation, which the benchmark counts in
+ * its figures from the tier's statistics): kvo_bench_log_expect(needle)
+ * routes the library's log through kvo_set_log, counting the lines that
+ * contain needle instead of printing them (others still go to stderr, as by
+ * default); kvo_bench_log_expect(NULL) restores the default and returns the
+ * number of lines counted. */
+uint64_t kvo_bench_log_expect(const char *needle);
 double kvo_bench_now(void); /* seconds, monotonic */
 /* The median of v[0..n) (n >= 1; sorts v in place). */
 double kvo_bench_median(double *v, size_t n);

@@ -1,4 +1,8 @@
-/* `kvoffload bench`: dispatch to the benchmarks in bench/. */
+/* `kvoffload bench`: dispatch to the benchmarks in bench/, and what they
+ * share: figures, progress lines, the library log during a benchmark. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,36 +64,72 @@ double kvo_bench_thread_cpu(void) {
 
 void kvo_bench_report(const kvo_bench_out *o, const char *name, double value, const char *unit,
                       const char *limit_name, double limit) {
+    bool na = isnan(value);
     if (o->json) {
-        printf("{\"name\":\"%s\",\"value\":%.6g,\"unit\":\"%s\"", name, value, unit);
-        if (limit_name)
+        if (na) printf("{\"name\":\"%s\",\"value\":null,\"unit\":\"%s\"", name, unit);
+        else printf("{\"name\":\"%s\",\"value\":%.6g,\"unit\":\"%s\"", name, value, unit);
+        if (limit_name && na) printf(",\"limit_name\":\"%s\",\"limit\":%.6g,\"ratio\":null", limit_name, limit);
+        else if (limit_name)
             printf(",\"limit_name\":\"%s\",\"limit\":%.6g,\"ratio\":%.4f", limit_name, limit,
                    limit > 0 ? value / limit : 0.0);
         printf("}\n");
     } else {
-        printf("%-48s %14.4g %-8s", name, value, unit);
-        if (limit_name) printf("  %5.1f%% of %s (%.4g)", limit > 0 ? 100.0 * value / limit : 0.0, limit_name, limit);
+        if (na) printf("%-48s %14s %-8s", name, "n/a", unit);
+        else printf("%-48s %14.4g %-8s", name, value, unit);
+        if (limit_name && na) printf("  of %s (%.4g)", limit_name, limit);
+        else if (limit_name)
+            printf("  %5.1f%% of %s (%.4g)", limit > 0 ? 100.0 * value / limit : 0.0, limit_name, limit);
         printf("\n");
     }
     fflush(stdout);
 }
 
+void kvo_bench_progress(const kvo_bench_out *o, const char *fmt, ...) {
+    if (o->quiet) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvoffload bench %s [%.1f s]: ", o->name ? o->name : "", kvo_bench_now() - o->t0);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static const char *kvo__bench_needle;
+static _Atomic uint64_t kvo__bench_expected;
+
+static void kvo__bench_log(kvo_log_level level, const char *msg, void *ctx) {
+    (void)ctx;
+    if (kvo__bench_needle && strstr(msg, kvo__bench_needle)) atomic_fetch_add(&kvo__bench_expected, 1);
+    else fprintf(stderr, "kvoffload: %s: %s\n", kvo_log_level_name(level), msg);
+}
+
+uint64_t kvo_bench_log_expect(const char *needle) {
+    uint64_t n = atomic_exchange(&kvo__bench_expected, 0);
+    kvo__bench_needle = needle;
+    kvo_set_log(needle ? kvo__bench_log : NULL, NULL, KVO_LOG_WARN);
+    return n;
+}
+
 int kvo_cmd_bench(int argc, char **argv) {
-    kvo_bench_out o = {false};
+    kvo_bench_out o = {false, false, NULL, kvo_bench_now()};
     const char *which = NULL;
     int sub_argc = 0;
     char *sub_argv[64];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) o.json = true;
+        else if (!strcmp(argv[i], "--quiet")) o.quiet = true;
         else if (which && sub_argc < 63 && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")))
             sub_argv[sub_argc++] = argv[i]; /* the benchmark's own help */
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: kvoffload bench <name> [--json] [options]\n\nbenchmarks:\n");
+            printf("usage: kvoffload bench <name> [--json] [--quiet] [options]\n\n"
+                   "--json: one JSON object per figure; --quiet: no progress lines on stderr (one before\n"
+                   "each figure measured).  A figure without meaning in a run prints n/a (JSON null).\n\n"
+                   "benchmarks:\n");
             for (size_t b = 0; b < sizeof kvo__benches / sizeof kvo__benches[0]; b++)
                 printf("  %-9s %s\n", kvo__benches[b].name, kvo__benches[b].help);
             return 0;
         } else if (!which && argv[i][0] != '-') {
-            which = argv[i];
+            which = o.name = argv[i];
             sub_argv[sub_argc++] = argv[i];
         } else if (sub_argc < 63) sub_argv[sub_argc++] = argv[i];
     }

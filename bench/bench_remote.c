@@ -280,6 +280,7 @@ static void size_name(uint64_t size, char *out, size_t cap) {
 static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps, const kvo_bench_out *o) {
     kvo_plan *plan = bench_plan(c->size);
     if (!plan) return -1;
+    kvo_bench_progress(o, "%llu KiB values vs raw pipelined hiredis", (unsigned long long)(c->size >> 10));
     kvo_remote_tier_params p = kvo_remote_tier_default_params();
     char pfx[64];
     snprintf(pfx, sizeof pfx, "kvobench-%d", (int)getpid());

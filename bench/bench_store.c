@@ -204,6 +204,7 @@ static int bs_hash(const kvo_bench_out *o, double seconds) {
     const size_t units = 4096;
     for (size_t k = 0; k < sizeof tphs / sizeof tphs[0]; k++) {
         uint32_t tph = tphs[k];
+        kvo_bench_progress(o, "prefix hashing, %u tokens per hash, vs raw XXH3-128", tph);
         size_t ntok = units * tph;
         uint32_t *tok = malloc(ntok * sizeof *tok);
         kvo_u128 *out = malloc(units * sizeof *out);
@@ -355,11 +356,16 @@ int kvo_bench_store(int argc, char **argv, const kvo_bench_out *o) {
     }
     if (trace && kvo_cli_input_file("bench store", "--trace", trace)) return KVO_EXIT_USAGE;
     double sec = (double)ms / 1000.0;
+    kvo_bench_progress(o, "index lookup, touch and store cycle on %llu keys vs the bare index",
+                       (unsigned long long)nkeys);
     int rc = bs_index(o, nkeys, sec);
     if (rc) return rc;
     rc = bs_hash(o, sec);
     if (rc) return rc;
+    kvo_bench_progress(o, "space use of a full GLM-like store");
     rc = bs_space(o);
     if (rc) return rc;
+    kvo_bench_progress(o, "the policies' hit rates on the trace vs Belady's MIN, vLLM's manager cycle%s",
+                       peer ? " and its Python peer" : "");
     return kvo__bs_trace_bench(o, trace, peer);
 }

@@ -347,6 +347,7 @@ int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o) {
         double s_all = 0, m_all = 0; /* the best pages' ceilings */
         for (size_t pi = 0; pi < sizeof pages / sizeof pages[0] && ret == KVO_EXIT_OK; pi++) {
             kvo__bsetup b;
+            kvo_bench_progress(o, "%llu KiB pages, %u thread%s", (unsigned long long)(pages[pi] >> 10), threads, threads > 1 ? "s" : "");
             int rc = kvo__bsetup_make(&b, pages[pi], total, slots);
             kvo_transfer *t = NULL;
             if (!rc) {

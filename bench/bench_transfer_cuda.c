@@ -75,6 +75,7 @@ static int kvo__bcuda_page(const kvo_bench_out *o, const kvo_cuda_params *cp, co
                            uint64_t total, uint64_t reps, uint32_t threads, unsigned char *dev, unsigned char *slots,
                            cudaStream_t s) {
     int index = cp->device_index;
+    kvo_bench_progress(o, "cuda:%d, %llu KiB pages%s", index, (unsigned long long)(page >> 10), suffix);
     kvo__bsetup b;
     memset(&b, 0, sizeof b);
     kvo_cuda *cu = NULL;

@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,6 +237,7 @@ int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o) {
     }
     /* 1: recompute (the connector stores the chunks as they fill); once: the
      * toy takes seconds, and its time is not a result */
+    kvo_bench_progress(o, "recompute, %u prefix tokens", P);
     if (kvo__bt_run(e, c1, pa, P + S, 1, &ra)) goto out;
     if (kvo_eng_conn_flush(c1)) {
         fprintf(stderr, "kvoffload bench ttft: %s\n", kvo_eng_last_error());
@@ -246,6 +248,7 @@ int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o) {
     /* 1b: the prefix in the engine's own blocks, nothing loaded: the same
      * number of suffix tokens computed (a new suffix each time, so that the
      * engine's cache holds none of it): the baseline of the loads */
+    kvo_bench_progress(o, "prefix in the engine's blocks (the baseline)");
     for (uint32_t k = 0; k < 5; k++) {
         kvo_eng_result r;
         for (uint32_t i = P; i < P + S; i++) pd[i] = (pa[i] + 3 + k) % cfg.vocab;
@@ -253,6 +256,7 @@ int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o) {
         kvo__bt_keep(&rd, &r, k);
     }
     /* 2: engine cache dropped, prefix loaded from the host tier */
+    kvo_bench_progress(o, "prefix loaded from the host tier");
     for (uint32_t k = 0; k < 5; k++) {
         kvo_eng_result r;
         kvo_eng_evict_cached(e);
@@ -260,6 +264,7 @@ int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o) {
         kvo__bt_keep(&rb, &r, k);
     }
     /* 3: restart: a new connector, empty host tier, same file directory */
+    kvo_bench_progress(o, "prefix loaded from the file tier");
     for (uint32_t k = 0; k < 3; k++) {
         kvo_eng_result r;
         kvo_eng_conn_destroy(c1);
@@ -297,14 +302,17 @@ int kvo_bench_ttft(int argc, char **argv, const kvo_bench_out *o) {
     kvo_bench_report(o, "ttft.file_speedup", rc_.ttft_s > 0 ? ra.ttft_s / rc_.ttft_s : 0, "x", NULL, 0);
     /* the results: each tier's load bandwidth against its raw bandwidth */
     double host_s = rb.ttft_s - rd.ttft_s, file_s = rc_.ttft_s - rd.ttft_s;
+    kvo_bench_progress(o, "raw copy and file reads of the same bytes (the limits)");
     double raw_copy = kvo__bt_raw_copy(rb.bytes_loaded);
     int direct = 0;
     double raw_file = dir ? kvo__bt_raw_files(dir, &direct) : 0;
     kvo_bench_report(o, "ttft.host_load_added_ms", host_s * 1e3, "ms", NULL, 0);
-    kvo_bench_report(o, "ttft.host_load_gbps", host_s > 0 ? (double)rb.bytes_loaded / host_s / 1e9 : 0, "GB/s",
+    /* a load that added no time (the difference is noise, <= 0) has no
+     * bandwidth: n/a, not 0 */
+    kvo_bench_report(o, "ttft.host_load_gbps", host_s > 0 ? (double)rb.bytes_loaded / host_s / 1e9 : NAN, "GB/s",
                      "raw_memcpy_same_bytes", raw_copy > 0 ? (double)rb.bytes_loaded / raw_copy / 1e9 : 0);
     kvo_bench_report(o, "ttft.file_load_added_ms", file_s * 1e3, "ms", NULL, 0);
-    kvo_bench_report(o, "ttft.file_load_gbps", file_s > 0 ? (double)rc_.bytes_loaded / file_s / 1e9 : 0, "GB/s",
+    kvo_bench_report(o, "ttft.file_load_gbps", file_s > 0 ? (double)rc_.bytes_loaded / file_s / 1e9 : NAN, "GB/s",
                      direct ? "raw_read_tier_files_odirect_4_threads" : "raw_read_tier_files_buffered_4_threads",
                      raw_file);
     code = rb.tokens_loaded > 0 && rc_.tokens_loaded_file > 0 ? KVO_EXIT_OK : KVO_EXIT_FAIL;

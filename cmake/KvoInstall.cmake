@@ -23,7 +23,12 @@ install(EXPORT kvoffloadTargets NAMESPACE kvoffload:: DESTINATION ${KVO_CMAKE_DI
 if(TARGET kvoffload_cli)
   install(TARGETS kvoffload_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
-install(FILES ${PROJECT_SOURCE_DIR}/docs/kvoffload.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+# The man page's title line carries project()'s version, not the one typed
+# in docs/kvoffload.1 (the version is written in one place).
+file(READ ${PROJECT_SOURCE_DIR}/docs/kvoffload.1 KVO_MAN)
+string(REGEX REPLACE "(\n\\.TH KVOFFLOAD 1 \"[^\"]*\" \")kvoffload[^\"]*\"" "\\1kvoffload ${PROJECT_VERSION}\"" KVO_MAN "${KVO_MAN}")
+file(WRITE ${PROJECT_BINARY_DIR}/kvoffload.1 "${KVO_MAN}")
+install(FILES ${PROJECT_BINARY_DIR}/kvoffload.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/CHANGELOG.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR})
 

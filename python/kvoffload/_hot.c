@@ -17,7 +17,9 @@
  *  - the addresses of the kvo_store_* functions it calls and kvo_last_error,
  *    taken from the library that kvoffload._lib loaded (KVO_LIBRARY, next to
  *    the package, the system loader): this module links against nothing and
- *    the library is found exactly as before;
+ *    the library is found exactly as before.  It is compiled against
+ *    include/kvoffload (python/CMakeLists.txt): the key and slot records and
+ *    the functions' types are the headers', and KVO_VERSION says which;
  *  - the objects it returns and raises: vLLM's LookupResult MISS, HIT and
  *    HIT_PENDING, kvoffload's KvoError and the codes it tells apart.
  * The store handle is an argument of every call, an int or None (the manager
@@ -52,30 +54,48 @@
 #include <Python.h>
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#define REC 24          /* sizeof(kvo_chunk_key) */
-#define SLOT 16         /* sizeof(kvo_slot): offset, bytes */
-#define STACK_KEYS 256  /* batches up to this size use the stack, GIL held */
+#include "kvoffload/kvo_store.h"
 
-typedef int (*keys_fn)(void *s, const void *keys, size_t n);
-typedef int (*keys_out_fn)(void *s, const void *keys, size_t n, void *out);
-typedef const char *(*last_error_fn)(void);
-typedef int (*complete_store_fn)(void *s, const void *keys, size_t n, bool ok);
-typedef int (*prepare_store_fn)(void *s, const void *keys, size_t n, uint8_t *need, void *slots, void *evicted,
-                                void *evicted_slots, size_t evicted_cap, size_t *n_evicted);
+/* The records and the functions are the headers' (python/CMakeLists.txt
+ * compiles this file against include/kvoffload): a changed key, slot or
+ * prototype fails this build, not a call at run time. */
+enum { REC = sizeof(kvo_chunk_key), SLOT = sizeof(kvo_slot) };
+#define STACK_KEYS 256  /* batches up to this size use the stack, GIL held */
+/* pack_one writes a key as bytes: the hash's 16 bytes, then the group. */
+_Static_assert(offsetof(kvo_chunk_key, hash) == 0 && sizeof(kvo_u128) == 16 &&
+               offsetof(kvo_chunk_key, group) == 16, "kvo_chunk_key: hash (16 bytes), then group");
+_Static_assert(offsetof(kvo_slot, offset) == 0 && sizeof(uint64_t) == 8, "kvo_slot: offset first");
+
+typedef __typeof__(&kvo_store_touch) keys_fn;  /* also kvo_store_complete_load */
+_Static_assert(__builtin_types_compatible_p(__typeof__(&kvo_store_complete_load), keys_fn), "complete_load");
+
+/* rc = call, with the GIL released for batches of more than STACK_KEYS keys. */
+#define CALL_BATCH(n, rc, call)      \
+    do {                             \
+        if ((n) > STACK_KEYS) {      \
+            Py_BEGIN_ALLOW_THREADS   \
+            rc = call;               \
+            Py_END_ALLOW_THREADS     \
+        } else {                     \
+            rc = call;               \
+        }                            \
+    } while (0)
 
 typedef struct {
     PyObject_HEAD
     Py_ssize_t ngroups;
     uint32_t *vgroup;       /* vLLM group id of entry i ... */
     uint32_t *index;        /* ... and its kvoffload group index */
-    keys_out_fn lookup, prepare_load;
+    __typeof__(&kvo_store_lookup) lookup;
+    __typeof__(&kvo_store_prepare_load) prepare_load;
     keys_fn complete_load, touch;
-    prepare_store_fn prepare_store;
-    complete_store_fn complete_store;
-    last_error_fn last_error;
+    __typeof__(&kvo_store_prepare_store) prepare_store;
+    __typeof__(&kvo_store_complete_store) complete_store;
+    __typeof__(&kvo_last_error) last_error;
     PyObject *res[3];       /* by kvo_lookup_state: MISS, HIT (READY), HIT_PENDING */
     PyObject *error;        /* KvoError(code, message, func) */
     int einval, erange, enospc;
@@ -140,7 +160,7 @@ static int pack_one(const Hot *h, PyObject *key, unsigned char *rec) {
 /* One batch: the keys packed (REC bytes each) followed by `extra` bytes per
  * key for the call's output, on the stack when small. */
 typedef struct {
-    unsigned char stack[STACK_KEYS * (REC + SLOT)];
+    _Alignas(16) unsigned char stack[STACK_KEYS * (REC + SLOT)];
     unsigned char *buf;  /* stack or heap */
     unsigned char *out;  /* buf + REC * n */
     Py_ssize_t n;
@@ -189,30 +209,8 @@ static int handle(PyObject *o, void **s) {
     return *s == NULL && PyErr_Occurred() ? -1 : 0;
 }
 
-/* fn(store, keys, n, out) with the GIL released for large batches. */
-static int call_out(keys_out_fn fn, void *s, const batch *b) {
-    int rc;
-    if (b->n > STACK_KEYS) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = fn(s, b->buf, (size_t)b->n, b->out);
-        Py_END_ALLOW_THREADS
-    } else {
-        rc = fn(s, b->buf, (size_t)b->n, b->out);
-    }
-    return rc;
-}
-
-static int call_keys(keys_fn fn, void *s, const batch *b) {
-    int rc;
-    if (b->n > STACK_KEYS) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = fn(s, b->buf, (size_t)b->n);
-        Py_END_ALLOW_THREADS
-    } else {
-        rc = fn(s, b->buf, (size_t)b->n);
-    }
-    return rc;
-}
+/* The batch's keys as the store takes them. */
+static const kvo_chunk_key *batch_keys(const batch *b) { return (const kvo_chunk_key *)(const void *)b->buf; }
 
 static int nargs_ok(Py_ssize_t nargs, Py_ssize_t want, const char *name) {
     if (nargs == want)
@@ -253,11 +251,11 @@ PyDoc_STRVAR(lookup_doc,
 
 static PyObject *Hot_lookup(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
     void *s;
-    unsigned char rec[REC];
+    _Alignas(16) unsigned char rec[REC];
     uint8_t st = 0;
     if (!nargs_ok(nargs, 2, "lookup") || handle(args[0], &s) < 0 || pack_one(self, args[1], rec) < 0)
         return NULL;
-    int rc = self->lookup(s, rec, 1, &st);
+    int rc = self->lookup(s, (const kvo_chunk_key *)(const void *)rec, 1, &st);
     if (rc < 0)
         return raise_rc(self, rc, "kvo_store_lookup");
     PyObject *r = self->res[st <= 2 ? st : 0];
@@ -275,7 +273,9 @@ static PyObject *Hot_prefix_hits(Hot *self, PyObject *const *args, Py_ssize_t na
     if (!nargs_ok(nargs, 2, "prefix_hits") || handle(args[0], &s) < 0 || batch_pack(self, args[1], &b, 1) < 0)
         return NULL;
     Py_ssize_t i = 0;
-    int rc = b.n ? call_out(self->lookup, s, &b) : 0;
+    int rc = 0;
+    if (b.n)
+        CALL_BATCH(b.n, rc, self->lookup(s, batch_keys(&b), (size_t)b.n, b.out));
     if (rc >= 0)
         while (i < b.n && b.out[i] == 1)
             i++;
@@ -295,7 +295,9 @@ static PyObject *Hot_prepare_load(Hot *self, PyObject *const *args, Py_ssize_t n
     if (!nargs_ok(nargs, 2, "prepare_load") || handle(args[0], &s) < 0 || batch_pack(self, args[1], &b, SLOT) < 0)
         return NULL;
     Py_ssize_t n = b.n;
-    int rc = n ? call_out(self->prepare_load, s, &b) : 0;
+    int rc = 0;
+    if (n)
+        CALL_BATCH(n, rc, self->prepare_load(s, batch_keys(&b), (size_t)n, (kvo_slot *)(void *)b.out));
     if (rc < 0) {
         batch_free(&b);
         return raise_rc(self, rc, "kvo_store_prepare_load");
@@ -323,7 +325,9 @@ static PyObject *keys_call(Hot *self, PyObject *const *args, Py_ssize_t nargs, k
     batch b;
     if (!nargs_ok(nargs, 2, name) || handle(args[0], &s) < 0 || batch_pack(self, args[1], &b, 0) < 0)
         return NULL;
-    int rc = b.n ? call_keys(fn, s, &b) : 0;
+    int rc = 0;
+    if (b.n)
+        CALL_BATCH(b.n, rc, fn(s, batch_keys(&b), (size_t)b.n));
     batch_free(&b);
     if (rc < 0)
         return raise_rc(self, rc, func);
@@ -489,13 +493,8 @@ static PyObject *Hot_prepare_store(Hot *self, PyObject *const *args, Py_ssize_t 
         }
         mem = grown;
         unsigned char *slots = mem, *ev = slots + (size_t)n * SLOT, *evs = ev + cap * REC, *need = evs + cap * SLOT;
-        if (n > STACK_KEYS) {
-            Py_BEGIN_ALLOW_THREADS
-            rc = self->prepare_store(s, r, (size_t)n, need, slots, ev, evs, cap, &nev);
-            Py_END_ALLOW_THREADS
-        } else {
-            rc = self->prepare_store(s, r, (size_t)n, need, slots, ev, evs, cap, &nev);
-        }
+        CALL_BATCH(n, rc, self->prepare_store(s, (const kvo_chunk_key *)(const void *)r, (size_t)n, need, (kvo_slot *)(void *)slots,
+                                              (kvo_chunk_key *)(void *)ev, (kvo_slot *)(void *)evs, cap, &nev));
         if (rc == self->erange && nev > cap) {
             cap = nev;
             continue;
@@ -558,13 +557,8 @@ static PyObject *Hot_complete_store(Hot *self, PyObject *const *args, Py_ssize_t
     size_t n = (size_t)PyBytes_GET_SIZE(args[1]) / REC;
     const char *r = PyBytes_AS_STRING(args[1]);
     int rc = 0;
-    if (n > STACK_KEYS) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = self->complete_store(s, r, n, ok);
-        Py_END_ALLOW_THREADS
-    } else if (n) {
-        rc = self->complete_store(s, r, n, ok);
-    }
+    if (n)
+        CALL_BATCH(n, rc, self->complete_store(s, (const kvo_chunk_key *)(const void *)r, n, ok));
     return PyLong_FromLong(rc);
 }
 
@@ -624,14 +618,13 @@ static int Hot_init(Hot *self, PyObject *args, PyObject *kwds) {
     }
     self->ngroups = n;
     Py_DECREF(seq);
-    if ((self->lookup = (keys_out_fn)fn_addr(fns, "kvo_store_lookup")) == NULL ||
-        (self->prepare_load = (keys_out_fn)fn_addr(fns, "kvo_store_prepare_load")) == NULL ||
-        (self->complete_load = (keys_fn)fn_addr(fns, "kvo_store_complete_load")) == NULL ||
-        (self->touch = (keys_fn)fn_addr(fns, "kvo_store_touch")) == NULL ||
-        (self->prepare_store = (prepare_store_fn)fn_addr(fns, "kvo_store_prepare_store")) == NULL ||
-        (self->complete_store = (complete_store_fn)fn_addr(fns, "kvo_store_complete_store")) == NULL ||
-        (self->last_error = (last_error_fn)fn_addr(fns, "kvo_last_error")) == NULL)
+#define FN(field, name) (self->field = (__typeof__(self->field))fn_addr(fns, name)) == NULL
+    if (FN(lookup, "kvo_store_lookup") || FN(prepare_load, "kvo_store_prepare_load") ||
+        FN(complete_load, "kvo_store_complete_load") || FN(touch, "kvo_store_touch") ||
+        FN(prepare_store, "kvo_store_prepare_store") || FN(complete_store, "kvo_store_complete_store") ||
+        FN(last_error, "kvo_last_error"))
         return -1;
+#undef FN
     if (!PyArg_ParseTuple(results, "OOO:results (MISS, HIT, HIT_PENDING)", &self->res[0], &self->res[1],
                           &self->res[2]))
         return -1;
@@ -704,6 +697,11 @@ PyMODINIT_FUNC PyInit__hot(void) {
     Py_INCREF(&HotType);
     if (PyModule_AddObject(m, "Hot", (PyObject *)&HotType) < 0) {
         Py_DECREF(&HotType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* the headers' version (tests compare it with the loaded library's) */
+    if (PyModule_AddStringConstant(m, "KVO_VERSION", KVO_VERSION_STRING) < 0) {
         Py_DECREF(m);
         return NULL;
     }

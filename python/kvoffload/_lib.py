@@ -5,8 +5,9 @@ order and types, prototypes with argtypes/restype set so ctypes converts and
 checks arguments.  The rest of the package wraps these in classes; use this
 module directly only for calls the classes do not cover.
 
-Library lookup order: the ``KVO_LIBRARY`` environment variable (a path), a
-``libkvoffload.so`` next to this package, then the system loader
+Library lookup order: the ``KVO_LIBRARY`` environment variable (a path), the
+``libkvoffload.so`` inside this package (an installed package has one: pip
+builds it, python/CMakeLists.txt), then the system loader
 (``ctypes.util.find_library("kvoffload")``).  The CUDA device library
 (``libkvoffload_cuda.so``, kvo_cuda_*) is loaded only when asked for
 (cuda_lib()): ``KVO_CUDA_LIBRARY``, else next to libkvoffload.so.
@@ -60,9 +61,9 @@ def _find_library() -> str:
     found = ctypes.util.find_library("kvoffload")
     if found:
         return found
-    raise OSError("kvoffload: shared library not found: set KVO_LIBRARY to the path of libkvoffload.so, "
-                  "put libkvoffload.so next to the kvoffload package, or install it where the system loader "
-                  "finds it")
+    raise OSError(f"kvoffload: shared library not found: {here} has no libkvoffload.so (a checkout used in "
+                  "place: `pip install ./python` builds and installs the package with its library) and "
+                  "KVO_LIBRARY is not set (the path of a libkvoffload.so) nor does the system loader find one")
 
 
 lib = ctypes.CDLL(_find_library())
@@ -564,8 +565,14 @@ def take_string(ptr: c_void_p) -> str:
         lib.kvo_free(ptr)
 
 
-def version() -> str:
+def library_version() -> str:
+    """kvo_version() of the loaded library (kvoffload.__version__ is the
+    version the package was built as; they differ only when KVO_LIBRARY names
+    another build)."""
     return lib.kvo_version().decode()
+
+
+version = library_version  # the older name
 
 
 # ------------------------------------------------------------- CUDA device --

@@ -117,6 +117,32 @@ def _uint64s(what: str, name: str, values: Any, n: int) -> np.ndarray:
     raise TypeError(f"{what}: {name} must be ints, not {a.dtype}")
 
 
+# ---------------------------------------------------------------- fork() --
+# A handle belongs to the process that made it.  After fork() the child has a
+# copy of the parent's Python objects but not of its threads (the file tier's
+# and the connector's workers) and must not free or unlink what the parent
+# still uses (a shared arena's name): in another process a handle's calls
+# raise KVO_ESTATE, and close() and the finalizers forget it without calling
+# the library (docs/python.md, "fork").  _PID is this process's id, kept
+# current in a child by the at-fork hook (no system call per check).
+_PID = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_U64 = (1 << 64) - 1
+
+
+def _u64(name: str, value: Any) -> int:
+    """An argument passed to C as uint64_t, checked (ctypes would truncate)."""
+    return check_int(name, value, 0, _U64)
+
+
 def _guarded(fn: Any) -> Any:
     """A public method of a handle class, run as a call in flight: close()
     in another thread waits for it; after close() it raises KVO_ECLOSED."""
@@ -153,12 +179,17 @@ class _Handle:
 
     def __new__(cls, *a: Any, **kw: Any) -> Any:
         self = super().__new__(cls)
+        self._pid = _PID  # the process that owns the C object (fork: see above)
         self._cv = threading.Condition(threading.Lock())
         self._calls: dict[int, int] = {}  # thread id -> depth of its calls in flight
         self._closing = False
         return self
 
     def _enter(self, what: str) -> None:
+        if self._pid != _PID:
+            name = f"{type(self).__name__}.{what}"
+            raise KvoError(L.KVO_ESTATE, f"{name}: made by process {self._pid}, called in process {_PID} (a fork): "
+                           "a handle belongs to the process that made it; make a new one in this process", name)
         me = threading.get_ident()
         with self._cv:
             depth = self._calls.get(me, 0)
@@ -184,6 +215,9 @@ class _Handle:
     def close(self) -> None:
         cv = self.__dict__.get("_cv")
         if cv is None:  # __new__ never ran: nothing of ours
+            return
+        if self._pid != _PID:  # another process's (a fork): forget it, never free it (nor take its lock)
+            self._h = None
             return
         me = threading.get_ident()
         with cv:
@@ -218,9 +252,17 @@ class _Handle:
 def _segments(segments: Sequence[Mapping[str, int]]) -> Any:
     arr = (L.Segment * len(segments))()
     for i, s in enumerate(segments):
-        arr[i].group, arr[i].base, arr[i].num_blocks = s["group"], s["base"], s["num_blocks"]
-        arr[i].block_stride, arr[i].page_bytes = s["block_stride"], s["page_bytes"]
+        set_fields(arr[i], names={f: f"segments[{i}].{f}" for f in ("group", "num_blocks", "block_stride",
+                                                                     "page_bytes")},
+                   group=s["group"], num_blocks=s["num_blocks"], block_stride=s["block_stride"],
+                   page_bytes=s["page_bytes"])
+        arr[i].base = _u64(f"segments[{i}].base", s["base"])
     return arr
+
+
+def _cap(cap: int) -> int:
+    """A buffer's entry count for a poll or drain (one C call fills it)."""
+    return check_int("cap", cap, 1, 1 << 24)
 
 
 def _stats(t: type) -> Any:
@@ -253,7 +295,7 @@ def _queue_io(h: Optional[int], func: str, keys: Any, addrs: Optional[Sequence[i
 
 def _poll_completions(h: Optional[int], func: str, t: type, cap: int) -> list[dict[str, Any]]:
     """A tier's poll (file or remote completions, the same fields) as dicts."""
-    buf = (t * cap)()
+    buf = (t * _cap(cap))()
     n = ctypes.c_size_t(0)
     check(getattr(lib, func)(h, buf, cap, byref(n)), func)
     return [{"user_data": c.user_data, "group": c.key.group, "op": c.op, "result": c.result, "bytes": c.bytes,
@@ -270,6 +312,7 @@ def _wait(h: Optional[int], func: str, timeout_ms: int) -> int:
 
 def _ns(timeout_ms: int) -> int:
     """A millisecond timeout as the library's int64_t nanoseconds (< 0: forever)."""
+    timeout_ms = check_int("timeout_ms", timeout_ms, -(1 << 63), ((1 << 63) - 1) // 1_000_000)
     return -1 if timeout_ms < 0 else timeout_ms * 1_000_000
 
 
@@ -429,7 +472,7 @@ class Plan(_Handle):
     def hash_tokens(self, tokens: Sequence[int], parent: Optional[int] = None, extra: bytes = b"") -> np.ndarray:
         """Chained unit hashes of tokens ((n, 2) uint64: lo, hi) from parent
         (default: the plan's namespace).  One C call."""
-        parent = self.namespace() if parent is None else parent
+        parent = self.namespace() if parent is None else check_int("parent", parent, 0, (1 << 128) - 1)
         toks = np.ascontiguousarray(tokens, dtype="<u4")
         cap = max(1, len(toks) // self.tokens_per_hash)
         out = np.zeros((cap, 2), dtype="<u8")
@@ -441,6 +484,7 @@ class Plan(_Handle):
 
     def chunk_keys(self, group: int, units: np.ndarray) -> np.ndarray:
         """Chunk keys of a group for a prefix of unit hashes (from hash_tokens)."""
+        group = check_int("group", group, 0, len(self.groups) - 1)
         units = np.ascontiguousarray(units, dtype="<u8")
         hpc = self.groups[group]["hashes_per_chunk"] or 1
         out = np.zeros(max(1, len(units) // hpc), dtype=KEY_DTYPE)
@@ -544,7 +588,7 @@ class Store(_Handle):
     def drain_events(self, cap: int = 4096) -> list[tuple[str, np.ndarray]]:
         """Pending events as (type, KEY_DTYPE array) runs: "stored",
         "evicted", "removed"; consecutive events of one type are merged."""
-        buf = (L.StoreEvent * cap)()
+        buf = (L.StoreEvent * _cap(cap))()
         out: list[tuple[str, np.ndarray]] = []
         names = {1: "stored", 2: "evicted", 3: "removed"}
         while True:
@@ -577,9 +621,11 @@ class _Mapping:
 
     def __init__(self, h: int) -> None:
         self.h = h
+        self.pid = _PID
 
     def __del__(self) -> None:
-        lib.kvo_arena_destroy(self.h)
+        if self.pid == _PID:  # in a forked child: the parent's, left alone (no unmap, no unlink)
+            lib.kvo_arena_destroy(self.h)
 
 
 class Arena(_Handle):
@@ -883,26 +929,34 @@ class Transfer(_Handle):
     def submit(self, direction: int, ops: Sequence[Mapping[str, Any]]) -> int:
         """Queue one job; returns its id.  direction: STORE (engine -> slot)
         or LOAD (slot -> engine)."""
+        if direction not in (STORE, LOAD):
+            raise ValueError(f"Transfer.submit: direction={direction!r} must be STORE ({STORE}) or LOAD ({LOAD})")
         arr = (L.XferOp * len(ops))()
         keep = []
         for i, o in enumerate(ops):
-            blocks = np.ascontiguousarray(o["engine_blocks"], dtype="<u8")
+            blocks = _uint64s("Transfer.submit", f"ops[{i}].engine_blocks", o["engine_blocks"],
+                              len(o["engine_blocks"]))
             keep.append(blocks)
-            arr[i].group, arr[i].first_block, arr[i].n_blocks = o["group"], o.get("first_block", 0), len(blocks)
+            set_fields(arr[i], names={"group": f"ops[{i}].group", "first_block": f"ops[{i}].first_block",
+                                      "n_blocks": f"ops[{i}].engine_blocks (count)",
+                                      "slot_bytes": f"ops[{i}].slot_bytes"},
+                       group=o["group"], first_block=o.get("first_block", 0), n_blocks=len(blocks),
+                       slot_bytes=o["slot_bytes"])
             arr[i].engine_blocks = ctypes.cast(blocks.ctypes.data, ctypes.POINTER(ctypes.c_uint64))
-            arr[i].slot, arr[i].slot_bytes = o["slot"], o["slot_bytes"]
+            arr[i].slot = _u64(f"ops[{i}].slot", o["slot"])
         job = c_uint64()
         check(lib.kvo_transfer_submit(self._h, direction, arr, len(ops), byref(job)), "kvo_transfer_submit")
         return job.value
 
     def poll(self, cap: int = 256) -> list[dict[str, int]]:
-        buf = (L.XferResult * cap)()
+        buf = (L.XferResult * _cap(cap))()
         n = c_size_t()
         check(lib.kvo_transfer_poll(self._h, buf, cap, byref(n)), "kvo_transfer_poll")
         return [_struct_dict(r) for r in buf[: n.value]]
 
     def wait(self, job_ids: Sequence[int], timeout_ns: int = -1) -> None:
-        ids = np.asarray(job_ids, dtype="<u8")
+        ids = _uint64s("Transfer.wait", "job_ids", job_ids, len(job_ids))
+        timeout_ns = check_int("timeout_ns", timeout_ns, -(1 << 63), (1 << 63) - 1)
         check(lib.kvo_transfer_wait(self._h, _ptr(ids), len(ids), timeout_ns), "kvo_transfer_wait")
 
     def stats(self) -> dict[str, Any]:
@@ -943,6 +997,7 @@ class Connector(_Handle):
         check(lib.kvo_connector_set_layout(self._h, arr, len(segments)), "kvo_connector_set_layout")
 
     def add_request(self, req_id: int, tokens: Sequence[int], cache_salt: bytes = b"") -> None:
+        req_id = _u64("req_id", req_id)
         toks = np.ascontiguousarray(tokens, dtype="<u4")
         d = L.RequestDesc()
         d.struct_size = ctypes.sizeof(d)
@@ -953,7 +1008,8 @@ class Connector(_Handle):
 
     def lookup(self, req_id: int, local_tokens: int = 0) -> dict[str, int]:
         r = L.LookupResultC()
-        check(lib.kvo_connector_lookup(self._h, req_id, local_tokens, byref(r)), "kvo_connector_lookup")
+        check(lib.kvo_connector_lookup(self._h, _u64("req_id", req_id), _u64("local_tokens", local_tokens), byref(r)),
+              "kvo_connector_lookup")
         return _struct_dict(r)
 
     @staticmethod
@@ -961,7 +1017,7 @@ class Connector(_Handle):
         arr = (L.BlockTable * len(tables))()
         keep = []
         for i, t in enumerate(tables):
-            b = np.ascontiguousarray(t, dtype="<u8")
+            b = _uint64s("Connector", f"tables[{i}]", t, len(t))
             keep.append(b)
             arr[i].blocks = ctypes.cast(b.ctypes.data, ctypes.POINTER(ctypes.c_uint64))
             arr[i].n = len(b)
@@ -969,14 +1025,17 @@ class Connector(_Handle):
 
     def load(self, req_id: int, tokens: int, tables: Sequence[Sequence[int]]) -> None:
         arr, _keep = self._tables(tables)
-        check(lib.kvo_connector_load(self._h, req_id, tokens, arr, len(tables)), "kvo_connector_load")
+        check(lib.kvo_connector_load(self._h, _u64("req_id", req_id), _u64("tokens", tokens), arr, len(tables)),
+              "kvo_connector_load")
 
     def update(self, req_id: int, computed_tokens: int, tables: Sequence[Sequence[int]]) -> None:
         arr, _keep = self._tables(tables)
-        check(lib.kvo_connector_update(self._h, req_id, computed_tokens, arr, len(tables)), "kvo_connector_update")
+        check(lib.kvo_connector_update(self._h, _u64("req_id", req_id), _u64("computed_tokens", computed_tokens), arr,
+                                       len(tables)), "kvo_connector_update")
 
     def finish(self, req_id: int, computed_tokens: int, tables: Optional[Sequence[Sequence[int]]] = None) -> bool:
         busy = c_bool()
+        req_id, computed_tokens = _u64("req_id", req_id), _u64("computed_tokens", computed_tokens)
         if tables is None:
             check(lib.kvo_connector_finish(self._h, req_id, computed_tokens, None, 0, byref(busy)),
                   "kvo_connector_finish")
@@ -987,23 +1046,23 @@ class Connector(_Handle):
         return busy.value
 
     def wait_request(self, req_id: int) -> None:
-        check(lib.kvo_connector_wait_request(self._h, req_id), "kvo_connector_wait_request")
+        check(lib.kvo_connector_wait_request(self._h, _u64("req_id", req_id)), "kvo_connector_wait_request")
 
     def preempt(self, req_id: int) -> None:
-        check(lib.kvo_connector_preempt(self._h, req_id), "kvo_connector_preempt")
+        check(lib.kvo_connector_preempt(self._h, _u64("req_id", req_id)), "kvo_connector_preempt")
 
     def abort(self, req_id: int) -> None:
-        check(lib.kvo_connector_abort(self._h, req_id), "kvo_connector_abort")
+        check(lib.kvo_connector_abort(self._h, _u64("req_id", req_id)), "kvo_connector_abort")
 
     def poll(self, cap: int = 256) -> list[dict[str, int]]:
-        buf = (L.Completion * cap)()
+        buf = (L.Completion * _cap(cap))()
         n = ctypes.c_size_t(0)
         check(lib.kvo_connector_poll(self._h, buf, cap, byref(n)), "kvo_connector_poll")
         return [_struct_dict(c) for c in buf[:n.value]]
 
     def request_stats(self, req_id: int) -> dict[str, int]:
         s = _stats(L.RequestStats)
-        check(lib.kvo_connector_request_stats(self._h, req_id, byref(s)), "kvo_connector_request_stats")
+        check(lib.kvo_connector_request_stats(self._h, _u64("req_id", req_id), byref(s)), "kvo_connector_request_stats")
         return _struct_dict(s)
 
     def stats(self) -> dict[str, Any]:
@@ -1042,7 +1101,7 @@ class CudaDevice(_Handle):
         if require_pinned is not None:
             p.require_pinned = require_pinned
         if compute_stream:
-            p.compute_stream = compute_stream
+            p.compute_stream = _u64("compute_stream", compute_stream)
         if completion_timeout_ms is not None:
             set_fields(p, completion_timeout_ms=completion_timeout_ms)
         h = c_void_p()
@@ -1053,7 +1112,8 @@ class CudaDevice(_Handle):
     def set_compute_stream(self, stream: Optional[int]) -> None:
         """The stream later stores are ordered after (an event recorded on it
         at each store's submit); None or 0: none."""
-        check(self._dll.kvo_cuda_set_compute_stream(self._h, stream or None), "kvo_cuda_set_compute_stream")
+        stream = _u64("stream", stream) if stream else None
+        check(self._dll.kvo_cuda_set_compute_stream(self._h, stream), "kvo_cuda_set_compute_stream")
 
     def pin_arena(self, arena: "Arena") -> None:
         """Page-lock an arena's region (kept until close or unpin_arena)."""
@@ -1070,7 +1130,7 @@ class CudaDevice(_Handle):
         return _struct_dict(s)
 
     def close(self) -> None:
-        if getattr(self, "_h", None):
+        if getattr(self, "_h", None) and getattr(self, "_pid", None) == _PID:
             for a in getattr(self, "_pinned", []):
                 if a._h:
                     self._dll.kvo_cuda_unpin_arena(self._h, a._h)

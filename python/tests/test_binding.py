@@ -70,11 +70,30 @@ def test_version_and_library_path():
     assert os.path.exists(k.LIBRARY_PATH) or "kvoffload" in k.LIBRARY_PATH
 
 
+def test_one_version():
+    """The package, the loaded library and the compiled module report one
+    version: the root CMakeLists.txt's project(), the one place it is written
+    (an installed package: its _version.py, written by the build)."""
+    assert k.__version__ == k.library_version()
+    from kvoffload import _hot
+    assert _hot.KVO_VERSION == k.library_version()
+    cmake = os.path.join(HERE, "..", "..", "CMakeLists.txt")
+    if os.path.exists(cmake):  # a checkout (the sdist's tests run beside kvoffload-c/ instead)
+        import re
+        with open(cmake) as f:
+            m = re.search(r"project\(kvoffload VERSION ([0-9.]+)", f.read())
+        assert m and m.group(1) == k.library_version()
+
+
 def test_library_lookup_order(tmp_path):
     """KVO_LIBRARY first, else a libkvoffload.so next to the package."""
     pkg = tmp_path / "kvoffload"
     shutil.copytree(os.path.dirname(k.__file__), pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     shutil.copy(k.LIBRARY_PATH, pkg / "libkvoffload.so")
+    # a wheel repaired by auditwheel: the library's RPATH names the libraries beside the package
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(k.__file__))), "kvoffload.libs")
+    if os.path.isdir(libs):
+        shutil.copytree(libs, tmp_path / "kvoffload.libs")
     env = {kk: v for kk, v in os.environ.items() if kk != "KVO_LIBRARY"}
     env["PYTHONPATH"] = str(tmp_path)
     code = "import kvoffload; print(kvoffload.LIBRARY_PATH)"
@@ -465,3 +484,45 @@ def test_shared_arena_crash_leaves_nothing(tmp_path):
     child.wait()
     b.close()
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", [2**64 + 1, -1])
+def test_request_ids_out_of_range_refused(value):
+    """A request id must fit uint64_t: ctypes would truncate 2**64 + 1 to 1."""
+    plan = small_plan()
+    conn = k.Connector(plan, 4 << 20)
+    with pytest.raises((OverflowError, ValueError), match="req_id"):
+        conn.add_request(value, list(range(64)))
+    for call in (lambda: conn.lookup(value), lambda: conn.abort(value), lambda: conn.preempt(value),
+                 lambda: conn.request_stats(value), lambda: conn.finish(value, 0)):
+        with pytest.raises((OverflowError, ValueError), match="req_id"):
+            call()
+    with pytest.raises(OverflowError, match="local_tokens"):
+        conn.lookup(1, 2**64)
+    with pytest.raises(ValueError, match="tables"):
+        conn.load(1, 0, [np.array([-1], dtype=np.int64)])
+    with pytest.raises(OverflowError, match="cap"):
+        conn.poll(1 << 40)
+    conn.close()
+
+
+def test_other_ints_refused_at_the_boundary(tmp_path):
+    plan = small_plan()
+    with pytest.raises(ValueError, match="group"):
+        plan.chunk_keys(-1, np.zeros(4, dtype="<u8"))  # would index the last group
+    with pytest.raises(OverflowError, match="parent"):
+        plan.hash_tokens(list(range(32)), parent=1 << 128)
+    ft = k.FileTier(str(tmp_path), plan, 64 << 20)
+    with pytest.raises(OverflowError, match="timeout_ms"):
+        ft.flush(1 << 62)
+    ft.close()
+    xfer = k.Transfer(plan, threads=1)
+    with pytest.raises(OverflowError, match=r"segments\[0\].base"):
+        xfer.set_layout([dict(group=0, base=1 << 64, num_blocks=4, block_stride=1024, page_bytes=1024)])
+    with pytest.raises(ValueError, match="direction"):
+        xfer.submit(5, [])
+    with pytest.raises(OverflowError, match=r"ops\[0\].first_block"):
+        xfer.submit(k.STORE, [dict(group=0, first_block=1 << 32, engine_blocks=[0], slot=0, slot_bytes=1024)])
+    with pytest.raises(OverflowError, match="timeout_ns"):
+        xfer.wait([], timeout_ns=1 << 63)
+    xfer.close()

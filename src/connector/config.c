@@ -11,6 +11,14 @@
  * same table in prose; a test checks that every key of this table appears
  * there.
  *
+ * vLLM's extra config is read as kvoffload's vLLM spec (kvoffload.vllm) reads
+ * it: its kvo_* keys that have a meaning for the C connector and tiers fill
+ * those settings, and the ones that only tell vLLM's scheduler and workers how
+ * to share the arena (kvo_arena_name, kvo_shm_dir, ...) are accepted and
+ * ignored (F_IGNORED, listed together in the table).  A spec_name other than
+ * kvoffload's or vLLM's CPU spec, and TieringOffloadingSpec's secondary_tiers,
+ * are KVO_ENOTSUP: their keys are another reader's.
+ *
  * Values are kept as uint64 (numbers, booleans, enums) or owned strings; the
  * apply functions copy the settings given into the caller's params structs
  * and leave every other field alone.
@@ -36,9 +44,12 @@ typedef enum kvo__cfg_field {
     F_SCRATCH_GROUPS, F_SLIDING_STORE, F_CHECKPOINT_INTERVAL, F_VERIFY_CHECKSUMS, F_MAX_REQUESTS,
     F_FILE_MODE, F_FILE_PERSIST, F_FILE_ROOT, F_FILE_QUOTA, F_REMOTE_URL, F_LOCAL_CPU,
     F_REMOTE_PREFIX, F_REMOTE_BUDGET, F_SNAPSHOT_GROUPS, F_FILE_ZERO_COPY,
+    F_FILE_SHARED, F_FILE_MAX_PENDING, F_FILE_STAGING, F_REMOTE_TTL, F_REMOTE_IO_THREADS, F_REMOTE_MAX_PENDING,
+    F_REMOTE_EXISTS_TTL, F_SPEC,
     F_IGNORED, F_NESTED,
     KVO__CFG_NFIELDS
 } kvo__cfg_field;
+_Static_assert(KVO__CFG_NFIELDS <= 64, "kvo_config.set has one bit per setting");
 
 typedef enum kvo__cfg_type {
     T_U64,        /* integer >= 0 */
@@ -51,7 +62,9 @@ typedef enum kvo__cfg_type {
     T_POLICY,     /* "lru", "arc", "s3fifo", "prefix", "ensemble", "branch" */
     T_FILE_MODE,  /* "write_through", "write_back" */
     T_SLIDING,    /* "all", "checkpoints" */
-    T_ANY,        /* accepted and ignored (vLLM's kv_transfer_config fields) */
+    T_SPEC,       /* vLLM's spec_name: a spec whose keys this table reads, else KVO_ENOTSUP */
+    T_TIERING,    /* vLLM's secondary_tiers: TieringOffloadingSpec's, read by vLLM (KVO_ENOTSUP) */
+    T_ANY,        /* accepted and ignored (vLLM's kv_transfer_config fields, engine-only keys) */
     T_OBJECT      /* kv_connector_extra_config: parsed as a config itself */
 } kvo__cfg_type;
 
@@ -96,6 +109,33 @@ static const kvo__cfg_key kvo__keys[] = {
     {"cpu_bytes_to_use", F_HOST_BYTES, T_U64},
     {"eviction_policy", F_POLICY, T_POLICY},
     {"store_threshold", F_ADMIT_AFTER, T_U32},
+    {"spec_name", F_SPEC, T_SPEC},
+    {"secondary_tiers", F_SPEC, T_TIERING},
+    /* ... and kvoffload's vLLM spec (kvoffload.vllm, docs/python.md) */
+    {"kvo_file_root", F_FILE_ROOT, T_STR},
+    {"kvo_file_bytes", F_FILE_QUOTA, T_U64},
+    {"kvo_file_mode", F_FILE_MODE, T_FILE_MODE},
+    {"kvo_file_shared", F_FILE_SHARED, T_BOOL},
+    {"kvo_file_zero_copy", F_FILE_ZERO_COPY, T_BOOL},
+    {"kvo_file_max_pending_writes", F_FILE_MAX_PENDING, T_U32},
+    {"kvo_file_staging_bytes", F_FILE_STAGING, T_U64},
+    {"kvo_transfer_threads", F_TRANSFER_THREADS, T_POS32},
+    {"kvo_redis_url", F_REMOTE_URL, T_STR},
+    {"kvo_redis_prefix", F_REMOTE_PREFIX, T_STR},
+    {"kvo_redis_ttl_s", F_REMOTE_TTL, T_U32},
+    {"kvo_redis_io_threads", F_REMOTE_IO_THREADS, T_POS32},
+    {"kvo_redis_max_pending_writes", F_REMOTE_MAX_PENDING, T_U32},
+    {"kvo_redis_answer_ttl_ms", F_REMOTE_EXISTS_TTL, T_U32},
+    /* engine-only: how vLLM's scheduler and workers share the arena and size
+     * a step; they have no meaning for the C connector (accepted, ignored) */
+    {"spec_module_path", F_IGNORED, T_ANY},
+    {"kvo_arena_name", F_IGNORED, T_ANY},
+    {"kvo_shm_dir", F_IGNORED, T_ANY},
+    {"kvo_arena_processes", F_IGNORED, T_ANY},
+    {"kvo_scheduler_maps_arena", F_IGNORED, T_ANY},
+    {"kvo_group_bytes_per_block", F_IGNORED, T_ANY},
+    {"kvo_step_tokens", F_IGNORED, T_ANY},
+    {"kvo_staging_bytes", F_IGNORED, T_ANY},
     /* LMCache */
     {"chunk_size", F_BLOCK_SIZE, T_U64},
     {"max_local_cpu_size", F_HOST_BYTES, T_GIB},
@@ -222,6 +262,20 @@ static int kvo__read_value(const kvo__cfg_key *k, json_t *v, uint64_t *u, char *
         *u = 1;
         return 0;
     }
+    case T_SPEC: {
+        static const char *const specs[] = {"KvoffloadOffloadingSpec", "CPUOffloadingSpec"};
+        if (!json_is_string(v)) { want = "a string"; break; }
+        const char *str = json_string_value(v);
+        for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+            if (!strcmp(str, specs[i])) { *u = i; return 0; }
+        return kvo__error(KVO_ENOTSUP, "config: spec_name is '%s'; this reader takes the keys of "
+                          "'KvoffloadOffloadingSpec' and 'CPUOffloadingSpec' (TieringOffloadingSpec's "
+                          "secondary_tiers are read by vLLM and kvoffload.vllm.tiering: docs/config.md)", str);
+    }
+    case T_TIERING:
+        return kvo__error(KVO_ENOTSUP, "config: secondary_tiers is TieringOffloadingSpec's: vLLM reads it and "
+                          "kvoffload.vllm.tiering makes the tiers (docs/config.md, \"Which reader takes which "
+                          "keys\"); this reader takes KvoffloadOffloadingSpec's keys");
     case T_ANY: case T_OBJECT:
         return 0;
     }
@@ -360,6 +414,7 @@ int kvo_config_apply_connector(const kvo_config *c, kvo_connector_params *p) {
     if (KVO__HAS(c, F_FILE_PERSIST)) p->file_persist_on_destroy = u[F_FILE_PERSIST];
     if (KVO__HAS(c, F_FILE_ZERO_COPY)) p->file_zero_copy = u[F_FILE_ZERO_COPY];
     if (KVO__HAS(c, F_REMOTE_BUDGET)) p->remote_lookup_budget_us = (uint32_t)u[F_REMOTE_BUDGET];
+    if (KVO__HAS(c, F_REMOTE_EXISTS_TTL)) p->remote_exists_ttl_ms = (uint32_t)u[F_REMOTE_EXISTS_TTL];
     return 0;
 }
 
@@ -367,6 +422,9 @@ int kvo_config_apply_file_tier(const kvo_config *c, kvo_file_tier_params *p) {
     if (!c || !p) return kvo__error(KVO_EINVAL, "kvo_config_apply_file_tier: config and params must not be NULL");
     if (kvo_config_has_file_tier(c)) p->root = c->s[F_FILE_ROOT];
     if (KVO__HAS(c, F_FILE_QUOTA)) p->quota_bytes = c->u[F_FILE_QUOTA];
+    if (KVO__HAS(c, F_FILE_SHARED)) p->shared = c->u[F_FILE_SHARED];
+    if (KVO__HAS(c, F_FILE_MAX_PENDING)) p->max_pending_writes = (uint32_t)c->u[F_FILE_MAX_PENDING];
+    if (KVO__HAS(c, F_FILE_STAGING)) p->max_staging_bytes = c->u[F_FILE_STAGING];
     return 0;
 }
 
@@ -374,6 +432,9 @@ int kvo_config_apply_remote_tier(const kvo_config *c, kvo_remote_tier_params *p)
     if (!c || !p) return kvo__error(KVO_EINVAL, "kvo_config_apply_remote_tier: config and params must not be NULL");
     if (c->s[F_REMOTE_URL]) p->url = c->s[F_REMOTE_URL];
     if (c->s[F_REMOTE_PREFIX]) p->key_prefix = c->s[F_REMOTE_PREFIX];
+    if (KVO__HAS(c, F_REMOTE_TTL)) p->ttl_s = (uint32_t)c->u[F_REMOTE_TTL];
+    if (KVO__HAS(c, F_REMOTE_IO_THREADS)) p->io_threads = (uint32_t)c->u[F_REMOTE_IO_THREADS];
+    if (KVO__HAS(c, F_REMOTE_MAX_PENDING)) p->max_pending_writes = (uint32_t)c->u[F_REMOTE_MAX_PENDING];
     return 0;
 }
 

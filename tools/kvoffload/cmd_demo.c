@@ -323,6 +323,10 @@ static int kvo__demo_config(const char *path, const kvo__demo_opts *o, const boo
     kvo_config_apply_connector(cfg, &cp);
     kvo_config_apply_file_tier(cfg, &fp);
     if (pp.block_size && !given['c']) *o->chunk = pp.block_size;
+    if (pp.blocks_per_chunk && !pp.block_size && !given['c'])
+        fprintf(stderr, "kvoffload demo: %s: blocks_per_chunk %llu not used: the demo's chunks are set in tokens "
+                "(block_size in the config, or --chunk-tokens; now %llu)\n", path,
+                (unsigned long long)pp.blocks_per_chunk, (unsigned long long)*o->chunk);
     if (cp.host_bytes && !given['H']) *o->host_mib = (cp.host_bytes + (1u << 20) - 1) >> 20;
     if (cp.remote_lookup_budget_us && !given['U']) *o->remote_budget_us = cp.remote_lookup_budget_us;
     if (!given['m']) *o->file_mode = cp.file_mode;
@@ -564,9 +568,11 @@ int kvo_cmd_demo(int argc, char **argv) {
         cp.remote_prefix = remote_prefix ? remote_prefix : prefix_buf;
         cp.remote_lookup_budget_us = (uint32_t)remote_budget_us;
     }
-    if (kvo_eng_conn_create(off_e, &cp, &conn)) {
+    if ((rc = kvo_eng_conn_create(off_e, &cp, &conn)) != 0) {
         fprintf(stderr, "kvoffload demo: %s\n", kvo_eng_last_error());
-        exit_code = KVO_EXIT_USAGE;
+        /* 2 for a setting refused (sizes, a URL); 1 for a failure (a server
+         * out of reach, a directory not writable) */
+        exit_code = kvo_cli_exit_code(rc);
         goto out;
     }
 

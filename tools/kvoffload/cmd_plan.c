@@ -80,7 +80,14 @@ static int kvo__plan_hf(const char *path, uint32_t tpb, kvo_model **out) {
     const char *base = strrchr(path, '/');
     int rc = kvo_model_from_hf_config(buf, len, base ? base + 1 : path, tpb, tpb, out);
     free(buf);
-    return rc ? kvo_cli_fail("plan", rc) : 0;
+    if (rc) {  /* the library calls its input "config.json": name the file read */
+        const char *m = kvo_last_error();
+        bool label = !strncmp(m, "config.json", 11);
+        fprintf(stderr, "kvoffload plan: --hf-config %s%s%s (%s)\n", path, label ? "" : ": ", label ? m + 11 : m,
+                kvo_error_name(rc));
+        return kvo_cli_exit_code(rc);
+    }
+    return 0;
 }
 
 static int kvo__plan_one(const char *model_name, const char *hf, uint32_t hf_tpb, const kvo_plan_params *prm,

@@ -88,41 +88,65 @@ static int rp_parse_one(const char *s, size_t len, uint64_t block_bytes, uint64_
     return 0;
 }
 
-/* --capacity (min 1) or --shared-capacity (min 0) into cap[*ncap]. */
+/* --capacity (min 1) or --shared-capacity (min 0) into cap[*ncap].  A refusal
+ * says which part is wrong and what would be accepted. */
 static int rp_parse_caps(const char *opt, const char *s, uint64_t block_bytes, uint64_t min, uint64_t *cap,
                          size_t *ncap) {
     const char *c1 = strchr(s, ':');
+    char why[256] = "";
     *ncap = 0;
     if (c1) {
         const char *c2 = strchr(c1 + 1, ':');
-        uint64_t a, b, n;
+        uint64_t a = 0, b = 0, n;
         char *end;
-        if (!c2 || rp_parse_one(s, (size_t)(c1 - s), block_bytes, min, &a) ||
-            rp_parse_one(c1 + 1, (size_t)(c2 - c1 - 1), block_bytes, min, &b) || b < a)
-            goto bad;
-        n = strtoull(c2 + 1, &end, 10);
-        if (*end || n < 2 || n > RP_MAXCAP) goto bad;
-        for (uint64_t i = 0; i < n; i++) cap[(*ncap)++] = a + (b - a) * i / (n - 1);
-        return 0;
+        int ra = -1, rb = -1;
+        if (!c2) {
+            snprintf(why, sizeof why, "a sweep has three parts, FROM:TO:COUNT");
+        } else if ((ra = rp_parse_one(s, (size_t)(c1 - s), block_bytes, min, &a)) ||
+                   (rb = rp_parse_one(c1 + 1, (size_t)(c2 - c1 - 1), block_bytes, min, &b))) {
+            const char *part = ra ? s : c1 + 1;
+            int len = (int)(ra ? c1 - s : c2 - c1 - 1);
+            snprintf(why, sizeof why, "%s '%.*s' is not a capacity (%llu..1e9 blocks%s)", ra ? "FROM" : "TO", len,
+                     part, (unsigned long long)min, block_bytes ? ", or bytes: 64GiB" : "; bytes need --model");
+        } else if (b < a) {
+            snprintf(why, sizeof why, "FROM %llu is above TO %llu: a sweep goes up (e.g. %llu:%llu:%s)",
+                     (unsigned long long)a, (unsigned long long)b, (unsigned long long)b, (unsigned long long)a,
+                     c2 + 1);
+        } else if ((n = strtoull(c2 + 1, &end, 10)) < 2 || n > RP_MAXCAP || *end || end == c2 + 1) {
+            snprintf(why, sizeof why, "COUNT '%s' must be an integer in 2..%d", c2 + 1, RP_MAXCAP);
+        } else {
+            for (uint64_t i = 0; i < n; i++) cap[(*ncap)++] = a + (b - a) * i / (n - 1);
+            return 0;
+        }
+        goto bad;
     }
     for (const char *p = s; *p;) {
         const char *q = strchr(p, ',');
         size_t len = q ? (size_t)(q - p) : strlen(p);
-        int r = *ncap < RP_MAXCAP ? rp_parse_one(p, len, block_bytes, min, &cap[*ncap]) : -1;
+        if (*ncap == RP_MAXCAP) {
+            snprintf(why, sizeof why, "more than %d capacities", RP_MAXCAP);
+            goto bad;
+        }
+        int r = rp_parse_one(p, len, block_bytes, min, &cap[*ncap]);
         if (r == -2) {
             fprintf(stderr, "kvoffload replay: %s '%.*s' is in bytes: give --model to convert it to blocks, "
                             "or give blocks (e.g. 10000)\n", opt, (int)len, p);
             return KVO_EXIT_USAGE;
         }
-        if (r) goto bad;
+        if (r) {
+            snprintf(why, sizeof why, "'%.*s' is not a capacity (%llu..1e9 blocks)", (int)len, p,
+                     (unsigned long long)min);
+            goto bad;
+        }
         (*ncap)++;
         p += len + (q != NULL);
     }
     if (*ncap) return 0;
+    snprintf(why, sizeof why, "no capacity given");
 bad:
-    fprintf(stderr, "kvoffload replay: %s '%s' is not a list of capacities (%llu..1e9 blocks, e.g. "
-                    "1000,10000,30000) or a sweep FROM:TO:COUNT (e.g. 1000:50000:20, COUNT 2..%d)\n", opt, s,
-                    (unsigned long long)min, RP_MAXCAP);
+    fprintf(stderr, "kvoffload replay: %s '%s': %s; give a list of capacities (%llu..1e9 blocks, e.g. "
+                    "1000,10000,30000) or a sweep FROM:TO:COUNT (FROM <= TO, e.g. 1000:50000:20, COUNT 2..%d)\n",
+            opt, s, why, (unsigned long long)min, RP_MAXCAP);
     return KVO_EXIT_USAGE;
 }
 

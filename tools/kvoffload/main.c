@@ -35,13 +35,10 @@ int kvo_cli_parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max
         return KVO_EXIT_USAGE;
     }
     errno = 0;
-    if (*s == '-') {
-        fprintf(stderr, "kvoffload: %s must be a positive integer, got '%s'\n", opt, s);
-        return KVO_EXIT_USAGE;
-    }
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || end == s) {
-        fprintf(stderr, "kvoffload: %s must be an integer, got '%s'\n", opt, s);
+    unsigned long long v = *s == '-' ? 0 : strtoull(s, &end, 10);
+    if (*s == '-' || errno || *end || end == s) {
+        fprintf(stderr, "kvoffload: %s must be an integer in %llu..%llu, got '%s'\n", opt, (unsigned long long)min,
+                (unsigned long long)max, s);
         return KVO_EXIT_USAGE;
     }
     if (v < min || v > max) {

@@ -47,8 +47,8 @@ try:
     from .._hot import Hot
 except ImportError as e:  # a checkout used without building the package
     raise ImportError("kvoffload._hot (the vLLM manager's compiled hot calls, python/kvoffload/_hot.c) is not "
-                      "built: pip install ./python, or in a checkout `cd python && python setup.py build_ext "
-                      "--inplace` (needs a C compiler and the Python headers, Debian's python3-dev); "
+                      "built: pip install ./python, or in a checkout tools/test-python.sh (CMake target _hot "
+                      "of python/CMakeLists.txt; needs a C compiler and the Python headers, Debian's python3-dev); "
                       f"import error: {e}") from e
 from ..core import KEY_DTYPE, PENDING, READY, FileTier, Plan, RemoteTier, Store
 from ..shm import SharedArena
