@@ -40,7 +40,7 @@ from ._lib import KvoError, check, check_int, lib, need, set_fields
 KEY_DTYPE = np.dtype([("lo", "<u8"), ("hi", "<u8"), ("group", "<u4"), ("reserved", "<u4")])
 SLOT_DTYPE = np.dtype([("offset", "<u8"), ("bytes", "<u8")])
 MISS, READY, PENDING = 0, 1, 2
-POLICIES = ("lru", "arc", "s3fifo", "prefix", "ensemble", "branch")
+POLICIES = ("lru", "arc", "s3fifo", "prefix")  # "branch": an alias of "prefix" (docs/config.md)
 _KINDS = {"full": 0, "sliding": 1, "state": 2}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
 
@@ -509,12 +509,11 @@ class Store(_Handle):
     def __init__(self, plan: Plan, capacity_bytes: int, policy: str = "lru", admit_after: int = 0,
                  max_entries: int = 0, event_capacity: int = 0, segment_bytes: int = 0,
                  policy_admission: bool = False, lookups_per_key: bool = False) -> None:
-        """policy_admission: kvo_store_params.policy_admission (the policy may
-        turn a new chunk away: need False, it stays a MISS; only for a last
-        tier, since a lower tier written from this store would never see it).
-        lookups_per_key: kvo_store_params.lookups_per_key (lookups come one
-        key at a time and teach the branch policy nothing; it learns from
-        prepare_store batches, each a request's keys in order)."""
+        """policy: one of POLICIES ("branch" is accepted as an alias of
+        "prefix").  policy_admission, lookups_per_key: kvo_store_params'
+        fields of the same names, accepted and ignored by every policy
+        there is (kept so that code written for the removed branch policy
+        keeps running)."""
         need("plan", plan, Plan)
         p = lib.kvo_store_default_params()
         p.plan, p.policy = plan._h, _policy(policy)

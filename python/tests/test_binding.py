@@ -217,63 +217,23 @@ def test_store_batch_cycle_eviction_and_events():
     assert st["entries"] == 2 and st["groups"][0]["slot_bytes"] == slot
 
 
-def test_store_policy_admission_turns_a_once_used_request_away():
-    # seven 4-chunk documents, each asked two questions (marked: the branch
-    # policy's P), fill 28 of 32 slots; a once-used request of 6 chunks then
-    # gets Q's 4 places and its last 2 are turned away (need False, MISS)
+def test_store_policy_names_and_the_removed_ones():
+    # every policy there is stores and hits; "branch" is an alias of
+    # "prefix"; "ensemble" is gone and its error names what to use instead;
+    # the removed policy's parameters are accepted and ignored
     p = small_plan()
     slot = p.groups[0]["slot_bytes"]
-    kept = {}
-    for admission in (True, False):
-        s = k.Store(p, 32 * slot, policy="branch", policy_admission=admission)
-        for d in range(7):
-            for q in range(2):
-                keys = k.make_keys([100 * d + 1, 100 * d + 2, 100 * d + 3, 100 * d + 4, 100 * d + 50 + q], 0)
-                s.lookup(keys)
-                need, _, _, _ = s.prepare_store(keys)
-                if need.any():
-                    s.complete_store(keys[need])
-        one_off = k.make_keys(list(range(9001, 9007)), 0)
-        s.lookup(one_off)
-        need, _, _, _ = s.prepare_store(one_off)
-        s.complete_store(one_off[need])
-        docs = k.make_keys([100 * d + i for d in range(7) for i in range(1, 5)], 0)
-        kept[admission] = (int((s.lookup(docs) == k.READY).sum()), need.tolist(), s.stats()["store_not_admitted"])
-    assert kept[True] == (28, [True] * 4 + [False] * 2, 2)
-    assert kept[False] == (26, [True] * 6, 0)
-
-
-def test_store_lookups_per_key_learns_from_the_stores():
-    # conversations (12 at once, each turn the previous prompt and 1-4 new
-    # chunks) looked up one key at a time: with lookups_per_key the branch
-    # policy learns from the stores and stays within 1 % of whole-request
-    # lookups; without it a one-key lookup of an evicted chunk reads as a
-    # prefix coming back
-    reqs = [k.make_keys(ids, 0) for ids in workloads.conversations(5)]
-    p = small_plan()
-    slot = p.groups[0]["slot_bytes"]
-
-    def run(per_key, param):
-        s = k.Store(p, 120 * slot, policy="branch", lookups_per_key=param)
-        hits = 0
-        for keys in reqs:
-            if per_key:
-                n = 0
-                while n < len(keys) and s.lookup(keys[n:n + 1])[0] == k.READY:
-                    n += 1
-            else:
-                st = s.lookup(keys)
-                n = int(np.argmin(np.append(st == k.READY, False)))
-            need, _, _, _ = s.prepare_store(keys)
-            if need.any():
-                s.complete_store(keys[need])
-            hits += n
+    keys = k.make_keys([1, 2, 3], 0)
+    for name in ["lru", "arc", "s3fifo", "prefix", "branch"]:
+        s = k.Store(p, 8 * slot, policy=name, policy_admission=True, lookups_per_key=True)
+        need, _, _, _ = s.prepare_store(keys)
+        assert need.all(), name
+        s.complete_store(keys)
+        assert (s.lookup(keys) == k.READY).all(), name
         s.close()
-        return hits
-
-    whole = run(False, False)
-    assert whole > 0
-    assert run(True, True) >= whole - whole // 100  # without the parameter: 39 % fewer
+    with pytest.raises(k.KvoError) as e:
+        k.Store(p, 8 * slot, policy="ensemble")
+    assert e.value.code == L.KVO_EINVAL and "prefix" in e.value.message
 
 
 def test_store_rejects_foreign_group():
