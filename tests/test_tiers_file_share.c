@@ -164,6 +164,17 @@ static void report(box *b, int i, kvo_file_tier *t) {
     ASSERT_OK(kvo_file_tier_get_stats(t, &b->st[i]));
 }
 
+/* Quiet now (every process flushed): statistics and the disk into slot i,
+ * then (n > 0: once all n processes looked, at barrier bar) close. */
+static void report_and_close(box *b, int i, kvo_file_tier *t, int bar, int n) {
+    report(b, i, t);
+    disk_count d = disk_usage(kvo_file_tier_dir(t));
+    b->disk_bytes[i] = d.bytes;
+    b->disk_files[i] = d.files;
+    if (n) barrier(b, bar, n);
+    kvo_file_tier_destroy(t);
+}
+
 /* ------------------------------------------------------ one shared quota -- */
 
 /* Both attach; the first writes n distinct keys, then the second (whose
@@ -181,12 +192,7 @@ static void quota_child(box *b, int i, void *arg) {
     barrier(b, 2, 2);
     if (s->then_together) write_range(t, s->plan, s->key_base[i] + 500, s->n_keys);
     barrier(b, 3, 2);
-    report(b, i, t);
-    disk_count d = disk_usage(kvo_file_tier_dir(t));
-    b->disk_bytes[i] = d.bytes;
-    b->disk_files[i] = d.files;
-    barrier(b, 4, 2);
-    kvo_file_tier_destroy(t);
+    report_and_close(b, i, t, 4, 2);
 }
 
 /* Two processes, 24 + 24 chunks each, a shared quota of 10: before the
@@ -230,7 +236,8 @@ static void restart_child(box *b, int i, void *arg) {
     kvo_file_tier_destroy(t);
 }
 
-static void shrink_child(box *b, int i, void *arg) {
+/* One process opens (with the setup's quota), reports, closes. */
+static void reopen_child(box *b, int i, void *arg) {
     kvo_file_tier *t = open_shared(arg, b, 1);
     report(b, i, t);
     kvo_file_tier_destroy(t);
@@ -262,7 +269,7 @@ KVO_TEST(restart_of_all_ranks_keeps_every_file) {
     /* a restart with a smaller quota: the scan evicts down to it, oldest
      * first, and the count follows */
     s.quota_slots = 20;
-    run_procs(b, 1, shrink_child, &s);
+    run_procs(b, 1, reopen_child, &s);
     after = disk_usage(b->ns);
     ASSERT_EQ_U64(after.files, 20);
     ASSERT_EQ_U64(b->st[0].scan_removed, before - 20);
@@ -304,15 +311,6 @@ static void agree_child(box *b, int i, void *arg) {
     ASSERT_OK(kvo_set_log(NULL, NULL, KVO_LOG_WARN));
 }
 
-static void reopen_child(box *b, int i, void *arg) {
-    setup *s = arg;
-    setup mine = *s;
-    mine.quota_slots = 2 * s->quota_slots;
-    kvo_file_tier *t = open_shared(&mine, b, 1);
-    report(b, i, t);
-    kvo_file_tier_destroy(t);
-}
-
 /* The first process records its quota; a second one configured with twice
  * as much uses the recorded one (and says so once); once both are gone, the
  * next process records its own. */
@@ -328,6 +326,7 @@ KVO_TEST(quota_recorded_by_first_process) {
     ASSERT_EQ_INT(b->log_lines[1], 1);
     ASSERT_CONTAINS(b->log_last[1], "differs from the shared quota");
     ASSERT_LE_U64(disk_usage(b->ns).bytes, 8 * slot);
+    s.quota_slots = 16;
     run_procs(b, 1, reopen_child, &s);
     ASSERT_EQ_U64(b->st[0].quota_bytes, 16 * slot);
     kvo_plan_destroy(s.plan);
@@ -382,12 +381,7 @@ static void same_keys_child(box *b, int i, void *arg) {
     /* the same keys from all three at once, three passes, more than the quota */
     for (int pass = 0; pass < 3; pass++) write_range(t, s->plan, s->key_base[0] + (uint64_t)pass * 7, s->n_keys);
     barrier(b, 1, 3);
-    report(b, i, t);
-    disk_count d = disk_usage(kvo_file_tier_dir(t));
-    b->disk_bytes[i] = d.bytes;
-    b->disk_files[i] = d.files;
-    barrier(b, 2, 3);
-    kvo_file_tier_destroy(t);
+    report_and_close(b, i, t, 2, 3);
 }
 
 /* Three processes write and evict the same keys at once: each file is
@@ -440,20 +434,13 @@ static void crash_bystander(box *b, int i, void *arg) {
         if (spin > 120000) FAILF("bystander: never released");
         poll(NULL, 0, 1);
     }
-    report(b, 1, t);
-    disk_count d = disk_usage(kvo_file_tier_dir(t));
-    b->disk_bytes[1] = d.bytes;
-    kvo_file_tier_destroy(t);
+    report_and_close(b, 1, t, 0, 0);
 }
 
 static void late_child(box *b, int i, void *arg) {
     setup *s = arg;
     (void)i;
-    kvo_file_tier *t = open_shared(s, b, 3);
-    report(b, 3, t);
-    disk_count d = disk_usage(kvo_file_tier_dir(t));
-    b->disk_bytes[3] = d.bytes;
-    kvo_file_tier_destroy(t);
+    report_and_close(b, 3, open_shared(s, b, 3), 0, 0);
 }
 
 static pid_t fork_fn(box *b, void (*fn)(box *, int, void *), void *arg) {

@@ -253,10 +253,12 @@ KVO_API int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, si
  *  of key i (canonical slot format); they are copied into staging memory
  *  before this returns, so the caller may reuse srcs at once.  results[i]
  *  (may be NULL) receives per key: 0 queued; KVO_EEXIST already stored or
- *  being written (skipped); KVO_EAGAIN dropped by back-pressure (queue
- *  bound, staging memory full, latency limit); KVO_ENOSPC
- *  the quota cannot make room (everything else pinned or being written);
- *  KVO_EINVAL bad key.  user_data[i] (may be NULL) is returned in the
+ *  being written (skipped; with params.shared also: another process's file
+ *  of the key was found and adopted); KVO_EAGAIN dropped by back-pressure
+ *  (queue bound, staging memory full, latency limit); KVO_ENOSPC
+ *  the quota cannot make room (everything else pinned or being written;
+ *  shared: nothing this process may evict), or the tier is read-only
+ *  (stats.read_only: counted in dropped_readonly); KVO_EINVAL bad key.  user_data[i] (may be NULL) is returned in the
  *  write's completion when params.write_completions is set.
  *  *n_queued (may be NULL) receives how many were queued.
  *  Returns 0 when every key was handled (even if some were dropped: see
