@@ -54,9 +54,32 @@
  *    one root.  Concurrent writers of one key are safe (the name appears
  *    atomically; both wrote the same bytes).  A file removed by another
  *    process during a read gives either a miss or the right bytes (the read
- *    goes through an open descriptor).  Each process keeps its own index and
- *    quota; with params.shared set, an index miss also probes the file system
- *    so chunks written by other processes since the scan are found.
+ *    goes through an open descriptor).
+ *  - Without params.shared each process keeps its own index and quota (and
+ *    must be the only one writing the namespace).  With params.shared set
+ *    (every process of the namespace must set it):
+ *    - an index miss probes the file system, so chunks other processes
+ *      wrote since the scan are found, and a write of a key whose file
+ *      exists adopts it instead;
+ *    - the processes of one host share one quota, kept in the namespace's
+ *      accounting file (shared-quota, docs/file-format.md): the sum of their
+ *      files and writes in flight stays within it.  The first process to
+ *      open the namespace while no other has it open records the quota
+ *      (quota_bytes, clamped once to the file system for all); the others
+ *      use the recorded one (a different quota_bytes is logged once), until
+ *      every process has closed it.  A process short of room evicts its own
+ *      index's files in policy order (files other processes wrote that it
+ *      adopted count as its own); when it holds nothing it can evict, the
+ *      least recently used files no index of it holds;
+ *    - the startup scan adopts every file and evicts only what exceeds the
+ *      shared quota, so a restart of all processes keeps everything;
+ *    - a process that dies mid-write leaves at most its writes in flight
+ *      counted, taken back when another process attaches or runs short.
+ *
+ * A namespace where no file can be created at create (no free inode or
+ * block, a disk quota, a read-only file system) opens read-only, logged
+ * once: reads are served, writes dropped (stats.dropped_readonly) until a
+ * file can be created again (probed at most every 10 s by a write).
  *
  * Thread rule: every function may be called from any thread, concurrently,
  * except kvo_file_tier_destroy (no other call in progress on that tier).  No
@@ -114,7 +137,10 @@ typedef struct kvo_file_tier_params {
                                       what the file system can hold: free
                                       space + this namespace's files, less
                                       headers and 5 %; stats.quota_bytes
-                                      tells the quota in force */
+                                      tells the quota in force.  With shared:
+                                      the namespace's quota, for all its
+                                      processes together, recorded (and
+                                      clamped) by the first to open it */
     kvo_policy_kind policy;        /* eviction policy; default LRU */
     uint64_t max_files;            /* index capacity (files kept); 0 = quota /
                                       smallest slot.  The index is allocated
@@ -140,9 +166,12 @@ typedef struct kvo_file_tier_params {
                                       (default) */
     bool write_completions;        /* report a completion per queued write;
                                       default false (use flush/stats) */
-    bool shared;                   /* other processes write to this root: an
-                                      index miss probes the file system (one
-                                      stat per missed key); default false */
+    bool shared;                   /* other processes use this namespace (all
+                                      of them must set it): one shared quota,
+                                      an index miss probes the file system
+                                      (one stat per missed key), as does a
+                                      write; see "Sharing between processes"
+                                      above; default false */
     bool scan;                     /* rebuild the index from the files at
                                       create; default true */
     uint32_t log_interval_s;       /* minimum seconds between two log lines of
@@ -224,10 +253,12 @@ KVO_API int kvo_file_tier_lookup(kvo_file_tier *t, const kvo_chunk_key *keys, si
  *  of key i (canonical slot format); they are copied into staging memory
  *  before this returns, so the caller may reuse srcs at once.  results[i]
  *  (may be NULL) receives per key: 0 queued; KVO_EEXIST already stored or
- *  being written (skipped); KVO_EAGAIN dropped by back-pressure (queue
- *  bound, staging memory full, latency limit); KVO_ENOSPC
- *  the quota cannot make room (everything else pinned or being written);
- *  KVO_EINVAL bad key.  user_data[i] (may be NULL) is returned in the
+ *  being written (skipped; with params.shared also: another process's file
+ *  of the key was found and adopted); KVO_EAGAIN dropped by back-pressure
+ *  (queue bound, staging memory full, latency limit); KVO_ENOSPC
+ *  the quota cannot make room (everything else pinned or being written;
+ *  shared: nothing this process may evict), or the tier is read-only
+ *  (stats.read_only: counted in dropped_readonly); KVO_EINVAL bad key.  user_data[i] (may be NULL) is returned in the
  *  write's completion when params.write_completions is set.
  *  *n_queued (may be NULL) receives how many were queued.
  *  Returns 0 when every key was handled (even if some were dropped: see
@@ -361,6 +392,22 @@ typedef struct kvo_file_tier_stats {
     uint64_t write_latency_ns;  /* moving average */
     uint64_t writes_borrowed;   /* writes queued from the caller's memory
                                    (kvo_file_tier_write_borrowed, no copy) */
+    /* params.shared (see "Sharing between processes" above): */
+    uint64_t shared;            /* 1: the namespace's shared accounting is in
+                                   use; 0: unshared, or it could not be used
+                                   (logged: this process's own quota) */
+    uint64_t shared_bytes_used; /* payload slot bytes every process of the
+                                   namespace counts: files + writes in flight
+                                   (<= quota_bytes) */
+    uint64_t shared_files;      /* files counted there */
+    uint64_t foreign_evictions; /* files no index of this process held,
+                                   removed for the shared quota (also in
+                                   evictions) */
+    uint64_t read_only;         /* 1 while no file can be created (opened
+                                   with no free inode or space, or on a
+                                   read-only file system): reads served,
+                                   writes dropped */
+    uint64_t dropped_readonly;  /* writes dropped while read_only */
 } kvo_file_tier_stats;
 /** Initialiser (the struct_size convention, kvo_common.h):
  *  kvo_file_tier_stats st = KVO_FILE_TIER_STATS_INIT; */

@@ -12,6 +12,8 @@
  *   file_probe.c    create-time probes: O_DIRECT, O_TMPFILE, quota clamp;
  *                   host id and process nonce
  *   file_format.c   names, header, verification, manifest (the format)
+ *   file_share.c    the shared accounting of params.shared: one quota for
+ *                   every process of a namespace (a mapped file)
  *   file_pin.c, file_testing.c  pins; the test hooks
  * The struct and the lock rule are below; each file's essay says what it
  * owns.
@@ -22,13 +24,15 @@
  * op->result for the backend to hand back, and the queue wakes the ring
  * through a function pointer (t->ring_kick).
  *   file_tier.c        top -> everything below
- *   file_scan.c        -> file_quota, file_common, file_probe, file_format
- *   file_workers.c     -> uring/file_uring, file_ops, file_queue
+ *   file_scan.c        -> file_quota, file_share, file_common, file_probe,
+ *                         file_format
+ *   file_workers.c     -> uring/file_uring, file_ops, file_queue, file_share
  *   uring/file_uring.c -> file_ops, file_queue
  *   file_ops.c         -> file_quota, file_common, file_format, file_probe,
  *                         file_testing
  *   file_queue.c       leaf (the stores only)
- *   file_quota.c       -> file_common, file_format
+ *   file_quota.c       -> file_share, file_common, file_format
+ *   file_share.c       -> file_probe
  *   file_common.c      -> file_format
  *   file_format.c      -> file_probe
  *   file_probe.c, file_pin.c, file_testing.c, arena.c  leaves
@@ -170,6 +174,7 @@ struct kvo__fop {
 };
 
 typedef struct kvo__file_backend kvo__file_backend;
+typedef struct kvo__fshare kvo__fshare; /* the shared accounting (file_share.c) */
 
 /* Phases of one operation, shared by the backends:
  *   begin: open the file (temp file for writes), prepare iov.  Returns 0;
@@ -253,6 +258,29 @@ struct kvo_file_tier {
     uint32_t pool_len, pool_cap;
     uint64_t pool_bytes, pool_max_bytes;  /* pooled; its bound */
 
+    /* Shared accounting (params.shared, file_share.c): NULL when unshared,
+     * or when the accounting file cannot be used (then the quota is this
+     * process's own, as unshared).  The ballast: phantom entries of the
+     * quota index, PENDING for good (group ballast_group, ballast_unit bytes
+     * each: the largest slot), standing for the bytes of the namespace that
+     * this index does not hold (other processes' files and writes), so that
+     * the index's own policy evicts this process's files when the shared
+     * quota needs room (file_quota.c).  share_mu guards n_ballast; it is
+     * taken before mu (never after) and held across the store calls and
+     * unlinks of a ballast change. */
+    kvo__fshare *share;
+    pthread_mutex_t share_mu;
+    uint64_t n_ballast;
+    bool ballast_on;              /* set once the startup scan is adopted */
+    uint32_t ballast_group;
+    uint64_t ballast_unit;
+    /* Read-only: no file could be created at create (no free inodes or
+     * space, a read-only file system): reads are served, writes dropped
+     * (dropped_readonly) until a probe creates a file again (at most every
+     * kvo__file_ro_retry_ms; ro_probe_ns under mu). */
+    atomic_bool readonly;
+    uint64_t ro_probe_ns;
+
     kvo_file_tier_stats st;       /* counters; gauges filled at get_stats */
     uint64_t lat_ewma_ns;
     uint64_t last_log_ns[KVO__FLOG_KINDS];
@@ -290,6 +318,58 @@ void kvo__file_unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t 
 bool kvo__file_recycled_take(kvo_file_tier *t, uint64_t file_bytes, const char *tmp);
 /* Shared mode: does a complete-looking file for k exist? */
 bool kvo__file_probe_key(kvo_file_tier *t, const kvo_chunk_key *k, const kvo_group_plan *g);
+/* Shared mode: this process's unlink removed k's file: un-count it (no-op
+ * unshared). */
+void kvo__file_uncount(kvo_file_tier *t, const kvo_chunk_key *k);
+/* Shared mode: bring the ballast up to date (after the startup scan); the
+ * bytes it stands for now (0 unshared). */
+void kvo__file_share_settle(kvo_file_tier *t);
+uint64_t kvo__file_ballast_bytes(kvo_file_tier *t);
+
+/* --- shared accounting (file_share.c) --- */
+#define KVO__FSHARE_NAME "shared-quota"   /* in the namespace directory */
+#define KVO__FSHARE_BYTES 4096u
+/* Attach to ns_dir's accounting file (made if missing), holding its attach
+ * lock until kvo__fshare_attached, and take a slot (reaping what dead
+ * processes reserved).  *first: no other process is attached (this one
+ * records the quota and recounts exactly).  0 or KVO_ENOSPC / KVO_EIO /
+ * KVO_ESTATE / KVO_ENOTSUP / KVO_EBUSY with a message (the caller goes on
+ * without sharing, logged). */
+int kvo__fshare_attach(const char *ns_dir, unsigned fmode, kvo__fshare **out, bool *first);
+/* Release the attach lock (after the scan). */
+void kvo__fshare_attached(kvo__fshare *s);
+/* Give the slot back (and anything still reserved) and unmap; NULL ok. */
+void kvo__fshare_detach(kvo__fshare *s);
+/* The quota in force: `first` records configured and clamped; otherwise the
+ * recorded one.  *recorded_configured (may be NULL): what its recorder was
+ * configured with. */
+uint64_t kvo__fshare_agree(kvo__fshare *s, bool first, uint64_t configured, uint64_t clamped,
+                           uint64_t *recorded_configured);
+/* Before the startup walk: the counters a recount beside live processes
+ * needs. */
+typedef struct kvo__fshare_snap {
+    uint64_t used, reserved, unlinked;
+} kvo__fshare_snap;
+void kvo__fshare_snapshot(kvo__fshare *s, kvo__fshare_snap *snap);
+/* After the walk (walked_bytes: payload of the chunk files found). */
+void kvo__fshare_recount(kvo__fshare *s, bool first, const kvo__fshare_snap *before, uint64_t walked_bytes,
+                         uint64_t walked_files);
+/* The counting steps (file_share.c's essay): reserve is false (nothing
+ * changed) when used + x would pass the quota, *over (may be NULL) = by how
+ * much. */
+bool kvo__fshare_reserve(kvo__fshare *s, uint64_t x, uint64_t *over);
+void kvo__fshare_release(kvo__fshare *s, uint64_t x);
+void kvo__fshare_commit(kvo__fshare *s, uint64_t x);
+void kvo__fshare_drop(kvo__fshare *s, uint64_t x);
+void kvo__fshare_uncount(kvo__fshare *s, uint64_t x);
+uint64_t kvo__fshare_used(const kvo__fshare *s);
+uint64_t kvo__fshare_files(const kvo__fshare *s);
+uint64_t kvo__fshare_quota(const kvo__fshare *s);
+/* Reservations of dead processes' slots back out of used; bytes reclaimed. */
+uint64_t kvo__fshare_reap(kvo__fshare *s);
+/* The next fan-out directory (0..255) to sample, round robin over every
+ * process of the namespace. */
+uint32_t kvo__fshare_next_dir(kvo__fshare *s);
 
 /* --- ops, queues, completions (file_queue.c) --- */
 /* An op from the free list or the heap (hdr 4096-aligned); NULL: no memory. */
@@ -326,8 +406,14 @@ int kvo__file_make_fanout(const char *ns_dir, unsigned dmode);
 int kvo__file_mkdir(const char *path, unsigned dmode);
 void kvo__file_set_mode(int fd, unsigned fmode);
 /* O_DIRECT with a real write + read (also the writability check): 0 and
- * *ok, or KVO_EIO / KVO_ENOMEM. */
-int kvo__file_probe_direct(kvo_file_tier *t, bool *ok);
+ * *ok, or KVO_EIO (*werr: the errno of creating a file) / KVO_ENOMEM. */
+int kvo__file_probe_direct(kvo_file_tier *t, bool *ok, int *werr);
+/* Read-only tier: O_DIRECT reads work (probed on the manifest)? */
+bool kvo__file_probe_direct_read(kvo_file_tier *t);
+/* Read-only tier: can files be created again (and the fan-out exists)? */
+bool kvo__file_probe_writable(kvo_file_tier *t);
+/* How often a read-only tier probes (milliseconds; 10 s; tests lower it). */
+extern atomic_int kvo__file_ro_retry_ms;
 /* O_TMPFILE + linkat through /proc work in the namespace directory? */
 bool kvo__file_probe_tmpfile(kvo_file_tier *t);
 /* The quota the file system can hold: ours (payload bytes of this
@@ -352,6 +438,12 @@ int kvo__file_scan_collect(kvo_file_tier *t, kvo__scan_item **out, size_t *n_out
 void kvo__file_clean_ns_temps(kvo_file_tier *t);
 /* Adopt collected files into the index, oldest first (sorts items). */
 int kvo__file_scan_adopt(kvo_file_tier *t, kvo__scan_item *items, size_t n_items);
+/* Shared mode, when this index has nothing left to evict: remove the least
+ * recently used chunk files that no index of this process holds (pinned or
+ * pending) from sampled fan-out directories, at least need bytes if found
+ * (and a little more, so the next writes need not sample).  Returns the
+ * bytes freed (un-counted). */
+uint64_t kvo__file_evict_foreign(kvo_file_tier *t, uint64_t need);
 
 /* Test hook: nonzero makes tiers created afterwards use named temporary
  * files and rename instead of O_TMPFILE + linkat. */

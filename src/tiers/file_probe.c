@@ -13,13 +13,19 @@
  *  - the O_TMPFILE + linkat probe (with the real flags, in the namespace):
  *    when it works, a killed writer leaves nothing behind and a write needs
  *    one directory operation less; otherwise named temporaries and rename;
- *  - the quota clamp to what the file system can hold;
+ *  - the quota clamp to what the file system can hold (with params.shared
+ *    only the first process of a namespace computes it, for all:
+ *    file_tier.c);
+ *  - the probes of a read-only tier (no file could be created at create):
+ *    O_DIRECT reads, and whether files can be created again;
  *  - the host id and the per-process nonce written into temporary names
  *    (file_scan.c tells a dead writer's temporaries by them);
  *  - the test hooks that change what the probes decide.
  *
  * Lock rules: none; everything here runs before the tier's workers start
- * (the nonce is a process-wide atomic, set once).
+ * (the nonce is a process-wide atomic, set once), except the writability
+ * probe of a read-only tier, which a writer runs (file_tier.c rate-limits
+ * it under mu).
  *
  * Invariants: a probe leaves no file behind (its files carry the temporary
  * prefix with this host and pid, so even a crash mid-probe leaves only what
@@ -115,14 +121,19 @@ int kvo__file_make_fanout(const char *ns_dir, unsigned dmode) {
 }
 
 /* Probe O_DIRECT with a real write and read in the namespace directory.  Also
- * the writability check.  Returns 0 and sets *ok, or KVO_EIO. */
-int kvo__file_probe_direct(kvo_file_tier *t, bool *ok) {
+ * the writability check.  Returns 0 and sets *ok, or KVO_EIO with *werr = the
+ * errno of creating the probe file (ENOSPC: no free inode or block, EROFS:
+ * the caller may open read-only). */
+int kvo__file_probe_direct(kvo_file_tier *t, bool *ok, int *werr) {
     char path[KVO__FILE_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s%08x.%ld.probe", t->ns_dir, KVO__FILE_TMP_PREFIX, t->hostid, t->pid);
     *ok = false;
+    *werr = 0;
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
+    if (fd < 0) {
+        *werr = errno;
         return kvo__error(KVO_EIO, "file tier directory '%s' is not writable: %s", t->ns_dir, strerror(errno));
+    }
     close(fd);
     if (t->p.direct == KVO_FILE_DIRECT_OFF) {
         unlink(path);
@@ -144,6 +155,34 @@ int kvo__file_probe_direct(kvo_file_tier *t, bool *ok) {
     munmap(buf, 4096);
     unlink(path);
     return 0;
+}
+
+/* Read-only tier: does an O_DIRECT read work here?  Probed on the manifest
+ * (an aligned 4096-byte read of a shorter file returns what there is). */
+bool kvo__file_probe_direct_read(kvo_file_tier *t) {
+    char path[KVO__FILE_PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", t->ns_dir, KVO__FILE_MANIFEST);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
+    if (fd < 0) return false;
+    void *buf = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    bool ok = buf != MAP_FAILED && pread(fd, buf, 4096, 0) >= 0;
+    if (buf != MAP_FAILED) munmap(buf, 4096);
+    close(fd);
+    return ok;
+}
+
+/* Read-only tier: can a file be created (and every fan-out directory
+ * exist) now?  The same probe name as at create. */
+atomic_int kvo__file_ro_retry_ms = 10000;
+
+bool kvo__file_probe_writable(kvo_file_tier *t) {
+    char path[KVO__FILE_PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s%08x.%ld.probe", t->ns_dir, KVO__FILE_TMP_PREFIX, t->hostid, t->pid);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return false;
+    close(fd);
+    unlink(path);
+    return kvo__file_make_fanout(t->ns_dir, t->dmode) == 0;
 }
 
 /* Can files be written unnamed (O_TMPFILE) and linked in by name (linkat

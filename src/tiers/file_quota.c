@@ -34,8 +34,31 @@
  *    (tier_free).  The pool is searched linearly (at most pool_cap entries,
  *    max_pending_writes: 64 by default), under mu, once per reservation.
  *
+ *  - Shared mode (params.shared with the accounting of file_share.c): a
+ *    file this process's unlink removed is un-counted there
+ *    (kvo__file_uncount).  A reservation also takes the key's bytes in the
+ *    shared quota.  The index's capacity is the whole shared quota, and the
+ *    bytes of the namespace that it does not hold (other processes' files
+ *    and writes in flight: the shared `used` less the index's own bytes)
+ *    sit in it as a ballast of phantom entries, PENDING for good, one per
+ *    largest slot, brought up to date before each reservation and
+ *    adoption.  So the index's own policy makes room: when the others' bytes
+ *    grow, the ballast grows and evicts this process's files in policy
+ *    order (files it adopted from others count as its own), and when they
+ *    shrink this process may use more.  Should the shared quota still refuse
+ *    (a race, or entries of files another process removed, which free
+ *    nothing shared), the ballast grows by the excess, up to four rounds;
+ *    then the key leaves the index with KVO_ENOSPC and the caller may evict
+ *    files no index here holds (kvo__file_evict_foreign, file_scan.c).  The
+ *    ballast is not kept during the startup scan (files not yet adopted
+ *    would count as others').  A write of a key whose file another process
+ *    made meanwhile adopts it instead.  The ballast's keys have a high hash
+ *    half no chunk key has ("KVOBALLS"); stats subtract its bytes.
+ *
  * Lock rules: mu guards the pool and the eviction counter; it is taken only
- * around those, never across a rename, an unlink or a store call.  A pool
+ * around those, never across a rename, an unlink or a store call.  share_mu
+ * guards the ballast; it is held across its store calls and the unlinks its
+ * evictions cause, and taken before mu, never after.  A pool
  * entry that a writer is renaming stays in the pool marked `taking` until
  * the rename is done, so that a concurrent reservation of the same key can
  * wait for it.
@@ -146,7 +169,8 @@ void kvo__file_unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t 
     for (size_t i = 0; i < n; i++) {
         kvo__file_key_path(t, &ev[i], path);
         if (recycle_file(t, &ev[i])) continue;
-        if (unlink(path) != 0 && errno != ENOENT && errno != EISDIR) kvo__file_remove_any(path);
+        if (unlink(path) == 0) kvo__file_uncount(t, &ev[i]); /* ENOENT: another process's unlink counted it */
+        else if (errno != ENOENT && errno != EISDIR) kvo__file_remove_any(path);
     }
     if (n) {
         pthread_mutex_lock(&t->mu);
@@ -155,18 +179,23 @@ void kvo__file_unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t 
     }
 }
 
-/* Reserve quota for one key: prepare_store, then delete the files of the
- * keys it evicted.  *need as in kvo_store_prepare_store; *n_evicted (may be
- * NULL) counts the evicted files.  Retries with a larger eviction buffer when
- * one call evicts more than EVICT_CAP entries (many small chunks for a large
- * one). */
-int kvo__file_reserve_key(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *need, size_t *n_evicted) {
-    kvo_slot slot;
+void kvo__file_uncount(kvo_file_tier *t, const kvo_chunk_key *k) {
+    const kvo_group_plan *g = t->share ? kvo__file_group_of(t, k) : NULL;
+    if (g) kvo__fshare_uncount(t->share, g->slot_bytes);
+}
+
+/* prepare_store of n keys on the quota index, then delete the files of the
+ * keys it evicted (reclaim: n is 1, a write's key, which may still sit in the
+ * recycling pool).  *n_evicted (may be NULL) counts them.  Retries with a
+ * larger eviction buffer when one call evicts more than EVICT_CAP entries
+ * (many small chunks for a large one). */
+static int prepare_unlink(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots,
+                          size_t *n_evicted, bool reclaim) {
     kvo_chunk_key ev[EVICT_CAP];
     kvo_slot evs[EVICT_CAP];
     size_t nev = 0;
-    int rc = kvo_store_prepare_store(t->index, k, 1, need, &slot, ev, evs, EVICT_CAP, &nev);
-    if (rc == 0 && *need) pool_reclaim(t, k); /* before its own evictions: they never evict k */
+    int rc = kvo_store_prepare_store(t->index, keys, n, need, slots, ev, evs, EVICT_CAP, &nev);
+    if (rc == 0 && reclaim && need[0]) pool_reclaim(t, keys); /* before its own evictions: they never evict it */
     if (rc == KVO_ERANGE && nev > EVICT_CAP) {
         size_t cap = nev + 64;
         kvo_chunk_key *hev = kvo__malloc(cap * sizeof *hev);
@@ -176,7 +205,8 @@ int kvo__file_reserve_key(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *nee
             kvo__free(hevs);
             return kvo__error(KVO_ENOMEM, "file tier: eviction list of %zu entries", cap);
         }
-        rc = kvo_store_prepare_store(t->index, k, 1, need, &slot, hev, hevs, cap, &nev);
+        rc = kvo_store_prepare_store(t->index, keys, n, need, slots, hev, hevs, cap, &nev);
+        if (rc == 0 && reclaim && need[0]) pool_reclaim(t, keys);
         if (rc == 0) kvo__file_unlink_evicted(t, hev, nev);
         kvo__free(hev);
         kvo__free(hevs);
@@ -187,11 +217,138 @@ int kvo__file_reserve_key(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *nee
     return rc;
 }
 
+/* ------------------------------------------------------------ ballast -- */
+
+/* Phantom keys of the ballast: this hash never names a chunk (chunk keys
+ * are 128-bit hashes of token ids; this high half is ASCII "KVOBALLS"). */
+#define BALLAST_HI UINT64_C(0x4b564f42414c4c53)
+
+static kvo_chunk_key ballast_key(const kvo_file_tier *t, uint64_t i) {
+    kvo_chunk_key k;
+    memset(&k, 0, sizeof k);
+    k.hash.lo = i;
+    k.hash.hi = BALLAST_HI;
+    k.group = t->ballast_group;
+    return k;
+}
+
+/* Grow the ballast by up to m units (share_mu held): each batch's
+ * prepare_store makes room the index's way, evicting this process's files in
+ * policy order (they are unlinked and un-counted).  Keys 0..n_ballast-1
+ * exist, no other. */
+static void ballast_grow(kvo_file_tier *t, uint64_t m) {
+    enum { B = 32 };
+    kvo_chunk_key keys[B];
+    uint8_t need[B];
+    kvo_slot slots[B];
+    size_t b = B;
+    while (m) {
+        if (b > m) b = (size_t)m;
+        for (size_t i = 0; i < b; i++) keys[i] = ballast_key(t, t->n_ballast + i);
+        if (prepare_unlink(t, keys, b, need, slots, NULL, false) == 0) {
+            t->n_ballast += b;
+            m -= b;
+        } else if (b > 1) {
+            b = 1; /* all or nothing per call: the rest one at a time */
+        } else {
+            break; /* no more room can be made (the rest pinned or pending) */
+        }
+    }
+}
+
+static void ballast_shrink(kvo_file_tier *t, uint64_t m) {
+    enum { B = 32 };
+    kvo_chunk_key keys[B];
+    while (m) {
+        size_t b = m < B ? (size_t)m : B;
+        for (size_t i = 0; i < b; i++) keys[i] = ballast_key(t, t->n_ballast - 1 - i);
+        if (kvo_store_complete_store(t->index, keys, b, false) != 0) break;
+        t->n_ballast -= b;
+        m -= b;
+    }
+}
+
+/* Size the ballast to the namespace's bytes that this index does not hold:
+ * the shared `used` less this index's own bytes, plus adjust (an adoption's
+ * file, already in used, counts as this index's: -its bytes; a reservation
+ * the quota refused: +the excess), in whole units rounded up. */
+static void ballast_refresh(kvo_file_tier *t, int64_t adjust) {
+    kvo_store_stats ss = KVO_STORE_STATS_INIT;
+    pthread_mutex_lock(&t->share_mu);
+    if (t->ballast_on && kvo_store_get_stats(t->index, &ss) == 0) {
+        uint64_t ball = t->n_ballast * t->ballast_unit;
+        uint64_t mine = ss.bytes_used > ball ? ss.bytes_used - ball : 0;
+        int64_t others = (int64_t)kvo__fshare_used(t->share) - (int64_t)mine + adjust;
+        uint64_t want = others > 0 ? ((uint64_t)others + t->ballast_unit - 1) / t->ballast_unit : 0;
+        if (want > t->n_ballast) ballast_grow(t, want - t->n_ballast);
+        else if (want < t->n_ballast) ballast_shrink(t, t->n_ballast - want);
+    }
+    pthread_mutex_unlock(&t->share_mu);
+}
+
+uint64_t kvo__file_ballast_bytes(kvo_file_tier *t) {
+    if (!t->share) return 0;
+    pthread_mutex_lock(&t->share_mu);
+    uint64_t b = t->n_ballast * t->ballast_unit;
+    pthread_mutex_unlock(&t->share_mu);
+    return b;
+}
+
+void kvo__file_share_settle(kvo_file_tier *t) {
+    if (!t->share) return;
+    pthread_mutex_lock(&t->share_mu);
+    t->ballast_on = true; /* during the scan, files not yet adopted would count as others' */
+    pthread_mutex_unlock(&t->share_mu);
+    ballast_refresh(t, 0);
+}
+
+/* ------------------------------------------------------------ reserve -- */
+
+/* Shared mode: the key is reserved in this index (need); now in the shared
+ * accounting.  A file another process wrote meanwhile is adopted instead
+ * (need 0).  When the shared quota refuses, this index grows its ballast by
+ * the excess, which evicts this process's files in policy order (files of
+ * other processes that it adopted count as its own), and tries again; if it
+ * has nothing left to evict, the key leaves the index and KVO_ENOSPC says so
+ * (the caller may evict files no index of this process holds:
+ * kvo__file_evict_foreign). */
+static int reserve_shared(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *need) {
+    const kvo_group_plan *g = kvo__file_group_of(t, k);
+    if (kvo__file_probe_key(t, k, g)) {
+        *need = 0;
+        return kvo_store_complete_store(t->index, k, 1, true);
+    }
+    /* The index holds the key (pending) but used does not yet: the ballast
+     * is used - mine + the key's bytes, and grows by the excess each round
+     * (entries of files another process removed still count as mine here:
+     * evicting them frees nothing shared, so the next round asks for more). */
+    uint64_t over = 0;
+    for (int round = 0; round < 4; round++) {
+        if (kvo__fshare_reserve(t->share, g->slot_bytes, &over)) return 0;
+        ballast_refresh(t, (int64_t)(g->slot_bytes + over));
+    }
+    kvo_store_complete_store(t->index, k, 1, false);
+    *need = 0;
+    return kvo__error(KVO_ENOSPC, "file tier: the shared quota (%llu bytes) is full and this process holds "
+                      "nothing it can evict", (unsigned long long)kvo__fshare_quota(t->share));
+}
+
+int kvo__file_reserve_key(kvo_file_tier *t, const kvo_chunk_key *k, uint8_t *need, size_t *n_evicted) {
+    kvo_slot slot;
+    if (t->share) ballast_refresh(t, 0);
+    int rc = prepare_unlink(t, k, 1, need, &slot, n_evicted, true);
+    if (rc == 0 && *need && t->share) rc = reserve_shared(t, k, need);
+    return rc;
+}
+
 /* Put a key known to have a file into the index as READY (scan, shared-mode
  * adoption).  Returns 0, or an error (file left alone). */
 int kvo__file_adopt_key(kvo_file_tier *t, const kvo_chunk_key *k, size_t *evicted_out) {
     uint8_t need = 0;
-    int rc = kvo__file_reserve_key(t, k, &need, evicted_out);
+    kvo_slot slot;
+    const kvo_group_plan *g = kvo__file_group_of(t, k);
+    if (t->share && g) ballast_refresh(t, -(int64_t)g->slot_bytes); /* the file is counted already */
+    int rc = prepare_unlink(t, k, 1, &need, &slot, evicted_out, true);
     if (rc) return rc;
     if (need) rc = kvo_store_complete_store(t->index, k, 1, true);
     return rc;
@@ -204,4 +361,3 @@ bool kvo__file_probe_key(kvo_file_tier *t, const kvo_chunk_key *k, const kvo_gro
     kvo__file_key_path(t, k, path);
     return stat(path, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == kvo__file_stage_size(g);
 }
-

@@ -14,10 +14,13 @@
  *    a live writer's (kvo_file_temp_stale; the scan removes stale ones).
  *  - The startup scan: collect every chunk file's key and last use in one
  *    walk, then adopt them into the quota index oldest first, in batches.
+ *  - Shared mode: eviction of files no index of this process holds, from
+ *    sampled fan-out directories (kvo__file_evict_foreign, below).
  *
  * Lock rules: the walker takes no lock and holds none while it calls user
  * code.  The scan runs inside kvo_file_tier_create, before any other thread
- * can see the tier: it touches t->st without mu.
+ * can see the tier: it touches t->st without mu.  The foreign eviction runs
+ * on a writer's thread: it takes mu only for its counters.
  *
  * Invariants: the walk never follows a symbolic link (lstat semantics) and
  * never reads a header; the scan removes only what is provably not a valid
@@ -275,7 +278,7 @@ static void scan_flush(kvo_file_tier *t, scan_scratch *sc) {
         size_t one = 0;
         if (kvo__file_adopt_key(t, &sc->keys[i], &one) != 0) {
             kvo__file_key_path(t, &sc->keys[i], path);
-            kvo__file_remove_any(path);
+            if (kvo__file_remove_any(path) == 0) kvo__file_uncount(t, &sc->keys[i]);
             t->st.scan_removed++;
             continue;
         }
@@ -298,4 +301,76 @@ int kvo__file_scan_adopt(kvo_file_tier *t, kvo__scan_item *items, size_t n_items
     scan_flush(t, sc);
     kvo__free(sc);
     return 0;
+}
+
+/* ------------------------------------------ eviction of foreign files -- */
+
+/* Shared mode: files that no index of this process can evict (written by
+ * processes that never told this one, some of them gone) still count in the
+ * shared quota.  When this index has nothing left to evict, fan-out
+ * directories are sampled, round robin over every process of the namespace
+ * (the accounting's cursor), until FOREIGN_SEEN chunk files were seen or
+ * every directory was: one readdir and one fstatat per entry, bounded.  The
+ * least recently used of them (access or modification time) are removed
+ * until `need` bytes and a little more (FOREIGN_SLACK units, at most 1/16 of
+ * the quota: the next writes then need not sample) are free.  A file this
+ * index holds pinned or pending is skipped; one it holds ready leaves the
+ * index first.  Another process that indexed a removed file misses it on
+ * its next read, as with any eviction elsewhere. */
+enum { FOREIGN_SEEN = 64, FOREIGN_MAX = 256, FOREIGN_SLACK = 8 };
+
+typedef struct foreign_ctx {
+    kvo_file_tier *t;
+    kvo__scan_item items[FOREIGN_MAX];
+    size_t n;
+} foreign_ctx;
+
+static int foreign_visit(const kvo_file_walk_entry *e, void *arg) {
+    foreign_ctx *c = arg;
+    if (e->kind != KVO_FILE_WALK_CHUNK || !e->have_stat || !e->is_regular || c->n == FOREIGN_MAX) return 0;
+    const kvo_group_plan *g = kvo__file_group_of(c->t, &e->key);
+    if (!g || e->file_bytes != kvo__file_stage_size(g) || (e->key.hash.lo & 0xff) != e->subdir) return 0;
+    kvo_store_entry se;
+    if (kvo_store_peek(c->t->index, &e->key, &se) == 0 && (se.pins || se.state != KVO_READY)) return 0;
+    c->items[c->n].key = e->key;
+    c->items[c->n].used = e->last_used_s;
+    c->n++;
+    return 0;
+}
+
+uint64_t kvo__file_evict_foreign(kvo_file_tier *t, uint64_t need) {
+    if (!t->share) return 0;
+    uint64_t freed = kvo__fshare_reap(t->share); /* a dead process's reservations first */
+    if (freed >= need) return freed;
+    foreign_ctx *c = kvo__malloc(sizeof *c);
+    if (!c) return freed;
+    c->t = t;
+    c->n = 0;
+    int nsfd = open(t->ns_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    char path[KVO__FILE_PATH_MAX];
+    size_t len = strlen(t->ns_dir);
+    memcpy(path, t->ns_dir, len + 1);
+    for (uint32_t d = 0; nsfd >= 0 && d < 256 && c->n < FOREIGN_SEEN; d++)
+        walk_subdir(nsfd, kvo__fshare_next_dir(t->share), path, len, KVO_FILE_WALK_STAT, foreign_visit, c);
+    if (nsfd >= 0) close(nsfd);
+    if (c->n > 1) qsort(c->items, c->n, sizeof *c->items, scan_item_cmp);
+    uint64_t slack = FOREIGN_SLACK * t->ballast_unit, cap = t->quota / 16;
+    uint64_t target = need + (slack < cap ? slack : cap), removed = 0;
+    for (size_t i = 0; i < c->n && freed < target; i++) {
+        const kvo_chunk_key *k = &c->items[i].key;
+        if (kvo_store_remove(t->index, k, 1) != 0) continue; /* pinned or pending meanwhile */
+        kvo__file_key_path(t, k, path);
+        if (unlink(path) != 0) continue; /* gone: whoever removed it un-counted it */
+        kvo__file_uncount(t, k);
+        freed += kvo__file_group_of(t, k)->slot_bytes;
+        removed++;
+    }
+    kvo__free(c);
+    if (removed) {
+        pthread_mutex_lock(&t->mu);
+        t->st.evictions += removed;
+        t->st.foreign_evictions += removed;
+        pthread_mutex_unlock(&t->mu);
+    }
+    return freed;
 }

@@ -10,7 +10,9 @@
  * file_ops.c runs one operation, file_workers.c queues and completes them,
  * file_quota.c keeps the quota index and recycles evicted files,
  * file_probe.c decides what the file system can do, file_scan.c walks the
- * namespace at startup, file_common.c has the key path and the log.
+ * namespace at startup, file_common.c has the key path and the log,
+ * file_share.c keeps the quota that the processes of a namespace share
+ * (params.shared).
  *
  * Pieces seen from here
  *  - Index and quota: a kvo_store whose capacity is the byte quota.  Its
@@ -34,6 +36,17 @@
  *  - Read path: prepare_load pins the key; a worker or the ring reads and
  *    verifies it (file_ops.c); a file that fails is removed and reported as
  *    KVO_ECORRUPT: a miss.
+ *  - Shared namespace (params.shared): create attaches to the namespace's
+ *    accounting before the scan, holding its attach lock until the scanned
+ *    files are adopted; the first process attached records the quota (its
+ *    own, clamped), the others take the recorded one; the scan's walk
+ *    recounts.  A write whose reservation the shared quota refuses, in a
+ *    process that holds nothing it can evict, evicts files no index here
+ *    holds (file_scan.c) and tries once more.
+ *  - Read-only: when no file can be created at create (ENOSPC: no free
+ *    inode or block, EDQUOT, EROFS), the tier opens anyway and serves what
+ *    is there; writes are dropped (dropped_readonly) until a probe, at most
+ *    every kvo__file_ro_retry_ms, creates a file again.
  *
  * Bounded resources: ops are kept on a free list (the steady state
  * allocates nothing); staging memory is fixed at create (max_staging_bytes)
@@ -96,6 +109,7 @@ kvo_file_tier_params kvo_file_tier_default_params(void) {
 
 static void tier_free(kvo_file_tier *t) {
     if (!t) return;
+    kvo__fshare_detach(t->share); /* after the workers: no write holds a reservation now */
     kvo_store_destroy(t->index);
     for (kvo__fop *op = t->free_ops, *n; op; op = n) {
         n = op->next;
@@ -113,6 +127,7 @@ static void tier_free(kvo_file_tier *t) {
     kvo__free(t->threads);
     if (t->efd >= 0) close(t->efd);
     pthread_mutex_destroy(&t->mu);
+    pthread_mutex_destroy(&t->share_mu);
     pthread_cond_destroy(&t->work_cv);
     pthread_cond_destroy(&t->done_cv);
     kvo__free(t);
@@ -158,6 +173,7 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
     t->plan = p->plan;
     t->efd = -1;
     pthread_mutex_init(&t->mu, NULL);
+    pthread_mutex_init(&t->share_mu, NULL);
     pthread_cond_init(&t->work_cv, NULL);
     pthread_cond_init(&t->done_cv, NULL);
     t->pid = (long)getpid();
@@ -167,6 +183,13 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
      * that every queued write finds one once the quota is full */
     t->pool_cap = t->p.shared ? 0 : (t->p.max_pending_writes < 4096 ? (uint32_t)t->p.max_pending_writes : 4096);
     t->pool_max_bytes = t->p.max_staging_bytes;
+    for (size_t i = 0; i < kvo_plan_num_groups(p->plan); i++) { /* the ballast's unit: the largest slot */
+        const kvo_group_plan *g = kvo_plan_group(p->plan, i);
+        if (g->offloaded && g->slot_bytes > t->ballast_unit) {
+            t->ballast_unit = g->slot_bytes;
+            t->ballast_group = (uint32_t)i;
+        }
+    }
     if (t->pool_cap) {
         t->pool = kvo__calloc(t->pool_cap, sizeof *t->pool);
         if (!t->pool) {
@@ -186,25 +209,63 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
     return 0;
 }
 
-/* Create phase 3: the namespace directory, the probes, the manifest. */
+/* Create phase 3: the namespace directory, the probes, the manifest.  When
+ * no file can be created (no free inode or block, a quota, a read-only file
+ * system) but the namespace exists, the tier opens read-only: the files
+ * already there are served, writes are dropped (file_probe.c). */
 static int open_namespace(kvo_file_tier *t) {
     int rc = kvo__file_mkdir_p(t->ns_dir, t->dmode);
-    if (rc == 0) rc = kvo__file_make_fanout(t->ns_dir, t->dmode);
     if (rc) return rc;
+    int werr = 0;
+    rc = kvo__file_probe_direct(t, &t->direct, &werr);
+    bool ro = rc != 0 && (werr == ENOSPC || werr == EDQUOT || werr == EROFS);
+    if (rc && !ro) return rc;
+    if (ro) {
+        atomic_store(&t->readonly, true);
+        kvo__log(KVO_LOG_WARN, "kvoffload file tier: %s: cannot create a file (%s): opened read-only: the chunks "
+                 "already there are served, writes are dropped (dropped_readonly) until files can be created "
+                 "again", t->ns_dir, strerror(werr));
+        t->direct = t->p.direct != KVO_FILE_DIRECT_OFF && kvo__file_probe_direct_read(t);
+    }
+    rc = kvo__file_make_fanout(t->ns_dir, t->dmode);
+    if (rc && !ro) return rc;
     kvo__file_clean_ns_temps(t);
-    rc = kvo__file_probe_direct(t, &t->direct);
-    if (rc) return rc;
     if (t->p.direct == KVO_FILE_DIRECT_ON && !t->direct)
         return kvo__error(KVO_ENOTSUP, "file tier: O_DIRECT does not work on '%s' (tmpfs and some network file "
                           "systems refuse it); use direct = AUTO or OFF", t->ns_dir);
     bool rebuilt = false;
     rc = kvo__file_manifest_ensure(t->ns_dir, t->plan, t->p.layout_hash, t->fmode, &rebuilt);
-    if (rc) return rc;
+    if (rc && !(ro && (rc == KVO_ENOSPC || rc == KVO_EIO))) return rc; /* read-only: chunk headers still verify */
     if (rebuilt)
         kvo__file_log(t, KVO__FLOG_CORRUPT, "%s/%s was damaged: rebuilt from the plan (chunk files are verified "
                       "on every read)", t->ns_dir, KVO__FILE_MANIFEST);
-    t->tmpfile = kvo__file_probe_tmpfile(t);
+    t->tmpfile = !ro && kvo__file_probe_tmpfile(t);
     return 0;
+}
+
+/* params.shared: attach to the namespace's accounting (file_share.c).
+ * When it cannot be used the tier goes on with a quota of its own, as
+ * before sharing existed, and says so. */
+static void attach_shared(kvo_file_tier *t, bool *first) {
+    int rc = kvo__fshare_attach(t->ns_dir, t->fmode, &t->share, first);
+    if (rc)
+        kvo__log(KVO_LOG_WARN, "kvoffload file tier: %s: no shared quota (%s): this process keeps its own quota "
+                 "and index", t->ns_dir, kvo_last_error());
+}
+
+/* The quota in force with the shared accounting: the first process to
+ * attach (no other attached) records its quota, clamped to the file system
+ * once for all; the others use the recorded one and say once when theirs
+ * differs. */
+static uint64_t agree_quota(kvo_file_tier *t, bool first, uint64_t ours, uint64_t max_slot) {
+    uint64_t clamped = first ? kvo__file_clamp_quota(t, t->p.quota_bytes, ours, max_slot) : 0, rec = 0;
+    uint64_t q = kvo__fshare_agree(t->share, first, t->p.quota_bytes, clamped, &rec);
+    if (!first && (rec != t->p.quota_bytes || q > t->p.quota_bytes))
+        kvo__log(KVO_LOG_WARN, "kvoffload file tier: %s: quota_bytes %llu differs from the shared quota of this "
+                 "namespace: using %llu (recorded by the first process to open it, which was given %llu; it is "
+                 "recorded again once every process has closed the namespace)", t->ns_dir,
+                 (unsigned long long)t->p.quota_bytes, (unsigned long long)q, (unsigned long long)rec);
+    return q;
 }
 
 /* Create phase 4: walk the namespace first (what it holds decides, with the
@@ -218,9 +279,19 @@ static int build_index(kvo_file_tier *t, uint64_t max_slot) {
     size_t n_items = 0;
     uint64_t t_scan = kvo__now_ns(), ours = 0;
     int rc;
+    bool first = false;
+    kvo__fshare_snap snap;
+    memset(&snap, 0, sizeof snap);
+    if (t->p.shared) attach_shared(t, &first); /* holds the attach lock until the scan is adopted */
+    if (t->share) kvo__fshare_snapshot(t->share, &snap);
     if (t->p.scan && (rc = kvo__file_scan_collect(t, &items, &n_items, &ours)) != 0) return rc;
     t->st.scan_ns = kvo__now_ns() - t_scan;
-    t->quota = kvo__file_clamp_quota(t, t->p.quota_bytes, ours, max_slot);
+    if (t->share) {
+        t->quota = agree_quota(t, first, ours, max_slot);
+        if (t->p.scan) kvo__fshare_recount(t->share, first, &snap, ours, n_items);
+    } else {
+        t->quota = kvo__file_clamp_quota(t, t->p.quota_bytes, ours, max_slot);
+    }
     kvo_store_params sp = kvo_store_default_params();
     sp.plan = t->plan;
     sp.capacity_bytes = t->quota;
@@ -255,6 +326,10 @@ static int build_index(kvo_file_tier *t, uint64_t max_slot) {
         t_scan = kvo__now_ns();
         rc = kvo__file_scan_adopt(t, items, n_items);
         if (rc == 0) t->st.scan_ns += kvo__now_ns() - t_scan;
+    }
+    if (rc == 0 && t->share) {
+        kvo__file_share_settle(t); /* what other processes hold beyond the scanned files */
+        kvo__fshare_attached(t->share);
     }
 out:
     kvo__free(items);
@@ -334,7 +409,7 @@ int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) 
     char path[KVO__FILE_PATH_MAX];
     for (size_t i = 0; i < n; i++) {
         kvo__file_key_path(t, &keys[i], path);
-        kvo__file_remove_any(path);
+        if (kvo__file_remove_any(path) == 0) kvo__file_uncount(t, &keys[i]);
     }
     return 0;
 }
@@ -362,10 +437,35 @@ static bool can_borrow(const kvo_file_tier *t, const kvo_group_plan *g, const vo
 }
 
 /* kvo_file_tier_write and kvo_file_tier_write_borrowed (borrow). */
+/* A read-only tier (no file could be created) tries again at most every
+ * kvo__file_ro_retry_ms; true when it is writable now. */
+static bool writable(kvo_file_tier *t) {
+    if (!atomic_load(&t->readonly)) return true;
+    if (t->p.shared && !t->share) return false; /* no accounting could be attached: stays read-only */
+    uint64_t now = kvo__now_ns(), every = (uint64_t)atomic_load(&kvo__file_ro_retry_ms) * 1000000u;
+    pthread_mutex_lock(&t->mu);
+    bool due = now - t->ro_probe_ns >= every;
+    if (due) t->ro_probe_ns = now;
+    pthread_mutex_unlock(&t->mu);
+    if (!due || !kvo__file_probe_writable(t)) return false;
+    bool was = true;
+    if (atomic_compare_exchange_strong(&t->readonly, &was, false))
+        kvo__log(KVO_LOG_WARN, "kvoffload file tier: %s: files can be created again: writable", t->ns_dir);
+    return true;
+}
+
 static int write_batch(kvo_file_tier *t, const kvo_chunk_key *keys, const void *const *srcs, const uint64_t *sums,
                        size_t n, const uint64_t *user_data, int *results, size_t *n_queued, bool borrow) {
     size_t queued = 0;
     int ret = 0;
+    if (n && !writable(t)) {
+        for (size_t i = 0; i < n && results; i++) results[i] = KVO_ENOSPC;
+        pthread_mutex_lock(&t->mu);
+        t->st.dropped_readonly += n;
+        pthread_mutex_unlock(&t->mu);
+        if (n_queued) *n_queued = 0;
+        return 0;
+    }
     for (size_t i = 0; i < n; i++) {
         int r;
         const kvo_group_plan *g = batch_item(t, keys, i, srcs[i], "write", "source", &r);
@@ -416,6 +516,8 @@ static int write_batch(kvo_file_tier *t, const kvo_chunk_key *keys, const void *
         /* 3. the index: reserve quota, evict. */
         uint8_t need = 0;
         int src = kvo__file_reserve_key(t, &keys[i], &need, NULL);
+        if (src == KVO_ENOSPC && t->share && kvo__file_evict_foreign(t, g->slot_bytes) > 0)
+            src = kvo__file_reserve_key(t, &keys[i], &need, NULL); /* room made from files no index here holds */
         if (src != 0 || !need) {
             if (!lend) kvo__file_stage_release(t, &keys[i]);
             pthread_mutex_lock(&t->mu);
@@ -600,9 +702,16 @@ static int kvo__file_tier_get_stats_fill(kvo_file_tier *t, kvo_file_tier_stats *
     out->write_latency_ns = t->lat_ewma_ns;
     pthread_mutex_unlock(&t->mu);
     if (have_sst) out->staging_bytes = sst.bytes_used;
+    uint64_t ballast = kvo__file_ballast_bytes(t);
     out->quota_bytes = t->quota;
-    out->bytes_used = ss.bytes_used;
-    out->files = ss.entries - ss.pending;
+    out->bytes_used = ss.bytes_used > ballast ? ss.bytes_used - ballast : 0;
+    out->files = ss.entries - ss.pending; /* the ballast's entries are pending */
+    out->read_only = atomic_load(&t->readonly);
+    if (t->share) {
+        out->shared = 1;
+        out->shared_bytes_used = kvo__fshare_used(t->share);
+        out->shared_files = kvo__fshare_files(t->share);
+    }
     return 0;
 }
 

@@ -11,6 +11,13 @@
  *    phases synchronously (file_ops.c) and hands it back (kvo__fop_finish).
  *  - Starting and stopping the backends (ring first, then threads; stop
  *    cancels queued reads, lets queued writes finish).
+ *  - With the shared accounting (file_share.c), a write's phases run one by
+ *    one, so that its bytes are committed (a file now, no longer a
+ *    reservation) between the I/O and the link, and afterwards the name is
+ *    checked: when it does not name the inode this write made (another
+ *    process linked the same key first), the write did not create a file and
+ *    its bytes are dropped from the count; a failed write releases its
+ *    reservation.
  *
  * Layering: called by file_tier.c only; calls uring/file_uring.c,
  * file_ops.c and file_queue.c, none of which calls back into it (the ring
@@ -19,9 +26,52 @@
  * Lock rules: mu is taken only to set closing; workers sleep on work_cv
  * inside kvo__fop_next.
  */
+#include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "tiers/file_internal.h"
+
+/* A write with the shared accounting: begin, I/O, commit, link, end, then
+ * who made the name.  With O_TMPFILE this worker links the file itself
+ * right after the commit (after fdatasync when the policy asks for it, as
+ * end would): linkat succeeds only for the one writer that creates the
+ * name, EEXIST for every other, which is exactly who counts the file; end's
+ * own link then finds the name taken (EEXIST, a success for it).  Only if
+ * the name vanished between the two links does end's link make it: then
+ * the name holds this write's inode.  With named temporaries end renames
+ * over whatever is there: a file that existed before was counted by its own
+ * writer, so the bytes of this one are dropped (a rename racing an unlink
+ * of that file may leave one file miscounted until the next recount). */
+static void write_shared(kvo_file_tier *t, kvo__fop *op) {
+    uint64_t x = op->g->slot_bytes;
+    int rc = kvo__fop_begin(t, op);
+    int64_t io = rc < 0 ? rc : kvo__fop_io_continue(op, 0);
+    struct stat mine, pre, post;
+    bool have = io == (int64_t)op->io_bytes && op->fd >= 0 && fstat(op->fd, &mine) == 0;
+    bool linking = t->tmpfile && !op->recycled, made = false, existed = false;
+    if (have) {
+        kvo__fshare_commit(t->share, x);
+        if (linking && (t->p.fsync == KVO_FILE_FSYNC_NONE || fdatasync(op->fd) == 0)) {
+            char proc[64];
+            snprintf(proc, sizeof proc, "/proc/self/fd/%d", op->fd);
+            made = linkat(AT_FDCWD, proc, AT_FDCWD, op->path, AT_SYMLINK_FOLLOW) == 0;
+        } else if (!linking) {
+            existed = lstat(op->path, &pre) == 0;
+        }
+    }
+    kvo__fop_end(t, op, io);
+    if (!have) {
+        kvo__fshare_release(t->share, x);
+        return;
+    }
+    if (made) return; /* on disk under its name, even if end failed after the link */
+    bool ours = op->result == 0 && !existed && lstat(op->path, &post) == 0 && post.st_ino == mine.st_ino &&
+                post.st_dev == mine.st_dev;
+    if (!ours) kvo__fshare_drop(t->share, x);
+}
 
 static void *worker_main(void *arg) {
     kvo_file_tier *t = arg;
@@ -35,7 +85,8 @@ static void *worker_main(void *arg) {
     kvo__fop *op;
     unsigned kinds = t->uring ? KVO__FOP_WRITE : KVO__FOP_READ | KVO__FOP_WRITE;
     while ((op = kvo__fop_next(t, true, kinds)) != NULL) {
-        kvo__fop_run_sync(t, op);
+        if (t->share && op->kind == KVO__FOP_WRITE) write_shared(t, op);
+        else kvo__fop_run_sync(t, op);
         kvo__fop_finish(t, op);
     }
     return NULL;

@@ -10,6 +10,7 @@ kvo_sources(KVO_SOURCES tiers
   file_queue.c
   file_quota.c
   file_scan.c
+  file_share.c
   file_testing.c
   file_tier.c
   file_workers.c

@@ -16,6 +16,20 @@
  * startup scan uses), one lstat per entry; every chunk-shaped name is then
  * verified in full with kvo_file_inspect.
  *
+ * Beside a live tier: a chunk name may be unlinked (an eviction), replaced
+ * by another file, or (recycling) renamed away and its inode rewritten for
+ * another key while it is being read.  So each chunk file is opened once
+ * (openat, no symbolic link followed), verified through that descriptor
+ * (/proc/self/fd/N), and judged only when the inode did not change while it
+ * was read and the name still names it afterwards; a file that fails is
+ * looked at again after a moment and reported BAD only if the same inode,
+ * unchanged, fails again.  A name that vanished is skipped, one whose file
+ * keeps changing is counted as in flux (not a problem).  --repair checks a
+ * BAD file once more right before removing it, then moves the name aside
+ * (renameat2 RENAME_NOREPLACE to a temporary name) and removes what it
+ * moved only if it is that same inode (otherwise it is put back), so a good
+ * file a writer placed meanwhile is never removed.
+ *
  * Nothing is ever opened blocking (a FIFO under a chunk name or as the
  * manifest is reported, not waited on).  A namespace whose manifest names
  * another (newer) format version is reported and left alone: its files are
@@ -131,6 +145,7 @@ typedef struct fsck_ns {
     fsck_group groups[KVO_MAX_GROUPS];
     json_t *bad;
     uint64_t files, bytes, tmp_live, tmp_stale, unknown;
+    uint64_t in_flux, vanished;   /* changing or gone while checked (a live tier) */
     char fp_hex[33], model[KVO_NAME_MAX];
     uint64_t layout_hash;
     long long version;
@@ -281,8 +296,7 @@ static bool chunk_shaped(const char *name) {
  * that group's slot; otherwise it must not exceed the largest slot of any
  * group of the manifest, or KVO__FSCK_MAX_FILE_BYTES with no usable manifest. */
 #define KVO__FSCK_MAX_FILE_BYTES (64ull << 30)
-static bool size_unbelievable(const fsck_ns *n, const kvo_file_walk_entry *e, char *why, size_t cap) {
-    uint64_t size = e->file_bytes;
+static bool size_unbelievable(const fsck_ns *n, const kvo_file_walk_entry *e, uint64_t size, char *why, size_t cap) {
     const fsck_group *G = NULL;
     if (e->kind == KVO_FILE_WALK_CHUNK && e->key.group < KVO_MAX_GROUPS && n->groups[e->key.group].known)
         G = &n->groups[e->key.group];
@@ -302,6 +316,181 @@ static bool size_unbelievable(const fsck_ns *n, const kvo_file_walk_entry *e, ch
     snprintf(why, cap, "%llu bytes, more than any chunk file here can be (%llu bytes at most): not read",
              (unsigned long long)size, (unsigned long long)max);
     return true;
+}
+
+/* ------------------------------------------------- one chunk, live-safe -- */
+
+/* What identifies a file's contents as read: inode, size, and the times a
+ * write (mtime) or a rename or link change (ctime) moves. */
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtim, ctim;
+} file_id;
+
+static void id_of(const struct stat *st, file_id *id) {
+    id->dev = st->st_dev;
+    id->ino = st->st_ino;
+    id->size = st->st_size;
+    id->mtim = st->st_mtim;
+    id->ctim = st->st_ctim;
+}
+
+static bool id_same(const file_id *a, const file_id *b) {
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtim.tv_sec == b->mtim.tv_sec &&
+           a->mtim.tv_nsec == b->mtim.tv_nsec && a->ctim.tv_sec == b->ctim.tv_sec &&
+           a->ctim.tv_nsec == b->ctim.tv_nsec;
+}
+
+enum { CHUNK_OK, CHUNK_BAD, CHUNK_GONE, CHUNK_FLUX };
+/* A file that fails once is looked at again after this long (a writer's
+ * rename and rewrite take far less); at most this many looks in all. */
+#define FSCK_RECHECK_US 50000
+#define FSCK_LOOKS 6
+
+/* Check once what e's name names now.  CHUNK_OK: valid, *info filled;
+ * CHUNK_BAD: why says what is wrong with the inode *id, which did not change
+ * while it was read and which the name still names; CHUNK_GONE: the name
+ * vanished; CHUNK_FLUX: the file changed while read, or the name now names
+ * another file. */
+static int chunk_check_once(const fsck_ns *n, const kvo_file_walk_entry *e, kvo_file_chunk_info *info, file_id *id,
+                            char *why, size_t cap) {
+    struct stat a, b;
+    int fd = openat(e->dir_fd, e->name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0) {
+        int err = errno;
+        if (err == ENOENT) return CHUNK_GONE;
+        if (fstatat(e->dir_fd, e->name, &a, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? CHUNK_GONE : CHUNK_FLUX;
+        id_of(&a, id);
+        if (S_ISLNK(a.st_mode)) snprintf(why, cap, "a symbolic link where a chunk file should be");
+        else snprintf(why, cap, "cannot open: %s", strerror(err));
+        return CHUNK_BAD;
+    }
+    int verdict = CHUNK_OK;
+    if (fstat(fd, &a) != 0) {
+        close(fd);
+        return CHUNK_FLUX;
+    }
+    id_of(&a, id);
+    if (!S_ISREG(a.st_mode)) {
+        snprintf(why, cap, "%s where a chunk file should be", S_ISDIR(a.st_mode) ? "a directory" : "not a regular file");
+        verdict = CHUNK_BAD;
+    } else if (size_unbelievable(n, e, (uint64_t)a.st_size, why, cap)) {
+        verdict = CHUNK_BAD;
+    } else {
+        char proc[64];
+        snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+        if (kvo_file_inspect(proc, NULL, info) != 0) {
+            const char *msg = kvo_last_error();
+            size_t pl = strlen(proc);
+            if (!strncmp(msg, proc, pl) && msg[pl] == ':') msg += pl + 2;
+            snprintf(why, cap, "%s", msg);
+            verdict = CHUNK_BAD;
+        } else if (e->kind == KVO_FILE_WALK_CHUNK && !kvo_chunk_key_eq(&info->key, &e->key)) {
+            char kh[33];
+            kvo_u128_hex(info->key.hash, kh);
+            snprintf(why, cap, "the header names another chunk (%s, group %u) than the file name", kh, info->key.group);
+            verdict = CHUNK_BAD;
+        } else {
+            fsck_mismatch(n, info, e->subdir, why, cap);
+            if (why[0]) verdict = CHUNK_BAD;
+        }
+    }
+    bool changed = fstat(fd, &b) != 0;
+    close(fd);
+    file_id after;
+    if (!changed) {
+        id_of(&b, &after);
+        changed = !id_same(id, &after);
+    }
+    if (changed) return CHUNK_FLUX; /* written while read */
+    if (fstatat(e->dir_fd, e->name, &b, AT_SYMLINK_NOFOLLOW) != 0)
+        return verdict == CHUNK_OK ? CHUNK_OK : CHUNK_GONE; /* removed meanwhile (a good file still counts) */
+    if (b.st_ino != a.st_ino || b.st_dev != a.st_dev) return verdict == CHUNK_OK ? CHUNK_OK : CHUNK_FLUX;
+    return verdict;
+}
+
+/* --repair of a BAD chunk file: look once more right before, then move the
+ * name aside without replacing anything and remove what was moved only if it
+ * is the inode that failed; anything else is put back. */
+static bool repair_chunk(const fsck_ns *n, const kvo_file_walk_entry *e, const file_id *bad) {
+    kvo_file_chunk_info info;
+    file_id id;
+    char why[512];
+    if (chunk_check_once(n, e, &info, &id, why, sizeof why) != CHUNK_BAD || !id_same(&id, bad)) return false;
+    static unsigned counter;
+    char q[96];
+    snprintf(q, sizeof q, ".tmp.fsck.%ld.%u", (long)getpid(), counter++);
+    if (renameat2(e->dir_fd, e->name, e->dir_fd, q, RENAME_NOREPLACE) != 0) {
+        if (errno != EINVAL && errno != ENOSYS) return false;
+        /* no RENAME_NOREPLACE here: unlink after one more look (a narrow race) */
+        struct stat st;
+        if (fstatat(e->dir_fd, e->name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_ino != bad->ino) return false;
+        return unlinkat(e->dir_fd, e->name, S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) == 0;
+    }
+    struct stat st;
+    if (fstatat(e->dir_fd, q, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_ino == bad->ino && st.st_dev == bad->dev &&
+        unlinkat(e->dir_fd, q, S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) == 0)
+        return true;
+    /* a writer's file took the name meanwhile: back it goes (a copy of the
+     * same chunk may have been placed since: then this one is a spare) */
+    if (renameat2(e->dir_fd, q, e->dir_fd, e->name, RENAME_NOREPLACE) != 0) unlinkat(e->dir_fd, q, 0);
+    return false;
+}
+
+/* Record a BAD chunk file; with --repair remove it as repair_chunk says. */
+static void bad_chunk(fsck_ns *n, const kvo_file_walk_entry *e, const char *why, const file_id *id) {
+    fsck_ctx *c = n->c;
+    bool removed = c->repair && repair_chunk(n, e, id);
+    c->problems++;
+    c->removed += removed;
+    c->ns_bad++;
+    if (c->json) {
+        json_t *b = json_object();
+        json_object_set_new(b, "path", json_string(e->path));
+        json_object_set_new(b, "error", json_string(why));
+        json_object_set_new(b, "removed", json_boolean(removed));
+        json_array_append_new(n->bad, b);
+    } else {
+        printf("  BAD %s: %s%s\n", e->path, why, removed ? " (removed)" : (c->repair ? " (not removed: it changed)" : ""));
+    }
+}
+
+/* One chunk-shaped name: judged on a stable inode, twice when it fails. */
+static void fsck_chunk(fsck_ns *n, const kvo_file_walk_entry *e) {
+    file_id failed;
+    bool failed_once = false;
+    char why[512];
+    for (int look = 0; look < FSCK_LOOKS; look++) {
+        kvo_file_chunk_info info;
+        file_id id;
+        why[0] = 0;
+        int v = chunk_check_once(n, e, &info, &id, why, sizeof why);
+        if (v == CHUNK_OK) {
+            fsck_group *G = info.key.group < KVO_MAX_GROUPS ? &n->groups[info.key.group] : NULL;
+            if (G) {
+                if (!G->known && !G->name[0]) snprintf(G->name, sizeof G->name, "%s", info.group_name);
+                G->chunks++;
+                G->bytes += info.file_bytes;
+            }
+            n->files++;
+            n->bytes += info.file_bytes;
+            return;
+        }
+        if (v == CHUNK_GONE) {
+            n->vanished++;
+            return;
+        }
+        if (v == CHUNK_BAD && failed_once && id_same(&failed, &id)) {
+            bad_chunk(n, e, why, &id);
+            return;
+        }
+        failed_once = v == CHUNK_BAD;
+        failed = id;
+        usleep(v == CHUNK_BAD ? FSCK_RECHECK_US : 1000u << look); /* a writer renaming or rewriting it */
+    }
+    n->in_flux++;
 }
 
 /* kvo_file_walk callback: one entry of a fan-out directory. */
@@ -326,32 +515,7 @@ static int fsck_visit(const kvo_file_walk_entry *e, void *arg) {
         bad_file(c, n->bad, e->path, "a directory where a chunk file should be");
         return 0;
     }
-    char why[512];
-    if (e->is_regular && size_unbelievable(n, e, why, sizeof why)) { /* others: kvo_file_inspect says what */
-        bad_file(c, n->bad, e->path, why);
-        return 0;
-    }
-    kvo_file_chunk_info info;
-    if (kvo_file_inspect(e->path, NULL, &info)) {
-        const char *why = kvo_last_error();
-        size_t pl = strlen(e->path);
-        if (!strncmp(why, e->path, pl) && why[pl] == ':') why += pl + 2;
-        bad_file(c, n->bad, e->path, why);
-        return 0;
-    }
-    fsck_mismatch(n, &info, e->subdir, why, sizeof why);
-    if (why[0]) {
-        bad_file(c, n->bad, e->path, why);
-        return 0;
-    }
-    fsck_group *G = info.key.group < KVO_MAX_GROUPS ? &n->groups[info.key.group] : NULL;
-    if (G) {
-        if (!G->known && !G->name[0]) snprintf(G->name, sizeof G->name, "%s", info.group_name);
-        G->chunks++;
-        G->bytes += info.file_bytes;
-    }
-    n->files++;
-    n->bytes += info.file_bytes;
+    fsck_chunk(n, e);
     return 0;
 }
 
@@ -405,6 +569,8 @@ static void fsck_summary(fsck_ns *n, const char *ns) {
         json_object_set_new(o, "temporary_in_progress", json_integer((json_int_t)n->tmp_live));
         json_object_set_new(o, "temporary_stale", json_integer((json_int_t)n->tmp_stale));
         json_object_set_new(o, "unknown_files", json_integer((json_int_t)n->unknown));
+        json_object_set_new(o, "in_flux", json_integer((json_int_t)n->in_flux));
+        json_object_set_new(o, "vanished", json_integer((json_int_t)n->vanished));
         json_object_set_new(o, "bad", n->bad);
         json_array_append_new(c->out, o);
         return;
@@ -418,6 +584,9 @@ static void fsck_summary(fsck_ns *n, const char *ns) {
     printf("  files %llu (%llu bytes), bad %zu, temporary %llu in progress + %llu stale, unknown %llu\n",
            (unsigned long long)n->files, (unsigned long long)n->bytes, (size_t)c->ns_bad,
            (unsigned long long)n->tmp_live, (unsigned long long)n->tmp_stale, (unsigned long long)n->unknown);
+    if (n->in_flux || n->vanished)
+        printf("  changing while checked (a live tier): %llu in flux, %llu removed meanwhile (not problems)\n",
+               (unsigned long long)n->in_flux, (unsigned long long)n->vanished);
     json_decref(n->bad);
 }
 
