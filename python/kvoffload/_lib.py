@@ -196,7 +196,8 @@ _FILE_STATS = ["quota_bytes", "bytes_used", "files", "scanned_files", "scan_remo
                "writes", "write_bytes", "reads", "read_bytes", "read_misses", "write_skipped",
                "dropped_backpressure", "dropped_quota", "dropped_nospace", "dropped_io", "read_errors",
                "corrupt_removed", "evictions", "recycled_files", "pending_writes", "staging_bytes",
-               "write_latency_ns", "writes_borrowed"]
+               "write_latency_ns", "writes_borrowed", "shared", "shared_bytes_used", "shared_files",
+               "foreign_evictions", "read_only", "dropped_readonly"]
 
 
 class FileTierStats(ctypes.Structure):
