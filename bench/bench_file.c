@@ -19,9 +19,9 @@
  * at least 64 MiB and 32 chunks through each phase (first fill, reads,
  * full-quota writes), each side timed on its own slices, so that a stall of
  * the shared disk or CPU longer than a slice hits both alike (whole passes
- * one after the other, before, saw different machines: ratios moved
- * 0.5-1.8 between runs).  --reps rounds per size (3 by default), each
- * figure the median of its rounds.
+ * one after the other see different machines: ratios moved 0.5-1.8 between
+ * runs).  --reps rounds per size (3 by default), each figure the median of
+ * its rounds.
  *
  * --dir defaults to $KVO_BENCH_DIR, else /var/tmp (a real disk; /tmp may be a
  * tmpfs).  --rebuild-files defaults to 20000 (use 100000 for the issue's
@@ -219,8 +219,8 @@ static double tier_read_slice(kvo_file_tier *t, uint64_t first, uint64_t n, unsi
  * tier.  Writes take chunk i's bytes from ring[i % nring], a ring of file
  * images as large as the tier's writes in flight (max_pending_writes, within
  * its staging memory): the same memory each side's disk writes come from.
- * RAW_OVERWRITE_HOT overwrites from each thread's one buffer instead (the
- * limit until issue 26's fifth stop): on this project's VMs a virtual disk
+ * RAW_OVERWRITE_HOT overwrites from each thread's one buffer instead: on
+ * this project's VMs a virtual disk
  * writes a few reused, cache-resident buffers 1.3-1.4x faster than the same
  * bytes from a 16-64 MiB ring, a case no offload has (each chunk is written
  * once, from its own slot); reported beside, as `.vs_hot_buffers`.  Reads go

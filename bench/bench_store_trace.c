@@ -200,10 +200,9 @@ static double bs_peer_run(const char *trace, uint64_t blocks, double *hit_rate) 
 /* Rounds of the cycle comparison: each runs ours, the bare index and (when
  * found) the peer once, back to back, so that the three see the machine in
  * the same state; every figure is a median over the rounds, and the ratio to
- * the peer is taken per round (its median, min and max reported).  Until
- * issue 26's third stop: ours the best of 4 passes against the peer's best
- * of 2 runs, a lottery on a machine where the peer alone moved 1.0-2.0 M key
- * ops/s between runs of one minute (docs/benchmarks.md). */
+ * the peer is taken per round (its median, min and max reported): a best
+ * of N passes is a lottery on a machine where the peer alone moves 1.0-2.0
+ * M key ops/s between runs of one minute. */
 #define BS_ROUNDS 7
 
 static int bs_vllm_bench(const kvo_bench_out *o, const bs_trace *t, const char *trace, bool peer) {

@@ -1,6 +1,5 @@
 /*
- * The instruction count of vLLM's store cycle (docs/benchmarks.md, figures
- * of issue 26): exactly bench_store_trace.c's bs_vllm_cycle calls (lookup,
+ * The instruction count of vLLM's store cycle: exactly bench_store_trace.c's bs_vllm_cycle calls (lookup,
  * prepare_load, complete_load, touch of the prefix hits, prepare_store of
  * the request, complete_store of what it stored), once over the Mooncake
  * trace at 10k blocks on an LRU store.  Not part of the build: a program to

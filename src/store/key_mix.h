@@ -28,8 +28,8 @@ static inline uint64_t kvo__key_mix(const kvo_chunk_key *k) {
 }
 
 /* Table slots per entry the table must hold, at least (rounded up to a
- * power of two): a load factor of at most 1/4.  At 1/2 (until issue 26's
- * seventh stop) linear probing's runs made the exits of probes and of
+ * power of two): a load factor of at most 1/4.  At 1/2 linear probing's
+ * runs made the exits of probes and of
  * backward-shift deletions branch at random, a misprediction or two per key:
  * vLLM's store cycle at 10k blocks ran 14 % faster at 1/4 (the bare index as
  * much), for 16 more bytes per entry beside its 64-byte entry (and the KV

@@ -68,7 +68,7 @@ static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) {
  * which one class has (kvo__slots_feasible counts its busy slots; seg.busy
  * and cls_busyseg stay 0).  Inline: four calls per hit of vLLM's store cycle,
  * whose segment updates (a division and a segment record each) were 7 % of
- * it (docs/benchmarks.md). */
+ * it (`kvoffload bench store`, commit 91ea845). */
 static inline void kvo__slots_busy(kvo__slots *sl, uint32_t id, int delta) {
     if (sl->nclass == 1) {
         assert(delta > 0 || sl->cls_busy[0] > 0);

@@ -86,7 +86,8 @@ typedef struct kvo__file_hdr {
  * checksum (XXH3-64), taken 64 KiB at a time right behind the copy, while
  * the piece is in cache: hashing the staged chunk later read it back from
  * memory (on the read side the same re-read was 15-20 % of a 256 KiB
- * remote read; docs/benchmarks.md).  The file tier's and the remote tier's
+ * remote read, measured with `kvoffload bench remote`, commits c333dab and
+ * d438380).  The file tier's and the remote tier's
  * puts, and the remote reader's (reply.c), which hashes a GET it receives
  * in pieces of the same size. */
 #define KVO__SUM_PIECE ((size_t)64 << 10)
