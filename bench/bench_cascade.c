@@ -14,13 +14,15 @@
  * in host slots, verified).  The limits do the same reads without the
  * cascade and without verification:
  *  - file: open each chunk file (O_DIRECT when the tier uses it) and read
- *    its payload with io_uring, 32 reads in flight, into aligned buffers
- *    (threads doing pread where io_uring is not built);
+ *    its payload with io_uring into aligned buffers, as many reads in
+ *    flight as the tier keeps (its queue_depth: the same parallelism, so
+ *    the ratio is the cascade's and the tier's own cost), or threads doing
+ *    pread where io_uring is not built;
  *  - remote: the tier's key names read with pipelined GETs, as many
  *    threads as the tier has workers, each with a connection per master
  *    and batches of the tier's batch size (the values: header and payload,
  *    not checked).
- * Figures: cascade.file.<K>KiB, cascade.remote.<K>KiB in GB/s of payload,
+ * Figures: cascade.file.<K>KiB.qd<D>, cascade.remote.<K>KiB in GB/s of payload,
  * ratio to the raw read (goal >= 0.83), medians of --reps rounds (default
  * 5) in which the raw read and the cascade alternate going first.
  */
@@ -90,17 +92,18 @@ static double bc_cascade_pass(kvo_cascade *c, const kvo_chunk_key *keys, uint64_
 typedef struct bc_files {
     char (*path)[4096];
     uint64_t n, bytes; /* payload bytes read per file (the slot) */
+    uint32_t depth;    /* reads in flight */
     bool direct;
     unsigned char *bufs; /* n aligned buffers */
 } bc_files;
 
 #if KVO_HAVE_URING
 /* Open every file and read its payload (offset KVO_FILE_HEADER_BYTES) with
- * io_uring, depth reads in flight.  Seconds, or -1. */
+ * io_uring, f->depth reads in flight.  Seconds, or -1. */
 static double bc_raw_files(const bc_files *f) {
-    enum { DEPTH = 32 };
+    const uint64_t DEPTH = f->depth;
     struct io_uring ring;
-    if (io_uring_queue_init(DEPTH, &ring, 0)) return -1.0;
+    if (io_uring_queue_init((unsigned)DEPTH, &ring, 0)) return -1.0;
     int *fds = malloc(f->n * sizeof *fds);
     double t0 = kvo_bench_now();
     uint64_t next = 0, done = 0, inflight = 0;
@@ -157,18 +160,18 @@ static void *bc_raw_file_thread(void *p) {
     return NULL;
 }
 
-/* Without io_uring: 8 threads doing pread.  Seconds, or -1. */
+/* Without io_uring: f->depth threads doing pread.  Seconds, or -1. */
 static double bc_raw_files(const bc_files *f) {
-    enum { T = 8 };
-    pthread_t th[T];
-    bc_raw_arg a[T];
+    pthread_t th[64];
+    bc_raw_arg a[64];
+    uint32_t T = f->depth > 64 ? 64 : f->depth;
     double t0 = kvo_bench_now();
-    for (int i = 0; i < T; i++) {
+    for (uint32_t i = 0; i < T; i++) {
         a[i] = (bc_raw_arg){f, (uint64_t)i, T, 0};
         pthread_create(&th[i], NULL, bc_raw_file_thread, &a[i]);
     }
     int failed = 0;
-    for (int i = 0; i < T; i++) {
+    for (uint32_t i = 0; i < T; i++) {
         pthread_join(th[i], NULL);
         failed |= a[i].failed;
     }
@@ -184,11 +187,12 @@ static void bc_size_name(uint64_t size, char *out, size_t cap) {
 
 /* Report the medians of a pair of passes (seconds) as GB/s of payload. */
 static void bc_report(const kvo_bench_out *o, const char *tier, const bc_cfg *c, double *raw, double *casc,
-                      uint32_t reps) {
+                      uint32_t reps, uint32_t depth) {
     double bytes = (double)(c->chunks * c->chunk);
     double r = kvo_bench_median(raw, reps), t = kvo_bench_median(casc, reps);
-    char sn[32], name[96], lim[96];
+    char sn[48], name[96], lim[96];
     bc_size_name(c->chunk, sn, sizeof sn);
+    if (depth) snprintf(sn + strlen(sn), sizeof sn - strlen(sn), ".qd%u", depth);
     snprintf(name, sizeof name, "cascade.%s.%s", tier, sn);
     snprintf(lim, sizeof lim, "raw_%s_read.%s", tier, sn);
     kvo_bench_report(o, name, bytes / t / 1e9, "GB/s", lim, bytes / r / 1e9);
@@ -232,6 +236,7 @@ static int bc_file(const bc_cfg *c, kvo_plan *plan, const kvo_chunk_key *keys, c
     f.n = c->chunks;
     f.bytes = g->slot_bytes;
     f.direct = kvo_file_tier_direct(ft);
+    f.depth = fp.queue_depth ? fp.queue_depth : 4;
     f.path = malloc(c->chunks * sizeof *f.path);
     if (posix_memalign((void **)&f.bufs, 4096, c->chunks * g->slot_bytes)) f.bufs = NULL;
     if (!f.path || !f.bufs) {
@@ -249,7 +254,7 @@ static int bc_file(const bc_cfg *c, kvo_plan *plan, const kvo_chunk_key *keys, c
         if (!raw_first) raw[r] = bc_raw_files(&f);
         if (raw[r] < 0 || tier[r] < 0) rc = KVO_EIO;
     }
-    if (!rc) bc_report(o, "file", c, raw, tier, c->reps);
+    if (!rc) bc_report(o, "file", c, raw, tier, c->reps, f.depth);
 out:
     if (rc) fprintf(stderr, "kvoffload bench cascade: file tier: %s\n", kvo_last_error());
     kvo_cascade_destroy(casc);
@@ -441,7 +446,7 @@ static int bc_remote(const bc_cfg *c, kvo_plan *plan, const kvo_chunk_key *keys,
         if (!raw_first) raw[r] = bc_raw_gets(m);
         if (raw[r] < 0 || tier[r] < 0) rc = KVO_EIO;
     }
-    if (!rc) bc_report(o, "remote", c, raw, tier, c->reps);
+    if (!rc) bc_report(o, "remote", c, raw, tier, c->reps, 0);
 out:
     if (rc) fprintf(stderr, "kvoffload bench cascade: remote tier: %s\n", kvo_last_error());
     kvo_cascade_destroy(casc);
