@@ -20,8 +20,8 @@
  *    pread where io_uring is not built;
  *  - remote: the tier's key names read with pipelined GETs, as many
  *    threads as the tier has workers, each with a connection per master
- *    and batches of the tier's batch size (the values: header and payload,
- *    not checked).
+ *    made before the clock runs (as the tier's pool is) and batches of the
+ *    tier's batch size (the values: header and payload, not checked).
  * Figures: cascade.file.<K>KiB.qd<D>, cascade.remote.<K>KiB in GB/s of payload,
  * ratio to the raw read (goal >= 0.83), medians of --reps rounds (default
  * 5) in which the raw read and the cascade alternate going first.
@@ -280,6 +280,7 @@ typedef struct bc_raw_redis {
     char (*names)[128];
     uint64_t n_keys;
     uint32_t threads, batch;
+    redisContext *ctx[64][16]; /* per thread, per node: connected before any clock runs */
 } bc_raw_redis;
 
 static redisContext *bc_connect(const bc_raw_redis *m, const char *host, int port) {
@@ -337,9 +338,7 @@ typedef struct bc_get_arg {
 static void *bc_get_thread(void *p) {
     bc_get_arg *a = p;
     const bc_raw_redis *m = a->m;
-    redisContext *ctx[16] = {0};
-    for (int k = 0; k < m->n; k++)
-        if (!(ctx[k] = bc_connect(m, m->host[k], m->port[k]))) a->failed = 1;
+    redisContext *const *ctx = m->ctx[a->id];
     int node_of[256];
     for (uint64_t i = a->id; i < m->n_keys && !a->failed;) {
         uint32_t nb = 0;
@@ -362,8 +361,6 @@ static void *bc_get_thread(void *p) {
             freeReplyObject(r);
         }
     }
-    for (int k = 0; k < m->n; k++)
-        if (ctx[k]) redisFree(ctx[k]);
     return NULL;
 }
 
@@ -435,8 +432,14 @@ static int bc_remote(const bc_cfg *c, kvo_plan *plan, const kvo_chunk_key *keys,
     }
     m->names = malloc(c->chunks * sizeof *m->names);
     m->n_keys = c->chunks;
-    m->threads = rp.io_threads;
+    m->threads = rp.io_threads > 64 ? 64 : rp.io_threads;
     m->batch = rp.batch_max;
+    for (uint32_t t = 0; t < m->threads; t++) /* connected once, as the tier's pool is */
+        for (int k = 0; k < m->n; k++)
+            if (!(m->ctx[t][k] = bc_connect(m, m->host[k], m->port[k]))) {
+                rc = kvo__error(KVO_EIO, "cannot connect to %s:%d for the raw limit", m->host[k], m->port[k]);
+                goto out;
+            }
     for (uint64_t i = 0; i < c->chunks; i++) (void)kvo_remote_tier_key_name(rt, &keys[i], m->names[i], 128);
     double raw[BC_REPS_MAX], tier[BC_REPS_MAX];
     for (uint32_t r = 0; r < c->reps && !rc; r++) {
@@ -451,6 +454,9 @@ out:
     if (rc) fprintf(stderr, "kvoffload bench cascade: remote tier: %s\n", kvo_last_error());
     kvo_cascade_destroy(casc);
     kvo_remote_tier_destroy(rt);
+    for (uint32_t t = 0; m && t < 64; t++)
+        for (int k = 0; k < 16; k++)
+            if (m->ctx[t][k]) redisFree(m->ctx[t][k]);
     if (m) free(m->names);
     free(m);
     free(src);
