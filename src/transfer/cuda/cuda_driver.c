@@ -92,16 +92,16 @@ static void kvo__cu_load(void) {
 }
 
 int kvo__cu_get(const kvo__cu_api **out) {
-    const kvo__cu_api *fake = __atomic_load_n(&kvo__cu_fake, __ATOMIC_ACQUIRE);
-    if (fake) {
-        __atomic_store_n(&kvo__cu, fake, __ATOMIC_RELEASE);
-        *out = fake;
-        return 0;
+    const kvo__cu_api *api = __atomic_load_n(&kvo__cu_fake, __ATOMIC_ACQUIRE);
+    if (!api) {
+        pthread_once(&kvo__cu_once, kvo__cu_load);
+        if (kvo__cu_rc) return kvo__error(kvo__cu_rc, "%s", kvo__cu_why);
+        api = &kvo__cu_real;
     }
-    pthread_once(&kvo__cu_once, kvo__cu_load);
-    if (kvo__cu_rc) return kvo__error(kvo__cu_rc, "%s", kvo__cu_why);
-    __atomic_store_n(&kvo__cu, &kvo__cu_real, __ATOMIC_RELEASE);
-    *out = &kvo__cu_real;
+    /* Written once (workers read kvo__cu without a barrier after the
+     * context that started them was created). */
+    if (__atomic_load_n(&kvo__cu, __ATOMIC_ACQUIRE) != api) __atomic_store_n(&kvo__cu, api, __ATOMIC_RELEASE);
+    *out = api;
     return 0;
 }
 
