@@ -17,9 +17,13 @@
  *     registered range is not pinned;
  *   - the caller's current context kept, foreign memory and streams refused,
  *     nothing left behind at destroy, and nothing waited for when the GPU
- *     is stuck.
+ *     is stuck;
+ *   - the CUDA benchmark's own code (bench/bench_transfer_cuda.c, compiled
+ *     in): its figures and limits at two shapes, and its skip without a
+ *     device.
  */
 #include <stdlib.h>
+#include <time.h>
 
 #include "cuda_test_fake.h"
 #include "kvo_test.h"
@@ -698,4 +702,77 @@ KVO_TEST(foreign_memory_and_streams_are_refused) {
     fk_dev_free(d1);
     free(host);
     ASSERT_EQ_INT(fk_live(), 0);
+}
+
+/* ---- the benchmark (bench/bench_transfer_cuda.c) on the fake driver ------------
+ * Compiled into this program (CMakeLists.txt, CUDA section) with the few CLI
+ * helpers it calls defined here, so its own code is checked without a GPU:
+ * every shape gives its figures and limits, and it releases what it made. */
+#include "bench_transfer.h"
+
+typedef struct fig {
+    char name[96];
+    double value, limit;
+} fig;
+static fig FIGS[64];
+static int NFIGS;
+
+double kvo_bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+double kvo_bench_median(double *v, size_t n) { return n ? v[n / 2] : 0; }
+kvo_plan *kvo_bench_plan_one(const char *name, uint64_t page_bytes, uint32_t blocks_per_chunk) {
+    (void)name;
+    return xt_one_group_plan(1, page_bytes, blocks_per_chunk);
+}
+void kvo_bench_report(const kvo_bench_out *o, const char *name, double value, const char *unit,
+                      const char *limit_name, double limit) {
+    (void)o;
+    (void)unit;
+    (void)limit_name;
+    ASSERT_LT_INT(NFIGS, 64);
+    snprintf(FIGS[NFIGS].name, sizeof FIGS[NFIGS].name, "%s", name);
+    FIGS[NFIGS].value = value;
+    FIGS[NFIGS++].limit = limit;
+}
+int kvo_cli_parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *out) {
+    (void)opt;
+    char *end;
+    *out = strtoull(s, &end, 10);
+    return *end || *out < min || *out > max ? KVO_EINVAL : 0;
+}
+
+static const fig *find_fig(const char *name) {
+    for (int i = 0; i < NFIGS; i++)
+        if (!strcmp(FIGS[i].name, name)) return &FIGS[i];
+    FAILF("no figure %s", name);
+}
+
+KVO_TEST(bench_transfer_cuda_runs_on_the_fake_driver) {
+    fk_reset(1);
+    char *argv[] = {"transfer", "--device", "cuda", "--layout", "4x32KiB,16x8KiB", "--total-mib", "8", "--reps",
+                    "2", NULL};
+    kvo_bench_out o = {false};
+    NFIGS = 0;
+    ASSERT_EQ_INT(kvo_bench_transfer_cuda(9, argv, &o), 0);
+    /* per shape and direction: the job (vs contiguous), .vs_vllm,
+     * .vllm_way; for 8 KiB pages also the other paths */
+    ASSERT_EQ_INT(NFIGS, 2 * 2 * 3 + 2);
+    const char *names[] = {"transfer.cuda.store.4x32KiB", "transfer.cuda.load.4x32KiB.vs_vllm",
+                           "transfer.cuda.load.16x8KiB", "transfer.cuda.store.16x8KiB.vllm_way",
+                           "transfer.cuda.load.16x8KiB.copy_engine_only", "transfer.cuda.store.16x8KiB.kernel_stores"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const fig *f = find_fig(names[i]);
+        ASSERT_TRUE(f->value > 0 && f->limit > 0);
+    }
+    ASSERT_EQ_INT(fk_live(), 0);
+    /* No device: skipped, exit 0, no figure. */
+    fk_reset(0);
+    NFIGS = 0;
+    ASSERT_EQ_INT(kvo_bench_transfer_cuda(9, argv, &o), 0);
+    ASSERT_EQ_INT(NFIGS, 0);
+    char *bad[] = {"transfer", "--device", "cuda", "--layout", "64y32KiB", NULL};
+    ASSERT_EQ_INT(kvo_bench_transfer_cuda(5, bad, &o), 2); /* KVO_EXIT_USAGE */
 }
