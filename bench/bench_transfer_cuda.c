@@ -118,23 +118,6 @@ static double kvo__bcuda_vllm(kvo__bcuda *b, int dir, int *err) {
     return kvo_bench_now() - t0;
 }
 
-/* One group "kv" of L layers of P-byte pages, chunks of bpc blocks. */
-static kvo_plan *kvo__bcuda_plan(uint32_t L, uint64_t P, uint32_t bpc) {
-    kvo_model *m = NULL;
-    kvo_plan *p = NULL;
-    if (kvo_model_create("bench-transfer-cuda", 16, &m)) return NULL;
-    kvo_group_desc g = kvo_group_desc_default();
-    snprintf(g.name, sizeof g.name, "kv");
-    g.tokens_per_block = 16;
-    g.layers = L;
-    g.page_bytes = P;
-    kvo_plan_params pp = kvo_plan_default_params();
-    pp.blocks_per_chunk = bpc;
-    if (kvo_model_add_group(m, &g) || kvo_plan_create(m, &pp, &p)) p = NULL;
-    kvo_model_destroy(m);
-    return p;
-}
-
 /* One shape with the context params cp: the best seconds of the job (and
  * the limits when want_limits) per direction; bytes moved in *bytes. */
 static int kvo__bcuda_shape_run(kvo__bcuda *b, const kvo_cuda_params *cp, uint32_t L, uint64_t P, uint64_t reps,
@@ -147,7 +130,9 @@ static int kvo__bcuda_shape_run(kvo__bcuda *b, const kvo_cuda_params *cp, uint32
                 L, (unsigned long long)P);
         return -1;
     }
-    kvo_plan *plan = kvo__bcuda_plan(L, P, BPC);
+    /* One group of one "layer" of L x P bytes: its L segments of P-byte
+     * pages fill a slot exactly as L layers would (segment-major). */
+    kvo_plan *plan = kvo_bench_plan_one("bench-transfer-cuda", (uint64_t)L * P, BPC);
     kvo_cuda *cu = NULL;
     kvo_transfer *t = NULL;
     int rc = plan ? kvo_cuda_create(cp, &cu) : KVO_EINVAL;

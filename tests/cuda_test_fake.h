@@ -674,6 +674,15 @@ static fk_counts fk_counts_now(void) {
     return c;
 }
 
+/* What was counted since c0. */
+static fk_counts fk_since(fk_counts c0) {
+    fk_counts c = fk_counts_now();
+    c.batches -= c0.batches, c.batch_pieces -= c0.batch_pieces, c.launches -= c0.launches;
+    c.kernel_pieces -= c0.kernel_pieces, c.memcpys -= c0.memcpys, c.waits -= c0.waits;
+    c.stream_syncs -= c0.stream_syncs, c.records -= c0.records;
+    return c;
+}
+
 /* Hold a stream (its work waits), or release it (and run what can run). */
 static void fk_hold(CUstream s, bool held) {
     pthread_mutex_lock(&fk.mu);

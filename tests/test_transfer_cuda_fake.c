@@ -48,11 +48,6 @@ typedef struct fx {
     size_t n_slots;
 } fx;
 
-static kvo_cuda_params fx_params(void) {
-    kvo_cuda_params cp = kvo_cuda_default_params();
-    return cp;
-}
-
 static void fx_open(fx *f, uint32_t layers, uint64_t page, uint64_t nb, uint32_t bpc, size_t n_slots,
                     const kvo_cuda_params *cp, uint32_t threads) {
     memset(f, 0, sizeof *f);
@@ -107,6 +102,14 @@ static void fx_blocks(const fx *f, uint64_t *ids) {
     for (uint64_t i = 1; i < f->nb; i++) ASSERT_NE_U64(ids[i], ids[i - 1] + 1);
 }
 
+/* The usual fixture: 24 blocks per layer, chunks of 8, n_slots slots;
+ * ids[24] gets the blocks' order (fx_blocks). */
+static void fx_start(fx *f, uint32_t layers, uint64_t page, size_t n_slots, const kvo_cuda_params *cp,
+                     uint32_t threads, uint64_t ids[24]) {
+    fx_open(f, layers, page, 24, 8, n_slots, cp, threads);
+    fx_blocks(f, ids);
+}
+
 /* One op per chunk c in [c0, c0 + n): engine blocks ids[c*bpc ..], slot c. */
 static void fx_ops(const fx *f, kvo_xfer_op *ops, size_t c0, size_t n, const uint64_t *ids) {
     for (size_t c = 0; c < n; c++)
@@ -140,6 +143,19 @@ static void fx_check_loaded(const fx *f, size_t c, const uint64_t *ids) {
         }
 }
 
+/* Store chunks 0 and 1 (blocks ids[0..2*bpc)) and check the slots: what the
+ * fake driver counted meanwhile. */
+static fk_counts fx_store2(fx *f, const uint64_t *ids) {
+    kvo_xfer_op ops[2];
+    fx_ops(f, ops, 0, 2, ids);
+    fk_counts c0 = fk_counts_now();
+    ASSERT_EQ_INT(fx_run(f, KVO_XFER_STORE, ops, 2), 0);
+    fk_counts d = fk_since(c0);
+    fx_check_slot(f, 0, ids);
+    fx_check_slot(f, 1, ids);
+    return d;
+}
+
 static long LOG_HITS;
 static const char *LOG_WANT;
 static void count_log(kvo_log_level level, const char *msg, void *ctx) {
@@ -166,38 +182,34 @@ typedef struct shape {
 static void job_shape(const shape *s) {
     fk_reset(1);
     fx f;
-    kvo_cuda_params cp = fx_params();
-    fx_open(&f, s->layers, s->page, 24, 8, 2, &cp, 2);
-    uint64_t ids[24], back[24];
-    fx_blocks(&f, ids);
-    kvo_xfer_op ops[2];
-    fx_ops(&f, ops, 0, 2, ids);
-    fk_counts c0 = fk_counts_now();
-    ASSERT_EQ_INT(fx_run(&f, KVO_XFER_STORE, ops, 2), 0);
-    fk_counts c1 = fk_counts_now();
-    fx_check_slot(&f, 0, ids);
-    fx_check_slot(&f, 1, ids);
+    kvo_cuda_params cp = kvo_cuda_default_params();
+    uint64_t ids[24];
+    uint64_t back[24];
+    fx_start(&f, s->layers, s->page, 2, &cp, 2, ids);
     /* The store: every page of every layer in one cuMemcpyBatchAsync. */
-    ASSERT_EQ_INT(c1.batches - c0.batches, 1);
-    ASSERT_EQ_INT(c1.batch_pieces - c0.batch_pieces, 2 * (long)s->layers * f.bpc);
-    ASSERT_EQ_INT(c1.launches - c0.launches, 0);
-    ASSERT_EQ_INT(c1.memcpys - c0.memcpys, 0);
-    ASSERT_EQ_INT(c1.waits - c0.waits, 1);
-    ASSERT_EQ_INT(c1.stream_syncs - c0.stream_syncs, 0);
-    ASSERT_EQ_INT(c1.records - c0.records, 1);
-    /* The load, into blocks the store did not read (a rotation of ids). */
+    fk_counts d = fx_store2(&f, ids);
+    ASSERT_EQ_INT(d.batches, 1);
+    ASSERT_EQ_INT(d.batch_pieces, 2 * (long)s->layers * f.bpc);
+    ASSERT_EQ_INT(d.launches, 0);
+    ASSERT_EQ_INT(d.memcpys, 0);
+    ASSERT_EQ_INT(d.waits, 1);
+    ASSERT_EQ_INT(d.stream_syncs, 0);
+    ASSERT_EQ_INT(d.records, 1);
+    /* The load, into other blocks (a rotation of ids). */
     for (int i = 0; i < 16; i++) back[i] = ids[(i + 16 + 3) % 24];
+    kvo_xfer_op ops[2];
     fx_ops(&f, ops, 0, 2, back);
+    fk_counts c1 = fk_counts_now();
     ASSERT_EQ_INT(fx_run(&f, KVO_XFER_LOAD, ops, 2), 0);
-    fk_counts c2 = fk_counts_now();
+    d = fk_since(c1);
     fx_check_loaded(&f, 0, back);
     fx_check_loaded(&f, 1, back);
-    ASSERT_EQ_INT(c2.launches - c1.launches, s->load_kernel);
-    ASSERT_EQ_INT(c2.kernel_pieces - c1.kernel_pieces, s->load_kernel ? 2 * (long)s->layers * f.bpc : 0);
-    ASSERT_EQ_INT(c2.batches - c1.batches, !s->load_kernel);
-    ASSERT_EQ_INT(c2.memcpys - c1.memcpys, 0);
-    ASSERT_EQ_INT(c2.waits - c1.waits, 1);
-    ASSERT_EQ_INT(c2.records - c1.records, 1);
+    ASSERT_EQ_INT(d.launches, s->load_kernel);
+    ASSERT_EQ_INT(d.kernel_pieces, s->load_kernel ? 2 * (long)s->layers * f.bpc : 0);
+    ASSERT_EQ_INT(d.batches, !s->load_kernel);
+    ASSERT_EQ_INT(d.memcpys, 0);
+    ASSERT_EQ_INT(d.waits, 1);
+    ASSERT_EQ_INT(d.records, 1);
     kvo_cuda_stats st = KVO_CUDA_STATS_INIT;
     ASSERT_OK(kvo_cuda_get_stats(f.cu, &st));
     ASSERT_EQ_U64(st.units, 2); /* one per job: a unit is the whole job */
@@ -221,7 +233,7 @@ KVO_TEST(a_job_of_two_groups_is_one_batch) {
     fk_reset(1);
     const xt_gspec gs[2] = {{"a", KVO_GROUP_FULL, 3, 40000, true}, {"b", KVO_GROUP_FULL, 2, 65536, true}};
     kvo_plan *plan = xt_group_plan(gs, 2, 4);
-    kvo_cuda_params cp = fx_params();
+    kvo_cuda_params cp = kvo_cuda_default_params();
     kvo_cuda *cu;
     ASSERT_OK(kvo_cuda_create(&cp, &cu));
     kvo_transfer_params tp = kvo_transfer_default_params();
@@ -274,20 +286,13 @@ KVO_TEST(old_driver_without_batches_copies_piece_by_piece_and_says_so_once) {
     FK_API.cuMemcpyBatchAsync = NULL; /* a driver older than CUDA 12.8 */
     log_watch("batched copies are off");
     fx f;
-    kvo_cuda_params cp = fx_params();
-    fx_open(&f, 64, 32 << 10, 24, 8, 2, &cp, 2);
+    kvo_cuda_params cp = kvo_cuda_default_params();
     uint64_t ids[24];
-    fx_blocks(&f, ids);
-    kvo_xfer_op ops[2];
-    fx_ops(&f, ops, 0, 2, ids);
-    fk_counts c0 = fk_counts_now();
-    ASSERT_EQ_INT(fx_run(&f, KVO_XFER_STORE, ops, 2), 0);
-    fk_counts c1 = fk_counts_now();
-    fx_check_slot(&f, 0, ids);
-    fx_check_slot(&f, 1, ids);
-    ASSERT_EQ_INT(c1.batches - c0.batches, 0);
-    ASSERT_EQ_INT(c1.memcpys - c0.memcpys, 2 * 64 * 8);
-    ASSERT_EQ_INT(c1.waits - c0.waits, 1); /* still one wait per job */
+    fx_start(&f, 64, 32 << 10, 2, &cp, 2, ids);
+    fk_counts d = fx_store2(&f, ids);
+    ASSERT_EQ_INT(d.batches, 0);
+    ASSERT_EQ_INT(d.memcpys, 2 * 64 * 8);
+    ASSERT_EQ_INT(d.waits, 1); /* still one wait per job */
     kvo_cuda_stats st = KVO_CUDA_STATS_INIT;
     ASSERT_OK(kvo_cuda_get_stats(f.cu, &st));
     ASSERT_FALSE(st.batch_available);
@@ -311,16 +316,11 @@ KVO_TEST(refused_batch_falls_back_to_single_copies_for_good) {
     fk.refuse_batch = true;
     log_watch("batched copies are off");
     fx f;
-    kvo_cuda_params cp = fx_params();
-    fx_open(&f, 4, 65536, 24, 8, 2, &cp, 1);
+    kvo_cuda_params cp = kvo_cuda_default_params();
     uint64_t ids[24];
-    fx_blocks(&f, ids);
-    kvo_xfer_op ops[2];
-    fx_ops(&f, ops, 0, 2, ids);
+    fx_start(&f, 4, 65536, 2, &cp, 1, ids);
     for (int round = 0; round < 2; round++) {
-        ASSERT_EQ_INT(fx_run(&f, KVO_XFER_STORE, ops, 2), 0);
-        fx_check_slot(&f, 0, ids);
-        fx_check_slot(&f, 1, ids);
+        fx_store2(&f, ids);
         memset(f.slots, 0, 2 * f.slot_bytes);
     }
     kvo_cuda_stats st = KVO_CUDA_STATS_INIT;
@@ -346,10 +346,9 @@ KVO_TEST(kernel_from_fatbin_else_ptx_else_copy_engine) {
         fk.ptx_fails = mode >= 2;
         log_watch("kernel does not load");
         fx f;
-        kvo_cuda_params cp = fx_params();
-        fx_open(&f, 160, 8 << 10, 24, 8, 2, &cp, 2);
+        kvo_cuda_params cp = kvo_cuda_default_params();
         uint64_t ids[24];
-        fx_blocks(&f, ids);
+        fx_start(&f, 160, 8 << 10, 2, &cp, 2, ids);
         kvo_xfer_op ops[2];
         fx_ops(&f, ops, 0, 2, ids);
         memcpy(f.slots, f.want, 2 * f.slot_bytes); /* anything: a load of it */
@@ -373,20 +372,13 @@ KVO_TEST(kernel_from_fatbin_else_ptx_else_copy_engine) {
 KVO_TEST(stores_use_the_kernel_only_when_asked) {
     fk_reset(1);
     fx f;
-    kvo_cuda_params cp = fx_params();
+    kvo_cuda_params cp = kvo_cuda_default_params();
     cp.kernel_stores = true;
-    fx_open(&f, 160, 8 << 10, 24, 8, 2, &cp, 2);
     uint64_t ids[24];
-    fx_blocks(&f, ids);
-    kvo_xfer_op ops[2];
-    fx_ops(&f, ops, 0, 2, ids);
-    fk_counts c0 = fk_counts_now();
-    ASSERT_EQ_INT(fx_run(&f, KVO_XFER_STORE, ops, 2), 0);
-    fk_counts c1 = fk_counts_now();
-    fx_check_slot(&f, 0, ids);
-    fx_check_slot(&f, 1, ids);
-    ASSERT_EQ_INT(c1.launches - c0.launches, 1);
-    ASSERT_EQ_INT(c1.batches - c0.batches, 0);
+    fx_start(&f, 160, 8 << 10, 2, &cp, 2, ids);
+    fk_counts d = fx_store2(&f, ids);
+    ASSERT_EQ_INT(d.launches, 1);
+    ASSERT_EQ_INT(d.batches, 0);
     fx_close(&f);
     ASSERT_EQ_INT(fk_live(), 0);
 }
@@ -400,21 +392,29 @@ KVO_TEST(stores_use_the_kernel_only_when_asked) {
  * must find its own descriptors and copy its own pages.  (Before the fix the
  * worker reused its descriptor buffer: fk.desc_changed was 1 and the first
  * job's blocks held the second's pages.) */
-KVO_TEST(timed_out_job_buffers_are_never_reused) {
+/* A fresh fake whose device 0 has a compute stream, held (the GPU is busy
+ * with it); the fixture's context orders jobs after it, with a completion
+ * deadline of timeout_ms, and one worker. */
+static CUstream fx_start_held(fx *f, uint32_t layers, uint64_t page, size_t n_slots, uint32_t timeout_ms,
+                              uint64_t ids[24]) {
     fk_reset(1);
     CUstream compute = fk_stream(0);
-    fx f;
-    kvo_cuda_params cp = fx_params();
+    kvo_cuda_params cp = kvo_cuda_default_params();
     cp.compute_stream = compute;
-    cp.completion_timeout_ms = 50;
-    fx_open(&f, 160, 8 << 10, 24, 8, 2, &cp, 1);
+    cp.completion_timeout_ms = timeout_ms;
+    fx_start(f, layers, page, n_slots, &cp, 1, ids);
+    fk_hold(compute, true);
+    return compute;
+}
+
+KVO_TEST(timed_out_job_buffers_are_never_reused) {
+    fx f;
     uint64_t ids[24];
-    fx_blocks(&f, ids);
+    CUstream compute = fx_start_held(&f, 160, 8 << 10, 2, 50, ids);
     xt_fill_random(f.slots, 2 * f.slot_bytes);
     kvo_xfer_op a, b;
     fx_ops(&f, &a, 0, 1, ids);
     fx_ops(&f, &b, 1, 1, ids);
-    fk_hold(compute, true);
     ASSERT_EQ_INT(fx_run(&f, KVO_XFER_LOAD, &a, 1), KVO_ETIMEDOUT);
     ASSERT_EQ_INT(fx_run(&f, KVO_XFER_LOAD, &b, 1), KVO_ETIMEDOUT);
     ASSERT_FALSE(fk_stream_idle(f.cu->stream[KVO_XFER_LOAD]));
@@ -435,18 +435,11 @@ KVO_TEST(timed_out_job_buffers_are_never_reused) {
 /* Destroy while the GPU is stuck returns at once and calls nothing that
  * waits: the context's streams, events and buffers are left behind. */
 KVO_TEST(stuck_context_is_left_behind_not_waited_for) {
-    fk_reset(1);
-    CUstream compute = fk_stream(0);
     fx f;
-    kvo_cuda_params cp = fx_params();
-    cp.compute_stream = compute;
-    cp.completion_timeout_ms = 30;
-    fx_open(&f, 4, 65536, 24, 8, 1, &cp, 1);
     uint64_t ids[24];
-    fx_blocks(&f, ids);
+    CUstream compute = fx_start_held(&f, 4, 65536, 1, 30, ids);
     kvo_xfer_op a;
     fx_ops(&f, &a, 0, 1, ids);
-    fk_hold(compute, true);
     ASSERT_EQ_INT(fx_run(&f, KVO_XFER_STORE, &a, 1), KVO_ETIMEDOUT);
     fk_counts c0 = fk_counts_now();
     kvo_transfer_destroy(f.t);
@@ -474,11 +467,10 @@ KVO_TEST(submit_marks_the_compute_stream_of_this_device) {
     fk_reset(2);
     for (int control = 0; control < 2; control++) {
         fx f;
-        kvo_cuda_params cp = fx_params();
+        kvo_cuda_params cp = kvo_cuda_default_params();
         cp.compute_stream = control ? NULL : (void *)CU_STREAM_LEGACY;
-        fx_open(&f, 8, 16384, 24, 8, 1, &cp, 1);
         uint64_t ids[24];
-        fx_blocks(&f, ids);
+        fx_start(&f, 8, 16384, 1, &cp, 1, ids);
         kvo_xfer_op a;
         fx_ops(&f, &a, 0, 1, ids);
         fk_hold(fk.ctx[0].legacy, true);
@@ -523,11 +515,10 @@ KVO_TEST(job_event_completes_after_the_jobs_copies) {
     fk_reset(1);
     CUstream compute = fk_stream(0), consumer = fk_stream(0);
     fx f;
-    kvo_cuda_params cp = fx_params();
+    kvo_cuda_params cp = kvo_cuda_default_params();
     cp.compute_stream = compute;
-    fx_open(&f, 160, 8 << 10, 24, 8, 1, &cp, 2);
     uint64_t ids[24];
-    fx_blocks(&f, ids);
+    fx_start(&f, 160, 8 << 10, 1, &cp, 2, ids);
     xt_fill_random(f.slots, f.slot_bytes);
     kvo_xfer_op a;
     fx_ops(&f, &a, 0, 1, ids);
@@ -570,11 +561,10 @@ KVO_TEST(job_event_completes_after_the_jobs_copies) {
 KVO_TEST(job_event_errors) {
     fk_reset(1);
     fx f;
-    kvo_cuda_params cp = fx_params();
+    kvo_cuda_params cp = kvo_cuda_default_params();
     cp.completion_timeout_ms = 40;
-    fx_open(&f, 2, 65536, 24, 8, 1, &cp, 1);
     uint64_t ids[24];
-    fx_blocks(&f, ids);
+    fx_start(&f, 2, 65536, 1, &cp, 1, ids);
     kvo_xfer_op a;
     fx_ops(&f, &a, 0, 1, ids);
     CUevent ev = fk_event(0);
@@ -613,7 +603,7 @@ KVO_TEST(partly_registered_memory_is_not_pinned) {
         fk_reset(1);
         fk.no_range_attrs = noranges;
         fx f;
-        kvo_cuda_params cp = fx_params();
+        kvo_cuda_params cp = kvo_cuda_default_params();
         fx_open(&f, 1, 65536, 24, 4, 1, &cp, 1);
         uint64_t ids[24];
         fx_blocks(&f, ids);
@@ -647,11 +637,10 @@ KVO_TEST(callers_current_context_is_kept) {
     for (int with = 0; with < 2; with++) {
         if (with) fk_cuCtxSetCurrent(&fk.ctx[1]);
         fx f;
-        kvo_cuda_params cp = fx_params();
+        kvo_cuda_params cp = kvo_cuda_default_params();
         cp.compute_stream = (void *)CU_STREAM_LEGACY;
-        fx_open(&f, 2, 65536, 24, 8, 1, &cp, 2);
         uint64_t ids[24];
-        fx_blocks(&f, ids);
+        fx_start(&f, 2, 65536, 1, &cp, 2, ids);
         kvo_xfer_op a;
         fx_ops(&f, &a, 0, 1, ids);
         ASSERT_EQ_INT(fx_run(&f, KVO_XFER_STORE, &a, 1), 0);
@@ -669,7 +658,7 @@ KVO_TEST(callers_current_context_is_kept) {
 
 KVO_TEST(foreign_memory_and_streams_are_refused) {
     fk_reset(2);
-    kvo_cuda_params cp = fx_params();
+    kvo_cuda_params cp = kvo_cuda_default_params();
     kvo_cuda *cu;
     ASSERT_OK(kvo_cuda_create(&cp, &cu));
     kvo_plan *plan = xt_one_group_plan(1, 65536, 4);

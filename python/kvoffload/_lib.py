@@ -609,7 +609,7 @@ def cuda_lib() -> ctypes.CDLL:
         _bind(dll, _CUDA_PROTOS)
     except (OSError, AttributeError) as e:
         raise KvoError(KVO_ENOTSUP, f"CUDA device library {path} does not load or lacks kvo_cuda_*: {e} "
-                       "(it needs the CUDA runtime, libcudart, on the loader path)", "cuda_lib") from None
+                       "(it needs the libkvoffload.so it was built with; no CUDA library)", "cuda_lib") from None
     _cuda = dll
     return dll
 
