@@ -712,7 +712,7 @@ static void fk_dev_free(void *p) { fk_cuMemFree((CUdeviceptr)(uintptr_t)p); }
 
 /* A stream / event of device dev's context, for a test. */
 static CUstream fk_stream(int dev) {
-    CUstream s;
+    CUstream s = NULL;
     fk_cuCtxPushCurrent(&fk.ctx[dev]);
     fk_cuStreamCreate(&s, 0);
     CUcontext c;
@@ -721,7 +721,7 @@ static CUstream fk_stream(int dev) {
 }
 
 static CUevent fk_event(int dev) {
-    CUevent e;
+    CUevent e = NULL;
     fk_cuCtxPushCurrent(&fk.ctx[dev]);
     fk_cuEventCreate(&e, 0);
     CUcontext c;
