@@ -304,7 +304,9 @@ int kvo_bench_transfer(int argc, char **argv, const kvo_bench_out *o) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: kvoffload bench transfer [--json] [--total-mib N (128)] [--reps N (31)] [--device host|cuda]\n"
                    "Store and load bandwidth for pages of 16 KiB..2 MiB with 1 and 2 threads, as ratios\n"
-                   "of the copy ceiling (streaming-store copy or memcpy of the same bytes) measured now.\n");
+                   "of the copy ceiling (streaming-store copy or memcpy of the same bytes) measured now.\n"
+                   "--device cuda: engine shapes (--layout LxP[,...], default 64x32KiB,160x8KiB,61x18KiB,1x2MiB)\n"
+                   "against one contiguous copy and vLLM's batched copy of the same bytes (docs/gpu.md).\n");
             return KVO_EXIT_OK;
         } else if (!strcmp(argv[i], "--total-mib") && i + 1 < argc) {
             if (kvo_cli_parse_u64("--total-mib", argv[++i], 4, 1 << 16, &total_mib)) return KVO_EXIT_USAGE;

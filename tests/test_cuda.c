@@ -171,8 +171,8 @@ static void t_roundtrip(void) {
     }
 }
 
-/* Small scattered pages (kernel), large scattered pages (batch or single
- * copies), both directions; the counters show which path ran. */
+/* Small scattered pages (kernel for the load), large scattered pages (batch
+ * or single copies), both directions; the counters show which path ran. */
 static void paths_case(uint64_t page, int batch, kvo_cuda_stats *st) {
     kvo_plan *plan = xt_one_group_plan(1, page, 16);
     kvo_cuda_params cp = kvo_cuda_default_params();
@@ -208,8 +208,12 @@ static void paths_case(uint64_t page, int batch, kvo_cuda_stats *st) {
 static void t_paths(void) {
     kvo_cuda_stats st = KVO_CUDA_STATS_INIT;
     paths_case(4096, -1, &st);
-    ASSERT_GE_U64(st.kernel_launches, 2);
-    ASSERT_EQ_U64(st.kernel_pieces, 32);
+    /* 16 small pages: the load through the kernel, the store through the
+     * copy engine; one job, one event each. */
+    ASSERT_TRUE(st.kernel_available);
+    ASSERT_EQ_U64(st.kernel_launches, 1);
+    ASSERT_EQ_U64(st.kernel_pieces, 16);
+    ASSERT_EQ_U64(st.units, 2);
     ASSERT_EQ_U64(st.errors, 0);
     paths_case(65536, -1, &st);
     ASSERT_EQ_U64(st.kernel_launches, 0);
@@ -218,6 +222,82 @@ static void t_paths(void) {
     paths_case(65536, 0, &st);
     ASSERT_EQ_U64(st.batch_calls, 0);
     ASSERT_EQ_U64(st.memcpy_calls, 32);
+}
+
+/* The engine shapes of issue 49 (vLLM: one tensor per layer): two chunks of
+ * 8 scattered blocks stored and loaded back byte-exact, each job one batch
+ * or one kernel launch over every layer (the fake driver's test counts the
+ * same without a GPU: test_transfer_cuda_fake.c). */
+static void t_engine_shapes(void) {
+    static const struct { uint32_t layers; uint64_t page; } shapes[] = {
+        {64, 32 << 10}, {160, 8 << 10}, {61, 18 << 10}, {1, 2 << 20}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        uint32_t L = shapes[si].layers, bpc = 8;
+        uint64_t P = shapes[si].page, nb = 24;
+        kvo_cuda_params cp = kvo_cuda_default_params();
+        cu_env e;
+        env_open(&e, xt_one_group_plan(L, P, bpc), &cp);
+        unsigned char **dev = calloc(L, sizeof *dev), *host = malloc(L * nb * P), *back = malloc(nb * P);
+        kvo_segment *segs = calloc(L, sizeof *segs);
+        ASSERT_TRUE(dev && host && back && segs);
+        xt_fill_random(host, L * nb * P);
+        for (uint32_t l = 0; l < L; l++) {
+            CU_OK(cudaMalloc((void **)&dev[l], nb * P));
+            CU_OK(cudaMemcpy(dev[l], host + l * nb * P, nb * P, cudaMemcpyHostToDevice));
+            segs[l] = (kvo_segment){0, dev[l], nb, P, P};
+        }
+        ASSERT_OK(kvo_transfer_set_layout(e.t, segs, L));
+        uint64_t sb = kvo_plan_group(e.plan, 0)->slot_bytes, ids[24], to[24];
+        for (uint64_t i = 0; i < nb; i++) ids[i] = (i * 7 + 3) % nb;
+        for (uint64_t i = 0; i < 16; i++) to[i] = ids[(i + 19) % nb];
+        kvo_arena_params ap = kvo_arena_default_params();
+        ap.bytes = 2 * sb;
+        kvo_arena *arena;
+        ASSERT_OK(kvo_arena_create(&ap, &arena));
+        ASSERT_OK(kvo_cuda_pin_arena(e.cu, arena));
+        unsigned char *slots = kvo_arena_base(arena);
+        kvo_xfer_op ops[2] = {{0, 0, bpc, ids, slots, sb}, {0, 0, bpc, ids + bpc, slots + sb, sb}};
+        kvo_cuda_stats s0 = KVO_CUDA_STATS_INIT, s1 = KVO_CUDA_STATS_INIT, s2 = KVO_CUDA_STATS_INIT;
+        ASSERT_OK(kvo_cuda_get_stats(e.cu, &s0));
+        ASSERT_EQ_INT(run_job(e.t, KVO_XFER_STORE, ops, 2), 0);
+        ASSERT_OK(kvo_cuda_get_stats(e.cu, &s1));
+        for (int c = 0; c < 2; c++)
+            for (uint32_t l = 0; l < L; l++)
+                for (uint32_t b = 0; b < bpc; b++)
+                    if (memcmp(slots + c * sb + ((uint64_t)bpc * l + b) * P, host + (l * nb + ids[c * bpc + b]) * P, P))
+                        FAILF("%u x %llu: store chunk %d layer %u block %u differs", L, (unsigned long long)P, c, l, b);
+        ops[0].engine_blocks = to;
+        ops[1].engine_blocks = to + bpc;
+        ASSERT_EQ_INT(run_job(e.t, KVO_XFER_LOAD, ops, 2), 0);
+        ASSERT_OK(kvo_cuda_get_stats(e.cu, &s2));
+        for (uint32_t l = 0; l < L; l++) {
+            CU_OK(cudaMemcpy(back, dev[l], nb * P, cudaMemcpyDeviceToHost));
+            for (int c = 0; c < 2; c++)
+                for (uint32_t b = 0; b < bpc; b++)
+                    if (memcmp(back + to[c * bpc + b] * P, slots + c * sb + ((uint64_t)bpc * l + b) * P, P))
+                        FAILF("%u x %llu: load chunk %d layer %u block %u differs", L, (unsigned long long)P, c, l, b);
+        }
+        uint64_t jobs_ops[2] = {s1.batch_calls + s1.kernel_launches - s0.batch_calls - s0.kernel_launches,
+                                s2.batch_calls + s2.kernel_launches - s1.batch_calls - s1.kernel_launches};
+        if (s0.batch_available && s0.kernel_available) {
+            ASSERT_EQ_U64(jobs_ops[0], 1);
+            ASSERT_GE_U64(jobs_ops[1], 1);
+            ASSERT_LE_U64(jobs_ops[1], 2);
+        }
+        ASSERT_EQ_U64(s2.units - s0.units, 2);
+        printf("%u x %llu KiB: byte-exact; store %llu batch(es), load %llu batch(es) + %llu launch(es)\n", L,
+               (unsigned long long)(P >> 10), (unsigned long long)(s1.batch_calls - s0.batch_calls),
+               (unsigned long long)(s2.batch_calls - s1.batch_calls),
+               (unsigned long long)(s2.kernel_launches - s1.kernel_launches));
+        ASSERT_OK(kvo_cuda_unpin_arena(e.cu, arena));
+        kvo_arena_destroy(arena);
+        for (uint32_t l = 0; l < L; l++) CU_OK(cudaFree(dev[l]));
+        free(dev);
+        free(segs);
+        free(host);
+        free(back);
+        env_close(&e);
+    }
 }
 
 static void t_errors(void) {
@@ -289,6 +369,12 @@ KVO_TEST(small_pages_kernel_large_pages_copy_engine) {
     need_device();
 #if KVO_HAVE_CUDA
     t_paths();
+#endif
+}
+KVO_TEST(engine_shapes_one_batch_or_launch_per_job) {
+    need_device();
+#if KVO_HAVE_CUDA
+    t_engine_shapes();
 #endif
 }
 KVO_TEST(unpinned_slot_and_host_tensor_are_errors) {

@@ -4,15 +4,17 @@
  * (tests/cuda_test_kernels.cu) that holds the compute stream for 200 ms
  * before it writes the blocks, so a store that does not wait for it copies
  * the old bytes, and each check has a negative control (the same steps
- * without the ordering) that must see those old bytes.  Also: the completion
- * deadline (KVO_ETIMEDOUT), and with two devices, that the caller's current
- * device is left alone and another device's tensors and streams are refused.
+ * without the ordering) that must see those old bytes.  Loads follow the
+ * same mark, which makes kvo_cuda_job_event testable: right after a load's
+ * submit its event must not complete before the copies.  Also: the
+ * completion deadline (KVO_ETIMEDOUT), and with two devices, that the
+ * caller's current device is left alone and another device's tensors and
+ * streams are refused.
  * Every test skips (exit 77) without a device.
  */
 #include <stdlib.h>
 
 #include "cuda_test_util.h"
-#include "transfer/transfer_internal.h"
 
 #if KVO_HAVE_CUDA
 
@@ -90,42 +92,50 @@ static void t_store_order(void) {
     ord_close(&o);
 }
 
+/* kvo_cuda_job_event right after a load's submit (layer-wise loads): the
+ * load is ordered after a 200 ms compute pass (its copies wait on the GPU
+ * for the mark recorded at submit), so its copies have not run when the
+ * call returns; a consumer stream that waits for the event must read the
+ * loaded bytes, and the negative control -- the same read on a stream that
+ * does not wait -- reads the old ones. */
 static void t_load_event(void) {
     ord_env o;
     ord_open(&o, true, 0);
     memset(o.slot, 0xc3, 2 * PAGE);
+    cudaStream_t consumer, control;
+    CU_OK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+    CU_OK(cudaStreamCreateWithFlags(&control, cudaStreamNonBlocking));
+    CU_OK((cudaError_t)kvo_test_spin_fill(o.dev, 0x5a, PAGE, SPIN_NS, o.compute)); /* block 0 */
     uint64_t blk[2] = {6, 7}, id;
     kvo_xfer_op op = {0, 0, 2, blk, o.slot, 2 * PAGE};
-    kvo__transfer_pause(o.e.t, true); /* the load cannot start yet */
     ASSERT_OK(kvo_transfer_submit(o.e.t, KVO_XFER_LOAD, &op, 1, &id));
     cudaEvent_t ev;
     CU_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    ASSERT_ERR(kvo_cuda_job_event(o.e.cu, o.e.t, KVO_XFER_LOAD, id, ev), KVO_EAGAIN);
-    ASSERT_CONTAINS(kvo_last_error(), "has not finished");
-    /* Negative control: compute reading without the job's event sees the old
-     * bytes (the load is held). */
-    unsigned char probe[2];
-    CU_OK(cudaMemcpyAsync(&probe[0], o.dev + 6 * PAGE + 17, 1, cudaMemcpyDeviceToHost, o.compute));
-    CU_OK(cudaStreamSynchronize(o.compute));
-    ASSERT_EQ_INT(probe[0], 0x11);
-    kvo__transfer_pause(o.e.t, false);
-    ASSERT_EQ_INT(xt_wait_one(o.e.t, id).status, 0);
     ASSERT_OK(kvo_cuda_job_event(o.e.cu, o.e.t, KVO_XFER_LOAD, id, ev));
-    CU_OK(cudaStreamWaitEvent(o.compute, ev, 0));
-    CU_OK(cudaMemcpyAsync(&probe[0], o.dev + 6 * PAGE + 17, 1, cudaMemcpyDeviceToHost, o.compute));
-    CU_OK(cudaMemcpyAsync(&probe[1], o.dev + 7 * PAGE + PAGE - 1, 1, cudaMemcpyDeviceToHost, o.compute));
-    CU_OK(cudaStreamSynchronize(o.compute));
+    unsigned char stale = 0, probe[2] = {0, 0};
+    CU_OK(cudaMemcpyAsync(&stale, o.dev + 6 * PAGE + 17, 1, cudaMemcpyDeviceToHost, control));
+    CU_OK(cudaStreamWaitEvent(consumer, ev, 0));
+    CU_OK(cudaMemcpyAsync(&probe[0], o.dev + 6 * PAGE + 17, 1, cudaMemcpyDeviceToHost, consumer));
+    CU_OK(cudaMemcpyAsync(&probe[1], o.dev + 7 * PAGE + PAGE - 1, 1, cudaMemcpyDeviceToHost, consumer));
+    CU_OK(cudaStreamSynchronize(control));
+    CU_OK(cudaStreamSynchronize(consumer));
+    if (stale != 0x11)
+        FAILF("negative control: a read not ordered after the event saw 0x%02x, not the old 0x11: the load was "
+              "not held behind the compute pass, so the check below cannot tell", stale);
     ASSERT_EQ_INT(probe[0], 0xc3);
     ASSERT_EQ_INT(probe[1], 0xc3);
+    ASSERT_EQ_INT(xt_wait_one(o.e.t, id).status, 0);
+    printf("load: a read after kvo_cuda_job_event saw the loaded bytes; the control read saw the old ones\n");
     ASSERT_ERR(kvo_cuda_job_event(o.e.cu, o.e.t, KVO_XFER_LOAD, 999, ev), KVO_ENOTFOUND);
-    /* record_event joins the direction's two streams (device_cuda.c): it
-     * records and completes in both directions. */
+    /* record_event: records and completes in both directions. */
     for (int d = 0; d < 2; d++) {
         ASSERT_OK(kvo_cuda_record_event(o.e.cu, (kvo_xfer_dir)d, ev));
         CU_OK(cudaEventSynchronize(ev));
     }
     ASSERT_ERR(kvo_cuda_record_event(o.e.cu, (kvo_xfer_dir)5, ev), KVO_EINVAL);
     CU_OK(cudaEventDestroy(ev));
+    CU_OK(cudaStreamDestroy(consumer));
+    CU_OK(cudaStreamDestroy(control));
     ord_close(&o);
 }
 

@@ -52,6 +52,9 @@ KVO_TEST(coalesce_merges_runs_adjacent_on_both_sides) {
 
 KVO_TEST(many_small_pages_go_to_the_kernel_large_ones_to_one_batch) {
     kvo__cuda_plan_cfg cfg = kvo__cuda_plan_default_cfg(true);
+    ASSERT_EQ_U64(cfg.kernel_max_bytes, 28 << 10);
+    ASSERT_EQ_U64(cfg.kernel_min_pieces, 16);
+    cfg.kernel_min_pieces = 4;
     kvo__cuda_piece p[12];
     /* Scattered (nothing adjacent): 8 pages of 16 KiB, 4 of 64 KiB. */
     for (size_t i = 0; i < 12; i++) {
@@ -78,7 +81,7 @@ KVO_TEST(few_small_pages_use_the_copy_engine) {
     kvo__cuda_plan_cfg cfg = kvo__cuda_plan_default_cfg(true);
     kvo__cuda_piece p[3] = {{0x10000, 0x900000, 4096, 0}, {0x30000, 0x910000, 4096, 0}, {0x50000, 0x920000, 4096, 0}};
     kvo__cuda_plan pl;
-    kvo__cuda_plan_make(&cfg, p, 3, &pl);   /* 3 < kernel_min_pieces (4) */
+    kvo__cuda_plan_make(&cfg, p, 3, &pl);   /* 3 < kernel_min_pieces (16) */
     ASSERT_EQ_U64(pl.n_kernel, 0);
     ASSERT_EQ_U64(pl.n_copy, 3);
     ASSERT_TRUE(pl.batched);
@@ -97,6 +100,7 @@ KVO_TEST(few_small_pages_use_the_copy_engine) {
 KVO_TEST(kernel_takes_at_most_its_capacity) {
     kvo__cuda_plan_cfg cfg = kvo__cuda_plan_default_cfg(false);
     cfg.kernel_cap = 5;
+    cfg.kernel_min_pieces = 4;
     kvo__cuda_piece p[9];
     for (size_t i = 0; i < 9; i++) p[i] = (kvo__cuda_piece){0x100000 * (i + 1), 0x40000000 + 0x10000 * i * 3, 512, 0};
     kvo__cuda_plan pl;
@@ -143,16 +147,17 @@ KVO_TEST(random_units_keep_every_byte_once) {
     }
 }
 
-KVO_TEST(kernel_threads_fit_the_largest_piece) {
-    ASSERT_EQ_U64(kvo__cuda_kernel_threads(16), 32);
-    ASSERT_EQ_U64(kvo__cuda_kernel_threads(1024), 64);   /* 64 words of 16 bytes */
-    ASSERT_EQ_U64(kvo__cuda_kernel_threads(16384), 256);
-    ASSERT_EQ_U64(kvo__cuda_kernel_threads(1u << 20), 256);
+KVO_TEST(kernel_grid_is_small_and_never_empty) {
+    ASSERT_EQ_U64(kvo__cuda_kernel_grid(1), 1);
+    ASSERT_EQ_U64(kvo__cuda_kernel_grid(5), 5);
+    ASSERT_EQ_U64(kvo__cuda_kernel_grid(2560), 16); /* 160 layers x 16 blocks: 16 blocks of threads */
+    ASSERT_EQ_U64(kvo__cuda_kernel_grid(1u << 24), 16);
 }
 
 /* ---- work-unit size asked by a device (device.h unit_bytes, layout.c) ----
- * A "test" device (this executable's own) that asks for 1 MiB units, as the
- * CUDA device asks for 2 MiB ones, and counts units and copies. */
+ * A "test" device (this executable's own) that asks for 1 MiB units and
+ * counts units and copies; and the same device attached at run time as
+ * "whole" taking whole jobs (device.h whole_jobs), as the CUDA device does. */
 #include "transfer/device.h"
 
 static long UNITS, COPIES;
@@ -190,6 +195,12 @@ const kvo__xfer_device_ops kvo__xfer_device_test = {
     .worker_init = ud_winit, .worker_fini = ud_wfini, .copy = ud_copy, .prefetch = NULL,
     .unit_end = ud_unit_end, .copy_kind = ud_kind, .nontemporal = ud_nt,
     .unit_bytes = 1u << 20,
+};
+static const kvo__xfer_device_ops WHOLE = {
+    .name = "whole", .open = ud_open, .close = ud_close, .check_engine_range = NULL,
+    .worker_init = ud_winit, .worker_fini = ud_wfini, .copy = ud_copy, .prefetch = NULL,
+    .unit_end = ud_unit_end, .copy_kind = ud_kind, .nontemporal = ud_nt,
+    .whole_jobs = true,
 };
 
 /* One job of one op over nblk scattered pages of `page` bytes (bpc blocks
@@ -241,4 +252,47 @@ KVO_TEST(device_unit_bytes_sizes_work_units) {
     ASSERT_EQ_U64(__atomic_load_n(&UNIT_BYTES_SEEN, __ATOMIC_RELAXED), 2 * (3u << 20));
     /* Pages of 1.5 MiB (< 2 units): not split, one page per unit. */
     ASSERT_EQ_INT(units_for("test", 3u << 19, 2), 2);
+}
+
+/* A device taking whole jobs gets one unit per job, whatever its segments
+ * and page sizes: every page of every layer, then one unit_end. */
+KVO_TEST(whole_job_device_gets_one_unit_per_job_across_segments) {
+    kvo__core_fns fns;
+    ASSERT_OK(kvo_xfer_device_attach(KVO__XFER_DEVICE_ABI, &WHOLE, sizeof WHOLE, &fns, sizeof fns));
+    enum { L = 40, NB = 16, BPC = 4 };
+    const uint64_t page = 3000;
+    kvo_plan *p = xt_one_group_plan(L, page, BPC);
+    kvo_transfer_params tp = kvo_transfer_default_params();
+    tp.plan = p;
+    tp.device = "whole";
+    kvo_transfer *t;
+    ASSERT_OK(kvo_transfer_create(&tp, &t));
+    unsigned char *eng = malloc(L * NB * page);
+    const uint64_t sb = kvo_plan_group(p, 0)->slot_bytes;
+    unsigned char *slots = calloc(3, sb);
+    ASSERT_TRUE(eng && slots);
+    xt_fill_random(eng, L * NB * page);
+    kvo_segment segs[L];
+    for (int l = 0; l < L; l++) segs[l] = (kvo_segment){0, eng + l * NB * page, NB, page, page};
+    ASSERT_OK(kvo_transfer_set_layout(t, segs, L));
+    uint64_t blk[12] = {1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6};
+    kvo_xfer_op ops[3];
+    for (int c = 0; c < 3; c++) ops[c] = (kvo_xfer_op){0, 0, BPC, blk + BPC * c, slots + c * sb, sb};
+    __atomic_store_n(&UNITS, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&COPIES, 0, __ATOMIC_RELAXED);
+    uint64_t id;
+    ASSERT_OK(kvo_transfer_submit(t, KVO_XFER_STORE, ops, 3, &id));
+    kvo_xfer_result r = xt_wait_one(t, id);
+    ASSERT_EQ_INT(r.status, 0);
+    ASSERT_EQ_U64(r.bytes, 3 * BPC * L * page);
+    ASSERT_EQ_INT(__atomic_load_n(&UNITS, __ATOMIC_RELAXED), 1);
+    ASSERT_EQ_INT(__atomic_load_n(&COPIES, __ATOMIC_RELAXED), 3 * BPC * L);
+    for (int c = 0; c < 3; c++)
+        for (int l = 0; l < L; l++)
+            for (int b = 0; b < BPC; b++)
+                ASSERT_MEM_EQ(slots + c * sb + (BPC * l + b) * page, eng + (l * NB + blk[BPC * c + b]) * page, page);
+    kvo_transfer_destroy(t);
+    kvo_plan_destroy(p);
+    free(eng);
+    free(slots);
 }

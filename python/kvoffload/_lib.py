@@ -292,7 +292,7 @@ class CudaParams(ctypes.Structure):
     library, cuda_lib() below)."""
     _fields_ = [("struct_size", c_size_t), ("device_index", ctypes.c_int), ("compute_stream", c_void_p),
                 ("kernel_max_bytes", c_uint64), ("kernel_min_pieces", c_uint32), ("batch", ctypes.c_int),
-                ("require_pinned", c_bool), ("completion_timeout_ms", c_uint32)]
+                ("require_pinned", c_bool), ("completion_timeout_ms", c_uint32), ("kernel_stores", c_bool)]
 
 
 _CUDA_STATS = ["units", "memcpy_calls", "batch_calls", "batch_pieces", "kernel_launches", "kernel_pieces", "errors"]
@@ -300,7 +300,7 @@ _CUDA_STATS = ["units", "memcpy_calls", "batch_calls", "batch_pieces", "kernel_l
 
 class CudaStats(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _CUDA_STATS] + [("batch_available", c_bool),
-                ("batch_refused", c_uint64), ("timeouts", c_uint64)]
+                ("batch_refused", c_uint64), ("timeouts", c_uint64), ("kernel_available", c_bool)]
 
 
 class LookupResultC(ctypes.Structure):
@@ -617,7 +617,7 @@ def cuda_lib() -> ctypes.CDLL:
         _bind(dll, _CUDA_PROTOS)
     except (OSError, AttributeError) as e:
         raise KvoError(KVO_ENOTSUP, f"CUDA device library {path} does not load or lacks kvo_cuda_*: {e} "
-                       "(it needs the CUDA runtime, libcudart, on the loader path)", "cuda_lib") from None
+                       "(it needs the libkvoffload.so it was built with; no CUDA library)", "cuda_lib") from None
     _cuda = dll
     return dll
 

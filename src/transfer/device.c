@@ -14,13 +14,18 @@
  * (src/transfer/cuda/device_cuda.c, in libkvoffload_cuda when KVO_CUDA is
  * on) and the "test" device of tests/test_transfer_device.c.  A program that
  * links the file defining the symbol makes the device selectable by name;
- * the core and the public header do not change.
+ * the core and the public header do not change.  A device in its own shared
+ * library attaches at load instead (kvo_xfer_device_attach, below) and gets
+ * the core functions it calls through a table: errors, the allocator, the
+ * log, and kvo__transfer_job_token (a job's device token, read under the
+ * engine lock).
  */
 #include <pthread.h>
 #include <stdio.h>
 
 #include "transfer/copy_auto.h"
 #include "transfer/device.h"
+#include "transfer/transfer_internal.h" /* kvo__transfer_job_token reads the job table */
 
 typedef struct kvo__host_dev {
     bool automatic;          /* nontemporal -1: the kind is measured (copy_auto.c) */
@@ -174,6 +179,25 @@ const char *kvo__xfer_device_names(void) {
     return kvo__names;
 }
 
+/* For device libraries (the fns table below, or a direct call in a static
+ * build): a job's device token, under the engine lock (device.h). */
+int kvo__transfer_job_token(kvo_transfer *t, uint64_t job_id, void (*grab)(void *token, void *arg), void *arg) {
+    if (!t) return kvo__error(KVO_EINVAL, "transfer engine is NULL");
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    kvo__xent *e = kvo__xtab_find(t, job_id, KVO__XTAG_JOB);
+    if (e) {
+        if (e->writer->dev_token && grab) grab(e->writer->dev_token, arg);
+    } else if (job_id >= 1 && job_id < t->next_id) {
+        rc = 1;
+    } else {
+        rc = kvo__error(KVO_ENOTFOUND, "no job %llu (ids so far: 1..%llu)", (unsigned long long)job_id,
+                        (unsigned long long)t->next_id - 1);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
 int kvo_xfer_device_attach(uint32_t abi, const kvo__xfer_device_ops *ops, size_t ops_size, kvo__core_fns *fns,
                            size_t fns_size) {
     if (!ops || !fns || !ops->name)
@@ -199,8 +223,9 @@ int kvo_xfer_device_attach(uint32_t abi, const kvo__xfer_device_ops *ops, size_t
         }
     }
     if (!rc)
-        *fns = (kvo__core_fns){kvo__verror, kvo__error_prefix, kvo__malloc, kvo__calloc, kvo__realloc, kvo__free,
-                               kvo__check_struct_size};
+        *fns = (kvo__core_fns){kvo__verror,           kvo__error_prefix, kvo__malloc, kvo__calloc,
+                               kvo__realloc,          kvo__free,         kvo__check_struct_size, kvo__vlog,
+                               kvo__transfer_job_token};
     pthread_mutex_unlock(&kvo__attach_mu);
     return rc;
 }

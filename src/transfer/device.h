@@ -10,12 +10,16 @@
  *
  * Contract, per worker thread:
  *     worker_init -> { copy* ; unit_end }* -> worker_fini
- * copy() may be asynchronous (a CUDA device enqueues on the worker's stream);
+ * copy() may be asynchronous (the CUDA device only records the piece);
  * unit_end() returns only when every copy issued since the previous unit_end
  * is complete and visible to other threads (the host device issues an sfence
- * after streaming stores; the CUDA device records an event after the unit's
- * copies and polls it), and reports the first failure.  copy() is never
- * called with zero bytes.
+ * after streaming stores; the CUDA device enqueues the pieces as one batch
+ * or kernel launch, records one event after them and polls it), and reports
+ * the first failure.  copy() is never called with zero bytes.  A work unit
+ * is a run of pages of one segment (about unit_bytes), unless the device
+ * sets whole_jobs: then a unit is the whole job, every block of every op and
+ * segment (all of an engine's layers), so that the device can issue it as
+ * one batch and wait once.
  *
  * Adding a device: define a `const kvo__xfer_device_ops` in the device's own
  * file and add one weak reference to it in device.c (kvo__xfer_device_find
@@ -25,11 +29,11 @@
  * src/transfer/cuda/device_cuda.c, built into libkvoffload_cuda by the
  * KVO_CUDA option; docs/gpu.md) and the "test" device of
  * tests/test_transfer_device.c (memcpy copies, injected DMA errors).  The
- * CUDA device collects a unit's copies, enqueues them (kernel, batched or
- * single copies) on its stream for the direction and polls a CUDA event in
- * unit_end; slots are pinned host memory (the store's arena);
- * check_engine_range asks cudaPointerGetAttributes that a segment is device
- * memory.
+ * CUDA device takes whole jobs, enqueues each (one kernel launch and/or one
+ * batched copy) on its stream for the direction and polls one CUDA event per
+ * job in unit_end; slots are pinned host memory (the store's arena);
+ * check_engine_range asks the driver (cuPointerGetAttributes) that a segment
+ * is device memory.
  */
 #ifndef KVO_TRANSFER_DEVICE_H
 #define KVO_TRANSFER_DEVICE_H
@@ -86,6 +90,9 @@ typedef struct kvo__xfer_device_ops {
     int (*job_submit)(void *state, int dir, void **token);
     void (*unit_job)(void *wctx, void *token);
     void (*job_done)(void *state, void *token);
+    /* true: a work unit is a whole job (see the contract above; unit_bytes
+     * is then unused). */
+    bool whole_jobs;
 } kvo__xfer_device_ops;
 
 /* The device called name (NULL = "host"), or NULL when not built in and not
@@ -109,7 +116,7 @@ const char *kvo__xfer_device_names(void);
  * for applications.  Errors: KVO_ENOTSUP (ABI or struct sizes differ: the
  * device library was built for another libkvoffload), KVO_EEXIST (a device
  * of that name is attached already), KVO_ENOMEM (table full), KVO_EINVAL. */
-#define KVO__XFER_DEVICE_ABI 1u
+#define KVO__XFER_DEVICE_ABI 2u
 typedef struct kvo__core_fns {
     int (*verror)(int err, const char *fmt, va_list ap);
     int (*error_prefix)(int err, const char *fmt, ...);
@@ -118,7 +125,18 @@ typedef struct kvo__core_fns {
     void *(*realloc)(void *p, size_t n);
     void (*free)(void *p);
     int (*check_struct_size)(const char *fn, const char *type, size_t given, size_t min, const char *init);
+    void (*vlog)(kvo_log_level level, const char *fmt, va_list ap);
+    int (*job_token)(kvo_transfer *t, uint64_t job_id, void (*grab)(void *token, void *arg), void *arg);
 } kvo__core_fns;
+/* The device token of job job_id of t, for a device call made on the
+ * caller's thread (kvo_cuda_job_event): under the engine lock, when the job
+ * is unfinished, grab(token, arg) runs (it must only take a reference, never
+ * block) and 0 is returned; 1 when the job has finished (its result is
+ * posted, or polled); KVO_ENOTFOUND (with a message) when t never returned
+ * that id; KVO_EINVAL for NULL t.  A job without a token (the device gave
+ * none) is unfinished with grab not called. */
+int kvo__transfer_job_token(kvo_transfer *t, uint64_t job_id, void (*grab)(void *token, void *arg), void *arg);
+
 KVO_API int kvo_xfer_device_attach(uint32_t abi, const kvo__xfer_device_ops *ops, size_t ops_size,
                                    kvo__core_fns *fns, size_t fns_size);
 

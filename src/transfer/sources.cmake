@@ -15,11 +15,16 @@ kvo_sources(KVO_SOURCES transfer
 kvo_sources(KVO_CUDA_PLAN_SOURCES transfer/cuda
   cuda_plan.c
 )
-# The CUDA device itself (nvcc and the toolkit; KVO_CUDA): its own library.
+# The CUDA device itself (KVO_CUDA): its own library.  Plain C, no CUDA
+# header (the driver is loaded at run time); also compiled into
+# tests/test_transfer_cuda_fake.c against a fake driver on every build.
 kvo_sources(KVO_CUDA_SOURCES transfer/cuda
   cuda.c
+  cuda_driver.c
   device_cuda.c
 )
+# The kernel: compiled by nvcc into embedded images (CMakeLists.txt, CUDA
+# section), never into an object of its own.
 kvo_sources(KVO_CUDA_KERNEL_SOURCES transfer/cuda
   kernels.cu
 )

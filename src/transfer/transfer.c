@@ -7,7 +7,10 @@
  * segment of its group, runs of up to unit_blocks blocks (about
  * KVO__XUNIT_BYTES of pages; pages of 2 MiB and more are instead split into
  * parts of about 1 MiB, one unit each), numbered 0..n_units-1 through a prefix sum over
- * the ops.  Workers claim units one at a time from the job at the head of the
+ * the ops.  A device that waits for completion once per unit and can issue
+ * any number of pieces as one operation (the CUDA device: one batched copy
+ * or kernel launch) takes whole jobs instead (device.h, whole_jobs): a job
+ * is then one unit holding every block of every op and segment.  Workers claim units one at a time from the job at the head of the
  * ready lists (one per direction; loads first, since a request waits for
  * them while stores are background work: dependencies, not queue order,
  * keep conflicting jobs in order), so a large job is copied by every worker

@@ -8,7 +8,8 @@
  *   transfer_worker.c   the worker threads: claim a unit, copy, finish
  *   transfer_queue.c    queues, dependencies, work units, results
  *   layout.c            layout registration, validation, the layout hash
- *   device.c            the device registry and the host device
+ *   device.c            the device registry, the host device, and what a
+ *                       device library may call (kvo__transfer_job_token)
  *   copy_auto.c         the host copy routine chosen by measurement (auto)
  *   copy.c              the host copy routines (memcpy, streaming stores)
  * The CUDA device (cuda/, its own folder and library) calls into device.h's

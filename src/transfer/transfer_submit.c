@@ -184,7 +184,7 @@ static int kvo__xbuild_job(kvo_transfer *t, kvo__xlayout *L, kvo_xfer_dir dir, c
         for (uint32_t b = 0; b < op->n_blocks; b++)
             j->res[n_res++] = (kvo__xres){op->engine_blocks[b], op->group, dir == KVO_XFER_LOAD};
     }
-    assert(unit == n_units);
+    assert(unit == n_units || t->dev->whole_jobs);
     j->n_res = n_res;
     unsigned char *dup_set = (unsigned char *)(j->edges + cap_edges);
     int rc = kvo__xcheck_slots(t, dir, j->ops, n, (kvo__xslotuse *)(dup_set + KVO__XDUP_ESZ * dup_cap));
@@ -252,6 +252,7 @@ int kvo_transfer_submit(kvo_transfer *t, kvo_xfer_dir dir, const kvo_xfer_op *op
     uint64_t total_blocks = 0, n_units = 0, group_mask = 0;
     kvo__xjob *j = NULL;
     rc = kvo__xvalidate_ops(t, L, dir, ops, n, &total_blocks, &n_units, &group_mask);
+    if (t->dev->whole_jobs) n_units = total_blocks > 0; /* the device takes the job as one unit */
     if (!rc) rc = kvo__xbuild_job(t, L, dir, ops, n, total_blocks, n_units, group_mask, spare, &j);
     else kvo__free(spare);
     if (!rc && t->dev->job_submit) rc = t->dev->job_submit(t->dev_state, dir, &j->dev_token);

@@ -3,9 +3,12 @@
  * one work unit at a time from the job at the head of the ready lists (loads
  * first), copies it with the lock dropped, and retires the job when its last
  * unit is done.  A unit is a run of blocks of one segment of one op, or one
- * part of a huge page; consecutive pages whose engine addresses are adjacent
- * are merged into one copy, and a device with a prefetch hint is asked to
- * prefetch the next run's source while the current one copies.  Nothing here allocates.
+ * part of a huge page, or, for a device that takes whole jobs (the CUDA
+ * device: one batched copy or kernel launch per job), the whole job: every
+ * block of every op and segment; consecutive pages whose engine addresses
+ * are adjacent are merged into one copy, and a device with a prefetch hint
+ * is asked to prefetch the next run's source while the current one copies.
+ * Nothing here allocates.
  */
 #include "transfer/transfer_internal.h"
 
@@ -16,8 +19,61 @@ static inline void kvo__xcopy(kvo_transfer *t, const kvo__xjob *j, void *wctx, u
     else t->dev->copy(wctx, j->dir, (void *)eng, slot, len);
 }
 
+/* Copy blocks [b0, b1) of op's segment seg (slot side contiguous): runs of
+ * pages adjacent in engine memory are one copy each, and a device with a
+ * prefetch hint is asked to fetch the next run's source first.  Adds to
+ * *bytes and *copies. */
+static void kvo__xcopy_blocks(kvo_transfer *t, const kvo__xjob *j, void *wctx, const kvo__xop *op,
+                              const kvo__xgroup *G, const kvo__xseg *seg, uint64_t b0, uint64_t b1, uint64_t *bytes,
+                              uint64_t *copies) {
+    unsigned char *slot = op->slot + G->blocks_per_chunk * seg->slot_prefix + (op->first_block + b0) * seg->page;
+    uintptr_t run_eng = 0;
+    unsigned char *run_slot = slot;
+    uint64_t run_len = 0;
+    for (uint64_t i = b0; i < b1; i++) {
+        uintptr_t eng = seg->base + (uintptr_t)(op->blocks[i] * seg->stride);
+        if (run_len && eng == run_eng + run_len) {
+            run_len += seg->page;
+            continue;
+        }
+        if (run_len) {
+            /* Start fetching the next run's source while this one copies. */
+            if (t->dev->prefetch)
+                t->dev->prefetch(wctx, j->dir == KVO_XFER_STORE ? (const void *)eng
+                                                                 : (const void *)(slot + (i - b0) * seg->page),
+                                 seg->page);
+            kvo__xcopy(t, j, wctx, run_slot, run_eng, run_len);
+            (*copies)++;
+            *bytes += run_len;
+        }
+        run_eng = eng;
+        run_slot = slot + (i - b0) * seg->page;
+        run_len = seg->page;
+    }
+    if (run_len) {
+        kvo__xcopy(t, j, wctx, run_slot, run_eng, run_len);
+        (*copies)++;
+        *bytes += run_len;
+    }
+}
+
+/* A device that takes whole jobs (device.h: whole_jobs): every block of
+ * every op, segment by segment, then one unit_end. */
+static int kvo__xrun_job(kvo_transfer *t, kvo__xjob *j, void *wctx, uint64_t *bytes, uint64_t *copies) {
+    if (t->dev->unit_job) t->dev->unit_job(wctx, j->dev_token);
+    for (size_t k = 0; k < j->n_ops; k++) {
+        const kvo__xop *op = &j->ops[k];
+        if (!op->n_blocks) continue;
+        const kvo__xgroup *G = &j->layout->groups[op->group];
+        for (uint32_t s = 0; s < G->n_segs; s++)
+            kvo__xcopy_blocks(t, j, wctx, op, G, &j->layout->segs[G->first_seg + s], 0, op->n_blocks, bytes, copies);
+    }
+    return t->dev->unit_end(wctx);
+}
+
 static int kvo__xrun_unit(kvo_transfer *t, kvo__xjob *j, uint64_t u, void *wctx, uint64_t *bytes,
                           uint64_t *copies) {
+    if (t->dev->whole_jobs) return kvo__xrun_job(t, j, wctx, bytes, copies);
     size_t lo = 0, hi = j->n_ops;
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
@@ -48,37 +104,7 @@ static int kvo__xrun_unit(kvo_transfer *t, kvo__xjob *j, uint64_t u, void *wctx,
     }
     uint64_t b0 = part * G->unit_blocks, b1 = b0 + G->unit_blocks;
     if (b1 > op->n_blocks) b1 = op->n_blocks;
-    unsigned char *slot = op->slot + G->blocks_per_chunk * seg->slot_prefix + (op->first_block + b0) * seg->page;
-    uintptr_t run_eng = 0;
-    unsigned char *run_slot = slot;
-    uint64_t run_len = 0, n = 0, total = 0;
-    for (uint64_t i = b0; i < b1; i++) {
-        uintptr_t eng = seg->base + (uintptr_t)(op->blocks[i] * seg->stride);
-        if (run_len && eng == run_eng + run_len) {
-            run_len += seg->page;
-            continue;
-        }
-        if (run_len) {
-            /* Start fetching the next run's source while this one copies. */
-            if (t->dev->prefetch)
-                t->dev->prefetch(wctx, j->dir == KVO_XFER_STORE ? (const void *)eng
-                                                                 : (const void *)(slot + (i - b0) * seg->page),
-                                 seg->page);
-            kvo__xcopy(t, j, wctx, run_slot, run_eng, run_len);
-            n++;
-            total += run_len;
-        }
-        run_eng = eng;
-        run_slot = slot + (i - b0) * seg->page;
-        run_len = seg->page;
-    }
-    if (run_len) {
-        kvo__xcopy(t, j, wctx, run_slot, run_eng, run_len);
-        n++;
-        total += run_len;
-    }
-    *bytes = total;
-    *copies = n;
+    kvo__xcopy_blocks(t, j, wctx, op, G, seg, b0, b1, bytes, copies);
     return t->dev->unit_end(wctx);
 }
 

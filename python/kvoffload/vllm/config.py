@@ -56,13 +56,42 @@ def int_key(cfg: Any, key: str, default: int) -> int:
     return default if v is None else int(v)
 
 
+def replicated(config: OffloadingConfig) -> bool:
+    """vLLM says every rank holds the same bytes per block (replicated_layout,
+    0.33: an MLA model at tensor parallel N): a slot then holds one copy,
+    rank 0 writes it and every rank reads it."""
+    return bool(getattr(config, "replicated_layout", False))
+
+
+def slot_copies(config: OffloadingConfig) -> int:
+    """Parts of a slot: one per rank, or one for a replicated layout."""
+    return 1 if replicated(config) else max(1, config.parallel.world_size)
+
+
+def slot_part(config: OffloadingConfig) -> int:
+    """This rank's part of a slot (0 for a replicated layout)."""
+    return 0 if replicated(config) else config.parallel.rank
+
+
+def kv_format(config: OffloadingConfig) -> Optional[str]:
+    """What the plan's fingerprint (every tier's namespace) carries about the
+    bytes beside the model: vLLM's KV cache dtype (its variant: fp8_e4m3 and
+    fp8_e5m2 are not one format) and KV layout (NHD or HND; 0.33)."""
+    layout = getattr(config, "kv_cache_layout", None)
+    dtype = config.model.dtype or ""
+    if not layout:
+        return dtype or None
+    return f"{dtype};layout={layout}"
+
+
 def build_plan(config: OffloadingConfig) -> Plan:
     """The scheduler-side plan: one kvoffload group per offloaded vLLM group
     (in config.groups order), each block sized like vLLM's CPU backend sizes
-    a chunk (worker_kv_bytes_per_block * world size, or the per-group list
-    kvo_group_bytes_per_block), blocks_per_chunk from vLLM."""
+    a chunk (worker_kv_bytes_per_block * slot_copies, or the per-group list
+    kvo_group_bytes_per_block), blocks_per_chunk from vLLM, the KV format in
+    the fingerprint."""
     extra = config.extra_config
-    world = max(1, config.parallel.world_size)
+    world = slot_copies(config)
     per_group = extra.get("kvo_group_bytes_per_block")
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", config.model.name or "model")[-63:] or "model"
     model = Model(name, config.cache.tokens_per_hash)
@@ -79,7 +108,7 @@ def build_plan(config: OffloadingConfig) -> Plan:
         else:
             model.add_group(f"g{g.group_id}", g.tokens_per_block, 1, page, kind="sliding",
                             window=max(1, window * tpc))
-    return Plan(model, blocks_per_chunk=config.cache.blocks_per_chunk, dtype=config.model.dtype or None)
+    return Plan(model, blocks_per_chunk=config.cache.blocks_per_chunk, dtype=kv_format(config))
 
 
 def step_tokens(config: OffloadingConfig) -> Optional[int]:
@@ -135,12 +164,13 @@ def step_floor(step: list[tuple[int, int, int]]) -> int:
 
 def layout_hash(config: OffloadingConfig) -> int:
     """A 64-bit hash of how a slot's bytes are laid out beyond the plan's
-    fingerprint: the world size (each rank writes its own part of a slot)
+    fingerprint: its parts (one per rank, each rank writing its own; one for
+    a replicated layout, so every rank and a single-rank engine share it)
     and the bytes per block per rank.  Tiers shared by engines (remote, or
     files with kvo_file_shared) are namespaced by it, so engines with other
     parallel layouts never read each other's values."""
     per_group = config.extra_config.get("kvo_group_bytes_per_block")
-    text = repr(("kvo-vllm-slot-layout/1", max(1, config.parallel.world_size), config.worker_kv_bytes_per_block,
+    text = repr(("kvo-vllm-slot-layout/1", slot_copies(config), config.worker_kv_bytes_per_block,
                  [int(x) for x in per_group] if per_group else None))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
 

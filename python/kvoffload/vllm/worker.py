@@ -1,10 +1,32 @@
 """Worker side: KvoffloadOffloadingWorker copies between vLLM's KV tensors
 and the shared arena's slots with kvoffload's transfer engine (the host
 device for CPU tensors; the CUDA device, kvoffload.core.CudaDevice, for GPU
-tensors when the CUDA device library is there)."""
+tensors when the CUDA device library is there).
+
+GPU tensors: the CUDA device of the tensors' own device (rank N: cuda:N),
+the arena pinned for DMA (when pinning fails, as it may under a locked-memory
+limit, a warning is logged and the copies run unpinned, as vLLM does), and
+every job ordered after the work torch had queued on its current stream when
+the job was submitted (a store reads what the forward pass wrote; a load
+overwrites blocks vLLM may still be zeroing).
+
+A replicated layout (vLLM's replicated_layout: an MLA model at tensor
+parallel N holds the same bytes on every rank) keeps one copy per slot:
+rank 0 stores it, every rank loads it (config.slot_part); other layouts keep
+one part per rank.
+
+Failures.  vLLM 0.32 and 0.33 assert that every submit and every transfer
+result succeeded: one failed copy would stop the engine.  So unless
+REPORT_FAILURES is set (for a vLLM that takes them), the worker never says
+False to vLLM: a job it could not submit, or whose copies failed, is
+reported done with no bytes (transfer_size 0, no time), logged, and kept in
+failed_jobs; a failed load's GPU block ids go to load_error_blocks, for the
+connector to hand to vLLM as load errors (its blocks hold no loaded KV).
+"""
 from __future__ import annotations
 
 import ctypes
+import logging
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
@@ -15,10 +37,20 @@ from vllm.v1.kv_offload.base import (CanonicalKVCaches, GPULoadStoreSpec, LoadSt
 from .. import _lib as L
 from ..core import LOAD, STORE, CudaDevice, Model, Plan, Transfer
 from ..shm import SharedArena
-from .config import KvoffloadLoadStoreSpec
+from .config import KvoffloadLoadStoreSpec, replicated, slot_part
 
 if TYPE_CHECKING:
     from .spec import KvoffloadOffloadingSpec
+
+log = logging.getLogger("kvoffload.vllm")
+
+
+def torch_stream(device_index: int) -> int:
+    """torch's current stream on a device as a cudaStream_t (1 = the legacy
+    default stream, since torch reports it as 0 and 0 means none to
+    kvo_cuda)."""
+    import torch
+    return int(torch.cuda.current_stream(device_index).cuda_stream) or 1
 
 
 # kvo_xfer_op as a numpy record (the ctypes struct's own offsets), so a
@@ -65,17 +97,25 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
     shared tensors, which one kvoffload layout cannot describe), each with a
     one-group plan of the real page sizes (vLLM's CanonicalKVCaches)."""
 
+    # False: never hand vLLM success=False (0.32/0.33 assert on it); see the
+    # module doc.  A connector whose vLLM takes failed results may set it.
+    REPORT_FAILURES = False
+
     def __init__(self, spec: "KvoffloadOffloadingSpec", kv_caches: CanonicalKVCaches,
                  arena: SharedArena) -> None:
         cfg = spec.config
         self.arena = arena
         self.bpc = cfg.cache.blocks_per_chunk
         self.rank = cfg.parallel.rank
+        self.part = slot_part(cfg)
+        # a replicated layout: rank 0 writes the one copy
+        self.stores = not replicated(cfg) or self.rank == 0
         threads = int(cfg.extra_config.get("kvo_transfer_threads", 2))
         self.engines: list[Transfer] = []
         self.plans: list[Plan] = []
         self.worker_chunk_bytes: list[int] = []
         self.cuda: Optional[CudaDevice] = None
+        self.pinned = False
         self.device_index = 0
         try:
             self._build(spec, kv_caches, threads)
@@ -87,27 +127,42 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         self._ok: dict[int, bool] = {}
         self._bytes: dict[int, int] = {}
         self._ns: dict[int, int] = {}   # copy time of a job's parts, summed (vLLM's kv_offload_*_time)
+        self._gpu: dict[int, np.ndarray] = {}   # a load's GPU block ids, until its result
+        self._why: dict[int, str] = {}          # a job's first failure
         self._done: list[TransferResult] = []
+        self.failed_jobs: dict[int, str] = {}   # vLLM job -> why (taken by take_failed_jobs)
+        self.load_error_blocks: set[int] = set()
+
+    def _open_cuda(self, device_index: int) -> None:
+        """The CUDA device (it refuses, KVO_ENOTSUP, without the CUDA library,
+        before torch is asked for anything) with the arena pinned; when
+        pinning fails, a warning and a device that copies unpinned slots."""
+        self.device_index = device_index
+        self.cuda = CudaDevice(device_index)
+        assert self.arena._arena is not None
+        try:
+            self.cuda.pin_arena(self.arena._arena)
+            self.pinned = True
+        except L.KvoError as e:
+            log.warning("kvoffload: pinning the %d-byte arena for cuda:%d failed (%s): copies run unpinned, "
+                        "slower (raise the locked-memory limit, ulimit -l, to pin it)", self.arena.data_bytes,
+                        device_index, e)
+            self.cuda.close()
+            self.cuda = CudaDevice(device_index, require_pinned=False)
+        self.cuda.set_compute_stream(torch_stream(device_index))
 
     def _build(self, spec: "KvoffloadOffloadingSpec", kv_caches: CanonicalKVCaches, threads: int) -> None:
         """One transfer engine per group (and the CUDA device for GPU
         tensors); __init__ closes what was made when this raises."""
         cfg = spec.config
-        arena = self.arena
         device = None
         for g, refs in enumerate(kv_caches.group_data_refs):
             tens = [kv_caches.tensors[r.tensor_idx].tensor for r in refs]
             if tens and tens[0].device.type != "cpu" and device is None:
-                # GPU tensors: the CUDA device library (never run on a GPU yet),
-                # on the tensors' own device (tensor-parallel rank N: cuda:N)
+                # GPU tensors: the CUDA device library, on the tensors' own
+                # device (tensor-parallel rank N: cuda:N)
                 device = tens[0].device.type
-                self.device_index = tens[0].device.index or 0
-                # the device first: without the CUDA library it refuses
-                # (KVO_ENOTSUP) before torch is asked for a stream
-                self.cuda = CudaDevice(self.device_index)
-                self.cuda.set_compute_stream(self._torch_stream())
-                assert arena._arena is not None
-                self.cuda.pin_arena(arena._arena)
+                self._open_cuda(tens[0].device.index or 0)
             pages = sum(int(r.page_size_bytes) for r in refs)
             gc = cfg.groups[g]
             model = Model(f"w{g}", cfg.cache.tokens_per_hash,
@@ -116,10 +171,10 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
             plan = Plan(model, blocks_per_chunk=self.bpc)
             wcb = plan.groups[0]["chunk_bytes"]
             slot = spec.plan.groups[g]["chunk_bytes"]
-            if (self.rank + 1) * wcb > slot:
-                raise L.KvoError(L.KVO_ELAYOUT, f"group {gc.group_id}: worker chunk of {wcb} bytes (rank "
-                                 f"{self.rank}) does not fit the scheduler's {slot}-byte chunk; set "
-                                 f"kvo_group_bytes_per_block >= {pages * cfg.parallel.world_size}", "worker")
+            if (self.part + 1) * wcb > slot:
+                raise L.KvoError(L.KVO_ELAYOUT, f"group {gc.group_id}: worker chunk of {wcb} bytes (slot part "
+                                 f"{self.part}) does not fit the scheduler's {slot}-byte chunk; set "
+                                 f"kvo_group_bytes_per_block >= {pages * (self.part + 1)}", "worker")
             t = Transfer(plan, threads=threads, device=device, device_index=self.device_index)
             self.engines.append(t)
             self.plans.append(plan)
@@ -131,17 +186,46 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                                  page_bytes=int(r.page_size_bytes)))
             t.set_layout(segs)
 
-    def _torch_stream(self) -> int:
-        """torch's current stream on our device as a cudaStream_t: stores
-        are ordered after the work queued on it (1 = the legacy default
-        stream, since torch reports it as 0 and 0 means none to kvo_cuda)."""
-        import torch
-        return int(torch.cuda.current_stream(self.device_index).cuda_stream) or 1
+    def _finish(self, job_id: int, ok: bool, size: int, ns: Optional[int], why: str = "") -> None:
+        """vLLM's result for a job; a failure is reported as done with no
+        bytes unless REPORT_FAILURES (module doc)."""
+        if not ok:
+            self.failed_jobs[job_id] = why
+            gpu = self._gpu.get(job_id)
+            if gpu is not None:
+                self.load_error_blocks.update(int(b) for b in gpu)
+            log.warning("kvoffload: transfer job %d failed (%s): reported to vLLM as done with no bytes%s",
+                        job_id, why, "; its GPU blocks are load errors" if gpu is not None else "")
+        self._gpu.pop(job_id, None)
+        if ok or self.REPORT_FAILURES:
+            self._done.append(TransferResult(job_id=job_id, success=ok, transfer_size=size if ok else 0,
+                                             transfer_time=ns / 1e9 if ns is not None else None))
+        else:
+            self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=0, transfer_time=None))
+
+    def take_failed_jobs(self) -> dict[int, str]:
+        """vLLM jobs that failed since the last call (job -> why)."""
+        out, self.failed_jobs = self.failed_jobs, {}
+        return out
+
+    def take_load_error_blocks(self) -> set[int]:
+        """GPU block ids of failed loads since the last call: they hold no
+        loaded KV (vLLM's get_block_ids_with_load_errors)."""
+        out, self.load_error_blocks = self.load_error_blocks, set()
+        return out
 
     def _submit(self, job_id: int, direction: int, gpu: GPULoadStoreSpec, slots: KvoffloadLoadStoreSpec) -> bool:
-        if self.cuda is not None and direction == STORE:
-            self.cuda.set_compute_stream(self._torch_stream())  # the store waits for what produced its blocks
+        if direction == STORE and not self.stores:
+            # replicated layout: rank 0 writes the one copy
+            self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=0, transfer_time=0.0))
+            return True
+        if self.cuda is not None:
+            # the job waits for what torch has queued so far (a store for
+            # the forward pass that wrote its blocks, a load for zeroing)
+            self.cuda.set_compute_stream(torch_stream(self.device_index))
         blocks = np.ascontiguousarray(gpu.block_ids, dtype=np.uint64)
+        if direction == LOAD:
+            self._gpu[job_id] = blocks
         offsets = np.asarray(slots.offsets, dtype=np.uint64)
         subs: list[tuple[int, int]] = []
         b0 = c0 = 0
@@ -153,20 +237,27 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                 nchunks = -(-(size + skip) // self.bpc)
                 wcb = self.worker_chunk_bytes[g]
                 ops = _ops(nchunks, self.bpc, skip, size, blocks.ctypes.data + 8 * b0,
-                           offsets[c0:c0 + nchunks] + np.uint64(self.arena.base + self.rank * wcb), wcb)
+                           offsets[c0:c0 + nchunks] + np.uint64(self.arena.base + self.part * wcb), wcb)
                 subs.append((g, _submit_ops(self.engines[g], direction, ops)))
                 b0 += size
                 c0 += nchunks
-        except L.KvoError:
+        except L.KvoError as e:
             for g, j in subs:
                 self.engines[g].wait([j])
-            return False
+            if self.REPORT_FAILURES:
+                self._gpu.pop(job_id, None)
+                return False
+            # the parts submitted are done (their results have no owner:
+            # get_finished passes over them); the job failed
+            self._finish(job_id, False, 0, None, f"submit: {e}")
+            return True
         self._jobs[job_id] = subs
         self._left[job_id] = len(subs)
         self._ok[job_id] = True
         self._bytes[job_id] = 0
         self._ns[job_id] = 0
         if not subs:
+            self._gpu.pop(job_id, None)
             self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=0, transfer_time=0.0))
             del self._jobs[job_id]
         return True
@@ -188,13 +279,14 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                 if job is None:
                     continue
                 self._left[job] -= 1
+                if r["status"] != 0 and self._ok[job]:
+                    self._why[job] = f"{L.ERROR_NAMES.get(r['status'], r['status'])} in group {g}"
                 self._ok[job] &= r["status"] == 0
                 self._bytes[job] += r["bytes"]
                 self._ns[job] += r["duration_ns"]
                 if self._left[job] == 0:
-                    self._done.append(TransferResult(job_id=job, success=self._ok.pop(job),
-                                                     transfer_size=self._bytes.pop(job),
-                                                     transfer_time=self._ns.pop(job) / 1e9))
+                    self._finish(job, self._ok.pop(job), self._bytes.pop(job), self._ns.pop(job),
+                                 self._why.pop(job, ""))
                     del self._left[job], self._jobs[job]
         out, self._done = self._done, []
         return out

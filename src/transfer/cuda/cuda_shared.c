@@ -2,7 +2,7 @@
  * Only in libkvoffload_cuda.so: how the CUDA device joins libkvoffload.so.
  *
  * The CUDA files call a handful of the core's internal functions (errors,
- * the allocator, the struct_size check).  In a static build those are the
+ * the allocator, the struct_size check, the log, a job's device token).  In a static build those are the
  * core's own; libkvoffload.so hides them, so this file defines them here
  * (hidden too) as calls through the table the core fills in
  * kvo_xfer_device_attach (src/transfer/device.h).  The attach
@@ -41,8 +41,22 @@ static int kvo__own_check(const char *fn, const char *type, size_t given, size_t
     return given >= min ? 0 : KVO_EINVAL;
 }
 
-static kvo__core_fns kvo__core = {kvo__own_verror, kvo__own_error_prefix, malloc, calloc, realloc, free,
-                                  kvo__own_check};
+static void kvo__own_vlog(kvo_log_level level, const char *fmt, va_list ap) {
+    (void)level;
+    (void)fmt;
+    (void)ap;
+}
+static int kvo__own_job_token(kvo_transfer *t, uint64_t job_id, void (*grab)(void *token, void *arg), void *arg) {
+    (void)t;
+    (void)job_id;
+    (void)grab;
+    (void)arg;
+    return KVO_ESTATE;
+}
+
+static kvo__core_fns kvo__core = {kvo__own_verror, kvo__own_error_prefix, malloc,        calloc,
+                                  realloc,         free,                  kvo__own_check, kvo__own_vlog,
+                                  kvo__own_job_token};
 static int kvo__attach_rc = KVO_ESTATE;
 static const kvo__xfer_device_ops *kvo__attach_ops;
 
@@ -98,4 +112,17 @@ void kvo__free(void *p) { kvo__core.free(p); }
 
 int kvo__check_struct_size(const char *fn, const char *type, size_t given, size_t min, const char *init) {
     return kvo__core.check_struct_size(fn, type, given, min, init);
+}
+
+void kvo__vlog(kvo_log_level level, const char *fmt, va_list ap) { kvo__core.vlog(level, fmt, ap); }
+
+void kvo__log(kvo_log_level level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    kvo__core.vlog(level, fmt, ap);
+    va_end(ap);
+}
+
+int kvo__transfer_job_token(kvo_transfer *t, uint64_t job_id, void (*grab)(void *token, void *arg), void *arg) {
+    return kvo__core.job_token(t, job_id, grab, arg);
 }

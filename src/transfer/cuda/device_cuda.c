@@ -3,92 +3,79 @@
  * kvo_transfer_params.device = "cuda").
  *
  * Engine memory is device memory (the engine's KV tensors: layout
- * registration asks cudaPointerGetAttributes that each segment's first and
- * last byte are memory of this device); slots are pinned host memory (an
- * arena pinned with kvo_cuda_pin_arena, or any cudaHostAlloc'd /
- * registered buffer).
+ * registration asks the driver that each segment's first and last byte are
+ * memory of this device); slots are pinned host memory (an arena pinned with
+ * kvo_cuda_pin_arena, or any buffer the driver registered or allocated).
  *
- * Per work unit (device.h's contract, unchanged for the core): copy() only
- * records a piece in the worker's array (no CUDA call, nothing allocated once
- * the array has grown to the largest unit); unit_end() then
- *   1. resolves each slot to its pinned range (one read lock per unit),
- *   2. plans the pieces (cuda_plan.c: coalesce, kernel for many small pages,
- *      cudaMemcpyBatchAsync for several pieces, else cudaMemcpyAsync),
- *   3. enqueues them on one of the device's two streams for the direction
- *      (a store first waits on the GPU for the event job_submit recorded on
- *      the engine's compute stream at submit; a refused cudaMemcpyBatchAsync
- *      falls back to single copies, once and for good).  The kernel's pieces
- *      go through the worker's staging buffer in device memory when their
- *      slot sides tile one pinned range (they do for a unit of small pages:
- *      its slot side is contiguous): a load is one copy-engine copy of the
- *      whole slot span into the buffer, then the kernel scatters it to the
- *      pages, device memory to device memory; a store is the kernel
- *      gathering the pages into the buffer, then one copy-engine copy out.
- *      Otherwise the kernel reaches the slots over the bus (mapped memory).
- *      Why: the H200 measured (docs/gpu.md) loads of 16 KiB pages at
- *      0.72-0.75 of a contiguous copy with the kernel reading pinned host
- *      memory over PCIe (reads wait a round trip each; writes are posted, so
- *      stores were 0.85), and 0.77-0.83 staged (stores 0.91-0.92).  Staged,
- *      a unit is a copy and a kernel that must run in order, and on one
- *      stream the next unit's copy waits
- *      for this unit's kernel (staging on one stream measured 0.63): so
- *      units with a kernel go to the direction's first stream from even
- *      workers and to its second from odd ones, and the copy engine is fed
- *      by one worker while the other's kernel runs.  Units of copy-engine
- *      copies only stay on the first stream (two streams cost them about
- *      1 %),
- *   4. records the worker's event after them and polls it (cudaEventQuery,
- *      spinning briefly, then yielding, then sleeping 20 us) until the
- *      copies have completed or completion_timeout_ms passed
- *      (KVO_ETIMEDOUT; the context is then marked hung),
- * and returns 0 or the KVO_E* code of the first failure.  The core posts the
- * job's result (the same completion, result ring and eventfd as the host
- * device) only after every unit returned, so a posted load is in device
- * memory, cancellation (only of unstarted jobs) and dependency ordering keep
- * their semantics, and the per-worker descriptor buffer and arrays can be
- * reused by the next unit (the staging buffer too: one unit at a time per
- * worker, so no copy is ever in flight on it when it is refilled).  A failed
- * enqueue still waits for what was enqueued before it (those copies touch
- * the job's memory), then fails the unit: a failed job, never a crash.  The
- * workers share the direction's streams: while one waits for its event the
- * others enqueue behind it, so the copy engine stays busy with two or more
- * workers.  Memory per worker: the staging buffer (2 MiB of device memory,
- * cudaMalloc at worker_init, only when the kernel is on) and the kernel's
- * descriptors (mapped pinned memory); nothing is allocated per unit.
+ * The device takes whole jobs (device.h, whole_jobs): copy() only records a
+ * piece in the worker's array (no driver call; the array grows to the
+ * largest job and stays), so that unit_end() sees every piece of the job,
+ * across all of the engine's segments (one per layer tensor in vLLM: 64 to
+ * 160 of them), and
+ *   1. resolves each slot to its pinned range (one read lock per job),
+ *   2. plans the pieces (cuda_plan.c: coalesce; a load's many small pages to
+ *      the kernel, the rest to the copy engine as one cuMemcpyBatchAsync, or
+ *      one cuMemcpyAsync each where the driver has no batches),
+ *   3. enqueues them on the context's stream for the direction, behind a
+ *      GPU-side wait for the mark job_submit recorded on the engine's compute
+ *      stream: at most one kernel launch (over every small page of every
+ *      layer: kernels.cu) and one batched copy per job; a batched copy is
+ *      given source order ANY for loads (their source, the slot, is written
+ *      by nothing on the GPU) and STREAM for stores, as vLLM does;
+ *   4. records the job's one event after them and marks the job's token
+ *      enqueued (kvo_cuda_job_event waits for that), then polls the event
+ *      (cuEventQuery: spinning briefly, then yielding, then sleeping 20 us)
+ *      until the copies have completed or completion_timeout_ms passed
+ *      (KVO_ETIMEDOUT),
+ * and returns 0 or the KVO_E* code of the first failure.  One host wait per
+ * job, none per layer or page: a job of 160 layers x 16 blocks is one
+ * enqueue of 2560 pieces, where units of one segment each took 160 enqueues,
+ * events and waits (5-20 us each by the earlier design's estimate, against a
+ * few us of copying per unit).  The core posts the job's result (the same
+ * completion, result ring and eventfd as the host device) only after
+ * unit_end returned, so a posted load is in device memory, and cancellation
+ * (only of unstarted jobs) and dependency ordering keep their semantics.
+ * Workers share the direction's stream: while one waits for its job's event
+ * the others enqueue theirs behind it, so the copy engine stays fed with two
+ * or more workers.
+ *
+ * Buffers: the kernel's descriptors (mapped pinned memory, the kernel reads
+ * them over the bus) and the batch's pointer arrays grow to the largest job
+ * and are reused by the worker's next job, which starts only after this one
+ * completed.  When a job times out its kernel may still run: the worker then
+ * hands the descriptors to the context (kvo__cuda_bury: freed with it once
+ * the streams are idle, else never) and starts its next job with a new
+ * buffer, so a late kernel never reads descriptors of another job (the
+ * batch arrays are read during cuMemcpyBatchAsync itself and stay).  A failed enqueue
+ * still waits for what was enqueued before it (those copies touch the job's
+ * memory), then fails the job: a failed job, never a crash.
  *
  * Threads: worker_init and worker_fini run on the thread creating or
- * destroying the engine and put its current device back; unit_end runs on
- * the worker's own thread and sets the device there once.
+ * destroying the engine (fini pushes the context for its driver calls);
+ * unit_end runs on the worker's own thread, which makes the context current
+ * once; job_submit runs on the submitting thread and pushes the context
+ * around its event record, so a compute stream given as the legacy default
+ * stream resolves to this device's, whatever that thread's current device.
  */
 #include <sched.h>
 #include <time.h>
 
 #include "transfer/cuda/cuda_internal.h"
-#include "transfer/cuda/kernels.h"
 #include "transfer/device.h"
-
-/* Work units of 2 MiB of pages (the core's default, 256 KiB, is sized for
- * CPU copies): a unit costs one event wait of roughly 5-20 us, small next to
- * the ~40 us a 2 MiB copy takes over PCIe Gen5, and a job of several MiB is
- * still shared by the workers.  Pages of 4 MiB and more are split into
- * 2 MiB parts. */
-#define KVO__CUDA_UNIT_BYTES (UINT64_C(2) << 20)
 
 typedef struct kvo__cuda_w {
     kvo_cuda *cu;
     int dir;                 /* of the pieces collected */
-    int err;                 /* first failure of this unit (message set) */
-    bool on_thread;          /* the device is current on this worker's thread */
-    cudaEvent_t ev;          /* unit done */
-    cudaEvent_t job_ev;      /* the unit's job: a store's submit-time compute mark, or NULL */
+    int err;                 /* first failure while collecting (message set) */
+    bool on_thread;          /* the context is current on this worker's thread */
+    kvo__cuda_job *job;      /* the job being collected (unit_job) */
     kvo__cuda_piece *pc;
     size_t n, cap;
-    void **bdst, **bsrc;     /* batch arguments, capacity bcap */
+    CUdeviceptr *bdst, *bsrc; /* batch arguments, capacity bcap */
     size_t *bsz, bcap;
-    kvo__cuda_desc *desc;    /* kernel descriptors: mapped pinned memory, plan.kernel_cap of them */
-    kvo__cuda_desc *desc_dev;
-    unsigned char *stage;    /* device staging buffer of KVO__CUDA_UNIT_BYTES (with the kernel) */
-    uint32_t worker;         /* index: odd workers put kernel units on the second stream */
+    kvo__cuda_desc *desc;    /* kernel descriptors: mapped pinned memory, dcap of them */
+    CUdeviceptr desc_dev;
+    size_t dcap;
 } kvo__cuda_w;
 
 static int kvo__cuda_open(const kvo__xfer_device_config *cfg, void **state) {
@@ -101,48 +88,62 @@ static int kvo__cuda_open(const kvo__xfer_device_config *cfg, void **state) {
 
 static void kvo__cuda_close(void *state) { kvo__cuda_release(state); }
 
-static int kvo__cuda_check_one(const kvo_cuda *cu, const void *p, const void *base, uint64_t bytes) {
-    struct cudaPointerAttributes a;
-    cudaError_t e = cudaPointerGetAttributes(&a, p);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return kvo__error(KVO_ELAYOUT, "[%p, +%llu) is not CUDA device memory (cudaPointerGetAttributes(%p): %s)",
-                          base, (unsigned long long)bytes, p, cudaGetErrorName(e));
-    }
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+static int kvo__cuda_check_one(const kvo_cuda *cu, CUdeviceptr p, const void *base, uint64_t bytes) {
+    unsigned int type = 0, managed = 0;
+    int ordinal = -1;
+    kvo__cu_ptr_attr attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                    CU_POINTER_ATTRIBUTE_IS_MANAGED};
+    void *data[3] = {&type, &ordinal, &managed};
+    CUresult e = kvo__cu->cuPointerGetAttributes(3, attrs, data, p);
+    if (e != CUDA_SUCCESS)
+        return kvo__error(KVO_ELAYOUT, "[%p, +%llu) is not CUDA device memory (cuPointerGetAttributes(%p): %s)",
+                          base, (unsigned long long)bytes, (void *)(uintptr_t)p, kvo__cu_name(e));
+    if (type != CU_MEMORYTYPE_DEVICE && !managed)
         return kvo__error(KVO_ELAYOUT,
                           "[%p, +%llu) is not CUDA device memory (%p is %s memory; register the engine's "
                           "device tensors)",
-                          base, (unsigned long long)bytes, p,
-                          a.type == cudaMemoryTypeHost ? "pinned host" : "unregistered host");
-    if (a.type == cudaMemoryTypeDevice && a.device != cu->index)
+                          base, (unsigned long long)bytes, (void *)(uintptr_t)p,
+                          type == CU_MEMORYTYPE_HOST ? "pinned host" : "unregistered host");
+    if (type == CU_MEMORYTYPE_DEVICE && !managed && ordinal != cu->index)
         return kvo__error(KVO_ELAYOUT, "[%p, +%llu) is memory of CUDA device %d; this engine copies on device %d "
                                        "(set kvo_transfer_params.device_index = %d)",
-                          base, (unsigned long long)bytes, a.device, cu->index, a.device);
+                          base, (unsigned long long)bytes, ordinal, cu->index, ordinal);
     return 0;
 }
 
 static int kvo__cuda_check_engine_range(void *state, const void *base, uint64_t bytes) {
     kvo_cuda *cu = state;
-    int rc = kvo__cuda_check_one(cu, base, base, bytes);
-    if (!rc && bytes > 1) rc = kvo__cuda_check_one(cu, (const unsigned char *)base + bytes - 1, base, bytes);
+    CUresult e = kvo__cuda_enter(cu);
+    if (e != CUDA_SUCCESS) return kvo__cuda_error(e, "cuCtxPushCurrent");
+    int rc = kvo__cuda_check_one(cu, (CUdeviceptr)(uintptr_t)base, base, bytes);
+    if (!rc && bytes > 1) rc = kvo__cuda_check_one(cu, (CUdeviceptr)(uintptr_t)base + bytes - 1, base, bytes);
+    kvo__cuda_leave(cu);
     return rc;
 }
 
-/* On the thread destroying the engine: the caller's device is restored.
- * After a completion timeout the descriptor buffer is leaked, not freed:
- * cudaFreeHost synchronises the device, which would hang. */
+/* The kernel descriptors to the context's graveyard (a late kernel may
+ * still read them), and a new buffer for the worker's next job.  (The batch
+ * arrays are read by the driver during cuMemcpyBatchAsync: reusable.) */
+static void kvo__cuda_w_abandon(kvo__cuda_w *w) {
+    kvo__cuda_bury(w->cu, w->desc);
+    w->desc = NULL;
+    w->desc_dev = 0;
+    w->dcap = 0;
+}
+
+/* On the thread destroying the engine.  After a completion timeout nothing
+ * that may wait for the GPU is called: the descriptors are buried. */
 static void kvo__cuda_worker_fini(void *state, void *wctx) {
     (void)state;
     kvo__cuda_w *w = wctx;
     if (!w) return;
-    int prev;
-    (void)kvo__cuda_enter(w->cu->index, &prev);
-    if (w->ev) (void)cudaEventDestroy(w->ev);
-    if (w->desc && !__atomic_load_n(&w->cu->hung, __ATOMIC_ACQUIRE)) (void)cudaFreeHost(w->desc);
-    if (w->stage && !__atomic_load_n(&w->cu->hung, __ATOMIC_ACQUIRE)) (void)cudaFree(w->stage);
-    (void)cudaGetLastError();
-    kvo__cuda_leave(w->cu->index, prev);
+    kvo_cuda *cu = w->cu;
+    if (w->desc && !__atomic_load_n(&cu->timed_out, __ATOMIC_ACQUIRE) && kvo__cuda_enter(cu) == CUDA_SUCCESS) {
+        (void)kvo__cu->cuMemFreeHost(w->desc);
+        w->desc = NULL;
+        kvo__cuda_leave(cu);
+    }
+    kvo__cuda_bury(cu, w->desc);
     kvo__free(w->pc);
     kvo__free(w->bdst);
     kvo__free(w->bsrc);
@@ -155,28 +156,9 @@ static int kvo__cuda_worker_init(void *state, uint32_t worker, void **wctx) {
     kvo__cuda_w *w = kvo__calloc(1, sizeof *w);
     if (!w) return kvo__error(KVO_ENOMEM, "transfer device 'cuda': out of memory for worker %u", worker);
     w->cu = cu;
-    w->worker = worker;
-    int rc = kvo__grow((void **)&w->pc, &w->cap, 256, sizeof *w->pc, 256, "cuda pieces");
-    /* Runs on the thread creating the transfer engine: its device is put back. */
-    int prev;
-    cudaError_t e = kvo__cuda_enter(cu->index, &prev);
-    const char *what = "cudaSetDevice";
-    if (e == cudaSuccess && (e = cudaEventCreateWithFlags(&w->ev, cudaEventDisableTiming)) != cudaSuccess)
-        what = "cudaEventCreate";
-    if (e == cudaSuccess && cu->plan.kernel_cap &&
-        (e = cudaHostAlloc((void **)&w->desc, cu->plan.kernel_cap * sizeof *w->desc,
-                           cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess)
-        what = "cudaHostAlloc (kernel descriptors)";
-    if (e == cudaSuccess && w->desc && (e = cudaHostGetDevicePointer((void **)&w->desc_dev, w->desc, 0)) != cudaSuccess)
-        what = "cudaHostGetDevicePointer (kernel descriptors)";
-    if (e == cudaSuccess && cu->plan.kernel_cap && cu->plan.kernel_max_bytes &&
-        (e = cudaMalloc((void **)&w->stage, KVO__CUDA_UNIT_BYTES)) != cudaSuccess)
-        what = "cudaMalloc (staging buffer)";
-    if (!rc && e != cudaSuccess) rc = kvo__cuda_error(e, what);
-    kvo__cuda_leave(cu->index, prev);
-    if (rc) {
-        kvo__cuda_worker_fini(state, w);
-        return kvo__error_prefix(rc, "transfer device 'cuda': worker %u on device %d", worker, cu->index);
+    if (kvo__grow((void **)&w->pc, &w->cap, 256, sizeof *w->pc, 256, "cuda pieces")) {
+        kvo__free(w);
+        return kvo__error_prefix(KVO_ENOMEM, "transfer device 'cuda': worker %u", worker);
     }
     *wctx = w;
     return 0;
@@ -195,22 +177,14 @@ static void kvo__cuda_copy(void *wctx, int dir, void *dst, const void *src, uint
 
 /* Step 1: each piece's slot side must be pinned host memory.  *kernel_ok
  * turns false when one is not (only possible without require_pinned). */
-static int kvo__cuda_resolve(kvo__cuda_w *w, bool *kernel_ok) {
+static int kvo__cuda_resolve(kvo__cuda_w *w, size_t n, bool *kernel_ok) {
     kvo_cuda *cu = w->cu;
     int rc = 0;
     pthread_rwlock_rdlock(&cu->pin_lock);
-    for (size_t i = 0; i < w->n && !rc; i++) {
+    for (size_t i = 0; i < n && !rc; i++) {
         kvo__cuda_piece *p = &w->pc[i];
         uintptr_t host = w->dir == KVO_XFER_STORE ? p->dst : p->src;
         if (kvo__cuda_pinned(cu, host, p->bytes, &p->hdelta)) continue;
-        /* Not pinned through kvo_cuda: memory from cudaHostAlloc is fine. */
-        struct cudaPointerAttributes a;
-        if (cudaPointerGetAttributes(&a, (const void *)host) == cudaSuccess && a.type == cudaMemoryTypeHost &&
-            a.devicePointer) {
-            p->hdelta = (int64_t)((intptr_t)a.devicePointer - (intptr_t)host);
-            continue;
-        }
-        (void)cudaGetLastError();
         if (!cu->require_pinned) {
             *kernel_ok = false;
             continue;
@@ -224,147 +198,113 @@ static int kvo__cuda_resolve(kvo__cuda_w *w, bool *kernel_ok) {
     return rc;
 }
 
-#if CUDART_VERSION >= 12080
-/* cudaMemcpyBatchAsync errors that mean "not here" rather than a fault. */
-static bool kvo__cuda_batch_refusal(cudaError_t e) {
-    switch (e) {
-    case cudaErrorNotSupported:
-    case cudaErrorCallRequiresNewerDriver:
-    case cudaErrorInvalidValue:
-    case cudaErrorNotPermitted:
-    case cudaErrorInvalidDeviceFunction: return true;
-    default: return false;
-    }
+/* cuMemcpyBatchAsync errors that mean "not here" rather than a fault. */
+static bool kvo__cuda_batch_refusal(CUresult e) {
+    return e == CUDA_ERROR_NOT_SUPPORTED || e == CUDA_ERROR_INVALID_VALUE || e == CUDA_ERROR_NOT_PERMITTED;
 }
-#endif
 
 /* Step 3 for the copy-engine pieces p[0..n-1]: the first failure, or
- * cudaSuccess. */
-static cudaError_t kvo__cuda_enqueue_copies(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, bool batched,
-                                            cudaStream_t s, const char **what) {
+ * CUDA_SUCCESS. */
+static CUresult kvo__cuda_enqueue_copies(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, bool batched,
+                                         CUstream s, const char **what) {
     kvo_cuda *cu = w->cu;
-#if CUDART_VERSION >= 12080
     if (batched) {
         if (n > w->bcap) {
             const kvo__arr arrs[3] = {{(void **)&w->bdst, sizeof *w->bdst},
                                       {(void **)&w->bsrc, sizeof *w->bsrc},
                                       {(void **)&w->bsz, sizeof *w->bsz}};
-            if (kvo__grow_all(&w->bcap, n, arrs, 3, 64, "cuda batch")) {
+            if (kvo__grow_all(&w->bcap, n, arrs, 3, 256, "cuda batch")) {
                 *what = "growing the batch arrays";
-                return cudaErrorMemoryAllocation;
+                return CUDA_ERROR_OUT_OF_MEMORY;
             }
         }
         for (size_t i = 0; i < n; i++) {
-            w->bdst[i] = (void *)p[i].dst;
-            w->bsrc[i] = (void *)p[i].src;
+            w->bdst[i] = (CUdeviceptr)p[i].dst;
+            w->bsrc[i] = (CUdeviceptr)p[i].src;
             w->bsz[i] = (size_t)p[i].bytes;
         }
-        struct cudaMemcpyAttributes attr;
+        kvo__cu_memcpy_attr attr;
         memset(&attr, 0, sizeof attr);
-        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-        size_t attr_idx = 0;
-        *what = "cudaMemcpyBatchAsync";
-#if CUDART_VERSION >= 13000
-        cudaError_t e = cudaMemcpyBatchAsync((void *const *)w->bdst, (const void *const *)w->bsrc, w->bsz, n, &attr,
-                                             &attr_idx, 1, s);
-#else
-        size_t fail_idx = 0;
-        cudaError_t e = cudaMemcpyBatchAsync(w->bdst, (void **)w->bsrc, w->bsz, n, &attr, &attr_idx, 1, &fail_idx, s);
-#endif
-        if (e == cudaSuccess) {
+        attr.srcAccessOrder = w->dir == KVO_XFER_LOAD ? CU_MEMCPY_SRC_ACCESS_ORDER_ANY : CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        attr.flags = CU_MEMCPY_FLAG_DEFAULT;
+        size_t attr_idx = 0, fail_idx = 0;
+        *what = "cuMemcpyBatchAsync";
+        CUresult e = kvo__cu->cuMemcpyBatchAsync(w->bdst, w->bsrc, w->bsz, n, &attr, &attr_idx, 1, &fail_idx, s);
+        if (e == CUDA_SUCCESS) {
             kvo__cuda_count(&cu->st.batch_calls, 1);
             kvo__cuda_count(&cu->st.batch_pieces, n);
             return e;
         }
         if (!kvo__cuda_batch_refusal(e)) return e;
-        /* Refused (an older driver, or not supported for these pointers):
-         * nothing was enqueued.  Never again on this device; this unit goes
-         * on with one cudaMemcpyAsync per piece. */
-        (void)cudaGetLastError();
-        if (__atomic_exchange_n(&cu->batch_ok, false, __ATOMIC_ACQ_REL)) kvo__cuda_count(&cu->st.batch_refused, 1);
+        /* Refused (a driver that has the call but not for these pointers):
+         * nothing was enqueued.  Never again on this device; this job goes
+         * on with one cuMemcpyAsync per piece. */
+        if (__atomic_exchange_n(&cu->batch_ok, false, __ATOMIC_ACQ_REL)) {
+            kvo__cuda_count(&cu->st.batch_refused, 1);
+            kvo__cuda_note_no_batch(kvo__cu->driver_version, kvo__cu_name(e));
+        }
     }
-#else
-    (void)batched;
-#endif
-    *what = "cudaMemcpyAsync";
+    *what = "cuMemcpyAsync";
     for (size_t i = 0; i < n; i++) {
-        cudaError_t e = cudaMemcpyAsync((void *)p[i].dst, (const void *)p[i].src, (size_t)p[i].bytes,
-                                        cudaMemcpyDefault, s);
-        if (e != cudaSuccess) return e;
+        CUresult e = kvo__cu->cuMemcpyAsync((CUdeviceptr)p[i].dst, (CUdeviceptr)p[i].src, (size_t)p[i].bytes, s);
+        if (e != CUDA_SUCCESS) return e;
         kvo__cuda_count(&cu->st.memcpy_calls, 1);
     }
-    return cudaSuccess;
+    return CUDA_SUCCESS;
 }
 
-/* The slot-side span of p[0..n-1] when the pieces tile it exactly, lie in
- * one pinned range and fit the staging buffer: *lo, returns its bytes (0:
- * not stageable).  Span == sum of the pieces means they tile it because a
- * store's slot sides never overlap (transfer_submit.c refuses store ops
- * writing the same chunk blocks of a slot, layout.c overlapping pages), so
- * a staged store copies out no byte it did not gather (a load copies the
- * whole span in, so any pieces inside it are read right). */
-static uint64_t kvo__cuda_stage_span(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, uintptr_t *lo) {
-    bool store = w->dir == KVO_XFER_STORE;
-    uintptr_t a = UINTPTR_MAX, b = 0;
-    uint64_t sum = 0;
-    for (size_t i = 0; i < n; i++) {
-        uintptr_t h = store ? p[i].dst : p[i].src;
-        if (h < a) a = h;
-        if (h + p[i].bytes > b) b = h + p[i].bytes;
-        sum += p[i].bytes;
+/* Step 3 for the kernel pieces p[0..n-1]: one launch. */
+static CUresult kvo__cuda_enqueue_kernel(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, CUstream s,
+                                         const char **what) {
+    kvo_cuda *cu = w->cu;
+    if (n > w->dcap) {
+        /* Grow; the old buffer's last reader (this worker's previous job)
+         * has completed, but freeing pinned memory may wait for the device:
+         * it goes with the context instead. */
+        size_t cap = w->dcap ? 2 * w->dcap : 1024;
+        while (cap < n) cap *= 2;
+        void *h = NULL;
+        CUdeviceptr d = 0;
+        *what = "cuMemHostAlloc (kernel descriptors)";
+        CUresult e = kvo__cu->cuMemHostAlloc(&h, cap * sizeof *w->desc,
+                                             CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+        if (e != CUDA_SUCCESS) return e;
+        if ((e = kvo__cu->cuMemHostGetDevicePointer(&d, h, 0)) != CUDA_SUCCESS) {
+            *what = "cuMemHostGetDevicePointer (kernel descriptors)";
+            kvo__cuda_bury(cu, h);
+            return e;
+        }
+        kvo__cuda_bury(cu, w->desc);
+        w->desc = h;
+        w->desc_dev = d;
+        w->dcap = cap;
     }
-    if (!n || b - a != sum || sum > KVO__CUDA_UNIT_BYTES) return 0;
-    int64_t hd;
-    pthread_rwlock_rdlock(&w->cu->pin_lock);
-    bool ok = kvo__cuda_pinned(w->cu, a, sum, &hd);
-    pthread_rwlock_unlock(&w->cu->pin_lock);
-    if (!ok) return 0;
-    *lo = a;
-    return sum;
-}
-
-/* Step 3 for the kernel pieces p[0..n-1] (n <= kernel_cap). */
-static cudaError_t kvo__cuda_enqueue_kernel(kvo__cuda_w *w, const kvo__cuda_piece *p, size_t n, cudaStream_t s) {
-    uint64_t maxb = 0;
     bool store = w->dir == KVO_XFER_STORE;
-    uintptr_t lo = 0;
-    uint64_t span = 0;
-    if (w->stage) span = kvo__cuda_stage_span(w, p, n, &lo);
     for (size_t i = 0; i < n; i++) {
         uint64_t dst = p[i].dst, src = p[i].src;
-        if (span) {
-            if (store) dst = (uint64_t)(uintptr_t)w->stage + (dst - lo);
-            else src = (uint64_t)(uintptr_t)w->stage + (src - lo);
-        } else if (store) dst += (uint64_t)p[i].hdelta;
+        if (store) dst += (uint64_t)p[i].hdelta;
         else src += (uint64_t)p[i].hdelta;
         w->desc[i] = (kvo__cuda_desc){dst, src, p[i].bytes};
-        if (p[i].bytes > maxb) maxb = p[i].bytes;
     }
-    cudaError_t e = cudaSuccess;
-    if (span && !store) {
-        e = cudaMemcpyAsync(w->stage, (const void *)lo, (size_t)span, cudaMemcpyHostToDevice, s);
-        if (e == cudaSuccess) kvo__cuda_count(&w->cu->st.memcpy_calls, 1);
-    }
-    if (e == cudaSuccess)
-        e = (cudaError_t)kvo__cuda_launch_copy(w->desc_dev, (uint32_t)n, kvo__cuda_kernel_threads(maxb), s);
-    if (e == cudaSuccess) {
-        kvo__cuda_count(&w->cu->st.kernel_launches, 1);
-        kvo__cuda_count(&w->cu->st.kernel_pieces, n);
-    }
-    if (e == cudaSuccess && span && store) {
-        e = cudaMemcpyAsync((void *)lo, w->stage, (size_t)span, cudaMemcpyDeviceToHost, s);
-        if (e == cudaSuccess) kvo__cuda_count(&w->cu->st.memcpy_calls, 1);
+    unsigned int count = (unsigned int)n;
+    void *args[2] = {&w->desc_dev, &count};
+    *what = "gather/scatter kernel launch (cuLaunchKernel)";
+    CUresult e = kvo__cu->cuLaunchKernel(cu->kernel, kvo__cuda_kernel_grid(n), 1, 1, KVO__CUDA_KERNEL_THREADS, 1, 1,
+                                         0, s, args, NULL);
+    if (e == CUDA_SUCCESS) {
+        kvo__cuda_count(&cu->st.kernel_launches, 1);
+        kvo__cuda_count(&cu->st.kernel_pieces, n);
     }
     return e;
 }
 
-/* Step 4: wait for the event (recorded after the unit's copies), at most
- * timeout_ms (0: no deadline): cudaErrorNotReady when it passed. */
-static cudaError_t kvo__cuda_poll(cudaEvent_t ev, uint32_t timeout_ms) {
+/* Step 4: wait for the event (recorded after the job's copies), at most
+ * timeout_ms (0: no deadline): CUDA_ERROR_NOT_READY when it passed. */
+static CUresult kvo__cuda_poll(CUevent ev, uint32_t timeout_ms) {
     uint64_t deadline = 0;
     for (uint32_t spin = 0;; spin++) {
-        cudaError_t e = cudaEventQuery(ev);
-        if (e != cudaErrorNotReady) return e;
+        CUresult e = kvo__cu->cuEventQuery(ev);
+        if (e != CUDA_ERROR_NOT_READY) return e;
         if (spin < 64) continue;
         if (spin < 1024) {
             sched_yield();
@@ -374,124 +314,140 @@ static cudaError_t kvo__cuda_poll(cudaEvent_t ev, uint32_t timeout_ms) {
         clock_gettime(CLOCK_MONOTONIC, &tn);
         uint64_t now = (uint64_t)tn.tv_sec * 1000000000u + (uint64_t)tn.tv_nsec;
         if (!deadline) deadline = now + (uint64_t)timeout_ms * 1000000u;
-        else if (timeout_ms && now >= deadline) return cudaErrorNotReady;
+        else if (timeout_ms && now >= deadline) return CUDA_ERROR_NOT_READY;
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }
 }
 
+/* The job fails before anything of it was enqueued. */
+static int kvo__cuda_fail_early(kvo__cuda_w *w, kvo__cuda_job *job, int rc) {
+    kvo__cuda_count(&w->cu->st.errors, 1);
+    kvo__cuda_count(&w->cu->st.units, 1);
+    if (job) kvo__cuda_job_set(job, KVO__CJ_FAILED, rc);
+    return rc;
+}
+
 static int kvo__cuda_unit_end(void *wctx) {
     kvo__cuda_w *w = wctx;
     kvo_cuda *cu = w->cu;
+    kvo__cuda_job *job = w->job;
+    size_t n = w->n;
     int rc = w->err;
+    w->job = NULL;
+    w->n = 0;
     w->err = 0;
-    if (rc || w->n == 0) {
-        w->n = 0;
-        if (rc) kvo__cuda_count(&cu->st.errors, 1);
-        return rc;
-    }
-    bool kernel_ok = w->desc != NULL;
-    cudaError_t e = cudaSuccess;
+    if (!job && !rc) rc = kvo__error(KVO_ESTATE, "transfer device 'cuda': a job without its token");
+    if (rc) return kvo__cuda_fail_early(w, job, rc);
     if (!w->on_thread) { /* once, on this worker's own thread */
-        e = cudaSetDevice(cu->index);
-        w->on_thread = e == cudaSuccess;
+        CUresult e = kvo__cu->cuCtxSetCurrent(cu->ctx);
+        if (e != CUDA_SUCCESS) return kvo__cuda_fail_early(w, job, kvo__cuda_error(e, "transfer device 'cuda': cuCtxSetCurrent"));
+        w->on_thread = true;
     }
-    rc = e == cudaSuccess ? kvo__cuda_resolve(w, &kernel_ok)
-                          : kvo__cuda_error(e, "transfer device 'cuda': cudaSetDevice");
-    if (rc) {
-        w->n = 0;
-        kvo__cuda_count(&cu->st.errors, 1);
-        return rc;
-    }
+    bool kernel_ok = cu->kernel != NULL && (w->dir == KVO_XFER_LOAD || cu->kernel_stores);
+    if ((rc = kvo__cuda_resolve(w, n, &kernel_ok)) != 0) return kvo__cuda_fail_early(w, job, rc);
     kvo__cuda_plan_cfg cfg = cu->plan;
     cfg.batch = cfg.batch && __atomic_load_n(&cu->batch_ok, __ATOMIC_ACQUIRE);
     if (!kernel_ok) cfg.kernel_max_bytes = 0;
-    size_t n = kvo__cuda_coalesce(w->pc, w->n);
+    n = kvo__cuda_coalesce(w->pc, n);
     kvo__cuda_plan plan;
     kvo__cuda_plan_make(&cfg, w->pc, n, &plan);
-    w->n = 0;
 
-    /* Units with a kernel alternate between the direction's two streams by
-     * worker, so that one worker's staging copy runs while another's kernel
-     * does; copy-engine-only units keep to the first (a second stream cost
-     * them about 1 % on the H200, docs/gpu.md). */
-    cudaStream_t s = plan.n_kernel && (w->worker & 1) ? cu->kstream[w->dir] : cu->stream[w->dir];
+    CUstream s = cu->stream[w->dir];
     const char *what = "";
-    if (w->job_ev) {
-        /* A store reads KV that the engine's work enqueued before the submit
-         * writes: wait on the GPU for the mark job_submit recorded. */
-        what = "ordering after the compute stream (cudaStreamWaitEvent)";
-        e = cudaStreamWaitEvent(s, w->job_ev, 0);
-        w->job_ev = NULL;
+    CUresult e = CUDA_SUCCESS;
+    if (job->has_mark) {
+        /* The job follows the engine's work enqueued on the compute stream
+         * before its submit (a store reads what it wrote; a load overwrites
+         * blocks it may still touch). */
+        what = "ordering after the compute stream (cuStreamWaitEvent)";
+        e = kvo__cu->cuStreamWaitEvent(s, job->mark, 0);
     }
-    if (e == cudaSuccess && plan.n_kernel) {
-        what = "gather/scatter kernel launch";
-        e = kvo__cuda_enqueue_kernel(w, w->pc, plan.n_kernel, s);
-    }
-    if (e == cudaSuccess && plan.n_copy)
+    if (e == CUDA_SUCCESS && plan.n_kernel) e = kvo__cuda_enqueue_kernel(w, w->pc, plan.n_kernel, s, &what);
+    if (e == CUDA_SUCCESS && plan.n_copy)
         e = kvo__cuda_enqueue_copies(w, w->pc + plan.n_kernel, plan.n_copy, plan.batched, s, &what);
-    /* Whatever was enqueued must complete before the job's memory is
-     * released, even after a failure. */
-    cudaError_t ew = cudaEventRecord(w->ev, s);
-    if (ew == cudaSuccess) ew = kvo__cuda_poll(w->ev, cu->timeout_ms);
-    else (void)cudaStreamSynchronize(s);
-    if (ew == cudaErrorNotReady) {
+    /* The job's one event, after whatever was enqueued: it must complete
+     * before the job's memory is released, even after a failure. */
+    CUresult ew = kvo__cu->cuEventRecord(job->done, s);
+    if (e == CUDA_SUCCESS && ew == CUDA_SUCCESS) kvo__cuda_job_set(job, KVO__CJ_ENQUEUED, 0);
+    if (ew == CUDA_SUCCESS) ew = kvo__cuda_poll(job->done, cu->timeout_ms);
+    else (void)kvo__cu->cuStreamSynchronize(s);
+    kvo__cuda_count(&cu->st.units, 1);
+    if (ew == CUDA_ERROR_NOT_READY) {
         /* The device did not finish within the deadline: fail the job rather
-         * than hang (and make destroy leak instead of wait). */
-        __atomic_store_n(&cu->hung, true, __ATOMIC_RELEASE);
+         * than hang, and never reuse what its copies may still read. */
+        __atomic_store_n(&cu->timed_out, true, __ATOMIC_RELEASE);
+        kvo__cuda_w_abandon(w);
         kvo__cuda_count(&cu->st.timeouts, 1);
         kvo__cuda_count(&cu->st.errors, 1);
-        kvo__cuda_count(&cu->st.units, 1);
-        return kvo__error(KVO_ETIMEDOUT,
-                          "transfer device 'cuda' (device %d, %s of %zu piece(s)): the copies did not complete "
-                          "within %u ms (kvo_cuda_params.completion_timeout_ms); the GPU or a stream it waits on "
-                          "is stuck, and the job's memory may still be written: do not reuse it, restart the "
-                          "process", cu->index, w->dir == KVO_XFER_STORE ? "store" : "load", n, cu->timeout_ms);
+        rc = kvo__error(KVO_ETIMEDOUT,
+                        "transfer device 'cuda' (device %d, %s of %zu piece(s)): the copies did not complete "
+                        "within %u ms (kvo_cuda_params.completion_timeout_ms); the GPU or a stream it waits on "
+                        "is stuck, and the job's memory may still be written: do not reuse it, restart the "
+                        "process",
+                        cu->index, w->dir == KVO_XFER_STORE ? "store" : "load", n, cu->timeout_ms);
+        kvo__cuda_job_set(job, KVO__CJ_FAILED, rc);
+        return rc;
     }
-    if (e == cudaSuccess && ew != cudaSuccess) {
+    if (e == CUDA_SUCCESS && ew != CUDA_SUCCESS) {
         e = ew;
-        what = "completing the copies (cudaEventQuery)";
+        what = "completing the copies (cuEventQuery)";
     }
-    kvo__cuda_count(&cu->st.units, 1);
-    if (e == cudaSuccess) return 0;
-    (void)cudaGetLastError();
+    if (e == CUDA_SUCCESS) return 0;
     kvo__cuda_count(&cu->st.errors, 1);
     rc = kvo__cuda_error(e, what);
-    return kvo__error_prefix(rc, "transfer device 'cuda' (device %d, %s of %zu piece(s))", cu->index,
-                             w->dir == KVO_XFER_STORE ? "store" : "load", n);
+    rc = kvo__error_prefix(rc, "transfer device 'cuda' (device %d, %s of %zu piece(s))", cu->index,
+                           w->dir == KVO_XFER_STORE ? "store" : "load", n);
+    kvo__cuda_job_set(job, KVO__CJ_FAILED, rc);
+    return rc;
 }
 
-/* At submit, on the caller's thread: a store with a compute stream set gets
- * an event recorded on it now (it marks the engine's work that produced the
- * blocks; later compute is not waited for); a load gets none. */
+/* At submit, on the caller's thread: the job's token, and with a compute
+ * stream set, its mark recorded there now (it marks the engine's work the
+ * job follows; later compute is not waited for).  The context is pushed
+ * for the record: the legacy default stream then means this device's. */
 static int kvo__cuda_job_submit(void *state, int dir, void **token) {
     kvo_cuda *cu = state;
     *token = NULL;
-    cudaStream_t compute = __atomic_load_n(&cu->compute, __ATOMIC_ACQUIRE);
-    if (dir != KVO_XFER_STORE || !compute) return 0;
-    kvo__cuda_jobev *je;
-    int rc = kvo__cuda_jobev_get(cu, &je);
+    kvo__cuda_job *j;
+    int rc = kvo__cuda_job_get(cu, dir, &j);
     if (rc) return kvo__error_prefix(rc, "kvo_transfer_submit: transfer device 'cuda' (device %d)", cu->index);
-    cudaError_t e = cudaEventRecord(je->ev, compute);
-    if (e != cudaSuccess) {
-        kvo__cuda_jobev_put(cu, je);
-        rc = kvo__cuda_error(e, "cudaEventRecord on the compute stream");
-        return kvo__error_prefix(rc, "kvo_transfer_submit: transfer device 'cuda' (device %d)", cu->index);
+    CUstream compute = __atomic_load_n(&cu->compute, __ATOMIC_ACQUIRE);
+    if (compute) {
+        CUresult e = kvo__cuda_enter(cu);
+        if (e == CUDA_SUCCESS) {
+            e = kvo__cu->cuEventRecord(j->mark, compute);
+            kvo__cuda_leave(cu);
+        }
+        if (e != CUDA_SUCCESS) {
+            kvo__cuda_job_put(j);
+            rc = kvo__cuda_error(e, "cuEventRecord on the compute stream");
+            return kvo__error_prefix(rc, "kvo_transfer_submit: transfer device 'cuda' (device %d)", cu->index);
+        }
+        j->has_mark = true;
     }
-    *token = je;
+    *token = j;
     return 0;
 }
 
 static void kvo__cuda_unit_job(void *wctx, void *token) {
-    ((kvo__cuda_w *)wctx)->job_ev = token ? ((kvo__cuda_jobev *)token)->ev : NULL;
+    kvo__cuda_w *w = wctx;
+    w->job = token;
 }
 
-static void kvo__cuda_job_done(void *state, void *token) { kvo__cuda_jobev_put(state, token); }
+/* The job's result is posted (under the engine's lock): a job that never
+ * reached a worker (canceled, failed before it started) wakes
+ * kvo_cuda_job_event; the token goes back to the pool when unreferenced. */
+static void kvo__cuda_job_done(void *state, void *token) {
+    (void)state;
+    kvo__cuda_job_set(token, KVO__CJ_FAILED, KVO_ECANCELED);
+    kvo__cuda_job_put(token);
+}
 
 static const char *kvo__cuda_copy_kind(void *state) {
     kvo_cuda *cu = state;
     bool batch = __atomic_load_n(&cu->batch_ok, __ATOMIC_ACQUIRE);
-    if (cu->plan.kernel_max_bytes) return batch ? "cuda-kernel+batch" : "cuda-kernel+memcpy";
+    if (cu->kernel && cu->plan.kernel_max_bytes) return batch ? "cuda-kernel+batch" : "cuda-kernel+memcpy";
     return batch ? "cuda-batch" : "cuda-memcpy";
 }
 
@@ -512,10 +468,11 @@ const kvo__xfer_device_ops kvo__xfer_device_cuda = {
     .unit_end = kvo__cuda_unit_end,
     .copy_kind = kvo__cuda_copy_kind,
     .nontemporal = kvo__cuda_nontemporal,
-    .unit_bytes = KVO__CUDA_UNIT_BYTES,
+    .unit_bytes = 0,
     .job_submit = kvo__cuda_job_submit,
     .unit_job = kvo__cuda_unit_job,
     .job_done = kvo__cuda_job_done,
+    .whole_jobs = true,
 };
 
 #if KVO__CUDA_SHARED
