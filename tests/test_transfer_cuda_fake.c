@@ -712,6 +712,10 @@ double kvo_bench_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 double kvo_bench_median(double *v, size_t n) { return n ? v[n / 2] : 0; }
+void kvo_bench_progress(const kvo_bench_out *o, const char *fmt, ...) {
+    (void)o;
+    (void)fmt;
+}
 kvo_plan *kvo_bench_plan_one(const char *name, uint64_t page_bytes, uint32_t blocks_per_chunk) {
     (void)name;
     return xt_one_group_plan(1, page_bytes, blocks_per_chunk);
