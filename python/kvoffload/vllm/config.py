@@ -179,16 +179,15 @@ def kvo_namespace(config: OffloadingConfig, plan: Plan, engine: str = "vllm") ->
     """The 128-bit namespace of this engine's chunks (kvoffload's one rule,
     kvoffload.cascade.namespace_id): the plan's geometry, the model identity
     as configured (its whole name or path, never folded or cut), the dtype,
-    the KV cache layout, and what decides a slot's bytes beyond them (world
-    size, bytes per block per rank, the per-group sizes).  Chunk keys are
-    derived from vLLM's block hashes under it (namespace_keys), so engines
-    serving other models or layouts never share a key in any tier."""
-    per_group = config.extra_config.get("kvo_group_bytes_per_block")
+    the KV cache layout and format (kv_format), and what decides a slot's
+    bytes beyond them (layout_hash: the slot's parts, one per rank or one
+    for a replicated layout, bytes per block per rank, the per-group
+    sizes).  Chunk keys are derived from vLLM's block hashes under it
+    (namespace_keys), so engines serving other models or layouts never
+    share a key in any tier."""
     layout = getattr(config, "kv_cache_layout", None) or config.extra_config.get("kvo_kv_layout")
-    extra = repr(("kvo-vllm-slot/1", max(1, config.parallel.world_size), config.worker_kv_bytes_per_block,
-                  [int(x) for x in per_group] if per_group else None))
     return namespace_id(plan, engine=engine, model=str(config.model.name or ""), dtype=str(config.model.dtype or ""),
-                        kv_layout=str(layout) if layout else None, extra=extra)
+                        kv_layout=str(layout) if layout else kv_format(config), layout_hash=layout_hash(config))
 
 
 def arena_name(config: OffloadingConfig) -> str:
