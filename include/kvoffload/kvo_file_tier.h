@@ -166,6 +166,22 @@ typedef struct kvo_file_tier_params {
                                       Set exactly, whatever the umask.  Must
                                       be 0600 plus read/write bits only, else
                                       KVO_EINVAL.  docs/security.md */
+    const char *file_secret;       /* NULL or "" (default): chunks as above.
+                                      Else a secret of at least 16 bytes
+                                      (any bytes up to a NUL; not kept: an
+                                      AES-256 key is derived from it with
+                                      HKDF-SHA256): every chunk is sealed
+                                      with XAES-256-GCM (encrypted, bound to
+                                      its namespace, key and geometry); a
+                                      file sealed under another secret, not
+                                      sealed, forged or tampered with is a
+                                      miss, removed and counted in
+                                      auth_failed.  Every process sharing a
+                                      root gives the same one.  Needs
+                                      OpenSSL (KVO_ENOTSUP without);
+                                      KVO_EINVAL when shorter; never in a
+                                      message.  docs/security.md,
+                                      docs/file-format.md */
 } kvo_file_tier_params;
 
 KVO_API kvo_file_tier_params kvo_file_tier_default_params(void);
@@ -361,6 +377,11 @@ typedef struct kvo_file_tier_stats {
     uint64_t write_latency_ns;  /* moving average */
     uint64_t writes_borrowed;   /* writes queued from the caller's memory
                                    (kvo_file_tier_write_borrowed, no copy) */
+    uint64_t auth_failed;       /* reads of files that failed authentication
+                                   (params.file_secret: another secret's,
+                                   not sealed, forged or tampered; or a
+                                   sealed file without a secret): removed,
+                                   a miss (not in corrupt_removed) */
 } kvo_file_tier_stats;
 /** Initialiser (the struct_size convention, kvo_common.h):
  *  kvo_file_tier_stats st = KVO_FILE_TIER_STATS_INIT; */

@@ -36,6 +36,7 @@ typedef enum kvo__cfg_field {
     F_SCRATCH_GROUPS, F_SLIDING_STORE, F_CHECKPOINT_INTERVAL, F_VERIFY_CHECKSUMS, F_MAX_REQUESTS,
     F_FILE_MODE, F_FILE_PERSIST, F_FILE_ROOT, F_FILE_QUOTA, F_REMOTE_URL, F_LOCAL_CPU,
     F_REMOTE_PREFIX, F_REMOTE_BUDGET, F_SNAPSHOT_GROUPS, F_FILE_ZERO_COPY,
+    F_REMOTE_SECRET, F_REMOTE_SECRET_PREV, F_FILE_SECRET,
     F_IGNORED, F_NESTED,
     KVO__CFG_NFIELDS
 } kvo__cfg_field;
@@ -92,6 +93,9 @@ static const kvo__cfg_key kvo__keys[] = {
     {"file_quota_bytes", F_FILE_QUOTA, T_U64},
     {"remote_key_prefix", F_REMOTE_PREFIX, T_STR},
     {"remote_lookup_budget_us", F_REMOTE_BUDGET, T_U32},
+    {"remote_secret", F_REMOTE_SECRET, T_STR},          /* never in a message */
+    {"remote_secret_previous", F_REMOTE_SECRET_PREV, T_STR},
+    {"file_secret", F_FILE_SECRET, T_STR},
     /* vLLM kv_connector_extra_config */
     {"cpu_bytes_to_use", F_HOST_BYTES, T_U64},
     {"eviction_policy", F_POLICY, T_POLICY},
@@ -367,6 +371,7 @@ int kvo_config_apply_file_tier(const kvo_config *c, kvo_file_tier_params *p) {
     if (!c || !p) return kvo__error(KVO_EINVAL, "kvo_config_apply_file_tier: config and params must not be NULL");
     if (kvo_config_has_file_tier(c)) p->root = c->s[F_FILE_ROOT];
     if (KVO__HAS(c, F_FILE_QUOTA)) p->quota_bytes = c->u[F_FILE_QUOTA];
+    if (c->s[F_FILE_SECRET]) p->file_secret = c->s[F_FILE_SECRET];
     return 0;
 }
 
@@ -374,6 +379,8 @@ int kvo_config_apply_remote_tier(const kvo_config *c, kvo_remote_tier_params *p)
     if (!c || !p) return kvo__error(KVO_EINVAL, "kvo_config_apply_remote_tier: config and params must not be NULL");
     if (c->s[F_REMOTE_URL]) p->url = c->s[F_REMOTE_URL];
     if (c->s[F_REMOTE_PREFIX]) p->key_prefix = c->s[F_REMOTE_PREFIX];
+    if (c->s[F_REMOTE_SECRET]) p->secret = c->s[F_REMOTE_SECRET]; /* else the tier reads KVO_REMOTE_SECRET */
+    if (c->s[F_REMOTE_SECRET_PREV]) p->secret_previous = c->s[F_REMOTE_SECRET_PREV];
     return 0;
 }
 

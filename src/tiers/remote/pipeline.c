@@ -162,6 +162,7 @@ static bool on_reply(kvo__rc *c, kvo__rc_cmd *cmd, redisReply *r, int ni) {
         cmd->result = r->type == REDIS_REPLY_NIL ? KVO_ENOTFOUND : KVO_EIO;
         break;
     case KVO__RC_EXISTS:
+    case KVO__RC_DEL: /* keys that existed / were deleted */
         cmd->result = r->type != REDIS_REPLY_INTEGER ? KVO_EIO : r->integer > 0 ? 0 : KVO_ENOTFOUND;
         break;
     default:
