@@ -98,6 +98,8 @@ typedef struct kvo__rc_cmd {
     const struct iovec *val;     /* SET: the value's pieces */
     int nval;
     uint32_t ttl_s;              /* SET: EX seconds, 0 = none */
+    bool skip;                   /* not sent: completes KVO_EIO (a put that
+                                    could not be sealed) */
     /* GET: when set, a reply of exactly sink_hdr_len + sink_len bytes is
      * parsed straight into sink_hdr (its first sink_hdr_len bytes) and
      * sink_dst (the rest) instead of a heap copy; str is then NULL and len

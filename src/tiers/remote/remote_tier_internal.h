@@ -23,8 +23,9 @@ struct rop {
     uint64_t t_queued;
     unsigned char *stage;      /* put: payload in staging memory */
     uint64_t sum;              /* put: XXH3-64 of the payload (kvo__file_copy_sum) */
-    unsigned char *hdr;        /* put: header buffer (write ops only); with a
-                                  secret encoded and sealed at put time */
+    unsigned char *hdr;        /* put: header buffer (write ops only) */
+    bool sealed;               /* put: stage holds the sealed payload (a
+                                  worker sealed it in place) */
     unsigned char *dst;        /* get */
     rop *waiters;              /* put: gets/exists/removes of its key queued while it runs (chained by next) */
     bool auth_failed;          /* get: the value failed authentication */
