@@ -306,6 +306,14 @@ static kvo_remote_tier *bench_tier(const char *url, const bcfg *c, const kvo_pla
     return t;
 }
 
+/* "<what>.<size>" in GB/s against "<limit>.<size>". */
+static void report(const kvo_bench_out *o, const char *what, const char *sn, double v, const char *limit, double lim) {
+    char name[64], lname[64];
+    snprintf(name, sizeof name, "%s.%s", what, sn);
+    snprintf(lname, sizeof lname, "%s.%s", limit, sn);
+    kvo_bench_report(o, name, v, "GB/s", lname, lim);
+}
+
 /* A bench secret (not a real one: the values are the benchmark's). */
 #define BENCH_SECRET "kvoffload-bench-remote-not-a-real-secret"
 
@@ -352,21 +360,13 @@ static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps,
     double med[3][2];
     for (uint32_t side = 0; side < sides; side++)
         for (int rd = 0; rd < 2; rd++) med[side][rd] = kvo_bench_median(v[side][rd], reps);
-    char sn[32], name[64], lim[64];
+    char sn[32];
     size_name(c->size, sn, sizeof sn);
-    snprintf(name, sizeof name, "remote.write.%s", sn);
-    snprintf(lim, sizeof lim, "raw_hiredis_set.%s", sn);
-    kvo_bench_report(o, name, med[1][0], "GB/s", lim, med[0][0]);
-    snprintf(name, sizeof name, "remote.read.%s", sn);
-    snprintf(lim, sizeof lim, "raw_hiredis_get.%s", sn);
-    kvo_bench_report(o, name, med[1][1], "GB/s", lim, med[0][1]);
+    report(o, "remote.write", sn, med[1][0], "raw_hiredis_set", med[0][0]);
+    report(o, "remote.read", sn, med[1][1], "raw_hiredis_get", med[0][1]);
     if (ts) {
-        snprintf(name, sizeof name, "remote.write_sealed.%s", sn);
-        snprintf(lim, sizeof lim, "remote.write.%s", sn);
-        kvo_bench_report(o, name, med[2][0], "GB/s", lim, med[1][0]);
-        snprintf(name, sizeof name, "remote.read_sealed.%s", sn);
-        snprintf(lim, sizeof lim, "remote.read.%s", sn);
-        kvo_bench_report(o, name, med[2][1], "GB/s", lim, med[1][1]);
+        report(o, "remote.write_sealed", sn, med[2][0], "remote.write", med[1][0]);
+        report(o, "remote.read_sealed", sn, med[2][1], "remote.read", med[1][1]);
     }
     if (misses) fprintf(stderr, "kvoffload bench remote: %llu reads of %s missed (server evicted? raise maxmemory)\n",
                         (unsigned long long)misses, sn);

@@ -34,20 +34,7 @@ static void need_seal(void) {
 
 static kvo_remote_tier *open_sealed(int port, const kvo_plan *plan, const char *pfx, const char *secret,
                                     const char *previous) {
-    char url[64];
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
-    kvo_remote_tier_params p = kvo_remote_tier_default_params();
-    p.url = url;
-    p.plan = plan;
-    p.key_prefix = pfx;
-    p.io_threads = 2;
-    p.io_timeout_ms = 1000;
-    p.down_backoff_ms = 200;
-    p.secret = secret;
-    p.secret_previous = previous;
-    kvo_remote_tier *t = NULL;
-    ASSERT_OK(kvo_remote_tier_create(&p, &t));
-    return t;
+    return open_tier_sealed(port, plan, pfx, NULL, secret, previous);
 }
 
 /* The raw value of key i (malloc'd, *len bytes) via redis-cli. */
