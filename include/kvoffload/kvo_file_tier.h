@@ -419,7 +419,9 @@ typedef struct kvo_file_chunk_info {
 /** kvo_file_verify, and on success (or on a KVO_ECORRUPT found after the
  *  header decoded: checksum, size, key or geometry) also what the header says
  *  into *info (may be NULL); info->format_version is 0 when the header itself
- *  could not be decoded.  Same errors; any thread. */
+ *  could not be decoded, 2 for a sealed chunk (file_secret), whose payload
+ *  is read but not authenticated here (that needs the secret: the tier
+ *  does it on every read).  Same errors; any thread. */
 KVO_API int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info);
 
 /** The path of key's file under a namespace directory into out (cap bytes).

@@ -12,7 +12,10 @@
  *    payload, header checksum: docs/file-format.md) followed by the chunk's
  *    chunk_bytes.  Every read verifies all of it: a corrupt, truncated or
  *    foreign value is a miss, counted and deleted; its bytes are never
- *    delivered as valid.
+ *    delivered as valid.  With a fleet secret (params.secret) the value is
+ *    sealed: the payload encrypted and, with the header and the key name,
+ *    authenticated (XAES-256-GCM); one that fails is a miss counted in
+ *    auth_failed.
  *  - Capacity and eviction are the server's (maxmemory + allkeys-lru, see
  *    docs/remote-tier.md); params.ttl_s optionally expires values.
  *  - The cluster client is the library's own (hiredis has no cluster

@@ -780,8 +780,11 @@ class RemoteTier(_Handle):
     are verified on every get (a corrupt or foreign value is a miss).  put,
     get and exists queue and return per-key results at once (0 queued); get
     and exists each give one completion (poll), and put too with
-    write_completions.  Raises KvoError with
-    KVO_ENOTSUP when the library was built without hiredis."""
+    write_completions.  secret: the fleet secret (16 bytes or more: every
+    value sealed, docs/security.md); None takes KVO_REMOTE_SECRET (and
+    secret_previous KVO_REMOTE_SECRET_PREVIOUS), "" none.  Raises KvoError
+    with KVO_ENOTSUP when the library was built without hiredis (or
+    without OpenSSL and given a secret)."""
 
     _destroy = "kvo_remote_tier_destroy"
 
