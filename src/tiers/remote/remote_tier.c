@@ -15,8 +15,9 @@
  *         value is sealed (tiers/seal.h: format version 2, XAES-256-GCM,
  *         authenticated with the header and the key name): the worker that
  *         sends a put seals its staged payload in place just before (not
- *         the caller: AES-GCM runs at 3-4 GB/s a core here, three to four
- *         times a copy with its checksum, and the caller is the engine's
+ *         the caller: AES-256-GCM runs at about 4.4 GB/s a core on the
+ *         development machine with Debian's OpenSSL 3.0, against 10-20 GB/s
+ *         for a copy with its checksum, and the caller is the engine's
  *         step), and the reader decrypts a GET as it arrives, in 64 KiB
  *         pieces while they are in cache, where it would otherwise
  *         checksum it.  A value
