@@ -20,8 +20,14 @@
  * Figures: remote.write.<size>, remote.read.<size> (GB/s, ratio to the raw
  * limit; goal >= 0.9), each the median of --reps rounds (9 by default:
  * with 3, one run in three had a 256 KiB figure 0.1 off its neighbours on
- * a quiet machine) in which raw and tier alternate going first.  Keys are
+ * a quiet machine) in which the sides take turns going first.  Keys are
  * left to the server's LRU (prefix kvobench-<pid>).
+ * Sealed (a fleet secret: XAES-256-GCM, docs/security.md), in the same
+ * rounds when the build can seal (--no-sealed skips them): a second tier
+ * with a secret, remote.write_sealed.<size> and remote.read_sealed.<size>,
+ * each against the unsealed tier's figure of the same rounds (goal >= 0.8).
+ * The unsealed tier is given secret "" so that a KVO_REMOTE_SECRET in the
+ * environment does not seal it too.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -32,6 +38,7 @@
 #include "bench.h"
 #include "cli.h"
 #include "kvoffload/kvo_remote_tier.h"
+#include "tiers/seal.h" /* kvo__seal_available: whether sealed figures can be measured */
 
 #if KVO_HAVE_REDIS
 #include <hiredis/hiredis.h>
@@ -42,6 +49,7 @@ typedef struct bcfg {
     kvo__rc_url url;   /* seed 0 is asked for the slot map; user, pass */
     uint32_t threads, batch;
     uint64_t total, size;
+    bool sealed;       /* also measure a tier with a secret */
 } bcfg;
 
 /* ------------------------------------------------------ raw hiredis -- */
@@ -276,14 +284,12 @@ static void size_name(uint64_t size, char *out, size_t cap) {
 #define BR_REPS_MAX 25
 
 
-/* One chunk size: raw and tier, --reps rounds, the median of each. */
-static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps, const kvo_bench_out *o) {
-    kvo_plan *plan = bench_plan(c->size);
-    if (!plan) return -1;
-    kvo_bench_progress(o, "%llu KiB values vs raw pipelined hiredis", (unsigned long long)(c->size >> 10));
+/* A tier for one chunk size (plan given); secret "" = unsealed (whatever
+ * the environment says).  NULL with a message printed. */
+static kvo_remote_tier *bench_tier(const char *url, const bcfg *c, const kvo_plan *plan, const char *secret) {
     kvo_remote_tier_params p = kvo_remote_tier_default_params();
     char pfx[64];
-    snprintf(pfx, sizeof pfx, "kvobench-%d", (int)getpid());
+    snprintf(pfx, sizeof pfx, "kvobench-%d%s", (int)getpid(), secret[0] ? "-sealed" : "");
     p.url = url;
     p.plan = plan;
     p.key_prefix = pfx;
@@ -291,9 +297,36 @@ static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps,
     p.batch_max = c->batch;
     p.max_staging_bytes = UINT64_C(256) << 20;
     p.max_pending_writes = (uint32_t)(p.max_staging_bytes / c->size < 256 ? p.max_staging_bytes / c->size : 256);
+    p.secret = secret;
     kvo_remote_tier *t = NULL;
     if (kvo_remote_tier_create(&p, &t)) {
         fprintf(stderr, "kvoffload bench remote: %s\n", kvo_last_error());
+        return NULL;
+    }
+    return t;
+}
+
+/* "<what>.<size>" in GB/s against "<limit>.<size>". */
+static void report(const kvo_bench_out *o, const char *what, const char *sn, double v, const char *limit, double lim) {
+    char name[64], lname[64];
+    snprintf(name, sizeof name, "%s.%s", what, sn);
+    snprintf(lname, sizeof lname, "%s.%s", limit, sn);
+    kvo_bench_report(o, name, v, "GB/s", lname, lim);
+}
+
+/* A bench secret (not a real one: the values are the benchmark's). */
+#define BENCH_SECRET "kvoffload-bench-remote-not-a-real-secret"
+
+/* One chunk size: raw, tier (and sealed tier), --reps rounds, the median
+ * of each. */
+static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps, const kvo_bench_out *o) {
+    kvo_plan *plan = bench_plan(c->size);
+    if (!plan) return -1;
+    kvo_bench_progress(o, "%llu KiB values vs raw pipelined hiredis%s", (unsigned long long)(c->size >> 10),
+                       c->sealed ? ", sealed and unsealed" : "");
+    kvo_remote_tier *t = bench_tier(url, c, plan, ""), *ts = NULL;
+    if (!t || (c->sealed && !(ts = bench_tier(url, c, plan, BENCH_SECRET)))) {
+        kvo_remote_tier_destroy(t);
         kvo_plan_destroy(plan);
         return -1;
     }
@@ -309,36 +342,40 @@ static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps,
     unsigned char *val = malloc(c->size), *bufs = malloc((size_t)n_bufs * c->size);
     for (uint64_t i = 0; i < c->size; i++) val[i] = (unsigned char)(i * 131 + 7);
     memset(bufs, 0, (size_t)n_bufs * c->size);
-    /* each round: raw and tier writes, then raw and tier reads, the side
-     * that goes first alternating between rounds; each figure is the median
-     * of its rounds (before: the best of each, which rewarded the side whose
-     * pass happened to miss a busy moment of the shared machine) */
-    double v[4][BR_REPS_MAX];
+    /* each round: the writes of every side, then their reads, the side that
+     * goes first taking turns between rounds; each figure is the median of
+     * its rounds (before: the best of each, which rewarded the side whose
+     * pass happened to miss a busy moment of the shared machine).  v[side]
+     * [write 0 / read 1][round]; sides: raw, tier, sealed tier */
+    double v[3][2][BR_REPS_MAX];
     uint64_t misses = 0;
-    for (uint32_t r = 0; r < reps; r++) {
-        bool raw_first = r % 2 == 0;
-        if (raw_first) v[0][r] = raw_pass(c, m, false, val);
-        v[1][r] = tier_put_pass(t, c, val);
-        if (!raw_first) v[0][r] = raw_pass(c, m, false, val);
-        if (raw_first) v[2][r] = raw_pass(c, m, true, NULL);
-        v[3][r] = tier_get_pass(t, c, bufs, n_bufs, &misses);
-        if (!raw_first) v[2][r] = raw_pass(c, m, true, NULL);
-    }
-    double rw = kvo_bench_median(v[0], reps), tw = kvo_bench_median(v[1], reps), rr = kvo_bench_median(v[2], reps),
-           tr = kvo_bench_median(v[3], reps);
-    char sn[32], name[64], lim[64];
+    uint32_t sides = ts ? 3 : 2;
+    for (uint32_t r = 0; r < reps; r++)
+        for (int rd = 0; rd < 2; rd++)
+            for (uint32_t k = 0; k < sides; k++) {
+                uint32_t side = (r + k) % sides;
+                kvo_remote_tier *x = side == 1 ? t : ts;
+                v[side][rd][r] = side == 0 ? raw_pass(c, m, rd == 1, rd ? NULL : val)
+                                 : rd == 0 ? tier_put_pass(x, c, val)
+                                           : tier_get_pass(x, c, bufs, n_bufs, &misses);
+            }
+    double med[3][2];
+    for (uint32_t side = 0; side < sides; side++)
+        for (int rd = 0; rd < 2; rd++) med[side][rd] = kvo_bench_median(v[side][rd], reps);
+    char sn[32];
     size_name(c->size, sn, sizeof sn);
-    snprintf(name, sizeof name, "remote.write.%s", sn);
-    snprintf(lim, sizeof lim, "raw_hiredis_set.%s", sn);
-    kvo_bench_report(o, name, tw, "GB/s", lim, rw);
-    snprintf(name, sizeof name, "remote.read.%s", sn);
-    snprintf(lim, sizeof lim, "raw_hiredis_get.%s", sn);
-    kvo_bench_report(o, name, tr, "GB/s", lim, rr);
+    report(o, "remote.write", sn, med[1][0], "raw_hiredis_set", med[0][0]);
+    report(o, "remote.read", sn, med[1][1], "raw_hiredis_get", med[0][1]);
+    if (ts) {
+        report(o, "remote.write_sealed", sn, med[2][0], "remote.write", med[1][0]);
+        report(o, "remote.read_sealed", sn, med[2][1], "remote.read", med[1][1]);
+    }
     if (misses) fprintf(stderr, "kvoffload bench remote: %llu reads of %s missed (server evicted? raise maxmemory)\n",
                         (unsigned long long)misses, sn);
     free(val);
     free(bufs);
     kvo_remote_tier_destroy(t);
+    kvo_remote_tier_destroy(ts);
     kvo_plan_destroy(plan);
     return 0;
 }
@@ -346,16 +383,21 @@ static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps,
 int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o) {
     const char *url = getenv("KVO_REMOTE_URL"), *sizes = "256,1024,4096,8192";
     uint64_t total_mib = 256, threads = 4, batch = 8, reps = 9;
+    bool sealed = kvo__seal_available();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: kvoffload bench remote --remote redis://host:port[,...] [--json] [--total-mib N]\n"
                    "                              [--sizes KIB,KIB...] [--threads N] [--batch N] [--reps N]\n"
-                   "Remote-tier write/read GB/s vs raw pipelined hiredis SET/GET, same threads and batch.\n"
+                   "                              [--no-sealed]\n"
+                   "Remote-tier write/read GB/s vs raw pipelined hiredis SET/GET, same threads and batch;\n"
+                   "with a fleet secret (sealed values) vs the unsealed tier, in the same rounds.\n"
                    "Defaults: --remote $KVO_REMOTE_URL, --total-mib 256, --sizes 256,1024,4096,8192,\n"
-                   "--threads 4, --batch 8, --reps 9 (rounds, the first side alternating; medians).\n");
+                   "--threads 4, --batch 8, --reps 9 (rounds, the first side taking turns; medians);\n"
+                   "sealed figures when the build has OpenSSL (--no-sealed: without them).\n");
             return 0;
         } else if (!strcmp(a, "--remote") && v) { url = v; i++; }
+        else if (!strcmp(a, "--no-sealed")) sealed = false;
         else if (!strcmp(a, "--sizes") && v) { sizes = v; i++; }
         else if (!strcmp(a, "--total-mib") && v) { if (kvo_cli_parse_u64(a, v, 1, 1 << 20, &total_mib)) return KVO_EXIT_USAGE; i++; }
         else if (!strcmp(a, "--threads") && v) { if (kvo_cli_parse_u64(a, v, 1, 64, &threads)) return KVO_EXIT_USAGE; i++; }
@@ -374,6 +416,7 @@ int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o) {
         return KVO_EXIT_USAGE;
     }
     c.threads = (uint32_t)threads;
+    c.sealed = sealed;
     raw_map *m = malloc(sizeof *m);
     char why[512] = "out of memory";
     if (!m || raw_map_load(&c, m, why, sizeof why)) {

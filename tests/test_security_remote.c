@@ -7,7 +7,8 @@
  *    was held for as long as the node liked);
  *  - a password with '@' (raw or percent-encoded) reaches AUTH intact and is
  *    in no error message nor log line, also from `kvoffload bench remote`,
- *    which says that the password was refused;
+ *    which says that the password was refused; no malformed URL shape shows
+ *    it either, and a URL with a password is warned about once;
  *  - a value of another type under a tier key (WRONGTYPE) is corrupt:
  *    counted, deleted, a miss.
  * A small Redis look-alike runs in the test on a loopback port: it answers
@@ -449,6 +450,75 @@ KVO_TEST(unreachable_node_message_has_no_password) {
     ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EINVAL);
     assert_no_secret(kvo_last_error(), "Secret99");
     ASSERT_CONTAINS(kvo_last_error(), "percent");
+    kvo_plan_destroy(plan);
+}
+
+/* No URL shape shows its password (issue 50 item 6): a forgotten "@host"
+ * ("redis://user:PASSWORD" made the password a port and printed it), a
+ * forgotten "user:", misplaced separators, a missing port; neither in the
+ * error, nor in the log, nor from `kvoffload bench remote` and `kvoffload
+ * demo`.  A URL that does carry a password is warned about once per
+ * process, the warning pointing to KVO_REDIS_PASSWORD. */
+#define URL_PW "Zq9PwLeak"
+KVO_TEST(no_url_shape_shows_the_password) {
+    need_redis_build();
+    kvo_set_log(capture_log, NULL, KVO_LOG_DEBUG);
+    kvo_plan *plan = make_plan();
+    static const char *bad[] = {
+        "redis://user:" URL_PW,                   /* the '@host' forgotten */
+        "redis://" URL_PW,                        /* a bare password */
+        "redis://:" URL_PW,
+        "redis://user:" URL_PW ",127.0.0.1:1",
+        "redis://user:" URL_PW "%",
+        "redis://user:" URL_PW "/x",
+        "redis://us er:" URL_PW,
+        "redis://" URL_PW ":" URL_PW,
+        "redis://user:" URL_PW "@",
+        "redis://user:" URL_PW "@:7000",
+        "redis://user:" URL_PW "@127.0.0.1",
+        "redis://user:" URL_PW "@127.0.0.1:" URL_PW,
+        "redis://user:" URL_PW "@127.0.0.1:1," URL_PW,
+        "redis://user:" URL_PW "@127.0.0.1:1,h:" URL_PW,
+        "redis://user:" URL_PW "%zz@127.0.0.1:1",
+        "rediss://user:" URL_PW "@127.0.0.1:1",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvo_remote_tier_params p = fake_params(plan, bad[i]);
+        kvo_remote_tier *t = NULL;
+        ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EINVAL);
+        ASSERT_NULL(t);
+        if (strstr(kvo_last_error(), "Zq9")) FAILF("url %zu: the password leaked: %s", i, kvo_last_error());
+    }
+    /* well formed with a password, nobody listening: EIO naming the node;
+     * the warning once, whatever the number of tiers */
+    for (int i = 0; i < 2; i++) {
+        kvo_remote_tier_params p = fake_params(plan, "redis://user:" URL_PW "@127.0.0.1:1");
+        kvo_remote_tier *t = NULL;
+        ASSERT_ERR(kvo_remote_tier_create(&p, &t), KVO_EIO);
+        ASSERT_CONTAINS(kvo_last_error(), "127.0.0.1:1");
+        assert_no_secret(kvo_last_error(), "Zq9");
+    }
+    kvo_set_log(NULL, NULL, KVO_LOG_INFO);
+    assert_no_secret(log_lines, "Zq9");
+    ASSERT_CONTAINS(log_lines, "KVO_REDIS_PASSWORD");
+    const char *w = strstr(log_lines, "carries a password");
+    ASSERT_NOT_NULL(w);
+    ASSERT_TRUE(strstr(w + 1, "carries a password") == NULL); /* once */
+    free(log_lines);
+    log_lines = NULL;
+    /* the command-line tools print the library's messages */
+    static const char *cmds[] = {"bench remote --remote 'redis://user:" URL_PW "' --total-mib 1 --sizes 256 --reps 1",
+                                 "demo --remote 'redis://user:" URL_PW "' --requests 2 --quiet"};
+    for (size_t i = 0; i < 2; i++) {
+        char cmd[600], *out = NULL;
+        snprintf(cmd, sizeof cmd, "env -u KVO_REDIS_PASSWORD %s %s 2>&1", KVO_CLI_PATH, cmds[i]);
+        int rc = kvo_test_run(cmd, &out);
+        ASSERT_NE_INT(rc, 0);
+        ASSERT_NOT_NULL(out);
+        if (strstr(out, "Zq9")) FAILF("`kvoffload %s` shows the password: %s", cmds[i], out);
+        ASSERT_CONTAINS(out, "port");
+        free(out);
+    }
     kvo_plan_destroy(plan);
 }
 

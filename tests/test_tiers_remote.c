@@ -568,3 +568,133 @@ KVO_TEST(ttl) {
     }
     kvo_plan_destroy(plan);
 }
+
+/* Completions of n removes (op REMOVE): results by user data. */
+static void collect_removes(kvo_remote_tier *t, size_t n, int *results) {
+    for (size_t got = 0; got < n;) {
+        ASSERT_OK(kvo_remote_tier_wait(t, KVO_MS(30000)));
+        kvo_remote_completion c[16];
+        size_t m = 0;
+        ASSERT_OK(kvo_remote_tier_poll(t, c, 16, &m));
+        for (size_t j = 0; j < m; j++) {
+            ASSERT_EQ_U64(c[j].op, KVO_REMOTE_OP_REMOVE);
+            ASSERT_LT_U64(c[j].user_data, n);
+            ASSERT_EQ_U64(c[j].bytes, 0);
+            results[c[j].user_data] = c[j].result;
+        }
+        got += m;
+    }
+}
+
+/* kvo_remote_tier_remove (issue 47: LMCache's L2 usage never fell because
+ * the Redis tier had no delete): present keys are deleted (0), absent ones
+ * say so (KVO_ENOTFOUND); afterwards exists and get miss, the other keys
+ * stay, and the counters add up. */
+KVO_TEST(remove_deletes_keys) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(port, plan, "remove", NULL);
+    enum { N = 10 };
+    ASSERT_EQ_U64(put_range(t, plan, 0, N), N);
+    kvo_chunk_key keys[N];
+    uint64_t ud[N];
+    for (int i = 0; i < N; i++) {
+        keys[i] = ftf_key((uint64_t)(i < 6 ? i : 100 + i), 0); /* 0..5 stored, 4 never stored */
+        ud[i] = (uint64_t)i;
+    }
+    int res[N];
+    size_t q = 0;
+    ASSERT_OK(kvo_remote_tier_remove(t, keys, N, ud, res, &q));
+    ASSERT_EQ_U64(q, N);
+    for (int i = 0; i < N; i++) ASSERT_EQ_INT(res[i], 0);
+    int done[N];
+    collect_removes(t, N, done);
+    for (int i = 0; i < N; i++) ASSERT_EQ_INT(done[i], i < 6 ? 0 : KVO_ENOTFOUND);
+    for (int i = 0; i < 6; i++) ASSERT_EQ_INT(exists_one(t, &keys[i]), KVO_ENOTFOUND);
+    int gr[N];
+    ASSERT_EQ_U64(get_range(t, plan, 0, N, gr), N - 6); /* 6..9 stay */
+    for (int i = 0; i < 6; i++) ASSERT_EQ_INT(gr[i], KVO_ENOTFOUND);
+    kvo_remote_tier_stats s = stats(t);
+    ASSERT_EQ_U64(s.removes, 6);
+    ASSERT_EQ_U64(s.remove_misses, 4);
+    ASSERT_EQ_U64(s.remove_errors, 0);
+    ASSERT_EQ_U64(s.pending_reads, 0);
+    /* bad arguments */
+    ASSERT_ERR(kvo_remote_tier_remove(t, NULL, 1, NULL, NULL, NULL), KVO_EINVAL);
+    kvo_chunk_key bad = ftf_key(1, 7); /* a group the plan does not have */
+    ASSERT_OK(kvo_remote_tier_remove(t, &bad, 1, NULL, res, &q));
+    ASSERT_EQ_INT(res[0], KVO_EINVAL);
+    ASSERT_EQ_U64(q, 0);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* A remove queued while the put of its key is still pending waits for the
+ * put and deletes after it: the put never lands after the DEL.  Removes
+ * are served with the reads, ahead of the puts, so without the wait the
+ * DEL would run first and the value would stay. */
+KVO_TEST(remove_after_a_pending_put_deletes_it) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(port, plan, "remove-put", NULL);
+    uint64_t cb = chunk_bytes(plan);
+    enum { N = 4 };
+    unsigned char *buf = malloc(cb);
+    kvo_chunk_key keys[N];
+    uint64_t ud[N];
+    kvo__remote_test_hold_puts(t, true);
+    for (int i = 0; i < N; i++) {
+        keys[i] = ftf_key((uint64_t)i, 0);
+        ud[i] = (uint64_t)i;
+        ftf_fill(buf, cb, &keys[i]);
+        const void *src = buf;
+        int r = 1;
+        ASSERT_OK(kvo_remote_tier_put(t, &keys[i], &src, 1, NULL, &r, NULL));
+        ASSERT_EQ_INT(r, 0);
+    }
+    size_t q = 0;
+    ASSERT_OK(kvo_remote_tier_remove(t, keys, N, ud, NULL, &q));
+    ASSERT_EQ_U64(q, N);
+    ASSERT_EQ_U64(stats(t).removes + stats(t).remove_misses, 0); /* waiting on the held puts */
+    kvo__remote_test_hold_puts(t, false);
+    int done[N];
+    collect_removes(t, N, done);
+    for (int i = 0; i < N; i++) ASSERT_EQ_INT(done[i], 0); /* each found the put's value */
+    ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(30000)));
+    ASSERT_EQ_U64(stats(t).puts, N);
+    for (int i = 0; i < N; i++) ASSERT_EQ_INT(exists_one(t, &keys[i]), KVO_ENOTFOUND);
+    free(buf);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}
+
+/* wait and flush say why they fail (kvo_last_error), like every other
+ * call: nothing in flight, a timeout with reads or puts still running. */
+KVO_TEST(wait_and_flush_set_the_last_error) {
+    int port = shared_port();
+    kvo_plan *plan = make_plan();
+    kvo_remote_tier *t = open_tier(port, plan, "wait-err", NULL);
+    kvo__error(KVO_EIO, "stale");
+    ASSERT_ERR(kvo_remote_tier_wait(t, -1), KVO_ENOTFOUND);
+    ASSERT_CONTAINS(kvo_last_error(), "nothing in flight");
+    kvo__remote_test_hold_puts(t, true); /* a put that cannot finish yet */
+    uint64_t cb = chunk_bytes(plan);
+    unsigned char *buf = calloc(1, cb);
+    kvo_chunk_key k = ftf_key(1, 0);
+    const void *src = buf;
+    ASSERT_OK(kvo_remote_tier_put(t, &k, &src, 1, NULL, NULL, NULL));
+    kvo__error(KVO_EIO, "stale");
+    ASSERT_ERR(kvo_remote_tier_flush(t, KVO_MS(1)), KVO_ETIMEDOUT);
+    ASSERT_CONTAINS(kvo_last_error(), "1 puts still queued");
+    void *dst = buf;
+    ASSERT_OK(kvo_remote_tier_get(t, &k, &dst, 1, NULL, NULL, NULL)); /* waits on the held put */
+    kvo__error(KVO_EIO, "stale");
+    ASSERT_ERR(kvo_remote_tier_wait(t, KVO_MS(1)), KVO_ETIMEDOUT);
+    ASSERT_CONTAINS(kvo_last_error(), "no completion within 1 ms");
+    kvo__remote_test_hold_puts(t, false);
+    ASSERT_OK(kvo_remote_tier_wait(t, KVO_MS(30000)));
+    ASSERT_OK(kvo_remote_tier_flush(t, KVO_MS(30000)));
+    free(buf);
+    kvo_remote_tier_destroy(t);
+    kvo_plan_destroy(plan);
+}

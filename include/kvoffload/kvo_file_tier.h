@@ -195,6 +195,22 @@ typedef struct kvo_file_tier_params {
                                       Set exactly, whatever the umask.  Must
                                       be 0600 plus read/write bits only, else
                                       KVO_EINVAL.  docs/security.md */
+    const char *file_secret;       /* NULL or "" (default): chunks as above.
+                                      Else a secret of at least 16 bytes
+                                      (any bytes up to a NUL; not kept: an
+                                      AES-256 key is derived from it with
+                                      HKDF-SHA256): every chunk is sealed
+                                      with XAES-256-GCM (encrypted, bound to
+                                      its namespace, key and geometry); a
+                                      file sealed under another secret, not
+                                      sealed, forged or tampered with is a
+                                      miss, removed and counted in
+                                      auth_failed.  Every process sharing a
+                                      root gives the same one.  Needs
+                                      OpenSSL (KVO_ENOTSUP without);
+                                      KVO_EINVAL when shorter; never in a
+                                      message.  docs/security.md,
+                                      docs/file-format.md */
 } kvo_file_tier_params;
 
 KVO_API kvo_file_tier_params kvo_file_tier_default_params(void);
@@ -408,6 +424,11 @@ typedef struct kvo_file_tier_stats {
                                    read-only file system): reads served,
                                    writes dropped */
     uint64_t dropped_readonly;  /* writes dropped while read_only */
+    uint64_t auth_failed;       /* reads of files that failed authentication
+                                   (params.file_secret: another secret's,
+                                   not sealed, forged or tampered; or a
+                                   sealed file without a secret): removed,
+                                   a miss (not in corrupt_removed) */
 } kvo_file_tier_stats;
 /** Initialiser (the struct_size convention, kvo_common.h):
  *  kvo_file_tier_stats st = KVO_FILE_TIER_STATS_INIT; */
@@ -445,7 +466,9 @@ typedef struct kvo_file_chunk_info {
 /** kvo_file_verify, and on success (or on a KVO_ECORRUPT found after the
  *  header decoded: checksum, size, key or geometry) also what the header says
  *  into *info (may be NULL); info->format_version is 0 when the header itself
- *  could not be decoded.  Same errors; any thread. */
+ *  could not be decoded, 2 for a sealed chunk (file_secret), whose payload
+ *  is read but not authenticated here (that needs the secret: the tier
+ *  does it on every read).  Same errors; any thread. */
 KVO_API int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info *info);
 
 /** The path of key's file under a namespace directory into out (cap bytes).

@@ -12,7 +12,10 @@
  *    payload, header checksum: docs/file-format.md) followed by the chunk's
  *    chunk_bytes.  Every read verifies all of it: a corrupt, truncated or
  *    foreign value is a miss, counted and deleted; its bytes are never
- *    delivered as valid.
+ *    delivered as valid.  With a fleet secret (params.secret) the value is
+ *    sealed: the payload encrypted and, with the header and the key name,
+ *    authenticated (XAES-256-GCM); one that fails is a miss counted in
+ *    auth_failed.
  *  - Capacity and eviction are the server's (maxmemory + allkeys-lru, see
  *    docs/remote-tier.md); params.ttl_s optionally expires values.
  *  - The cluster client is the library's own (hiredis has no cluster
@@ -41,7 +44,10 @@
  *
  * Security: the password (from the URL, params or the environment variables
  * KVO_REDIS_USER / KVO_REDIS_PASSWORD) is never logged nor put in an error
- * message.
+ * message.  With a fleet secret (params.secret, env KVO_REMOTE_SECRET) every
+ * value is sealed (XAES-256-GCM, OpenSSL): a client that can read or write
+ * the cluster but lacks the secret can neither read a chunk nor make an
+ * engine load one it forged (docs/security.md says what it does not cover).
  *
  * Built only with hiredis (CMake option KVO_WITH_REDIS); otherwise every
  * function returns KVO_ENOTSUP (create) or does nothing.
@@ -105,6 +111,25 @@ typedef struct kvo_remote_tier_params {
     uint32_t max_redirects;        /* MOVED/ASK hops per operation; default 5 */
     bool write_completions;        /* a completion per queued put; default
                                       false (use flush/stats) */
+    const char *secret;            /* the fleet secret: NULL = env
+                                      KVO_REMOTE_SECRET (unset: none); "" =
+                                      none.  At least 16 bytes (any bytes up
+                                      to a NUL), the same on every engine of
+                                      the fleet; not kept (an AES-256 key is
+                                      derived with HKDF-SHA256) and never in
+                                      a message.  With one, every value is
+                                      sealed: XAES-256-GCM, bound to its key
+                                      name and header; a value sealed under
+                                      another key, not sealed, forged or
+                                      tampered with is a miss (KVO_ECORRUPT,
+                                      counted in auth_failed, not deleted).
+                                      Needs OpenSSL (else create fails
+                                      KVO_ENOTSUP).  docs/security.md */
+    const char *secret_previous;   /* a second secret accepted for reading
+                                      only while a fleet rotates; NULL with
+                                      secret NULL: env
+                                      KVO_REMOTE_SECRET_PREVIOUS; NULL or ""
+                                      otherwise: none */
 } kvo_remote_tier_params;
 
 KVO_API kvo_remote_tier_params kvo_remote_tier_default_params(void);
@@ -113,10 +138,13 @@ typedef struct kvo_remote_tier kvo_remote_tier;
 
 /** Create a tier: parse the URL, connect to a seed node (in order, the first
  *  that answers), authenticate, read the slot map (CLUSTER SLOTS), map and
- *  pre-fault the staging memory and start the workers.
+ *  pre-fault the staging memory and start the workers.  A URL that carries
+ *  a password is logged once per process as a warning (without it:
+ *  KVO_REDIS_PASSWORD keeps the secret out of configs and their logs).
  *  *out owned by the caller (kvo_remote_tier_destroy).
- *  Errors: KVO_EINVAL (NULL, no plan, bad URL or key prefix: the message
- *  names the seed or field, never the password), KVO_EIO (no seed answered, or the
+ *  Errors: KVO_EINVAL (NULL, no plan, bad URL or key prefix, a secret under
+ *  16 bytes: the message names the seed or field, never the password nor a
+ *  secret, nor any text of the URL but a well-formed host), KVO_EIO (no seed answered, or the
  *  server refused authentication: "authentication refused by 127.0.0.1:7000
  *  for user ..." -- check the password; or the node is not in cluster mode /
  *  the cluster has no slots), KVO_ENOTSUP (built without hiredis),
@@ -166,10 +194,29 @@ KVO_API int kvo_remote_tier_get(kvo_remote_tier *t, const kvo_chunk_key *keys, v
 KVO_API int kvo_remote_tier_exists(kvo_remote_tier *t, const kvo_chunk_key *keys, size_t n,
                                    const uint64_t *user_data, int *results, size_t *n_queued);
 
+/** Queue deletions (DEL, pipelined like the other operations) of n keys:
+ *  a cache that keeps its own accounting (LMCache's L2 usage) frees what it
+ *  evicts.  Asynchronous like get: each queued key yields exactly one
+ *  completion (op KVO_REMOTE_OP_REMOVE), and the deletion has happened when
+ *  it is polled: 0 deleted; KVO_ENOTFOUND there was no value; KVO_EIO the
+ *  node was down, failed or timed out (the value may remain);
+ *  KVO_ECANCELED never (completions of removes still queued at destroy are
+ *  discarded).  A remove of a key whose put is queued or running waits for
+ *  that put, then deletes (the put never lands after it); a put of the key
+ *  queued after the remove may land before or after it.  results[i] (may
+ *  be NULL): 0 queued; KVO_EAGAIN too many in flight (they share
+ *  max_pending_reads and the completion ring with gets; counted in
+ *  refused_reads); KVO_EINVAL bad key; KVO_ECLOSED destroy began.  Returns
+ *  0, KVO_EINVAL (NULL arguments, nothing queued), KVO_ECLOSED.  Any
+ *  thread. */
+KVO_API int kvo_remote_tier_remove(kvo_remote_tier *t, const kvo_chunk_key *keys, size_t n,
+                                   const uint64_t *user_data, int *results, size_t *n_queued);
+
 typedef enum kvo_remote_op_kind {
     KVO_REMOTE_OP_PUT = 1,
     KVO_REMOTE_OP_GET = 2,
-    KVO_REMOTE_OP_EXISTS = 3
+    KVO_REMOTE_OP_EXISTS = 3,
+    KVO_REMOTE_OP_REMOVE = 4
 } kvo_remote_op_kind;
 
 /** One finished operation. */
@@ -188,7 +235,7 @@ KVO_API int kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out,
 
 /** Block until a completion waits or timeout_ns passes (< 0: forever, but
  *  KVO_ENOTFOUND at once when nothing that reports is in flight).
- *  0, KVO_ETIMEDOUT, KVO_ENOTFOUND. */
+ *  0, KVO_ETIMEDOUT, KVO_ENOTFOUND (each with a message), KVO_EINVAL. */
 KVO_API int kvo_remote_tier_wait(kvo_remote_tier *t, int64_t timeout_ns);
 
 /** An eventfd (EFD_NONBLOCK), readable while completions wait; poll drains
@@ -196,7 +243,7 @@ KVO_API int kvo_remote_tier_wait(kvo_remote_tier *t, int64_t timeout_ns);
 KVO_API int kvo_remote_tier_event_fd(const kvo_remote_tier *t);
 
 /** Wait until no put is queued or running.  timeout_ns < 0 = forever.
- *  0 or KVO_ETIMEDOUT. */
+ *  0 or KVO_ETIMEDOUT (the message says how many are left), KVO_EINVAL. */
 KVO_API int kvo_remote_tier_flush(kvo_remote_tier *t, int64_t timeout_ns);
 
 /** The Redis key of a chunk into out (cap bytes); KVO_ERANGE if it does not
@@ -237,6 +284,16 @@ typedef struct kvo_remote_tier_stats {
                                           queued or running: answered from
                                           the put (also counted in gets,
                                           exists_hits/misses) */
+    uint64_t auth_failed;              /* gets of values that failed
+                                          authentication (a secret: another
+                                          key's, not sealed, forged or
+                                          tampered with; no secret: a sealed
+                                          value): misses, not deleted, not in
+                                          corrupt_deleted */
+    uint64_t removes;                  /* values deleted by
+                                          kvo_remote_tier_remove */
+    uint64_t remove_misses;            /* removes that found no value */
+    uint64_t remove_errors;            /* removes that failed (EIO) */
 } kvo_remote_tier_stats;
 /** Initialiser (the struct_size convention, kvo_common.h):
  *  kvo_remote_tier_stats st = KVO_REMOTE_TIER_STATS_INIT; */

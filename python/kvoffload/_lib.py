@@ -189,7 +189,7 @@ class FileTierParams(ctypes.Structure):
                 ("io_threads", c_uint32), ("queue_depth", c_uint32), ("max_pending_writes", c_uint32),
                 ("max_staging_bytes", c_uint64), ("write_latency_limit_ms", c_uint32),
                 ("write_completions", c_bool), ("shared", c_bool), ("scan", c_bool), ("log_interval_s", c_uint32),
-                ("layout_hash", c_uint64), ("file_mode", c_uint32)]
+                ("layout_hash", c_uint64), ("file_mode", c_uint32), ("file_secret", c_char_p)]
 
 
 _FILE_STATS = ["quota_bytes", "bytes_used", "files", "scanned_files", "scan_removed", "scan_ns", "hits", "misses",
@@ -197,7 +197,7 @@ _FILE_STATS = ["quota_bytes", "bytes_used", "files", "scanned_files", "scan_remo
                "dropped_backpressure", "dropped_quota", "dropped_nospace", "dropped_io", "read_errors",
                "corrupt_removed", "evictions", "recycled_files", "pending_writes", "staging_bytes",
                "write_latency_ns", "writes_borrowed", "shared", "shared_bytes_used", "shared_files",
-               "foreign_evictions", "read_only", "dropped_readonly"]
+               "foreign_evictions", "read_only", "dropped_readonly", "auth_failed"]
 
 
 class FileTierStats(ctypes.Structure):
@@ -215,20 +215,22 @@ class RemoteTierParams(ctypes.Structure):
                 ("io_threads", c_uint32), ("conns_per_node", c_uint32), ("batch_max", c_uint32),
                 ("batch_max_bytes", c_uint64), ("max_pending_writes", c_uint32), ("max_pending_reads", c_uint32),
                 ("max_staging_bytes", c_uint64), ("connect_timeout_ms", c_uint32), ("io_timeout_ms", c_uint32),
-                ("down_backoff_ms", c_uint32), ("max_redirects", c_uint32), ("write_completions", c_bool)]
+                ("down_backoff_ms", c_uint32), ("max_redirects", c_uint32), ("write_completions", c_bool),
+                ("secret", c_char_p), ("secret_previous", c_char_p)]
 
 
 _REMOTE_STATS = ["puts", "put_bytes", "gets", "get_bytes", "get_misses", "exists_hits", "exists_misses",
                  "put_skipped", "dropped_backpressure", "dropped_io", "read_errors", "refused_reads",
                  "corrupt_deleted", "moved", "asked", "slot_refreshes", "node_failures", "batches", "nodes",
-                 "nodes_down", "pending_writes", "pending_reads", "staging_bytes", "reads_after_put"]
+                 "nodes_down", "pending_writes", "pending_reads", "staging_bytes", "reads_after_put",
+                 "auth_failed", "removes", "remove_misses", "remove_errors"]
 
 
 class RemoteTierStats(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _REMOTE_STATS]
 
 
-REMOTE_OP_PUT, REMOTE_OP_GET, REMOTE_OP_EXISTS = 1, 2, 3  # kvo_remote_op_kind
+REMOTE_OP_PUT, REMOTE_OP_GET, REMOTE_OP_EXISTS, REMOTE_OP_REMOVE = 1, 2, 3, 4  # kvo_remote_op_kind
 FILE_OP_WRITE, FILE_OP_READ = 1, 2  # kvo_file_op_kind
 
 
@@ -432,6 +434,7 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_remote_tier_put": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
     "kvo_remote_tier_get": (c_int, [P, KEYS, c_void_p, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
     "kvo_remote_tier_exists": (c_int, [P, KEYS, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
+    "kvo_remote_tier_remove": (c_int, [P, KEYS, c_size_t, c_void_p, c_void_p, POINTER(c_size_t)]),
     "kvo_remote_tier_poll": (c_int, [P, c_void_p, c_size_t, POINTER(c_size_t)]),
     "kvo_remote_tier_wait": (c_int, [P, c_int64]),
     "kvo_remote_tier_flush": (c_int, [P, c_int64]),

@@ -680,12 +680,13 @@ class FileTier(_Handle):
     def __init__(self, root: str, plan: Plan, quota_bytes: int, policy: str = "lru", io_threads: int = 0,
                  shared: bool = False, scan: bool = True, write_completions: bool = False,
                  layout_hash: int = 0, max_staging_bytes: int = 0, file_mode: int = 0,
-                 max_pending_writes: int = 0) -> None:
+                 max_pending_writes: int = 0, secret: Optional[str] = None) -> None:
         """file_mode: permissions of the files it creates (0 = 0600; 0640 or
         0660 to share with a group; directories get the search bits).
         max_staging_bytes, max_pending_writes: the write queue's bounds (0:
         the C defaults, 64 MiB and 64 writes); a write beyond them is
-        refused with KVO_EAGAIN."""
+        refused with KVO_EAGAIN.  secret (file_secret, 16 bytes or more):
+        chunks are sealed (docs/security.md); not kept by this object."""
         need("plan", plan, Plan)
         p = lib.kvo_file_tier_default_params()
         self._root = os.fsencode(root)
@@ -698,8 +699,14 @@ class FileTier(_Handle):
         if max_pending_writes:
             set_fields(p, max_pending_writes=max_pending_writes)
         p.shared, p.scan, p.write_completions = shared, scan, write_completions
+        if secret is not None and "\0" in need("secret", secret, str):
+            raise ValueError("secret must not contain a NUL character")
+        p.file_secret = secret.encode() if secret is not None else None
         h = c_void_p()
-        check(lib.kvo_file_tier_create(byref(p), byref(h)), "kvo_file_tier_create")
+        try:
+            check(lib.kvo_file_tier_create(byref(p), byref(h)), "kvo_file_tier_create")
+        finally:
+            p.file_secret = None
         self._h: Optional[int] = h.value
         self.plan = plan
         self.dir: str = lib.kvo_file_tier_dir(self._h).decode()
@@ -818,15 +825,19 @@ class RemoteTier(_Handle):
     are verified on every get (a corrupt or foreign value is a miss).  put,
     get and exists queue and return per-key results at once (0 queued); get
     and exists each give one completion (poll), and put too with
-    write_completions.  Raises KvoError with
-    KVO_ENOTSUP when the library was built without hiredis."""
+    write_completions.  secret: the fleet secret (16 bytes or more: every
+    value sealed, docs/security.md); None takes KVO_REMOTE_SECRET (and
+    secret_previous KVO_REMOTE_SECRET_PREVIOUS), "" none.  Raises KvoError
+    with KVO_ENOTSUP when the library was built without hiredis (or
+    without OpenSSL and given a secret)."""
 
     _destroy = "kvo_remote_tier_destroy"
 
     def __init__(self, url: str, plan: Plan, key_prefix: str = "kvo", layout_hash: int = 0, ttl_s: int = 0,
                  io_threads: int = 0, user: Optional[str] = None, password: Optional[str] = None,
                  io_timeout_ms: int = 0, max_pending_reads: int = 0, max_pending_writes: int = 0,
-                 write_completions: bool = False) -> None:
+                 write_completions: bool = False, secret: Optional[str] = None,
+                 secret_previous: Optional[str] = None) -> None:
         need("url", url, str)
         need("plan", plan, Plan)
         p = lib.kvo_remote_tier_default_params()
@@ -843,11 +854,17 @@ class RemoteTier(_Handle):
         p.url, p.key_prefix = url.encode(), need("key_prefix", key_prefix, str).encode()
         p.user = user.encode() if user else None
         p.password = password.encode() if password else None
+        # the fleet secret: None = env KVO_REMOTE_SECRET (and _PREVIOUS), "" = none
+        for name, v in (("secret", secret), ("secret_previous", secret_previous)):
+            if v is not None and "\0" in need(name, v, str):
+                raise ValueError(f"{name} must not contain a NUL character")
+        p.secret = secret.encode() if secret is not None else None
+        p.secret_previous = secret_previous.encode() if secret_previous is not None else None
         h = c_void_p()
         try:
             check(lib.kvo_remote_tier_create(byref(p), byref(h)), "kvo_remote_tier_create")
         finally:
-            p.url = p.user = p.password = None
+            p.url = p.user = p.password = p.secret = p.secret_previous = None
         self._h: Optional[int] = h.value
         self.plan = plan
 

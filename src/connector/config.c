@@ -46,6 +46,7 @@ typedef enum kvo__cfg_field {
     F_REMOTE_PREFIX, F_REMOTE_BUDGET, F_SNAPSHOT_GROUPS, F_FILE_ZERO_COPY,
     F_FILE_SHARED, F_FILE_MAX_PENDING, F_FILE_STAGING, F_REMOTE_TTL, F_REMOTE_IO_THREADS, F_REMOTE_MAX_PENDING,
     F_REMOTE_EXISTS_TTL, F_SPEC,
+    F_REMOTE_SECRET, F_REMOTE_SECRET_PREV, F_FILE_SECRET,
     F_IGNORED, F_NESTED,
     KVO__CFG_NFIELDS
 } kvo__cfg_field;
@@ -105,6 +106,9 @@ static const kvo__cfg_key kvo__keys[] = {
     {"file_quota_bytes", F_FILE_QUOTA, T_U64},
     {"remote_key_prefix", F_REMOTE_PREFIX, T_STR},
     {"remote_lookup_budget_us", F_REMOTE_BUDGET, T_U32},
+    {"remote_secret", F_REMOTE_SECRET, T_STR},          /* never in a message */
+    {"remote_secret_previous", F_REMOTE_SECRET_PREV, T_STR},
+    {"file_secret", F_FILE_SECRET, T_STR},
     /* vLLM kv_connector_extra_config */
     {"cpu_bytes_to_use", F_HOST_BYTES, T_U64},
     {"eviction_policy", F_POLICY, T_POLICY},
@@ -425,6 +429,7 @@ int kvo_config_apply_file_tier(const kvo_config *c, kvo_file_tier_params *p) {
     if (KVO__HAS(c, F_FILE_SHARED)) p->shared = c->u[F_FILE_SHARED];
     if (KVO__HAS(c, F_FILE_MAX_PENDING)) p->max_pending_writes = (uint32_t)c->u[F_FILE_MAX_PENDING];
     if (KVO__HAS(c, F_FILE_STAGING)) p->max_staging_bytes = c->u[F_FILE_STAGING];
+    if (c->s[F_FILE_SECRET]) p->file_secret = c->s[F_FILE_SECRET];
     return 0;
 }
 
@@ -435,6 +440,8 @@ int kvo_config_apply_remote_tier(const kvo_config *c, kvo_remote_tier_params *p)
     if (KVO__HAS(c, F_REMOTE_TTL)) p->ttl_s = (uint32_t)c->u[F_REMOTE_TTL];
     if (KVO__HAS(c, F_REMOTE_IO_THREADS)) p->io_threads = (uint32_t)c->u[F_REMOTE_IO_THREADS];
     if (KVO__HAS(c, F_REMOTE_MAX_PENDING)) p->max_pending_writes = (uint32_t)c->u[F_REMOTE_MAX_PENDING];
+    if (c->s[F_REMOTE_SECRET]) p->secret = c->s[F_REMOTE_SECRET]; /* else the tier reads KVO_REMOTE_SECRET */
+    if (c->s[F_REMOTE_SECRET_PREV]) p->secret_previous = c->s[F_REMOTE_SECRET_PREV];
     return 0;
 }
 

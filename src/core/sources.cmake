@@ -7,4 +7,5 @@ kvo_sources(KVO_SOURCES core
   hmap.c
   log.c
   readfile.c
+  ring.c
 )

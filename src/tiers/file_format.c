@@ -34,6 +34,10 @@
  *   184  model name, NUL padded    64
  *   248  layout hash (0: not given) u64
  *   256  XXH3-64 of bytes 0..255   u64
+ * Version 2 is a sealed chunk (a file tier with file_secret, a Redis tier
+ * with a fleet secret): the same fields with a payload checksum of 0, the
+ * payload encrypted, and a seal record at 264..319 (tiers/seal.h: algorithm,
+ * key id, nonce, tag) that authenticates the payload and bytes 0..303.
  * A file is exactly 4096 + slot_bytes bytes; the padding after the payload
  * is zero.  The header checksum makes a torn or overwritten header fail on
  * its own; the payload checksum catches everything else.  The fingerprint
@@ -93,6 +97,7 @@ void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_
                         const kvo_chunk_key *key, uint64_t payload_xxh3) {
     memset(h, 0, sizeof *h);
     h->version = KVO_FILE_FORMAT_VERSION;
+    h->sealed = false;
     h->header_bytes = KVO_FILE_HEADER_BYTES;
     h->fingerprint = kvo_plan_fingerprint(plan);
     h->key = *key;
@@ -118,7 +123,7 @@ void kvo__file_hdr_encode(const kvo__file_hdr *h, void *buf) {
     unsigned char *p = buf;
     memset(p, 0, KVO_FILE_HEADER_BYTES);
     memcpy(p, KVO__FILE_MAGIC, 8);
-    put32(p + 8, h->version);
+    put32(p + 8, h->sealed ? KVO__FILE_VERSION_SEALED : h->version);
     put32(p + 12, h->header_bytes);
     put64(p + 16, h->fingerprint.lo);
     put64(p + 24, h->fingerprint.hi);
@@ -150,9 +155,10 @@ int kvo__file_hdr_decode(const void *buf, size_t len, kvo__file_hdr *h) {
         return kvo__error(KVO_ECORRUPT, "foreign format: no \"KVOCHUNK\" magic at offset 0");
     memset(h, 0, sizeof *h);
     h->version = get32(p + 8);
-    if (h->version != KVO_FILE_FORMAT_VERSION)
-        return kvo__error(KVO_ECORRUPT, "format version %u, this build reads version %u", h->version,
-                          KVO_FILE_FORMAT_VERSION);
+    if (h->version != KVO_FILE_FORMAT_VERSION && h->version != KVO__FILE_VERSION_SEALED)
+        return kvo__error(KVO_ECORRUPT, "format version %u, this build reads versions %u and %u (sealed)", h->version,
+                          KVO_FILE_FORMAT_VERSION, KVO__FILE_VERSION_SEALED);
+    h->sealed = h->version == KVO__FILE_VERSION_SEALED;
     uint64_t want = get64(p + 256), got = XXH3_64bits(p, 256);
     if (want != got)
         return kvo__error(KVO_ECORRUPT, "header checksum mismatch (stored %016llx, computed %016llx): torn or "
@@ -401,13 +407,15 @@ int kvo_file_inspect(const char *path, const kvo_plan *plan, kvo_file_chunk_info
         rc = kvo__error(KVO_ENOMEM, "%s: cannot allocate a %zu-byte read buffer", path, cap);
         goto out;
     }
-    rc = read_pieces(fd, path, KVO_FILE_HEADER_BYTES, h.chunk_bytes, buf, cap, xs, UINT64_MAX);
+    /* a sealed payload is authenticated by a tier holding the secret only:
+     * here it is read (it must be there) but not checked */
+    rc = read_pieces(fd, path, KVO_FILE_HEADER_BYTES, h.chunk_bytes, buf, cap, h.sealed ? NULL : xs, UINT64_MAX);
     if (!rc)
         rc = read_pieces(fd, path, KVO_FILE_HEADER_BYTES + h.chunk_bytes, h.slot_bytes - h.chunk_bytes, buf, cap,
                          NULL, 0);
     if (rc) goto out;
     uint64_t sum = XXH3_64bits_digest(xs);
-    if (sum != h.payload_xxh3) {
+    if (!h.sealed && sum != h.payload_xxh3) {
         rc = kvo__error(KVO_ECORRUPT, "%s: payload checksum mismatch (stored %016llx, computed %016llx)", path,
                         (unsigned long long)h.payload_xxh3, (unsigned long long)sum);
         goto out;

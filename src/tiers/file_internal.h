@@ -14,6 +14,8 @@
  *   file_format.c   names, header, verification, manifest (the format)
  *   file_share.c    the shared accounting of params.shared: one quota for
  *                   every process of a namespace (a mapped file)
+ *   seal.c          sealing of chunks with a secret (seal.h; the Redis tier
+ *                   uses it too)
  *   file_pin.c, file_testing.c  pins; the test hooks
  * The struct and the lock rule are below; each file's essay says what it
  * owns.
@@ -29,13 +31,13 @@
  *   file_workers.c     -> uring/file_uring, file_ops, file_queue, file_share
  *   uring/file_uring.c -> file_ops, file_queue
  *   file_ops.c         -> file_quota, file_common, file_format, file_probe,
- *                         file_testing
+ *                         file_testing, seal
  *   file_queue.c       leaf (the stores only)
  *   file_quota.c       -> file_share, file_common, file_format
  *   file_share.c       -> file_probe
  *   file_common.c      -> file_format
  *   file_format.c      -> file_probe
- *   file_probe.c, file_pin.c, file_testing.c, arena.c  leaves
+ *   file_probe.c, file_pin.c, file_testing.c, arena.c, seal.c  leaves
  */
 #ifndef KVO_TIERS_FILE_INTERNAL_H
 #define KVO_TIERS_FILE_INTERNAL_H
@@ -46,6 +48,7 @@
 #include <sys/uio.h>
 
 #include "core/internal.h"
+#include "core/ring.h"
 
 #ifndef KVO_HAVE_URING
 #define KVO_HAVE_URING 0
@@ -54,7 +57,10 @@
 /* ------------------------------------------------------------- format -- */
 
 #define KVO__FILE_MAGIC "KVOCHUNK"      /* 8 bytes, no NUL */
-#define KVO__FILE_HDR_USED 264u         /* bytes of the header that carry data */
+#define KVO__FILE_HDR_USED 264u         /* bytes of the header that carry data
+                                           (a sealed one: also the seal record
+                                           up to byte 320, tiers/seal.h) */
+#define KVO__FILE_VERSION_SEALED 2u     /* format version of a sealed chunk */
 #define KVO__FILE_SUFFIX ".kvc"
 #define KVO__FILE_TMP_PREFIX ".tmp."
 #define KVO__FILE_MANIFEST "manifest.json"
@@ -78,6 +84,8 @@ typedef struct kvo__file_hdr {
     uint64_t payload_xxh3;
     uint64_t created_ns;
     uint64_t layout_hash;     /* engine slot layout (0: not given) */
+    bool sealed;              /* version KVO__FILE_VERSION_SEALED: the payload
+                                 is sealed (tiers/seal.h), payload_xxh3 is 0 */
     char group_name[KVO_NAME_MAX];
     char model_name[KVO_NAME_MAX];
 } kvo__file_hdr;
@@ -95,10 +103,12 @@ uint64_t kvo__file_copy_sum(void *dst, const void *src, size_t n);
 /* Fill a header for a group's chunk (payload checksum given). */
 void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_hash, const kvo_group_plan *g,
                         const kvo_chunk_key *key, uint64_t payload_xxh3);
-/* Encode into KVO_FILE_HEADER_BYTES bytes (zero padded, header checksum). */
+/* Encode into KVO_FILE_HEADER_BYTES bytes (zero padded, header checksum);
+ * version KVO__FILE_VERSION_SEALED when h->sealed (the seal record is then
+ * kvo__seal_value's to write). */
 void kvo__file_hdr_encode(const kvo__file_hdr *h, void *buf);
-/* Decode and check magic, version, header checksum.  KVO_ECORRUPT with a
- * message on failure. */
+/* Decode and check magic, version (1, or 2: h->sealed), header checksum.
+ * KVO_ECORRUPT with a message on failure. */
 int kvo__file_hdr_decode(const void *buf, size_t len, kvo__file_hdr *h);
 /* Check a decoded header against the expected key (may be NULL), the plan's
  * fingerprint and the group's geometry (plan may be NULL: only internal
@@ -163,6 +173,9 @@ struct kvo__fop {
     bool recycled;            /* write: overwriting a recycled file */
     bool unreadable;          /* read: the file cannot be opened (loop,
                                  permission, not regular): drop the key */
+    bool auth_failed;         /* read: sealed under no key the tier holds,
+                                 or not sealed while the tier seals
+                                 (file_secret): removed, counted auth_failed */
     /* I/O state */
     int fd;
     struct iovec iov[2];
@@ -198,8 +211,8 @@ void kvo__fop_run_sync(kvo_file_tier *t, kvo__fop *op);
 
 /* The tier object.  Locking (the rule every file_*.c follows): one mutex,
  * mu, guards the queues, the free list, the recycling pool, counters (st,
- * lat_ewma_ns, pending_writes, inflight_reports), completions and the log
- * rate limits; it is never held during file I/O or while calling the stores
+ * lat_ewma_ns, pending_writes), the completion ring (cq, whose owed entries
+ * are the ops that will report) and the log rate limits; it is never held during file I/O or while calling the stores
  * (index, stage_index: each has its own lock).  Workers wait on work_cv;
  * flush and wait on done_cv.  Fields above mu are set at create and read
  * only afterwards. */
@@ -229,6 +242,8 @@ struct kvo_file_tier {
                                      an earlier process with the same pid */
     long pid;
     atomic_uint tmp_counter;
+    struct kvo__seal *seal;       /* file_secret's keys, or NULL: chunks are
+                                     sealed (tiers/seal.h) */
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
@@ -239,10 +254,8 @@ struct kvo_file_tier {
     kvo_arena *stage_arena;       /* staging memory: allocated once, pre-faulted */
     kvo_store *stage_index;       /* its slots: one per queued write */
     uint64_t pending_writes;
-    uint64_t inflight_reports;    /* ops that will produce a completion */
-    kvo_file_completion *cq;
-    size_t cq_cap, cq_head, cq_len;
-    int efd;
+    kvo__ring cq;                 /* kvo_file_completion; owed = ops that
+                                     will report; its eventfd is the tier's */
     bool closing;
     pthread_t *threads;
     uint32_t n_threads;

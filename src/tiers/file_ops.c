@@ -11,6 +11,8 @@
  *    here from its name to a temporary one, then overwritten
  *    in place, no O_TRUNC), else an unnamed O_TMPFILE file in the fan-out directory,
  *    else a named temporary (O_EXCL, .tmp.<host>.<pid>.<nonce>.<counter>).
+ *    With file_secret (t->seal) the staged payload is sealed in place here
+ *    (tiers/seal.h: XAES-256-GCM, bound to the header and the namespace).
  *    A read opens the key's file, checks its type and size.  Both set up
  *    one iov pair (4096-byte header + payload) so that one pwritev/preadv
  *    moves the whole file, with O_DIRECT when in use.
@@ -20,7 +22,10 @@
  *    through /proc/self/fd; EEXIST: another writer placed the same key, same
  *    bytes) or renamed into place, and the directory fsync'ed with
  *    FSYNC_FULL; any failure removes the temporary and is logged.  A read
- *    checks header, key, fingerprint, geometry, layout and payload checksum.
+ *    checks header, key, fingerprint, geometry, layout and payload checksum
+ *    (a sealed tier instead opens the payload in place and checks its tag:
+ *    a file it cannot authenticate is removed like a corrupt one, counted
+ *    in auth_failed).
  *  - the read verdict: a file that fails verification is removed only if
  *    the path still names the inode that was read (another process may have
  *    replaced it with a good one), logged, and reported as KVO_ECORRUPT.
@@ -28,7 +33,8 @@
  * A leaf below both backends: end, the verdict and run_sync leave the
  * outcome in op->result with the descriptor closed and return; the backend
  * that ran the op then hands it back (kvo__fop_finish, file_queue.c).  It
- * calls file_quota.c (recycled files), file_format.c and file_common.c only.
+ * calls file_quota.c (recycled files), file_format.c, file_common.c and
+ * seal.c only.
  *
  * Lock rules: nothing here holds mu during I/O; the only locked steps are in
  * kvo__file_recycled_take and kvo__file_log, each short.
@@ -47,6 +53,7 @@
 #include "core/xxh.h"
 
 #include "tiers/file_internal.h"
+#include "tiers/seal.h"
 
 static int open_retry_mkdir(kvo_file_tier *t, const kvo_chunk_key *k, const char *path, int flags) {
     int fd = open(path, flags, (mode_t)t->fmode);
@@ -70,6 +77,15 @@ static void set_iov(kvo__fop *op, unsigned char *payload, const kvo_group_plan *
     op->iov[1].iov_len = g->slot_bytes;
     op->iovcnt = 2;
     op->io_bytes = kvo__file_stage_size(g);
+}
+
+/* The name a sealed chunk is bound to besides its header: the namespace
+ * directory's (a file moved into another namespace fails). */
+static const char *ns_name(const kvo_file_tier *t, size_t *len) {
+    const char *b = strrchr(t->ns_dir, '/');
+    b = b ? b + 1 : t->ns_dir;
+    *len = strlen(b);
+    return b;
 }
 
 /* Begin a write: header into op->hdr, the file opened (a recycled file, an
@@ -114,8 +130,17 @@ static int write_begin(kvo_file_tier *t, kvo__fop *op, const kvo_group_plan *g) 
         op->sum = sum;
     }
     kvo__file_hdr h;
-    kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, op->sum);
+    kvo__file_hdr_init(&h, t->plan, t->p.layout_hash, g, &op->key, t->seal ? 0 : op->sum);
+    h.sealed = t->seal != NULL;
     kvo__file_hdr_encode(&h, op->hdr);
+    if (t->seal) { /* in place: the stage is ours (a sealed tier lends nothing, see can_borrow) */
+        size_t nl;
+        const char *name = ns_name(t, &nl);
+        kvo__seal_op *so = kvo__seal_op_take(t->seal);
+        int rc = so ? kvo__seal_value(so, op->hdr, name, nl, op->stage, op->stage, g->chunk_bytes) : KVO_ENOMEM;
+        kvo__seal_op_give(t->seal, so);
+        if (rc) return rc == KVO_ENOMEM ? -ENOMEM : -EIO;
+    }
     set_iov(op, op->stage, g);
     return 0;
 }
@@ -273,6 +298,31 @@ static void write_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res) {
     }
 }
 
+/* A read of a sealed tier, or of a sealed file: open the payload in place
+ * (the tag authenticates it; the payload checksum is 0).  A file this tier
+ * cannot authenticate fails with op->auth_failed set (counted apart from
+ * corrupt files; removed like them). */
+static int read_open(kvo_file_tier *t, kvo__fop *op, const kvo__file_hdr *h, const kvo_group_plan *g) {
+    int rc;
+    if (!t->seal)
+        rc = kvo__error(KVO_ECORRUPT, "a sealed chunk (format version %u), and this tier has no file_secret",
+                        KVO__FILE_VERSION_SEALED);
+    else if (!h->sealed)
+        rc = kvo__error(KVO_ECORRUPT, "not sealed, and this tier seals its chunks (file_secret): written without "
+                        "the secret, or forged");
+    else {
+        size_t nl;
+        const char *name = ns_name(t, &nl);
+        kvo__seal_op *so = kvo__seal_op_take(t->seal);
+        if (!so) return KVO_EIO; /* out of memory: a read error, the file stays */
+        rc = kvo__seal_open(so, op->hdr, name, nl, op->dst, op->dst, g->chunk_bytes);
+        kvo__seal_op_give(t->seal, so);
+        if (rc == KVO_EIO) return rc;
+    }
+    op->auth_failed = rc != 0;
+    return rc;
+}
+
 /* End a read: the I/O outcome, then header, key, fingerprint, geometry,
  * layout and payload checksum; then the verdict. */
 static void read_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res, const kvo_group_plan *g) {
@@ -288,7 +338,8 @@ static void read_end(kvo_file_tier *t, kvo__fop *op, int64_t io_res, const kvo_g
         rc = kvo__file_hdr_decode(op->hdr, KVO_FILE_HEADER_BYTES, &h);
         if (!rc) rc = kvo__file_hdr_check(&h, t->plan, &op->key);
         if (!rc) rc = kvo__file_hdr_check_layout(&h, t->p.layout_hash);
-        if (!rc) {
+        if (!rc && (h.sealed || t->seal)) rc = read_open(t, op, &h, g);
+        else if (!rc) {
             uint64_t sum = XXH3_64bits(op->dst, g->chunk_bytes);
             if (sum != h.payload_xxh3)
                 rc = kvo__error(KVO_ECORRUPT, "payload checksum mismatch (stored %016llx, computed %016llx)",

@@ -10,10 +10,10 @@
  *    (kvo__fop_next).  A queued read wakes the ring through t->ring_kick
  *    when the ring serves reads (set by file_workers.c when it starts it),
  *    else a worker thread (work_cv).
- *  - Completions: a ring of kvo_file_completion; room for a reported op is
- *    reserved when it is queued (cq_len + inflight_reports <= cq_cap), so a
- *    finishing op never needs memory, and a queued op always reports.  The
- *    eventfd is written when the ring becomes non-empty.
+ *  - Completions: the core's completion ring (core/ring.h) of
+ *    kvo_file_completion; room for a reported op is promised when it is
+ *    queued, so a finishing op never needs memory, and a queued op always
+ *    reports.  The ring's eventfd is the tier's (kvo_file_tier_event_fd).
  *  - kvo__fop_finish: the one place an op is handed back (index state,
  *    staging slot, stats, latency average, completion, free list); the
  *    backend that ran the op calls it once the op's phases (file_ops.c)
@@ -27,8 +27,6 @@
  * stores before it takes mu).  Flush and wait sleep on done_cv, broadcast
  * by every finish.
  */
-#include <unistd.h>
-
 #include "tiers/file_internal.h"
 
 /* Ops: allocated on demand, reused from a free list; hdr is 4096-aligned. */
@@ -59,38 +57,14 @@ static void op_put_locked(kvo_file_tier *t, kvo__fop *op) {
     t->free_ops = op;
 }
 
-/* Room in the completion queue for one more reported op, taken when the op
- * is queued (with mu held): cq_len + inflight_reports <= cq_cap always, so
- * a finishing op never needs memory to report, and an op that was queued
- * always produces its completion.  KVO_ENOMEM (no message) when the queue
- * cannot grow. */
-static int reserve_completion_locked(kvo_file_tier *t) {
-    if (t->cq_len + t->inflight_reports < t->cq_cap) return 0;
-    size_t ncap = t->cq_cap ? t->cq_cap * 2 : 64;
-    kvo_file_completion *n = kvo__malloc(ncap * sizeof *n);
-    if (!n) return KVO_ENOMEM;
-    for (size_t i = 0; i < t->cq_len; i++) n[i] = t->cq[(t->cq_head + i) % t->cq_cap];
-    kvo__free(t->cq);
-    t->cq = n;
-    t->cq_cap = ncap;
-    t->cq_head = 0;
-    return 0;
-}
-
 static void push_completion_locked(kvo_file_tier *t, const kvo__fop *op, uint64_t bytes) {
-    assert(t->cq_len < t->cq_cap); /* reserved at kvo__fop_enqueue */
-    kvo_file_completion *c = &t->cq[(t->cq_head + t->cq_len) % t->cq_cap];
+    kvo_file_completion *c = kvo__ring_push(&t->cq); /* room promised at kvo__fop_enqueue */
     c->user_data = op->user_data;
     c->key = op->key;
     c->op = op->kind == KVO__FOP_WRITE ? KVO_FILE_OP_WRITE : KVO_FILE_OP_READ;
     c->result = op->result;
     c->bytes = op->result == 0 ? bytes : 0;
     c->latency_ns = kvo__now_ns() - op->t_queued;
-    if (t->cq_len++ == 0) {
-        uint64_t one = 1;
-        ssize_t w = write(t->efd, &one, sizeof one);
-        (void)w;
-    }
 }
 
 /* Hand a finished op back: index, stats, staging, completion (the store
@@ -124,6 +98,8 @@ void kvo__fop_finish(kvo_file_tier *t, kvo__fop *op) {
         if (ok) {
             t->st.reads++;
             t->st.read_bytes += g->chunk_bytes;
+        } else if (op->auth_failed) {
+            t->st.auth_failed++;
         } else if (op->result == KVO_ECORRUPT) {
             t->st.corrupt_removed++;
         } else if (op->result == KVO_ENOTFOUND) {
@@ -132,10 +108,7 @@ void kvo__fop_finish(kvo_file_tier *t, kvo__fop *op) {
             t->st.read_errors++;
         }
     }
-    if (op->report) {
-        push_completion_locked(t, op, g->chunk_bytes);
-        t->inflight_reports--;
-    }
+    if (op->report) push_completion_locked(t, op, g->chunk_bytes);
     op_put_locked(t, op);
     pthread_cond_broadcast(&t->done_cv);
     pthread_mutex_unlock(&t->mu);
@@ -176,13 +149,12 @@ int kvo__fop_enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_ch
     op->next = NULL;
     op->t_queued = kvo__now_ns();
     pthread_mutex_lock(&t->mu);
-    if (report) {
-        if (reserve_completion_locked(t)) {
-            op_put_locked(t, op);
-            pthread_mutex_unlock(&t->mu);
-            return KVO_ENOMEM;
-        }
-        t->inflight_reports++;
+    /* room for its completion, promised now: a finishing op never needs
+     * memory, and a queued op always reports (the ring grows by doubling) */
+    if (report && kvo__ring_reserve(&t->cq, 1) != 0) {
+        op_put_locked(t, op);
+        pthread_mutex_unlock(&t->mu);
+        return KVO_ENOMEM;
     }
     t->st.writes_borrowed += op->borrowed;
     kvo__fop **head = op->kind == KVO__FOP_READ ? &t->rq_head : &t->wq_head;

@@ -60,11 +60,11 @@
  */
 #include <errno.h>
 #include <stdio.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "tiers/file_internal.h"
+#include "tiers/seal.h"
 
 
 const char *kvo_file_io_name(kvo_file_io_kind k) {
@@ -123,9 +123,9 @@ static void tier_free(kvo_file_tier *t) {
         unlink(path);
     }
     kvo__free(t->pool);
-    kvo__free(t->cq);
+    kvo__ring_free(&t->cq);
+    kvo__seal_destroy(t->seal);
     kvo__free(t->threads);
-    if (t->efd >= 0) close(t->efd);
     pthread_mutex_destroy(&t->mu);
     pthread_mutex_destroy(&t->share_mu);
     pthread_cond_destroy(&t->work_cv);
@@ -164,6 +164,7 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
     kvo_file_tier *t = kvo__calloc(1, sizeof *t);
     if (!t) return kvo__error(KVO_ENOMEM, "file tier: out of memory");
     t->p = *p;
+    t->p.file_secret = NULL; /* never kept: t->seal holds the keys derived from it */
     t->fmode = p->file_mode ? p->file_mode : 0600u;
     t->dmode = t->fmode | ((t->fmode & 0444u) >> 2); /* read bits give search bits: 0600 -> 0700, 0640 -> 0750 */
     if (t->p.io_threads == 0) t->p.io_threads = 1;
@@ -171,7 +172,7 @@ static int tier_alloc(const kvo_file_tier_params *p, uint64_t max_slot, kvo_file
     if (t->p.max_pending_writes == 0) t->p.max_pending_writes = 64;
     if (t->p.max_staging_bytes < max_slot) t->p.max_staging_bytes = max_slot;
     t->plan = p->plan;
-    t->efd = -1;
+    t->cq.efd = -1;
     pthread_mutex_init(&t->mu, NULL);
     pthread_mutex_init(&t->share_mu, NULL);
     pthread_cond_init(&t->work_cv, NULL);
@@ -317,11 +318,8 @@ static int build_index(kvo_file_tier *t, uint64_t max_slot) {
         kvo__error_prefix(rc, "file tier staging index");
         goto out;
     }
-    t->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (t->efd < 0) {
-        rc = kvo__error(KVO_EIO, "file tier: eventfd: %s", strerror(errno));
-        goto out;
-    }
+    rc = kvo__ring_init(&t->cq, sizeof(kvo_file_completion), 0, 0, true, "file tier completions");
+    if (rc) goto out;
     if (t->p.scan) {
         t_scan = kvo__now_ns();
         rc = kvo__file_scan_adopt(t, items, n_items);
@@ -347,6 +345,11 @@ int kvo_file_tier_create(const kvo_file_tier_params *p, kvo_file_tier **out) {
     if (rc) return rc;
     kvo_file_tier *t = NULL;
     if ((rc = tier_alloc(p, max_slot, &t)) != 0) return rc;
+    if (p->file_secret && p->file_secret[0] &&
+        (rc = kvo__seal_create(p->file_secret, NULL, "file tier: file_secret", &t->seal)) != 0) {
+        tier_free(t);
+        return rc;
+    }
     /* Everything that can fail comes before the ring thread starts, except
      * the worker threads, whose failure path stops the ring. */
     if ((rc = open_namespace(t)) != 0 || (rc = build_index(t, max_slot)) != 0 ||
@@ -367,7 +370,7 @@ void kvo_file_tier_destroy(kvo_file_tier *t) {
 const char *kvo_file_tier_dir(const kvo_file_tier *t) { return t ? t->ns_dir : NULL; }
 const char *kvo_file_tier_backend(const kvo_file_tier *t) { return t && t->uring ? "io_uring" : "threads"; }
 bool kvo_file_tier_direct(const kvo_file_tier *t) { return t && t->direct; }
-int kvo_file_tier_event_fd(const kvo_file_tier *t) { return t ? t->efd : -1; }
+int kvo_file_tier_event_fd(const kvo_file_tier *t) { return t ? t->cq.efd : -1; }
 
 /* ------------------------------------------------------------ lookup -- */
 
@@ -433,6 +436,7 @@ static const kvo_group_plan *batch_item(kvo_file_tier *t, const kvo_chunk_key *k
  * padding to zero and, with O_DIRECT, src is aligned as the device needs
  * (else the write copies into staging like any other). */
 static bool can_borrow(const kvo_file_tier *t, const kvo_group_plan *g, const void *src) {
+    if (t->seal) return false; /* sealed in staging, never in the caller's memory */
     return g->slot_bytes == g->chunk_bytes && (!t->direct || ((uintptr_t)src & (KVO_FILE_HEADER_BYTES - 1)) == 0);
 }
 
@@ -631,15 +635,7 @@ int kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap, s
     if (n_out) *n_out = 0;
     if (!t || !n_out || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_file_tier_poll: NULL argument");
     pthread_mutex_lock(&t->mu);
-    size_t n = t->cq_len < cap ? t->cq_len : cap;
-    for (size_t i = 0; i < n; i++) {
-        out[i] = t->cq[t->cq_head];
-        t->cq_head = (t->cq_head + 1) % t->cq_cap;
-    }
-    t->cq_len -= n;
-    if (t->cq_len == 0 && n) {
-        kvo__efd_drain(t->efd);
-    }
+    size_t n = kvo__ring_take(&t->cq, out, cap);
     pthread_mutex_unlock(&t->mu);
     *n_out = n;
     return 0;
@@ -648,21 +644,8 @@ int kvo_file_tier_poll(kvo_file_tier *t, kvo_file_completion *out, size_t cap, s
 int kvo_file_tier_wait(kvo_file_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_file_tier_wait: NULL tier");
     int timeout_ms = kvo__timeout_ms(timeout_ns);
-    struct timespec ts;
-    if (timeout_ms >= 0) kvo__deadline_ts(timeout_ms, &ts);
-    int rc = 0;
     pthread_mutex_lock(&t->mu);
-    while (t->cq_len == 0) {
-        if (t->inflight_reports == 0) {
-            rc = KVO_ENOTFOUND;
-            break;
-        }
-        if (timeout_ms < 0) pthread_cond_wait(&t->done_cv, &t->mu);
-        else if (pthread_cond_timedwait(&t->done_cv, &t->mu, &ts) == ETIMEDOUT && t->cq_len == 0) {
-            rc = KVO_ETIMEDOUT;
-            break;
-        }
-    }
+    int rc = kvo__ring_wait(&t->cq, &t->mu, &t->done_cv, timeout_ns, true);
     pthread_mutex_unlock(&t->mu);
     if (rc == KVO_ENOTFOUND) return kvo__error(rc, "file tier: nothing in flight to wait for");
     if (rc == KVO_ETIMEDOUT) return kvo__error(rc, "file tier: no completion within %d ms", timeout_ms);

@@ -28,6 +28,8 @@ int kvo_remote_tier_get(kvo_remote_tier *t, const kvo_chunk_key *k, void *const 
                         int *r, size_t *q) { (void)t; (void)k; (void)d; (void)n; (void)u; (void)r; (void)q; KVO__NOTSUP; }
 int kvo_remote_tier_exists(kvo_remote_tier *t, const kvo_chunk_key *k, size_t n, const uint64_t *u, int *r,
                            size_t *q) { (void)t; (void)k; (void)n; (void)u; (void)r; (void)q; KVO__NOTSUP; }
+int kvo_remote_tier_remove(kvo_remote_tier *t, const kvo_chunk_key *k, size_t n, const uint64_t *u, int *r,
+                           size_t *q) { (void)t; (void)k; (void)n; (void)u; (void)r; (void)q; KVO__NOTSUP; }
 int kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *o, size_t c, size_t *n) {
     (void)t; (void)o; (void)c;
     if (n) *n = 0;

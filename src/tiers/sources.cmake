@@ -15,6 +15,7 @@ kvo_sources(KVO_SOURCES tiers
   file_tier.c
   file_workers.c
   remote_stub.c
+  seal.c
 )
 # io_uring back end of the file tier (liburing; KVO_WITH_URING)
 kvo_sources(KVO_URING_SOURCES tiers/uring

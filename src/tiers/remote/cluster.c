@@ -138,12 +138,28 @@ static int url_decode(const char *s, size_t n, char *out, size_t cap, const char
     return 0;
 }
 
+/* A host name, an IPv4 address or "localhost": letters, digits, '.', '-'
+ * and '_' only.  Anything else may be part of a mistyped password, so it is
+ * refused without being shown. */
+static bool host_chars_ok(const char *h, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)h[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+              c == '_'))
+            return false;
+    }
+    return true;
+}
+
 /* redis://[user[:password]@]host:port,...  The credentials end at the LAST
  * '@' (a host never holds one, a password may) and split at their first ':'
  * (a user name has none); without ':' the whole is a password (AUTH pass).
- * Both are percent-decoded.  Messages never show the credentials. */
-int kvo__rc_url_parse(const char *url, kvo__rc_url *out) {
-    memset(out, 0, sizeof *out);
+ * Both are percent-decoded.  Every seed needs its port: without one,
+ * "redis://user:PASSWORD" (the '@host' forgotten) would be the host "user"
+ * with the port "PASSWORD", or "redis://PASSWORD" a host.  Messages never
+ * show the credentials, a port's text or a host that is not made of host
+ * name characters: a malformed URL is described by position only. */
+static int url_parse(const char *url, kvo__rc_url *out) {
     if (!url || strncmp(url, "redis://", 8) != 0)
         return kvo__error(KVO_EINVAL, "remote tier: url must look like redis://[user:pass@]host:port[,host:port...]");
     const char *p = url + 8, *at = strrchr(p, '@');
@@ -154,10 +170,7 @@ int kvo__rc_url_parse(const char *url, kvo__rc_url *out) {
         if (!rc)
             rc = colon ? url_decode(colon + 1, (size_t)(at - colon - 1), out->pass, sizeof out->pass, "password")
                        : url_decode(p, (size_t)(at - p), out->pass, sizeof out->pass, "password");
-        if (rc) {
-            memset(out, 0, sizeof *out);
-            return rc;
-        }
+        if (rc) return rc;
         p = at + 1;
     }
     while (*p) {
@@ -167,21 +180,32 @@ int kvo__rc_url_parse(const char *url, kvo__rc_url *out) {
         size_t hl = colon ? (size_t)(colon - p) : len;
         if (out->n_seeds == KVO__RC_MAX_SEEDS)
             return kvo__error(KVO_EINVAL, "remote tier: more than %u seed nodes in the url", KVO__RC_MAX_SEEDS);
+        int rc = 0;
         if (hl == 0 || hl >= KVO__RC_HOST_MAX)
-            return kvo__error(KVO_EINVAL, "remote tier: seed %zu of the url has an empty or too long host "
-                              "(want host:port, e.g. 127.0.0.1:7000)", out->n_seeds + 1);
-        long port = 6379;
-        if (colon) {
+            rc = kvo__error(KVO_EINVAL, "remote tier: seed %zu of the url has an empty or too long host "
+                            "(want host:port, e.g. 127.0.0.1:7000)", out->n_seeds + 1);
+        else if (!host_chars_ok(p, hl))
+            rc = kvo__error(KVO_EINVAL, "remote tier: seed %zu of the url has a host with characters a host name "
+                            "cannot have (want host:port; credentials go before an '@': "
+                            "redis://user:password@host:port, '@' in a password as %%40)", out->n_seeds + 1);
+        else if (!colon)
+            rc = kvo__error(KVO_EINVAL, "remote tier: seed %zu of the url has no port (want host:port, e.g. "
+                            "127.0.0.1:7000; credentials go before an '@')", out->n_seeds + 1);
+        long port = 0;
+        if (!rc) {
             char num[16] = {0}, *ep;
             size_t nl = len - hl - 1;
-            if (nl == 0 || nl >= sizeof num)
-                return kvo__error(KVO_EINVAL, "remote tier: seed %zu of the url has a bad port", out->n_seeds + 1);
-            memcpy(num, colon + 1, nl);
-            port = strtol(num, &ep, 10);
-            if (*ep || port <= 0 || port > 65535)
-                return kvo__error(KVO_EINVAL, "remote tier: seed %zu of the url has port '%s' (want 1..65535)",
-                                  out->n_seeds + 1, num);
+            if (nl > 0 && nl < sizeof num) {
+                memcpy(num, colon + 1, nl);
+                port = strtol(num, &ep, 10);
+                if (*ep) port = 0;
+            }
+            memset(num, 0, sizeof num);
+            if (port <= 0 || port > 65535)
+                rc = kvo__error(KVO_EINVAL, "remote tier: seed %zu of the url has a bad port (want host:port with "
+                                "a port of 1..65535; credentials go before an '@')", out->n_seeds + 1);
         }
+        if (rc) return rc;
         memcpy(out->host[out->n_seeds], p, hl);
         out->port[out->n_seeds++] = (int)port;
         p += len;
@@ -190,6 +214,13 @@ int kvo__rc_url_parse(const char *url, kvo__rc_url *out) {
     if (out->n_seeds == 0)
         return kvo__error(KVO_EINVAL, "remote tier: no host:port in the url (e.g. redis://127.0.0.1:7000)");
     return 0;
+}
+
+int kvo__rc_url_parse(const char *url, kvo__rc_url *out) {
+    memset(out, 0, sizeof *out);
+    int rc = url_parse(url, out);
+    if (rc) memset(out, 0, sizeof *out); /* no copy of a password left behind */
+    return rc;
 }
 
 /* ------------------------------------------------------ connections -- */

@@ -162,6 +162,7 @@ static bool on_reply(kvo__rc *c, kvo__rc_cmd *cmd, redisReply *r, int ni) {
         cmd->result = r->type == REDIS_REPLY_NIL ? KVO_ENOTFOUND : KVO_EIO;
         break;
     case KVO__RC_EXISTS:
+    case KVO__RC_DEL: /* keys that existed / were deleted */
         cmd->result = r->type != REDIS_REPLY_INTEGER ? KVO_EIO : r->integer > 0 ? 0 : KVO_ENOTFOUND;
         break;
     default:
@@ -265,7 +266,7 @@ void kvo__rc_exec(kvo__rc *c, kvo__rc_ws *w, kvo__rc_cmd *cmds, size_t n) {
         cmds[i].str = NULL;
         cmds[i].len = 0;
         cmds[i].result = KVO_EIO;
-        if (!w) cmds[i].done = true;
+        if (!w || cmds[i].skip) cmds[i].done = true;
         if (cmds[i].klen > PRE_MAX - 128) { /* no room in the RESP header */
             cmds[i].done = true;
             cmds[i].result = KVO_EINVAL;

@@ -1,13 +1,13 @@
 /*
  * The remote tier's completion side: poll, wait, the event fd, flush and
- * statistics.  Completions are posted by remote_tier.c's finish() into a
- * ring under t->mu (room reserved when each reporting op was queued), with
- * the eventfd written under the same lock, so a waiter that sees one also
- * finds the fd readable.
+ * statistics.  Completions are posted by remote_tier.c's finish() into the
+ * core's completion ring (core/ring.h) under t->mu, room promised when each
+ * reporting op was queued; the ring's eventfd changes under the same lock,
+ * so a waiter that sees a completion also finds the fd readable.  Wait and
+ * flush say why they return an error (kvo_last_error).
  */
 #include <errno.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "tiers/remote/remote_tier_internal.h"
 
@@ -17,43 +17,26 @@ int kvo_remote_tier_poll(kvo_remote_tier *t, kvo_remote_completion *out, size_t 
     if (n_out) *n_out = 0;
     if (!t || !n_out || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_remote_tier_poll: NULL argument");
     pthread_mutex_lock(&t->mu);
-    size_t n = 0;
-    while (n < cap && t->cq_len) {
-        out[n++] = t->cq[t->cq_head];
-        t->cq_head = (t->cq_head + 1) % t->cq_cap;
-        t->cq_len--;
-    }
-    if (t->cq_len == 0) {
-        kvo__efd_drain(t->efd);
-    }
+    *n_out = kvo__ring_take(&t->cq, out, cap);
     pthread_mutex_unlock(&t->mu);
-    *n_out = n;
     return 0;
 }
 
 int kvo_remote_tier_wait(kvo_remote_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_remote_tier_wait: NULL tier");
-    int timeout_ms = kvo__timeout_ms(timeout_ns);
-    struct timespec ts;
-    if (timeout_ms >= 0) kvo__deadline_ts(timeout_ms, &ts);
-    int rc = 0;
     pthread_mutex_lock(&t->mu);
-    while (!t->cq_len) {
-        if (timeout_ms < 0 && !t->inflight_reports) {
-            rc = KVO_ENOTFOUND;
-            break;
-        }
-        if (timeout_ms < 0) pthread_cond_wait(&t->done_cv, &t->mu);
-        else if (pthread_cond_timedwait(&t->done_cv, &t->mu, &ts) == ETIMEDOUT) {
-            rc = t->cq_len ? 0 : KVO_ETIMEDOUT;
-            break;
-        }
-    }
+    int rc = kvo__ring_wait(&t->cq, &t->mu, &t->done_cv, timeout_ns, false);
+    uint64_t reads = t->pending_reads, writes = t->pending_writes;
     pthread_mutex_unlock(&t->mu);
-    return rc;
+    if (rc == KVO_ENOTFOUND)
+        return kvo__error(rc, "remote tier: nothing in flight that reports a completion (waited without a timeout)");
+    if (rc == KVO_ETIMEDOUT)
+        return kvo__error(rc, "remote tier: no completion within %d ms (%llu reads and %llu puts in flight)",
+                          kvo__timeout_ms(timeout_ns), (unsigned long long)reads, (unsigned long long)writes);
+    return 0;
 }
 
-int kvo_remote_tier_event_fd(const kvo_remote_tier *t) { return t ? t->efd : -1; }
+int kvo_remote_tier_event_fd(const kvo_remote_tier *t) { return t ? t->cq.efd : -1; }
 
 int kvo_remote_tier_flush(kvo_remote_tier *t, int64_t timeout_ns) {
     if (!t) return kvo__error(KVO_EINVAL, "kvo_remote_tier_flush: NULL tier");
@@ -69,8 +52,13 @@ int kvo_remote_tier_flush(kvo_remote_tier *t, int64_t timeout_ns) {
             break;
         }
     }
+    uint64_t left = t->pending_writes;
     pthread_mutex_unlock(&t->mu);
-    return rc;
+    if (rc)
+        return kvo__error(rc, "remote tier flush: %llu puts still queued or running after %d ms (a slow or "
+                          "unreachable cluster: each batch ends within (max_redirects + 1) x io_timeout_ms)",
+                          (unsigned long long)left, timeout_ms);
+    return 0;
 }
 
 static int kvo__remote_tier_get_stats_fill(kvo_remote_tier *t, kvo_remote_tier_stats *out) {

@@ -7,7 +7,8 @@
  * Layering (a file calls kvo__ functions only of the files below it;
  * tools/check-layering.py fails on a cycle):
  *   remote_tier.c         top: the public API (create/destroy, put, get,
- *                         exists, the workers) -> pipeline.c, cluster.c
+ *                         exists, remove, the workers) -> pipeline.c,
+ *                         cluster.c
  *   remote_completions.c  top: poll, wait, flush, stats -> cluster.c
  *   pipeline.c            kvo__rc_exec, batches over the nodes
  *                         -> cluster.c, reply.c (through the reader)
@@ -15,6 +16,9 @@
  *                         parsing -> reply.c (kvo__rc_reader_setup)
  *   reply.c               leaf: hiredis reader functions (GET sinks),
  *                         replies and commands bounded by a deadline
+ * Of src/tiers (another folder): file_format.c's header code and seal.c's
+ * sealing (remote_tier.c, reply.c); the completion ring is the core's
+ * (core/ring.h).
  */
 #ifndef KVO_TIERS_REMOTE_INTERNAL_H
 #define KVO_TIERS_REMOTE_INTERNAL_H
@@ -50,7 +54,8 @@ typedef struct kvo__rc_url {
 } kvo__rc_url;
 
 /* Parse a URL.  KVO_EINVAL with a message that never contains the
- * password. */
+ * credentials nor any other text of the URL, except a host made of host
+ * name characters only; every seed needs its port. */
 int kvo__rc_url_parse(const char *url, kvo__rc_url *out);
 
 typedef struct kvo__rc_cfg {
@@ -93,6 +98,8 @@ typedef struct kvo__rc_cmd {
     const struct iovec *val;     /* SET: the value's pieces */
     int nval;
     uint32_t ttl_s;              /* SET: EX seconds, 0 = none */
+    bool skip;                   /* not sent: completes KVO_EIO (a put that
+                                    could not be sealed) */
     /* GET: when set, a reply of exactly sink_hdr_len + sink_len bytes is
      * parsed straight into sink_hdr (its first sink_hdr_len bytes) and
      * sink_dst (the rest) instead of a heap copy; str is then NULL and len
@@ -105,8 +112,18 @@ typedef struct kvo__rc_cmd {
      * afterwards read each value back from memory, 15-20 % of a 256 KiB
      * read's time (docs/benchmarks.md). */
     uint64_t sink_sum;
+    /* GET with a sink and a seal op (a tier with a fleet secret): instead of
+     * the checksum, the reader opens the sealed payload in place as it
+     * arrives (tiers/seal.h: the record is read from sink_hdr once the
+     * header is in, the key name is the authenticated name), while the
+     * bytes are in cache; sink_seal_rc out: 0 authentic, KVO_ECORRUPT not
+     * sealed by a key of this tier or failed authentication (the value
+     * went into the sink; str NULL). */
+    struct kvo__seal_op *sink_seal;
+    int sink_seal_rc;
     /* outputs */
-    int result;                  /* 0 ok, KVO_ENOTFOUND (GET nil, EXISTS 0),
+    int result;                  /* 0 ok, KVO_ENOTFOUND (GET nil, EXISTS 0,
+                                    DEL 0),
                                     KVO_ECORRUPT (GET of a key holding
                                     another type: WRONGTYPE), KVO_EIO (node
                                     down/failed/past a deadline, or another

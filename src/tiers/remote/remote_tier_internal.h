@@ -6,7 +6,9 @@
 #define KVO_TIERS_REMOTE_TIER_INTERNAL_H
 
 #include "core/hmap.h"
+#include "core/ring.h"
 #include "tiers/remote/remote_internal.h"
+#include "tiers/seal.h"
 
 #define NAME_MAX_LEN 160u
 
@@ -22,8 +24,11 @@ struct rop {
     unsigned char *stage;      /* put: payload in staging memory */
     uint64_t sum;              /* put: XXH3-64 of the payload (kvo__file_copy_sum) */
     unsigned char *hdr;        /* put: header buffer (write ops only) */
+    bool sealed;               /* put: stage holds the sealed payload (a
+                                  worker sealed it in place) */
     unsigned char *dst;        /* get */
-    rop *waiters;              /* put: gets/exists of its key queued while it runs (chained by next) */
+    rop *waiters;              /* put: gets/exists/removes of its key queued while it runs (chained by next) */
+    bool auth_failed;          /* get: the value failed authentication */
     struct iovec iov[2];
     char name[NAME_MAX_LEN];
     size_t nlen;
@@ -38,6 +43,7 @@ typedef struct rworker {
     kvo__rc_cmd *cmds;         /* 2 x batch_max: the batch, then DELs */
     unsigned char *hdrs;       /* batch_max headers of GET replies */
     kvo__rc_ws *ws;            /* the cluster client's workspace */
+    kvo__seal_op *so;          /* with a secret: its cipher context */
 } rworker;
 
 typedef struct rq {
@@ -51,6 +57,7 @@ struct kvo_remote_tier {
     char ns[128];              /* "<prefix>:<fp>[-<lh>]:" */
     size_t ns_len;
     kvo__rc *rc;
+    kvo__seal *seal;           /* the fleet secret's keys, or NULL */
     kvo_arena *stage_arena;
     kvo_store *stage_index;
     rop *ops;                  /* max_pending_writes write ops, then reads */
@@ -64,10 +71,10 @@ struct kvo_remote_tier {
     uint32_t n_workers;        /* started */
     bool closing;
     bool test_hold_puts;       /* kvo__remote_test_hold_puts (tests only): workers take no puts */
-    uint64_t pending_writes, pending_reads, inflight_reports;
-    kvo_remote_completion *cq;
-    size_t cq_cap, cq_head, cq_len;
-    int efd;
+    uint64_t pending_writes, pending_reads;
+    kvo__ring cq;              /* kvo_remote_completion, fixed: max_pending_reads
+                                  + max_pending_writes; owed = ops that will
+                                  report; its eventfd is the tier's */
     kvo_remote_tier_stats st;
 };
 

@@ -22,7 +22,10 @@
  * A GET with a sink whose reply is a bulk string of exactly the sink's
  * length is received straight from the socket into the sink (sink_reply),
  * and its checksum taken on the way (sink_sum: every 64 KiB received, while
- * the bytes are in cache):
+ * the bytes are in cache), or, for a tier with a fleet secret, the sealed
+ * payload opened in place on the way (sink_seal, the same pieces: the
+ * decryption reads the bytes while they are in cache instead of a second
+ * pass over memory):
  * the reply's first line ("$<len>\r\n") is read through hiredis's buffer,
  * then whatever of the value that buffer already holds is copied out, and
  * the rest is received with one recvmsg per burst into the header and the
@@ -49,6 +52,7 @@
 
 #include "tiers/file_internal.h" /* kvo__file_copy_sum, KVO__SUM_PIECE */
 #include "tiers/remote/remote_internal.h"
+#include "tiers/seal.h"
 
 /* hiredis's reply objects (the same redisReply, freed by freeReplyObject)
  * except that a top-level bulk string read for a GET with a sink is copied
@@ -69,7 +73,10 @@ static void *mk_string(const redisReadTask *task, char *str, size_t len) {
     kvo__rc_cmd *sink = task->parent ? NULL : task->privdata;
     if (sink && task->type == REDIS_REPLY_STRING && len == sink->sink_hdr_len + sink->sink_len) {
         memcpy(sink->sink_hdr, str, sink->sink_hdr_len);
-        sink->sink_sum = kvo__file_copy_sum(sink->sink_dst, str + sink->sink_hdr_len, sink->sink_len);
+        if (sink->sink_seal) /* opened on the way into the sink: the same single pass */
+            sink->sink_seal_rc = kvo__seal_open(sink->sink_seal, sink->sink_hdr, sink->key, sink->klen,
+                                                sink->sink_dst, str + sink->sink_hdr_len, sink->sink_len);
+        else sink->sink_sum = kvo__file_copy_sum(sink->sink_dst, str + sink->sink_hdr_len, sink->sink_len);
         r->len = len; /* str stays NULL: the bytes are in the sink */
         return r;
     }
@@ -180,22 +187,45 @@ static ssize_t recv_burst(redisContext *ctx, struct iovec *iov, int cnt, uint64_
     return -1;
 }
 
-/* The running checksum of a sink's destination: the bytes from dst up to
- * where its iovec (advanced by recv_exact) now starts are in; hash what is
- * new once there are 64 KiB of it, or all of it (final). */
+/* The running checksum of a sink's destination, or with a seal op its
+ * opening in place: the bytes from dst up to where its iovec (advanced by
+ * recv_exact) now starts are in; take what is new once there are 64 KiB of
+ * it, or all of it (final).  The header precedes the payload in the value,
+ * so it is whole by the first step that finds payload bytes: that step
+ * begins the opening (the seal record, the key name); the final one checks
+ * the tag.  A failed begin leaves the rest undecrypted (the value fails). */
 typedef struct sink_hash {
     XXH3_state_t st;
-    const char *dst;
+    kvo__rc_cmd *cmd;
+    char *dst;
     const struct iovec *piece;
     size_t done;
+    int seal;                   /* 0 not begun, 1 opening, -1 failed */
 } sink_hash;
+
+/* sink_seal_rc stays KVO_ECORRUPT (set before the first step) until the
+ * final step has checked the tag: bytes no one vouched for never pass. */
+static void sink_seal_step(sink_hash *h, size_t in, bool final) {
+    kvo__rc_cmd *c = h->cmd;
+    int rc = 0;
+    if (h->seal == 0) {
+        rc = kvo__seal_open_begin(c->sink_seal, c->sink_hdr, c->key, c->klen);
+        h->seal = rc ? -1 : 1;
+    }
+    if (h->seal == 1 && in > h->done &&
+        (rc = kvo__seal_open_update(c->sink_seal, h->dst + h->done, h->dst + h->done, in - h->done)) != 0)
+        h->seal = -1;
+    if (h->seal == 1 && final) rc = kvo__seal_open_end(c->sink_seal, c->sink_hdr);
+    if (rc || final) c->sink_seal_rc = h->seal == 1 || rc ? rc : KVO_ECORRUPT;
+}
 
 static void sink_hash_step(sink_hash *h, bool final) {
     size_t in = (size_t)((const char *)h->piece->iov_base - h->dst);
-    if (in - h->done >= KVO__SUM_PIECE || (final && in > h->done)) {
-        XXH3_64bits_update(&h->st, h->dst + h->done, in - h->done);
-        h->done = in;
-    }
+    bool take = in - h->done >= KVO__SUM_PIECE || (final && in > h->done);
+    if (h->cmd->sink_seal) {
+        if ((take || final) && h->seal >= 0) sink_seal_step(h, in, final);
+    } else if (take) XXH3_64bits_update(&h->st, h->dst + h->done, in - h->done);
+    if (take) h->done = in;
 }
 
 /* Receive into iov (advancing it) until cnt pieces are full, by deadline;
@@ -273,9 +303,12 @@ static int sink_reply(redisContext *ctx, kvo__rc_cmd *sink, void **reply, uint64
     sink_hash h;
     XXH3_INITSTATE(&h.st);
     XXH3_64bits_reset(&h.st);
+    h.cmd = sink;
     h.dst = sink->sink_dst;
     h.piece = &iov[1];
     h.done = 0;
+    h.seal = 0;
+    sink->sink_seal_rc = KVO_ECORRUPT; /* until the tag is checked */
     sink_hash_step(&h, false);
     if (first < 3 && recv_exact(ctx, iov + first, 3 - first, t0, deadline_ns, &h) != REDIS_OK) {
         free(out);
