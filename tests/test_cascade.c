@@ -472,7 +472,11 @@ KVO_TEST(direct_read_and_write_without_a_host_tier) {
     }
     free(want);
     free(dst);
-    ASSERT_OK(kvo_cascade_remove(f.c, keys, 2));
+    int rr[3];
+    kvo_chunk_key gone[3] = {keys[0], keys[1], keys[7]};
+    ASSERT_OK(kvo_cascade_remove(f.c, gone, 3, NULL, rr));
+    ASSERT_EQ_INT(rr[0], 0);
+    ASSERT_EQ_INT(rr[2], KVO_ENOTFOUND); /* never stored */
     ASSERT_OK(kvo_cascade_lookup(f.c, keys, 8, KVO_CASCADE_PREFIX, NULL, 0, st, NULL, &r));
     ASSERT_EQ_U64(r.prefix, 0);
     ASSERT_EQ_INT(st[2], KVO_READY);
@@ -657,5 +661,37 @@ KVO_TEST(write_async_completes_each_key_once) {
     ASSERT_OK(kvo_cascade_flush(f.c, KVO_MS(20000)));
     for (int i = 0; i < N; i++) ASSERT_EQ_INT(ftf_read_key(f.file, f.plan, &keys[i], true), 0);
     ASSERT_EQ_U64(stats_of(f.c).file.writes_dropped, 0);
+    fx_close(&f);
+}
+
+/* Remove through every tier: the remote DEL's completion says whether the
+ * value was gone; the cluster no longer holds it. */
+KVO_TEST(remove_deletes_from_the_cluster) {
+    int port = shared_port();
+    fx f;
+    memset(&f, 0, sizeof f);
+    f.plan = make_plan();
+    f.chunk = chunk_bytes(f.plan);
+    f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
+    f.remote = open_tier(port, f.plan, "cascade-remove", NULL);
+    kvo_cascade_params p = kvo_cascade_default_params();
+    p.plan = f.plan;
+    p.remote_tier = f.remote;
+    ASSERT_OK(kvo_cascade_create(&p, &f.c));
+    uint64_t base = kvo_test_rand() % 1000000000;
+    ASSERT_EQ_U64(put_range(f.remote, f.plan, base, 2), 2);
+    kvo_chunk_key keys[3] = {ftf_key(base, 0), ftf_key(base + 1, 0), ftf_key(base + 2, 0)};
+    uint64_t ud[3] = {1, 2, 3};
+    int res[3];
+    ASSERT_OK(kvo_cascade_remove(f.c, keys, 3, ud, res));
+    for (int i = 0; i < 3; i++) ASSERT_EQ_INT(res[i], 0);
+    kvo_cascade_completion cp[3];
+    ASSERT_EQ_U64(poll_n(f.c, cp, 3), 3);
+    for (int i = 0; i < 3; i++) {
+        ASSERT_EQ_INT(cp[i].op, KVO_CASCADE_OP_REMOVE);
+        ASSERT_EQ_INT(cp[i].result, cp[i].user_data == 3 ? KVO_ENOTFOUND : 0); /* the third was never put */
+    }
+    ASSERT_EQ_INT(exists_one(f.remote, &keys[0]), KVO_ENOTFOUND);
+    ASSERT_EQ_INT(exists_one(f.remote, &keys[1]), KVO_ENOTFOUND);
     fx_close(&f);
 }

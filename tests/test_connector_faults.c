@@ -105,7 +105,7 @@ static void check_ring(sim *s) {
     size_t owed = 0;
     for (size_t i = 0; i < c->reqs.cap; i++)
         if (c->reqs.e[i].used) owed += ((kvo__req *)c->reqs.e[i].p)->state != REQ_ACTIVE;
-    size_t cq_owed = c->cq_owed, cq_n = c->cq_n, cq_cap = c->cq_cap;
+    size_t cq_owed = c->cq_owed, cq_n = c->cq.len, cq_cap = c->cq.cap;
     kvo__conn_unlock(c);
     ASSERT_EQ_U64(cq_owed, owed);
     ASSERT_LE_U64(cq_n + cq_owed, cq_cap);

@@ -319,11 +319,21 @@ KVO_API int kvo_cascade_prepare_store(kvo_cascade *c, const kvo_chunk_key *keys,
  *  READY in the host tier nor staged: nothing changed). */
 KVO_API int kvo_cascade_complete_store(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool ok);
 
-/** Remove keys from every tier: host (READY and unpinned; pinned ones are
- *  retired), file (kvo_file_tier_remove) and remote (deleted when the
- *  remote tier supports it; else left to its TTL / the server's LRU).
- *  Absent keys are ignored.  Errors: KVO_EINVAL. */
-KVO_API int kvo_cascade_remove(kvo_cascade *c, const kvo_chunk_key *keys, size_t n);
+/** Remove keys from every tier: host (READY and unpinned go now, pinned
+ *  ones are retired: hidden, gone at their last unpin) and file
+ *  (kvo_file_tier_remove; a file being written stays) at once, the remote
+ *  tier by a queued DEL (kvo_remote_tier_remove).  results[i] (may be
+ *  NULL): with user_data given, 0 = a completion (op
+ *  KVO_CASCADE_OP_REMOVE, user_data[i]) follows once every tier is done:
+ *  result 0 removed from some tier, KVO_ENOTFOUND no tier held it, KVO_EIO
+ *  the remote tier failed (its value may remain); a key with no remote
+ *  part completes at once (queued before this returns).  Without
+ *  user_data: 0 removed or asked to be, KVO_ENOTFOUND held by no local
+ *  tier (the remote DELs' outcomes are not reported).  KVO_EAGAIN: the
+ *  remote tier refused the DEL (too many in flight; local tiers done).
+ *  Errors: KVO_EINVAL, KVO_ENOMEM. */
+KVO_API int kvo_cascade_remove(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const uint64_t *user_data,
+                               int *results);
 
 /* -------------------------------------------------- direct (engine memory) */
 
@@ -365,7 +375,8 @@ KVO_API int kvo_cascade_write_async(kvo_cascade *c, const kvo_chunk_key *keys, c
 typedef enum kvo_cascade_op {
     KVO_CASCADE_OP_PROMOTE = 1, /* a lower-tier chunk into a host slot */
     KVO_CASCADE_OP_READ = 2,    /* kvo_cascade_read into caller memory */
-    KVO_CASCADE_OP_WRITE = 3    /* kvo_cascade_write_async: the lent memory is free */
+    KVO_CASCADE_OP_WRITE = 3,   /* kvo_cascade_write_async: the lent memory is free */
+    KVO_CASCADE_OP_REMOVE = 4   /* kvo_cascade_remove with user data: every tier done */
 } kvo_cascade_op;
 
 typedef struct kvo_cascade_completion {
@@ -453,7 +464,6 @@ typedef struct kvo_cascade_stats {
     uint64_t remote_budget_expired; /* lookups that answered without answers still out */
     uint64_t stores_offered, stores_host, stores_staged, stores_refused;
     uint64_t checksum_failures;     /* verify_checksums mismatches */
-    uint64_t completions_lost;      /* not queued: out of memory (never otherwise) */
     uint64_t promotions_now, reads_now, deferred_now, lent_now, staged_now; /* in flight now */
 } kvo_cascade_stats;
 #define KVO_CASCADE_STATS_INIT {sizeof(kvo_cascade_stats)}

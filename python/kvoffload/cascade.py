@@ -37,7 +37,7 @@ PREFIX, PROMOTE = 1, 2
 SKIP, HOST, STAGED, REFUSED = 0, 1, 2, 3
 ALL_OR_NOTHING = 1
 # completion ops
-OP_PROMOTE, OP_READ, OP_WRITE = 1, 2, 3
+OP_PROMOTE, OP_READ, OP_WRITE, OP_REMOVE = 1, 2, 3, 4
 FILE_MODES = {"write_through": 0, "write_back": 1}
 
 
@@ -80,7 +80,7 @@ class CascadeTierStats(Structure):
 
 
 _CASCADE_STATS = ["lookups", "remote_exists", "remote_exists_refused", "remote_budget_expired", "stores_offered",
-                  "stores_host", "stores_staged", "stores_refused", "checksum_failures", "completions_lost",
+                  "stores_host", "stores_staged", "stores_refused", "checksum_failures",
                   "promotions_now", "reads_now", "deferred_now", "lent_now", "staged_now"]
 
 
@@ -113,7 +113,7 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_cascade_verify": (c_size_t, [_P, c_void_p, c_void_p, c_size_t, c_void_p]),
     "kvo_cascade_prepare_store": (c_int, [_P, c_void_p, c_size_t, c_uint32, c_void_p, c_void_p]),
     "kvo_cascade_complete_store": (c_int, [_P, c_void_p, c_size_t, c_bool]),
-    "kvo_cascade_remove": (c_int, [_P, c_void_p, c_size_t]),
+    "kvo_cascade_remove": (c_int, [_P, c_void_p, c_size_t, c_void_p, c_void_p]),
     "kvo_cascade_read": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_void_p, c_void_p]),
     "kvo_cascade_write": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_int64, c_void_p]),
     "kvo_cascade_write_async": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_void_p, c_void_p]),
@@ -305,9 +305,18 @@ class Cascade(_Handle):
         keys = _as_keys(keys)
         check(lib.kvo_cascade_touch(self._h, _ptr(keys), len(keys)), "kvo_cascade_touch")
 
-    def remove(self, keys: np.ndarray) -> None:
+    def remove(self, keys: np.ndarray, user_data: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Remove keys from every tier (host and file now, the cluster by a
+        queued DEL); per key 0, KVO_ENOTFOUND or KVO_EAGAIN.  With user_data,
+        each 0 is followed by one completion (op OP_REMOVE: 0 removed from
+        some tier, KVO_ENOTFOUND held by none, KVO_EIO the cluster failed)."""
         keys = _as_keys(keys)
-        check(lib.kvo_cascade_remove(self._h, _ptr(keys), len(keys)), "kvo_cascade_remove")
+        n = len(keys)
+        ud = _uint64s("remove", "user_data", user_data, n) if user_data is not None else None
+        res = np.empty(n, dtype=np.int32)
+        check(lib.kvo_cascade_remove(self._h, _ptr(keys), n, _ptr(ud) if ud is not None else None, _ptr(res)),
+              "kvo_cascade_remove")
+        return res
 
     # -- the engine's own memory
     def read(self, keys: np.ndarray, dsts: Sequence[int], user_data: Optional[Sequence[int]] = None) -> np.ndarray:
@@ -420,4 +429,4 @@ class Cascade(_Handle):
 
 __all__ = ["Cascade", "CascadeWait", "namespace_id", "namespace_keys", "COMPLETION_DTYPE", "TIER_NONE", "TIER_HOST",
            "TIER_FILE", "TIER_REMOTE", "TIER_NAMES", "PREFIX", "PROMOTE", "SKIP", "HOST", "STAGED", "REFUSED",
-           "OP_PROMOTE", "OP_READ", "OP_WRITE"]
+           "OP_PROMOTE", "OP_READ", "OP_WRITE", "OP_REMOVE"]

@@ -88,7 +88,7 @@ int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out) {
     c->ng = kvo_plan_num_groups(p->plan);
     c->file = p->file_tier;
     c->remote = p->remote_tier;
-    c->efd = c->epfd = -1;
+    c->epfd = -1;
     if (!c->p.retry_polls) c->p.retry_polls = 200;
     pthread_mutex_init(&c->mu, NULL);
     uint64_t offl = 0;
@@ -137,13 +137,13 @@ int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out) {
             }
         }
     }
-    c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if ((rc = kvo__ring_init(&c->cq, sizeof(kvo_cascade_completion), 64, 0, true, "cascade: completions"))) goto fail;
     c->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (c->efd < 0 || c->epfd < 0) {
+    if (c->epfd < 0) {
         rc = kvo__error(KVO_EIO, "kvo_cascade_create: eventfd/epoll: %s", strerror(errno));
         goto fail;
     }
-    if ((rc = kvo__epoll_add(c->epfd, c->efd)) || (c->file && (rc = kvo__epoll_add(c->epfd, kvo_file_tier_event_fd(c->file)))) ||
+    if ((rc = kvo__epoll_add(c->epfd, c->cq.efd)) || (c->file && (rc = kvo__epoll_add(c->epfd, kvo_file_tier_event_fd(c->file)))) ||
         (c->remote && (rc = kvo__epoll_add(c->epfd, kvo_remote_tier_event_fd(c->remote)))))
         goto fail;
     *out = c;
@@ -169,11 +169,10 @@ void kvo_cascade_destroy(kvo_cascade *c) {
     kvo__hmap_free(&c->ops);
     kvo__hmap_free(&c->pend);
     kvo__hmap_free(&c->presence);
-    kvo__casc_ring_free(c);
+    kvo__ring_free(&c->cq);
     kvo_store_destroy(c->stage);
     kvo_store_destroy(c->store);
     if (c->own_arena) kvo_arena_destroy(c->arena);
-    if (c->efd >= 0) close(c->efd);
     if (c->epfd >= 0) close(c->epfd);
     kvo__free(c->defer);
     kvo__free(c->sums);

@@ -19,8 +19,10 @@
  *   5  tierio.c      the lower tiers' writes (queue, lend, defer, count),
  *                    op records, host reservation with write-back
  *   6  presence.c    the cluster's EXISTS answers
- *      ring.c        the completions for the caller
  *      namespace.c   kvo_namespace_id / _keys, kvo_tier_name (pure)
+ * The completions for the caller are the library's one ring
+ * (src/core/ring.c): a promise is reserved for each op when it is accepted
+ * (kvo__casc_promise), so that its completion is never lost.
  * Functions shared between files are kvo__casc_*; unless a comment says
  * otherwise they expect the caller to hold c->mu.
  *
@@ -41,8 +43,9 @@
  *  - gen[g]: bumped by invalidate; an op started under an older generation
  *    lands as KVO_ESTATE and leaves no host entry.
  *  - presence (presence.c): digest -> IN FLIGHT / PRESENT / ABSENT, time.
- *  - ring (ring.c): completions for the caller, grown as needed (bounded
- *    by the ops in flight, which the tiers' queues bound).
+ *  - cq: completions for the caller; an entry is promised when its op is
+ *    accepted (a promotion, a direct read, a lent write), so the ring never
+ *    grows at completion time and no completion is lost.
  *
  * Invariants
  *  - A host entry is READY only after its bytes are in its slot: stores
@@ -62,6 +65,7 @@
 #include <pthread.h>
 
 #include "core/hmap.h"
+#include "core/ring.h"
 #include "core/internal.h"
 #include "kvoffload/kvo_cascade.h"
 #include "kvoffload/kvo_remote_tier.h"
@@ -140,10 +144,10 @@ struct kvo_cascade {
     size_t promoting, reading, file_reads, remote_gets, lent;
     kvo__defer *defer;
     size_t n_defer, cap_defer;
-    /* completions for the caller */
-    kvo_cascade_completion *cq;
-    size_t cq_head, cq_n, cq_cap;
-    int efd, epfd;
+    /* completions for the caller: the core ring (src/core/ring.c), a promise
+     * reserved when an op is accepted, its eventfd in the epoll set */
+    kvo__ring cq;
+    int epfd;
     /* write-back: what a host prepare_store evicts (grown on KVO_ERANGE) */
     kvo_chunk_key *ev_keys;
     kvo_slot *ev_slots;
@@ -180,13 +184,16 @@ bool kvo__casc_host_ready_at(kvo_cascade *c, const kvo_chunk_key *k, uint64_t of
 
 /* ---- namespace.c: pure ---- */
 
-/* ---- ring.c: the completions for the caller ---- */
-/* Queue one completion (grows the ring; on failure the completion is
- * dropped and counted: the only way one is lost). */
-void kvo__casc_emit(kvo_cascade *c, const kvo_cascade_completion *cp);
-/* Move up to cap queued completions, oldest first; returns how many. */
-size_t kvo__casc_take(kvo_cascade *c, kvo_cascade_completion *out, size_t cap);
-void kvo__casc_ring_free(kvo_cascade *c);
+/* ---- the completions (the core ring) ---- */
+/* Promise n completions before accepting the ops that owe them: 0 or
+ * KVO_ENOMEM (with a message naming what). */
+static inline int kvo__casc_promise(kvo_cascade *c, size_t n) {
+    return kvo__ring_reserve(&c->cq, n) ? kvo__error(KVO_ENOMEM, "cascade: out of memory for completions") : 0;
+}
+/* Queue a promised completion. */
+static inline void kvo__casc_emit(kvo_cascade *c, const kvo_cascade_completion *cp) {
+    *(kvo_cascade_completion *)kvo__ring_push(&c->cq) = *cp;
+}
 
 /* ---- presence.c: the cluster's EXISTS answers ---- */
 /* One lookup's questions to the cluster: begin (the request's budget),
@@ -217,11 +224,14 @@ bool kvo__casc_pres_present(kvo_cascade *c, const kvo_chunk_key *k);
 /* ---- tierio.c: lower-tier writes and reads ---- */
 /* Scratch arrays for n keys. */
 int kvo__casc_scratch(kvo_cascade *c, size_t n);
-/* A new op record (id in *id), zeroed but for what the caller sets; NULL
- * on ENOMEM. */
+/* A new op record (id in *id), zeroed but for what the caller sets, with
+ * its completion promised; NULL on ENOMEM. */
 kvo__cop *kvo__casc_op_new(kvo_cascade *c, uint64_t *id);
 kvo__cop *kvo__casc_op_get(kvo_cascade *c, uint64_t id);
+/* Forget an op whose completion was queued. */
 void kvo__casc_op_del(kvo_cascade *c, kvo__cop *o);
+/* Forget an op a tier refused (its promise given back). */
+void kvo__casc_op_refused(kvo_cascade *c, kvo__cop *o);
 /* Write n chunks (srcs in memory that stays valid only during the call,
  * or a host / staging slot) to the tiers in `tiers` (bits), copying.
  * Refusals for back-pressure go to the deferred list when `slots` is not

@@ -63,7 +63,7 @@ static void kvo__queue(kvo_cascade *c, unsigned t, size_t m, const uint64_t *use
             else c->remote_gets++;
             continue;
         }
-        kvo__casc_op_del(c, kvo__casc_op_get(c, c->s_ud[j]));
+        kvo__casc_op_refused(c, kvo__casc_op_get(c, c->s_ud[j]));
     }
 }
 
@@ -174,26 +174,68 @@ int kvo_cascade_write_async(kvo_cascade *c, const kvo_chunk_key *keys, const voi
         return kvo__error(KVO_EINVAL, "kvo_cascade_write_async: the cascade has no lower tier");
     unsigned tiers = (c->file ? KVO__CASC_TIER_BIT(KVO_TIER_FILE) : 0) | (c->remote ? KVO__CASC_TIER_BIT(KVO_TIER_REMOTE) : 0);
     kvo__casc_lock(c);
-    kvo__casc_write(c, tiers, keys, srcs, NULL, false, n, 0, user_data, NULL);
+    rc = kvo__casc_promise(c, n); /* one completion per key */
+    if (!rc) kvo__casc_write(c, tiers, keys, srcs, NULL, false, n, 0, user_data, NULL);
     kvo__casc_unlock(c);
+    if (rc) return rc;
     if (results) memset(results, 0, n * sizeof *results);
     return 0;
 }
 
-int kvo_cascade_remove(kvo_cascade *c, const kvo_chunk_key *keys, size_t n) {
+int kvo_cascade_remove(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const uint64_t *user_data,
+                       int *results) {
     int rc = kvo__direct_check(c, "kvo_cascade_remove", keys, keys, n);
     if (rc || !n) return rc;
     kvo__casc_lock(c);
-    if (c->store) {
-        /* READY unpinned ones go now; pinned ones are retired (hidden, gone at
-         * their last unpin) */
-        if (kvo_store_remove(c->store, keys, n) == KVO_EBUSY) (void)kvo_store_retire(c->store, keys, n);
+    uint64_t now = kvo__now_ns();
+    for (size_t i = 0; i < n; i++) {
+        const kvo_chunk_key *k = &keys[i];
+        bool found = false;
+        kvo_store_entry e;
+        if (c->store && kvo_store_peek(c->store, k, &e) == 0) {
+            found = true;
+            /* READY and unpinned go now; pinned ones are retired (hidden,
+             * gone at their last unpin) */
+            if (kvo_store_remove(c->store, k, 1) == KVO_EBUSY) (void)kvo_store_retire(c->store, k, 1);
+        }
+        uint8_t fst = KVO_MISS;
+        if (c->file && kvo__casc_uses(c, KVO_TIER_FILE, k->group) && kvo_file_tier_lookup(c->file, k, 1, &fst) == 0 &&
+            fst != KVO_MISS) {
+            found = true;
+            (void)kvo_file_tier_remove(c->file, k, 1); /* a file being written stays (KVO_EBUSY) */
+        }
+        int r = found ? 0 : KVO_ENOTFOUND;
+        bool remote = c->remote && kvo__casc_uses(c, KVO_TIER_REMOTE, k->group);
+        if (remote) kvo__casc_pres_absent(c, k);
+        if (remote) {
+            uint64_t id = 0;
+            kvo__cop *o = NULL;
+            if (user_data && !(o = kvo__casc_op_new(c, &id))) {
+                rc = KVO_ENOMEM;
+                break;
+            }
+            if (o) {
+                o->op = KVO_CASCADE_OP_REMOVE;
+                o->tier = KVO_TIER_REMOTE;
+                o->chain = found; /* the local tiers held it: removed whatever the DEL says */
+                o->key = *k;
+                o->user_data = user_data[i];
+                o->t0 = now;
+            }
+            int q = KVO_EINVAL;
+            if (kvo_remote_tier_remove(c->remote, k, 1, &id, &q, NULL) != 0 || q != 0) {
+                if (o) kvo__casc_op_refused(c, o);
+                r = q == KVO_EAGAIN ? KVO_EAGAIN : KVO_EIO;
+            } else
+                r = 0;
+        } else if (user_data) { /* nothing remote: done now */
+            if ((rc = kvo__casc_promise(c, 1))) break;
+            kvo_cascade_completion cp = {user_data[i], *k, KVO_CASCADE_OP_REMOVE, KVO_TIER_NONE, r, 0, 0};
+            kvo__casc_emit(c, &cp);
+            r = 0;
+        }
+        if (results) results[i] = r;
     }
-    if (c->file)
-        for (size_t i = 0; i < n; i++) /* one by one: a key being written stays (KVO_EBUSY) */
-            if (kvo__casc_uses(c, KVO_TIER_FILE, keys[i].group)) (void)kvo_file_tier_remove(c->file, &keys[i], 1);
-    if (c->remote)
-        for (size_t i = 0; i < n; i++) kvo__casc_pres_absent(c, &keys[i]);
     kvo__casc_unlock(c);
-    return 0;
+    return rc ? kvo__error(rc, "kvo_cascade_remove: out of memory") : 0;
 }

@@ -69,6 +69,18 @@ static void kvo__finish(kvo_cascade *c, kvo__cop *o, int result, uint64_t bytes)
     kvo__casc_emit(c, &cp);
 }
 
+/* A remote DEL of kvo_cascade_remove finished: its completion (removed if
+ * the local tiers held the key, whatever the DEL found). */
+static void kvo__removed(kvo_cascade *c, uint64_t id, int result) {
+    kvo__cop *o = kvo__casc_op_get(c, id);
+    if (!o) return;
+    int out = o->chain && result == KVO_ENOTFOUND ? 0 : result;
+    kvo_cascade_completion cp = {o->user_data, o->key, KVO_CASCADE_OP_REMOVE, KVO_TIER_REMOTE, out, 0,
+                                 kvo__now_ns() - o->t0};
+    kvo__casc_op_del(c, o);
+    kvo__casc_emit(c, &cp);
+}
+
 static void kvo__landed(kvo_cascade *c, uint64_t id, int result, uint64_t bytes) {
     kvo__cop *o = kvo__casc_op_get(c, id);
     if (o) kvo__finish(c, o, result, bytes);
@@ -94,6 +106,7 @@ void kvo__casc_drive(kvo_cascade *c) {
             for (size_t i = 0; i < n; i++) {
                 if (rc[i].op == KVO_REMOTE_OP_EXISTS) kvo__casc_pres_answer(c, &rc[i].key, rc[i].result);
                 else if (rc[i].op == KVO_REMOTE_OP_GET) kvo__landed(c, rc[i].user_data, rc[i].result, rc[i].bytes);
+                else if (rc[i].op == KVO_REMOTE_OP_REMOVE && rc[i].user_data) kvo__removed(c, rc[i].user_data, rc[i].result);
             }
     }
     kvo__casc_retry(c);

@@ -25,7 +25,7 @@ int kvo_cascade_poll(kvo_cascade *c, kvo_cascade_completion *out, size_t cap, si
     if (!c || !n || (!out && cap)) return kvo__error(KVO_EINVAL, "kvo_cascade_poll: NULL argument");
     kvo__casc_lock(c);
     kvo__casc_drive(c);
-    *n = kvo__casc_take(c, out, cap);
+    *n = out ? kvo__ring_take(&c->cq, out, cap) : 0;
     kvo__casc_unlock(c);
     return 0;
 }

@@ -87,7 +87,7 @@ static void kvo__queue_reads(kvo_cascade *c, unsigned t, size_t m, const uint8_t
                 else c->remote_gets++;
                 continue;
             }
-            kvo__casc_op_del(c, kvo__casc_op_get(c, ud[j]));
+            kvo__casc_op_refused(c, kvo__casc_op_get(c, ud[j]));
             (void)kvo_store_complete_store(c->store, &rk[j], 1, false);
             if (t == KVO_TIER_FILE) c->st.file.promotion_failures++;
             else c->st.remote.promotion_failures++;

@@ -10,7 +10,6 @@ kvo_sources(KVO_SOURCES cascade
   poll.c
   presence.c
   promote.c
-  ring.c
   store.c
   tierio.c
 )

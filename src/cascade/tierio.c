@@ -39,7 +39,7 @@ int kvo__casc_scratch(kvo_cascade *c, size_t n) {
 }
 
 kvo__cop *kvo__casc_op_new(kvo_cascade *c, uint64_t *id) {
-    if (kvo__hmap_reserve(&c->ops, 1, 64, "cascade: reads in flight")) return NULL;
+    if (kvo__hmap_reserve(&c->ops, 1, 64, "cascade: reads in flight") || kvo__casc_promise(c, 1)) return NULL;
     *id = ++c->next_id;
     if (*id == KVO__CASC_UD_LENT) *id = ++c->next_id; /* never: 2^64 ops */
     bool existed;
@@ -49,6 +49,11 @@ kvo__cop *kvo__casc_op_new(kvo_cascade *c, uint64_t *id) {
 kvo__cop *kvo__casc_op_get(kvo_cascade *c, uint64_t id) { return kvo__hmap_find(&c->ops, id, 0); }
 
 void kvo__casc_op_del(kvo_cascade *c, kvo__cop *o) { kvo__hmap_erase(&c->ops, o); }
+
+void kvo__casc_op_refused(kvo_cascade *c, kvo__cop *o) {
+    kvo__ring_unreserve(&c->cq, 1);
+    kvo__hmap_erase(&c->ops, o);
+}
 
 bool kvo__casc_host_ready_at(kvo_cascade *c, const kvo_chunk_key *k, uint64_t off) {
     kvo_store_entry e;

@@ -95,7 +95,7 @@
  *    (computed >= chunk end) and whose keys are known (units >= chunk end).
  *  - Every completion owed to the engine has room in the ring: each request
  *    LOADING (owes its LOAD completion) or FINISHED (owes RELEASED) counts
- *    in cq_owed, and load / finish reserve cq_n + cq_owed + 1 entries before
+ *    in cq_owed, and load / finish reserve cq.len + cq_owed + 1 entries before
  *    they accept, so a completion is never lost to a failed allocation.
  *  - Host chunks, file reads and file-tier use always match the registered
  *    layout's slot format per group (relayout.c): a change drops what was
@@ -116,6 +116,7 @@
 #include <pthread.h>
 
 #include "core/internal.h"
+#include "core/ring.h"
 
 /* The default min_hit_tokens: the largest tokens_per_chunk of an offloaded
  * group (0 when none is offloaded). */
@@ -277,8 +278,7 @@ struct kvo_connector {
     kvo__map reqs, jobs, blocks, reads;
     uint64_t next_read;
     /* completions for the engine (ring) */
-    kvo_completion *cq;
-    size_t cq_head, cq_n, cq_cap;
+    kvo__ring cq;   /* src/core/ring.c, no eventfd */
     size_t cq_owed; /* completions still to come: requests LOADING or FINISHED */
     /* scratch, guarded by mu */
     kvo_chunk_key *s_keys;

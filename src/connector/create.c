@@ -156,7 +156,8 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     tp.nontemporal = p->nontemporal;
     if ((rc = kvo_transfer_create(&tp, &c->xfer))) goto fail;
 
-    if ((rc = kvo__map_init(&c->reqs, 64)) || (rc = kvo__map_init(&c->jobs, 64)) ||
+    if ((rc = kvo__ring_init(&c->cq, sizeof(kvo_completion), 64, 0, false, "connector: completions")) ||
+        (rc = kvo__map_init(&c->reqs, 64)) || (rc = kvo__map_init(&c->jobs, 64)) ||
         (rc = kvo__map_init(&c->blocks, 256)) || (rc = kvo__map_init(&c->reads, 64)))
         goto fail;
     *out = c;
@@ -194,7 +195,7 @@ void kvo_connector_destroy(kvo_connector *c) {
     kvo__map_free(&c->reqs);
     kvo__map_free(&c->blocks);
     kvo_arena_destroy(c->arena);
-    kvo__free(c->cq);
+    kvo__ring_free(&c->cq);
     kvo__free(c->s_keys);
     kvo__free(c->s_u8);
     kvo__free(c->s_slots);

@@ -126,7 +126,7 @@ static int kvo__snapshot(kvo_connector *c, kvo__snap *s) {
     s->fs.struct_size = sizeof s->fs;
     kvo__conn_lock(c);
     s->hist = c->load_ns;
-    s->completions = c->cq_n;
+    s->completions = c->cq.len;
     kvo__conn_unlock(c);
     int rc = kvo_connector_get_stats(c, &s->cs);
     if (!rc) rc = kvo_transfer_get_stats(c->xfer, &s->ts);
