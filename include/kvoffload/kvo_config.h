@@ -82,8 +82,9 @@ KVO_API int kvo_config_apply_connector(const kvo_config *c, kvo_connector_params
  *  kvo_file_root or local_disk, quota_bytes from file_quota_bytes,
  *  kvo_file_bytes or max_local_disk_size; shared, max_pending_writes and
  *  max_staging_bytes from kvo_file_shared, kvo_file_max_pending_writes and
- *  kvo_file_staging_bytes).
- *  root points into the config (the tier copies it at create).  plan is never
+ *  kvo_file_staging_bytes; file_secret from file_secret).
+ *  root and file_secret point into the config (the tier copies them at
+ *  create; the config wipes its secrets when destroyed).  plan is never
  *  touched.  Errors: KVO_EINVAL for a NULL argument. */
 KVO_API int kvo_config_apply_file_tier(const kvo_config *c, kvo_file_tier_params *p);
 
@@ -102,8 +103,10 @@ KVO_API const char *kvo_config_remote_url(const kvo_config *c);
 /** Overwrite the remote-tier fields the config sets (url from remote_url or
  *  kvo_redis_url, key_prefix from remote_key_prefix or kvo_redis_prefix;
  *  ttl_s, io_threads and max_pending_writes from kvo_redis_ttl_s,
- *  kvo_redis_io_threads and kvo_redis_max_pending_writes); strings point into the config (the
- *  tier copies them at create).  plan and layout_hash are never touched:
+ *  kvo_redis_io_threads and kvo_redis_max_pending_writes; secret and
+ *  secret_previous from remote_secret and remote_secret_previous, else the
+ *  tier reads KVO_REMOTE_SECRET); strings point into the config (the tier
+ *  copies them at create; the config wipes its secrets when destroyed).  plan and layout_hash are never touched:
  *  the caller creates the tier (when kvo_config_remote_url is not NULL) and
  *  passes it in kvo_connector_params.remote_tier.  Errors: KVO_EINVAL for
  *  a NULL argument. */

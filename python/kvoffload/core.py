@@ -771,14 +771,27 @@ class FileTier(_Handle):
 # ------------------------------------------------------------- remote tier --
 
 _URL_CREDS = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<creds>.*)@(?P<hosts>[^@]*)$", re.S)
+_URL_SEEDS = re.compile(r"^(?:\[[^\]]*\]|[^:,/@\[\]]+):[0-9]{1,5}(?:,(?:\[[^\]]*\]|[^:,/@\[\]]+):[0-9]{1,5})*/?$")
+
+
+def _seeds_malformed(url: str) -> bool:
+    """A URL without credentials whose seeds are not host:port[,host:port]:
+    what follows the scheme may be "user:PASSWORD" written without its
+    "@host:port" (the C parser refuses it naming only the seed's position)."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    return bool(rest) and not _URL_SEEDS.match(rest)
 
 
 def url_has_password(url: str) -> bool:
     """Whether a redis:// URL carries a password (the C parser's rule: the
-    credentials end at the last '@'; without ':' they are all password)."""
-    m = _URL_CREDS.match(url) if isinstance(url, str) else None
-    if not m:
+    credentials end at the last '@'; without ':' they are all password), or
+    may carry one: seeds that are not host:port (e.g. "redis://user:PASSWORD"
+    without "@host:port") count as one."""
+    if not isinstance(url, str):
         return False
+    m = _URL_CREDS.match(url)
+    if not m:
+        return "://" in url and _seeds_malformed(url)
     creds = m.group("creds")
     return bool(creds.split(":", 1)[1] if ":" in creds else creds)
 
@@ -791,8 +804,8 @@ def redact_url(url: str) -> str:
     if not isinstance(url, str) or "://" not in url:
         return "<unparsable url>"
     m = _URL_CREDS.match(url)
-    if not m:
-        return url
+    if not m:  # no credentials: shown only when the seeds are host:port
+        return f"{url.split('://', 1)[0]}://<not host:port[,host:port]>" if _seeds_malformed(url) else url
     creds = m.group("creds")
     if not url_has_password(url):
         return url

@@ -148,6 +148,11 @@ def test_redact_url():
     assert core.redact_url("not a url Secret") == "<unparsable url>"
     assert core.url_has_password("redis://:x@h:1") and core.url_has_password("redis://x@h:1")
     assert not core.url_has_password("redis://h:1") and not core.url_has_password("redis://alice:@h:1")
+    # "user:PASSWORD" without "@host:port": not seeds, so never shown
+    for url in ("redis://user:Zq9PwLeak", "redis://h:1,user:Zq9PwLeak", "redis://Zq9PwLeak"):
+        assert core.url_has_password(url), url
+        assert "Zq9PwLeak" not in core.redact_url(url), url
+    assert not core.url_has_password("redis://10.0.0.5:7000,10.0.0.6:7000/")
 
 
 def test_remote_tier_failure_keeps_and_shows_no_password():

@@ -337,7 +337,11 @@ static int kvo__config_object(kvo_config *c, json_t *obj, int depth) {
 
 void kvo_config_destroy(kvo_config *c) {
     if (!c) return;
-    for (size_t f = 0; f < KVO__CFG_NFIELDS; f++) kvo__free(c->s[f]);
+    for (size_t f = 0; f < KVO__CFG_NFIELDS; f++) {
+        if (c->s[f] && (f == F_REMOTE_SECRET || f == F_REMOTE_SECRET_PREV || f == F_FILE_SECRET))
+            explicit_bzero(c->s[f], strlen(c->s[f])); /* secrets do not outlive the config in freed memory */
+        kvo__free(c->s[f]);
+    }
     kvo__free(c);
 }
 
