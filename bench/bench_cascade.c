@@ -18,10 +18,10 @@
  *    flight as the tier keeps (its queue_depth: the same parallelism, so
  *    the ratio is the cascade's and the tier's own cost), or threads doing
  *    pread where io_uring is not built;
- *  - remote: the tier's key names read with pipelined GETs, as many
- *    threads as the tier has workers, each with a connection per master
- *    made before the clock runs (as the tier's pool is) and batches of the
- *    tier's batch size (the values: header and payload, not checked).
+ *  - remote: the tier's key names read with pipelined GETs (bench_redis.c,
+ *    the same limit as bench remote's), as many threads as the tier has
+ *    workers, each with a connection per master, in batches of the tier's
+ *    batch size (the values: header and payload, not checked).
  * Figures: cascade.file.<K>KiB.qd<D>, cascade.remote.<K>KiB in GB/s of payload,
  * ratio to the raw read (goal >= 0.83), medians of --reps rounds (default
  * 5) in which the raw read and the cascade alternate going first.
@@ -41,11 +41,7 @@
 #if KVO_HAVE_URING
 #include <liburing.h>
 #endif
-#if KVO_HAVE_REDIS
-#include <hiredis/hiredis.h>
-
-#include "tiers/remote/remote_internal.h"
-#endif
+#include "bench_redis.h"
 
 #define BC_REPS_MAX 25
 
@@ -271,116 +267,9 @@ out:
 /* --------------------------------------------------------- remote tier -- */
 
 #if KVO_HAVE_REDIS
-typedef struct bc_raw_redis {
-    kvo__rc_url url;
-    int n;
-    char host[16][64];
-    int port[16];
-    uint8_t slot_node[16384];
-    char (*names)[128];
-    uint64_t n_keys;
-    uint32_t threads, batch;
-    redisContext *ctx[64][16]; /* per thread, per node: connected before any clock runs */
-} bc_raw_redis;
-
-static redisContext *bc_connect(const bc_raw_redis *m, const char *host, int port) {
-    redisContext *ctx = redisConnect(host, port);
-    if (!ctx || ctx->err) {
-        if (ctx) redisFree(ctx);
-        return NULL;
-    }
-    if (m->url.pass[0]) {
-        redisReply *r = m->url.user[0] ? redisCommand(ctx, "AUTH %s %s", m->url.user, m->url.pass)
-                                       : redisCommand(ctx, "AUTH %s", m->url.pass);
-        bool ok = r && r->type != REDIS_REPLY_ERROR;
-        if (r) freeReplyObject(r);
-        if (!ok) {
-            redisFree(ctx);
-            return NULL;
-        }
-    }
-    return ctx;
-}
-
-static int bc_slot_map(bc_raw_redis *m) {
-    redisContext *ctx = bc_connect(m, m->url.host[0], m->url.port[0]);
-    if (!ctx) return -1;
-    redisReply *r = redisCommand(ctx, "CLUSTER SLOTS");
-    int rc = r && r->type == REDIS_REPLY_ARRAY ? 0 : -1;
-    for (size_t i = 0; r && !rc && i < r->elements; i++) {
-        redisReply *e = r->element[i], *node = e->element[2];
-        int ni = -1;
-        for (int k = 0; k < m->n; k++)
-            if (m->port[k] == (int)node->element[1]->integer && !strcmp(m->host[k], node->element[0]->str)) ni = k;
-        if (ni < 0) {
-            if (m->n == 16) {
-                rc = -1;
-                break;
-            }
-            ni = m->n++;
-            snprintf(m->host[ni], sizeof m->host[ni], "%s", node->element[0]->str);
-            m->port[ni] = (int)node->element[1]->integer;
-        }
-        for (long long s = e->element[0]->integer; s <= e->element[1]->integer; s++) m->slot_node[s] = (uint8_t)ni;
-    }
-    if (r) freeReplyObject(r);
-    redisFree(ctx);
-    return rc;
-}
-
-typedef struct bc_get_arg {
-    const bc_raw_redis *m;
-    uint32_t id;
-    uint64_t bytes;
-    int failed;
-} bc_get_arg;
-
-static void *bc_get_thread(void *p) {
-    bc_get_arg *a = p;
-    const bc_raw_redis *m = a->m;
-    redisContext *const *ctx = m->ctx[a->id];
-    int node_of[256];
-    for (uint64_t i = a->id; i < m->n_keys && !a->failed;) {
-        uint32_t nb = 0;
-        for (; nb < m->batch && nb < 256 && i < m->n_keys; nb++, i += m->threads) {
-            const char *key = m->names[i];
-            int ni = m->slot_node[kvo_remote_key_slot(key, strlen(key))];
-            node_of[nb] = ni;
-            const char *argv[2] = {"GET", key};
-            size_t lens[2] = {3, strlen(key)};
-            redisAppendCommandArgv(ctx[ni], 2, argv, lens);
-        }
-        for (uint32_t b = 0; b < nb; b++) {
-            redisReply *r = NULL;
-            if (redisGetReply(ctx[node_of[b]], (void **)&r) != REDIS_OK || !r || r->type != REDIS_REPLY_STRING) {
-                a->failed = 1;
-                if (r) freeReplyObject(r);
-                break;
-            }
-            a->bytes += r->len;
-            freeReplyObject(r);
-        }
-    }
-    return NULL;
-}
-
-/* Pipelined GETs of every key name.  Seconds, or -1. */
-static double bc_raw_gets(const bc_raw_redis *m) {
-    bc_get_arg a[64];
-    pthread_t th[64];
-    uint32_t t = m->threads > 64 ? 64 : m->threads;
-    double t0 = kvo_bench_now();
-    for (uint32_t i = 0; i < t; i++) {
-        a[i] = (bc_get_arg){m, i, 0, 0};
-        pthread_create(&th[i], NULL, bc_get_thread, &a[i]);
-    }
-    int failed = 0;
-    for (uint32_t i = 0; i < t; i++) {
-        pthread_join(th[i], NULL);
-        failed |= a[i].failed;
-    }
-    double dt = kvo_bench_now() - t0;
-    return failed ? -1.0 : dt;
+/* The raw pass's key names: the tier's own. */
+static void bc_name(uint64_t i, char *out, size_t cap, const void *ctx) {
+    snprintf(out, cap, "%s", ((const char (*)[128])ctx)[i]);
 }
 
 static int bc_remote(const bc_cfg *c, kvo_plan *plan, const kvo_chunk_key *keys, const kvo_bench_out *o) {
@@ -397,9 +286,10 @@ static int bc_remote(const bc_cfg *c, kvo_plan *plan, const kvo_chunk_key *keys,
     rp.max_pending_reads = (uint32_t)(c->chunks + 64);
     kvo_remote_tier *rt = NULL;
     kvo_cascade *casc = NULL;
-    bc_raw_redis *m = calloc(1, sizeof *m);
+    kvo_bench_redis *m = calloc(1, sizeof *m);
+    char (*names)[128] = malloc(c->chunks * sizeof *names);
     unsigned char *src = malloc(g->chunk_bytes);
-    int rc = !m || !src ? KVO_ENOMEM : kvo_remote_tier_create(&rp, &rt);
+    int rc = !m || !src || !names ? KVO_ENOMEM : kvo_remote_tier_create(&rp, &rt);
     if (rc) goto out;
     for (uint64_t i = 0; i < g->chunk_bytes; i++) src[i] = (unsigned char)(i * 131 + 7);
     for (uint64_t i = 0; i < c->chunks && !rc; i++) {
@@ -426,27 +316,21 @@ static int bc_remote(const bc_cfg *c, kvo_plan *plan, const kvo_chunk_key *keys,
     rc = kvo_cascade_lookup(casc, keys, c->chunks, KVO_CASCADE_PREFIX, &w, KVO_MS(30000), st, st + c->chunks, NULL);
     free(st);
     if (rc) goto out;
-    if (kvo__rc_url_parse(c->remote, &m->url) || bc_slot_map(m)) {
-        rc = kvo__error(KVO_EIO, "cannot read the cluster's slot map from %s for the raw limit", m->url.host[0]);
+    char why[512];
+    if (kvo_bench_redis_open(c->remote, m, why, sizeof why)) {
+        rc = kvo__error(KVO_EIO, "the raw limit: %s", why);
         goto out;
     }
-    m->names = malloc(c->chunks * sizeof *m->names);
-    m->n_keys = c->chunks;
-    m->threads = rp.io_threads > 64 ? 64 : rp.io_threads;
-    m->batch = rp.batch_max;
-    for (uint32_t t = 0; t < m->threads; t++) /* connected once, as the tier's pool is */
-        for (int k = 0; k < m->n; k++)
-            if (!(m->ctx[t][k] = bc_connect(m, m->host[k], m->port[k]))) {
-                rc = kvo__error(KVO_EIO, "cannot connect to %s:%d for the raw limit", m->host[k], m->port[k]);
-                goto out;
-            }
-    for (uint64_t i = 0; i < c->chunks; i++) (void)kvo_remote_tier_key_name(rt, &keys[i], m->names[i], 128);
+    for (uint64_t i = 0; i < c->chunks; i++) (void)kvo_remote_tier_key_name(rt, &keys[i], names[i], 128);
     double raw[BC_REPS_MAX], tier[BC_REPS_MAX];
     for (uint32_t r = 0; r < c->reps && !rc; r++) {
         bool raw_first = r % 2 == 0;
-        if (raw_first) raw[r] = bc_raw_gets(m);
+        uint64_t bytes = 0;
+        if (raw_first) raw[r] = kvo_bench_redis_pass(m, rp.io_threads, rp.batch_max, c->chunks, bc_name, names, NULL, 0,
+                                                     &bytes);
         tier[r] = bc_cascade_pass(casc, keys, c->chunks);
-        if (!raw_first) raw[r] = bc_raw_gets(m);
+        if (!raw_first) raw[r] = kvo_bench_redis_pass(m, rp.io_threads, rp.batch_max, c->chunks, bc_name, names, NULL,
+                                                      0, &bytes);
         if (raw[r] < 0 || tier[r] < 0) rc = KVO_EIO;
     }
     if (!rc) bc_report(o, "remote", c, raw, tier, c->reps, 0);
@@ -454,11 +338,9 @@ out:
     if (rc) fprintf(stderr, "kvoffload bench cascade: remote tier: %s\n", kvo_last_error());
     kvo_cascade_destroy(casc);
     kvo_remote_tier_destroy(rt);
-    for (uint32_t t = 0; m && t < 64; t++)
-        for (int k = 0; k < 16; k++)
-            if (m->ctx[t][k]) redisFree(m->ctx[t][k]);
-    if (m) free(m->names);
+    if (m) memset(&m->url, 0, sizeof m->url); /* no copy of the password left */
     free(m);
+    free(names);
     free(src);
     return rc ? -1 : 0;
 }

@@ -43,10 +43,9 @@
 #if KVO_HAVE_REDIS
 #include <hiredis/hiredis.h>
 
-#include "tiers/remote/remote_internal.h" /* the tier's URL parser: one rule for both */
+#include "bench_redis.h"
 
 typedef struct bcfg {
-    kvo__rc_url url;   /* seed 0 is asked for the slot map; user, pass */
     uint32_t threads, batch;
     uint64_t total, size;
     bool sealed;       /* also measure a tier with a secret */
@@ -54,137 +53,18 @@ typedef struct bcfg {
 
 /* ------------------------------------------------------ raw hiredis -- */
 
-typedef struct raw_map {
-    int n;
-    char host[16][64];
-    int port[16];
-    uint8_t slot_node[16384];
-} raw_map;
-
-/* Connect and authenticate; NULL with why (never the password) when not
- * NULL. */
-static redisContext *raw_connect(const bcfg *c, const char *host, int port, char *why, size_t cap) {
-    redisContext *ctx = redisConnect(host, port);
-    if (!ctx || ctx->err) {
-        if (why) snprintf(why, cap, "cannot connect to %s:%d: %s", host, port, ctx ? ctx->errstr : "out of memory");
-        if (ctx) redisFree(ctx);
-        return NULL;
-    }
-    if (c->url.pass[0]) {
-        const char *argv[3] = {"AUTH", c->url.user, c->url.pass};
-        int argc = c->url.user[0] ? 3 : 2;
-        if (argc == 2) argv[1] = c->url.pass;
-        redisReply *r = redisCommandArgv(ctx, argc, argv, NULL);
-        bool ok = r && r->type != REDIS_REPLY_ERROR;
-        if (!ok && why)
-            snprintf(why, cap, "authentication refused by %s:%d for user '%s': %s (check the password in the url "
-                     "or KVO_REDIS_PASSWORD)", host, port, c->url.user[0] ? c->url.user : "default",
-                     r ? r->str : ctx->errstr);
-        if (r) freeReplyObject(r);
-        if (!ok) {
-            redisFree(ctx);
-            return NULL;
-        }
-    }
-    return ctx;
-}
-
-static int raw_map_load(const bcfg *c, raw_map *m, char *why, size_t cap) {
-    redisContext *ctx = raw_connect(c, c->url.host[0], c->url.port[0], why, cap);
-    if (!ctx) return -1;
-    redisReply *r = redisCommand(ctx, "CLUSTER SLOTS");
-    int rc = -1;
-    memset(m, 0, sizeof *m);
-    snprintf(why, cap, "cannot read CLUSTER SLOTS from %s:%d: %s", c->url.host[0], c->url.port[0],
-             !r ? ctx->errstr : r->type == REDIS_REPLY_ERROR ? r->str : "not a slot map");
-    if (r && r->type == REDIS_REPLY_ARRAY) {
-        rc = 0;
-        for (size_t i = 0; i < r->elements && rc == 0; i++) {
-            redisReply *e = r->element[i], *node = e->element[2];
-            int ni = -1;
-            for (int k = 0; k < m->n; k++)
-                if (m->port[k] == (int)node->element[1]->integer && !strcmp(m->host[k], node->element[0]->str)) ni = k;
-            if (ni < 0) {
-                if (m->n == 16) { rc = -1; break; }
-                ni = m->n++;
-                snprintf(m->host[ni], sizeof m->host[ni], "%s", node->element[0]->str);
-                m->port[ni] = (int)node->element[1]->integer;
-            }
-            for (long long s = e->element[0]->integer; s <= e->element[1]->integer; s++) m->slot_node[s] = (uint8_t)ni;
-        }
-    }
-    if (r) freeReplyObject(r);
-    redisFree(ctx);
-    return rc;
-}
-
-typedef struct raw_arg {
-    const bcfg *c;
-    const raw_map *m;
-    uint32_t id;
-    bool get;
-    const unsigned char *val;
-    uint64_t n_keys;
-    uint64_t bytes;   /* out: value bytes moved */
-    int failed;
-} raw_arg;
-
-static void raw_key(char *out, size_t cap, uint64_t size, uint64_t i) {
-    snprintf(out, cap, "kvobench-%d-raw:%llu:%llu", (int)getpid(), (unsigned long long)size, (unsigned long long)i);
-}
-
-static void *raw_thread(void *p) {
-    raw_arg *a = p;
-    redisContext *ctx[16] = {0};
-    for (int k = 0; k < a->m->n; k++)
-        if (!(ctx[k] = raw_connect(a->c, a->m->host[k], a->m->port[k], NULL, 0))) a->failed = 1;
-    uint32_t batch = a->c->batch;
-    int node_of[256];
-    for (uint64_t i = a->id; i < a->n_keys && !a->failed;) {
-        uint32_t nb = 0;
-        for (; nb < batch && i < a->n_keys; nb++, i += a->c->threads) {
-            char key[128];
-            raw_key(key, sizeof key, a->c->size, i);
-            int ni = a->m->slot_node[kvo_remote_key_slot(key, strlen(key))];
-            node_of[nb] = ni;
-            const char *argv[3] = {a->get ? "GET" : "SET", key, (const char *)a->val};
-            size_t lens[3] = {3, strlen(key), a->c->size};
-            redisAppendCommandArgv(ctx[ni], a->get ? 2 : 3, argv, lens);
-        }
-        for (uint32_t b = 0; b < nb; b++) {
-            redisReply *r = NULL;
-            if (redisGetReply(ctx[node_of[b]], (void **)&r) != REDIS_OK || !r) {
-                a->failed = 1;
-                break;
-            }
-            if (r->type == REDIS_REPLY_STRING) a->bytes += r->len;
-            else if (!a->get && r->type == REDIS_REPLY_STATUS) a->bytes += a->c->size;
-            freeReplyObject(r);
-        }
-    }
-    for (int k = 0; k < a->m->n; k++)
-        if (ctx[k]) redisFree(ctx[k]);
-    return NULL;
+/* The raw pass's key names: kvobench-<pid>-raw:<size>:<i>. */
+static void raw_key(uint64_t i, char *out, size_t cap, const void *ctx) {
+    snprintf(out, cap, "kvobench-%d-raw:%llu:%llu", (int)getpid(), (unsigned long long)*(const uint64_t *)ctx,
+             (unsigned long long)i);
 }
 
 /* GB/s of raw SET (get=false) or GET of all keys; <0 on failure. */
-static double raw_pass(const bcfg *c, const raw_map *m, bool get, const unsigned char *val) {
-    raw_arg args[64];
-    pthread_t th[64];
-    double t0 = kvo_bench_now();
-    for (uint32_t i = 0; i < c->threads; i++) {
-        args[i] = (raw_arg){c, m, i, get, val, c->total / c->size, 0, 0};
-        pthread_create(&th[i], NULL, raw_thread, &args[i]);
-    }
+static double raw_pass(const bcfg *c, const kvo_bench_redis *m, bool get, const unsigned char *val) {
     uint64_t bytes = 0;
-    int failed = 0;
-    for (uint32_t i = 0; i < c->threads; i++) {
-        pthread_join(th[i], NULL);
-        bytes += args[i].bytes;
-        failed |= args[i].failed;
-    }
-    double dt = kvo_bench_now() - t0;
-    return failed ? -1.0 : (double)bytes / dt / 1e9;
+    double dt = kvo_bench_redis_pass(m, c->threads, c->batch, c->total / c->size, raw_key, &c->size,
+                                     get ? NULL : val, c->size, &bytes);
+    return dt < 0 ? -1.0 : (double)bytes / dt / 1e9;
 }
 
 /* ------------------------------------------------------------ tier -- */
@@ -266,16 +146,6 @@ static double tier_get_pass(kvo_remote_tier *t, const bcfg *c, unsigned char *bu
     return (double)bytes / dt / 1e9;
 }
 
-/* The tier's parser (split at the last '@', percent-escapes decoded), then
- * KVO_REDIS_USER / KVO_REDIS_PASSWORD as the tier takes them. */
-static int parse_url(const char *url, bcfg *c) {
-    if (kvo__rc_url_parse(url, &c->url)) return -1;
-    const char *u = getenv("KVO_REDIS_USER"), *pw = getenv("KVO_REDIS_PASSWORD");
-    if (!c->url.user[0] && u) snprintf(c->url.user, sizeof c->url.user, "%s", u);
-    if (!c->url.pass[0] && pw) snprintf(c->url.pass, sizeof c->url.pass, "%s", pw);
-    return 0;
-}
-
 static void size_name(uint64_t size, char *out, size_t cap) {
     if (size % (1u << 20) == 0) snprintf(out, cap, "%lluMiB", (unsigned long long)(size >> 20));
     else snprintf(out, cap, "%lluKiB", (unsigned long long)(size >> 10));
@@ -319,7 +189,7 @@ static void report(const kvo_bench_out *o, const char *what, const char *sn, dou
 
 /* One chunk size: raw, tier (and sealed tier), --reps rounds, the median
  * of each. */
-static int bench_size(const char *url, bcfg *c, const raw_map *m, uint32_t reps, const kvo_bench_out *o) {
+static int bench_size(const char *url, bcfg *c, const kvo_bench_redis *m, uint32_t reps, const kvo_bench_out *o) {
     kvo_plan *plan = bench_plan(c->size);
     if (!plan) return -1;
     kvo_bench_progress(o, "%llu KiB values vs raw pipelined hiredis%s", (unsigned long long)(c->size >> 10),
@@ -410,20 +280,19 @@ int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o) {
     }
     bcfg c;
     memset(&c, 0, sizeof c);
-    if (!url || parse_url(url, &c)) {
-        fprintf(stderr, "kvoffload bench remote: %s%sgive --remote redis://[user:pass@]host:port (a Redis Cluster "
-                "seed)\n", url ? kvo_last_error() : "", url ? "; " : "");
-        return KVO_EXIT_USAGE;
-    }
     c.threads = (uint32_t)threads;
     c.sealed = sealed;
-    raw_map *m = malloc(sizeof *m);
+    kvo_bench_redis *m = malloc(sizeof *m);
     char why[512] = "out of memory";
-    if (!m || raw_map_load(&c, m, why, sizeof why)) {
-        fprintf(stderr, "kvoffload bench remote: %s\n", why);
-        memset(&c.url, 0, sizeof c.url);
+    int orc = !url || !m ? -1 : kvo_bench_redis_open(url, m, why, sizeof why);
+    if (orc) {
+        if (!url) fprintf(stderr, "kvoffload bench remote: give --remote redis://[user:pass@]host:port (a Redis "
+                                  "Cluster seed)\n");
+        else fprintf(stderr, "kvoffload bench remote: %s\n", why);
+        int usage = !url || orc == KVO_EINVAL;
+        if (m) memset(&m->url, 0, sizeof m->url);
         free(m);
-        return KVO_EXIT_FAIL;
+        return usage ? KVO_EXIT_USAGE : KVO_EXIT_FAIL;
     }
     char list[256];
     snprintf(list, sizeof list, "%s", sizes);
@@ -440,7 +309,7 @@ int kvo_bench_remote(int argc, char **argv, const kvo_bench_out *o) {
         c.batch = (uint32_t)(b < batch ? (b ? b : 1) : batch);
         if (bench_size(url, &c, m, (uint32_t)reps, o)) rc = KVO_EXIT_FAIL;
     }
-    memset(&c.url, 0, sizeof c.url); /* no copy of the password left */
+    memset(&m->url, 0, sizeof m->url); /* no copy of the password left */
     free(m);
     return rc;
 }
