@@ -149,7 +149,8 @@ static void *bc_raw_file_thread(void *p) {
     bc_raw_arg *a = p;
     for (uint64_t i = a->id; i < a->f->n; i += a->threads) {
         int fd = open(a->f->path[i], O_RDONLY | O_CLOEXEC | (a->f->direct ? O_DIRECT : 0));
-        if (fd < 0 || pread(fd, a->f->bufs + i * a->f->bytes, a->f->bytes, KVO_FILE_HEADER_BYTES) < (ssize_t)a->f->bytes)
+        unsigned char *dst = a->f->bufs + i * a->f->bytes;
+        if (fd < 0 || pread(fd, dst, a->f->bytes, KVO_FILE_HEADER_BYTES) < (ssize_t)a->f->bytes)
             a->failed = 1;
         if (fd >= 0) close(fd);
     }

@@ -143,7 +143,8 @@ int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out) {
         rc = kvo__error(KVO_EIO, "kvo_cascade_create: eventfd/epoll: %s", strerror(errno));
         goto fail;
     }
-    if ((rc = kvo__epoll_add(c->epfd, c->cq.efd)) || (c->file && (rc = kvo__epoll_add(c->epfd, kvo_file_tier_event_fd(c->file)))) ||
+    if ((rc = kvo__epoll_add(c->epfd, c->cq.efd)) ||
+        (c->file && (rc = kvo__epoll_add(c->epfd, kvo_file_tier_event_fd(c->file)))) ||
         (c->remote && (rc = kvo__epoll_add(c->epfd, kvo_remote_tier_event_fd(c->remote)))))
         goto fail;
     *out = c;

@@ -176,6 +176,10 @@ static inline bool kvo__casc_uses(const kvo_cascade *c, unsigned tier, uint32_t 
     return (c->groups[tier] >> group) & 1;
 }
 static inline void *kvo__casc_host_ptr(kvo_cascade *c, kvo_slot s) { return c->base + s.offset; }
+/* The lower tiers there are, as KVO__CASC_TIER_BIT bits. */
+static inline unsigned kvo__casc_lower(const kvo_cascade *c) {
+    return (c->file ? KVO__CASC_TIER_BIT(KVO_TIER_FILE) : 0) | (c->remote ? KVO__CASC_TIER_BIT(KVO_TIER_REMOTE) : 0);
+}
 static inline void *kvo__casc_stage_ptr(kvo_cascade *c, kvo_slot s) {
     return c->base + c->p.host_bytes + s.offset;
 }

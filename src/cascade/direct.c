@@ -125,7 +125,7 @@ int kvo_cascade_write(kvo_cascade *c, const kvo_chunk_key *keys, const void *con
     const void **ws = (const void **)(wk + n);
     for (size_t i = 0; i < n; i++) todo[i] = i;
     size_t m = n;
-    unsigned tiers = (c->file ? KVO__CASC_TIER_BIT(KVO_TIER_FILE) : 0) | (c->remote ? KVO__CASC_TIER_BIT(KVO_TIER_REMOTE) : 0);
+    unsigned tiers = kvo__casc_lower(c);
     for (bool first = true;; first = false) {
         for (size_t j = 0; j < m; j++) {
             wk[j] = keys[todo[j]];
@@ -172,7 +172,7 @@ int kvo_cascade_write_async(kvo_cascade *c, const kvo_chunk_key *keys, const voi
     if (!user_data) return kvo__error(KVO_EINVAL, "kvo_cascade_write_async: user_data must not be NULL");
     if (!c->file && !c->remote)
         return kvo__error(KVO_EINVAL, "kvo_cascade_write_async: the cascade has no lower tier");
-    unsigned tiers = (c->file ? KVO__CASC_TIER_BIT(KVO_TIER_FILE) : 0) | (c->remote ? KVO__CASC_TIER_BIT(KVO_TIER_REMOTE) : 0);
+    unsigned tiers = kvo__casc_lower(c);
     kvo__casc_lock(c);
     rc = kvo__casc_promise(c, n); /* one completion per key */
     if (!rc) kvo__casc_write(c, tiers, keys, srcs, NULL, false, n, 0, user_data, NULL);

@@ -106,7 +106,8 @@ void kvo__casc_drive(kvo_cascade *c) {
             for (size_t i = 0; i < n; i++) {
                 if (rc[i].op == KVO_REMOTE_OP_EXISTS) kvo__casc_pres_answer(c, &rc[i].key, rc[i].result);
                 else if (rc[i].op == KVO_REMOTE_OP_GET) kvo__landed(c, rc[i].user_data, rc[i].result, rc[i].bytes);
-                else if (rc[i].op == KVO_REMOTE_OP_REMOVE && rc[i].user_data) kvo__removed(c, rc[i].user_data, rc[i].result);
+                else if (rc[i].op == KVO_REMOTE_OP_REMOVE && rc[i].user_data)
+                    kvo__removed(c, rc[i].user_data, rc[i].result);
             }
     }
     kvo__casc_retry(c);

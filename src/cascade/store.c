@@ -190,7 +190,9 @@ static int kvo__complete(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bo
         if (rc == 0 && ok) {
             for (size_t i = 0; i < nh; i++) c->s_ptr[i] = kvo__casc_host_ptr(c, c->s_slots[i]);
             unsigned t = kvo__through(c);
-            if (t) kvo__casc_write(c, t, c->s_keys, (const void *const *)c->s_ptr, c->s_slots, false, nh, 0, NULL, NULL);
+            if (t)
+                kvo__casc_write(c, t, c->s_keys, (const void *const *)c->s_ptr, c->s_slots, false, nh, 0, NULL,
+                                NULL);
             if (c->file && c->p.file_mode == KVO_FILE_WRITE_THROUGH && c->p.file_zero_copy)
                 kvo__casc_lend(c, c->s_keys, c->s_slots, nh);
         }
@@ -199,7 +201,7 @@ static int kvo__complete(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bo
         const kvo_chunk_key *k = &c->s_keys[n - 1 - j];
         kvo_slot s = c->s_slots[n - 1 - j];
         const void *src = kvo__casc_stage_ptr(c, s);
-        unsigned t = (c->file ? KVO__CASC_TIER_BIT(KVO_TIER_FILE) : 0) | (c->remote ? KVO__CASC_TIER_BIT(KVO_TIER_REMOTE) : 0);
+        unsigned t = kvo__casc_lower(c);
         /* deferred: the staging slot stays PENDING until the retries end */
         if (ok && kvo__casc_write(c, t, k, &src, &s, true, 1, 0, NULL, NULL)) continue;
         (void)kvo_store_complete_store(c->stage, k, 1, false);
