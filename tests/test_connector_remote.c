@@ -367,28 +367,30 @@ static void kill_port(int port) {
     free(pid);
 }
 
+/* From a node's INFO replication: 1 when it is a master some replica of
+ * which has not acknowledged its whole stream (a slave's offset below the
+ * master's master_repl_offset), else 0 (caught up, or not a master). */
+__attribute__((noinline)) static int replicas_behind(const char *info) {
+    const char *m = strstr(info, "master_repl_offset:");
+    if (!strstr(info, "role:master") || !m) return 0;
+    long long want = atoll(m + 19);
+    for (const char *sl = strstr(info, "slave"); sl; sl = strstr(sl + 5, "slave")) {
+        const char *off = strstr(sl, "offset=");
+        const char *eol = strchr(sl, '\n');
+        if (off && (!eol || off < eol) && atoll(off + 7) < want) return 1;
+    }
+    return 0;
+}
+
 /* Wait until every master's replicas have acknowledged its whole
- * replication stream (INFO replication: each slave's offset reaches the
- * master's master_repl_offset), bounded. */
+ * replication stream, bounded. */
 static void wait_replicas(int base) {
     for (int n = 0; n < 6; n++) {
         bool caught_up = false;
         for (int spin = 0; spin < 3000 && !caught_up; spin++) {
             char *o = NULL;
-            if (rcli(base + n, NULL, "info replication", &o) != 0 || !o || !strstr(o, "role:master")) {
-                free(o);
-                caught_up = true; /* a replica (or gone): its master is checked on its own port */
-                break;
-            }
-            const char *m = strstr(o, "master_repl_offset:");
-            long long want = m ? atoll(m + 19) : 0;
-            caught_up = m != NULL;
-            for (const char *sl = strstr(o, "slave"); sl; sl = strstr(sl + 5, "slave")) {
-                const char *off = strstr(sl, "offset=");
-                const char *eol = strchr(sl, '\n');
-                if (!off || (eol && off > eol)) continue;
-                if (atoll(off + 7) < want) caught_up = false;
-            }
+            /* a node that does not answer is gone (its replica took over) */
+            caught_up = rcli(base + n, NULL, "info replication", &o) != 0 || !o || !replicas_behind(o);
             free(o);
             if (!caught_up) nap_ms(5);
         }

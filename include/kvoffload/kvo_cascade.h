@@ -187,10 +187,10 @@ typedef struct kvo_cascade_params {
                                      answers still out as PENDING; 0: never;
                                      default 20000 */
     uint32_t remote_exists_ttl_ms;/* how long an EXISTS answer is reused;
-                                     default 1000 */
+                                     0 or default: 1000 */
     uint32_t retry_polls;         /* how many polls a write refused for
                                      back-pressure is retried before it is
-                                     dropped (counted); default 200 */
+                                     dropped (counted); 0 or default: 200 */
 } kvo_cascade_params;
 
 KVO_API kvo_cascade_params kvo_cascade_default_params(void);

@@ -90,6 +90,7 @@ int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out) {
     c->remote = p->remote_tier;
     c->epfd = -1;
     if (!c->p.retry_polls) c->p.retry_polls = 200;
+    if (!c->p.remote_exists_ttl_ms) c->p.remote_exists_ttl_ms = 1000; /* an answer must outlive the lookup waiting for it */
     pthread_mutex_init(&c->mu, NULL);
     uint64_t offl = 0;
     for (size_t g = 0; g < c->ng; g++)

@@ -459,7 +459,7 @@ static void bad_chunk(fsck_ns *n, const kvo_file_walk_entry *e, const char *why,
 
 /* One chunk-shaped name: judged on a stable inode, twice when it fails. */
 static void fsck_chunk(fsck_ns *n, const kvo_file_walk_entry *e) {
-    file_id failed;
+    file_id failed = {0};
     bool failed_once = false;
     char why[512];
     for (int look = 0; look < FSCK_LOOKS; look++) {
