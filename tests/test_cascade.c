@@ -51,6 +51,23 @@ static void fx_close(fx *f) {
     kvo_plan_destroy(f->plan);
 }
 
+/* A fixture over the shared cluster (the remote tier's test prefix `name`):
+ * the plan, chunk and slot sizes and the tier; the caller adds a file tier
+ * and creates the cascade from *p (prefilled: plan, remote tier). */
+static fx fx_remote(const char *name, kvo_cascade_params *p) {
+    int port = shared_port();
+    fx f;
+    memset(&f, 0, sizeof f);
+    f.plan = make_plan();
+    f.chunk = chunk_bytes(f.plan);
+    f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
+    f.remote = open_tier(port, f.plan, name, NULL);
+    *p = kvo_cascade_default_params();
+    p->plan = f.plan;
+    p->remote_tier = f.remote;
+    return f;
+}
+
 /* Store keys[0..n) through the host tier: prepare, fill the slots with
  * their ftf_fill bytes, complete.  Returns how many went to the host. */
 static size_t store_keys(fx *f, const kvo_chunk_key *keys, size_t n) {
@@ -538,22 +555,14 @@ KVO_TEST(bad_arguments_are_refused) {
 /* ---------------------------------------------------------- remote tier */
 
 KVO_TEST(remote_presence_promotion_and_file_fill) {
-    int port = shared_port();
-    fx f;
-    memset(&f, 0, sizeof f);
-    f.plan = make_plan();
-    f.chunk = chunk_bytes(f.plan);
-    f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
-    f.remote = open_tier(port, f.plan, "cascade-presence", NULL);
+    kvo_cascade_params p;
+    fx f = fx_remote("cascade-presence", &p);
     kvo_file_tier_params fp = ftf_params(ftf_subdir("files"), f.plan);
     f.file = ftf_create_or_skip(&fp, f.plan);
     uint64_t base = kvo_test_rand() % 1000000000;
     ASSERT_EQ_U64(put_range(f.remote, f.plan, base, 6), 6);
-    kvo_cascade_params p = kvo_cascade_default_params();
-    p.plan = f.plan;
     p.host_bytes = 16 * f.slot;
     p.file_tier = f.file;
-    p.remote_tier = f.remote;
     p.remote_lookup_budget_us = 60u * 1000 * 1000;
     ASSERT_OK(kvo_cascade_create(&p, &f.c));
     kvo_chunk_key keys[8];
@@ -602,17 +611,9 @@ KVO_TEST(remote_presence_promotion_and_file_fill) {
 }
 
 KVO_TEST(remote_puts_are_write_through_and_answer_present) {
-    int port = shared_port();
-    fx f;
-    memset(&f, 0, sizeof f);
-    f.plan = make_plan();
-    f.chunk = chunk_bytes(f.plan);
-    f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
-    f.remote = open_tier(port, f.plan, "cascade-puts", NULL);
-    kvo_cascade_params p = kvo_cascade_default_params();
-    p.plan = f.plan;
+    kvo_cascade_params p;
+    fx f = fx_remote("cascade-puts", &p);
     p.host_bytes = 4 * f.slot;
-    p.remote_tier = f.remote;
     ASSERT_OK(kvo_cascade_create(&p, &f.c));
     uint64_t base = kvo_test_rand() % 1000000000;
     kvo_chunk_key keys[4];
@@ -667,16 +668,8 @@ KVO_TEST(write_async_completes_each_key_once) {
 /* Remove through every tier: the remote DEL's completion says whether the
  * value was gone; the cluster no longer holds it. */
 KVO_TEST(remove_deletes_from_the_cluster) {
-    int port = shared_port();
-    fx f;
-    memset(&f, 0, sizeof f);
-    f.plan = make_plan();
-    f.chunk = chunk_bytes(f.plan);
-    f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
-    f.remote = open_tier(port, f.plan, "cascade-remove", NULL);
-    kvo_cascade_params p = kvo_cascade_default_params();
-    p.plan = f.plan;
-    p.remote_tier = f.remote;
+    kvo_cascade_params p;
+    fx f = fx_remote("cascade-remove", &p);
     ASSERT_OK(kvo_cascade_create(&p, &f.c));
     uint64_t base = kvo_test_rand() % 1000000000;
     ASSERT_EQ_U64(put_range(f.remote, f.plan, base, 2), 2);

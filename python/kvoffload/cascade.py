@@ -26,7 +26,7 @@ import numpy as np
 from . import _lib as L
 from ._lib import U128, KvoError, check, check_int, lib, set_fields
 from .core import KEY_DTYPE, SLOT_DTYPE, Arena, FileTier, Plan, RemoteTier, _as_keys, _Handle, _policy, _ptr
-from .core import _stats, _struct_dict, _uint64s
+from .core import _stats, _struct_dict, _uint64s, drain_store_events
 
 # kvo_tier_id
 TIER_NONE, TIER_HOST, TIER_FILE, TIER_REMOTE = 0, 1, 2, 3
@@ -358,24 +358,7 @@ class Cascade(_Handle):
         """The host tier's events (event_capacity > 0): (type, KEY_DTYPE
         array) runs, "stored" / "evicted" / "removed"."""
         store = lib.kvo_cascade_store(self._h)
-        if not store:
-            return []
-        buf = (L.StoreEvent * cap)()
-        dt = np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)])
-        names = {1: "stored", 2: "evicted", 3: "removed"}
-        out: list[tuple[str, np.ndarray]] = []
-        while True:
-            n = lib.kvo_store_drain_events(store, buf, cap, None)
-            if n == 0:
-                return out
-            raw = np.frombuffer(memoryview(buf), dtype=dt, count=n).copy()
-            start = 0
-            for i in range(1, n + 1):
-                if i == n or raw["type"][i] != raw["type"][start]:
-                    out.append((names.get(int(raw["type"][start]), "?"), raw["key"][start:i].copy()))
-                    start = i
-            if n < cap:
-                return out
+        return drain_store_events(store, cap) if store else []
 
     # -- completions
     def poll(self, cap: int = 1024) -> np.ndarray:

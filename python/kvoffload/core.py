@@ -500,6 +500,28 @@ def _policy(name: str) -> int:
 
 # ------------------------------------------------------------------- store --
 
+def drain_store_events(h: Optional[int], cap: int = 4096) -> list[tuple[str, np.ndarray]]:
+    """A store's pending events (kvo_store_drain_events on handle h, until
+    none is left) as (type, KEY_DTYPE array) runs: "stored", "evicted",
+    "removed"; consecutive events of one type are merged."""
+    buf = (L.StoreEvent * _cap(cap))()
+    out: list[tuple[str, np.ndarray]] = []
+    names = {1: "stored", 2: "evicted", 3: "removed"}
+    while True:
+        n = lib.kvo_store_drain_events(h, buf, cap, None)
+        if n == 0:
+            return out
+        raw = np.frombuffer(memoryview(buf), dtype=np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)]),
+                            count=n).copy()
+        start = 0
+        for i in range(1, n + 1):
+            if i == n or raw["type"][i] != raw["type"][start]:
+                out.append((names.get(int(raw["type"][start]), "?"), raw["key"][start:i].copy()))
+                start = i
+        if n < cap:
+            return out
+
+
 class Store(_Handle):
     """The index of stored chunks and their slots (kvo_store).  Batched:
     every method takes a KEY_DTYPE array and makes one C call."""
@@ -587,22 +609,7 @@ class Store(_Handle):
     def drain_events(self, cap: int = 4096) -> list[tuple[str, np.ndarray]]:
         """Pending events as (type, KEY_DTYPE array) runs: "stored",
         "evicted", "removed"; consecutive events of one type are merged."""
-        buf = (L.StoreEvent * _cap(cap))()
-        out: list[tuple[str, np.ndarray]] = []
-        names = {1: "stored", 2: "evicted", 3: "removed"}
-        while True:
-            n = lib.kvo_store_drain_events(self._h, buf, cap, None)
-            if n == 0:
-                return out
-            raw = np.frombuffer(memoryview(buf), dtype=np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)]),
-                                count=n).copy()
-            start = 0
-            for i in range(1, n + 1):
-                if i == n or raw["type"][i] != raw["type"][start]:
-                    out.append((names.get(int(raw["type"][start]), "?"), raw["key"][start:i].copy()))
-                    start = i
-            if n < cap:
-                return out
+        return drain_store_events(self._h, cap)
 
     def stats(self) -> dict[str, Any]:
         """kvo_store_get_stats as a dict (groups: one dict per plan group)."""
