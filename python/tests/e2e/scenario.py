@@ -26,22 +26,36 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # scheduler and wo
 BLOCK = 32  # vLLM's CPU attention wants multiples of 32
 
 
-def kv_transfer_config(extra: dict[str, Any]) -> dict[str, Any]:
+PATHS = ("spec", "native")  # vLLM's OffloadingConnector with kvoffload's spec; kvoffload's KvoffloadConnector
+
+
+def kv_transfer_config(extra: dict[str, Any], path: str = "spec") -> dict[str, Any]:
+    """vLLM's kv_transfer_config for kvoffload by path: "spec" (vLLM's
+    OffloadingConnector with KvoffloadOffloadingSpec) or "native"
+    (KvoffloadConnector); extra: kv_connector_extra_config (blocks_per_chunk
+    1 unless given)."""
+    if path == "native":
+        ex = {"blocks_per_chunk": 1, **extra}
+        return {"kv_connector": "KvoffloadConnector", "kv_connector_module_path": "kvoffload.vllm.connector",
+                "kv_role": "kv_both", "kv_connector_extra_config": ex}
+    if path != "spec":
+        raise ValueError(f"path {path!r}: one of {PATHS}")
     ex = {"spec_name": "KvoffloadOffloadingSpec", "spec_module_path": "kvoffload.vllm", "blocks_per_chunk": 1}
     ex.update(extra)
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": ex}
 
 
 def make_llm(model_dir: str, extra: Optional[dict[str, Any]], device_blocks: int, max_model_len: int,
-             batched_tokens: int = 1024, **kw: Any) -> Any:
-    """A greedy CPU vLLM with token-id prompts; extra None: no connector."""
+             batched_tokens: int = 1024, path: str = "spec", **kw: Any) -> Any:
+    """A greedy CPU vLLM with token-id prompts; extra None: no connector;
+    path: kv_transfer_config's."""
     from vllm import LLM
     args = dict(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", gpu_memory_utilization=0.25,
                 num_gpu_blocks_override=device_blocks, max_model_len=max_model_len,
                 max_num_batched_tokens=batched_tokens, max_num_seqs=4, block_size=BLOCK,
                 enable_prefix_caching=True, disable_log_stats=False, seed=0, enforce_eager=True)
     if extra is not None:
-        args["kv_transfer_config"] = kv_transfer_config(extra)
+        args["kv_transfer_config"] = kv_transfer_config(extra, path)
     args.update(kw)
     return LLM(**args)
 
@@ -97,8 +111,10 @@ def metrics() -> dict[str, float]:
 def kvo_stats() -> dict[str, Any]:
     """kvoffload's spec's managers and workers, and kvoffload's secondary
     tiers under vLLM's tiering spec ("tiers")."""
+    from kvoffload.vllm.connector import live_stats as connector_stats
     from kvoffload.vllm.spec import live_stats
     out = live_stats()
+    out["connector"] = connector_stats()
     try:
         from kvoffload.vllm.tiering import live_stats as tier_stats
     except ImportError:  # a vLLM without tiering
@@ -151,13 +167,15 @@ def run(llm: Any, prompt_len: int, fill_len: int, fill_prompts: int, vocab: int,
 
 
 def main(argv: list[str]) -> int:
-    """python scenario.py MODEL_DIR EXTRA_JSON DEVICE_BLOCKS: run the scenario
-    in a fresh engine and print its Result as one JSON line (the last)."""
+    """python scenario.py MODEL_DIR EXTRA_JSON DEVICE_BLOCKS [VOCAB [PATH]]:
+    run the scenario in a fresh engine (PATH: spec or native) and print its
+    Result as one JSON line (the last)."""
     import dataclasses
     import json
     model_dir, extra, blocks = argv[0], json.loads(argv[1]), int(argv[2])
+    path = argv[4] if len(argv) > 4 else "spec"
     t0 = time.perf_counter()
-    llm = make_llm(model_dir, extra, device_blocks=blocks, max_model_len=1280)
+    llm = make_llm(model_dir, extra, device_blocks=blocks, max_model_len=1280, path=path)
     startup = time.perf_counter() - t0
     r = run(llm, prompt_len=613, fill_len=1000, fill_prompts=2, vocab=int(argv[3]) if len(argv) > 3 else 512)
     d = dataclasses.asdict(r)
