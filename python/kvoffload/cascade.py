@@ -389,6 +389,16 @@ class Cascade(_Handle):
                 break
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dt)
 
+    def host_stats(self) -> dict[str, Any]:
+        """The host tier's store statistics (kvo_store_get_stats: bytes_used,
+        entries, evictions ...); {} without a host tier."""
+        s = lib.kvo_cascade_store(self._h)
+        if not s:
+            return {}
+        st = _stats(L.StoreStats)
+        check(lib.kvo_store_get_stats(s, byref(st)), "kvo_store_get_stats")
+        return {n: getattr(st, n) for n in L._STORE_STATS}
+
     def stats(self) -> dict[str, Any]:
         """Counters: host / file / remote (per tier) and the cascade's own."""
         s = _stats(CascadeStats)

@@ -336,10 +336,11 @@ class CascadeManager(OffloadingManager):
         self._names.clear()
 
     def stats(self) -> dict[str, Any]:
-        """The cascade's counters and this manager's (lookups: cascade
+        """The cascade's counters, the host tier's store statistics and this
+        manager's counters (lookups: cascade
         lookup calls, lookup_keys, fallback_lookups: single keys outside a
         request's chunks, stores_failed: stores the worker could not copy)."""
-        return {"cascade": self.cascade.stats(), "manager": dict(self.counts)}
+        return {"cascade": self.cascade.stats(), "host": self.cascade.host_stats(), "manager": dict(self.counts)}
 
     def shutdown(self) -> None:
         c = self.cascade

