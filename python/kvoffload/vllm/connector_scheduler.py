@@ -57,20 +57,15 @@ from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadingEvent, Offl
 from .. import _lib as L
 from .. import cascade as kc
 from ..core import KEY_DTYPE, MISS, PENDING, READY
-from .compat import offloading_event
+from .compat import FILE_OWNER, REDIS_OWNER, lower_tier_events  # noqa: F401 (the owners: re-exported)
 from .config import KvoffloadLoadStoreSpec
 
-try:  # vLLM's tier locality (0.32, 0.33); None where an older vLLM has none
-    from vllm.v1.kv_offload.base import Locality
-except ImportError:  # pragma: no cover
-    Locality = None  # type: ignore[assignment,misc]
 try:
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
 except ImportError:  # pragma: no cover
     CacheHitSource = None  # type: ignore[assignment,misc]
 
 _HIT, _MISS, _PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING
-FILE_OWNER, REDIS_OWNER = "kvoffload-file", "kvoffload-redis"
 _EMPTY = KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32))
 
 
@@ -240,10 +235,7 @@ class CascadeManager(OffloadingManager):
     # -- events ----------------------------------------------------------
     def _lower_event(self, keys: list[OffloadKey], bit: int, removed: bool) -> None:
         assert self.events is not None
-        remote = bit == 2
-        loc = getattr(Locality, "REMOTE" if remote else "LOCAL", None) if Locality is not None else None
-        self.events.append(offloading_event(keys, Medium.STORAGE, removed, locality=loc,
-                                            ownership=REDIS_OWNER if remote else FILE_OWNER))
+        self.events += lower_tier_events(keys, bit == 1, bit == 2, removed)
 
     def _announce_lower(self, keys: list[OffloadKey]) -> None:
         """Chunks handed to the lower tiers (write-through; staged chunks

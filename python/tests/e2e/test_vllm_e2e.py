@@ -249,7 +249,11 @@ def connector_extra(model: str, tiers: str, model_root: str, tmp_path) -> dict:
     elif tiers == "host_remote":
         extra.update(cpu_bytes_to_use=host_used(model, model_root, tmp_path, "native") // 2,
                      kvo_redis_url=f"redis://{redis_or_skip()}",
-                     kvo_redis_prefix=f"e2e-native-{os.getpid()}-{model}")
+                     kvo_redis_prefix=f"e2e-native-{os.getpid()}-{model}",
+                     # the cluster's presence answers may take long on a loaded
+                     # 2-core machine: wait for them (the default 20 ms budget
+                     # would turn a slow answer into a recompute)
+                     kvo_redis_lookup_budget_us=5_000_000)
     return extra
 
 
