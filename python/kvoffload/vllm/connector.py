@@ -165,6 +165,16 @@ class KvoffloadConnector(OffloadingConnector):
                      "recomputed" if want == "recompute" else "the request's failure")
             ktc.kv_load_failure_policy = want
 
+    # -- loads layer by layer (worker) -----------------------------------
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self.connector_worker is not None:
+            self.connector_worker.wait_for_layer(layer_name)
+
+    def wait_for_save(self) -> None:
+        assert self.connector_worker is not None
+        self.connector_worker.end_forward()
+        super().wait_for_save()
+
     # -- failures (worker) -----------------------------------------------
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.connector_worker.take_load_errors() if self.connector_worker is not None else set()
@@ -180,16 +190,15 @@ class KvoffloadConnector(OffloadingConnector):
     def stats(self) -> dict[str, Any]:
         """kvoffload's counters of this side: the scheduler's manager
         (cascade and lookups) or the worker (its transfer engines' sums and
-        the connector's own: loads, sync_loads, stores, load_failures,
-        store_failures, faults_injected)."""
+        the connector's own: loads, sync_loads, layered_loads, stores,
+        load_failures, store_failures, faults_injected)."""
         if self.connector_scheduler is not None:
             return {"role": "scheduler", **self.connector_scheduler.manager.stats()}
         w = self.connector_worker
         out: dict[str, Any] = {"role": "worker"}
         if w is not None:
             out["connector"] = dict(w.counts)
-            if w.worker is not None:
-                out["transfer"] = w.worker.stats()
+            out["transfer"] = w.transfer_stats()
         return out
 
 
