@@ -129,3 +129,55 @@ def test_loads_in_the_step_for_one_group_only():
     two = types.SimpleNamespace(kv_cache_groups=[object(), object()])
     assert sync_loads({}, one) and not sync_loads({}, two)
     assert not sync_loads({"kvo_sync_loads": False}, one)
+
+
+def test_layer_loader_loads_the_groups_slot_bytes():
+    """Loads layer by layer (LayerLoader: one job per layer on per-layer
+    groups) put back exactly the bytes the group's own engine stored, also
+    from the middle of a chunk, each layer waited for on its own."""
+    import torch
+    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+    from vllm.v1.kv_offload.base import GPULoadStoreSpec
+
+    from kvoffload.vllm import KvoffloadOffloadingSpec
+    from kvoffload.vllm.connector_worker import LayerLoader
+    from test_vllm import make_kv
+
+    pages = (2048, 1024)  # two layers, pages of their own sizes
+    cfg = make_config(bpc=2, kv_bytes=sum(pages), extra={"cpu_bytes_to_use": 32 * 16384})
+    spec = KvoffloadOffloadingSpec(cfg)
+    m = spec.get_manager()
+    tensors = [make_kv(64, p)[0] for p in pages]
+    kv = CanonicalKVCaches(tensors=[CanonicalKVCacheTensor(t, p) for t, p in zip(tensors, pages)],
+                           group_data_refs=[[CanonicalKVCacheRef(0, pages[0]), CanonicalKVCacheRef(1, pages[1])]])
+    w = spec.get_worker(kv)
+    lw = LayerLoader(w, kv, ["l0", "l1"], 16, 16, 2)
+    orig = [t.clone() for t in tensors]
+    rc = ReqContext("r")
+    keys = keys_of(7, 3)
+    out = m.prepare_store(keys, rc)
+    assert w.submit_store(1, GPULoadStoreSpec([2, 3, 4, 5, 6, 7], group_sizes=[6], block_indices=[0]),
+                          out.store_spec)
+    w.wait({1})
+    assert [r.success for r in w.get_finished()] == [True]
+    m.complete_store(keys, rc)
+    ls = m.prepare_load(keys, rc)
+    assert lw.submit(5, ls, GPULoadStoreSpec([20, 21, 22, 23, 24, 25], group_sizes=[6], block_indices=[0]))
+    lw.wait_layer("l1")
+    assert torch.equal(tensors[1][20:26], orig[1][2:8])  # its own layer, before the other was waited for
+    lw.wait_layer("l0")
+    assert torch.equal(tensors[0][20:26], orig[0][2:8])
+    done = lw.finished()
+    assert [(j, ok) for j, ok, _, _ in done] == [(5, True)] and done[0][2] == 6 * sum(pages)
+    m.complete_load(keys, rc)
+    # from the middle of a chunk (block index 1)
+    ls = m.prepare_load(keys[:2], rc)
+    assert lw.submit(6, ls, GPULoadStoreSpec([40, 41, 42], group_sizes=[3], block_indices=[1]))
+    lw.wait_all()
+    for t, o in zip(tensors, orig):
+        assert torch.equal(t[40:43], o[3:6]) and torch.equal(t[:20], o[:20])
+    assert [(j, ok) for j, ok, _, _ in lw.finished()] == [(6, True)]
+    m.complete_load(keys[:2], rc)
+    lw.close()
+    w.shutdown()
+    m.shutdown()
