@@ -131,13 +131,16 @@ class CascadeManager(OffloadingManager):
         for keys, chain in groups:
             if not keys:
                 continue
-            states, tiers, _ = self.cascade.lookup(self.ckeys(keys), (kc.PREFIX if chain else 0) | kc.PROMOTE, wait)
+            ck = self.ckeys(keys)
+            states, tiers, _ = self.cascade.lookup(ck, (kc.PREFIX if chain else 0) | kc.PROMOTE, wait)
             self.counts["lookups"] += 1
             self.counts["lookup_keys"] += len(keys)
-            for key, s, t in zip(keys, states.tolist(), tiers.tolist()):
+            for i, (key, s, t) in enumerate(zip(keys, states.tolist(), tiers.tolist())):
                 answers[key] = (s, t)
                 if s != MISS and key not in origin:
                     origin[key] = t
+                    if t != kc.TIER_HOST and self.events is not None:  # promoted: named in the host events
+                        self._names[ck[i].tobytes()] = key
             if self._lower:
                 self._gone(keys, states)
         self._answers[rid] = answers
