@@ -347,9 +347,9 @@ def test_failed_file_reads_are_recomputed(path, model_root, tmp_path):
 @pytest.mark.parametrize("path", ["spec", "native"])
 def test_kv_events_through_vllms_publisher(path, model_root, tmp_path):
     """vLLM's KV events of kvoffload's tiers, read back through vLLM's own
-    ZMQ publisher (its replay socket): the host tier's chunks stored and
-    removed with medium CPU and, on the connector's path, the file tier's
-    stored with medium STORAGE, locality LOCAL, ownership kvoffload-file."""
+    ZMQ publisher (its replay socket), on both paths: the host tier's chunks
+    stored and removed with medium CPU, the file tier's stored with medium
+    STORAGE, locality LOCAL, ownership kvoffload-file."""
     model = "llama"
     ev = tmp_path / "ev"
     ev.mkdir()
@@ -362,6 +362,5 @@ def test_kv_events_through_vllms_publisher(path, model_root, tmp_path):
     removed = {k: v for k, v in e.items() if k.startswith("removed ")}
     assert any(k.startswith("stored CPU ") for k in stored), e
     assert any(k.startswith("removed CPU ") for k in removed), e
-    if path == "native":
-        assert stored.get("stored STORAGE kvoffload-file LOCAL", 0) > 0, e
+    assert stored.get("stored STORAGE kvoffload-file LOCAL", 0) > 0, e
     print(f"{path} events: {e}")
