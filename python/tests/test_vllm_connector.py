@@ -181,3 +181,81 @@ def test_layer_loader_loads_the_groups_slot_bytes():
     lw.close()
     w.shutdown()
     m.shutdown()
+
+
+@pytest.mark.parametrize("extra", [{}, {"blocks_per_chunk": 4}])
+def test_connector_through_vllms_scheduler_loads_in_the_step(extra):
+    """KvoffloadConnector inside vLLM's own Scheduler (tests/vllm_engine_sim.py:
+    the real scheduler and KV-cache manager, CPU tensors, a fake model whose
+    blocks' bytes are a function of their tokens): the same hits as vLLM's
+    OffloadingConnector with kvoffload's spec, every loaded block holds what
+    computing it gives, and every load ran in its request's first step (no
+    request waited for remote KV)."""
+    import os
+
+    import vllm_engine_sim as sim
+    from test_vllm import _extra, _scenario
+    ours = sim.Engine({"cpu_bytes_to_use": 1 << 23, **extra}, engine_id=f"kvo-conn-{os.getpid()}-{len(extra)}",
+                      connector="KvoffloadConnector")
+    waited = []
+    orig = ours.sched.schedule
+
+    def schedule():
+        out = orig()
+        waited.extend(r.request_id for r in ours.sched.waiting if r.status.name == "WAITING_FOR_REMOTE_KVS")
+        return out
+    ours.sched.schedule = schedule
+    try:
+        h_ours = _scenario(ours)
+        assert ours.load_jobs >= 3 and ours.loaded_blocks_checked >= 30
+        w = ours.wconn.connector_worker
+        assert w.counts["sync_loads"] == w.counts["loads"] == ours.load_jobs and not waited
+        assert w.counts["load_failures"] == 0
+    finally:
+        ours.shutdown()
+    spec = sim.Engine(_extra("KvoffloadOffloadingSpec", **extra), engine_id=f"kvo-spec-{os.getpid()}-{len(extra)}")
+    try:
+        h_spec = _scenario(spec)
+    finally:
+        spec.shutdown()
+    assert h_ours == h_spec and h_ours["c"] >= 240
+
+
+def test_connector_failed_loads_are_recomputed_through_vllms_scheduler():
+    """Every load fails (kvo_fault_loads 1): nothing asserts, vLLM's scheduler
+    gets the blocks back (get_block_ids_with_load_errors) and recomputes
+    them.  The simulated forward of the step with the failed load reads
+    blocks that do not hold their KV (as a real forward would; vLLM drops
+    that step's output for the request): every such request is scheduled
+    again for its whole prompt."""
+    import os
+
+    import vllm_engine_sim as sim
+    from test_vllm import _scenario
+    e = sim.Engine({"cpu_bytes_to_use": 1 << 23, "kvo_fault_loads": 1}, engine_id=f"kvo-conn-f-{os.getpid()}",
+                   connector="KvoffloadConnector")
+    bad: set[str] = set()
+    scheduled: dict[str, int] = {}
+    check, orig = e.check_block, e.sched.schedule
+
+    def lenient(req_id, *a):
+        try:
+            check(req_id, *a)
+        except AssertionError:
+            bad.add(req_id)
+
+    def schedule():
+        out = orig()
+        for r, n in out.num_scheduled_tokens.items():
+            scheduled[r] = scheduled.get(r, 0) + n
+        return out
+    e.check_block, e.sched.schedule = lenient, schedule
+    try:
+        hits = _scenario(e)
+        w = e.wconn.connector_worker
+        assert w.counts["load_failures"] == w.counts["loads"] >= 3
+        assert bad and all(hits.get(r, 0) > 0 for r in bad)  # only requests that loaded read bad blocks
+        for r in bad:  # ... and they computed their whole prompt again
+            assert scheduled[r] >= len(e.tokens[r]), (r, scheduled[r], len(e.tokens[r]))
+    finally:
+        e.shutdown()
