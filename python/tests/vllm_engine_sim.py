@@ -172,12 +172,18 @@ class Engine:
             if end >= len(toks):
                 sampled[req_id] = [7]
         w.wait_for_save()
-        _, recving = w.get_finished(out.finished_req_ids)
+        failed: set = set()
+        if hasattr(w, "get_transfer_results"):  # as vLLM's model runner asks (0.32, 0.33)
+            tr = w.get_transfer_results(out.finished_req_ids)
+            recving, failed = tr.finished_recving, tr.failed_recving
+        else:
+            _, recving = w.get_finished(out.finished_req_ids)
         ids = list(out.num_scheduled_tokens)
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=[sampled.get(r, []) for r in ids],
                                 kv_connector_output=KVConnectorOutput(
                                     finished_recving=recving or None,
+                                    **({"failed_recving": failed} if failed else {}),
                                     invalid_block_ids=w.get_block_ids_with_load_errors(),
                                     kv_connector_worker_meta=w.build_connector_worker_meta()))
         self.sched.update_from_output(out, mro)

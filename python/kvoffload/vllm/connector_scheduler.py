@@ -400,9 +400,15 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
         # loads run in this step (job id -> [request id, keys, workers still due, request context])
         self._sync_jobs: dict[int, list[Any]] = {}
         self._batch_sync: set[int] = set()
+        # requests whose load failed: recomputed, never offered a load again
+        # (a load failing again and again would otherwise send a request
+        # back and forth between its load and its recompute)
+        self._load_failed: set[str] = set()
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int,
                                    max_num_new_tokens: Optional[int] = None) -> tuple[Optional[int], bool]:
+        if request.request_id in self._load_failed:
+            return 0, False
         st = self._req_status.get(request.request_id)
         if st is not None and not st.transfer_jobs and not request.skip_reading_prefix_cache:
             st.update_offload_keys()
@@ -443,8 +449,11 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
         if meta is not None:
             for job_id in getattr(meta, "failed_jobs", {}):
                 status = self._jobs.get(job_id)
+                sync = self._sync_jobs.get(job_id)
                 if status is not None and status.is_store:
                     self.manager.fail_stores(status.keys)
+                elif status is not None or sync is not None:
+                    self._load_failed.add(status.req_id if status is not None else sync[0])
             done = meta.completed_jobs
             for job_id in [j for j in done if j in self._sync_jobs]:
                 entry = self._sync_jobs[job_id]
@@ -455,6 +464,10 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
                     if self._chunks_being_loaded:
                         self._chunks_being_loaded.difference_update(entry[1])
         super().update_connector_output(connector_output)
+
+    def request_finished(self, request: Any) -> tuple[bool, Any]:
+        self._load_failed.discard(request.request_id)
+        return super().request_finished(request)
 
     def has_pending_push_work(self) -> bool:
         return bool(self._sync_jobs) or super().has_pending_push_work()

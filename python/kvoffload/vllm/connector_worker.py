@@ -29,7 +29,8 @@ copies between the tensors and the shared arena's slots).  What differs:
             failed asynchronous load reports its request in failed_recving
             (vLLM recomputes it), a failed store goes back to the scheduler
             in the worker metadata (failed_jobs) and its chunks never become
-            visible.
+            visible; a failed load goes back there too, so that its request
+            is not offered a load again (it recomputes).
 
 Fault injection (tests): kv_connector_extra_config kvo_fault_loads = k fails
 every k-th load job and kvo_fault_stores = k every k-th store job, as if the
@@ -291,6 +292,7 @@ class KvoffloadConnectorWorker(OffloadingConnectorWorker):
                 if req_id is not None:
                     finished_recving.add(req_id)
                 continue
+            meta.failed_jobs[job_id] = 1
             if is_load:
                 self.counts["load_failures"] += 1
                 if blocks is not None:
@@ -300,7 +302,6 @@ class KvoffloadConnectorWorker(OffloadingConnectorWorker):
                     self._failed_recving.add(req_id)
             else:
                 self.counts["store_failures"] += 1
-                meta.failed_jobs[job_id] = 1
         return set(), finished_recving
 
     def take_failed_recving(self) -> set[str]:
