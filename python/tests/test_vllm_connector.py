@@ -267,3 +267,24 @@ def test_connector_failed_loads_are_recomputed_through_vllms_scheduler(window):
             assert scheduled[r] >= len(e.tokens[r]), (r, scheduled[r], len(e.tokens[r]))
     finally:
         e.shutdown()
+
+
+def test_connector_whole_prompt_hit_leaves_the_last_token():
+    """A prompt of whole chunks, all of them stored: a load in the step
+    leaves its last token to compute (a hit of every token left vLLM's
+    scheduler nothing to schedule: it asserted)."""
+    import os
+    import random
+
+    import vllm_engine_sim as sim
+    e = sim.Engine({"cpu_bytes_to_use": 1 << 23}, engine_id=f"kvo-conn-w-{os.getpid()}", connector="KvoffloadConnector")
+    rng = random.Random(9)
+    p = [rng.randrange(1000) for _ in range(256)]  # 16 blocks of 16 tokens
+    try:
+        for rid, toks in [("p", p), ("fill", [rng.randrange(1000) for _ in range(600)]), ("p2", p)]:
+            e.add(rid, toks)
+            e.run()
+        # local and loaded hits end one token before the prompt does
+        assert e.hits["p2"] > 0 and e.hits["p2"] % 16 == 15 and e.loaded_blocks_checked >= 15
+    finally:
+        e.shutdown()

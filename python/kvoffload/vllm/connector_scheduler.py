@@ -417,6 +417,13 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
                 first = num_computed_tokens // gc.tokens_per_chunk
                 groups.append((gs.offload_keys[first:], gc.sliding_window_size_in_chunks is None))
             self.manager.lookup_request(st.req_context, groups)
+        if self.sync_loads:
+            # a load in the step leaves the last token to compute (a hit of
+            # the whole prompt would leave the step nothing to schedule)
+            cap = request.num_tokens - 1 - num_computed_tokens
+            if cap <= 0:
+                return 0, False
+            max_num_new_tokens = cap if max_num_new_tokens is None else min(cap, max_num_new_tokens)
         n, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens, max_num_new_tokens)
         return n, (load_async and not self.sync_loads)
 
