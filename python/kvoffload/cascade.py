@@ -400,6 +400,32 @@ class Cascade(_Handle):
               "kvo_cascade_invalidate")
         return n.value
 
+    def host_events(self, cap: int = 4096) -> np.ndarray:
+        """The host tier's pending store events (event_capacity > 0), oldest
+        first, as records of (type, key): type 1 stored, 2 evicted, 3
+        removed (kvo_store_event_type); one C call per cap events."""
+        s = lib.kvo_cascade_store(self._h)
+        dt = np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)])
+        assert dt.itemsize == ctypes.sizeof(L.StoreEvent), "kvo_store_event's layout changed"
+        parts = []
+        buf = np.empty(check_int("cap", cap, 1, 1 << 24), dtype=dt)
+        while s:
+            n = lib.kvo_store_drain_events(s, _ptr(buf), cap, None)
+            parts.append(buf[:n].copy())
+            if n < cap:
+                break
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dt)
+
+    def host_stats(self) -> dict[str, Any]:
+        """The host tier's store statistics (kvo_store_get_stats: bytes_used,
+        entries, evictions ...); {} without a host tier."""
+        s = lib.kvo_cascade_store(self._h)
+        if not s:
+            return {}
+        st = _stats(L.StoreStats)
+        check(lib.kvo_store_get_stats(s, byref(st)), "kvo_store_get_stats")
+        return {n: getattr(st, n) for n in L._STORE_STATS}
+
     def stats(self) -> dict[str, Any]:
         """Counters: host / file / remote (per tier) and the cascade's own."""
         s = _stats(CascadeStats)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-collect_ignore = [] if os.environ.get("KVO_TEST_VLLM") == "1" else ["test_vllm.py"]
+collect_ignore = [] if os.environ.get("KVO_TEST_VLLM") == "1" else ["test_vllm.py", "test_vllm_connector.py"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

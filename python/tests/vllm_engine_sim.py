@@ -47,13 +47,16 @@ def tiny_model_dir() -> str:
 
 class Engine:
     def __init__(self, extra: dict, num_blocks: int = 48, engine_id: str = "kvo-sim",
-                 fake_worker: bool = False, sliding_window: int = 0, kv_events: bool = False) -> None:
+                 fake_worker: bool = False, sliding_window: int = 0, kv_events: bool = False,
+                 connector: str = "OffloadingConnector") -> None:
         """fake_worker: no KV copies; every transfer job reports done at once
         (for specs whose worker needs a GPU, e.g. vLLM's CPUOffloadingSpec).
         sliding_window: a hybrid model instead: layer 0 full attention (group
         0), layer 1 sliding window (group 1), overlaid on one tensor as vLLM's
         hybrid allocator does.  kv_events: vLLM's KV cache events on (null
-        publisher; the connector's take_events)."""
+        publisher; the connector's take_events).  connector:
+        "OffloadingConnector" (vLLM's, with the spec named in extra) or
+        "KvoffloadConnector" (kvoffload.vllm.connector)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         mc = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float16", max_model_len=2048)
         self.vc = VllmConfig(
@@ -61,8 +64,10 @@ class Engine:
             cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
             scheduler_config=SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=2048,
                                              is_encoder_decoder=False),
-            kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                                engine_id=engine_id, kv_connector_extra_config=dict(extra)),
+            kv_transfer_config=KVTransferConfig(kv_connector=connector, kv_role="kv_both", engine_id=engine_id,
+                                                kv_connector_extra_config=dict(extra),
+                                                **({"kv_connector_module_path": "kvoffload.vllm.connector"}
+                                                   if connector == "KvoffloadConnector" else {})),
             **({"kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null")} if kv_events
                else {}))
         self.spec_attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.float16)
@@ -99,7 +104,11 @@ class Engine:
         self.fake_worker = fake_worker
         self.wconn = None
         if not fake_worker:
-            self.wconn = OffloadingConnector(self.vc, KVConnectorRole.WORKER, kcc)
+            cls = OffloadingConnector
+            if connector == "KvoffloadConnector":
+                from kvoffload.vllm.connector import KvoffloadConnector
+                cls = KvoffloadConnector
+            self.wconn = cls(self.vc, KVConnectorRole.WORKER, kcc)
             self.wconn.connector_worker._init_worker(CanonicalKVCaches(
                 tensors=[CanonicalKVCacheTensor(t, self.page) for t in self.kv], group_data_refs=refs))
         # external (offload) hit tokens the connector reported per request
@@ -163,12 +172,19 @@ class Engine:
             if end >= len(toks):
                 sampled[req_id] = [7]
         w.wait_for_save()
-        _, recving = w.get_finished(out.finished_req_ids)
+        failed: set = set()
+        if hasattr(w, "get_transfer_results"):  # as vLLM's model runner asks (0.32, 0.33)
+            tr = w.get_transfer_results(out.finished_req_ids)
+            recving, failed = tr.finished_recving, tr.failed_recving
+        else:
+            _, recving = w.get_finished(out.finished_req_ids)
         ids = list(out.num_scheduled_tokens)
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=[sampled.get(r, []) for r in ids],
                                 kv_connector_output=KVConnectorOutput(
                                     finished_recving=recving or None,
+                                    **({"failed_recving": failed} if failed else {}),
+                                    invalid_block_ids=w.get_block_ids_with_load_errors(),
                                     kv_connector_worker_meta=w.build_connector_worker_meta()))
         self.sched.update_from_output(out, mro)
         w.clear_connector_metadata()

@@ -16,6 +16,12 @@ The package (the import path vLLM is given, spec_module_path
               hints kept a while, never "absent" for a key this engine put
               after asking
   compat.py   what differs between the vLLM versions, by feature detection
+  connector.py, connector_scheduler.py, connector_worker.py
+              KvoffloadConnector, kvoffload's own KV connector
+              (kv_connector "KvoffloadConnector", kv_connector_module_path
+              "kvoffload.vllm.connector"): vLLM's offloading scheduler over
+              the cascade, loads in the request's first step, failures as
+              recomputes (docs/python.md)
 
 Use with vLLM's OffloadingConnector:
 

@@ -68,3 +68,24 @@ def offloading_event(keys: list[Any], medium: Any, removed: bool, **optional: An
     ...) that this vLLM's dataclass has; the others are left out."""
     return OffloadingEvent(keys=keys, medium=medium, removed=removed,
                            **{k: v for k, v in optional.items() if k in EVENT_FIELDS})
+
+
+FILE_OWNER, REDIS_OWNER = "kvoffload-file", "kvoffload-redis"
+
+
+def lower_tier_events(keys: list[Any], file: bool, remote: bool, removed: bool = False) -> list[OffloadingEvent]:
+    """KV events of chunks handed to (or gone from) kvoffload's lower tiers:
+    medium STORAGE, locality LOCAL for the file tier and REMOTE for the
+    Redis tier where vLLM has localities, ownership "kvoffload-file" /
+    "kvoffload-redis" (the tier, as vLLM's secondary tiers name theirs)."""
+    try:
+        from vllm.v1.kv_offload.base import Locality, Medium
+    except ImportError:  # pragma: no cover (a vLLM without localities)
+        from vllm.v1.kv_offload.base import Medium
+        Locality = None  # type: ignore[assignment]
+    out = []
+    for on, owner, loc in ((file, FILE_OWNER, "LOCAL"), (remote, REDIS_OWNER, "REMOTE")):
+        if on and keys:
+            out.append(offloading_event(list(keys), Medium.STORAGE, removed, ownership=owner,
+                                        locality=getattr(Locality, loc, None) if Locality is not None else None))
+    return out

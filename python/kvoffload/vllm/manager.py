@@ -53,7 +53,7 @@ except ImportError as e:  # a checkout used without building the package
 from ..core import KEY_DTYPE, PENDING, READY, FileTier, Plan, RemoteTier, Store
 from ..shm import SharedArena
 from .answers import RemoteAnswers
-from .compat import failed_store_event
+from .compat import failed_store_event, lower_tier_events
 from .config import KvoffloadLoadStoreSpec
 
 _HIT, _MISS, _PENDING, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING, LookupResult.RETRY
@@ -559,6 +559,9 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if not keys:
             return
         buf = self._cbytes(keys)
+        if success and self.events is not None:  # handed to the lower tiers: their KV events
+            self.events += lower_tier_events(keys, self.file_tier is not None and self.file_mode == "write_through",
+                                             self.remote_tier is not None)
         if self._staged:
             keys, buf = self._complete_staged(keys, buf, success)
             if not keys:

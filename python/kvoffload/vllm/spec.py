@@ -102,49 +102,60 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                            expected=self.arena_expected,
                            directory=str(self.extra_config.get("kvo_shm_dir", "/dev/shm")))
 
+    def make_tiers(self) -> tuple[Optional[FileTier], Optional[RemoteTier]]:
+        """The file and remote tiers kv_connector_extra_config asks for (each
+        None when not configured), their write queues sized for two steps of
+        stores; the caller owns them (the manager closes them)."""
+        extra = self.extra_config
+        file_tier = None
+        root = extra.get("kvo_file_root")
+        shared = bool(extra.get("kvo_file_shared", False))
+        # the lower tiers' write queues hold two steps of stores (each
+        # write is copied into the tier's staging memory at once)
+        step_chunks = sum(n for _, n, _ in self.step)
+        step_bytes = sum(b for _, _, b in self.step)
+        if root:
+            file_tier = FileTier(str(root), self.plan, int_key(extra, "kvo_file_bytes", 0),
+                                 policy=self.policy, shared=shared,
+                                 layout_hash=layout_hash(self.config) if shared else 0,
+                                 max_pending_writes=int_key(extra, "kvo_file_max_pending_writes",
+                                                            min(1 << 16, max(64, 2 * step_chunks))),
+                                 max_staging_bytes=int_key(extra, "kvo_file_staging_bytes",
+                                                           max(64 << 20, 2 * step_bytes)))
+        remote_tier = None
+        url = extra.get("kvo_redis_url")
+        if url:
+            warn_if_url_has_password(str(url), "kvo_redis_url")
+            try:
+                if not self.scheduler_maps_arena:
+                    raise L.KvoError(L.KVO_EINVAL, "kvo_redis_url needs the scheduler to map the arena "
+                                     "(kvo_scheduler_maps_arena true)", "KvoffloadOffloadingSpec")
+                remote_tier = RemoteTier(str(url), self.plan,
+                                         key_prefix=str(extra.get("kvo_redis_prefix", "kvo")),
+                                         layout_hash=layout_hash(self.config),
+                                         ttl_s=int_key(extra, "kvo_redis_ttl_s", 0),
+                                         io_threads=int_key(extra, "kvo_redis_io_threads", 0),
+                                         max_pending_writes=int_key(
+                                             extra, "kvo_redis_max_pending_writes",
+                                             min(1 << 16, max(64, 2 * step_chunks))))
+            except BaseException:
+                if file_tier is not None:
+                    file_tier.close()
+                raise
+        return file_tier, remote_tier
+
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             extra = self.extra_config
             arena = None
             if self.scheduler_maps_arena:
                 arena = self._arena()
-            file_tier = None
-            root = extra.get("kvo_file_root")
-            shared = bool(extra.get("kvo_file_shared", False))
-            # the lower tiers' write queues hold two steps of stores (each
-            # write is copied into the tier's staging memory at once)
-            step_chunks = sum(n for _, n, _ in self.step)
-            step_bytes = sum(b for _, _, b in self.step)
-            if root:
-                file_tier = FileTier(str(root), self.plan, int_key(extra, "kvo_file_bytes", 0),
-                                     policy=self.policy, shared=shared,
-                                     layout_hash=layout_hash(self.config) if shared else 0,
-                                     max_pending_writes=int_key(extra, "kvo_file_max_pending_writes",
-                                                                min(1 << 16, max(64, 2 * step_chunks))),
-                                     max_staging_bytes=int_key(extra, "kvo_file_staging_bytes",
-                                                               max(64 << 20, 2 * step_bytes)))
-            remote_tier = None
-            url = extra.get("kvo_redis_url")
-            if url:
-                warn_if_url_has_password(str(url), "kvo_redis_url")
-                if not self.scheduler_maps_arena:
-                    raise L.KvoError(L.KVO_EINVAL, "kvo_redis_url needs the scheduler to map the arena "
-                                     "(kvo_scheduler_maps_arena true)", "KvoffloadOffloadingSpec")
-                try:
-                    remote_tier = RemoteTier(str(url), self.plan,
-                                             key_prefix=str(extra.get("kvo_redis_prefix", "kvo")),
-                                             layout_hash=layout_hash(self.config),
-                                             ttl_s=int_key(extra, "kvo_redis_ttl_s", 0),
-                                             io_threads=int_key(extra, "kvo_redis_io_threads", 0),
-                                             max_pending_writes=int_key(
-                                                 extra, "kvo_redis_max_pending_writes",
-                                                 min(1 << 16, max(64, 2 * step_chunks))))
-                except BaseException:
-                    if file_tier is not None:
-                        file_tier.close()
-                    if arena is not None:
-                        arena.close()
-                    raise
+            try:
+                file_tier, remote_tier = self.make_tiers()
+            except BaseException:
+                if arena is not None:
+                    arena.close()
+                raise
             self._manager = KvoffloadOffloadingManager(
                 self.plan, self.capacity_bytes + self.staging_bytes, [g.group_id for g in self.config.groups],
                 policy=self.policy,

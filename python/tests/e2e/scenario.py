@@ -26,22 +26,36 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # scheduler and wo
 BLOCK = 32  # vLLM's CPU attention wants multiples of 32
 
 
-def kv_transfer_config(extra: dict[str, Any]) -> dict[str, Any]:
+PATHS = ("spec", "native")  # vLLM's OffloadingConnector with kvoffload's spec; kvoffload's KvoffloadConnector
+
+
+def kv_transfer_config(extra: dict[str, Any], path: str = "spec") -> dict[str, Any]:
+    """vLLM's kv_transfer_config for kvoffload by path: "spec" (vLLM's
+    OffloadingConnector with KvoffloadOffloadingSpec) or "native"
+    (KvoffloadConnector); extra: kv_connector_extra_config (blocks_per_chunk
+    1 unless given)."""
+    if path == "native":
+        ex = {"blocks_per_chunk": 1, **extra}
+        return {"kv_connector": "KvoffloadConnector", "kv_connector_module_path": "kvoffload.vllm.connector",
+                "kv_role": "kv_both", "kv_connector_extra_config": ex}
+    if path != "spec":
+        raise ValueError(f"path {path!r}: one of {PATHS}")
     ex = {"spec_name": "KvoffloadOffloadingSpec", "spec_module_path": "kvoffload.vllm", "blocks_per_chunk": 1}
     ex.update(extra)
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": ex}
 
 
 def make_llm(model_dir: str, extra: Optional[dict[str, Any]], device_blocks: int, max_model_len: int,
-             batched_tokens: int = 1024, **kw: Any) -> Any:
-    """A greedy CPU vLLM with token-id prompts; extra None: no connector."""
+             batched_tokens: int = 1024, path: str = "spec", **kw: Any) -> Any:
+    """A greedy CPU vLLM with token-id prompts; extra None: no connector;
+    path: kv_transfer_config's."""
     from vllm import LLM
     args = dict(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", gpu_memory_utilization=0.25,
                 num_gpu_blocks_override=device_blocks, max_model_len=max_model_len,
                 max_num_batched_tokens=batched_tokens, max_num_seqs=4, block_size=BLOCK,
                 enable_prefix_caching=True, disable_log_stats=False, seed=0, enforce_eager=True)
     if extra is not None:
-        args["kv_transfer_config"] = kv_transfer_config(extra)
+        args["kv_transfer_config"] = kv_transfer_config(extra, path)
     args.update(kw)
     return LLM(**args)
 
@@ -97,8 +111,10 @@ def metrics() -> dict[str, float]:
 def kvo_stats() -> dict[str, Any]:
     """kvoffload's spec's managers and workers, and kvoffload's secondary
     tiers under vLLM's tiering spec ("tiers")."""
+    from kvoffload.vllm.connector import live_stats as connector_stats
     from kvoffload.vllm.spec import live_stats
     out = live_stats()
+    out["connector"] = connector_stats()
     try:
         from kvoffload.vllm.tiering import live_stats as tier_stats
     except ImportError:  # a vLLM without tiering
@@ -128,10 +144,32 @@ def evict(llm: Any, rng: random.Random, n_prompts: int, length: int, vocab: int)
         ask(llm, tokens(rng, length, vocab), max_tokens=1, logprobs=0)
 
 
-def run(llm: Any, prompt_len: int, fill_len: int, fill_prompts: int, vocab: int, seed: int = 1) -> Result:
+def corrupt_files(root: str) -> int:
+    """Fault injection: flip a byte in the second half of every file under
+    root (the file tier's chunks: their payloads fail verification, so a
+    read of them is a miss); returns how many files were changed."""
+    n = 0
+    for d, _, names in os.walk(root):
+        for name in names:
+            f = os.path.join(d, name)
+            size = os.path.getsize(f)
+            if size < 2:
+                continue
+            with open(f, "r+b") as fh:
+                fh.seek(size * 3 // 4)
+                b = fh.read(1)
+                fh.seek(size * 3 // 4)
+                fh.write(bytes([b[0] ^ 0xFF]))
+            n += 1
+    return n
+
+
+def run(llm: Any, prompt_len: int, fill_len: int, fill_prompts: int, vocab: int, seed: int = 1,
+        corrupt: Optional[str] = None) -> Result:
     """The scenario: a prompt P, P again (device hit), unrelated prompts
     that evict P, P again (loaded); then a second turn T = P + answer + new
-    tokens the same way (device hit, evicted, loaded)."""
+    tokens the same way (device hit, evicted, loaded).  corrupt: a file
+    tier's root whose files are corrupted before P is asked again."""
     rng = random.Random(seed)
     p = tokens(rng, prompt_len, vocab)
     r = Result()
@@ -139,6 +177,8 @@ def run(llm: Any, prompt_len: int, fill_len: int, fill_prompts: int, vocab: int,
     r.device_hit = ask(llm, p)
     r.before = metrics()
     evict(llm, rng, fill_prompts, fill_len, vocab)
+    if corrupt:
+        r.kvo["corrupted_files"] = corrupt_files(corrupt)
     r.loaded = ask(llm, p)
     t = p + r.loaded.tokens + tokens(rng, 40, vocab)
     ask(llm, t)  # computed once (stores the new blocks)
@@ -146,21 +186,77 @@ def run(llm: Any, prompt_len: int, fill_len: int, fill_prompts: int, vocab: int,
     evict(llm, rng, fill_prompts, fill_len, vocab)
     r.turn2_loaded = ask(llm, t)
     r.after = metrics()
-    r.kvo = kvo_stats()
+    r.kvo.update(kvo_stats())
     return r
 
 
+def replay_events(endpoint: str, timeout_s: float = 60.0) -> list[Any]:
+    """Every KV event batch vLLM's ZMQ publisher still buffers, asked for
+    through its replay endpoint (a DEALER socket, from sequence 0) until two
+    answers in a row hold the same number of batches (the publisher thread
+    has published what the engine handed it)."""
+    import msgspec
+    import zmq
+    from vllm.distributed.kv_events import KVEventBatch
+    dec = msgspec.msgpack.Decoder(type=KVEventBatch)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    last: Optional[int] = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            sock.send_multipart((b"", (0).to_bytes(8, "big")))
+            batches = []
+            while sock.poll(int(timeout_s * 1000)):
+                _, _topic, seq, payload = sock.recv_multipart()
+                if int.from_bytes(seq, "big", signed=True) == -1:
+                    break
+                batches.append(dec.decode(payload))
+            if last is not None and len(batches) == last and batches:
+                return [e for b in batches for e in b.events]
+            last = len(batches)
+            sock.poll(200)  # a short pause between asks (the publisher runs every 0.1 s)
+    finally:
+        sock.close(linger=0)
+    raise TimeoutError("KV event replay did not settle")
+
+
+def summarize_events(events: list[Any]) -> dict[str, int]:
+    """Counts of events by "stored|removed medium ownership locality"."""
+    out: dict[str, int] = {}
+    for e in events:
+        kind = type(e).__name__.replace("Block", "").lower()
+        k = f"{kind} {getattr(e, 'medium', None)} {getattr(e, 'ownership', None)} {getattr(e, 'locality', None)}"
+        out[k] = out.get(k, 0) + len(getattr(e, "block_hashes", ()) or ())
+    return out
+
+
 def main(argv: list[str]) -> int:
-    """python scenario.py MODEL_DIR EXTRA_JSON DEVICE_BLOCKS: run the scenario
-    in a fresh engine and print its Result as one JSON line (the last)."""
+    """python scenario.py MODEL_DIR EXTRA_JSON DEVICE_BLOCKS [VOCAB [PATH
+    [OPTIONS_JSON]]]: run the scenario in a fresh engine (PATH: spec or
+    native) and print its Result as one JSON line (the last).  OPTIONS:
+    {"events_dir": D} publishes vLLM's KV events on ipc sockets in D and
+    reports them ("events": counts by kind, medium, ownership, locality);
+    {"corrupt": ROOT} corrupts the file tier's files before the reload."""
     import dataclasses
     import json
     model_dir, extra, blocks = argv[0], json.loads(argv[1]), int(argv[2])
+    vocab = int(argv[3]) if len(argv) > 3 else 512
+    path = argv[4] if len(argv) > 4 else "spec"
+    opts = json.loads(argv[5]) if len(argv) > 5 else {}
+    kw: dict[str, Any] = {}
+    if opts.get("events_dir"):
+        from vllm.config import KVEventsConfig
+        d = opts["events_dir"]
+        kw["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                                endpoint=f"ipc://{d}/pub", replay_endpoint=f"ipc://{d}/replay")
     t0 = time.perf_counter()
-    llm = make_llm(model_dir, extra, device_blocks=blocks, max_model_len=1280)
+    llm = make_llm(model_dir, extra, device_blocks=blocks, max_model_len=1280, path=path, **kw)
     startup = time.perf_counter() - t0
-    r = run(llm, prompt_len=613, fill_len=1000, fill_prompts=2, vocab=int(argv[3]) if len(argv) > 3 else 512)
+    r = run(llm, prompt_len=613, fill_len=1000, fill_prompts=2, vocab=vocab, corrupt=opts.get("corrupt"))
     d = dataclasses.asdict(r)
+    if opts.get("events_dir"):
+        d["events"] = summarize_events(replay_events(f"ipc://{opts['events_dir']}/replay"))
     d["startup_s"] = startup
     d["total_s"] = time.perf_counter() - t0
     print("KVO-E2E-RESULT " + json.dumps(d), flush=True)

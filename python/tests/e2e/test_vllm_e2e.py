@@ -34,7 +34,29 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # to 96 tokens (its page must hold a recurrent state), so 24 blocks
 DEVICE_BLOCKS = {"llama": 41, "gemma3": 123, "qwen3_next": 24}
 HOST_BYTES = 64 << 20
-_host_used: dict[str, int] = {}  # model -> host bytes its host run filled (sizes the small host tiers)
+# (path, model) -> host bytes the scenario fills in a host tier that never
+# evicts (sizes the small host tiers): recorded by the host runs, or measured
+# by host_used() when no host run of that path and model has run, so that no
+# case depends on another having run or passed
+_host_used: dict[tuple[str, str], int] = {}
+
+
+def host_bytes_used(r: dict, path: str) -> int:
+    if path == "native":
+        (m,) = [c for c in r["kvo"]["connector"] if c["role"] == "scheduler"]
+        return m["host"]["bytes_used"]
+    (m,) = r["kvo"]["manager"]
+    return m["host"]["bytes_used"]
+
+
+def host_used(model: str, model_root: str, tmp_path, path: str = "spec") -> int:
+    if (path, model) not in _host_used:
+        d = tmp_path / f"host-{path}"
+        d.mkdir(exist_ok=True)
+        r = run_engine(tiny_models.make(model, model_root), {"cpu_bytes_to_use": HOST_BYTES}, DEVICE_BLOCKS[model],
+                       d, path)
+        _host_used[(path, model)] = host_bytes_used(r, path)
+    return _host_used[(path, model)]
 
 
 @pytest.fixture(scope="session")
@@ -42,12 +64,16 @@ def model_root(tmp_path_factory):
     return str(tmp_path_factory.mktemp("models"))
 
 
-def run_engine(model_dir: str, extra: dict, blocks: int, tmp_path) -> dict:
+def run_engine(model_dir: str, extra: dict, blocks: int, tmp_path, path: str = "spec",
+               opts: dict | None = None) -> dict:
+    """The scenario in a fresh engine (a subprocess: scenario.py) over
+    kvoffload by path ("spec": vLLM's OffloadingConnector with kvoffload's
+    spec; "native": KvoffloadConnector); its Result as a dict."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     p = subprocess.run([sys.executable, os.path.join(HERE, "scenario.py"), model_dir, json.dumps(extra), str(blocks),
-                        str(tiny_models.VOCAB)], env=env, capture_output=True, text=True, timeout=400,
-                       cwd=str(tmp_path))
+                        str(tiny_models.VOCAB), path, json.dumps(opts or {})], env=env, capture_output=True,
+                       text=True, timeout=900, cwd=str(tmp_path))
     lines = [x for x in p.stdout.splitlines() if x.startswith("KVO-E2E-RESULT ")]
     if p.returncode != 0 or not lines:
         tail = (p.stdout + p.stderr)[-6000:]
@@ -87,7 +113,6 @@ def redis_or_skip() -> str:
     return redis
 
 
-# each model's host run first: it measures what the small host tiers are sized by
 @pytest.mark.parametrize("model,tiers", [(m, t) for m in tiny_models.MODELS
                                          for t in ("host", "small_host_file", "small_host_file_zero_copy",
                                                    "host_remote", "host_branch")])
@@ -96,15 +121,13 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
     if tiers == "host_branch":   # the branch policy: request-level offloading (prefix hits offered again)
         extra["eviction_policy"] = "branch"
     elif tiers != "host":
-        if model not in _host_used:
-            pytest.skip(f"{model}: the host run did not pass (it sizes the small host tier)")
         # half of what the host run filled: the prefix is evicted from the
         # host tier, and there is still room for one scheduler step of
         # stores (1024 tokens: 32 chunks of the full group) plus the
         # 20-chunk prefix read back (kvoffload reads a lower tier's chunk
         # through a host slot: a load stops at the first chunk that finds
         # none)
-        extra["cpu_bytes_to_use"] = _host_used[model] // 2
+        extra["cpu_bytes_to_use"] = host_used(model, model_root, tmp_path) // 2
     if tiers.startswith("small_host_file"):
         extra.update(kvo_file_root=str(tmp_path / "kvo-files"), kvo_file_bytes=256 << 20)
     if tiers == "small_host_file_zero_copy":   # the host slots lent to the file writes (no staging copy)
@@ -113,6 +136,8 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
         redis = redis_or_skip()
         extra.update(kvo_redis_url=f"redis://{redis}", kvo_redis_prefix=f"e2e-{os.getpid()}-{model}")
     r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path)
+    if tiers == "host":  # whatever is asserted below, it sizes the small host tiers of this model
+        _host_used[("spec", model)] = host_bytes_used(r, "spec")
     try:
         check_like_with_like(r)
     except AssertionError as e:   # say what kvoffload's manager counted
@@ -122,7 +147,6 @@ def test_real_engine_loads_evicted_prefix(model, tiers, model_root, tmp_path):
     host = m["host"]
     assert host["hits"] > 0
     if tiers == "host":
-        _host_used[model] = host["bytes_used"]
         assert host["evictions"] == 0
     elif tiers == "host_branch":
         # vLLM offered the loaded prefix to the store again (present: not stored twice)
@@ -161,15 +185,14 @@ TIERING_SETUPS = {"llama": "tiering_small_file_remote"}
 
 @pytest.mark.parametrize("model,tiers", [(m, TIERING_SETUPS.get(m, "tiering_file")) for m in tiny_models.MODELS])
 def test_real_engine_vllm_tiering_with_kvoffload_tiers(model, tiers, model_root, tmp_path):
-    if model not in _host_used:
-        pytest.skip(f"{model}: the host run did not pass (it sizes the small primary tier)")
     # vLLM's primary tier as small as the small host tiers above: the prefix
     # is evicted from it and promoted back from a secondary tier
-    extra: dict = dict(TIERING_SPEC, cpu_bytes_to_use=_host_used[model] // 2)
+    used = host_used(model, model_root, tmp_path)
+    extra: dict = dict(TIERING_SPEC, cpu_bytes_to_use=used // 2)
     mod = "kvoffload.vllm.tiering"
     # the host run stored every chunk of the scenario: a quarter of that
     # keeps the latest chunks only, so the prefix is evicted from the files
-    file_bytes = 256 << 20 if tiers == "tiering_file" else _host_used[model] // 4
+    file_bytes = 256 << 20 if tiers == "tiering_file" else used // 4
     extra["secondary_tiers"] = [{"type": "KvoffloadFileTier", "module_path": mod,
                                  "root_dir": str(tmp_path / "kvo-files"), "capacity_bytes": file_bytes}]
     if tiers == "tiering_small_file_remote":
@@ -204,3 +227,140 @@ def test_real_engine_vllm_tiering_with_kvoffload_tiers(model, tiers, model_root,
           f"loaded {r['after']['vllm:kv_offload_load_bytes']:.0f} B, "
           f"tier reads {r['after'].get('vllm:kv_offload_tiering_read_bytes', 0):.0f} B in "
           f"{r['after'].get('vllm:kv_offload_tiering_read_time', 0) * 1e3:.2f} ms, failures {fails or 0}")
+
+
+# -- KvoffloadConnector (kvoffload.vllm.connector): the same scenario through
+# kvoffload's own connector, each case independent of the others
+
+def connector_sides(r: dict) -> tuple[dict, dict]:
+    """(scheduler stats, worker stats) of the run's KvoffloadConnector."""
+    (m,) = [c for c in r["kvo"]["connector"] if c["role"] == "scheduler"]
+    (w,) = [c for c in r["kvo"]["connector"] if c["role"] == "worker"]
+    return m, w
+
+
+def connector_extra(model: str, tiers: str, model_root: str, tmp_path) -> dict:
+    extra: dict = {"cpu_bytes_to_use": HOST_BYTES}
+    if tiers == "small_host_file":
+        # half of what a host tier that never evicts filled: the prefix is
+        # evicted from the host tier and promoted back from the files
+        extra.update(cpu_bytes_to_use=host_used(model, model_root, tmp_path, "native") // 2,
+                     kvo_file_root=str(tmp_path / "kvo-files"), kvo_file_bytes=256 << 20)
+    elif tiers == "host_remote":
+        extra.update(cpu_bytes_to_use=host_used(model, model_root, tmp_path, "native") // 2,
+                     kvo_redis_url=f"redis://{redis_or_skip()}",
+                     kvo_redis_prefix=f"e2e-native-{os.getpid()}-{model}",
+                     # the cluster's presence answers may take long on a loaded
+                     # 2-core machine: wait for them (the default 20 ms budget
+                     # would turn a slow answer into a recompute)
+                     kvo_redis_lookup_budget_us=5_000_000)
+    return extra
+
+
+@pytest.mark.parametrize("model,tiers", [(m, t) for m in tiny_models.MODELS
+                                         for t in ("host", "small_host_file", "host_remote")])
+def test_connector_loads_evicted_prefix(model, tiers, model_root, tmp_path):
+    extra = connector_extra(model, tiers, model_root, tmp_path)
+    r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path, "native")
+    if tiers == "host":
+        _host_used[("native", model)] = host_bytes_used(r, "native")
+    m, w = connector_sides(r)
+    try:
+        check_like_with_like(r)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nscheduler: {m}\nworker: {w}") from None
+    check_vllm_counted_loads(r)
+    c, t = w["connector"], w["transfer"]
+    assert t["bytes_loaded"] == r["after"]["vllm:kv_offload_load_bytes"] and t["jobs_failed"] == 0, w
+    assert c["load_failures"] == 0 and c["store_failures"] == 0 and c["faults_injected"] == 0, c
+    # one KV-cache group: every load ran in its request's first step; several
+    # groups: a step ahead (vLLM takes their failures back only that way)
+    assert c["sync_loads"] == (c["loads"] if model == "llama" else 0) and c["loads"] > 0, c
+    cs, mc = m["cascade"], m["manager"]
+    assert cs["host"]["hits"] > 0 and cs["stores_refused"] == 0, cs
+    # the whole prompt in one cascade call per KV-cache group
+    assert mc["lookups"] > 0 and mc["lookup_keys"] >= mc["lookups"], mc
+    if tiers == "host":
+        assert m["host"]["evictions"] == 0, m["host"]
+    else:
+        assert m["host"]["evictions"] > 0, "the small host tier evicted nothing: the lower tier was not needed"
+        lower = cs["file"] if tiers == "small_host_file" else cs["remote"]
+        assert lower["writes"] > 0 and lower["promotions"] > 0 and lower["promotion_failures"] == 0, cs
+        assert lower["writes_dropped"] == 0, cs
+    print(f"native {model}/{tiers}: startup {r['startup_s']:.1f} s, run {r['total_s']:.1f} s, "
+          f"external hits {r['after']['vllm:external_prefix_cache_hits']:.0f} tokens, loads {c['loads']} "
+          f"({c['sync_loads']} in the step), promotions file {cs['file']['promotions']} "
+          f"remote {cs['remote']['promotions']}")
+
+
+def check_recomputed(r: dict) -> None:
+    """The reloaded answers after a failure: the engine lived, and its
+    answers are the first computation's (a failed load recomputes the
+    prefix in one step, as the first answer computed it)."""
+    for first, loaded in (("first", "loaded"),):
+        a, b = r[first], r[loaded]
+        assert b["tokens"] == a["tokens"], f"{loaded}: tokens differ from the computed answer"
+    assert r["turn2_loaded"]["tokens"] == r["turn2_device"]["tokens"]
+
+
+# loads: llama loads in the step (failures as invalid blocks), gemma3 a step
+# ahead (failures as failed receives); stores: a failed store never becomes
+# visible, so a later load of it is a miss
+@pytest.mark.parametrize("model,fault", [("llama", "loads"), ("gemma3", "loads"), ("llama", "stores")])
+def test_connector_failures_are_recomputed(model, fault, model_root, tmp_path):
+    extra = {"cpu_bytes_to_use": HOST_BYTES, f"kvo_fault_{fault}": 1 if fault == "loads" else 2}
+    r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path, "native")
+    m, w = connector_sides(r)
+    c = w["connector"]
+    assert c["faults_injected"] > 0, c
+    if fault == "loads":
+        assert c["load_failures"] == c["faults_injected"] == c["loads"], c
+        assert w["transfer"]["bytes_loaded"] == 0, w
+        check_recomputed(r)
+    else:
+        assert c["store_failures"] == c["faults_injected"] and m["manager"]["stores_failed"] > 0, (c, m)
+        # what was stored is loaded, what failed is recomputed: the engine's
+        # answers are its computed ones
+        assert r["loaded"]["tokens"] == r["first"]["tokens"]
+    print(f"native {model} failed {fault}: {c}")
+
+
+@pytest.mark.parametrize("path", ["spec", "native"])
+def test_failed_file_reads_are_recomputed(path, model_root, tmp_path):
+    """Fault injection in the file tier, both paths: every chunk file is
+    corrupted before the evicted prompt comes back; its reads fail
+    verification, the chunks stay invisible (misses) and vLLM recomputes."""
+    model = "llama"
+    root = tmp_path / "kvo-files"
+    extra = {"cpu_bytes_to_use": host_used(model, model_root, tmp_path, path) // 2, "kvo_file_root": str(root),
+             "kvo_file_bytes": 256 << 20}
+    r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path, path,
+                   {"corrupt": str(root)})
+    assert r["kvo"]["corrupted_files"] > 0
+    assert r["loaded"]["cached"] < r["device_hit"]["cached"], "the corrupted prefix was loaded"
+    assert r["loaded"]["tokens"] == r["first"]["tokens"]
+    if path == "native":
+        m, _ = connector_sides(r)
+        assert m["cascade"]["file"]["promotion_failures"] > 0, m["cascade"]["file"]
+
+
+@pytest.mark.parametrize("path", ["spec", "native"])
+def test_kv_events_through_vllms_publisher(path, model_root, tmp_path):
+    """vLLM's KV events of kvoffload's tiers, read back through vLLM's own
+    ZMQ publisher (its replay socket), on both paths: the host tier's chunks
+    stored and removed with medium CPU, the file tier's stored with medium
+    STORAGE, locality LOCAL, ownership kvoffload-file."""
+    model = "llama"
+    ev = tmp_path / "ev"
+    ev.mkdir()
+    extra = {"cpu_bytes_to_use": host_used(model, model_root, tmp_path, path) // 2,
+             "kvo_file_root": str(tmp_path / "kvo-files"), "kvo_file_bytes": 256 << 20}
+    r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path, path,
+                   {"events_dir": str(ev)})
+    e = r["events"]
+    stored = {k: v for k, v in e.items() if k.startswith("stored ")}
+    removed = {k: v for k, v in e.items() if k.startswith("removed ")}
+    assert any(k.startswith("stored CPU ") for k in stored), e
+    assert any(k.startswith("removed CPU ") for k in removed), e
+    assert stored.get("stored STORAGE kvoffload-file LOCAL", 0) > 0, e
+    print(f"{path} events: {e}")
