@@ -26,7 +26,7 @@ import numpy as np
 from . import _lib as L
 from ._lib import U128, KvoError, check, check_int, lib, set_fields
 from .core import KEY_DTYPE, SLOT_DTYPE, Arena, FileTier, Plan, RemoteTier, _as_keys, _Handle, _policy, _ptr
-from .core import _stats, _struct_dict, _uint64s, drain_store_events
+from .core import _stats, _struct_dict, _uint64s
 
 # kvo_tier_id
 TIER_NONE, TIER_HOST, TIER_FILE, TIER_REMOTE = 0, 1, 2, 3
@@ -355,10 +355,17 @@ class Cascade(_Handle):
               "kvo_cascade_write_async")
 
     def drain_events(self, cap: int = 4096) -> list[tuple[str, np.ndarray]]:
-        """The host tier's events (event_capacity > 0): (type, KEY_DTYPE
-        array) runs, "stored" / "evicted" / "removed"."""
-        store = lib.kvo_cascade_store(self._h)
-        return drain_store_events(store, cap) if store else []
+        """The host tier's events as (type, KEY_DTYPE array) runs, "stored" /
+        "evicted" / "removed" (host_events, merged by type)."""
+        ev = self.host_events(cap)
+        names = {1: "stored", 2: "evicted", 3: "removed"}
+        out: list[tuple[str, np.ndarray]] = []
+        start = 0
+        for i in range(1, len(ev) + 1):
+            if i == len(ev) or ev["type"][i] != ev["type"][start]:
+                out.append((names.get(int(ev["type"][start]), "?"), ev["key"][start:i].copy()))
+                start = i
+        return out
 
     # -- completions
     def poll(self, cap: int = 1024) -> np.ndarray:
