@@ -145,20 +145,22 @@ def layout_hash(config: OffloadingConfig) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
 
 
-def kvo_namespace(config: OffloadingConfig, plan: Plan, engine: str = "vllm") -> int:
+def kvo_namespace(config: OffloadingConfig, plan: Plan, engine: str = "vllm", extra: Any = None) -> int:
     """The 128-bit namespace of this engine's chunks (kvoffload's one rule,
     kvoffload.cascade.namespace_id): the plan's geometry, the model identity
     as configured (its whole name or path, never folded or cut), the dtype,
     the KV cache layout, and what decides a slot's bytes beyond them (world
     size, bytes per block per rank, the per-group sizes).  Chunk keys are
     derived from vLLM's block hashes under it (namespace_keys), so engines
-    serving other models or layouts never share a key in any tier."""
+    serving other models or layouts never share a key in any tier.  extra:
+    what else decides the bytes for this caller (its repr joins them)."""
     per_group = config.extra_config.get("kvo_group_bytes_per_block")
     layout = getattr(config, "kv_cache_layout", None) or config.extra_config.get("kvo_kv_layout")
-    extra = repr(("kvo-vllm-slot/1", max(1, config.parallel.world_size), config.worker_kv_bytes_per_block,
-                  [int(x) for x in per_group] if per_group else None))
+    slot = ("kvo-vllm-slot/1", max(1, config.parallel.world_size), config.worker_kv_bytes_per_block,
+            [int(x) for x in per_group] if per_group else None)
     return namespace_id(plan, engine=engine, model=str(config.model.name or ""), dtype=str(config.model.dtype or ""),
-                        kv_layout=str(layout) if layout else None, extra=extra)
+                        kv_layout=str(layout) if layout else None,
+                        extra=repr(slot if extra is None else slot + (extra,)))
 
 
 def arena_name(config: OffloadingConfig) -> str:
