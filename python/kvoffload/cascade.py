@@ -232,6 +232,33 @@ def value_plan(name: str, value_bytes: int, tokens: int = 1) -> Plan:
     return Plan(model, blocks_per_chunk=1)
 
 
+def engine_cascade(plan: Plan, file: Optional[dict[str, Any]] = None, remote: Optional[dict[str, Any]] = None,
+                   **cascade: Any) -> "Cascade":
+    """A Cascade with no host tier (the engine's own host memory is its host
+    tier: SGLang, LMCache, vLLM's secondary tiers) over the tiers it makes
+    and owns: FileTier(plan=plan, **file) and RemoteTier(plan=plan, **remote)
+    (None: no such tier); cascade: Cascade's keyword arguments.  close()
+    closes the tiers after the cascade (close(flush_ms) flushes first).
+    The tiers: .file_tier, .remote_tier."""
+    if file is None and remote is None:
+        raise KvoError(L.KVO_EINVAL, "engine_cascade: give a file tier, a remote tier, or both", "engine_cascade")
+    made: list[Any] = []
+    try:
+        ft = FileTier(plan=plan, **file) if file is not None else None
+        if ft is not None:
+            made.append(ft)
+        rt = RemoteTier(plan=plan, **remote) if remote is not None else None
+        if rt is not None:
+            made.append(rt)
+        c = Cascade(plan, 0, file_tier=ft, remote_tier=rt, **cascade)
+    except BaseException:
+        for t in made:
+            t.close()
+        raise
+    c._owned = made
+    return c
+
+
 class _HostStore(Store):
     """A cascade's host store, borrowed: never destroyed here (the
     cascade's destroy frees it and clears _h first)."""
@@ -340,11 +367,27 @@ class Cascade(_Handle):
         self.host_bytes, self.staging_bytes = host_bytes, staging_bytes
         self._host: Optional[_HostStore] = None
         self._router = _Router(self)
+        self._owned: list[Any] = []   # tiers closed with the cascade (engine_cascade)
 
     def _release(self, h: int) -> None:
         if self._host is not None:  # the borrowed store goes with the cascade
             self._host._h = None
         lib.kvo_cascade_destroy(h)
+        for t in self._owned:   # after the cascade: it borrowed them
+            t.close()
+        self._owned = []
+
+    def close(self, flush_ms: Optional[float] = None) -> None:
+        """Destroy the cascade (waiting for the reads and lent writes still
+        touching memory), then close the tiers it owns (engine_cascade).
+        flush_ms: flush first, up to that long (the tiers' queued writes
+        land; a timeout is no error)."""
+        if flush_ms is not None and self._h:
+            try:
+                self.flush(flush_ms)
+            except KvoError:
+                pass
+        super().close()
 
     def host_store(self) -> Store:
         """The host tier's store (kvo_cascade_store), borrowed: its reads
@@ -574,6 +617,7 @@ class Cascade(_Handle):
         return out
 
 
-__all__ = ["Cascade", "CascadeWait", "namespace_id", "namespace_keys", "layout_of", "value_plan", "COMPLETION_DTYPE",
+__all__ = ["Cascade", "CascadeWait", "engine_cascade", "namespace_id", "namespace_keys", "layout_of", "value_plan",
+           "COMPLETION_DTYPE",
            "TIER_NONE", "TIER_HOST", "TIER_FILE", "TIER_REMOTE", "TIER_NAMES", "PREFIX", "PROMOTE", "SKIP", "HOST", "STAGED", "REFUSED",
            "OP_PROMOTE", "OP_READ", "OP_WRITE"]

@@ -55,8 +55,8 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _lib as L
-from .cascade import Cascade, layout_of, namespace_id, namespace_keys, value_plan
-from .core import KEY_DTYPE, Arena, FileTier, RemoteTier, warn_if_url_has_password
+from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, value_plan
+from .core import KEY_DTYPE, Arena, warn_if_url_has_password
 
 logger = logging.getLogger(__name__)
 
@@ -90,26 +90,15 @@ class _Store:
         self._desc = dict(engine="lmcache", model=c.model_name, extra=repr(FORMAT + (object_bytes,)))
         self._ns: dict[Optional[str], int] = {}
         layout = layout_of(namespace_id(self.plan, **self._desc))
-        self.file: Optional[FileTier] = None
-        self.remote: Optional[RemoteTier] = None
-        self.cascade: Optional[Cascade] = None
         self.users, self.retired = 0, False
-        try:
-            if c.file_root:
-                os.makedirs(c.file_root, exist_ok=True)
-                if c.file_bytes < self.slot_bytes:
-                    raise ValueError(f"kvoffload.lmcache: file_bytes {c.file_bytes} holds no object of "
-                                     f"{self.slot_bytes} bytes on disk; give at least that")
-                # shared: several LMCache servers (processes) may use one root
-                self.file = FileTier(c.file_root, self.plan, c.file_bytes, io_threads=c.io_threads, shared=True,
-                                     layout_hash=layout)
-            if c.redis_url:
-                self.remote = RemoteTier(c.redis_url, self.plan, key_prefix=c.redis_prefix, layout_hash=layout,
-                                         io_threads=c.io_threads, ttl_s=c.redis_ttl_s)
-            self.cascade = Cascade(self.plan, 0, file_tier=self.file, remote_tier=self.remote)
-        except BaseException:
-            self.close(0)
-            raise
+        # the file tier shared: several LMCache servers (processes) may use one root
+        self.cascade: Optional[Cascade] = engine_cascade(
+            self.plan,
+            file=dict(root=c.file_root, quota_bytes=c.file_bytes, io_threads=c.io_threads, shared=True,
+                      layout_hash=layout) if c.file_root else None,
+            remote=dict(url=c.redis_url, key_prefix=c.redis_prefix, layout_hash=layout, io_threads=c.io_threads,
+                        ttl_s=c.redis_ttl_s) if c.redis_url else None)
+        self.file, self.remote = self.cascade.file_tier, self.cascade.remote_tier
 
     def keys(self, keys: List[str]) -> np.ndarray:
         """The chunk keys of LMCache's key strings (each under its tenant's namespace)."""
@@ -129,15 +118,8 @@ class _Store:
 
     def close(self, timeout_ms: float) -> None:
         if self.cascade is not None:
-            try:
-                self.cascade.flush(timeout_ms)
-            except L.KvoError:
-                pass
-            self.cascade.close()
+            self.cascade.close(timeout_ms)
             self.cascade = None
-        for t in (self.file, self.remote):
-            if t is not None:
-                t.close()
         self.file = self.remote = None
 
 

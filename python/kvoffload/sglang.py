@@ -65,8 +65,8 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
                                                   PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult)
 
 from . import _lib as L
-from .cascade import Cascade, layout_of, namespace_id, namespace_keys, value_plan
-from .core import LOAD, STORE, Arena, FileTier, RemoteTier, Transfer, warn_if_url_has_password
+from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, value_plan
+from .core import LOAD, STORE, Arena, Transfer, warn_if_url_has_password
 
 logger = logging.getLogger(__name__)
 
@@ -153,26 +153,17 @@ class _PoolStore:
         ex = owner.extra
         io_threads = int(ex.get("kvo_io_threads", 0))
         self.timeout_ms = float(ex.get("kvo_timeout_s", 30.0)) * 1000
-        self.file: Optional[FileTier] = None
-        self.remote: Optional[RemoteTier] = None
         self.cascade: Optional[Cascade] = None
         self.transfer: Optional[Transfer] = None
         self._stage: dict[int, tuple[Arena, threading.Lock]] = {}
         try:
-            if owner.file_root:
-                os.makedirs(owner.file_root, exist_ok=True)
-                slot = self.plan.groups[0]["slot_bytes"]
-                if owner.file_bytes < slot:
-                    raise ValueError(f"kvoffload.sglang: kvo_file_bytes {owner.file_bytes} holds no page of pool "
-                                     f"{name} ({slot} bytes on disk); give at least that")
-                # shared: the ranks (processes) of one engine write this directory at once
-                self.file = FileTier(owner.file_root, self.plan, owner.file_bytes, io_threads=io_threads,
-                                     shared=True, layout_hash=layout_ns)
-            if owner.redis_url:
-                self.remote = RemoteTier(owner.redis_url, self.plan, key_prefix=ex.get("kvo_redis_prefix", "kvo"),
-                                         layout_hash=layout_ns, io_threads=io_threads,
-                                         ttl_s=int(ex.get("kvo_redis_ttl_s", 0)))
-            self.cascade = Cascade(self.plan, 0, file_tier=self.file, remote_tier=self.remote)
+            # the file tier shared: the ranks (processes) of one engine write its directory at once
+            self.cascade = engine_cascade(
+                self.plan,
+                file=dict(root=owner.file_root, quota_bytes=owner.file_bytes, io_threads=io_threads, shared=True,
+                          layout_hash=layout_ns) if owner.file_root else None,
+                remote=dict(url=owner.redis_url, key_prefix=ex.get("kvo_redis_prefix", "kvo"), layout_hash=layout_ns,
+                            io_threads=io_threads, ttl_s=int(ex.get("kvo_redis_ttl_s", 0))) if owner.redis_url else None)
             slot = self.plan.groups[0]["slot_bytes"]   # a read fills a whole slot
             self.batch = max(1, min(128, int(ex.get("kvo_staging_bytes", 256 << 20)) // slot))
             # one staging area per direction: SGLang reads (prefetch) and writes (backup) on two threads
@@ -350,11 +341,13 @@ class _PoolStore:
             self.cascade.flush(timeout_s * 1000)
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"cascade": self.cascade.stats()} if self.cascade is not None else {}
-        if self.file is not None:
-            out["file"] = self.file.stats()
-        if self.remote is not None:
-            out["remote"] = self.remote.stats()
+        c = self.cascade
+        if c is None:
+            return {}
+        out: dict[str, Any] = {"cascade": c.stats()}
+        for name, t in (("file", c.file_tier), ("remote", c.remote_tier)):
+            if t is not None:
+                out[name] = t.stats()
         return out
 
     def close(self) -> None:
@@ -362,16 +355,8 @@ class _PoolStore:
             self.transfer.close()
             self.transfer = None
         if self.cascade is not None:
-            try:
-                self.cascade.flush(self.timeout_ms)
-            except L.KvoError:
-                pass
-            self.cascade.close()
+            self.cascade.close(self.timeout_ms)
             self.cascade = None
-        for t in (self.file, self.remote):
-            if t is not None:
-                t.close()
-        self.file = self.remote = None
         for arena, _ in self._stage.values():
             arena.close()
         self._stage = {}

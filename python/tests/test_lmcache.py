@@ -294,12 +294,21 @@ def test_salted_keys_are_apart(tmp_path):
     a.close()
 
 
-def _redis_params(tmp_path):
+def _stored_over_cluster(tmp_path, seed):
+    """An adapter over a file tier and the cluster with 4 objects stored:
+    (its params, the adapter, the keys, the objects)."""
     a_ = os.environ.get("KVO_TEST_REDIS")
     if not a_:
         pytest.skip("KVO_TEST_REDIS not set (tools/test-engines.sh starts a Redis Cluster)")
-    return dict(redis_url=f"redis://{a_}", redis_prefix=f"lmcdel{os.getpid()}{time.time_ns() % 100000}",
-                object_bytes=OBJ, file_root=str(tmp_path), file_bytes=16 << 20)
+    params = dict(redis_url=f"redis://{a_}", redis_prefix=f"lmcdel{os.getpid()}{time.time_ns() % 100000}",
+                  object_bytes=OBJ, file_root=str(tmp_path), file_bytes=16 << 20)
+    a = adapter(params, max_gb=1.0)
+    keys = [okey(i) for i in range(4)]
+    objs = [obj(seed=seed + i) for i in range(4)]
+    assert store(a, keys, objs) == nbytes(objs)
+    a._client.flush()
+    assert a.get_usage().total_bytes_used == nbytes(objs)
+    return params, a, keys, objs
 
 
 def test_delete_never_claims_deleted_what_a_tier_holds(tmp_path):
@@ -307,13 +316,7 @@ def test_delete_never_claims_deleted_what_a_tier_holds(tmp_path):
     and is reported deleted only when no tier holds it any more.  The
     cluster keeps its values (to their TTL or LRU): not deleted, and another
     server still loads them."""
-    params = _redis_params(tmp_path)
-    a = adapter(params, max_gb=1.0)
-    keys = [okey(i) for i in range(4)]
-    objs = [obj(seed=20 + i) for i in range(4)]
-    assert store(a, keys, objs) == nbytes(objs)
-    a._client.flush()
-    assert a.get_usage().total_bytes_used == nbytes(objs)
+    params, a, keys, objs = _stored_over_cluster(tmp_path, 20)
     c = a._client
     fid = c.submit_batch_delete([_object_key_to_string(k) for k in keys])
     got = []
@@ -337,12 +340,7 @@ def test_delete_over_the_cluster_frees_lmcache_usage(tmp_path):
     """LMCache deletes what its eviction chose: the values leave the cluster
     too, so its L2 usage falls (it stayed at what was stored: 200 % of
     max_capacity_gb after eviction ran)."""
-    params = _redis_params(tmp_path)
-    a = adapter(params, max_gb=1.0)
-    keys = [okey(i) for i in range(4)]
-    objs = [obj(seed=30 + i) for i in range(4)]
-    assert store(a, keys, objs) == nbytes(objs)
-    a._client.flush()
+    params, a, keys, objs = _stored_over_cluster(tmp_path, 30)
     a.delete(keys)
     assert a.get_usage().total_bytes_used == 0
     other = adapter(dict(params, file_root=str(tmp_path / "other")))

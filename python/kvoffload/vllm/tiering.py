@@ -83,8 +83,8 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from .. import _lib as L
-from ..cascade import OP_READ, OP_WRITE, Cascade, CascadeWait, layout_of, namespace_keys, value_plan
-from ..core import PENDING, READY, FileTier, RemoteTier, warn_if_url_has_password
+from ..cascade import OP_READ, OP_WRITE, Cascade, CascadeWait, engine_cascade, layout_of, namespace_keys, value_plan
+from ..core import PENDING, READY, warn_if_url_has_password
 from .compat import offloading_event
 from .config import kvo_namespace
 
@@ -179,15 +179,11 @@ class _KvoSecondaryTier(SecondaryTierManager):
         self.cascade: Optional[Cascade] = None
         _LIVE.add(self)
 
-    def _open(self, **tier: Any) -> None:
-        """The cascade over self.tier (file_tier= or remote_tier=, and the
-        remote tier's options)."""
-        try:
-            self.cascade = Cascade(self.plan, 0, retry_polls=self._retry_polls, **tier)
-        except BaseException:
-            self.tier.close()
-            self.tier = None
-            raise
+    def _open(self, **tiers: Any) -> None:
+        """The cascade over the tier (engine_cascade's file= or remote=, and
+        the cascade's options); self.tier: that tier."""
+        self.cascade = engine_cascade(self.plan, retry_polls=self._retry_polls, **tiers)
+        self.tier = self.cascade.file_tier or self.cascade.remote_tier
 
     # -- helpers
     def _rows_of(self, chunk_ids: Any, n: int) -> np.ndarray:
@@ -314,22 +310,13 @@ class _KvoSecondaryTier(SecondaryTierManager):
         return {**self.tier.stats(), "cascade": self.cascade.stats() if self.cascade is not None else {}}
 
     def shutdown(self) -> None:
-        if self.tier is None:
+        if self.cascade is None:
             return
         try:
             self.drain_jobs()
-            if self.cascade is not None:
-                try:
-                    self.cascade.flush(30000)   # queued writes reach the files / the cluster
-                except L.KvoError as e:
-                    if e.code != L.KVO_ETIMEDOUT:
-                        raise
         finally:
-            if self.cascade is not None:
-                self.cascade.close()
-                self.cascade = None
-            self.tier.close()
-            self.tier = None
+            self.cascade.close(30000)   # queued writes reach the files / the cluster
+            self.cascade = self.tier = None
 
 
 class KvoffloadFileTier(_KvoSecondaryTier):
@@ -350,10 +337,9 @@ class KvoffloadFileTier(_KvoSecondaryTier):
         if int(capacity_bytes) < self.row_bytes:
             raise L.KvoError(L.KVO_EINVAL, f"{tier_type}: capacity_bytes {capacity_bytes} holds no chunk of "
                              f"{self.row_bytes} bytes; give the bytes of files to keep (at least that)", tier_type)
-        self.tier = FileTier(root_dir, self.plan, int(capacity_bytes), policy=str(eviction_policy),
+        self._open(file=dict(root=root_dir, quota_bytes=int(capacity_bytes), policy=str(eviction_policy),
                              io_threads=int(io_threads), shared=bool(shared), layout_hash=self.layout,
-                             file_mode=int(file_mode), max_staging_bytes=int(max_staging_bytes))
-        self._open(file_tier=self.tier)
+                             file_mode=int(file_mode), max_staging_bytes=int(max_staging_bytes)))
 
     def touch(self, keys: Any, req_context: ReqContext) -> None:
         keys = list(keys)
@@ -381,10 +367,9 @@ class KvoffloadRedisTier(_KvoSecondaryTier):
         if not isinstance(url, str) or not url:
             raise L.KvoError(L.KVO_EINVAL, f"{tier_type}: give url (redis://host:port,... of the cluster)", tier_type)
         warn_if_url_has_password(url, f"secondary tier {tier_type} url")
-        self.tier = RemoteTier(url, self.plan, key_prefix=str(key_prefix), layout_hash=self.layout,
-                               ttl_s=int(ttl_s), io_threads=int(io_threads))
-        self._open(remote_tier=self.tier, remote_exists_ttl_ms=int(answer_ttl_ms),
-                   remote_lookup_budget_us=lookup_budget_us)
+        self._open(remote=dict(url=url, key_prefix=str(key_prefix), layout_hash=self.layout, ttl_s=int(ttl_s),
+                               io_threads=int(io_threads)),
+                   remote_exists_ttl_ms=int(answer_ttl_ms), remote_lookup_budget_us=lookup_budget_us)
 
 
 __all__ = ["KvoffloadFileTier", "KvoffloadRedisTier", "live_stats", "tier_layout_hash", "tier_namespace"]
