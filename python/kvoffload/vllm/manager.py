@@ -57,7 +57,6 @@ from .compat import failed_store_event
 from .config import KvoffloadLoadStoreSpec
 
 _RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.RETRY)
-_RETRY = LookupResult.RETRY
 # the functions the compiled calls make (kvoffload/_hot.c), from the library kvoffload._lib loaded
 _HOT_FUNCTIONS = ("kvo_cascade_lookup", "kvo_cascade_prepare_load", "kvo_cascade_complete_load",
                   "kvo_cascade_touch", "kvo_cascade_prepare_store", "kvo_cascade_complete_store",
@@ -74,15 +73,19 @@ class KvoffloadOffloadingManager(OffloadingManager):
     its last staging_bytes are the staging area and the rest the host tier.
     namespace: the chunk keys' namespace (config.kvo_namespace; 0 for a
     manager alone).  policy: the host tier's eviction (lru, arc, s3fifo,
-    prefix; "branch" is taken as the library names it).  The tiers and the
-    arena are the manager's from here on: shutdown closes them."""
+    prefix; "branch" is taken as the library names it).
+    remote_answer_ttl_ms / remote_lookup_budget_us: how long the cluster's
+    answers are reused / a request's lookups answer RETRY for answers still
+    out (the cascade's remote_exists_ttl_ms / remote_lookup_budget_us).  The
+    tiers and the arena are the manager's from here on: shutdown closes
+    them."""
 
     def __init__(self, plan: Plan, capacity_bytes: int, group_ids: Sequence[int], policy: str = "lru",
                  enable_events: bool = False, arena: Optional[SharedArena] = None,
                  file_tier: Optional[FileTier] = None, file_mode: str = "write_through",
                  store_threshold: int = 0, remote_tier: Optional[RemoteTier] = None,
                  remote_answer_ttl_ms: int = 2000, staging_bytes: int = 0, file_zero_copy: bool = False,
-                 namespace: int = 0) -> None:
+                 namespace: int = 0, remote_lookup_budget_us: Optional[int] = None) -> None:
         self.plan = plan
         lower = file_tier is not None or remote_tier is not None
         if lower and arena is None:
@@ -110,7 +113,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
                                file_tier=file_tier, remote_tier=remote_tier, policy=policy,
                                admit_after=store_threshold, event_capacity=events, file_mode=file_mode,
                                file_zero_copy=bool(file_zero_copy), remote_exists_ttl_ms=remote_answer_ttl_ms,
-                               prefault=arena is not None)
+                               remote_lookup_budget_us=remote_lookup_budget_us, prefault=arena is not None)
         self.store = self.cascade.host_store()
         self._names: dict[bytes, OffloadKey] = {}   # chunk key record -> OffloadKey (stored or on its way)
         groups = [(L.check_int("group_ids", int(g), 0, 0xFFFFFFFF), i) for i, g in enumerate(group_ids)]
@@ -118,7 +121,6 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._hot = Hot(groups, (namespace & ((1 << 64) - 1), namespace >> 64),
                         L.addresses(L.lib, _HOT_FUNCTIONS), _RESULTS, L.KvoError, self._names)
         self._waits: dict[str, CascadeWait] = {}     # with a remote tier: the budget of each request's lookups
-        self._retrying = False                        # a lookup answered RETRY since the last step
 
     # -- key conversion ---------------------------------------------------
     def _ckeys(self, keys: Sequence[OffloadKey]) -> np.ndarray:
@@ -154,10 +156,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         # vLLM's one per-key call: one C call (the key derived, the cascade asked)
-        r = self._hot.lookup(self.cascade._h, key, self._wait(req_context) if self.remote_tier else None)
-        if r is _RETRY:
-            self._retrying = True
-        return r
+        return self._hot.lookup(self.cascade._h, key, self._wait(req_context) if self.remote_tier else None)
 
     def prefix_hits(self, keys: Sequence[OffloadKey], req_context: Optional[ReqContext] = None) -> int:
         """Batched form of the per-key lookup loop vLLM runs for a request's
@@ -234,9 +233,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
     def has_pending_work(self) -> bool:
         self._poll()
         s = self.cascade.stats()
-        asked, self._retrying = self._retrying, False
-        # a deferred write is retried at most retry_polls steps: then counted
-        return bool(s["promotions_now"] or s["deferred_now"] or s["lent_now"] or asked)
+        # a deferred write is retried at most retry_polls steps: then counted;
+        # the cluster's answers still out (lookups answered RETRY) land
+        return bool(s["promotions_now"] or s["deferred_now"] or s["lent_now"] or
+                    (self.remote_tier is not None and self.remote_tier.stats()["pending_reads"]))
 
     def reset_cache(self) -> None:
         # every READY chunk of the host tier goes (pinned ones when unpinned),

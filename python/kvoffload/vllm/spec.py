@@ -159,7 +159,8 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                     store_threshold=int_key(extra, "store_threshold", 0), remote_tier=remote_tier,
                     remote_answer_ttl_ms=int_key(extra, "kvo_redis_answer_ttl_ms", 2000),
                     staging_bytes=self.staging_bytes, file_zero_copy=bool(extra.get("kvo_file_zero_copy", False)),
-                    namespace=kvo_namespace(self.config, self.plan))
+                    namespace=kvo_namespace(self.config, self.plan),
+                    remote_lookup_budget_us=extra.get("kvo_redis_lookup_budget_us"))
             except BaseException:
                 for part in (file_tier, remote_tier, arena):
                     if part is not None:
