@@ -102,19 +102,22 @@ class _Store:
 
     def keys(self, keys: List[str]) -> np.ndarray:
         """The chunk keys of LMCache's key strings (each under its tenant's namespace)."""
+        if not any(k.count("@") > 3 for k in keys):   # no salt: one namespace
+            return namespace_keys(self._ns_of(None), keys)
         tenants = [_tenant(k) for k in keys]
         out = np.zeros(len(keys), dtype=KEY_DTYPE)
         for t in set(tenants):
-            ns = self._ns.get(t)
-            if ns is None:
-                if len(self._ns) > 4096:  # salts come and go: keep the map bounded
-                    self._ns.clear()
-                ns = self._ns[t] = namespace_id(self.plan, tenant=t, **self._desc)
             idx = [i for i, x in enumerate(tenants) if x == t]
-            if len(idx) == len(keys):
-                return namespace_keys(ns, keys)
-            out[idx] = namespace_keys(ns, [keys[i] for i in idx])
+            out[idx] = namespace_keys(self._ns_of(t), [keys[i] for i in idx])
         return out
+
+    def _ns_of(self, tenant: Optional[str]) -> int:
+        ns = self._ns.get(tenant)
+        if ns is None:
+            if len(self._ns) > 4096:  # salts come and go: keep the map bounded
+                self._ns.clear()
+            ns = self._ns[tenant] = namespace_id(self.plan, tenant=tenant, **self._desc)
+        return ns
 
     def close(self, timeout_ms: float) -> None:
         if self.cascade is not None:
