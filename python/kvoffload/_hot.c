@@ -246,6 +246,16 @@ static int nargs_ok(Py_ssize_t nargs, Py_ssize_t want, const char *name) {
     return 0;
 }
 
+/* The arguments (cascade, ..., flag) of a call taking nargs of them, the
+ * flag (a truth value) last; 0, or -1 with an exception set. */
+static int cascade_and_flag(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *name,
+                            kvo_cascade **c, int *flag) {
+    if (!nargs_ok(nargs, want, name) || handle(args[0], c) < 0)
+        return -1;
+    *flag = PyObject_IsTrue(args[want - 1]);
+    return *flag < 0 ? -1 : 0;
+}
+
 /* names[rec] = key; -1 with an exception set. */
 static int name_set(const Hot *h, const kvo_chunk_key *rec, PyObject *key) {
     PyObject *k = PyBytes_FromStringAndSize((const char *)rec, REC);
@@ -498,10 +508,8 @@ PyDoc_STRVAR(drain_doc,
 
 static PyObject *Hot_drain(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
     kvo_cascade *c;
-    if (!nargs_ok(nargs, 2, "drain") || handle(args[0], &c) < 0)
-        return NULL;
-    int want = PyObject_IsTrue(args[1]);
-    if (want < 0)
+    int want;
+    if (cascade_and_flag(args, nargs, 2, "drain", &c, &want) < 0)
         return NULL;
     PyObject *runs = PyList_New(0);
     if (runs != NULL && drain_into(self, c, want, runs) < 0)
@@ -513,18 +521,16 @@ PyDoc_STRVAR(prepare_store_doc,
              "prepare_store(cascade, keys, want) -> (to_store, offsets, groups, refused, runs):\n"
              "kvo_cascade_prepare_store of the keys (a non-empty list), one call, then the events drained\n"
              "(drain(cascade, want): the evictions it made among them).  to_store: the keys to write (HOST\n"
-             "or STAGED slots; `keys` itself when all are), each added to names; offsets / groups: their\n"
-             "slots' arena offsets and group indices (bytearrays of uint64 / uint32); refused: how many\n"
-             "keys found no room anywhere.");
+             "or STAGED slots; `keys` itself when all are), the HOST ones added to names; offsets /\n"
+             "groups: their slots' arena offsets and group indices (bytearrays of uint64 / uint32);\n"
+             "refused: how many keys found no room anywhere.");
 
 static PyObject *Hot_prepare_store(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
     kvo_cascade *c;
-    if (!nargs_ok(nargs, 3, "prepare_store") || handle(args[0], &c) < 0)
+    int want;
+    if (cascade_and_flag(args, nargs, 3, "prepare_store", &c, &want) < 0)
         return NULL;
     PyObject *keys = args[1];
-    int want = PyObject_IsTrue(args[2]);
-    if (want < 0)
-        return NULL;
     if (!PyList_Check(keys))
         return PyErr_Format(PyExc_TypeError, "Hot.prepare_store(cascade, keys: list, want)");
     Py_ssize_t n = PyList_GET_SIZE(keys);
@@ -568,7 +574,8 @@ static PyObject *Hot_prepare_store(Hot *self, PyObject *const *args, Py_ssize_t 
         if (need[i] != KVO_CASCADE_HOST && need[i] != KVO_CASCADE_STAGED)
             continue;
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (name_set(self, batch_keys(&b) + i, key) < 0)
+        /* a staged chunk never enters the host tier: no event will name it */
+        if (need[i] == KVO_CASCADE_HOST && name_set(self, batch_keys(&b) + i, key) < 0)
             goto done;
         if (m != n) {
             Py_INCREF(key);
@@ -599,10 +606,8 @@ PyDoc_STRVAR(complete_store_doc,
 static PyObject *Hot_complete_store(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
     kvo_cascade *c;
     batch b;
-    if (!nargs_ok(nargs, 3, "complete_store") || handle(args[0], &c) < 0)
-        return NULL;
-    int ok = PyObject_IsTrue(args[2]);
-    if (ok < 0)
+    int ok;
+    if (cascade_and_flag(args, nargs, 3, "complete_store", &c, &ok) < 0)
         return NULL;
     PyObject *seq = key_seq(args[1]);
     if (seq == NULL)
