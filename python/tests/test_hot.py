@@ -2,7 +2,6 @@
 cascade, against the real shared library (no vLLM needed: the LookupResult
 objects are stand-ins): its keys are the namespace rule's, its answers the
 cascade's, its names follow the host tier's events."""
-import ctypes
 import threading
 
 import numpy as np

@@ -62,7 +62,7 @@ _HOT_FUNCTIONS = ("kvo_cascade_lookup", "kvo_cascade_prepare_load", "kvo_cascade
                   "kvo_cascade_touch", "kvo_cascade_prepare_store", "kvo_cascade_complete_store",
                   "kvo_cascade_store", "kvo_store_drain_events", "kvo_store_peek", "kvo_namespace_keys",
                   "kvo_last_error")
-_STORED, _EVICTED, _REMOVED = 1, 2, 3
+_STORED, _EVICTED = 1, 2   # kvo_store_event_type (3: removed)
 _EMPTY = KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32))
 
 
