@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <stdlib.h>
 
+#include "core/xxh.h"
 #include "remote_test.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -171,6 +172,22 @@ KVO_TEST(namespace_ids_keep_every_field_whole) {
     ASSERT_OK(kvo_namespace_keys(ids[0], id, sizeof id, sizeof id, 1, 0, &k3));
     ASSERT_FALSE(kvo_chunk_key_eq(&k1, &k2));
     ASSERT_TRUE(kvo_chunk_key_eq(&k1, &k3));
+    /* the header's formula, for ids hashed from a copy and streamed (long) */
+    static uint8_t longid[1000], cat[16 + sizeof longid];
+    for (size_t i = 0; i < sizeof longid; i++) longid[i] = (uint8_t)(i * 31 + 7);
+    for (int i = 0; i < 8; i++) {
+        cat[i] = (uint8_t)(ids[0].lo >> (8 * i));
+        cat[8 + i] = (uint8_t)(ids[0].hi >> (8 * i));
+    }
+    memcpy(cat + 16, longid, sizeof longid);
+    const size_t lens[] = {0, 1, 32, 240, 241, 1000};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        XXH128_hash_t want = XXH3_128bits(cat, 16 + lens[i]);
+        kvo_chunk_key got[2];
+        ASSERT_OK(kvo_namespace_keys(ids[0], longid, lens[i], lens[i], 1, 3, &got[0]));
+        if (got[0].hash.lo != want.low64 || got[0].hash.hi != want.high64 || got[0].group != 3)
+            FAILF("id of %zu bytes: not XXH3-128(namespace || id)", lens[i]);
+    }
     kvo_namespace_desc bad = KVO_NAMESPACE_DESC_INIT;
     bad.model_len = 3;
     kvo_u128 out;

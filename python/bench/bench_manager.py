@@ -12,9 +12,10 @@ lookups + 3 * hits + 2 * keys.
 Contenders:
   vllm_cpu        vLLM 0.33's CPUOffloadingManager(cache_policy="lru")
   kvo_vllm_api    KvoffloadOffloadingManager through vLLM's interface (one
-                  C call per lookup, batched calls for the rest)
+                  C call per lookup into its cascade, batched calls for the
+                  rest)
   kvo_batched     the same manager with the prefix lookup batched
-                  (prefix_hits: one C call per request)
+                  (prefix_hits: one cascade lookup per request)
 Timing: CPU time of this process (time.process_time: the machine may be
 shared; wall time would count the other jobs' turns), over --repeat rounds
 that run the three contenders interleaved (the order rotating), each on a
@@ -106,8 +107,8 @@ def main():
                                                     "mooncake_synthetic_trace.jsonl"))
     ap.add_argument("--capacity", type=int, default=10000, help="chunks (512-token blocks)")
     ap.add_argument("--requests", type=int, default=0, help="first N requests (0: all)")
-    ap.add_argument("--policy", default="lru", help="kvoffload's eviction policy (vllm_cpu stays LRU); with "
-                    "branch the hit rates show what the policy gains through vLLM's interface")
+    ap.add_argument("--policy", default="lru", help="kvoffload's eviction policy (lru, arc, s3fifo, prefix; "
+                    "vllm_cpu stays LRU): the hit rates show what the policy gains through vLLM's interface")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (ratios: median of the rounds')")
     ap.add_argument("--min-seconds", type=float, default=0.5,
                     help="CPU seconds each contender runs per round at least (repeated replays)")

@@ -12,11 +12,19 @@ types into these calls and hold no tier logic of their own.
 
 namespace_id() and namespace_keys() are the one namespace rule: a 128-bit
 namespace from the plan, the model identity, dtype, KV layout and tenant,
-and chunk keys derived from an engine's own identifiers under it.
+and chunk keys derived from an engine's own identifiers under it;
+layout_of() names a tier's directory and key prefix after a namespace, and
+value_plan() is the one-group plan of engines that store fixed-size values.
+
+Engines whose calls wait (SGLang's and LMCache's batch calls) use
+Cascade.read_wait and Cascade.held: several engine threads may share one
+Cascade, each waiting for its own completions.
 """
 from __future__ import annotations
 
 import ctypes
+import itertools
+import threading
 from ctypes import POINTER, Structure, byref, c_bool, c_char_p, c_int, c_int64, c_size_t, c_uint8, c_uint32, c_uint64
 from ctypes import c_void_p
 from typing import Any, Optional, Sequence, Union
@@ -25,8 +33,9 @@ import numpy as np
 
 from . import _lib as L
 from ._lib import U128, KvoError, check, check_int, lib, set_fields
-from .core import KEY_DTYPE, SLOT_DTYPE, Arena, FileTier, Plan, RemoteTier, _as_keys, _Handle, _policy, _ptr
-from .core import _stats, _struct_dict, _uint64s
+from .core import KEY_DTYPE, PENDING, READY, SLOT_DTYPE, Arena, FileTier, Model, Plan, RemoteTier, Store, _as_keys
+from .core import _Handle
+from .core import _policy, _ptr, _stats, _uint64s
 
 # kvo_tier_id
 TIER_NONE, TIER_HOST, TIER_FILE, TIER_REMOTE = 0, 1, 2, 3
@@ -165,32 +174,147 @@ def namespace_id(plan: Plan, engine: Optional[str] = None, model: Union[None, st
     return out.lo | (out.hi << 64)
 
 
-def namespace_keys(ns: int, ids: Union[Sequence[bytes], np.ndarray], group: int = 0,
+def namespace_keys(ns: int, ids: Union[Sequence[Union[str, bytes]], np.ndarray], group: int = 0,
                    id_len: Optional[int] = None) -> np.ndarray:
-    """KEY_DTYPE keys of engine identifiers under namespace ns (one C call):
-    ids are equal-length bytes (or a 2-D uint8 array, one row per id); a
-    shorter id is zero-padded to id_len (default: the longest)."""
+    """KEY_DTYPE keys of engine identifiers under namespace ns: ids are
+    bytes or str (UTF-8), each hashed whole (one C call per distinct
+    length: usually one), or a 2-D uint8 array, one id per row.  id_len:
+    hash every id as that many bytes, a shorter one zero-padded (for ids
+    of one fixed width that may end in zeros)."""
     check_int("ns", ns, 0, (1 << 128) - 1)
     check_int("group", group, 0, 0xFFFFFFFF)
+    nsu = U128(ns & 0xFFFFFFFFFFFFFFFF, ns >> 64)
     if isinstance(ids, np.ndarray):
         if ids.dtype != np.uint8 or ids.ndim != 2:
             raise ValueError(f"namespace_keys: ids as an array must be 2-D uint8, not {ids.dtype} {ids.shape}")
         raw = np.ascontiguousarray(ids)
-        n, width = raw.shape
-    else:
-        n = len(ids)
-        width = id_len if id_len is not None else max((len(i) for i in ids), default=0)
-        raw = np.zeros((n, width), dtype=np.uint8)
-        for i, v in enumerate(ids):
-            b = _bytes("ids", v) or b""
-            if len(b) > width:
-                raise ValueError(f"namespace_keys: id {i} has {len(b)} bytes, more than id_len {width}")
-            raw[i, :len(b)] = np.frombuffer(b, dtype=np.uint8)
-    out = np.zeros(n, dtype=KEY_DTYPE)
-    if n:
-        check(lib.kvo_namespace_keys(U128(ns & 0xFFFFFFFFFFFFFFFF, ns >> 64), _ptr(raw), width, width, n, group,
-                                     _ptr(out)), "kvo_namespace_keys")
+        out = np.zeros(len(raw), dtype=KEY_DTYPE)
+        if len(raw):
+            width = raw.shape[1]
+            check(lib.kvo_namespace_keys(nsu, _ptr(raw), width, width, len(raw), group, _ptr(out)),
+                  "kvo_namespace_keys")
+        return out
+    bs = [_bytes("ids", v) or b"" for v in ids]
+    out = np.zeros(len(bs), dtype=KEY_DTYPE)
+    if id_len is not None:
+        check_int("id_len", id_len, 0, 1 << 30)
+        long = [i for i, b in enumerate(bs) if len(b) > id_len]
+        if long:
+            raise ValueError(f"namespace_keys: id {long[0]} has {len(bs[long[0]])} bytes, more than id_len {id_len}")
+        bs = [b.ljust(id_len, b"\0") for b in bs]
+    by_len: dict[int, list[int]] = {}
+    for i, b in enumerate(bs):
+        by_len.setdefault(len(b), []).append(i)
+    for width, idx in by_len.items():
+        raw = b"".join(bs[i] for i in idx) or b"\0"
+        part = out if len(idx) == len(bs) else np.zeros(len(idx), dtype=KEY_DTYPE)
+        check(lib.kvo_namespace_keys(nsu, raw, width, width, len(idx), group, _ptr(part)), "kvo_namespace_keys")
+        if part is not out:
+            out[idx] = part
     return out
+
+
+def layout_of(ns: int) -> int:
+    """A namespace as a tier's 64-bit layout hash (kvo_file_tier_params /
+    kvo_remote_tier_params layout_hash): the files' directory and the
+    cluster's key prefix of the chunks under it.  Never 0 (0 = none)."""
+    check_int("ns", ns, 0, (1 << 128) - 1)
+    return ((ns ^ (ns >> 64)) & 0xFFFFFFFFFFFFFFFF) or 1
+
+
+def value_plan(name: str, value_bytes: int, tokens: int = 1) -> Plan:
+    """A one-group plan whose chunks are value_bytes long (one block of
+    `tokens` tokens): engines that store fixed-size values (a vLLM primary
+    row, an SGLang host page, an LMCache object) under their own keys.  The
+    name is the plan's (at most 63 bytes); the model identity belongs in the
+    namespace (namespace_id)."""
+    model = Model(name, tokens, [dict(name="value", tokens_per_block=tokens, layers=1, page_bytes=value_bytes)])
+    return Plan(model, blocks_per_chunk=1)
+
+
+def engine_cascade(plan: Plan, file: Optional[dict[str, Any]] = None, remote: Optional[dict[str, Any]] = None,
+                   **cascade: Any) -> "Cascade":
+    """A Cascade with no host tier (the engine's own host memory is its host
+    tier: SGLang, LMCache, vLLM's secondary tiers) over the tiers it makes
+    and owns: FileTier(plan=plan, **file) and RemoteTier(plan=plan, **remote)
+    (None: no such tier); cascade: Cascade's keyword arguments.  close()
+    closes the tiers after the cascade (close(flush_ms) flushes first).
+    The tiers: .file_tier, .remote_tier."""
+    if file is None and remote is None:
+        raise KvoError(L.KVO_EINVAL, "engine_cascade: give a file tier, a remote tier, or both", "engine_cascade")
+    made: list[Any] = []
+    try:
+        ft = FileTier(plan=plan, **file) if file is not None else None
+        if ft is not None:
+            made.append(ft)
+        rt = RemoteTier(plan=plan, **remote) if remote is not None else None
+        if rt is not None:
+            made.append(rt)
+        c = Cascade(plan, 0, file_tier=ft, remote_tier=rt, **cascade)
+    except BaseException:
+        for t in made:
+            t.close()
+        raise
+    c._owned = made
+    return c
+
+
+class _HostStore(Store):
+    """A cascade's host store, borrowed: never destroyed here (the
+    cascade's destroy frees it and clears _h first)."""
+
+    def __init__(self, h: int, plan: Plan) -> None:
+        self._h = h
+        self.plan = plan
+
+    def _release(self, h: int) -> None:
+        pass
+
+
+class _Router:
+    """The completions of one cascade for threads that each wait for their
+    own (Cascade.read_wait): user data from one counter; one waiting thread
+    at a time polls and files every completion by its user data, the
+    others sleep on the condition until theirs are in."""
+
+    def __init__(self, c: "Cascade") -> None:
+        self.c = c
+        self.cv = threading.Condition()
+        self.next = itertools.count(1)
+        self.done: dict[int, int] = {}
+        self.mine: set[int] = set()   # user data waited for (other completions are dropped)
+        self.polling = False
+
+    def ids(self, n: int) -> np.ndarray:
+        with self.cv:
+            out = np.array([next(self.next) for _ in range(n)], dtype=np.uint64)
+            self.mine.update(out.tolist())
+        return out
+
+    def wait(self, ids: np.ndarray) -> np.ndarray:
+        """The results of the completions with these user data, in order."""
+        want = ids.tolist()
+        with self.cv:
+            while True:
+                if all(i in self.done for i in want):
+                    out = np.array([self.done.pop(i) for i in want], dtype=np.int32)
+                    self.mine.difference_update(want)
+                    return out
+                if self.polling:
+                    self.cv.wait(0.05)
+                    continue
+                self.polling = True
+                self.cv.release()
+                try:
+                    self.c.wait_events(50)
+                    comps = self.c.poll(1024)
+                finally:
+                    self.cv.acquire()
+                    self.polling = False
+                for ud, r in zip(comps["user_data"].tolist(), comps["result"].tolist()):
+                    if ud in self.mine:
+                        self.done[ud] = r
+                self.cv.notify_all()
 
 
 class Cascade(_Handle):
@@ -241,6 +365,40 @@ class Cascade(_Handle):
         a = lib.kvo_cascade_arena(self._h)
         self.base: int = lib.kvo_arena_base(a) if a else 0
         self.host_bytes, self.staging_bytes = host_bytes, staging_bytes
+        self._host: Optional[_HostStore] = None
+        self._router = _Router(self)
+        self._owned: list[Any] = []   # tiers closed with the cascade (engine_cascade)
+
+    def _release(self, h: int) -> None:
+        if self._host is not None:  # the borrowed store goes with the cascade
+            self._host._h = None
+        lib.kvo_cascade_destroy(h)
+        for t in self._owned:   # after the cascade: it borrowed them
+            t.close()
+        self._owned = []
+
+    def close(self, flush_ms: Optional[float] = None) -> None:
+        """Destroy the cascade (waiting for the reads and lent writes still
+        touching memory), then close the tiers it owns (engine_cascade).
+        flush_ms: flush first, up to that long (the tiers' queued writes
+        land; a timeout is no error)."""
+        if flush_ms is not None and self._h:
+            try:
+                self.flush(flush_ms)
+            except KvoError:
+                pass
+        super().close()
+
+    def host_store(self) -> Store:
+        """The host tier's store (kvo_cascade_store), borrowed: its reads
+        (stats, lookup, peek ...) answer for the host tier; it closes with
+        the cascade.  KVO_EINVAL without a host tier."""
+        if self._host is None:
+            h = lib.kvo_cascade_store(self._h)
+            if not h:
+                raise KvoError(L.KVO_EINVAL, "the cascade has no host tier (host_bytes 0)", "Cascade.host_store")
+            self._host = _HostStore(h, self.plan)
+        return self._host
 
     # -- lookup and promotion
     def lookup(self, keys: np.ndarray, flags: int = PREFIX, wait: Optional[CascadeWait] = None,
@@ -354,6 +512,47 @@ class Cascade(_Handle):
         check(lib.kvo_cascade_write_async(self._h, _ptr(keys), _ptr(s), n, _ptr(ud), None),
               "kvo_cascade_write_async")
 
+    def read_wait(self, keys: np.ndarray, dsts: Sequence[int], timeout_ms: float = 30000) -> np.ndarray:
+        """read, then wait for the keys' completions: per key 0 (dsts[i]
+        holds the verified chunk) or why not.  Keys whose file write is
+        still queued are read once more after the file tier's queue drained
+        (up to timeout_ms).  A queued read is always waited for: its memory
+        is written until its completion.  Any number of threads may call it
+        at once (one of them polls for all, the others sleep until their
+        completions are in); do not mix it with poll() on one cascade."""
+        keys = _as_keys(keys)
+        res = self._read_once(keys, dsts)
+        miss = np.flatnonzero(res == L.KVO_ENOTFOUND)
+        if len(miss) and self.file_tier is not None:
+            st, tiers, _ = self.lookup(keys[miss], 0)
+            again = miss[(st == PENDING) & (tiers == TIER_FILE)]
+            if len(again):
+                try:
+                    self.flush(timeout_ms)
+                except KvoError as e:
+                    if e.code != L.KVO_ETIMEDOUT:
+                        raise
+                d = _uint64s("read_wait", "addresses", dsts, len(keys))
+                res[again] = self._read_once(keys[again], d[again])
+        return res
+
+    def _read_once(self, keys: np.ndarray, dsts: Sequence[int]) -> np.ndarray:
+        ids = self._router.ids(len(keys))
+        res = self.read(keys, dsts, ids)
+        queued = ids[res == 0]
+        if len(queued):
+            res[res == 0] = self._router.wait(queued)
+        return res
+
+    def held(self, keys: np.ndarray, prefix: bool = False, wait_ms: float = 0) -> np.ndarray:
+        """Per key (bool): a read would find it: READY in some tier, or its
+        file write still queued.  The cluster's answers are waited for up to
+        wait_ms (an answer still out then counts as absent).  prefix: the
+        keys are one chain (PREFIX): the ones after the first key no tier
+        holds are False without asking."""
+        st, tiers, _ = self.lookup(keys, PREFIX if prefix else 0, CascadeWait(), wait_ms)
+        return (st == READY) | ((st == PENDING) & (tiers == TIER_FILE))
+
     def drain_events(self, cap: int = 4096) -> list[tuple[str, np.ndarray]]:
         """The host tier's events as (type, KEY_DTYPE array) runs, "stored" /
         "evicted" / "removed" (host_events, merged by type)."""
@@ -443,6 +642,6 @@ class Cascade(_Handle):
         return out
 
 
-__all__ = ["Cascade", "CascadeWait", "namespace_id", "namespace_keys", "COMPLETION_DTYPE", "TIER_NONE", "TIER_HOST",
-           "TIER_FILE", "TIER_REMOTE", "TIER_NAMES", "PREFIX", "PROMOTE", "SKIP", "HOST", "STAGED", "REFUSED",
-           "OP_PROMOTE", "OP_READ", "OP_WRITE", "OP_REMOVE"]
+__all__ = ["Cascade", "CascadeWait", "engine_cascade", "namespace_id", "namespace_keys", "layout_of", "value_plan",
+           "COMPLETION_DTYPE", "TIER_NONE", "TIER_HOST", "TIER_FILE", "TIER_REMOTE", "TIER_NAMES", "PREFIX", "PROMOTE",
+           "SKIP", "HOST", "STAGED", "REFUSED", "OP_PROMOTE", "OP_READ", "OP_WRITE", "OP_REMOVE"]

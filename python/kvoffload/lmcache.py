@@ -13,7 +13,11 @@ submit_batch_get(keys, memoryviews), submit_batch_set(keys, memoryviews),
 submit_batch_exists(keys), submit_batch_delete(keys) each returning a
 future id at once, drain_completions() returning (future_id, ok, error,
 per-key bools) tuples and clearing the eventfd, close().  Worker threads run
-the batches over one kvoffload TierSet (file tier and/or Redis Cluster).
+the batches through one kvoffload Cascade with no host tier (LMCache's L1
+is the host tier) over the file tier and the Redis Cluster tier: the cascade
+owns the way through them (the file tier first, the cluster for what the
+files lack, a value the cluster served kept in the files too, back-pressure
+waited out).
 
 Values.  LMCache objects of one deployment have one size (a chunk of
 tokens; a last, partial chunk is smaller).  kvoffload tiers store fixed-size
@@ -21,20 +25,27 @@ values, so every object is stored as one value of 16 + object_bytes bytes: a
 16-byte header (magic, the object's length) then its bytes.  A get whose
 buffer length differs from the stored length is a miss, so a value is
 byte-exact or a miss (the tiers verify checksums, key and namespace on every
-read).  object_bytes comes from adapter_params, else from the first object
-stored (written to ROOT/kvoffload-lmcache.json so a restart finds the values
-again; without a file tier and without object_bytes, lookups before the first
-store are misses).
+read).  object_bytes comes from adapter_params; without it, the largest
+object stored so far sets it: a larger object than any before reopens the
+store at its size (the objects stored at the smaller size are no longer
+found: a first partial object must not turn every full one away), recorded
+in ROOT/kvoffload-lmcache.json so that a restart opens the same store.
 
 Keys are LMCache's strings (model@kv_rank@object_group@chunk_hash[@salt]),
-hashed with BLAKE2b-128; the namespace (plan fingerprint and layout hash)
-covers object_bytes and the key format version.
+each hashed whole under the store's namespace (kvoffload.cascade: the value
+size and format, and LMCache's salt as the tenant where a key has one).
+
+Delete: the keys leave the file tier; the cluster's values expire by its
+TTL or LRU (kvo_cascade_remove does not delete them).  A key is reported
+deleted only when no tier holds it afterwards: with a cluster tier, none is
+(LMCache keeps counting them in its L2 usage while the cluster holds them).
 """
 from __future__ import annotations
 
 import ctypes
 import itertools
 import json
+import logging
 import os
 import queue
 import struct
@@ -43,18 +54,76 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from ._tierset import TierSet, layout_hash, string_keys, value_plan
-from .core import Arena, warn_if_url_has_password
+from . import _lib as L
+from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, value_plan
+from .core import KEY_DTYPE, Arena, warn_if_url_has_password
+
+logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<8sQ")
 MAGIC = b"KVOLMC01"
 META = "kvoffload-lmcache.json"
+FORMAT = ("lmcache-native-plugin", 2)
 
 
 def _addr(mv: Any) -> tuple[int, int]:
     """(address, length) of a buffer (memoryview, bytearray, numpy ...)."""
     a = np.frombuffer(mv, dtype=np.uint8)
     return a.ctypes.data, a.nbytes
+
+
+def _tenant(key: str) -> Optional[str]:
+    """LMCache's salt (a fifth @-field) of a key, or None."""
+    parts = key.split("@")
+    return parts[4] if len(parts) > 4 else None
+
+
+class _Store:
+    """The tiers of one object size: a plan, its namespaces, a Cascade over
+    the file and cluster tiers.  users: batches running on it (a store
+    replaced by a larger one closes when the last of them ends)."""
+
+    def __init__(self, c: "KvoffloadL2Connector", object_bytes: int) -> None:
+        self.object_bytes = object_bytes
+        self.plan = value_plan("lmcache", HEADER.size + object_bytes)
+        self.slot_bytes: int = self.plan.groups[0]["slot_bytes"]   # a read fills a whole slot
+        self._desc = dict(engine="lmcache", model=c.model_name, extra=repr(FORMAT + (object_bytes,)))
+        self._ns: dict[Optional[str], int] = {}
+        layout = layout_of(namespace_id(self.plan, **self._desc))
+        self.users, self.retired = 0, False
+        # the file tier shared: several LMCache servers (processes) may use one root
+        self.cascade: Optional[Cascade] = engine_cascade(
+            self.plan,
+            file=dict(root=c.file_root, quota_bytes=c.file_bytes, io_threads=c.io_threads, shared=True,
+                      layout_hash=layout) if c.file_root else None,
+            remote=dict(url=c.redis_url, key_prefix=c.redis_prefix, layout_hash=layout, io_threads=c.io_threads,
+                        ttl_s=c.redis_ttl_s) if c.redis_url else None)
+        self.file, self.remote = self.cascade.file_tier, self.cascade.remote_tier
+
+    def keys(self, keys: List[str]) -> np.ndarray:
+        """The chunk keys of LMCache's key strings (each under its tenant's namespace)."""
+        if not any(k.count("@") > 3 for k in keys):   # no salt: one namespace
+            return namespace_keys(self._ns_of(None), keys)
+        tenants = [_tenant(k) for k in keys]
+        out = np.zeros(len(keys), dtype=KEY_DTYPE)
+        for t in set(tenants):
+            idx = [i for i, x in enumerate(tenants) if x == t]
+            out[idx] = namespace_keys(self._ns_of(t), [keys[i] for i in idx])
+        return out
+
+    def _ns_of(self, tenant: Optional[str]) -> int:
+        ns = self._ns.get(tenant)
+        if ns is None:
+            if len(self._ns) > 4096:  # salts come and go: keep the map bounded
+                self._ns.clear()
+            ns = self._ns[tenant] = namespace_id(self.plan, tenant=tenant, **self._desc)
+        return ns
+
+    def close(self, timeout_ms: float) -> None:
+        if self.cascade is not None:
+            self.cascade.close(timeout_ms)
+            self.cascade = None
+        self.file = self.remote = None
 
 
 class KvoffloadL2Connector:
@@ -64,7 +133,8 @@ class KvoffloadL2Connector:
     (quota, default 64 GiB), redis_url (or KVO_REDIS_URL), redis_prefix
     (default "kvo"), redis_ttl_s, object_bytes, workers (threads running
     batches, default 2), batch (values per staging area, default 64),
-    io_threads, timeout_s (default 30)."""
+    io_threads, timeout_s (default 30), model_name (the deployment's model
+    identity, part of the namespace; LMCache's keys name the model too)."""
 
     def __init__(self, file_root: Optional[str] = None, file_bytes: float = 64 << 30,
                  redis_url: Optional[str] = None, redis_prefix: str = "kvo", redis_ttl_s: int = 0,
@@ -79,17 +149,18 @@ class KvoffloadL2Connector:
             raise ValueError("kvoffload.lmcache: give adapter_params file_root (a directory) and/or redis_url "
                              "(redis://host:port[,host:port])")
         self.redis_prefix, self.redis_ttl_s = redis_prefix, int(redis_ttl_s)
-        self.io_threads, self.timeout_s, self.model_name = int(io_threads), float(timeout_s), model_name
+        self.io_threads, self.timeout_s, self.model_name = int(io_threads), float(timeout_s), str(model_name)
         self.batch = max(1, int(batch))
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ids = itertools.count(1)
         self._done: list[tuple[int, bool, str, Optional[List[bool]]]] = []
         self._done_lock = threading.Lock()
         self._open_lock = threading.Lock()
-        self._tiers: Optional[TierSet] = None
-        self.object_bytes = int(object_bytes) or self._meta_object_bytes()
-        if self.object_bytes:
-            self._open(self.object_bytes)
+        self._store: Optional[_Store] = None
+        self._fixed = bool(int(object_bytes))   # configured: never changes
+        size = int(object_bytes) or self._meta_object_bytes()
+        if size:
+            self._store = _Store(self, size)
         self._q: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._closed = False
         self._workers = [threading.Thread(target=self._work, name=f"kvo-lmcache-{i}", daemon=True)
@@ -97,7 +168,13 @@ class KvoffloadL2Connector:
         for t in self._workers:
             t.start()
 
-    # -- tiers
+    @property
+    def object_bytes(self) -> int:
+        """The objects' size of the store in use (0: none yet)."""
+        st = self._store
+        return st.object_bytes if st is not None else 0
+
+    # -- the store of the objects' size
     def _meta_object_bytes(self) -> int:
         if not self.file_root:
             return 0
@@ -107,24 +184,41 @@ class KvoffloadL2Connector:
         except (OSError, ValueError, KeyError, TypeError):
             return 0
 
-    def _open(self, object_bytes: int) -> TierSet:
+    def _acquire(self, size: int = 0) -> Optional[_Store]:
+        """The store for a batch (its users counted until _release); with
+        size (a set without a configured object_bytes): one whose objects
+        are at least size bytes, opened or grown to it."""
         with self._open_lock:
-            if self._tiers is not None:
-                return self._tiers
-            value = HEADER.size + object_bytes
-            plan = value_plan(f"lmcache:{self.model_name}", value)
-            lh = layout_hash("lmcache-native-plugin", 1, object_bytes)
-            self._tiers = TierSet(plan, file_root=self.file_root, file_bytes=self.file_bytes,
-                                  redis_url=self.redis_url, redis_prefix=self.redis_prefix, layout=lh,
-                                  io_threads=self.io_threads, timeout_s=self.timeout_s,
-                                  redis_ttl_s=self.redis_ttl_s)
-            self.object_bytes = object_bytes
-            if self.file_root and not self._meta_object_bytes():
-                tmp = os.path.join(self.file_root, f".{META}.{os.getpid()}")
-                with open(tmp, "w") as f:
-                    json.dump({"format": "kvoffload-lmcache", "object_bytes": object_bytes}, f)
-                os.replace(tmp, os.path.join(self.file_root, META))
-            return self._tiers
+            st = self._store
+            if size and not self._fixed and (st is None or st.object_bytes < size):
+                new = _Store(self, size)
+                if st is not None:
+                    n = st.file.stats()["files"] if st.file is not None else 0
+                    logger.warning("kvoffload.lmcache: an object of %d bytes, larger than the %d of the objects "
+                                   "so far: the store now holds objects of %d bytes (give adapter_params "
+                                   "object_bytes to fix the size); the %d files of the smaller size are no "
+                                   "longer read", size, st.object_bytes, size, n)
+                    st.retired = True
+                    if not st.users:
+                        st.close(self.timeout_s * 1000)
+                self._store = st = new
+                if self.file_root:
+                    tmp = os.path.join(self.file_root, f".{META}.{os.getpid()}.{threading.get_ident()}")
+                    with open(tmp, "w") as f:
+                        json.dump({"format": "kvoffload-lmcache", "object_bytes": size}, f)
+                    os.replace(tmp, os.path.join(self.file_root, META))
+            if st is not None:
+                st.users += 1
+            return st
+
+    def _release(self, st: Optional[_Store]) -> None:
+        if st is None:
+            return
+        with self._open_lock:
+            st.users -= 1
+            last = st.retired and not st.users
+        if last:
+            st.close(self.timeout_s * 1000)
 
     # -- the native connector interface
     def event_fd(self) -> int:
@@ -168,18 +262,29 @@ class KvoffloadL2Connector:
             self._q.put(None)
         for t in self._workers:
             t.join(timeout=self.timeout_s)
-        if self._tiers is not None:
-            self._tiers.close()
-            self._tiers = None
+        with self._open_lock:
+            st, self._store = self._store, None
+        if st is not None:
+            st.close(self.timeout_s * 1000)
         os.close(self._efd)
 
     # -- statistics for tests and benchmarks
     def flush(self) -> None:
-        if self._tiers is not None:
-            self._tiers.flush(self.timeout_s)
+        st = self._store
+        if st is not None and st.cascade is not None:
+            st.cascade.flush(self.timeout_s * 1000)
 
     def stats(self) -> dict[str, Any]:
-        return self._tiers.stats() if self._tiers is not None else {}
+        """The counters of the store in use: its cascade, file tier and cluster tier."""
+        st = self._store
+        if st is None or st.cascade is None:
+            return {}
+        out: dict[str, Any] = {"cascade": st.cascade.stats(), "object_bytes": st.object_bytes}
+        if st.file is not None:
+            out["file"] = st.file.stats()
+        if st.remote is not None:
+            out["remote"] = st.remote.stats()
+        return out
 
     # -- workers
     def _complete(self, fid: int, ok: bool, err: str, res: Optional[List[bool]]) -> None:
@@ -188,74 +293,84 @@ class KvoffloadL2Connector:
         os.eventfd_write(self._efd, 1)
 
     def _work(self) -> None:
-        stage: Optional[Arena] = None
+        stages: dict[int, Arena] = {}   # staging memory by slot size
         while True:
             item = self._q.get()
             if item is None:
                 break
             fid, op, keys, bufs = item
+            st: Optional[_Store] = None
             try:
-                if op == "exists":
-                    res = self._exists(keys)
+                st = self._acquire(max((_addr(b)[1] for b in bufs), default=0) if op == "set" else 0)
+                if st is None:   # nothing stored yet: every key a miss
+                    res = [False] * len(keys)
+                elif op == "exists":
+                    res = self._exists(st, keys)
                 elif op == "delete":
-                    res = self._delete(keys)
+                    res = self._delete(st, keys)
                 else:
+                    stage = stages.get(st.slot_bytes)
                     if stage is None:
-                        size = max((_addr(b)[1] for b in bufs), default=0)
-                        tiers = self._tiers or (self._open(size) if op == "set" and size else None)
-                        if tiers is None:
-                            self._complete(fid, True, "", [False] * len(keys))
-                            continue
-                        stage = Arena(self.batch * tiers.read_bytes, prefault=False)
-                    res = self._set(keys, bufs, stage) if op == "set" else self._get(keys, bufs, stage)
+                        for a in stages.values():
+                            a.close()
+                        stages = {st.slot_bytes: Arena(self.batch * st.slot_bytes, prefault=False)}
+                        stage = stages[st.slot_bytes]
+                    res = self._set(st, keys, bufs, stage) if op == "set" else self._get(st, keys, bufs, stage)
                 self._complete(fid, True, "", res)
             except Exception as e:  # an engine thread must not die: report the batch failed
                 self._complete(fid, False, f"{type(e).__name__}: {e}", [False] * len(keys))
-        if stage is not None:
-            stage.close()
+            finally:
+                self._release(st)
+        for a in stages.values():
+            a.close()
 
-    def _exists(self, keys: List[str]) -> List[bool]:
-        if self._tiers is None:
+    def _exists(self, st: _Store, keys: List[str]) -> List[bool]:
+        assert st.cascade is not None
+        return st.cascade.held(st.keys(keys), wait_ms=self.timeout_s * 1000).tolist()
+
+    def _delete(self, st: _Store, keys: List[str]) -> List[bool]:
+        """Remove from every tier (Cascade.remove); deleted = no tier holds
+        the key any more.  kvo_cascade_remove leaves the cluster's values to
+        their TTL or the server's LRU (it only forgets their presence, so a
+        lookup right after cannot tell): with a cluster tier no key is
+        reported deleted, and LMCache keeps counting it in its L2 usage,
+        as the cluster keeps holding it."""
+        assert st.cascade is not None
+        kk = st.keys(keys)
+        st.cascade.remove(kk)
+        if st.remote is not None:
             return [False] * len(keys)
-        return self._tiers.exists(string_keys(keys)).tolist()
+        return (~st.cascade.held(kk)).tolist()
 
-    def _delete(self, keys: List[str]) -> List[bool]:
-        if self._tiers is None:
-            return [False] * len(keys)
-        kk = string_keys(keys)
-        self._tiers.remove(kk)
-        return (~self._tiers.exists(kk)).tolist()
-
-    def _set(self, keys: List[str], bufs: list, stage: Arena) -> List[bool]:
-        tiers = self._tiers
-        assert tiers is not None
+    def _set(self, st: _Store, keys: List[str], bufs: list, stage: Arena) -> List[bool]:
+        assert st.cascade is not None
         out = [False] * len(keys)
-        slot = tiers.read_bytes
+        slot = st.slot_bytes
         for s in range(0, len(keys), self.batch):
             idx, srcs = [], []
             for j, i in enumerate(range(s, min(s + self.batch, len(keys)))):
                 addr, n = _addr(bufs[i])
-                if n > self.object_bytes:
-                    continue  # larger than the values of this store: not stored (a miss later)
+                if n > st.object_bytes:
+                    continue  # larger than the configured object_bytes: not stored (a miss later)
                 dst = stage.base + j * slot
                 ctypes.memmove(dst, HEADER.pack(MAGIC, n), HEADER.size)
                 ctypes.memmove(dst + HEADER.size, addr, n)
                 idx.append(i)
                 srcs.append(dst)
             if idx:
-                ok = tiers.write(string_keys([keys[i] for i in idx]), srcs)
-                for i, good in zip(idx, ok):
-                    out[i] = bool(good)
+                r = st.cascade.write(st.keys([keys[i] for i in idx]), srcs, timeout_ms=self.timeout_s * 1000)
+                for i, rc in zip(idx, r.tolist()):
+                    out[i] = rc == 0 or rc == L.KVO_EEXIST
         return out
 
-    def _get(self, keys: List[str], bufs: list, stage: Arena) -> List[bool]:
-        tiers = self._tiers
-        assert tiers is not None
+    def _get(self, st: _Store, keys: List[str], bufs: list, stage: Arena) -> List[bool]:
+        assert st.cascade is not None
         out = [False] * len(keys)
-        slot = tiers.read_bytes
+        slot = st.slot_bytes
         for s in range(0, len(keys), self.batch):
             m = min(self.batch, len(keys) - s)
-            ok = tiers.read(string_keys(keys[s: s + m]), [stage.base + j * slot for j in range(m)])
+            ok = st.cascade.read_wait(st.keys(keys[s: s + m]), [stage.base + j * slot for j in range(m)],
+                                      timeout_ms=self.timeout_s * 1000) == 0
             for j in range(m):
                 if not ok[j]:
                     continue

@@ -24,14 +24,23 @@ size).  Two byte formats:
    the page index): SGLang's own flat data page (get_data_page /
    set_from_flat_data_page).
 
-The layout hash that names a pool's namespace covers the model, the pool's
-class and name, its host layout, dtype, page size, the byte format and each
-region's size, so pages written with another layout, dtype or format are
-never found.  Keys are BLAKE2b-128 of the page hash with a salt of the pool
-and, for rank-sharded pools, of the TP rank (MLA KV is replicated across TP
-ranks and shared, as SGLang's own file back end does; Mamba state is always
-sharded), plus PP, attention-CP and DCP ranks.  Every read is verified by
-the tiers (checksums, key, namespace): a page is byte-exact or a miss.
+Tiers and namespaces.  Each pool's pages go through one kvoffload Cascade
+with no host tier (host_bytes 0: SGLang's host pool is the host tier) over
+the file tier and the Redis Cluster tier; the cascade owns the way through
+them (the file tier first, the cluster for what the files lack, a page the
+cluster served kept in the files too, back-pressure waited out).  A page's
+key is kvo_namespace_keys of SGLang's page key under the pool's namespace
+(kvoffload.cascade.namespace_id): the model identity as configured, whole;
+the pool's class and name, host layout, dtype, page size, byte format and
+region sizes; the TP rank only where the pool is sharded (MHA KV and Mamba
+state are; MLA KV is replicated across TP ranks: one namespace for all of
+them, as SGLang's own file back end shares it), and PP, attention-CP and DCP
+ranks; and SGLang's per-request extra key (a tenant's salt) as the tenant
+where SGLang gives one.  The files' directory and the cluster's key prefix
+are named after the same namespace without ranks and tenants, so the ranks
+of one engine share one directory (opened shared: every rank sees the pages
+the others write) and one quota.  Every read is verified by the tiers
+(checksums, key, namespace): a page is byte-exact or a miss.
 
 Extra config keys: kvo_file_root, kvo_file_bytes (per pool, default 64 GiB),
 kvo_redis_url (or KVO_REDIS_URL; password in the URL or KVO_REDIS_PASSWORD),
@@ -55,7 +64,8 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo,
                                                   PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult)
 
-from ._tierset import TierSet, layout_hash, string_keys, value_plan
+from . import _lib as L
+from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, value_plan
 from .core import LOAD, STORE, Arena, Transfer, warn_if_url_has_password
 
 logger = logging.getLogger(__name__)
@@ -91,14 +101,25 @@ def _region_segments(pool: Any) -> Optional[list[dict[str, int]]]:
     return segs
 
 
+def _tenant(extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[str]:
+    """A request's tenant where SGLang gives one: extra_info.extra_info's
+    "extra_key" (SGLang's per-request namespace tag) or "cache_salt"."""
+    d = getattr(extra_info, "extra_info", None)
+    if not isinstance(d, dict):
+        return None
+    v = d.get("extra_key", d.get("cache_salt"))
+    return None if v is None else str(v)
+
+
 def _torch_bytes(addr: int, n: int) -> torch.Tensor:
     """A uint8 tensor over n bytes at addr (no copy; valid while the memory is)."""
     return torch.frombuffer((ctypes.c_uint8 * n).from_address(addr), dtype=torch.uint8)
 
 
 class _PoolStore:
-    """One host pool's pages in kvoffload tiers: a plan, TierSet, staging
-    slots and (segments format) a transfer engine over the pool's memory."""
+    """One host pool's pages in kvoffload's tiers: a plan, its namespaces, a
+    Cascade over the tiers, staging slots and (segments format) a transfer
+    engine over the pool's memory."""
 
     def __init__(self, owner: "KvoffloadHiCacheStorage", name: str, pool: Any, fmt: str) -> None:
         layout = getattr(pool, "layout", None)
@@ -117,34 +138,54 @@ class _PoolStore:
             value_bytes = sum(s["page_bytes"] for s in self.segments)
             regions = [s["page_bytes"] for s in self.segments]
         self.value_bytes = value_bytes
+        self.plan = value_plan("sglang", value_bytes, self.page_size)
         cfg = owner.storage_config
+        # what decides a page's bytes (the model identity whole, in the
+        # namespace's model field); ranks and tenants only in the keys'
+        self._desc = dict(engine="sglang", model=owner.model_name, dtype=str(getattr(pool, "dtype", "")),
+                          kv_layout=str(layout))
+        self._pool_desc = (FORMAT_VERSION, type(pool).__name__, name, self.fmt, regions, self.page_size)
         sharded = name == PoolName.MAMBA or not cfg.is_mla_model
-        rank = (cfg.tp_rank, cfg.tp_size) if sharded else ("mla-replicated",)
-        self.salt = repr((name, rank, cfg.pp_rank, cfg.pp_size, cfg.attn_cp_rank, cfg.attn_cp_size,
-                          cfg.dcp_rank, cfg.dcp_size, cfg.logical_page_size)).encode()
-        dtype = str(getattr(pool, "dtype", ""))
-        lh = layout_hash("sglang-hicache", FORMAT_VERSION, owner.model_name, type(pool).__name__, name, layout,
-                         dtype, self.page_size, self.fmt, regions)
-        self.plan = value_plan(f"sglang:{owner.model_name}:{name}", value_bytes, self.page_size)
+        self._ranks = ((cfg.tp_rank, cfg.tp_size) if sharded else None, cfg.pp_rank, cfg.pp_size, cfg.attn_cp_rank,
+                       cfg.attn_cp_size, cfg.dcp_rank, cfg.dcp_size, cfg.logical_page_size)
+        self._ns: dict[Optional[str], int] = {}   # tenant -> namespace of the keys
+        layout_ns = layout_of(namespace_id(self.plan, extra=repr(self._pool_desc), **self._desc))
         ex = owner.extra
-        self.tiers = TierSet(self.plan, file_root=owner.file_root, file_bytes=owner.file_bytes,
-                             redis_url=owner.redis_url, redis_prefix=ex.get("kvo_redis_prefix", "kvo"),
-                             layout=lh, io_threads=int(ex.get("kvo_io_threads", 0)),
-                             timeout_s=float(ex.get("kvo_timeout_s", 30.0)),
-                             redis_ttl_s=int(ex.get("kvo_redis_ttl_s", 0)))
-        slot = self.tiers.slot_bytes
-        self.batch = max(1, min(128, int(ex.get("kvo_staging_bytes", 256 << 20)) // slot))
-        # one staging area per direction: SGLang reads (prefetch) and writes (backup) on two threads
-        self._stage = {d: (Arena(self.batch * slot, prefault=False), threading.Lock()) for d in (LOAD, STORE)}
+        io_threads = int(ex.get("kvo_io_threads", 0))
+        self.timeout_ms = float(ex.get("kvo_timeout_s", 30.0)) * 1000
+        self.cascade: Optional[Cascade] = None
         self.transfer: Optional[Transfer] = None
+        self._stage: dict[int, tuple[Arena, threading.Lock]] = {}
+        try:
+            # the file tier shared: the ranks (processes) of one engine write its directory at once
+            self.cascade = engine_cascade(
+                self.plan,
+                file=dict(root=owner.file_root, quota_bytes=owner.file_bytes, io_threads=io_threads, shared=True,
+                          layout_hash=layout_ns) if owner.file_root else None,
+                remote=dict(url=owner.redis_url, key_prefix=ex.get("kvo_redis_prefix", "kvo"), layout_hash=layout_ns,
+                            io_threads=io_threads, ttl_s=int(ex.get("kvo_redis_ttl_s", 0))) if owner.redis_url else None)
+            slot = self.plan.groups[0]["slot_bytes"]   # a read fills a whole slot
+            self.batch = max(1, min(128, int(ex.get("kvo_staging_bytes", 256 << 20)) // slot))
+            # one staging area per direction: SGLang reads (prefetch) and writes (backup) on two threads
+            self._stage = {d: (Arena(self.batch * slot, prefault=False), threading.Lock()) for d in (LOAD, STORE)}
+            if self.fmt == "segments":
+                self.transfer = Transfer(self.plan, threads=int(ex.get("kvo_transfer_threads", 2)))
+                self.transfer.set_layout(self.segments)
+        except BaseException:
+            self.close()
+            raise
         self._xfer_lock = threading.Lock()
-        if self.fmt == "segments":
-            self.transfer = Transfer(self.plan, threads=int(ex.get("kvo_transfer_threads", 2)))
-            self.transfer.set_layout(self.segments)
 
     # -- helpers
-    def keys(self, keys: List[str]) -> np.ndarray:
-        return string_keys(keys, self.salt)
+    def keys(self, keys: List[str], tenant: Optional[str] = None) -> np.ndarray:
+        """The chunk keys of SGLang's page keys (of one tenant)."""
+        ns = self._ns.get(tenant)
+        if ns is None:
+            if len(self._ns) > 4096:  # tenants come and go: keep the map bounded
+                self._ns.clear()
+            ns = self._ns[tenant] = namespace_id(self.plan, tenant=tenant,
+                                                 extra=repr((self._pool_desc, self._ranks)), **self._desc)
+        return namespace_keys(ns, keys)
 
     def _pages(self, host_indices: torch.Tensor, n: int) -> Optional[list[int]]:
         """Host page numbers of n pages from SGLang's token indices (page i
@@ -162,7 +203,7 @@ class _PoolStore:
 
     def _copy(self, direction: int, pages: list[int], base: int, which: list[int]) -> bool:
         """Transfer engine or flat copies between host pages and staging slots."""
-        slot = self.tiers.slot_bytes
+        slot = self.plan.groups[0]["slot_bytes"]
         if self.transfer is not None:
             ops = [dict(group=0, engine_blocks=[pages[i]], slot=base + j * slot, slot_bytes=slot)
                    for j, i in enumerate(which)]
@@ -187,36 +228,49 @@ class _PoolStore:
             res = [r for r in self.transfer.poll() if r["job_id"] == job]
         return len(res) == 1 and res[0]["status"] == 0
 
+    def _write(self, kk: np.ndarray, srcs: list[int]) -> np.ndarray:
+        """bool per key: some tier took the value (queued, or held already);
+        back-pressure is waited out up to kvo_timeout_s, so the engine's
+        writer thread carries it instead of losing pages."""
+        assert self.cascade is not None
+        r = self.cascade.write(kk, srcs, timeout_ms=self.timeout_ms)
+        return (r == 0) | (r == L.KVO_EEXIST)
+
+    def _read(self, kk: np.ndarray, dsts: list[int]) -> np.ndarray:
+        """bool per key: dsts[i] holds the verified value."""
+        assert self.cascade is not None
+        return self.cascade.read_wait(kk, dsts, timeout_ms=self.timeout_ms) == 0
+
     # -- host pages <-> tiers
-    def set_pages(self, keys: List[str], host_indices: torch.Tensor) -> List[bool]:
+    def set_pages(self, keys: List[str], host_indices: torch.Tensor, tenant: Optional[str] = None) -> List[bool]:
         pages = self._pages(host_indices, len(keys))
         if pages is None:
             return [False] * len(keys)
-        kk = self.keys(keys)
+        kk = self.keys(keys, tenant)
         out = np.zeros(len(keys), dtype=bool)
         arena, lock = self._stage[STORE]
-        slot = self.tiers.slot_bytes
+        slot = self.plan.groups[0]["slot_bytes"]
         with lock:
             for s in range(0, len(keys), self.batch):
                 which = list(range(s, min(s + self.batch, len(keys))))
                 if not self._copy(STORE, pages, arena.base, which):
                     continue
-                out[s: s + len(which)] = self.tiers.write(kk[s: s + len(which)],
-                                                          [arena.base + j * slot for j in range(len(which))])
+                out[s: s + len(which)] = self._write(kk[s: s + len(which)],
+                                                     [arena.base + j * slot for j in range(len(which))])
         return out.tolist()
 
-    def get_pages(self, keys: List[str], host_indices: torch.Tensor) -> List[bool]:
+    def get_pages(self, keys: List[str], host_indices: torch.Tensor, tenant: Optional[str] = None) -> List[bool]:
         pages = self._pages(host_indices, len(keys))
         if pages is None:
             return [False] * len(keys)
-        kk = self.keys(keys)
+        kk = self.keys(keys, tenant)
         out = np.zeros(len(keys), dtype=bool)
         arena, lock = self._stage[LOAD]
-        slot = self.tiers.slot_bytes
+        slot = self.plan.groups[0]["slot_bytes"]
         with lock:
             for s in range(0, len(keys), self.batch):
                 m = min(self.batch, len(keys) - s)
-                ok = self.tiers.read(kk[s: s + m], [arena.base + j * slot for j in range(m)])
+                ok = self._read(kk[s: s + m], [arena.base + j * slot for j in range(m)])
                 # only verified pages reach the host pool; the copy of a batch is one job
                 hit = [j for j in range(m) if ok[j]]
                 if hit:
@@ -234,27 +288,32 @@ class _PoolStore:
                     out[[s + j for j in hit]] = True
         return out.tolist()
 
-    def set_values(self, keys: List[str], values: List[torch.Tensor]) -> List[bool]:
+    def set_values(self, keys: List[str], values: List[torch.Tensor], tenant: Optional[str] = None) -> List[bool]:
         """The base API: flat data pages given as tensors."""
-        kk = self.keys(keys)
-        out = []
-        for k, v in zip(kk, values):
+        kk = self.keys(keys, tenant)
+        idx, srcs, keep = [], [], []
+        for i, v in enumerate(values):
             if v is None or v.numel() * v.element_size() != self.value_bytes:
-                out.append(False)
                 continue
-            src = v.contiguous().view(torch.uint8).reshape(-1).cpu()
-            out.append(bool(self.tiers.write(k.reshape(1), [src.data_ptr()])[0]))
-        return out
+            t = v.contiguous().view(torch.uint8).reshape(-1).cpu()
+            keep.append(t)   # alive until the write copied it
+            idx.append(i)
+            srcs.append(t.data_ptr())
+        out = np.zeros(len(keys), dtype=bool)
+        if idx:
+            out[idx] = self._write(kk[idx], srcs)
+        return out.tolist()
 
-    def get_values(self, keys: List[str], targets: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
-        kk = self.keys(keys)
+    def get_values(self, keys: List[str], targets: List[Optional[torch.Tensor]],
+                   tenant: Optional[str] = None) -> List[Optional[torch.Tensor]]:
+        kk = self.keys(keys, tenant)
         arena, lock = self._stage[LOAD]
-        slot = self.tiers.slot_bytes
+        slot = self.plan.groups[0]["slot_bytes"]
         out: List[Optional[torch.Tensor]] = []
         with lock:
             for s in range(0, len(keys), self.batch):
                 m = min(self.batch, len(keys) - s)
-                ok = self.tiers.read(kk[s: s + m], [arena.base + j * slot for j in range(m)])
+                ok = self._read(kk[s: s + m], [arena.base + j * slot for j in range(m)])
                 for j in range(m):
                     t = targets[s + j] if targets else None
                     if not ok[j]:
@@ -271,15 +330,36 @@ class _PoolStore:
                     out.append(t)
         return out
 
-    def exists(self, keys: List[str]) -> np.ndarray:
-        return self.tiers.exists(self.keys(keys))
+    def exists(self, keys: List[str], tenant: Optional[str] = None, prefix: bool = False) -> np.ndarray:
+        """bool per key: a read would find the page (prefix: the keys are one
+        chain; the ones after the first absent page are False)."""
+        assert self.cascade is not None
+        return self.cascade.held(self.keys(keys, tenant), prefix=prefix, wait_ms=self.timeout_ms)
+
+    def flush(self, timeout_s: float) -> None:
+        if self.cascade is not None:
+            self.cascade.flush(timeout_s * 1000)
+
+    def stats(self) -> dict[str, Any]:
+        c = self.cascade
+        if c is None:
+            return {}
+        out: dict[str, Any] = {"cascade": c.stats()}
+        for name, t in (("file", c.file_tier), ("remote", c.remote_tier)):
+            if t is not None:
+                out[name] = t.stats()
+        return out
 
     def close(self) -> None:
         if self.transfer is not None:
             self.transfer.close()
-        self.tiers.close()
+            self.transfer = None
+        if self.cascade is not None:
+            self.cascade.close(self.timeout_ms)
+            self.cascade = None
         for arena, _ in self._stage.values():
             arena.close()
+        self._stage = {}
 
 
 class KvoffloadHiCacheStorage(HiCacheStorage):
@@ -291,7 +371,7 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
         self.storage_config = storage_config
         ex = dict(storage_config.extra_config or {})
         self.extra = ex
-        self.model_name = (storage_config.model_name or "model").replace("/", "-")
+        self.model_name = str(storage_config.model_name or "")   # whole: the namespace holds it
         self.file_root = ex.get("kvo_file_root")
         self.file_bytes = int(float(ex.get("kvo_file_bytes", 64 << 30)))
         self.redis_url = ex.get("kvo_redis_url") or os.environ.get("KVO_REDIS_URL")
@@ -371,18 +451,18 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
         return bool(self._kv().exists([key])[0])
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
-        have = self._kv().exists(keys)
+        have = self._kv().exists(keys, _tenant(extra_info), prefix=True)
         miss = np.flatnonzero(~have)
         return int(miss[0]) if len(miss) else len(keys)
 
     # -- v1: zero-copy with host indices (KV pool)
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
-        return self._kv().get_pages(keys, host_indices)
+        return self._kv().get_pages(keys, host_indices, _tenant(extra_info))
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
-        return self._kv().set_pages(keys, host_indices)
+        return self._kv().set_pages(keys, host_indices, _tenant(extra_info))
 
     # -- v2: one PoolTransfer per pool
     def _pool(self, name: Any) -> Optional[_PoolStore]:
@@ -393,7 +473,8 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
 
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
                         extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
-        kv_have = self._kv().exists(keys)
+        tenant = _tenant(extra_info)
+        kv_have = self._kv().exists(keys, tenant, prefix=True)
         miss = np.flatnonzero(~kv_have)
         kv_pages = int(miss[0]) if len(miss) else len(keys)
         hit_count: dict[str, int] = {PoolName.KV: kv_pages} if kv_pages else {}
@@ -402,7 +483,7 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
             if not restorable:
                 break
             st = self._pool(t.name)
-            have = st.exists(keys[:kv_pages]) if st is not None else np.zeros(kv_pages, dtype=bool)
+            have = st.exists(keys[:kv_pages], tenant) if st is not None else np.zeros(kv_pages, dtype=bool)
             if t.hit_policy == PoolHitPolicy.ALL_PAGES:
                 m = np.flatnonzero(~have)
                 boundary = int(m[0]) if len(m) else kv_pages
@@ -420,7 +501,8 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
         ordered = sorted(restorable)
         return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
 
-    def _batch_v2(self, transfers: List[PoolTransfer], write: bool) -> dict[str, List[bool]]:
+    def _batch_v2(self, transfers: List[PoolTransfer], write: bool,
+                  tenant: Optional[str]) -> dict[str, List[bool]]:
         out: dict[str, List[bool]] = {}
         for t in transfers:
             keys = list(t.keys or [])
@@ -428,25 +510,27 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
             if st is None or t.host_indices is None:
                 out[t.name] = [False] * len(keys)
                 continue
-            out[t.name] = st.set_pages(keys, t.host_indices) if write else st.get_pages(keys, t.host_indices)
+            out[t.name] = (st.set_pages if write else st.get_pages)(keys, t.host_indices, tenant)
         return out
 
     def batch_get_v2(self, transfers: List[PoolTransfer],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, List[bool]]:
-        return self._batch_v2(transfers, write=False)
+        return self._batch_v2(transfers, False, _tenant(extra_info))
 
     def batch_set_v2(self, transfers: List[PoolTransfer],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, List[bool]]:
-        return self._batch_v2(transfers, write=True)
+        return self._batch_v2(transfers, True, _tenant(extra_info))
 
     # -- housekeeping
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every queued write has landed (tests, shutdown)."""
         for st in list(self.stores.values()):
-            st.tiers.flush(timeout_s)
+            st.flush(timeout_s)
 
     def get_stats(self) -> dict[str, Any]:
-        return {name: dict(format=st.fmt, value_bytes=st.value_bytes, **st.tiers.stats())
+        """Per pool: format, value_bytes, and the counters of its cascade,
+        file tier and cluster tier."""
+        return {name: dict(format=st.fmt, value_bytes=st.value_bytes, **st.stats())
                 for name, st in self.stores.items()}
 
     def clear(self) -> bool:

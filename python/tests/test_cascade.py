@@ -130,3 +130,55 @@ def test_direct_calls_without_a_host_tier(tmp_path):
     assert e.value.code == L.KVO_EINVAL
     c.close()
     ft.close()
+
+
+def test_string_ids_hash_whole_whatever_the_batch():
+    """An id's key does not depend on the other ids of its batch (ids of
+    other lengths once padded it), and an id ending in zeros is not the
+    shorter one."""
+    p = small_plan()
+    ns = kc.namespace_id(p, engine="sglang", model="m")
+    alone = kc.namespace_keys(ns, ["ab"])
+    mixed = kc.namespace_keys(ns, ["ab", "abcdef", b"ab\0"])
+    assert np.array_equal(mixed[:1], alone)
+    assert not np.array_equal(mixed[2:3], alone)
+    assert np.array_equal(kc.namespace_keys(ns, [b"ab"], id_len=3), mixed[2:3])  # padded on request
+
+
+def test_engine_cascade_read_wait_from_threads(tmp_path):
+    """engine_cascade owns its tiers (closed after it); read_wait from
+    several threads at once: each gets its own keys' results, verified
+    bytes in its memory, a miss for a key no tier holds."""
+    import threading
+    p = small_plan()
+    g = p.groups[0]
+    c = kc.engine_cascade(p, file=dict(root=str(tmp_path), quota_bytes=64 << 20, shared=True))
+    ft = c.file_tier
+    keys = k.make_keys(list(range(1, 41)), 0)
+    src = np.zeros((40, g["chunk_bytes"]), dtype=np.uint8)
+    src[:] = (np.arange(40)[:, None] * 3 + 1) % 251
+    assert (c.write(keys, [r.ctypes.data for r in src], timeout_ms=20000) == 0).all()
+    c.flush(20000)
+    assert c.held(keys).all() and not c.held(k.make_keys([999], 0)).any()
+    errors = []
+
+    def reader(part):
+        try:
+            ks = np.concatenate([keys[part::4], k.make_keys([1000 + part], 0)])
+            dst = np.zeros((len(ks), g["slot_bytes"]), dtype=np.uint8)
+            for _ in range(5):
+                res = c.read_wait(ks, [d.ctypes.data for d in dst])
+                assert (res[:-1] == 0).all() and res[-1] == L.KVO_ENOTFOUND
+                assert np.array_equal(dst[:-1, :g["chunk_bytes"]], src[part::4])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+    c.close(flush_ms=20000)
+    with pytest.raises(k.KvoError):   # the owned tier closed with it
+        ft.stats()

@@ -1,7 +1,7 @@
-"""Tests of kvoffload._hot, the vLLM manager's compiled hot calls, against the
-real shared library and against the packing rule it replaced (no vLLM
-needed: the LookupResult objects are stand-ins)."""
-import ctypes
+"""Tests of kvoffload._hot, the vLLM manager's compiled calls into the
+cascade, against the real shared library (no vLLM needed: the LookupResult
+objects are stand-ins): its keys are the namespace rule's, its answers the
+cascade's, its names follow the host tier's events."""
 import threading
 
 import numpy as np
@@ -9,24 +9,19 @@ import pytest
 
 import kvoffload as k
 from kvoffload import _lib as L
+from kvoffload import cascade as kc
 from kvoffload._hot import Hot
 
-MISS, HIT, PENDING = object(), object(), object()
-FUNCS = ("kvo_store_lookup", "kvo_store_prepare_load", "kvo_store_complete_load", "kvo_store_touch",
-         "kvo_store_prepare_store", "kvo_store_complete_store", "kvo_last_error")
-CODES = (L.KVO_EINVAL, L.KVO_ERANGE, L.KVO_ENOSPC)
+MISS, HIT, PENDING, RETRY = object(), object(), object(), object()
+FUNCS = ("kvo_cascade_lookup", "kvo_cascade_prepare_load", "kvo_cascade_complete_load", "kvo_cascade_touch",
+         "kvo_cascade_prepare_store", "kvo_cascade_complete_store", "kvo_cascade_store", "kvo_store_drain_events",
+         "kvo_store_peek", "kvo_namespace_keys", "kvo_last_error")
+NS = (1 << 127) + 12345
 
 
-def hot(groups=((7, 0), (9, 1))):
-    return Hot(list(groups), L.addresses(L.lib, FUNCS), (MISS, HIT, PENDING), L.KvoError, CODES)
-
-
-def old_pack(key, sfx):
-    """The manager's packing before kvoffload._hot (python, per key)."""
-    h = key[:-4]
-    if len(h) != 16:
-        h = h[:16].ljust(16, b"\0")
-    return h + sfx[key[-4:]]
+def hot(names=None, groups=((7, 0), (9, 1)), ns=NS):
+    return Hot(list(groups), (ns & ((1 << 64) - 1), ns >> 64), L.addresses(L.lib, FUNCS),
+               (MISS, HIT, PENDING, RETRY), L.KvoError, {} if names is None else names)
 
 
 def okey(i, group=7, hash_len=32):
@@ -34,22 +29,32 @@ def okey(i, group=7, hash_len=32):
         group.to_bytes(4, "big")
 
 
-def store_of_two_groups():
-    plan = k.Plan(k.Model("t", 16, [dict(name="a", tokens_per_block=16, layers=1, page_bytes=256),
+def two_groups():
+    return k.Plan(k.Model("t", 16, [dict(name="a", tokens_per_block=16, layers=1, page_bytes=256),
                                     dict(name="b", tokens_per_block=16, layers=1, page_bytes=256)]),
                   blocks_per_chunk=1)
-    return k.Store(plan, 512 * plan.max_slot_bytes)
 
 
-def test_pack_is_the_old_rule():
+def cascade(chunks=512, file_tier=None, **kw):
+    plan = two_groups()
+    return kc.Cascade(plan, chunks * plan.max_slot_bytes, file_tier=file_tier, event_capacity=4 * chunks,
+                      prefault=False, **kw)
+
+
+def test_keys_are_the_namespace_rule():
+    """A key's chunk key is kvo_namespace_keys(namespace, its block hash, its
+    group's index): any hash length, the group from the 4-byte suffix."""
     h = hot()
-    sfx = {(7).to_bytes(4, "big"): b"\0\0\0\0\0\0\0\0", (9).to_bytes(4, "big"): b"\1\0\0\0\0\0\0\0"}
     keys = [okey(i, g, n) for i, (g, n) in enumerate([(7, 32), (9, 32), (7, 16), (9, 5), (7, 0), (9, 17)])]
-    assert h.pack(keys) == b"".join(old_pack(x, sfx) for x in keys)
+    want = np.concatenate([kc.namespace_keys(NS, [x[:-4]], group=0 if x[-4:] == b"\0\0\0\7" else 1)
+                           for x in keys])
+    assert h.pack(keys) == want.tobytes()
     assert h.pack(()) == b""
     assert h.pack(iter(keys[:2])) == h.pack(keys[:2])  # any iterable
-    # a repeated vLLM group id: the last index wins (as the dict it replaced)
-    assert hot([(7, 0), (7, 3)]).pack([okey(1)])[16:20] == (3).to_bytes(4, "little")
+    # another namespace: other keys for the same hashes
+    assert hot(ns=NS + 1).pack(keys[:1]) != h.pack(keys[:1])
+    # a repeated vLLM group id: the last index wins
+    assert np.frombuffer(hot(groups=[(7, 0), (7, 3)]).pack([okey(1)]), k.KEY_DTYPE)["group"][0] == 3
 
 
 def test_pack_refuses_bad_keys():
@@ -64,127 +69,151 @@ def test_pack_refuses_bad_keys():
     with pytest.raises(TypeError):
         h.pack(5)
     with pytest.raises(TypeError):
-        Hot([(7, 0)], {}, (MISS, HIT, PENDING), L.KvoError)  # too few arguments
+        Hot([(7, 0)], (0, 0), {}, (MISS, HIT, PENDING, RETRY), L.KvoError)  # too few arguments
     with pytest.raises(KeyError):
-        Hot([(7, 0)], {}, (MISS, HIT, PENDING), L.KvoError, CODES)  # no addresses
+        Hot([(7, 0)], (0, 0), {}, (MISS, HIT, PENDING, RETRY), L.KvoError, {})  # no addresses
     with pytest.raises(OverflowError):
-        Hot([(1 << 32, 0)], L.addresses(L.lib, FUNCS), (MISS, HIT, PENDING), L.KvoError, CODES)
+        hot(groups=[(1 << 32, 0)])
+    with pytest.raises(OverflowError):
+        Hot([(7, 0)], (1 << 64, 0), L.addresses(L.lib, FUNCS), (MISS, HIT, PENDING, RETRY), L.KvoError, {})
 
 
 @pytest.mark.parametrize("n", [5, 300])  # the stack path and the heap path (GIL released)
-def test_calls_match_the_store(n):
-    s = store_of_two_groups()
-    h = hot()
+def test_calls_answer_as_the_cascade(n):
+    c = cascade()
+    names = {}
+    h = hot(names)
     keys = [okey(i, 7 if i % 3 else 9) for i in range(n)]
-    ck = np.frombuffer(h.pack(keys), dtype=k.KEY_DTYPE).copy()
     stored = n // 2 + 1
-    need, slots, _, _ = s.prepare_store(ck[:stored])
-    assert need.all()
-    s.complete_store(ck[:stored - 1])  # the last one stays PENDING
-    assert h.lookup(s._h, keys[0]) is HIT
-    assert h.lookup(s._h, keys[stored - 1]) is PENDING
-    assert h.lookup(s._h, keys[stored]) is MISS
-    assert h.prefix_hits(s._h, keys) == stored - 1
-    assert h.prefix_hits(s._h, keys[stored:]) == 0
-    assert h.prefix_hits(s._h, []) == 0
-    offs, groups = h.prepare_load(s._h, keys[:stored - 1])
-    assert isinstance(offs, bytearray) and isinstance(groups, bytearray)  # writable arrays for the spec
-    assert np.frombuffer(offs, np.uint64).tolist() == slots["offset"][:stored - 1].tolist()
-    assert np.frombuffer(groups, np.uint32).tolist() == ck["group"][:stored - 1].tolist()
-    assert s.stats()["pinned"] == stored - 1
-    h.touch(s._h, keys[:stored - 1])
-    h.complete_load(s._h, keys[:stored - 1])
-    assert s.stats()["pinned"] == 0
-    assert h.prepare_load(s._h, []) == (bytearray(), bytearray())
-    h.touch(s._h, ())
-    s.close()
+    to_store, offs, groups, refused, runs = h.prepare_store(c._h, keys[:stored], False)
+    assert to_store is not None and len(to_store) == stored and refused == 0 and runs == []
+    assert len(names) == stored  # the keys being stored, by record
+    h.complete_store(c._h, keys[:stored - 1], True)  # the last one stays PENDING
+    assert h.lookup(c._h, keys[0], None) is HIT
+    assert h.lookup(c._h, keys[stored - 1], None) is PENDING
+    assert h.lookup(c._h, keys[stored], None) is MISS
+    assert h.prefix_hits(c._h, keys, None) == stored - 1
+    assert h.prefix_hits(c._h, keys[stored:], None) == 0
+    assert h.prefix_hits(c._h, [], None) == 0
+    lo, lg = h.prepare_load(c._h, keys[:stored - 1])
+    assert isinstance(lo, bytearray) and isinstance(lg, bytearray)  # writable arrays for the spec
+    assert np.frombuffer(lo, np.uint64).tolist() == np.frombuffer(offs, np.uint64)[:stored - 1].tolist()
+    ck = np.frombuffer(h.pack(keys[:stored - 1]), k.KEY_DTYPE)
+    assert np.frombuffer(lg, np.uint32).tolist() == ck["group"].tolist()
+    host = c.host_store()
+    assert host.stats()["pinned"] == stored - 1
+    h.touch(c._h, keys[:stored - 1])
+    h.complete_load(c._h, keys[:stored - 1])
+    assert host.stats()["pinned"] == 0
+    assert h.prepare_load(c._h, []) == (bytearray(), bytearray())
+    h.touch(c._h, ())
+    # the stores that completed are the host tier's STORED events, with vLLM's keys
+    assert h.drain(c._h, True) == [(1, keys[:stored - 1])]
+    c.close()
 
 
-def test_store_errors_raise_kvoerror():
-    s = store_of_two_groups()
+def test_errors_raise_kvoerror():
+    c = cascade()
     h = hot()
     with pytest.raises(k.KvoError) as e:
-        h.complete_load(s._h, [okey(1)])  # not pinned
-    assert e.value.func == "kvo_store_complete_load" and e.value.message
-    s.close()
-    for call in (lambda: h.lookup(s._h, okey(1)), lambda: h.prefix_hits(s._h, [okey(1)]),
-                 lambda: h.touch(s._h, [okey(1)]), lambda: h.prepare_load(s._h, [okey(1)])):
-        with pytest.raises(k.KvoError) as e:  # a closed store's handle is None: NULL, refused
+        h.complete_load(c._h, [okey(1)])  # not pinned
+    assert e.value.func == "kvo_cascade_complete_load" and e.value.message
+    with pytest.raises(k.KvoError) as e:
+        h.prepare_store(c._h, [okey(1), okey(1)], False)  # a duplicate key
+    assert e.value.code == L.KVO_EINVAL and e.value.func == "kvo_cascade_prepare_store"
+    with pytest.raises(ValueError):
+        h.prepare_store(c._h, [], False)
+    with pytest.raises(TypeError):
+        h.prepare_store(c._h, (okey(1),), False)
+    c.close()
+    for call in (lambda: h.lookup(c._h, okey(1), None), lambda: h.prefix_hits(c._h, [okey(1)], None),
+                 lambda: h.touch(c._h, [okey(1)]), lambda: h.prepare_load(c._h, [okey(1)])):
+        with pytest.raises(k.KvoError) as e:  # a closed cascade's handle is None: NULL, refused
             call()
         assert e.value.code == L.KVO_EINVAL
+    assert h.drain(c._h, True) == []
     with pytest.raises(TypeError):
-        h.lookup("store", okey(1))
+        h.lookup("cascade", okey(1), None)
     with pytest.raises(TypeError):
         h.lookup(None)
 
 
-def test_prepare_store_and_names():
-    s = store_of_two_groups()  # room for 512 chunks
-    h = hot()
+def test_prepare_store_evictions_and_names():
+    c = cascade(chunks=8)
     names = {}
-    keys = [okey(i) for i in range(4)]
-    recs = h.pack(keys)
-    ck = np.frombuffer(recs, dtype=k.KEY_DTYPE).copy()
-    s.prepare_store(ck[1:2])  # present (PENDING): not to store again
-    buf, to_store, idx, offs, groups, evicted, ev_recs, ev_offs = h.prepare_store(s._h, keys, names)
-    assert buf == recs and to_store == [keys[0], keys[2], keys[3]] and idx == [0, 2, 3]
-    assert (evicted, ev_recs, ev_offs) == ([], b"", b"")
-    assert names == {recs[24 * i:24 * i + 24]: keys[i] for i in (0, 2, 3)}
-    assert np.frombuffer(groups, np.uint32).tolist() == [0, 0, 0]
-    assert len(set(np.frombuffer(offs, np.uint64).tolist())) == 3
-    assert h.complete_store(s._h, recs, True) == 0
-    assert h.complete_store(s._h, b"", True) == 0
-    assert h.complete_store(s._h, h.pack([okey(99)]), True) == L.KVO_ESTATE  # not PENDING: the code, not raised
-    with pytest.raises(TypeError):
-        h.complete_store(s._h, recs[:5], True)
-    more = [okey(i) for i in range(4, 8)]
-    r = h.prepare_store(s._h, more, names)
-    assert r[1] is more and r[2] is None  # all to store: the caller's list itself
-    # a full store evicts: the evicted records' names come back, and their slots
-    s.complete_store(np.frombuffer(r[0], dtype=k.KEY_DTYPE).copy())
-    big = [okey(i, 9) for i in range(1000, 1000 + 508)]  # 8 stored + 508 > 512: evicts 4
-    before = dict(names)
-    buf, to_store, idx, offs, groups, evicted, ev_recs, ev_offs = h.prepare_store(s._h, big, names)
-    assert len(ev_recs) == 24 * 4 and len(ev_offs) == 8 * 4  # over STACK_KEYS: the heap path
-    recs_ev = [ev_recs[i:i + 24] for i in range(0, len(ev_recs), 24)]
-    # keys[1] was stored past the names (s.prepare_store): evicted, but no name to give back
-    assert evicted == [before[x] for x in recs_ev if x in before] and len(evicted) == 3
-    assert not set(recs_ev) & set(names)
-    assert np.frombuffer(groups, np.uint32).tolist() == [1] * 508
-    # no room at all (everything PENDING): None, nothing changed
-    assert h.prepare_store(s._h, [okey(i, 9) for i in range(5000, 5100)], names) is None
-    with pytest.raises(k.KvoError) as e:
-        h.prepare_store(s._h, [okey(1), okey(1)], {})  # a duplicate key
-    assert e.value.code == L.KVO_EINVAL and e.value.func == "kvo_store_prepare_store"
-    with pytest.raises(ValueError):
-        h.prepare_store(s._h, [], {})
-    with pytest.raises(TypeError):
-        h.prepare_store(s._h, tuple(keys), {})
-    buf = ctypes.create_string_buffer(recs[24:72] + recs[:24] + bytes(24))
-    names = {recs[24 * i:24 * i + 24]: keys[i] for i in range(4)}
-    assert h.forget(names, ctypes.addressof(buf), 4) == [keys[1], keys[2], keys[0]]  # unknown record skipped
-    assert list(names.values()) == [keys[3]]
-    assert h.forget(names, 0, 0) == []
-    with pytest.raises(TypeError):
-        h.forget([], ctypes.addressof(buf), 1)
-    s.close()
+    h = hot(names)
+    keys = [okey(i) for i in range(8)]
+    r = h.prepare_store(c._h, keys, False)
+    assert r[0] is keys  # all to store: the caller's list itself
+    h.complete_store(c._h, keys, True)
+    h.prepare_load(c._h, keys[:1])  # pinned
+    more = [okey(i) for i in range(100, 103)]
+    to_store, offs, groups, refused, runs = h.prepare_store(c._h, more + keys[1:2], False)
+    # the present key is not stored again; three LRU victims, keys[0] pinned
+    assert to_store == more and refused == 0
+    assert runs == [(2, keys[1:4])] or runs == [(2, keys[2:5])], runs
+    evicted = runs[0][1]
+    recs = h.pack(evicted)
+    assert not {recs[24 * i:24 * i + 24] for i in range(3)} & set(names)  # evicted keys leave names
+    assert len(names) == 8
+    # failed stores leave names at once, and no event names them
+    h.complete_store(c._h, more[:1], False)
+    assert len(names) == 7
+    assert h.drain(c._h, True) == []
+    # keys vLLM completes that are not being stored are left out (KVO_ESTATE: one by one)
+    h.complete_store(c._h, more[1:] + [okey(999)], True)
+    assert h.drain(c._h, True) == [(1, more[1:])]
+    # no room at all: every key refused, nothing stored
+    c2 = cascade(chunks=2)
+    h2 = hot({})
+    h2.prepare_store(c2._h, [okey(1), okey(2)], False)
+    to_store, _, _, refused, _ = h2.prepare_store(c2._h, [okey(3)], False)
+    assert to_store == [] and refused == 1
+    c2.close()
+    c.close()
+
+
+def test_lookup_retries_a_lower_tier_key_it_cannot_promote_yet(tmp_path):
+    """A file-tier chunk: the lookup starts its promotion (HIT_PENDING, the
+    key in names), HIT once it landed; a file write still queued is RETRY."""
+    plan = two_groups()
+    ft = k.FileTier(str(tmp_path), plan, 1 << 24, io_threads=1)
+    c = kc.Cascade(plan, 4 * plan.max_slot_bytes, file_tier=ft, event_capacity=64, prefault=False)
+    names = {}
+    h = hot(names)
+    keys = [okey(i) for i in range(8)]
+    for part in (keys[:4], keys[4:]):  # the second half evicts the first from the 4 host slots
+        h.prepare_store(c._h, part, False)
+        h.complete_store(c._h, part, True)
+    c.flush(20000)
+    h.drain(c._h, False)
+    assert len(names) == 4
+    assert h.lookup(c._h, keys[0], None) is PENDING  # promotion started
+    assert len(names) == 5
+    for _ in range(400):
+        if len(c.poll()):
+            break
+        c.wait_events(50)
+    assert h.lookup(c._h, keys[0], None) is HIT
+    assert h.drain(c._h, True)[-1] == (1, keys[:1])  # the promoted chunk is stored in the host tier
+    c.close()
+    ft.close()
 
 
 def test_threads_share_one_hot():
-    s = store_of_two_groups()
+    c = cascade()
     h = hot()
     keys = [okey(i) for i in range(40)]
-    ck = np.frombuffer(h.pack(keys), dtype=k.KEY_DTYPE).copy()
-    s.prepare_store(ck)
-    s.complete_store(ck)
+    h.prepare_store(c._h, keys, False)
+    h.complete_store(c._h, keys, True)
     errors = []
 
     def work():
         try:
             for _ in range(200):
-                assert h.prefix_hits(s._h, keys * 10) == 400
-                h.prepare_load(s._h, keys)
-                h.complete_load(s._h, keys)
+                assert h.prefix_hits(c._h, keys * 10, None) == 400
+                h.prepare_load(c._h, keys)
+                h.complete_load(c._h, keys)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -193,8 +222,8 @@ def test_threads_share_one_hot():
         t.start()
     for t in ts:
         t.join()
-    assert errors == [] and s.stats()["pinned"] == 0
-    s.close()
+    assert errors == [] and c.host_store().stats()["pinned"] == 0
+    c.close()
 
 
 @pytest.mark.vllm

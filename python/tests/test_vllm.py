@@ -137,8 +137,14 @@ def test_manager_eviction_and_full_cache():
     assert sorted(out.evicted_keys) == sorted(a[2:4])
     ev = list(m.take_events())
     assert any(e.removed and sorted(e.keys) == sorted(a[2:4]) for e in ev)
-    # everything pinned or pending: vLLM's "cannot store" is None
-    assert m.prepare_store(keys_of(3, 4), rc) is None
+    # room for one of four (a[1] READY, a[0] pinned, b PENDING): the
+    # cascade stores the leading part that fits; nothing fits: vLLM's
+    # "cannot store" is None
+    c = keys_of(3, 4)
+    out = m.prepare_store(c, rc)
+    assert out.keys_to_store == c[:1] and out.evicted_keys == a[1:2]
+    assert m.prepare_store(keys_of(4, 4), rc) is None
+    assert m.stats()["stores"]["rejected"] == 3 + 4
     m.shutdown()
 
 
@@ -220,10 +226,10 @@ def test_same_hits_as_vllm_cpu_manager():
 
 
 def run_request_level(m, requests, per_key=True):
-    """vLLM's scheduler with request-level offloading (OffloadPolicy.REQUEST_LEVEL):
-    lookups one key at a time up to the first miss (per_key; else the batched
-    prefix_hits), the hits loaded, then prepare_store of the whole request.
-    Returns the hits."""
+    """vLLM's scheduler: lookups one key at a time up to the first miss
+    (per_key; else the batched prefix_hits), the hits loaded, then
+    prepare_store of the whole request (the hits present: not stored
+    again).  Returns the hits."""
     hits = 0
     for rid, keys in enumerate(requests):
         rc = ReqContext(f"r{rid}")
@@ -245,33 +251,26 @@ def run_request_level(m, requests, per_key=True):
     return hits
 
 
-def test_branch_policy_learns_requests_through_one_key_lookups():
-    """vLLM looks keys up one at a time, which names no request: the manager
-    asks for request-level offloading under the branch policy (its stores
-    then name whole requests) and its store learns from those alone
-    (kvo_store_params.lookups_per_key).  Without that, each one-key lookup of
-    an evicted chunk reads as a prefix coming back: here 64 % fewer hits than
-    the same policy fed whole requests (the library before the change)."""
-    cap = dict(cpu_bytes_to_use=120 * 16384)
-    assert new_manager(**cap)[1].on_new_request(ReqContext("x")).policy == OffloadPolicy.CHUNK_LEVEL
-    m = new_manager(eviction_policy="branch", **cap)[1]
-    assert m.on_new_request(ReqContext("x")).policy == OffloadPolicy.REQUEST_LEVEL
-    ids = workloads.conversations(5)
-    reqs = [[make_offload_key(i.to_bytes(32, "little"), 0) for i in r] for r in ids]
-    per_key = run_request_level(m, reqs)
-    whole = run_request_level(new_manager(eviction_policy="branch", **cap)[1], reqs, per_key=False)
-    # the reference: a bare store fed whole requests (a lookup, then a store)
-    s = k.Store(m.plan, 120 * 16384, policy="branch")
-    ref = 0
-    for r in ids:
-        ck = k.make_keys(r, 0)
-        st = s.lookup(ck)
-        ref += int(np.argmin(np.append(st == k.READY, False)))
-        need, _, _, _ = s.prepare_store(ck)
-        if need.any():
-            s.complete_store(ck[need])
-    assert whole > 0 and per_key >= whole - whole // 100, (per_key, whole)
-    assert per_key >= ref - ref // 100, (per_key, ref)
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "prefix", "branch"])
+def test_prefix_hits_batched_equals_the_per_key_lookups(policy):
+    """prefix_hits (one cascade lookup of the request as a chain) answers
+    what vLLM's per-key lookup loop finds, with every policy name the spec
+    takes; chunk-level offloading whatever the policy.  "branch" is taken
+    as the library names it (an alias of prefix where the library has no
+    branch policy of its own; where it has one, it learns from lookups, and
+    vLLM's per-key lookups name no request: not the same hits)."""
+    cap = dict(cpu_bytes_to_use=120 * 16384, eviction_policy=policy)
+    reqs = [[make_offload_key(i.to_bytes(32, "little"), 0) for i in r] for r in workloads.conversations(5, 600)]
+    m1, m2 = new_manager(**cap)[1], new_manager(**cap)[1]
+    assert m1.on_new_request(ReqContext("x")).policy == OffloadPolicy.CHUNK_LEVEL
+    per_key = run_request_level(m1, reqs)
+    batched = run_request_level(m2, reqs, per_key=False)
+    assert per_key > 0 and batched > 0
+    if policy != "branch":
+        assert batched == per_key
+        assert m1.store.stats()["entries"] == m2.store.stats()["entries"]
+    m1.shutdown()
+    m2.shutdown()
 
 
 # ------------------------------------------------------------- the worker --
@@ -400,35 +399,6 @@ def test_file_tier_promotes_after_host_eviction(tmp_path, zero_copy):
     m.shutdown()
 
 
-@pytest.mark.parametrize("file_tier", [False, True])
-def test_branch_admission_only_when_the_host_tier_is_the_last(tmp_path, file_tier):
-    """Seven 4-chunk documents asked two questions each fill 28 of 32 host
-    chunks; a once-used 6-chunk request then gets the 4 places of the
-    questions, and its last 2 chunks, whose room would come from the
-    documents, are not stored (the branch policy's admission).  With a file
-    tier behind the host tier every chunk is stored: the tier is written from
-    host slots and would never see a chunk turned away."""
-    extra = {"cpu_bytes_to_use": 32 * 8192, "eviction_policy": "branch"}
-    if file_tier:
-        extra.update(kvo_file_root=str(tmp_path), kvo_file_bytes=64 * 8192)
-    spec = KvoffloadOffloadingSpec(make_config(kv_bytes=4096, extra=extra))
-    m = spec.get_manager()
-    try:
-        rc = ReqContext("r")
-        for d in range(7):
-            for q in range(2):
-                keys = keys_of(d, 4) + keys_of(100 + 2 * d + q, 1)
-                run_request_level(m, [keys])
-        out = m.prepare_store(keys_of(999, 6), rc)
-        assert len(out.keys_to_store) == (6 if file_tier else 4)
-        assert m.store.stats()["store_not_admitted"] == (0 if file_tier else 2)
-        m.complete_store(out.keys_to_store, rc)
-        if file_tier:
-            m.file_tier.flush()
-    finally:
-        m.shutdown()
-
-
 def _store_blocks(m, w, rc, keys, first_block, job):
     """prepare_store keys (one chunk of one block each) and copy blocks
     first_block.. into the slots; the store stays PENDING (not completed)."""
@@ -494,6 +464,9 @@ def test_step_larger_than_free_host_slots_loses_no_store(tmp_path, queue):
     assert st["rejected"] == 0 and st["file_lost"] == 0 and st["retry_now"] == 0, st
     if queue:
         assert st["file_deferred"] > 0, st           # the tiny queue refused, the retries got through
+    # vLLM's keys are kept for the chunks the host tier holds (its events name
+    # them), not for staged ones, which never enter it
+    assert len(m._names) <= m.store.stats()["entries"], (len(m._names), m.store.stats()["entries"])
     # a staged chunk (never in the host tier) loads back from the file tier
     assert m.store.lookup(m._ckeys(b[-2:])).tolist() == [k.MISS, k.MISS]
     assert m.lookup(b[-2], rc) == LookupResult.HIT_PENDING
@@ -559,10 +532,8 @@ def sim():
     return vllm_engine_sim
 
 
-@pytest.mark.parametrize("policy", ["lru", "branch"])
+@pytest.mark.parametrize("policy", ["lru", "prefix"])
 def test_connector_scheduler_runs_requests_and_loads_stored_bytes(sim, policy):
-    """branch: the manager asks vLLM for request-level offloading (the prefix
-    hits offered to prepare_store too: present, so not stored again)."""
     eid = f"kvo-sim-{os.getpid()}-1{policy}"
     e = sim.Engine(_extra("KvoffloadOffloadingSpec", eviction_policy=policy), engine_id=eid)
     try:
@@ -573,10 +544,8 @@ def test_connector_scheduler_runs_requests_and_loads_stored_bytes(sim, policy):
         assert e.load_jobs >= 3 and e.loaded_blocks_checked >= 30
         m = e.connector.scheduler.manager
         assert m.store.stats()["entries"] > 0
-        # chunk-level offers each chunk once (all stored: no eviction here);
-        # request-level offers the loaded prefixes again (36 chunks of 16 tokens)
-        again = m._sc["offered"] - m.store.stats()["entries"]
-        assert again == (0 if policy == "lru" else (hits["c"] + hits["d"] + hits["e"]) // 16), again
+        # chunk-level offers each chunk once (all stored: no eviction here)
+        assert m.stats()["stores"]["offered"] == m.store.stats()["entries"]
     finally:
         e.shutdown()
     assert not os.path.exists(f"/dev/shm/kvoffload-{eid}-dp0")
@@ -680,7 +649,10 @@ def _redis_extra(prefix):
         if e.code == k._lib.KVO_ENOTSUP:
             pytest.skip("library built without hiredis")
         raise
-    return {"kvo_redis_url": f"redis://{a}", "kvo_redis_prefix": f"{prefix}{os.getpid()}"}
+    # answers reused and RETRY for answers out as long as a test runs on a
+    # loaded machine: the assertions count questions and RETRYs, not time
+    return {"kvo_redis_url": f"redis://{a}", "kvo_redis_prefix": f"{prefix}{os.getpid()}",
+            "kvo_redis_answer_ttl_ms": 600000, "kvo_redis_lookup_budget_us": 600_000_000}
 
 
 def _engine_parts(page, extra, seed):
@@ -752,43 +724,6 @@ def test_remote_tier_shares_chunks_between_engines():
     c1 = make_config(kv_bytes=2 * page)
     c2 = dataclasses.replace(c1, parallel=dataclasses.replace(c1.parallel, world_size=2, tp_size=2))
     assert kvo_vllm.layout_hash(c1) != kvo_vllm.layout_hash(c2)
-
-
-def test_remote_answers_keep_what_this_engine_put():
-    """kvoffload.vllm.answers: an answer that lands "absent" for a key put
-    since its question went out (or announced as about to be asked) is
-    kept as "present"; other answers as they land; a put turns a remembered
-    "absent" into "present"; answers expire and stay bounded."""
-    from kvoffload.vllm.answers import RemoteAnswers
-    a = RemoteAnswers(60.0, cap=4)
-    a.sent(1, "k")
-    assert a.asking("k") and a.in_flight() and a.get("k") is None
-    a.stored("k")
-    a.landed(1, False)
-    assert a.get("k") is True and not a.asking("k") and not a.in_flight()
-    a.sent(2, "j")
-    a.landed(2, False)                 # nothing put: absent
-    assert a.get("j") is False
-    a.stored("j")                       # remembered absent, then put
-    assert a.get("j") is True
-    a.stored("q", asking=True)          # put while queued in a batch ...
-    a.sent(3, "q")
-    a.landed(3, False)
-    assert a.get("q") is True
-    a.stored("r", asking=True)          # ... and a batch the tier refused
-    a.not_sent("r")
-    a.sent(4, "r")
-    a.landed(4, False)
-    assert a.get("r") is False
-    a.landed(99, True)                  # unknown user data: ignored
-    for i in range(10):
-        a.remember(i, True)
-    assert a.get("k") is None and a.get(9) is True   # oldest dropped past cap
-    b = RemoteAnswers(0.0)
-    b.remember("x", True)
-    import time
-    time.sleep(0.001)
-    assert b.get("x") is None           # expired
 
 
 def test_remote_answer_landing_after_own_put_is_present():

@@ -37,8 +37,11 @@ def redis_tier_cfg(prefix, **kw):
     redis = os.environ.get("KVO_TEST_REDIS")
     if not redis:
         pytest.skip("KVO_TEST_REDIS not set (tools/test-python.sh starts a Redis Cluster)")
+    # RETRY while answers are out, and answers reused, as long as a test runs
+    # on a loaded machine: the assertions count questions, not time
     return {"type": "KvoffloadRedisTier", "module_path": MOD, "url": f"redis://{redis}",
-            "key_prefix": f"{prefix}-{os.getpid()}-{time.monotonic_ns()}", **kw}
+            "key_prefix": f"{prefix}-{os.getpid()}-{time.monotonic_ns()}", "lookup_budget_us": 600_000_000,
+            "answer_ttl_ms": 600000, **kw}
 
 
 def tiering(tiers, primary_chunks=4, events=False, **cfg_kw):
@@ -260,12 +263,13 @@ def test_stores_that_find_staging_full_are_retried(tmp_path):
         keys = keys_of(5, 6)
         tier.submit_store(TransferJob(job_id=1, keys=keys, chunk_ids=np.arange(6), is_promotion=False,
                                       req_context=ReqContext("r")))
-        assert tier.has_pending_work(), "the staging memory took all six: nothing was retried"
         (res,) = finished(tier)
         assert res.job_id == 1 and res.success and res.transfer_bytes == 6 * ROW
         tier.tier.flush(5000)
         st = tier.stats()
+        # the staging memory refused some (back-pressure): the cascade wrote them later
         assert st["writes"] == 6 and st["dropped_backpressure"] > 0, st
+        assert st["cascade"]["file"]["writes_deferred"] > 0 and st["cascade"]["file"]["writes_dropped"] == 0, st
         tier.submit_load(TransferJob(job_id=2, keys=keys, chunk_ids=np.arange(6, 12), is_promotion=True,
                                      req_context=ReqContext("r")))
         (res,) = finished(tier)
@@ -471,8 +475,8 @@ def test_kv_events_through_vllms_connector(sim, kind, tmp_path):
                 tier = e.connector.scheduler.manager.secondary_tiers[0]
                 tier.tier.flush(5000)
                 for _ in range(100):
-                    e.step()   # the manager polls the tier: its write completions become events
-                    if not tier._writing:
+                    e.step()   # the manager polls the tier: its store jobs' completions become events
+                    if not tier.has_pending_work():
                         break
                     time.sleep(0.005)
             e.step()

@@ -16,8 +16,15 @@
  *
  * Pure functions: no state, no allocation, any thread.
  */
+#include <string.h>
+
+/* short one-shot hashes inlined, as keys.c's (core/xxh.h says why) */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "cascade/cascade_internal.h"
-#include "core/xxh.h"
+
+#define KVO__NS_ONESHOT 240 /* bytes of id hashed from a stack copy */
 
 static void kvo__ns_field(XXH3_state_t *st, uint8_t id, const void *p, size_t len, bool present) {
     uint64_t l = present ? (uint64_t)len : UINT64_MAX;
@@ -70,18 +77,33 @@ int kvo_namespace_keys(kvo_u128 ns, const void *ids, size_t id_len, size_t strid
     if (n && (!ids || !out)) return kvo__error(KVO_EINVAL, "kvo_namespace_keys: NULL ids or out with n %zu", n);
     if (n > 1 && stride < id_len)
         return kvo__error(KVO_EINVAL, "kvo_namespace_keys: stride %zu is below id_len %zu", stride, id_len);
-    uint8_t pre[16];
+    /* the namespace's 16 bytes, then the id: one-shot XXH3 over a copy up
+     * to KVO__NS_ONESHOT bytes of id (engines' hashes and key strings; the
+     * streaming state costs three times the instructions at these sizes,
+     * and vLLM derives one key per lookup), streamed beyond */
+    uint8_t buf[16 + KVO__NS_ONESHOT];
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(buf, &ns.lo, 8);
+    memcpy(buf + 8, &ns.hi, 8);
+#else
     for (int i = 0; i < 8; i++) {
-        pre[i] = (uint8_t)(ns.lo >> (8 * i));
-        pre[8 + i] = (uint8_t)(ns.hi >> (8 * i));
+        buf[i] = (uint8_t)(ns.lo >> (8 * i));
+        buf[8 + i] = (uint8_t)(ns.hi >> (8 * i));
     }
+#endif
     const uint8_t *p = ids;
     for (size_t i = 0; i < n; i++, p += stride) {
-        XXH3_state_t st;
-        XXH3_128bits_reset(&st);
-        XXH3_128bits_update(&st, pre, sizeof pre);
-        XXH3_128bits_update(&st, p, id_len);
-        XXH128_hash_t h = XXH3_128bits_digest(&st);
+        XXH128_hash_t h;
+        if (id_len <= KVO__NS_ONESHOT) {
+            if (id_len) memcpy(buf + 16, p, id_len);
+            h = XXH3_128bits(buf, 16 + id_len);
+        } else {
+            XXH3_state_t st;
+            XXH3_128bits_reset(&st);
+            XXH3_128bits_update(&st, buf, 16);
+            XXH3_128bits_update(&st, p, id_len);
+            h = XXH3_128bits_digest(&st);
+        }
         out[i].hash.lo = h.low64;
         out[i].hash.hi = h.high64;
         out[i].group = group;

@@ -11,9 +11,9 @@
  * payload checksums are 2.5-3x faster (20 -> 51 GB/s with AVX2, 63 with
  * AVX-512 on the development VM, 256 KiB), which every file and remote
  * write and read, and the connector's verify_checksums, pay per chunk.
- * Short one-shot hashes (keys.c's chained units, inlined with
- * XXH_INLINE_ALL) keep their inline form: the dispatched call would cost
- * more than it saves below a few hundred bytes.
+ * Short one-shot hashes (keys.c's chained units and namespace.c's chunk
+ * keys, inlined with XXH_INLINE_ALL) keep their inline form: the dispatched
+ * call would cost more than it saves below a few hundred bytes.
  */
 #ifndef KVO_CORE_XXH_H
 #define KVO_CORE_XXH_H

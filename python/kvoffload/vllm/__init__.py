@@ -2,19 +2,18 @@
 
 The package (the import path vLLM is given, spec_module_path
 "kvoffload.vllm", re-exports the spec):
-  config.py   the scheduler's plan from vLLM's OffloadingConfig, the slot
-              layout hash, the shared arena's name, the LoadStoreSpec type
-  manager.py  scheduler side: KvoffloadOffloadingManager over the host
-              store and the optional file and remote tiers
+  config.py   the scheduler's plan from vLLM's OffloadingConfig, the
+              namespace of the chunk keys (kvo_namespace), the slot layout
+              hash, the shared arena's name, the LoadStoreSpec type
+  manager.py  scheduler side: KvoffloadOffloadingManager, vLLM's calls
+              translated into one kvoffload Cascade's
   worker.py   worker side: KvoffloadOffloadingWorker (copies with the
               transfer engine)
   spec.py     KvoffloadOffloadingSpec, the factory vLLM instantiates
   tiering.py  KvoffloadFileTier and KvoffloadRedisTier: kvoffload's file and
               Redis Cluster tiers as secondary tiers of vLLM's own
-              TieringOffloadingSpec (vLLM's CPU primary tier stays)
-  answers.py  the Redis tier's EXISTS answers (manager.py's and tiering.py's):
-              hints kept a while, never "absent" for a key this engine put
-              after asking
+              TieringOffloadingSpec (vLLM's CPU primary tier stays), each a
+              Cascade without a host tier
   compat.py   what differs between the vLLM versions, by feature detection
   connector.py, connector_scheduler.py, connector_worker.py
               KvoffloadConnector, kvoffload's own KV connector
@@ -32,61 +31,60 @@ Use with vLLM's OffloadingConnector:
             "spec_module_path": "kvoffload.vllm",
             "cpu_bytes_to_use": 8 << 30,        # host tier (slot space)
             "blocks_per_chunk": 4,              # or "block_size" (legacy)
-            "eviction_policy": "lru",           # lru | arc | s3fifo | branch
+            "eviction_policy": "lru",           # lru | arc | s3fifo | prefix
             "kvo_file_root": "/var/cache/kvo",  # optional file tier
             "kvo_file_bytes": 100 << 30,
             "kvo_redis_url": "redis://10.0.0.5:7000,10.0.0.6:7000",  # optional
         }}
 
-Scheduler side: KvoffloadOffloadingManager, an OffloadingManager whose index,
-slots and eviction are a kvoffload Store (one C call per batch; lookup, the
-one per-key call of vLLM's contract, is one C call per key).  Keys are vLLM's
-OffloadKey (block hash + big-endian group index); kvoffload keys take the
-first 16 bytes of the hash and the group's position among the offloaded
-groups.  Each group gets its own slot size (the C store's segments), so
-groups with 12- and 16-token blocks, sliding and full groups share one
-capacity without padding each other.
+Scheduler side: KvoffloadOffloadingManager translates vLLM's calls into
+those of one kvoffload Cascade (kvoffload.cascade; kvo_cascade.h), which
+owns the way through the tiers: the host tier (slots of the shared arena,
+indexed and evicted by its store; each group its own slot size, so groups
+of 12- and 16-token blocks, sliding and full groups share one capacity
+without padding each other), a staging area for stores that find no host
+room, the file tier and the Redis Cluster tier.  The manager holds no tier
+logic: lookup, promotion, write-through or write-back, retries and what is
+dropped are the cascade's.  vLLM's per-key lookup is one C call
+(kvoffload._hot); the other calls one C call per batch.
 
-eviction_policy "branch" (src/store/policy_branch.c) protects the prefixes
-requests branch from or come back to.  It learns a request's shape from
-prepare_store batches (vLLM's lookups come one key at a time and say nothing
-about requests: the store is made with lookups_per_key), so under it the
-manager asks vLLM for request-level offloading (on_new_request): the prefix
-hits are offered to prepare_store too, present, so not stored again.  With
-no file or remote tier it may also turn away a once-used chunk whose room
-would come from those prefixes (policy_admission; never with a lower tier,
-which is written from host slots).  Through this interface its hit rates
-are those of the C replay or a little above (docs/benchmarks.md): Mooncake
-at 10k chunks 44.68 % (replay 44.62 %, LRU 42.35 %), generated conversations
-at 2,600 chunks 70.52 % (replay 70.52 %, LRU 70.50 %).
+Keys: an OffloadKey (block hash + big-endian group id) becomes the chunk key
+kvo_namespace_keys(namespace, block hash, the group's position among the
+offloaded groups).  The namespace (config.kvo_namespace, the cascade's one
+rule) holds the whole model identity as configured, the dtype, the KV layout
+and the slot layout, so engines serving other models never share a key in
+any tier; vLLM's block hashes already include a request's cache_salt, so
+tenants never do either.
+
+eviction_policy: lru (default), arc, s3fifo or prefix, the host tier's
+store's; "branch" is passed to the library as named (an alias of prefix
+where the library has no policy of its own by that name).
 
 Worker side: KvoffloadOffloadingWorker copies between vLLM's KV tensors and
 the slots with kvoffload's transfer engine (host device: CPU tensors; the CUDA
 device when the library was built with it).  The slots live in a SharedArena
 (kvoffload.shm) named after the engine id, mapped by the scheduler (for the
-file tier) and by every worker, so slot offsets handed out by the manager
+lower tiers) and by every worker, so slot offsets handed out by the manager
 address the same bytes in all of them.  Each worker writes its own part of a
 slot (rank r at r * worker_chunk_bytes), like vLLM's CPU backend.
 
-File tier (optional, kvo_file_root + kvo_file_bytes): the manager writes a
+File tier (optional, kvo_file_root + kvo_file_bytes): the cascade writes a
 chunk to files when its store completes ("write_through", default) or when
-the host tier evicts it ("write_back"); a host miss that the file tier holds
-is read back into a host slot (lookup answers HIT_PENDING until it lands).
+the host tier evicts it ("write_back"); a host miss the file tier holds is
+read back into a host slot (lookup answers HIT_PENDING until it lands).
 kvo_file_zero_copy (default false): write-through lends the host slots to
-the file tier instead of its staging copy (pinned until written; see
-manager.py).
+the file tier instead of its staging copy (pinned until written).
 
 Remote tier (optional, kvo_redis_url; a Redis Cluster shared by a fleet):
 every chunk whose store completes is put to the cluster (write-through; the
-put copies the slot at once).  A key that neither the host nor the file tier
-holds is asked for with EXISTS: lookup answers RETRY (vLLM keeps scanning
-and asks again next step) until the answer lands; then a present key is read
-into a host slot (HIT_PENDING until it lands, then HIT) and an absent one is
-a MISS.  Answers are remembered for kvo_redis_answer_ttl_ms (default 2000).
-Values are verified on every read (a corrupt one is a miss).  Keys are
-namespaced by kvo_redis_prefix (default "kvo"), the plan's fingerprint and
-a layout hash of the parallel configuration (world size, bytes per block),
-so engines whose slots are laid out differently never share a value.
+put copies the slot at once).  A key neither the host nor the file tier
+holds is asked for with EXISTS: lookup answers RETRY (vLLM asks again next
+step) while the answer is out, within a budget per request (20 ms); a
+present key is then read into a host slot (HIT_PENDING until it lands, then
+HIT) and an absent one is a MISS.  Answers are reused for
+kvo_redis_answer_ttl_ms (default 2000).  Values are verified on every read
+(a corrupt one is a miss).  The cluster's key prefix is kvo_redis_prefix
+(default "kvo"), the plan's fingerprint and a hash of the parallel layout.
 Other keys: kvo_redis_ttl_s (values expire; 0: the server's LRU),
 kvo_redis_io_threads.  The password comes from the URL or from
 KVO_REDIS_PASSWORD (never from the config, which vLLM logs).

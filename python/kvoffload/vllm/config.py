@@ -175,7 +175,7 @@ def layout_hash(config: OffloadingConfig) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") or 1
 
 
-def kvo_namespace(config: OffloadingConfig, plan: Plan, engine: str = "vllm") -> int:
+def kvo_namespace(config: OffloadingConfig, plan: Plan, engine: str = "vllm", extra: Any = None) -> int:
     """The 128-bit namespace of this engine's chunks (kvoffload's one rule,
     kvoffload.cascade.namespace_id): the plan's geometry, the model identity
     as configured (its whole name or path, never folded or cut), the dtype,
@@ -184,10 +184,12 @@ def kvo_namespace(config: OffloadingConfig, plan: Plan, engine: str = "vllm") ->
     for a replicated layout, bytes per block per rank, the per-group
     sizes).  Chunk keys are derived from vLLM's block hashes under it
     (namespace_keys), so engines serving other models or layouts never
-    share a key in any tier."""
+    share a key in any tier.  extra: what else decides the bytes for this
+    caller (its repr joins them)."""
     layout = getattr(config, "kv_cache_layout", None) or config.extra_config.get("kvo_kv_layout")
     return namespace_id(plan, engine=engine, model=str(config.model.name or ""), dtype=str(config.model.dtype or ""),
-                        kv_layout=str(layout) if layout else kv_format(config), layout_hash=layout_hash(config))
+                        kv_layout=str(layout) if layout else kv_format(config), layout_hash=layout_hash(config),
+                        extra=None if extra is None else repr(extra))
 
 
 def arena_name(config: OffloadingConfig) -> str:

@@ -11,18 +11,23 @@ chunks per full group (at most the window of a sliding one), each a slot.
 A cpu_bytes_to_use below that one step can never take a long prompt's
 stores, so the spec refuses it at create, naming the minimum (the step is
 kvo_step_tokens, else vLLM's max_num_batched_tokens).  With a file or
-remote tier, a batch that finds no room in the host tier goes to a staging
-area at the arena's end, beside the host tier's cpu_bytes_to_use
-(kvo_staging_bytes; default one step of stores; the arena is
-cpu_bytes_to_use + kvo_staging_bytes): its chunks are written to the lower
-tiers when their stores complete and their slots are freed at once, so they
+remote tier, the part of a batch that finds no room in the host tier goes to
+the cascade's staging area at the arena's end, beside the host tier's
+cpu_bytes_to_use (kvo_staging_bytes; default one step of stores; the arena
+is cpu_bytes_to_use + kvo_staging_bytes): its chunks are written to the
+lower tiers when their stores complete and their slots are freed, so they
 reach the lower tiers without a host slot, and the host tier keeps all of
-cpu_bytes_to_use for the chunks it holds and the ones read back into it.  The
-file and remote tiers' write queues are sized for two steps
+cpu_bytes_to_use for the chunks it holds and the ones read back into it.
+The file and remote tiers' write queues are sized for two steps
 (kvo_file_max_pending_writes, kvo_file_staging_bytes,
-kvo_redis_max_pending_writes override), and a file write refused for back-pressure
-is retried while its slot still holds the bytes (KvoffloadOffloadingManager
-counts what is lost anyway: stats()["stores"])."""
+kvo_redis_max_pending_writes override); the cascade retries a write refused
+for back-pressure while its bytes are in memory and counts what is dropped
+anyway (KvoffloadOffloadingManager.stats()["stores"]).
+
+Namespaces: the chunk keys are derived from vLLM's block hashes under
+config.kvo_namespace (the whole model identity, dtype, KV layout and slot
+layout); the file tier's directory (kvo_file_shared) and the cluster's key
+prefix are named after the slot layout (config.layout_hash)."""
 from __future__ import annotations
 
 import weakref
@@ -34,7 +39,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from .. import _lib as L
 from ..core import FileTier, RemoteTier, warn_if_url_has_password
 from ..shm import SharedArena
-from .config import arena_name, build_plan, int_key, layout_hash, step_floor, step_stores, step_tokens
+from .config import arena_name, build_plan, int_key, kvo_namespace, layout_hash, step_floor, step_stores, step_tokens
 from .manager import KvoffloadOffloadingManager
 from .worker import KvoffloadOffloadingWorker
 
@@ -49,7 +54,7 @@ def live_stats() -> dict[str, Any]:
     process (all of vLLM's when VLLM_ENABLE_V1_MULTIPROCESSING=0):
     {"manager": [manager.stats(), ...], "worker": [worker.stats(), ...]}.
     For tests and benchmarks."""
-    return {"manager": [m.stats() for m in list(_LIVE_MANAGERS) if m.store._h],
+    return {"manager": [m.stats() for m in list(_LIVE_MANAGERS) if m.cascade._h],
             "worker": [w.stats() for w in list(_LIVE_WORKERS) if w.engines]}
 
 
@@ -156,14 +161,22 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                 if arena is not None:
                     arena.close()
                 raise
-            self._manager = KvoffloadOffloadingManager(
-                self.plan, self.capacity_bytes + self.staging_bytes, [g.group_id for g in self.config.groups],
-                policy=self.policy,
-                enable_events=self.kv_events_config.enable_kv_cache_events, arena=arena, file_tier=file_tier,
-                file_mode=str(extra.get("kvo_file_mode", "write_through")),
-                store_threshold=int_key(extra, "store_threshold", 0), remote_tier=remote_tier,
-                remote_answer_ttl_ms=int_key(extra, "kvo_redis_answer_ttl_ms", 2000),
-                staging_bytes=self.staging_bytes, file_zero_copy=bool(extra.get("kvo_file_zero_copy", False)))
+            try:
+                self._manager = KvoffloadOffloadingManager(
+                    self.plan, self.capacity_bytes + self.staging_bytes, [g.group_id for g in self.config.groups],
+                    policy=self.policy,
+                    enable_events=self.kv_events_config.enable_kv_cache_events, arena=arena, file_tier=file_tier,
+                    file_mode=str(extra.get("kvo_file_mode", "write_through")),
+                    store_threshold=int_key(extra, "store_threshold", 0), remote_tier=remote_tier,
+                    remote_answer_ttl_ms=int_key(extra, "kvo_redis_answer_ttl_ms", 2000),
+                    staging_bytes=self.staging_bytes, file_zero_copy=bool(extra.get("kvo_file_zero_copy", False)),
+                    namespace=kvo_namespace(self.config, self.plan),
+                    remote_lookup_budget_us=extra.get("kvo_redis_lookup_budget_us"))
+            except BaseException:
+                for part in (file_tier, remote_tier, arena):
+                    if part is not None:
+                        part.close()
+                raise
             _LIVE_MANAGERS.add(self._manager)
         return self._manager
 
