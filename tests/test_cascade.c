@@ -87,6 +87,13 @@ static size_t store_keys(fx *f, const kvo_chunk_key *keys, size_t n) {
         ftf_fill(p, f->chunk, &keys[i]);
         done[nd++] = keys[i];
     }
+    kvo_slot pend[64];
+    ASSERT_OK(kvo_cascade_pending_slots(f->c, keys, n, pend)); /* the slots given, until completed */
+    for (size_t i = 0; i < n; i++) {
+        bool reserved = need[i] == KVO_CASCADE_HOST || need[i] == KVO_CASCADE_STAGED;
+        ASSERT_EQ_U64(pend[i].offset, reserved ? slots[i].offset : 0);
+        ASSERT_EQ_U64(pend[i].bytes, reserved ? slots[i].bytes : 0);
+    }
     if (nd) ASSERT_OK(kvo_cascade_complete_store(f->c, done, nd, true));
     return host;
 }
@@ -296,6 +303,15 @@ KVO_TEST(staging_takes_what_the_host_tier_cannot) {
     kvo_slot s2[1];
     ASSERT_OK(kvo_cascade_prepare_store(f.c, &keys[0], 1, 0, n2, s2));
     ASSERT_EQ_INT(n2[0], KVO_CASCADE_SKIP);
+    /* pending_slots: the slots prepare_store gave, {0, 0} for the others */
+    kvo_slot pend[6];
+    ASSERT_OK(kvo_cascade_pending_slots(f.c, keys, 6, pend));
+    for (int i = 0; i < 6; i++) {
+        bool reserved = need[i] == KVO_CASCADE_STAGED;
+        ASSERT_EQ_U64(pend[i].bytes, reserved ? slots[i].bytes : 0);
+        ASSERT_EQ_U64(pend[i].offset, reserved ? slots[i].offset : 0);
+    }
+    ASSERT_ERR(kvo_cascade_pending_slots(f.c, keys, 0, pend), KVO_EINVAL);
     kvo_chunk_key done[6];
     size_t nd = 0;
     for (int i = 0; i < 6; i++)
@@ -304,6 +320,8 @@ KVO_TEST(staging_takes_what_the_host_tier_cannot) {
             done[nd++] = keys[i];
         }
     ASSERT_OK(kvo_cascade_complete_store(f.c, done, nd, true));
+    ASSERT_OK(kvo_cascade_pending_slots(f.c, done, nd, pend)); /* completed: no longer pending */
+    for (size_t i = 0; i < nd; i++) ASSERT_EQ_U64(pend[i].bytes, 0);
     ASSERT_OK(kvo_cascade_flush(f.c, KVO_MS(20000)));
     for (size_t i = 0; i < nd; i++) ASSERT_EQ_INT(ftf_read_key(f.file, f.plan, &done[i], true), 0);
     kvo_cascade_stats st = stats_of(f.c);

@@ -319,6 +319,15 @@ KVO_API int kvo_cascade_prepare_store(kvo_cascade *c, const kvo_chunk_key *keys,
  *  READY in the host tier nor staged: nothing changed). */
 KVO_API int kvo_cascade_complete_store(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool ok);
 
+/** The slots of keys reserved by prepare_store and not yet completed, as
+ *  prepare_store gave them (arena offsets; staged keys after host_bytes);
+ *  slots[i] = {0, 0} for a key not being stored.  For a caller whose
+ *  writers report failed writes by slot (a worker process that knows
+ *  offsets, not keys): match them here, then complete those keys !ok.
+ *  Reads only.  Any thread (takes the cascade's lock).  Errors: KVO_EINVAL
+ *  (NULL, n 0, no host tier). */
+KVO_API int kvo_cascade_pending_slots(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, kvo_slot *slots);
+
 /** Remove keys from every tier: host (READY and unpinned go now, pinned
  *  ones are retired: hidden, gone at their last unpin) and file
  *  (kvo_file_tier_remove; a file being written stays) at once, the remote

@@ -5,8 +5,8 @@ engines created as the worker asks (device "cuda", its index) but run by the
 host device, so the bytes still move and are checked.  Covers: the device
 and index taken from the tensors, the arena pinned, every job ordered after
 torch's current stream (stores and loads), a failed pin running unpinned
-with a warning, failed jobs never reported as success=False to vLLM (their
-load blocks kept as load errors), a replicated layout stored once, and the
+with a warning, failed stores reported done and never loaded (the mailbox),
+failed loads reported failed (their blocks kept as load errors), a replicated layout stored once, and the
 namespace (KV layout, dtype variant, replication)."""
 import dataclasses
 import logging
@@ -18,7 +18,7 @@ pytest.importorskip("vllm.v1.kv_offload.base")
 
 import torch  # noqa: E402
 from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,  # noqa: E402
-                                     GPULoadStoreSpec, ReqContext)
+                                     GPULoadStoreSpec, LookupResult, ReqContext)
 from vllm.v1.kv_offload.config import OffloadingConfig  # noqa: E402
 
 import kvoffload as k  # noqa: E402
@@ -157,17 +157,20 @@ def test_pin_failure_runs_unpinned_with_a_warning(cuda_worker, caplog):
     w.shutdown()
 
 
-def test_failed_jobs_are_never_success_false(cuda_worker, monkeypatch):
-    """A job whose copies fail (here: the engine reports KVO_EIO, as a
-    failed DMA would) and a job that cannot be submitted: vLLM 0.32/0.33
-    assert on success=False, so both are reported done with no bytes, kept
-    in failed_jobs, and a failed load's GPU blocks become load errors.
-    With REPORT_FAILURES (a vLLM that takes failures) the same job says
-    success=False."""
+def test_failed_jobs_never_leave_a_loadable_slot_without_its_chunk(cuda_worker, monkeypatch):
+    """Jobs whose copies fail (the engine reports KVO_EIO, as a failed DMA
+    would) or cannot be submitted.  vLLM 0.32/0.33 assert on success=False,
+    so a failed STORE is reported done with no bytes and its slots go
+    through the mailbox: the manager completes its keys as failed (a miss,
+    never READY over bytes nobody wrote).  A failed LOAD says
+    success=False (vLLM stops: its blocks hold no KV), its GPU blocks kept
+    as load errors.  With REPORT_FAILURES (KvoffloadConnector) every
+    failure says success=False."""
     page = 4096
     spec = KvoffloadOffloadingSpec(make_config(kv_bytes=2 * page))
     m = spec.get_manager()
     w = spec.get_worker(_kv(make_kv(16, page), page, 0))
+    assert w.mailbox is not None
     rc = ReqContext("r")
     keys = keys_of(7, 2)
     out = m.prepare_store(keys, rc)
@@ -182,26 +185,44 @@ def test_failed_jobs_are_never_success_false(cuda_worker, monkeypatch):
         return [dict(r, status=k._lib.KVO_EIO, bytes=0) for r in real_poll(cap)]
 
     monkeypatch.setattr(eng, "poll", failing_poll)
-    ls = m.prepare_load(keys, rc)
-    assert w.submit_load(2, ls, GPULoadStoreSpec([9, 10, 11, 12], group_sizes=[4], block_indices=[0]))
+    # a failed store: done for vLLM, a miss for every later lookup
+    bad_keys = keys_of(8, 2)
+    out = m.prepare_store(bad_keys, rc)
+    assert w.submit_store(2, GPULoadStoreSpec([5, 6, 7, 8], group_sizes=[4], block_indices=[0]), out.store_spec)
     w.wait({2})
-    res = w.get_finished()
-    assert [(r.job_id, r.success, r.transfer_size, r.transfer_time) for r in res] == [(2, True, 0, None)]
+    assert [(r.job_id, r.success, r.transfer_size) for r in w.get_finished()] == [(2, True, 0)]
     assert "KVO_EIO" in w.take_failed_jobs()[2]
+    m.complete_store(bad_keys, rc)
+    assert [m.lookup(x, rc) for x in bad_keys] == [LookupResult.MISS] * 2
+    assert [m.lookup(x, rc) for x in keys] == [LookupResult.HIT] * 2
+    assert not m._failed   # every offset matched its key
+    # a failed load: success=False, its blocks load errors
+    ls = m.prepare_load(keys, rc)
+    assert w.submit_load(3, ls, GPULoadStoreSpec([9, 10, 11, 12], group_sizes=[4], block_indices=[0]))
+    w.wait({3})
+    assert [(r.job_id, r.success, r.transfer_size) for r in w.get_finished()] == [(3, False, 0)]
+    assert "KVO_EIO" in w.take_failed_jobs()[3]
     assert w.take_load_error_blocks() == {9, 10, 11, 12}
     assert w.take_load_error_blocks() == set()
-    # a submit that fails (a block id beyond the tensor): done, failed, True
+    # a load that cannot be submitted (a block id beyond the tensor): failed too
     bad = GPULoadStoreSpec([1000, 1001, 1002, 1003], group_sizes=[4], block_indices=[0])
-    assert w.submit_load(3, ls, bad)
-    assert [(r.job_id, r.success) for r in w.get_finished()] == [(3, True)]
-    assert "submit" in w.take_failed_jobs()[3]
-    assert w.take_load_error_blocks() == {1000, 1001, 1002, 1003}
-    # REPORT_FAILURES: the truth
-    monkeypatch.setattr(w, "REPORT_FAILURES", True)
-    assert w.submit_load(4, ls, GPULoadStoreSpec([9, 10, 11, 12], group_sizes=[4], block_indices=[0]))
-    w.wait({4})
+    assert w.submit_load(4, ls, bad)
     assert [(r.job_id, r.success) for r in w.get_finished()] == [(4, False)]
-    assert not w.submit_load(5, ls, bad)
+    assert "submit" in w.take_failed_jobs()[4]
+    # without the mailbox a failed store is reported failed: never hidden
+    monkeypatch.setattr(w, "mailbox", None)
+    more = keys_of(9, 1)
+    out = m.prepare_store(more, rc)
+    assert w.submit_store(5, GPULoadStoreSpec([13, 14], group_sizes=[2], block_indices=[0]), out.store_spec)
+    w.wait({5})
+    assert [(r.job_id, r.success) for r in w.get_finished()] == [(5, False)]
+    m.complete_store(more, rc, success=False)
+    # REPORT_FAILURES: every failure says False, a failed submit returns False
+    monkeypatch.setattr(w, "REPORT_FAILURES", True)
+    assert w.submit_load(6, ls, GPULoadStoreSpec([9, 10, 11, 12], group_sizes=[4], block_indices=[0]))
+    w.wait({6})
+    assert [(r.job_id, r.success) for r in w.get_finished()] == [(6, False)]
+    assert not w.submit_load(7, ls, bad)
     m.complete_load(keys, rc)
     w.shutdown()
     m.shutdown()

@@ -217,6 +217,22 @@ int kvo_cascade_complete_store(kvo_cascade *c, const kvo_chunk_key *keys, size_t
     return rc;
 }
 
+int kvo_cascade_pending_slots(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, kvo_slot *slots) {
+    if (!c || !keys || !slots || !n)
+        return kvo__error(KVO_EINVAL, "kvo_cascade_pending_slots: c, keys and slots must not be NULL, n not 0");
+    if (!c->store) return kvo__error(KVO_EINVAL, "kvo_cascade_pending_slots: the cascade has no host tier");
+    kvo__casc_lock(c);
+    for (size_t i = 0; i < n; i++) {
+        const kvo__pend *e = kvo__pend_find(c, &keys[i]);
+        memset(&slots[i], 0, sizeof slots[i]);
+        if (!e) continue;
+        slots[i] = e->slot;
+        if (e->staged & 1) slots[i].offset += c->p.host_bytes;
+    }
+    kvo__casc_unlock(c);
+    return 0;
+}
+
 size_t kvo_cascade_verify(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n, uint8_t *bad) {
     if (bad && n) memset(bad, 0, n);
     if (!c || !c->sums || !keys || !slots) return 0;

@@ -55,6 +55,7 @@ from ..core import KEY_DTYPE, FileTier, Plan, RemoteTier
 from ..shm import SharedArena
 from .compat import failed_store_event, lower_tier_events
 from .config import KvoffloadLoadStoreSpec
+from .failures import FailedStores
 
 _RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.RETRY)
 # the functions the compiled calls make (kvoffload/_hot.c), from the library kvoffload._lib loaded
@@ -85,7 +86,8 @@ class KvoffloadOffloadingManager(OffloadingManager):
                  file_tier: Optional[FileTier] = None, file_mode: str = "write_through",
                  store_threshold: int = 0, remote_tier: Optional[RemoteTier] = None,
                  remote_answer_ttl_ms: int = 2000, staging_bytes: int = 0, file_zero_copy: bool = False,
-                 namespace: int = 0, remote_lookup_budget_us: Optional[int] = None) -> None:
+                 namespace: int = 0, remote_lookup_budget_us: Optional[int] = None,
+                 failed_stores: Optional[FailedStores] = None) -> None:
         self.plan = plan
         lower = file_tier is not None or remote_tier is not None
         if lower and arena is None:
@@ -104,6 +106,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self.events: Optional[list[OffloadingEvent]] = [] if enable_events else None
         self.arena, self.file_tier, self.remote_tier = arena, file_tier, remote_tier
         self.file_mode = file_mode
+        # the workers' failed stores (slot offsets), and those read but not
+        # yet matched to a completing key
+        self._mailbox = failed_stores
+        self._failed: set[int] = set()
         # the host tier's events give vLLM its keys back (evictions in
         # PrepareStoreOutput, events): room for what one drain may meet
         min_slot = min(int(g["slot_bytes"]) for g in plan.groups if g["slot_bytes"])
@@ -195,17 +201,47 @@ class KvoffloadOffloadingManager(OffloadingManager):
         if not keys:
             return
         if success:
-            self._hot.complete_store(self.cascade._h, keys, True)
-            if self.events is not None:   # handed to the lower tiers: their KV events
-                self.events += lower_tier_events(keys, self.file_tier is not None and self.file_mode == "write_through",
-                                                 self.remote_tier is not None)
-            return
+            failed = self._failed_keys(keys)
+            ok = [k for k in keys if k not in failed] if failed else keys
+            if ok:
+                self._hot.complete_store(self.cascade._h, ok, True)
+                if self.events is not None:   # handed to the lower tiers: their KV events
+                    self.events += lower_tier_events(ok, self.file_tier is not None and
+                                                     self.file_mode == "write_through", self.remote_tier is not None)
+            if not failed:
+                return
+            keys = failed
+        elif self._failed:
+            # their slots are free again: an offset read for one of them
+            # must not fail the next key given that slot
+            self._failed.difference_update(self._offsets(keys))
         self._drain()   # events before the failure keep their order
         self._hot.complete_store(self.cascade._h, keys, False)
         if self.events is not None:
             ev = failed_store_event(keys, self.medium)
             if ev is not None:
                 self.events.append(ev)
+
+    def _offsets(self, keys: list[OffloadKey]) -> list[int]:
+        """The arena offsets of keys being stored (0-byte slots left out)."""
+        slots = self.cascade.pending_slots(self._ckeys(keys))
+        return [int(o) for o, b in zip(slots["offset"].tolist(), slots["bytes"].tolist()) if b]
+
+    def _failed_keys(self, keys: list[OffloadKey]) -> list[OffloadKey]:
+        """Of keys about to complete, those whose copy a worker reported
+        failed (failures.py: the worker said done to vLLM; their slots hold
+        no chunk and must never become READY)."""
+        if self._mailbox is not None:
+            self._failed |= self._mailbox.take()
+        if not self._failed:
+            return []
+        slots = self.cascade.pending_slots(self._ckeys(keys))
+        out = []
+        for k, off, b in zip(keys, slots["offset"].tolist(), slots["bytes"].tolist()):
+            if b and off in self._failed:
+                self._failed.discard(off)
+                out.append(k)
+        return out
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self.events is None:

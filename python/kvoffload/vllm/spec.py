@@ -14,7 +14,7 @@ kvo_step_tokens, else vLLM's max_num_batched_tokens).  With a file or
 remote tier, the part of a batch that finds no room in the host tier goes to
 the cascade's staging area at the arena's end, beside the host tier's
 cpu_bytes_to_use (kvo_staging_bytes; default one step of stores; the arena
-is cpu_bytes_to_use + kvo_staging_bytes): its chunks are written to the
+is cpu_bytes_to_use + kvo_staging_bytes, then failures.MAILBOX_BYTES): its chunks are written to the
 lower tiers when their stores complete and their slots are freed, so they
 reach the lower tiers without a host slot, and the host tier keeps all of
 cpu_bytes_to_use for the chunks it holds and the ones read back into it.
@@ -40,6 +40,7 @@ from .. import _lib as L
 from ..core import FileTier, RemoteTier, warn_if_url_has_password
 from ..shm import SharedArena
 from .config import arena_name, build_plan, int_key, kvo_namespace, layout_hash, step_floor, step_stores, step_tokens
+from .failures import MAILBOX_BYTES, FailedStores
 from .manager import KvoffloadOffloadingManager
 from .worker import KvoffloadOffloadingWorker
 
@@ -103,9 +104,24 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
         self._worker: Optional[KvoffloadOffloadingWorker] = None
 
     def _arena(self) -> SharedArena:
-        return SharedArena(self.arena_name, self.capacity_bytes + self.staging_bytes, self.plan.fingerprint,
+        """The shared arena: the host tier, the staging area, and the failed
+        stores' mailbox at its end (failures.py)."""
+        return SharedArena(self.arena_name, self.mailbox_offset + MAILBOX_BYTES, self.plan.fingerprint,
                            expected=self.arena_expected,
                            directory=str(self.extra_config.get("kvo_shm_dir", "/dev/shm")))
+
+    @property
+    def mailbox_offset(self) -> int:
+        """Where the failed stores' mailbox starts in the arena."""
+        return self.capacity_bytes + self.staging_bytes
+
+    def failed_stores(self, arena: SharedArena) -> Optional[FailedStores]:
+        """The failed stores' mailbox in this arena; None when the scheduler
+        does not map the arena (kvo_scheduler_maps_arena false): a failed
+        store is then reported failed to vLLM."""
+        if not self.scheduler_maps_arena:
+            return None
+        return FailedStores(arena.view(self.mailbox_offset, MAILBOX_BYTES))
 
     def make_tiers(self) -> tuple[Optional[FileTier], Optional[RemoteTier]]:
         """The file and remote tiers kv_connector_extra_config asks for (each
@@ -171,7 +187,8 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
                     remote_answer_ttl_ms=int_key(extra, "kvo_redis_answer_ttl_ms", 2000),
                     staging_bytes=self.staging_bytes, file_zero_copy=bool(extra.get("kvo_file_zero_copy", False)),
                     namespace=kvo_namespace(self.config, self.plan),
-                    remote_lookup_budget_us=extra.get("kvo_redis_lookup_budget_us"))
+                    remote_lookup_budget_us=extra.get("kvo_redis_lookup_budget_us"),
+                    failed_stores=self.failed_stores(arena) if arena is not None else None)
             except BaseException:
                 for part in (file_tier, remote_tier, arena):
                     if part is not None:

@@ -16,12 +16,21 @@ rank 0 stores it, every rank loads it (config.slot_part); other layouts keep
 one part per rank.
 
 Failures.  vLLM 0.32 and 0.33 assert that every submit and every transfer
-result succeeded: one failed copy would stop the engine.  So unless
-REPORT_FAILURES is set (for a vLLM that takes them), the worker never says
-False to vLLM: a job it could not submit, or whose copies failed, is
-reported done with no bytes (transfer_size 0, no time), logged, and kept in
-failed_jobs; a failed load's GPU block ids go to load_error_blocks, for the
-connector to hand to vLLM as load errors (its blocks hold no loaded KV).
+result succeeded: one reported failure stops the engine.  Unless
+REPORT_FAILURES is set (KvoffloadConnector sets it: it turns failures into
+recomputes), the worker therefore reports:
+- a failed STORE (its copies failed, or it could not be submitted) done,
+  with no bytes, after writing the job's slot offsets to the failed-store
+  mailbox (failures.py): the manager completes those keys as failed, so
+  their slots never become loadable.  Without room in the mailbox, or
+  without one (kvo_scheduler_maps_arena false), it reports the store failed
+  and vLLM stops: loud, never a slot served that holds no chunk.
+- a failed LOAD failed (success=False): its blocks hold no loaded KV and
+  vLLM's offloading interface cannot take them back for recompute, so vLLM
+  stops rather than compute on them.  Use KvoffloadConnector where a load
+  must be allowed to fail (it reports load errors; vLLM recomputes).
+Every failed job is logged and kept in failed_jobs; a failed load's GPU
+block ids go to load_error_blocks (the connector hands them to vLLM).
 """
 from __future__ import annotations
 
@@ -38,6 +47,7 @@ from .. import _lib as L
 from ..core import LOAD, STORE, CudaDevice, Model, Plan, Transfer
 from ..shm import SharedArena
 from .config import KvoffloadLoadStoreSpec, replicated, slot_part
+from .failures import RANKS
 
 if TYPE_CHECKING:
     from .spec import KvoffloadOffloadingSpec
@@ -97,8 +107,9 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
     shared tensors, which one kvoffload layout cannot describe), each with a
     one-group plan of the real page sizes (vLLM's CanonicalKVCaches)."""
 
-    # False: never hand vLLM success=False (0.32/0.33 assert on it); see the
-    # module doc.  A connector whose vLLM takes failed results may set it.
+    # False: a failed store is reported done (its slots failed through the
+    # mailbox), a failed load failed; see the module doc.  A connector whose
+    # vLLM takes failed results sets it (every failure then says False).
     REPORT_FAILURES = False
 
     def __init__(self, spec: "KvoffloadOffloadingSpec", kv_caches: CanonicalKVCaches,
@@ -132,6 +143,10 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         self._done: list[TransferResult] = []
         self.failed_jobs: dict[int, str] = {}   # vLLM job -> why (taken by take_failed_jobs)
         self.load_error_blocks: set[int] = set()
+        self._store_slots: dict[int, np.ndarray] = {}   # a store's slot offsets, until its result
+        # the failed stores' mailbox (one row per rank; ranks past its rows
+        # report failed stores instead)
+        self.mailbox = spec.failed_stores(arena) if self.rank < RANKS else None
 
     def _open_cuda(self, device_index: int) -> None:
         """The CUDA device (it refuses, KVO_ENOTSUP, without the CUDA library,
@@ -187,17 +202,26 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
             t.set_layout(segs)
 
     def _finish(self, job_id: int, ok: bool, size: int, ns: Optional[int], why: str = "") -> None:
-        """vLLM's result for a job; a failure is reported as done with no
-        bytes unless REPORT_FAILURES (module doc)."""
+        """vLLM's result for a job; a failure as the module doc says."""
+        slots = self._store_slots.pop(job_id, None)
+        gpu = self._gpu.pop(job_id, None)
+        hidden = False
         if not ok:
             self.failed_jobs[job_id] = why
-            gpu = self._gpu.get(job_id)
             if gpu is not None:
                 self.load_error_blocks.update(int(b) for b in gpu)
-            log.warning("kvoffload: transfer job %d failed (%s): reported to vLLM as done with no bytes%s",
-                        job_id, why, "; its GPU blocks are load errors" if gpu is not None else "")
-        self._gpu.pop(job_id, None)
-        if ok or self.REPORT_FAILURES:
+            if not self.REPORT_FAILURES and slots is not None and self.mailbox is not None:
+                hidden = self.mailbox.put(self.rank, slots)
+            if self.REPORT_FAILURES:
+                log.warning("kvoffload: transfer job %d failed (%s)", job_id, why)
+            elif hidden:
+                log.warning("kvoffload: store job %d failed (%s): reported done with no bytes; its %d chunks are "
+                            "never loaded (completed as failed stores)", job_id, why, len(slots))
+            else:
+                log.error("kvoffload: %s job %d failed (%s): reported failed, and vLLM's offloading connector "
+                          "stops on it rather than use blocks without their KV (KvoffloadConnector recomputes "
+                          "instead)", "load" if gpu is not None else "store", job_id, why)
+        if ok or not hidden:
             self._done.append(TransferResult(job_id=job_id, success=ok, transfer_size=size if ok else 0,
                                              transfer_time=ns / 1e9 if ns is not None else None))
         else:
@@ -224,9 +248,11 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
             # the forward pass that wrote its blocks, a load for zeroing)
             self.cuda.set_compute_stream(torch_stream(self.device_index))
         blocks = np.ascontiguousarray(gpu.block_ids, dtype=np.uint64)
+        offsets = np.asarray(slots.offsets, dtype=np.uint64)
         if direction == LOAD:
             self._gpu[job_id] = blocks
-        offsets = np.asarray(slots.offsets, dtype=np.uint64)
+        else:
+            self._store_slots[job_id] = offsets
         subs: list[tuple[int, int]] = []
         b0 = c0 = 0
         try:
@@ -246,6 +272,7 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                 self.engines[g].wait([j])
             if self.REPORT_FAILURES:
                 self._gpu.pop(job_id, None)
+                self._store_slots.pop(job_id, None)
                 return False
             # the parts submitted are done (their results have no owner:
             # get_finished passes over them); the job failed
@@ -258,6 +285,7 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         self._ns[job_id] = 0
         if not subs:
             self._gpu.pop(job_id, None)
+            self._store_slots.pop(job_id, None)
             self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=0, transfer_time=0.0))
             del self._jobs[job_id]
         return True
