@@ -122,6 +122,7 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_cascade_verify": (c_size_t, [_P, c_void_p, c_void_p, c_size_t, c_void_p]),
     "kvo_cascade_prepare_store": (c_int, [_P, c_void_p, c_size_t, c_uint32, c_void_p, c_void_p]),
     "kvo_cascade_complete_store": (c_int, [_P, c_void_p, c_size_t, c_bool]),
+    "kvo_cascade_pending_slots": (c_int, [_P, c_void_p, c_size_t, c_void_p]),
     "kvo_cascade_remove": (c_int, [_P, c_void_p, c_size_t, c_void_p, c_void_p]),
     "kvo_cascade_read": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_void_p, c_void_p]),
     "kvo_cascade_write": (c_int, [_P, c_void_p, c_void_p, c_size_t, c_int64, c_void_p]),
@@ -291,6 +292,11 @@ class _Router:
             self.mine.update(out.tolist())
         return out
 
+    def forget(self, ids: np.ndarray) -> None:
+        """User data that will get no completion (the call refused the key)."""
+        with self.cv:
+            self.mine.difference_update(ids.tolist())
+
     def wait(self, ids: np.ndarray) -> np.ndarray:
         """The results of the completions with these user data, in order."""
         want = ids.tolist()
@@ -449,6 +455,16 @@ class Cascade(_Handle):
         keys = _as_keys(keys)
         check(lib.kvo_cascade_complete_store(self._h, _ptr(keys), len(keys), ok), "kvo_cascade_complete_store")
 
+    def pending_slots(self, keys: np.ndarray) -> np.ndarray:
+        """The slots (SLOT_DTYPE, arena offsets) of keys prepare_store
+        reserved and nothing completed yet; bytes 0 for other keys."""
+        keys = _as_keys(keys)
+        slots = np.empty(len(keys), dtype=SLOT_DTYPE)
+        if len(keys):
+            check(lib.kvo_cascade_pending_slots(self._h, _ptr(keys), len(keys), _ptr(slots)),
+                  "kvo_cascade_pending_slots")
+        return slots
+
     def prepare_load(self, keys: np.ndarray) -> np.ndarray:
         keys = _as_keys(keys)
         slots = np.empty(len(keys), dtype=SLOT_DTYPE)
@@ -474,6 +490,20 @@ class Cascade(_Handle):
         res = np.empty(n, dtype=np.int32)
         check(lib.kvo_cascade_remove(self._h, _ptr(keys), n, _ptr(ud) if ud is not None else None, _ptr(res)),
               "kvo_cascade_remove")
+        return res
+
+    def remove_wait(self, keys: np.ndarray) -> np.ndarray:
+        """remove, then wait for the keys' completions: per key 0 (removed
+        from some tier, the cluster's DEL included), KVO_ENOTFOUND (no tier
+        held it) or why not (KVO_EIO: the cluster failed; it may still hold
+        the key).  Thread rules as read_wait's."""
+        keys = _as_keys(keys)
+        ids = self._router.ids(len(keys))
+        res = self.remove(keys, ids)
+        self._router.forget(ids[res != 0])
+        queued = ids[res == 0]
+        if len(queued):
+            res[res == 0] = self._router.wait(queued)
         return res
 
     # -- the engine's own memory
@@ -539,6 +569,7 @@ class Cascade(_Handle):
     def _read_once(self, keys: np.ndarray, dsts: Sequence[int]) -> np.ndarray:
         ids = self._router.ids(len(keys))
         res = self.read(keys, dsts, ids)
+        self._router.forget(ids[res != 0])
         queued = ids[res == 0]
         if len(queued):
             res[res == 0] = self._router.wait(queued)

@@ -35,10 +35,10 @@ Keys are LMCache's strings (model@kv_rank@object_group@chunk_hash[@salt]),
 each hashed whole under the store's namespace (kvoffload.cascade: the value
 size and format, and LMCache's salt as the tenant where a key has one).
 
-Delete: the keys leave the file tier; the cluster's values expire by its
-TTL or LRU (kvo_cascade_remove does not delete them).  A key is reported
-deleted only when no tier holds it afterwards: with a cluster tier, none is
-(LMCache keeps counting them in its L2 usage while the cluster holds them).
+Delete: the keys leave every tier, the cluster's by a DEL that is waited
+for (Cascade.remove_wait).  A key is reported deleted when no tier holds it
+afterwards: removed, or held by none; a DEL the cluster failed reports the
+key not deleted (LMCache keeps counting it).
 """
 from __future__ import annotations
 
@@ -329,18 +329,11 @@ class KvoffloadL2Connector:
         return st.cascade.held(st.keys(keys), wait_ms=self.timeout_s * 1000).tolist()
 
     def _delete(self, st: _Store, keys: List[str]) -> List[bool]:
-        """Remove from every tier (Cascade.remove); deleted = no tier holds
-        the key any more.  kvo_cascade_remove leaves the cluster's values to
-        their TTL or the server's LRU (it only forgets their presence, so a
-        lookup right after cannot tell): with a cluster tier no key is
-        reported deleted, and LMCache keeps counting it in its L2 usage,
-        as the cluster keeps holding it."""
+        """Remove from every tier and wait for the cluster's DEL
+        (Cascade.remove_wait); deleted = no tier holds the key any more."""
         assert st.cascade is not None
-        kk = st.keys(keys)
-        st.cascade.remove(kk)
-        if st.remote is not None:
-            return [False] * len(keys)
-        return (~st.cascade.held(kk)).tolist()
+        res = st.cascade.remove_wait(st.keys(keys))
+        return ((res == 0) | (res == L.KVO_ENOTFOUND)).tolist()
 
     def _set(self, st: _Store, keys: List[str], bufs: list, stage: Arena) -> List[bool]:
         assert st.cascade is not None

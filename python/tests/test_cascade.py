@@ -179,6 +179,10 @@ def test_engine_cascade_read_wait_from_threads(tmp_path):
     for t in ts:
         t.join()
     assert errors == []
+    res = c.remove_wait(np.concatenate([keys[:2], k.make_keys([999], 0)]))
+    assert list(res) == [0, 0, L.KVO_ENOTFOUND]
+    assert not c.held(keys[:2]).any() and c.held(keys[2:]).all()
+    assert not c._router.mine   # no user data left waiting: misses and refusals included
     c.close(flush_ms=20000)
     with pytest.raises(k.KvoError):   # the owned tier closed with it
         ft.stats()

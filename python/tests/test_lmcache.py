@@ -312,10 +312,9 @@ def _stored_over_cluster(tmp_path, seed):
 
 
 def test_delete_never_claims_deleted_what_a_tier_holds(tmp_path):
-    """Over a file tier and the cluster: a deleted key leaves the file tier,
-    and is reported deleted only when no tier holds it any more.  The
-    cluster keeps its values (to their TTL or LRU): not deleted, and another
-    server still loads them."""
+    """Over a file tier and the cluster: a deleted key leaves the file tier
+    and the cluster (a DEL waited for), and is reported deleted exactly when
+    no tier holds it any more: another server loads none of them."""
     params, a, keys, objs = _stored_over_cluster(tmp_path, 20)
     c = a._client
     fid = c.submit_batch_delete([_object_key_to_string(k) for k in keys])
@@ -329,13 +328,12 @@ def test_delete_never_claims_deleted_what_a_tier_holds(tmp_path):
     other = adapter(dict(params, file_root=str(tmp_path / "other")))
     out = [obj(fill=0) for _ in range(4)]
     held = load(other, keys, out)
-    assert held == [True] * 4   # the cluster still holds them ...
-    assert got[0][3] == [not h for h in held]   # ... so none is reported deleted
+    assert held == [False] * 4   # gone from the cluster too ...
+    assert got[0][3] == [not h for h in held]   # ... and so reported deleted
     other.close()
     a.close()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the cluster's DEL through kvo_cascade_remove (kvo_remote_tier_remove)")
 def test_delete_over_the_cluster_frees_lmcache_usage(tmp_path):
     """LMCache deletes what its eviction chose: the values leave the cluster
     too, so its L2 usage falls (it stayed at what was stored: 200 % of

@@ -400,7 +400,6 @@ def _ranks(root, quota, phase):
     return dict(out.get(timeout=10) for _ in ps)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the file tier's shared quota (file-share branch)")
 def test_two_ranks_sharing_a_root_keep_their_pages_over_a_restart(tmp_path):
     """Two TP-rank processes of one engine share a root and its quota (50
     pages): each backs up 40 pages of its own.  Their files stay within the
