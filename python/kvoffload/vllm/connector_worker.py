@@ -178,6 +178,7 @@ class KvoffloadConnectorWorker(OffloadingConnectorWorker):
         super()._init_worker(kv_caches)
         assert self.worker is not None
         self.worker.REPORT_FAILURES = True   # every failure is reported: loads become recomputes
+        self.worker.fault_stores = 0         # the connector injects its own faults (_injected)
         groups = [self.kv_cache_config.kv_cache_groups[g.group_id] for g in self.spec.config.groups]
         if len(groups) != 1 or len(self.kv_cache_config.kv_cache_groups) != 1:
             return  # loads in the step need one KV-cache group

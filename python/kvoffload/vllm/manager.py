@@ -110,6 +110,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
         # yet matched to a completing key
         self._mailbox = failed_stores
         self._failed: set[int] = set()
+        self.stores_failed = 0   # keys completed as failed stores (vLLM's or the mailbox's)
         # the host tier's events give vLLM its keys back (evictions in
         # PrepareStoreOutput, events): room for what one drain may meet
         min_slot = min(int(g["slot_bytes"]) for g in plan.groups if g["slot_bytes"])
@@ -217,6 +218,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self._failed.difference_update(self._offsets(keys))
         self._drain()   # events before the failure keep their order
         self._hot.complete_store(self.cascade._h, keys, False)
+        self.stores_failed += len(keys)
         if self.events is not None:
             ev = failed_store_event(keys, self.medium)
             if ev is not None:
@@ -291,7 +293,8 @@ class KvoffloadOffloadingManager(OffloadingManager):
         path in short: offered, rejected (no host or staging room), staged,
         file_queued, file_deferred (refused for back-pressure, retried),
         file_lost (dropped in the end), file_lent (zero-copy writes),
-        remote_queued, remote_lost, retry_now, staged_now), and "file" /
+        remote_queued, remote_lost, retry_now, staged_now, failed: keys
+        completed as failed stores), and "file" /
         "remote" (the tiers' own stats)."""
         c = self.cascade.stats()
         f, r = c["file"], c["remote"]
@@ -301,7 +304,7 @@ class KvoffloadOffloadingManager(OffloadingManager):
                                         "file_deferred": f["writes_deferred"], "file_lost": f["writes_dropped"],
                                         "file_lent": f["lent"], "remote_queued": r["writes"],
                                         "remote_lost": r["writes_dropped"], "retry_now": c["deferred_now"],
-                                        "staged_now": c["staged_now"]}}
+                                        "staged_now": c["staged_now"], "failed": self.stores_failed}}
         if self.file_tier is not None:
             d["file"] = self.file_tier.stats()
         if self.remote_tier is not None:

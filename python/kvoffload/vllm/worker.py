@@ -147,6 +147,10 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
         # the failed stores' mailbox (one row per rank; ranks past its rows
         # report failed stores instead)
         self.mailbox = spec.failed_stores(arena) if self.rank < RANKS else None
+        # test hook (kvo_fault_stores N): every Nth store job fails without a copy
+        self.fault_stores = int(cfg.extra_config.get("kvo_fault_stores", 0) or 0)
+        self._stores_seen = 0
+        self.counts = dict(faults_injected=0, stores_failed_hidden=0, jobs_reported_failed=0)
 
     def _open_cuda(self, device_index: int) -> None:
         """The CUDA device (it refuses, KVO_ENOTSUP, without the CUDA library,
@@ -221,6 +225,8 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                 log.error("kvoffload: %s job %d failed (%s): reported failed, and vLLM's offloading connector "
                           "stops on it rather than use blocks without their KV (KvoffloadConnector recomputes "
                           "instead)", "load" if gpu is not None else "store", job_id, why)
+        if not ok:
+            self.counts["stores_failed_hidden" if hidden else "jobs_reported_failed"] += 1
         if ok or not hidden:
             self._done.append(TransferResult(job_id=job_id, success=ok, transfer_size=size if ok else 0,
                                              transfer_time=ns / 1e9 if ns is not None else None))
@@ -243,6 +249,13 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
             # replicated layout: rank 0 writes the one copy
             self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=0, transfer_time=0.0))
             return True
+        if direction == STORE and self.fault_stores:
+            self._stores_seen += 1
+            if self._stores_seen % self.fault_stores == 0:
+                self.counts["faults_injected"] += 1
+                self._store_slots[job_id] = np.asarray(slots.offsets, dtype=np.uint64)
+                self._finish(job_id, False, 0, None, "injected fault (kvo_fault_stores)")
+                return True
         if self.cuda is not None:
             # the job waits for what torch has queued so far (a store for
             # the forward pass that wrote its blocks, a load for zeroing)
@@ -326,8 +339,10 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
 
     def stats(self) -> dict[str, int]:
         """kvoffload's transfer counters summed over the groups' engines
-        (bytes_stored, bytes_loaded, jobs_ok, jobs_failed, ...)."""
-        out: dict[str, int] = {}
+        (bytes_stored, bytes_loaded, jobs_ok, jobs_failed, ...), and the
+        worker's failures: stores_failed_hidden (reported done, failed
+        through the mailbox), jobs_reported_failed, faults_injected."""
+        out: dict[str, int] = dict(self.counts)
         for t in self.engines:
             for k, v in t.stats().items():
                 if isinstance(v, int) and not isinstance(v, bool):

@@ -325,6 +325,25 @@ def test_connector_failures_are_recomputed(model, fault, model_root, tmp_path):
     print(f"native {model} failed {fault}: {c}")
 
 
+def test_spec_failed_stores_are_never_loaded(model_root, tmp_path):
+    """The spec path (vLLM's OffloadingConnector, which asserts on a failed
+    transfer): every second store job fails in the worker without a copy.
+    The worker reports it done and hands its slots to the manager through
+    the arena's mailbox; the manager completes those keys as failed, so no
+    slot that holds no chunk is ever loaded: the engine lives and its
+    answers are the computed ones."""
+    model = "llama"
+    extra = {"cpu_bytes_to_use": HOST_BYTES, "kvo_fault_stores": 2}
+    r = run_engine(tiny_models.make(model, model_root), extra, DEVICE_BLOCKS[model], tmp_path, "spec")
+    (w,) = r["kvo"]["worker"]
+    (m,) = r["kvo"]["manager"]
+    assert w["faults_injected"] > 0 and w["stores_failed_hidden"] == w["faults_injected"], w
+    assert w["jobs_reported_failed"] == 0, w
+    assert m["stores"]["failed"] > 0, m["stores"]
+    check_recomputed(r)
+    print(f"spec {model} failed stores: worker {w['faults_injected']} jobs, manager {m['stores']['failed']} keys")
+
+
 @pytest.mark.parametrize("path", ["spec", "native"])
 def test_failed_file_reads_are_recomputed(path, model_root, tmp_path):
     """Fault injection in the file tier, both paths: every chunk file is
