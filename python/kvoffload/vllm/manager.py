@@ -273,12 +273,15 @@ class KvoffloadOffloadingManager(OffloadingManager):
         self._poll()
 
     def has_pending_work(self) -> bool:
+        # the cluster's answers still out (lookups answered RETRY): counted
+        # before the poll, since the tier stops counting a read when it posts
+        # its completion, not when the poll takes it; what was posted before
+        # this line is taken by the poll below
+        reads = self.remote_tier is not None and self.remote_tier.stats()["pending_reads"]
         self._poll()
         s = self.cascade.stats()
-        # a deferred write is retried at most retry_polls steps: then counted;
-        # the cluster's answers still out (lookups answered RETRY) land
-        return bool(s["promotions_now"] or s["deferred_now"] or s["lent_now"] or
-                    (self.remote_tier is not None and self.remote_tier.stats()["pending_reads"]))
+        # a deferred write is retried at most retry_polls steps: then counted
+        return bool(reads or s["promotions_now"] or s["deferred_now"] or s["lent_now"])
 
     def reset_cache(self) -> None:
         # every READY chunk of the host tier goes (pinned ones when unpinned),
