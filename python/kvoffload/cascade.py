@@ -297,6 +297,16 @@ class _Router:
         with self.cv:
             self.mine.difference_update(ids.tolist())
 
+    def settle(self, ids: np.ndarray, res: np.ndarray) -> np.ndarray:
+        """res, a call's per-key results for user data ids, with each key
+        the call queued (0) replaced by its completion's result; the ids it
+        refused are forgotten."""
+        self.forget(ids[res != 0])
+        queued = ids[res == 0]
+        if len(queued):
+            res[res == 0] = self.wait(queued)
+        return res
+
     def wait(self, ids: np.ndarray) -> np.ndarray:
         """The results of the completions with these user data, in order."""
         want = ids.tolist()
@@ -499,12 +509,7 @@ class Cascade(_Handle):
         the key).  Thread rules as read_wait's."""
         keys = _as_keys(keys)
         ids = self._router.ids(len(keys))
-        res = self.remove(keys, ids)
-        self._router.forget(ids[res != 0])
-        queued = ids[res == 0]
-        if len(queued):
-            res[res == 0] = self._router.wait(queued)
-        return res
+        return self._router.settle(ids, self.remove(keys, ids))
 
     # -- the engine's own memory
     def read(self, keys: np.ndarray, dsts: Sequence[int], user_data: Optional[Sequence[int]] = None) -> np.ndarray:
@@ -568,12 +573,7 @@ class Cascade(_Handle):
 
     def _read_once(self, keys: np.ndarray, dsts: Sequence[int]) -> np.ndarray:
         ids = self._router.ids(len(keys))
-        res = self.read(keys, dsts, ids)
-        self._router.forget(ids[res != 0])
-        queued = ids[res == 0]
-        if len(queued):
-            res[res == 0] = self._router.wait(queued)
-        return res
+        return self._router.settle(ids, self.read(keys, dsts, ids))
 
     def held(self, keys: np.ndarray, prefix: bool = False, wait_ms: float = 0) -> np.ndarray:
         """Per key (bool): a read would find it: READY in some tier, or its

@@ -225,9 +225,10 @@ class KvoffloadOffloadingManager(OffloadingManager):
                 self.events.append(ev)
 
     def _offsets(self, keys: list[OffloadKey]) -> list[int]:
-        """The arena offsets of keys being stored (0-byte slots left out)."""
+        """The arena offset of each key being stored, in order (-1: none,
+        the key is not being stored or its slot holds no bytes)."""
         slots = self.cascade.pending_slots(self._ckeys(keys))
-        return [int(o) for o, b in zip(slots["offset"].tolist(), slots["bytes"].tolist()) if b]
+        return [o if b else -1 for o, b in zip(slots["offset"].tolist(), slots["bytes"].tolist())]
 
     def _failed_keys(self, keys: list[OffloadKey]) -> list[OffloadKey]:
         """Of keys about to complete, those whose copy a worker reported
@@ -237,10 +238,9 @@ class KvoffloadOffloadingManager(OffloadingManager):
             self._failed |= self._mailbox.take()
         if not self._failed:
             return []
-        slots = self.cascade.pending_slots(self._ckeys(keys))
         out = []
-        for k, off, b in zip(keys, slots["offset"].tolist(), slots["bytes"].tolist()):
-            if b and off in self._failed:
+        for k, off in zip(keys, self._offsets(keys)):
+            if off in self._failed:   # never -1: the mailbox holds offsets
                 self._failed.discard(off)
                 out.append(k)
         return out

@@ -225,7 +225,6 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
                 log.error("kvoffload: %s job %d failed (%s): reported failed, and vLLM's offloading connector "
                           "stops on it rather than use blocks without their KV (KvoffloadConnector recomputes "
                           "instead)", "load" if gpu is not None else "store", job_id, why)
-        if not ok:
             self.counts["stores_failed_hidden" if hidden else "jobs_reported_failed"] += 1
         if ok or not hidden:
             self._done.append(TransferResult(job_id=job_id, success=ok, transfer_size=size if ok else 0,
@@ -249,23 +248,22 @@ class KvoffloadOffloadingWorker(OffloadingWorker):
             # replicated layout: rank 0 writes the one copy
             self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=0, transfer_time=0.0))
             return True
-        if direction == STORE and self.fault_stores:
-            self._stores_seen += 1
-            if self._stores_seen % self.fault_stores == 0:
-                self.counts["faults_injected"] += 1
-                self._store_slots[job_id] = np.asarray(slots.offsets, dtype=np.uint64)
-                self._finish(job_id, False, 0, None, "injected fault (kvo_fault_stores)")
-                return True
-        if self.cuda is not None:
-            # the job waits for what torch has queued so far (a store for
-            # the forward pass that wrote its blocks, a load for zeroing)
-            self.cuda.set_compute_stream(torch_stream(self.device_index))
         blocks = np.ascontiguousarray(gpu.block_ids, dtype=np.uint64)
         offsets = np.asarray(slots.offsets, dtype=np.uint64)
         if direction == LOAD:
             self._gpu[job_id] = blocks
         else:
             self._store_slots[job_id] = offsets
+        if direction == STORE and self.fault_stores:
+            self._stores_seen += 1
+            if self._stores_seen % self.fault_stores == 0:
+                self.counts["faults_injected"] += 1
+                self._finish(job_id, False, 0, None, "injected fault (kvo_fault_stores)")
+                return True
+        if self.cuda is not None:
+            # the job waits for what torch has queued so far (a store for
+            # the forward pass that wrote its blocks, a load for zeroing)
+            self.cuda.set_compute_stream(torch_stream(self.device_index))
         subs: list[tuple[int, int]] = []
         b0 = c0 = 0
         try:
