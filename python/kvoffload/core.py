@@ -310,6 +310,15 @@ def _wait(h: Optional[int], func: str, timeout_ms: int) -> int:
     return rc
 
 
+def _flush(h: Optional[int], func: str, timeout_ms: int) -> int:
+    """A tier's flush: 0, or KVO_ETIMEDOUT with writes still queued (a
+    timeout is an answer, not a failure: the caller decides)."""
+    rc = getattr(lib, func)(h, _ns(timeout_ms))
+    if rc not in (0, L.KVO_ETIMEDOUT):
+        check(rc, func)
+    return rc
+
+
 def _ns(timeout_ms: int) -> int:
     """A millisecond timeout as the library's int64_t nanoseconds (< 0: forever)."""
     timeout_ms = check_int("timeout_ms", timeout_ms, -(1 << 63), ((1 << 63) - 1) // 1_000_000)
@@ -760,8 +769,9 @@ class FileTier(_Handle):
     def wait(self, timeout_ms: int = -1) -> int:
         return _wait(self._h, "kvo_file_tier_wait", timeout_ms)
 
-    def flush(self, timeout_ms: int = -1) -> None:
-        check(lib.kvo_file_tier_flush(self._h, _ns(timeout_ms)), "kvo_file_tier_flush")
+    def flush(self, timeout_ms: int = -1) -> int:
+        """Wait until no write is queued or running: 0 or KVO_ETIMEDOUT."""
+        return _flush(self._h, "kvo_file_tier_flush", timeout_ms)
 
     def touch(self, keys: np.ndarray) -> None:
         self._batch("kvo_file_tier_touch", keys)
@@ -911,10 +921,7 @@ class RemoteTier(_Handle):
 
     def flush(self, timeout_ms: int = -1) -> int:
         """Wait until no put is queued or running: 0 or KVO_ETIMEDOUT."""
-        rc = lib.kvo_remote_tier_flush(self._h, _ns(timeout_ms))
-        if rc not in (0, L.KVO_ETIMEDOUT):
-            check(rc, "kvo_remote_tier_flush")
-        return rc
+        return _flush(self._h, "kvo_remote_tier_flush", timeout_ms)
 
     def key_name(self, key: np.ndarray) -> str:
         keys = _as_keys(key)

@@ -79,7 +79,7 @@ def test_file_tier_short_address_list_raises(tmp_path):
                 assert "4" in str(e) and str(len(addrs)) in str(e), e
             else:
                 raise AssertionError("no ValueError for %d addresses and 4 keys" % len(addrs))
-        ft.flush(10000)
+        assert ft.flush(10000) == 0
         assert ft.stats()["writes"] == 0  # nothing was queued
         ft.close()
     """)
@@ -101,7 +101,7 @@ def test_address_array_dtype_and_shape_checked(tmp_path):
         ft.read(keys, [src.base, src.base], user_data=[1])  # user data of another length
     # the right shapes still work
     assert list(ft.write(keys[:1], [src.base])) == [0]
-    ft.flush(10000)
+    assert ft.flush(10000) == 0
     ft.close()
     src.close()
 

@@ -229,7 +229,7 @@ def test_tier_job_results_carry_bytes_and_time(tmp_path):
         (res,) = list(tier.get_finished_jobs())
         assert res.job_id == 7 and res.success and res.transfer_bytes == 2 * ROW
         assert res.transfer_time is not None and res.transfer_time >= 0
-        tier.tier.flush(5000)
+        assert tier.tier.flush(5000) == 0
         tier.submit_load(TransferJob(job_id=8, keys=keys, chunk_ids=np.array([3, 2]), is_promotion=True,
                                      req_context=rc))
         (res,) = finished(tier)
@@ -265,7 +265,7 @@ def test_stores_that_find_staging_full_are_retried(tmp_path):
                                       req_context=ReqContext("r")))
         (res,) = finished(tier)
         assert res.job_id == 1 and res.success and res.transfer_bytes == 6 * ROW
-        tier.tier.flush(5000)
+        assert tier.tier.flush(5000) == 0
         st = tier.stats()
         # the staging memory refused some (back-pressure): the cascade wrote them later
         assert st["writes"] == 6 and st["dropped_backpressure"] > 0, st
@@ -413,7 +413,7 @@ def test_tiering_through_vllms_scheduler_and_connector(sim, tmp_path):
             e.run()
         m = e.connector.scheduler.manager
         tier = m.secondary_tiers[0]
-        tier.tier.flush(5000)
+        assert tier.tier.flush(5000) == 0
         reads = tier.stats()["reads"]
         e.add("b", p1 + [2] * 8)
         e.run()
@@ -473,7 +473,7 @@ def test_kv_events_through_vllms_connector(sim, kind, tmp_path):
         def drain():
             if kind == "tiering_file":
                 tier = e.connector.scheduler.manager.secondary_tiers[0]
-                tier.tier.flush(5000)
+                assert tier.tier.flush(5000) == 0
                 for _ in range(100):
                     e.step()   # the manager polls the tier: its store jobs' completions become events
                     if not tier.has_pending_work():
