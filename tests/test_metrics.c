@@ -110,7 +110,7 @@ typedef struct sample {
 typedef struct expo {
     family f[MAXF];
     size_t nf;
-    sample s[256];
+    sample s[512];
     size_t ns;
 } expo;
 
@@ -183,7 +183,7 @@ static void parse_expo(const char *text, expo *e) {
         ASSERT_TRUE(l[0] != '#');
         /* name[{key="value"}] value */
         sample *s = &e->s[e->ns++];
-        ASSERT_LT_U64(e->ns, 256);
+        ASSERT_LT_U64(e->ns, 512);
         size_t nl = strcspn(l, "{ ");
         ASSERT_TRUE(is_name(l, nl));
         snprintf(s->name, sizeof s->name, "%.*s", (int)nl, l);
@@ -383,6 +383,134 @@ KVO_TEST(buffer_form_and_errors) {
         free(r.p);
     }
     sim_destroy(&s);
+}
+
+/* A request of tok[0, n) under salt (NULL: none): added, looked up and,
+ * on a hit, loaded; else computed and stored.  Aborted at the end.  Returns
+ * the lookup's status. */
+static int salted_request(sim *s, uint64_t id, const char *salt, const uint32_t *tok, size_t n) {
+    sim_req r;
+    sim_req_init(&r, id);
+    sim_req_tokens(&r, tok, n);
+    kvo_request_desc d = {.struct_size = sizeof d, .id = id, .tokens = tok, .n_tokens = n,
+                          .cache_salt = salt, .cache_salt_len = salt ? strlen(salt) : 0};
+    ASSERT_OK(kvo_connector_add_request(s->c, &d));
+    kvo_lookup_result lr;
+    ASSERT_OK(kvo_connector_lookup(s->c, id, 0, &lr));
+    if (lr.status == KVO_HIT) {
+        sim_table_len(s, &r, 0, (size_t)((lr.tokens + 15) / 16));
+        for (size_t i = 0; i < r.tn[0]; i++) r.tab[0][i] = sim_alloc(s, 0);
+        kvo_block_table t[SIM_MAXG];
+        sim_tables(s, &r, t);
+        ASSERT_OK(kvo_connector_load(s->c, id, lr.tokens, t, s->ng));
+        ASSERT_EQ_INT(sim_wait_completion(s, id, KVO_COMPLETION_LOAD).status, 0);
+    } else {
+        sim_compute(s, &r, n);
+        do_update(s, &r);
+        sim_drain(s);
+    }
+    ASSERT_OK(kvo_connector_abort(s->c, id));
+    sim_req_free(s, &r);
+    return lr.status;
+}
+
+/* Per-tenant counters: requests under two salts and none; each tenant's
+ * second request loads its own first one's chunks, never another's; the
+ * rows (labels, never salts) sum to the connector's totals; tenants beyond
+ * KVO_CONNECTOR_TENANTS count under "other"; the metrics carry each row. */
+KVO_TEST(tenants_split_the_counters) {
+    sim s;
+    sim_init(&s, one_group_plan(), NULL, 256);
+    uint32_t tok[160];
+    for (size_t i = 0; i < 160; i++) tok[i] = (uint32_t)(i * 7 + 3);
+    ASSERT_EQ_INT(salted_request(&s, 1, "alice-secret", tok, 160), KVO_MISS);
+    ASSERT_EQ_INT(salted_request(&s, 2, "bob-secret", tok, 160), KVO_MISS);   /* alice's chunks: not bob's */
+    ASSERT_EQ_INT(salted_request(&s, 3, "alice-secret", tok, 160), KVO_HIT);
+    ASSERT_EQ_INT(salted_request(&s, 4, NULL, tok, 160), KVO_MISS);
+    ASSERT_EQ_INT(salted_request(&s, 5, "bob-secret", tok, 160), KVO_HIT);
+    /* 40 more tenants: 29 get rows (32 in all), 11 count under "other" */
+    for (uint64_t k = 0; k < 40; k++) {
+        char salt[32];
+        snprintf(salt, sizeof salt, "user-%llu", (unsigned long long)k);
+        kvo_request_desc d = {.struct_size = sizeof d, .id = 100 + k, .tokens = tok, .n_tokens = 16,
+                              .cache_salt = salt, .cache_salt_len = strlen(salt)};
+        ASSERT_OK(kvo_connector_add_request(s.c, &d));
+        ASSERT_OK(kvo_connector_abort(s.c, 100 + k));
+    }
+    size_t n = 0;
+    ASSERT_OK(kvo_connector_tenant_stats(s.c, NULL, 0, &n));
+    ASSERT_EQ_U64(n, KVO_CONNECTOR_TENANTS + 1);
+    kvo_tenant_stats rows[KVO_CONNECTOR_TENANTS + 1];
+    ASSERT_OK(kvo_connector_tenant_stats(s.c, rows, KVO_CONNECTOR_TENANTS + 1, &n));
+    ASSERT_EQ_U64(n, KVO_CONNECTOR_TENANTS + 1);
+    char alice[KVO_TENANT_LABEL_MAX], bob[KVO_TENANT_LABEL_MAX];
+    ASSERT_OK(kvo_tenant_label("alice-secret", 12, alice, sizeof alice));
+    ASSERT_OK(kvo_tenant_label("bob-secret", 10, bob, sizeof bob));
+    ASSERT_EQ_STR(rows[0].label, alice);
+    ASSERT_EQ_STR(rows[1].label, bob);
+    ASSERT_EQ_STR(rows[2].label, "default");
+    ASSERT_EQ_STR(rows[KVO_CONNECTOR_TENANTS].label, "other");
+    ASSERT_EQ_U64(rows[KVO_CONNECTOR_TENANTS].requests, 11);
+    for (int t = 0; t < 2; t++) {
+        ASSERT_EQ_U64(rows[t].requests, 2);
+        ASSERT_GT_U64(rows[t].stored_chunks, 0);
+        ASSERT_GT_U64(rows[t].loaded_tokens, 0);
+        ASSERT_EQ_U64(rows[t].loaded_tokens, rows[t].hit_tokens); /* the second request's load */
+        ASSERT_EQ_U64(rows[t].lookup_tokens, 320);
+    }
+    ASSERT_EQ_U64(rows[2].requests, 1);
+    ASSERT_EQ_U64(rows[2].hit_tokens, 0);
+    kvo_connector_stats cs = KVO_CONNECTOR_STATS_INIT;
+    ASSERT_OK(kvo_connector_get_stats(s.c, &cs));
+    kvo_tenant_stats sum = {0};
+    for (size_t i = 0; i < n; i++) {
+        sum.requests += rows[i].requests;
+        sum.lookup_tokens += rows[i].lookup_tokens;
+        sum.hit_tokens += rows[i].hit_tokens;
+        sum.loaded_tokens += rows[i].loaded_tokens;
+        sum.stored_chunks += rows[i].stored_chunks;
+        sum.load_failures += rows[i].load_failures;
+    }
+    ASSERT_EQ_U64(sum.requests, cs.requests_added);
+    ASSERT_EQ_U64(sum.lookup_tokens, cs.lookup_tokens);
+    ASSERT_EQ_U64(sum.hit_tokens, cs.hit_tokens);
+    ASSERT_EQ_U64(sum.loaded_tokens, cs.tokens_loaded);
+    ASSERT_EQ_U64(sum.stored_chunks, cs.chunks_stored);
+    ASSERT_EQ_U64(sum.load_failures, cs.load_failures);
+    /* a short out: the first rows */
+    ASSERT_OK(kvo_connector_tenant_stats(s.c, rows, 2, &n));
+    ASSERT_EQ_U64(n, 2);
+    ASSERT_ERR(kvo_connector_tenant_stats(s.c, NULL, 1, &n), KVO_EINVAL);
+    /* the metrics: one sample per row and family, never a salt */
+    text t = {NULL, 0, 0, -1};
+    ASSERT_OK(kvo_connector_stats_write(s.c, KVO_STATS_PROMETHEUS, text_write, &t));
+    ASSERT_NULL(strstr(t.p, "secret"));
+    expo *e = calloc(1, sizeof *e);
+    ASSERT_NOT_NULL(e);
+    parse_expo(t.p, e);
+    ASSERT_EQ_DBL(value_of(e, "kvoffload_tenant_requests_total", alice), 2);
+    ASSERT_EQ_DBL(value_of(e, "kvoffload_tenant_requests_total", "other"), 11);
+    ASSERT_EQ_DBL(value_of(e, "kvoffload_tenant_loaded_tokens_total", bob), (double)rows[1].loaded_tokens);
+    family *f = find_family(e, "kvoffload_tenant_stored_chunks_total");
+    ASSERT_NOT_NULL(f);
+    ASSERT_EQ_U64(f->samples, KVO_CONNECTOR_TENANTS + 1);
+    free(e);
+    free(t.p);
+    sim_destroy(&s);
+}
+
+KVO_TEST(tenant_labels) {
+    char a[KVO_TENANT_LABEL_MAX], b[KVO_TENANT_LABEL_MAX];
+    ASSERT_OK(kvo_tenant_label(NULL, 0, a, sizeof a));
+    ASSERT_EQ_STR(a, "default");
+    ASSERT_OK(kvo_tenant_label("x", 1, a, sizeof a));
+    ASSERT_OK(kvo_tenant_label("y", 1, b, sizeof b));
+    ASSERT_EQ_U64(strlen(a), 14);
+    ASSERT_TRUE(!strncmp(a, "t-", 2) && strcmp(a, b) != 0);
+    for (size_t i = 2; i < 14; i++) ASSERT_TRUE(isxdigit((unsigned char)a[i]) && !isupper((unsigned char)a[i]));
+    ASSERT_ERR(kvo_tenant_label("x", 1, a, 14), KVO_ERANGE);
+    ASSERT_ERR(kvo_tenant_label(NULL, 1, a, sizeof a), KVO_EINVAL);
+    ASSERT_ERR(kvo_tenant_label("x", 1, NULL, 16), KVO_EINVAL);
 }
 
 /* kvoffload demo --metrics FILE with a file tier: the text file parses, the

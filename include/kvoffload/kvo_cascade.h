@@ -118,6 +118,20 @@ KVO_API int kvo_namespace_id(const kvo_plan *plan, const kvo_namespace_desc *d, 
 KVO_API int kvo_namespace_keys(kvo_u128 ns, const void *ids, size_t id_len, size_t stride, size_t n, uint32_t group,
                                kvo_chunk_key *out);
 
+/** Longest tenant label with its NUL ("t-" and 12 hex digits, or "default"). */
+#define KVO_TENANT_LABEL_MAX 16
+
+/** The label a tenant's counters go by (metrics, adapters' statistics):
+ *  "default" for no salt (len 0), else "t-" and the 12 hex digits of the
+ *  top 48 bits of XXH3-64 of the salt.  Never the salt itself: a cache salt
+ *  may be a secret; an operator who knows one computes its label.  Two
+ *  salts share a label only if their 48-bit hashes collide (counters only:
+ *  namespaces keep the whole salt).  Writes at most cap bytes with the NUL
+ *  (KVO_TENANT_LABEL_MAX always suffices).  Pure; any thread.  Errors:
+ *  KVO_EINVAL (NULL out, or salt NULL with len > 0), KVO_ERANGE (cap too
+ *  small: nothing written). */
+KVO_API int kvo_tenant_label(const void *salt, size_t len, char *out, size_t cap);
+
 /* --------------------------------------------------------------- cascade -- */
 
 /** Where a key was found. */

@@ -711,6 +711,34 @@ typedef struct kvo_connector_stats {
 
 KVO_API int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out);
 
+/** Rows of per-tenant counters a connector keeps: the first tenants (by
+ *  cache_salt) to add a request get one each; later ones count under the
+ *  row labelled "other" (memory and metrics stay bounded; every count lands
+ *  in some row, so the rows sum to the connector's totals). */
+#define KVO_CONNECTOR_TENANTS 32
+
+/** One tenant's counters (kvo_connector_tenant_stats).  The same events as
+ *  kvo_connector_stats' fields of the same meaning, for this tenant's
+ *  requests only. */
+typedef struct kvo_tenant_stats {
+    char label[KVO_TENANT_LABEL_MAX]; /* kvo_tenant_label of the requests'
+                                         cache_salt ("default": none), or
+                                         "other" */
+    uint64_t requests;       /* requests added (requests_added) */
+    uint64_t lookup_tokens;  /* tokens looked up, every lookup (lookup_tokens) */
+    uint64_t hit_tokens;     /* tokens lookups offered to load (hit_tokens) */
+    uint64_t loaded_tokens;  /* tokens loaded (tokens_loaded) */
+    uint64_t stored_chunks;  /* chunks stored (chunks_stored) */
+    uint64_t load_failures;  /* loads that failed (load_failures) */
+} kvo_tenant_stats;
+
+/** The per-tenant counters: up to cap rows into out, in the order the
+ *  tenants first added a request ("other", when in use, last); *n: the
+ *  rows written.  Rows are copied under the connector lock (consistent with
+ *  each other).  cap = 0 with out NULL: *n = the rows in use.  Errors:
+ *  KVO_EINVAL (NULL c or n, NULL out with cap > 0). */
+KVO_API int kvo_connector_tenant_stats(kvo_connector *c, kvo_tenant_stats *out, size_t cap, size_t *n);
+
 /** Write the host tier's READY chunks that the file tier does not hold yet
  *  (lookup first: chunks it holds or is writing are skipped, never
  *  rewritten), then wait until the file tier's queued writes have finished.

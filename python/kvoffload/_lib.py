@@ -338,6 +338,13 @@ class ConnectorStats(ctypes.Structure):
         [(n, c_uint64) for n in _CONN_STATS_REMOTE]
 
 
+class TenantStats(ctypes.Structure):
+    """kvo_tenant_stats: one tenant's counters (kvo_connector_tenant_stats)."""
+    _fields_ = [("label", ctypes.c_char * 16)] + \
+        [(n, c_uint64) for n in ("requests", "lookup_tokens", "hit_tokens", "loaded_tokens", "stored_chunks",
+                                 "load_failures")]
+
+
 _REQ_STATS = ["prompt_tokens", "tokens", "lookups", "pending_lookups", "local_tokens", "tokens_loaded",
               "tokens_loaded_host", "tokens_loaded_file", "tokens_computed", "bytes_loaded", "bytes_stored",
               "chunks_loaded", "chunks_stored", "stores_skipped", "load_failures", "tokens_loaded_remote"]
@@ -467,6 +474,7 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_connector_poll": (c_int, [P, c_void_p, c_size_t, POINTER(c_size_t)]),
     "kvo_connector_request_stats": (c_int, [P, c_uint64, POINTER(RequestStats)]),
     "kvo_connector_get_stats": (c_int, [P, POINTER(ConnectorStats)]),
+    "kvo_connector_tenant_stats": (c_int, [P, c_void_p, c_size_t, POINTER(c_size_t)]),
     "kvo_connector_drain_events": (c_size_t, [P, c_void_p, c_size_t, POINTER(c_uint64)]),
 }
 

@@ -108,6 +108,7 @@ _P = c_void_p
 _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_namespace_id": (c_int, [_P, POINTER(NamespaceDesc), POINTER(U128)]),
     "kvo_namespace_keys": (c_int, [U128, c_void_p, c_size_t, c_size_t, c_size_t, c_uint32, c_void_p]),
+    "kvo_tenant_label": (c_int, [c_void_p, c_size_t, c_char_p, c_size_t]),
     "kvo_cascade_default_params": (CascadeParams, []),
     "kvo_cascade_create": (c_int, [POINTER(CascadeParams), POINTER(_P)]),
     "kvo_cascade_destroy": (None, [_P]),
@@ -213,6 +214,16 @@ def namespace_keys(ns: int, ids: Union[Sequence[Union[str, bytes]], np.ndarray],
         if part is not out:
             out[idx] = part
     return out
+
+
+def tenant_label(tenant: Union[None, str, bytes]) -> str:
+    """The label a tenant's counters go by (kvo_tenant_label): "default"
+    for None or empty, else "t-" and 12 hex digits of a hash of its bytes
+    (a str as UTF-8).  Never the salt itself."""
+    raw = _bytes("tenant", tenant) or b""
+    out = ctypes.create_string_buffer(32)
+    check(lib.kvo_tenant_label(raw or None, len(raw), out, len(out)), "kvo_tenant_label")
+    return out.value.decode()
 
 
 def layout_of(ns: int) -> int:

@@ -1046,8 +1046,9 @@ class Connector(_Handle):
         d.struct_size = ctypes.sizeof(d)
         d.id, d.n_tokens = req_id, len(toks)
         d.tokens = ctypes.cast(toks.ctypes.data, ctypes.POINTER(ctypes.c_uint32))
-        d.cache_salt, d.cache_salt_len = (cache_salt or None), len(cache_salt)
-        check(lib.kvo_connector_add_request(self._h, byref(d)), "kvo_connector_add_request")
+        salt = ctypes.create_string_buffer(bytes(cache_salt), len(cache_salt)) if cache_salt else None
+        d.cache_salt, d.cache_salt_len = (ctypes.cast(salt, c_void_p) if salt is not None else None), len(cache_salt)
+        check(lib.kvo_connector_add_request(self._h, byref(d)), "kvo_connector_add_request")   # copies the salt
 
     def lookup(self, req_id: int, local_tokens: int = 0) -> dict[str, int]:
         r = L.LookupResultC()
@@ -1114,6 +1115,17 @@ class Connector(_Handle):
         d: dict[str, Any] = {n: getattr(s, n) for n in L._CONN_STATS + L._CONN_STATS_REMOTE}
         d["host"] = {n: getattr(s.host, n) for n in L._STORE_STATS}
         return d
+
+    def tenant_stats(self) -> dict[str, dict[str, int]]:
+        """Per tenant (kvo_connector_tenant_stats): label -> its counters
+        (requests, lookup_tokens, hit_tokens, loaded_tokens, stored_chunks,
+        load_failures); the first 32 tenants by label, later ones under
+        "other"."""
+        n = ctypes.c_size_t(0)
+        check(lib.kvo_connector_tenant_stats(self._h, None, 0, byref(n)), "kvo_connector_tenant_stats")
+        buf = (L.TenantStats * max(1, n.value))()
+        check(lib.kvo_connector_tenant_stats(self._h, buf, len(buf), byref(n)), "kvo_connector_tenant_stats")
+        return {r.label.decode(): {f: getattr(r, f) for f, _ in L.TenantStats._fields_[1:]} for r in buf[:n.value]}
 
 
 

@@ -57,6 +57,7 @@ import numpy as np
 from . import _lib as L
 from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, value_plan
 from .core import KEY_DTYPE, Arena, warn_if_url_has_password
+from .tenants import TenantCounters
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,11 @@ HEADER = struct.Struct("<8sQ")
 MAGIC = b"KVOLMC01"
 META = "kvoffload-lmcache.json"
 FORMAT = ("lmcache-native-plugin", 2)
+# Per tenant (kvoffload.tenants; LMCache's salt): objects asked about and
+# found (exists), asked for and loaded (get), offered and stored (set).
+TENANT_FIELDS = ("lookup_keys", "hit_keys", "get_keys", "loaded_keys", "set_keys", "stored_keys")
+_TENANT_OPS = {"exists": ("lookup_keys", "hit_keys"), "get": ("get_keys", "loaded_keys"),
+               "set": ("set_keys", "stored_keys")}
 
 
 def _addr(mv: Any) -> tuple[int, int]:
@@ -155,6 +161,7 @@ class KvoffloadL2Connector:
         self._ids = itertools.count(1)
         self._done: list[tuple[int, bool, str, Optional[List[bool]]]] = []
         self._done_lock = threading.Lock()
+        self.tenants = TenantCounters(TENANT_FIELDS)
         self._open_lock = threading.Lock()
         self._store: Optional[_Store] = None
         self._fixed = bool(int(object_bytes))   # configured: never changes
@@ -275,11 +282,14 @@ class KvoffloadL2Connector:
             st.cascade.flush(self.timeout_s * 1000)
 
     def stats(self) -> dict[str, Any]:
-        """The counters of the store in use: its cascade, file tier and cluster tier."""
+        """The counters of the store in use: its cascade, file tier and
+        cluster tier; and "tenants": per tenant label (kvoffload.tenants,
+        LMCache's salt) the TENANT_FIELDS counters."""
         st = self._store
         if st is None or st.cascade is None:
-            return {}
-        out: dict[str, Any] = {"cascade": st.cascade.stats(), "object_bytes": st.object_bytes}
+            return {"tenants": self.tenants.snapshot()}
+        out: dict[str, Any] = {"cascade": st.cascade.stats(), "object_bytes": st.object_bytes,
+                               "tenants": self.tenants.snapshot()}
         if st.file is not None:
             out["file"] = st.file.stats()
         if st.remote is not None:
@@ -316,6 +326,7 @@ class KvoffloadL2Connector:
                         stages = {st.slot_bytes: Arena(self.batch * st.slot_bytes, prefault=False)}
                         stage = stages[st.slot_bytes]
                     res = self._set(st, keys, bufs, stage) if op == "set" else self._get(st, keys, bufs, stage)
+                self._count(op, keys, res)
                 self._complete(fid, True, "", res)
             except Exception as e:  # an engine thread must not die: report the batch failed
                 self._complete(fid, False, f"{type(e).__name__}: {e}", [False] * len(keys))
@@ -323,6 +334,20 @@ class KvoffloadL2Connector:
                 self._release(st)
         for a in stages.values():
             a.close()
+
+    def _count(self, op: str, keys: List[str], res: List[bool]) -> None:
+        """A batch's keys and successes, counted for each key's tenant."""
+        fields = _TENANT_OPS.get(op)
+        if fields is None:
+            return
+        per: dict[Optional[str], list[int]] = {}
+        salted = any(k.count("@") > 3 for k in keys)
+        for k, r in zip(keys, res):
+            n = per.setdefault(_tenant(k) if salted else None, [0, 0])
+            n[0] += 1
+            n[1] += bool(r)
+        for t, (n, ok) in per.items():
+            self.tenants.add(t, **{fields[0]: n, fields[1]: ok})
 
     def _exists(self, st: _Store, keys: List[str]) -> List[bool]:
         assert st.cascade is not None

@@ -67,6 +67,7 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
 from . import _lib as L
 from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, value_plan
 from .core import LOAD, STORE, Arena, Transfer, warn_if_url_has_password
+from .tenants import TenantCounters
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,12 @@ def _region_segments(pool: Any) -> Optional[list[dict[str, int]]]:
             return None
         segs.append(dict(group=0, base=int(b0), num_blocks=n, block_stride=stride, page_bytes=int(sz)))
     return segs
+
+
+# Per tenant (kvoffload.tenants): prefix lookups (batch_exists) with the pages
+# asked and found, and the KV pool's pages asked for and loaded, offered and
+# stored.
+TENANT_FIELDS = ("lookups", "lookup_pages", "hit_pages", "get_pages", "loaded_pages", "set_pages", "stored_pages")
 
 
 def _tenant(extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[str]:
@@ -386,6 +393,7 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
         self.kv_format = fmt
         self.stores: dict[str, _PoolStore] = {}
         self._lock = threading.Lock()
+        self.tenants = TenantCounters(TENANT_FIELDS)
         mem_pool_host = (kwargs or {}).get("mem_pool_host") if isinstance(kwargs, dict) else None
         if mem_pool_host is not None:
             self.register_mem_pool_host(mem_pool_host)
@@ -451,18 +459,32 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
         return bool(self._kv().exists([key])[0])
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
-        have = self._kv().exists(keys, _tenant(extra_info), prefix=True)
+        tenant = _tenant(extra_info)
+        have = self._kv().exists(keys, tenant, prefix=True)
         miss = np.flatnonzero(~have)
-        return int(miss[0]) if len(miss) else len(keys)
+        n = int(miss[0]) if len(miss) else len(keys)
+        self.tenants.add(tenant, lookups=1, lookup_pages=len(keys), hit_pages=n)
+        return n
+
+    def _count_transfer(self, tenant: Optional[str], write: bool, res: List[bool]) -> List[bool]:
+        """Count a KV pool transfer's pages for its tenant; res as it is."""
+        ok = sum(1 for r in res if r)
+        if write:
+            self.tenants.add(tenant, set_pages=len(res), stored_pages=ok)
+        else:
+            self.tenants.add(tenant, get_pages=len(res), loaded_pages=ok)
+        return res
 
     # -- v1: zero-copy with host indices (KV pool)
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
-        return self._kv().get_pages(keys, host_indices, _tenant(extra_info))
+        tenant = _tenant(extra_info)
+        return self._count_transfer(tenant, False, self._kv().get_pages(keys, host_indices, tenant))
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
-        return self._kv().set_pages(keys, host_indices, _tenant(extra_info))
+        tenant = _tenant(extra_info)
+        return self._count_transfer(tenant, True, self._kv().set_pages(keys, host_indices, tenant))
 
     # -- v2: one PoolTransfer per pool
     def _pool(self, name: Any) -> Optional[_PoolStore]:
@@ -499,6 +521,7 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
                 hit_count[t.name] = boundary
             restorable &= pool_ok
         ordered = sorted(restorable)
+        self.tenants.add(tenant, lookups=1, lookup_pages=len(keys), hit_pages=ordered[-1] if ordered else 0)
         return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
 
     def _batch_v2(self, transfers: List[PoolTransfer], write: bool,
@@ -511,6 +534,8 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
                 out[t.name] = [False] * len(keys)
                 continue
             out[t.name] = (st.set_pages if write else st.get_pages)(keys, t.host_indices, tenant)
+            if str(t.name) == PoolName.KV.value:
+                self._count_transfer(tenant, write, out[t.name])
         return out
 
     def batch_get_v2(self, transfers: List[PoolTransfer],
@@ -529,9 +554,14 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
 
     def get_stats(self) -> dict[str, Any]:
         """Per pool: format, value_bytes, and the counters of its cascade,
-        file tier and cluster tier."""
-        return {name: dict(format=st.fmt, value_bytes=st.value_bytes, **st.stats())
-                for name, st in self.stores.items()}
+        file tier and cluster tier; the KV pool's also "tenants": per tenant
+        label (kvoffload.tenants; SGLang's extra_key or cache_salt) the
+        TENANT_FIELDS counters of the KV pool's pages."""
+        out = {name: dict(format=st.fmt, value_bytes=st.value_bytes, **st.stats())
+               for name, st in self.stores.items()}
+        if PoolName.KV.value in out:
+            out[PoolName.KV.value]["tenants"] = self.tenants.snapshot()
+        return out
 
     def clear(self) -> bool:
         logger.warning("kvoffload.sglang: clear() is not supported; values age out by the tiers' LRU")

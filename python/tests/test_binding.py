@@ -50,7 +50,8 @@ def test_struct_sizes_match_c():
              "kvo_completion": L.Completion, "kvo_connector_stats": L.ConnectorStats,
              "kvo_request_stats": L.RequestStats, "kvo_cuda_params": L.CudaParams,
              "kvo_remote_tier_params": L.RemoteTierParams, "kvo_remote_tier_stats": L.RemoteTierStats,
-             "kvo_remote_completion": L.RemoteCompletion, "kvo_cuda_stats": L.CudaStats}
+             "kvo_remote_completion": L.RemoteCompletion, "kvo_cuda_stats": L.CudaStats,
+             "kvo_tenant_stats": L.TenantStats}
     seen = 0
     for line in out.splitlines():
         name, size = line.split()
@@ -386,6 +387,16 @@ def test_connector_store_and_hit():
     assert np.array_equal(v[:, 8 + nb:], o[:, 8 + nb:])
     st = c.stats()
     assert st["lookup_hits"] == 1 and st["host"]["entries"] == 3
+    # one tenant so far (no salt): its row holds every count; another salt,
+    # another row, under the label Python computes the same way
+    c.add_request(3, toks, cache_salt=b"tenant-secret")
+    assert c.lookup(3)["status"] == 0   # the salt's namespace: no hit
+    ts = c.tenant_stats()
+    lab = k.cascade.tenant_label(b"tenant-secret")
+    assert list(ts) == ["default", lab] and "secret" not in lab
+    d = ts["default"]
+    assert (d["requests"], d["hit_tokens"], d["loaded_tokens"]) == (2, 95, 95) and d["stored_chunks"] >= 3, d
+    assert ts[lab]["requests"] == 1 and ts[lab]["lookup_tokens"] == 96 and ts[lab]["hit_tokens"] == 0, ts[lab]
     c.close()
 
 

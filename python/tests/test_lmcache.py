@@ -291,6 +291,13 @@ def test_salted_keys_are_apart(tmp_path):
     assert store(a, [k1], [o]) == OBJ
     a._client.flush()
     assert lookup(a, [k1, k2, okey(7)]) == [True, False, False]
+    # each tenant's counters, by label (never the salt)
+    from kvoffload.tenants import tenant_label
+    t = a._client.stats()["tenants"]
+    u1, u2, d = t[tenant_label("u1")], t[tenant_label("u2")], t["default"]
+    assert (u1["set_keys"], u1["stored_keys"], u1["lookup_keys"], u1["hit_keys"]) == (1, 1, 1, 1), u1
+    assert (u2["set_keys"], u2["lookup_keys"], u2["hit_keys"]) == (0, 1, 0), u2
+    assert (d["lookup_keys"], d["hit_keys"]) == (1, 0), d
     a.close()
 
 

@@ -463,4 +463,14 @@ def test_tenants_never_share_pages(tmp_path):
     assert be.batch_get_v1(keys, indices(host, [10, 11, 12]), t2) == [False] * 3
     assert be.batch_get_v1(keys, indices(host, [10, 11, 12]), t1) == [True] * 3
     assert torch.equal(page(host, 10), page(host, 1))
+    # each tenant's counters (by label, never the salt): what it asked and got
+    from kvoffload.tenants import tenant_label
+    st = be.get_stats()["kv"]["tenants"]
+    assert "tenant-" not in repr(st), st
+    r1, r2, d = st[tenant_label("tenant-1")], st[tenant_label("tenant-2")], st["default"]
+    assert (r1["set_pages"], r1["stored_pages"], r1["lookups"], r1["hit_pages"]) == (3, 3, 1, 3), r1
+    assert (r1["get_pages"], r1["loaded_pages"]) == (3, 3), r1
+    assert (r2["lookups"], r2["lookup_pages"], r2["hit_pages"], r2["get_pages"], r2["loaded_pages"]) == \
+        (1, 3, 0, 3, 0), r2
+    assert (d["lookups"], d["hit_pages"], d["stored_pages"]) == (1, 0, 0), d
     be.close()

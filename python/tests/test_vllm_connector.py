@@ -288,3 +288,44 @@ def test_connector_whole_prompt_hit_leaves_the_last_token():
         assert e.hits["p2"] > 0 and e.hits["p2"] % 16 == 15 and e.loaded_blocks_checked >= 15
     finally:
         e.shutdown()
+
+
+def test_connector_counts_each_tenant_apart():
+    """Two tenants (vLLM's cache_salt) and requests without one send the same
+    prompt: each tenant's second request loads its own first one's chunks
+    (vLLM's block hashes hold the salt: another tenant's are never a hit),
+    and the connector's per-tenant counters say so, row by row, under labels
+    that never show the salt."""
+    import os
+    import random
+
+    import vllm_engine_sim as sim
+    from kvoffload.tenants import tenant_label
+    e = sim.Engine({"cpu_bytes_to_use": 1 << 23}, engine_id=f"kvo-conn-t-{os.getpid()}", connector="KvoffloadConnector")
+    rng = random.Random(11)
+    p = [rng.randrange(1000) for _ in range(256)]   # 16 blocks of 16 tokens
+
+    def fill(rid):   # evicts the device cache: later hits come from the tiers
+        e.add(rid, [rng.randrange(1000) for _ in range(600)])
+        e.run()
+    try:
+        for rid, salt in [("a1", "alice-secret"), ("b1", "bob-secret"), ("a2", "alice-secret"),
+                          ("n1", None), ("b2", "bob-secret")]:
+            fill("fill-" + rid)
+            e.add(rid, p + [len(rid)] * 3, cache_salt=salt)
+            e.run()
+        st = e.connector.stats()["tenants"]
+    finally:
+        e.shutdown()
+    a, b = tenant_label("alice-secret"), tenant_label("bob-secret")
+    assert a != b and "secret" not in repr(st), st
+    # the first request of each tenant found nothing, the second its tenant's first
+    assert e.hits.get("b1", 0) == 0 and e.hits.get("n1", 0) == 0, e.hits
+    assert e.hits["a2"] >= 240 and e.hits["b2"] >= 240, e.hits
+    for lab, rids in ((a, ("a1", "a2")), (b, ("b1", "b2"))):
+        row = st[lab]
+        assert row["requests"] == 2 and row["hit_tokens"] == sum(e.hits.get(r, 0) for r in rids), (lab, row)
+        assert row["lookup_tokens"] >= row["hit_tokens"] > 0 and row["stored_chunks"] >= 16, (lab, row)
+        assert row["load_failures"] == 0
+    d = st["default"]   # the fillers and n1
+    assert d["requests"] == 6 and d["hit_tokens"] == 0 and d["stored_chunks"] > 0, d

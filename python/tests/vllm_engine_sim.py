@@ -11,6 +11,7 @@ import json
 import os
 import tempfile
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -136,10 +137,10 @@ class Engine:
         seed = hash((tuple(tokens), group, layer)) & 0xFFFFFFFF
         return np.random.default_rng(seed).integers(-128, 127, self.page, dtype=np.int8)
 
-    def add(self, req_id: str, tokens: list[int]) -> None:
+    def add(self, req_id: str, tokens: list[int], cache_salt: Optional[str] = None) -> None:
         self.tokens[req_id] = list(tokens)
         self.sched.add_request(Request(req_id, list(tokens), SamplingParams(max_tokens=1), None, None,
-                                       block_hasher=self.hasher))
+                                       block_hasher=self.hasher, cache_salt=cache_salt))
 
     def step(self) -> bool:
         out = self.sched.schedule()

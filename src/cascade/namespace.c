@@ -14,8 +14,12 @@
  * of different namespaces never share a key in any tier (the file tier's
  * names and the cluster's keys are the chunk keys).
  *
+ * A tenant's label (kvo_tenant_label) is a short hash of its salt, for
+ * counters: namespaces take the whole salt, labels only name rows.
+ *
  * Pure functions: no state, no allocation, any thread.
  */
+#include <stdio.h>
 #include <string.h>
 
 /* short one-shot hashes inlined, as keys.c's (core/xxh.h says why) */
@@ -120,4 +124,18 @@ const char *kvo_tier_name(kvo_tier_id t) {
     case KVO_TIER_REMOTE: return "remote";
     }
     return "?";
+}
+
+int kvo_tenant_label(const void *salt, size_t len, char *out, size_t cap) {
+    if (!out || (len && !salt))
+        return kvo__error(KVO_EINVAL, "kvo_tenant_label: out must not be NULL, nor salt with len %zu", len);
+    char buf[KVO_TENANT_LABEL_MAX];
+    if (!len)
+        memcpy(buf, "default", sizeof "default");
+    else
+        snprintf(buf, sizeof buf, "t-%012llx", (unsigned long long)(XXH3_64bits(salt, len) >> 16));
+    size_t n = strlen(buf) + 1;
+    if (cap < n) return kvo__error(KVO_ERANGE, "kvo_tenant_label: %zu bytes of room, the label needs %zu", cap, n);
+    memcpy(out, buf, n);
+    return 0;
 }

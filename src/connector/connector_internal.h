@@ -227,6 +227,7 @@ typedef struct kvo__req {
     kvo_block_ref *invalid;
     size_t n_invalid, cap_invalid;
     kvo_request_stats st;
+    uint8_t tenant;       /* its row in kvo_connector.tenants (tenant.c) */
 } kvo__req;
 
 struct kvo__job {
@@ -246,6 +247,7 @@ struct kvo__job {
     uint64_t *eblk;
     uint64_t tokens, local, host_tokens, file_tokens, remote_tokens;
     uint64_t t0_ns; /* loads: when kvo_connector_load accepted it */
+    uint8_t tenant; /* the request's tenant row (its counters outlive the request) */
 };
 
 struct kvo_connector {
@@ -306,6 +308,10 @@ struct kvo_connector {
     uint32_t epoch; /* bumped by kvo_connector_reset */
     uint32_t inject_load_fail, inject_store_fail;
     kvo_connector_stats st; /* the connector's own counters (the tiers' come from the cascade) */
+    /* per-tenant counters (tenant.c): rows [0, n_tenants) by first use, and
+     * row KVO_CONNECTOR_TENANTS, "other", for tenants beyond them */
+    kvo_tenant_stats tenants[KVO_CONNECTOR_TENANTS + 1];
+    size_t n_tenants;
     kvo__hist load_ns; /* kvo_connector_load -> completion polled */
 };
 
@@ -323,6 +329,13 @@ static inline kvo__req *kvo__conn_req_get(kvo_connector *c, uint64_t id) {
 static inline uint64_t kvo__conn_block_key(uint32_t group, uint64_t block) { return (block << 6) | group; }
 
 static inline void *kvo__conn_slot_ptr(kvo_connector *c, kvo_slot s) { return c->arena_base + s.offset; }
+
+/* ---- tenant.c: per-tenant counters ---- */
+/* The row of the tenant labelled `label` (kvo_tenant_label), added when new
+ * and a row is free, else the "other" row.  Lock held. */
+uint8_t kvo__conn_tenant_row(kvo_connector *c, const char *label);
+/* A tenant row's counters (row from kvo__req.tenant / kvo__job.tenant). */
+static inline kvo_tenant_stats *kvo__conn_tenant(kvo_connector *c, uint8_t row) { return &c->tenants[row]; }
 
 /* ---- request.c: request table, scratch ---- */
 /* Scratch arrays (s_keys, s_u8, s_slots, s_grp, s_chunk, s_tier) for n

@@ -26,6 +26,7 @@ void kvo__conn_fail_load_now(kvo_connector *c, kvo__req *r, int status) {
     r->n_invalid = 0;
     r->st.load_failures++;
     c->st.load_failures++;
+    kvo__conn_tenant(c, r->tenant)->load_failures++;
     kvo__conn_unpin_hit(c, r);
     kvo__conn_req_set_state(c, r, REQ_ACTIVE);
     kvo__conn_emit(c, &cp);
@@ -143,6 +144,7 @@ static kvo__job *kvo__build_load_job(kvo_connector *c, kvo__req *r, const kvo_bl
     j->n_blocks = bi;
     j->req = r->id;
     j->gen = r->gen;
+    j->tenant = r->tenant;
     j->epoch = c->epoch;
     j->dir = KVO_XFER_LOAD;
     j->tokens = r->hit_tokens;

@@ -462,6 +462,7 @@ int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, k
         r->st.lookups++;
         c->st.lookups++;
         c->st.lookup_tokens += r->n_tokens;
+        kvo__conn_tenant(c, r->tenant)->lookup_tokens += r->n_tokens;
         if (out->status == KVO_HIT_PENDING) {
             r->st.pending_lookups++;
             c->st.lookup_pending++;
@@ -469,6 +470,7 @@ int kvo_connector_lookup(kvo_connector *c, uint64_t id, uint64_t local_tokens, k
         } else if (out->status == KVO_HIT) {
             c->st.lookup_hits++;
             c->st.hit_tokens += out->tokens - local_tokens;
+            kvo__conn_tenant(c, r->tenant)->hit_tokens += out->tokens - local_tokens;
         }
     }
     kvo__conn_unlock(c);

@@ -28,6 +28,7 @@
 #include <assert.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -115,6 +116,8 @@ typedef struct kvo__snap {
     kvo_transfer_stats ts;
     kvo_file_tier_stats fs;
     bool file, remote;
+    kvo_tenant_stats tenants[KVO_CONNECTOR_TENANTS + 1];
+    size_t n_tenants;
     kvo__hist hist;
     uint64_t completions; /* queued for the engine, not yet polled */
 } kvo__snap;
@@ -129,6 +132,7 @@ static int kvo__snapshot(kvo_connector *c, kvo__snap *s) {
     s->completions = c->cq.len;
     kvo__conn_unlock(c);
     int rc = kvo_connector_get_stats(c, &s->cs);
+    if (!rc) rc = kvo_connector_tenant_stats(c, s->tenants, KVO_CONNECTOR_TENANTS + 1, &s->n_tenants);
     if (!rc) rc = kvo_transfer_get_stats(c->xfer, &s->ts);
     if (!rc && c->file) {
         rc = kvo_file_tier_get_stats(c->file, &s->fs);
@@ -146,7 +150,8 @@ typedef struct kvo__sample {
     uint64_t v;
 } kvo__sample;
 
-#define KVO__MAX_SAMPLES 96
+/* the fixed series, and 6 per-tenant families of up to 33 rows each */
+#define KVO__MAX_SAMPLES (112 + 6 * (KVO_CONNECTOR_TENANTS + 1))
 
 typedef struct kvo__series {
     kvo__sample s[KVO__MAX_SAMPLES];
@@ -231,6 +236,32 @@ static void kvo__remote_series(kvo__series *o, const kvo__snap *s) {
        c->remote_budget_expired);
 }
 
+/* Per tenant (kvo_connector_tenant_stats): one family per counter, a
+ * sample per row, labelled by the row's tenant label. */
+static void kvo__tenant_series(kvo__series *o, const kvo__snap *s) {
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } f[] = {
+        {"kvoffload_tenant_requests_total", "Requests added, by tenant (cache_salt label).",
+         offsetof(kvo_tenant_stats, requests)},
+        {"kvoffload_tenant_lookup_tokens_total", "Prompt tokens looked up, by tenant.",
+         offsetof(kvo_tenant_stats, lookup_tokens)},
+        {"kvoffload_tenant_hit_tokens_total", "Tokens the lookups offered to load, by tenant.",
+         offsetof(kvo_tenant_stats, hit_tokens)},
+        {"kvoffload_tenant_loaded_tokens_total", "Tokens loaded, by tenant.", offsetof(kvo_tenant_stats, loaded_tokens)},
+        {"kvoffload_tenant_stored_chunks_total", "Chunks stored, by tenant.", offsetof(kvo_tenant_stats, stored_chunks)},
+        {"kvoffload_tenant_load_failures_total", "Loads that completed with an error, by tenant.",
+         offsetof(kvo_tenant_stats, load_failures)},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        for (size_t t = 0; t < s->n_tenants; t++) {
+            uint64_t v;
+            memcpy(&v, (const char *)&s->tenants[t] + f[i].off, sizeof v);
+            kvo__add(o, f[i].name, "counter", f[i].help, "tenant", s->tenants[t].label, v);
+        }
+}
+
 static void kvo__series_build(kvo__series *o, const kvo__snap *s) {
     const kvo_connector_stats *c = &s->cs;
     const kvo_transfer_stats *t = &s->ts;
@@ -279,6 +310,7 @@ static void kvo__series_build(kvo__series *o, const kvo__snap *s) {
     GL_("queue_depth", qh, "queue", "transfer_results", t->results_pending);
     GL_("queue_depth", qh, "queue", "completions", s->completions);
     if (s->file) GL_("queue_depth", qh, "queue", "file_writes", s->fs.pending_writes);
+    kvo__tenant_series(o, s);
 }
 
 #define KVO__HIST_NAME "kvoffload_load_duration_seconds"

@@ -38,6 +38,7 @@ static void kvo__finish_store_job(kvo_connector *c, kvo__job *j, const kvo_xfer_
     if (kvo_cascade_complete_store(c->casc, j->keys, j->n_keys, ok) != 0) ok = false;
     if (ok) {
         c->st.chunks_stored += j->n_keys;
+        kvo__conn_tenant(c, j->tenant)->stored_chunks += j->n_keys;
         c->st.bytes_stored += res->bytes;
         if (r) {
             r->st.chunks_stored += j->n_keys;
@@ -85,6 +86,7 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         r->st.bytes_loaded += res->bytes;
         r->st.chunks_loaded += j->n_keys;
         c->st.tokens_loaded += t;
+        kvo__conn_tenant(c, r->tenant)->loaded_tokens += t;
         c->st.tokens_loaded_host += j->host_tokens;
         c->st.tokens_loaded_file += j->file_tokens;
         c->st.tokens_loaded_remote += j->remote_tokens;
@@ -94,6 +96,7 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
         cp.tokens_valid = j->local;
         r->st.load_failures++;
         c->st.load_failures++;
+        kvo__conn_tenant(c, r->tenant)->load_failures++;
         assert(j->n_blocks <= r->cap_invalid);
         if (j->n_blocks) memcpy(r->invalid, j->blocks, j->n_blocks * sizeof *r->invalid);
         r->n_invalid = j->n_blocks;

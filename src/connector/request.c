@@ -218,6 +218,8 @@ int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d) {
     }
     r->prompt_tokens = prompt;
     r->st.prompt_tokens = prompt;
+    char tenant[KVO_TENANT_LABEL_MAX];
+    (void)kvo_tenant_label(d->cache_salt, d->cache_salt_len, tenant, sizeof tenant); /* checked above */
 
     kvo__conn_lock(c);
     if (kvo__conn_req_get(c, d->id)) {
@@ -255,6 +257,8 @@ int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d) {
         return rc < 0 ? rc : KVO_EEXIST;
     }
     e->p = r;
+    r->tenant = kvo__conn_tenant_row(c, tenant);
+    kvo__conn_tenant(c, r->tenant)->requests++;
     c->st.requests_added++;
     c->st.requests_live++;
     kvo__conn_unlock(c);

@@ -14,5 +14,6 @@ kvo_sources(KVO_SOURCES connector
   poll.c
   relayout.c
   request.c
+  tenant.c
   update.c
 )

@@ -178,6 +178,7 @@ static void kvo__store_batch(kvo_connector *c, kvo__req *r, const kvo_block_tabl
         j->n_blocks = bi;
         j->req = r->id;
         j->gen = r->gen;
+        j->tenant = r->tenant;
         j->epoch = c->epoch;
         j->dir = KVO_XFER_STORE;
         rc = kvo__conn_job_reserve(c, r, bi);

@@ -57,6 +57,7 @@ from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadingEvent, Offl
 from .. import _lib as L
 from .. import cascade as kc
 from ..core import KEY_DTYPE, MISS, PENDING, READY
+from ..tenants import TenantCounters
 from .compat import FILE_OWNER, REDIS_OWNER, lower_tier_events  # noqa: F401 (the owners: re-exported)
 from .config import KvoffloadLoadStoreSpec
 
@@ -67,6 +68,26 @@ except ImportError:  # pragma: no cover
 
 _HIT, _MISS, _PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING
 _EMPTY = KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32))
+
+
+# What the connector counts per tenant (vLLM's cache_salt; kvoffload.tenants):
+# requests looked up, their tokens not in the device cache (lookup_tokens),
+# those the tiers gave (hit_tokens), requests whose load failed (recomputed)
+# and chunks stored.
+TENANT_FIELDS = ("requests", "lookup_tokens", "hit_tokens", "load_failures", "stored_chunks")
+
+
+class _Tenant:
+    """A request's tenant (its cache_salt), kept in its ReqContext (set_state)."""
+    __slots__ = ("salt",)
+
+    def __init__(self, salt: Optional[str]) -> None:
+        self.salt = salt
+
+
+def _tenant_of(req_context: Optional[ReqContext]) -> Optional[str]:
+    t = req_context.get_state(_Tenant) if req_context is not None else None
+    return t.salt if t is not None else None
 
 
 def _result(state: int, tier: int) -> LookupResult:
@@ -97,6 +118,7 @@ class CascadeManager(OffloadingManager):
         self.has_file = cascade.file_tier is not None
         self.has_remote = cascade.remote_tier is not None
         self.counts = dict(lookups=0, lookup_keys=0, fallback_lookups=0, stores_failed=0)
+        self.tenants = TenantCounters(TENANT_FIELDS)
 
     # -- keys ------------------------------------------------------------
     def ckeys(self, keys: Sequence[OffloadKey]) -> np.ndarray:
@@ -193,6 +215,7 @@ class CascadeManager(OffloadingManager):
             # the refused keys in stores_refused)
             return None if (need == kc.REFUSED).any() else PrepareStoreOutput([], _EMPTY, [])
         to_store = [keys[i] for i in take.tolist()]
+        self.count_tenant(req_context, stored_chunks=len(to_store))
         if self.events is not None:
             for i, k in zip(take.tolist(), to_store):
                 self._names[ck[i].tobytes()] = k
@@ -303,6 +326,11 @@ class CascadeManager(OffloadingManager):
         events, self.events = self.events, []
         yield from events
 
+    def count_tenant(self, req_context: Optional[ReqContext], **deltas: int) -> None:
+        """Count for the request's tenant (its label, set by the scheduler's
+        on_new_request; "default" without one)."""
+        self.tenants.add(_tenant_of(req_context), **deltas)
+
     # -- engine steps ----------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
@@ -334,8 +362,11 @@ class CascadeManager(OffloadingManager):
         """The cascade's counters, the host tier's store statistics and this
         manager's counters (lookups: cascade
         lookup calls, lookup_keys, fallback_lookups: single keys outside a
-        request's chunks, stores_failed: stores the worker could not copy)."""
-        return {"cascade": self.cascade.stats(), "host": self.cascade.host_stats(), "manager": dict(self.counts)}
+        request's chunks, stores_failed: stores the worker could not copy)
+        and the counters per tenant (TENANT_FIELDS, by label:
+        kvoffload.tenants)."""
+        return {"cascade": self.cascade.stats(), "host": self.cascade.host_stats(), "manager": dict(self.counts),
+                "tenants": self.tenants.snapshot()}
 
     def shutdown(self) -> None:
         c = self.cascade
@@ -404,6 +435,15 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
         # (a load failing again and again would otherwise send a request
         # back and forth between its load and its recompute)
         self._load_failed: set[str] = set()
+        # requests whose lookup the tenant counters have (once per request)
+        self._tenant_counted: set[str] = set()
+
+    def on_new_request(self, request: Any) -> None:
+        super().on_new_request(request)
+        st = self._req_status.get(request.request_id)
+        salt = getattr(request, "cache_salt", None)
+        if st is not None and salt:
+            st.req_context.set_state(_Tenant(salt))
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int,
                                    max_num_new_tokens: Optional[int] = None) -> tuple[Optional[int], bool]:
@@ -425,6 +465,10 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
                 return 0, False
             max_num_new_tokens = cap if max_num_new_tokens is None else min(cap, max_num_new_tokens)
         n, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens, max_num_new_tokens)
+        if n is not None and st is not None and request.request_id not in self._tenant_counted:
+            self._tenant_counted.add(request.request_id)   # the first definite answer
+            self.manager.count_tenant(st.req_context, requests=1, hit_tokens=n,
+                                      lookup_tokens=max(0, request.num_tokens - num_computed_tokens))
         return n, (load_async and not self.sync_loads)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -460,7 +504,11 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
                 if status is not None and status.is_store:
                     self.manager.fail_stores(status.keys)
                 elif status is not None or sync is not None:
-                    self._load_failed.add(status.req_id if status is not None else sync[0])
+                    rid = status.req_id if status is not None else sync[0]
+                    if rid not in self._load_failed:
+                        self._load_failed.add(rid)
+                        rs = self._req_status.get(rid)
+                        self.manager.count_tenant(rs.req_context if rs is not None else None, load_failures=1)
             done = meta.completed_jobs
             for job_id in [j for j in done if j in self._sync_jobs]:
                 entry = self._sync_jobs[job_id]
@@ -474,6 +522,7 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
 
     def request_finished(self, request: Any) -> tuple[bool, Any]:
         self._load_failed.discard(request.request_id)
+        self._tenant_counted.discard(request.request_id)
         return super().request_finished(request)
 
     def has_pending_push_work(self) -> bool:
