@@ -13,7 +13,8 @@ computes its label with tenant_label); requests without one count under
 "default".
 
 Bounds.  Tenants come and go and a salt may be per user, so the table keeps
-rows for the first `max_tenants` tenants it sees (default 64) and counts every
+rows for the first `max_tenants` tenants it sees (default 32, as the C
+connector's KVO_CONNECTOR_TENANTS) and counts every
 later one under "other": memory and the stats' size stay bounded, and no
 count is lost (the rows sum to the totals).
 
@@ -37,7 +38,7 @@ class TenantCounters:
     """Counters by tenant label (module doc).  fields: the counters each row
     has, all starting at 0; add() with another name is a ValueError."""
 
-    def __init__(self, fields: tuple[str, ...], max_tenants: int = 64) -> None:
+    def __init__(self, fields: tuple[str, ...], max_tenants: int = 32) -> None:
         if max_tenants < 1:
             raise ValueError(f"TenantCounters: max_tenants must be at least 1, not {max_tenants}")
         self.fields = tuple(fields)
