@@ -81,5 +81,22 @@ class TenantCounters:
         with self._lock:
             return {lab: dict(row) for lab, row in self._rows.items()}
 
+    def take_deltas(self) -> dict[str, dict[str, int]]:
+        """What each row gained since the last take_deltas (rows and
+        counters that did not change are left out): for a metrics sink that
+        adds increments (vLLM's Prometheus counters)."""
+        with self._lock:
+            sent = getattr(self, "_sent", None)
+            if sent is None:
+                sent = self._sent = {}
+            out: dict[str, dict[str, int]] = {}
+            for lab, row in self._rows.items():
+                was = sent.setdefault(lab, dict.fromkeys(self.fields, 0))
+                d = {f: row[f] - was[f] for f in self.fields if row[f] != was[f]}
+                if d:
+                    out[lab] = d
+                    was.update(row)
+            return out
+
 
 __all__ = ["DEFAULT", "OTHER", "TenantCounters", "tenant_label"]

@@ -46,3 +46,16 @@ def test_threads_count_every_add():
         t.join()
     snap = c.snapshot()
     assert sum(r["n"] for r in snap.values()) == 8000 and len(snap) == 9   # 8 rows and "other"
+
+
+def test_take_deltas_gives_each_increment_once():
+    c = TenantCounters(("n", "m"), max_tenants=2)
+    assert c.take_deltas() == {}
+    c.add("a", n=2)
+    c.add(None, m=1)
+    assert c.take_deltas() == {tenant_label("a"): {"n": 2}, DEFAULT: {"m": 1}}
+    assert c.take_deltas() == {}
+    c.add("a", n=1, m=0)
+    c.add("b", n=5)                                   # a third tenant: "other"
+    assert c.take_deltas() == {tenant_label("a"): {"n": 1}, OTHER: {"n": 5}}
+    assert c.snapshot()[tenant_label("a")] == {"n": 3, "m": 0}   # the totals are untouched

@@ -308,12 +308,26 @@ def test_connector_counts_each_tenant_apart():
     def fill(rid):   # evicts the device cache: later hits come from the tiers
         e.add(rid, [rng.randrange(1000) for _ in range(600)])
         e.run()
+    from prometheus_client import REGISTRY
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+    from vllm.v1.metrics.prometheus import unregister_vllm_metrics
+    unregister_vllm_metrics()
+    prom = KVConnectorProm(e.vc, ["model_name", "engine"], {0: ["tiny", "0"]})   # as vLLM's stat logger does
+    orig = e.connector.get_kv_connector_stats
+
+    def observed():   # vLLM's scheduler takes each step's stats; its Prometheus logger observes them
+        stats = orig()
+        if stats is not None:
+            prom.observe(stats.data, 0)
+        return stats
+    e.connector.get_kv_connector_stats = observed
     try:
         for rid, salt in [("a1", "alice-secret"), ("b1", "bob-secret"), ("a2", "alice-secret"),
                           ("n1", None), ("b2", "bob-secret")]:
             fill("fill-" + rid)
             e.add(rid, p + [len(rid)] * 3, cache_salt=salt)
             e.run()
+        observed()   # what the last step left
         st = e.connector.stats()["tenants"]
     finally:
         e.shutdown()
@@ -329,3 +343,10 @@ def test_connector_counts_each_tenant_apart():
         assert row["load_failures"] == 0
     d = st["default"]   # the fillers and n1
     assert d["requests"] == 6 and d["hit_tokens"] == 0 and d["stored_chunks"] > 0, d
+    # vLLM's Prometheus counters hold the same totals, labelled by tenant
+    for lab in (a, b, "default"):
+        for f in ("requests", "hit_tokens", "stored_chunks"):
+            v = REGISTRY.get_sample_value(f"vllm:kvoffload_tenant_{f}_total",
+                                          {"model_name": "tiny", "engine": "0", "tenant": lab})
+            assert (v or 0) == st[lab][f], (lab, f, v, st[lab][f])   # (a counter never raised: no sample)
+    unregister_vllm_metrics()

@@ -53,13 +53,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (OffloadingConnectorMetadata,
                                                                             OffloadingWorkerMetadata)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadPromMetrics
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
-from vllm.v1.kv_offload.base import OffloadingManager
+from vllm.v1.kv_offload.base import OffloadingCounterMetadata, OffloadingManager
 
 from .. import _lib as L
 from ..cascade import Cascade
 from .config import int_key, kvo_namespace
-from .connector_scheduler import CascadeManager, KvoffloadConnectorScheduler
+from .connector_scheduler import TENANT_METRICS, CascadeManager, KvoffloadConnectorScheduler
 from .connector_worker import KvoffloadConnectorWorker
 from .spec import KvoffloadOffloadingSpec
 
@@ -93,6 +94,17 @@ class KvoffloadConnectorSpec(KvoffloadOffloadingSpec):
     """The spec's parsing, arena, tiers and worker; the manager is a
     CascadeManager over one Cascade of them."""
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's Prometheus counters of the per-tenant counts
+        (CascadeManager.get_stats), labelled by tenant (kvoffload.tenants)."""
+        defs = dict(super().build_metric_definitions(extra_config))
+        for f, name in TENANT_METRICS.items():
+            defs[name] = OffloadingCounterMetadata(
+                documentation=f"KvoffloadConnector: {f.replace('_', ' ')} per tenant (cache_salt, by label)",
+                labelnames=("tenant",))
+        return defs
+
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             extra = self.extra_config
@@ -125,6 +137,26 @@ class KvoffloadConnectorSpec(KvoffloadOffloadingSpec):
         return self._manager  # type: ignore[return-value]
 
 
+class _TenantPromMetrics(OffloadPromMetrics):
+    """vLLM's offloading Prometheus metrics with KvoffloadConnectorSpec's:
+    vLLM takes a connector's metric definitions from the spec its extra
+    config names, and KvoffloadConnector's config names none (vLLM's CPU
+    spec's are taken); the connector's own are added here."""
+
+    def __init__(self, vllm_config: Any, metric_types: Any, labelnames: Any, per_engine_labelvalues: Any) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        meta = getattr(self, "_offloading_metric_metadata", None)
+        made = getattr(self, "_offloading_metric_defs", None)
+        if meta is None or made is None or not hasattr(self, "_create_metric"):
+            log.warning("KvoffloadConnector: this vLLM's OffloadPromMetrics changed shape; the per-tenant counters "
+                        "stay in KvoffloadConnector.stats() only")
+            return
+        for name, m in KvoffloadConnectorSpec.build_metric_definitions({}).items():
+            if name not in meta:
+                meta[name] = m
+                made[name] = self._create_metric(name, m)
+
+
 def sync_loads(extra: dict[str, Any], kv_cache_config: Any) -> bool:
     """Whether loads run in the request's first step: asked for
     (kvo_sync_loads, default true) and possible, that is one KV-cache group:
@@ -153,6 +185,11 @@ class KvoffloadConnector(OffloadingConnector):
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = KvoffloadConnectorWorker(self.spec, vllm_config, kv_cache_config)
         _LIVE.add(self)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: Any,
+                           per_engine_labelvalues: Any) -> Any:
+        return _TenantPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     @staticmethod
     def _failure_policy(ktc: Any, extra: dict[str, Any]) -> None:

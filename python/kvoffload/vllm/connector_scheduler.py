@@ -50,6 +50,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
 from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadingEvent, OffloadingManager, OffloadKey,
                                      PrepareStoreOutput, ReqContext, RequestOffloadingContext)
@@ -75,6 +76,9 @@ _EMPTY = KvoffloadLoadStoreSpec(np.zeros(0, np.uint64), np.zeros(0, np.uint32))
 # those the tiers gave (hit_tokens), requests whose load failed (recomputed)
 # and chunks stored.
 TENANT_FIELDS = ("requests", "lookup_tokens", "hit_tokens", "load_failures", "stored_chunks")
+# ... and as vLLM's Prometheus counters (with a "tenant" label; vLLM's own
+# prefix, so that vLLM unregisters them with its own; exposed with _total)
+TENANT_METRICS = {f: f"vllm:kvoffload_tenant_{f}" for f in TENANT_FIELDS}
 
 
 class _Tenant:
@@ -325,6 +329,18 @@ class CascadeManager(OffloadingManager):
         self._drain_host_events()
         events, self.events = self.events, []
         yield from events
+
+    def get_stats(self) -> Optional[OffloadingConnectorStats]:
+        """The per-tenant counts since the last call, as vLLM's offloading
+        stats (TENANT_METRICS, labelled by tenant); None when none changed."""
+        deltas = self.tenants.take_deltas()
+        if not deltas:
+            return None
+        stats = OffloadingConnectorStats()
+        for lab, row in deltas.items():
+            for f, v in row.items():
+                stats.increase_counter(TENANT_METRICS[f], v, (lab,))
+        return stats
 
     def count_tenant(self, req_context: Optional[ReqContext], **deltas: int) -> None:
         """Count for the request's tenant (its label, set by the scheduler's
