@@ -45,15 +45,12 @@ class TenantCounters:
         self.max_tenants = max_tenants
         self._rows: dict[str, dict[str, int]] = {}
         self._labels: dict[Tenant, str] = {}   # memo of tenant_label, as bounded as the rows
+        self._sent: dict[str, dict[str, int]] = {}   # the rows as the last take_deltas saw them
         self._lock = threading.Lock()
 
-    def label(self, tenant: Tenant) -> str:
-        """The row a tenant counts under: its label, or "other" once
-        max_tenants other tenants have rows."""
-        with self._lock:
-            return self._row_label(tenant)
-
     def _row_label(self, tenant: Tenant) -> str:
+        """The row a tenant counts under: its label, or "other" once
+        max_tenants other tenants have rows.  Lock held."""
         lab = self._labels.get(tenant)
         if lab is not None:
             return lab
@@ -86,12 +83,9 @@ class TenantCounters:
         counters that did not change are left out): for a metrics sink that
         adds increments (vLLM's Prometheus counters)."""
         with self._lock:
-            sent = getattr(self, "_sent", None)
-            if sent is None:
-                sent = self._sent = {}
             out: dict[str, dict[str, int]] = {}
             for lab, row in self._rows.items():
-                was = sent.setdefault(lab, dict.fromkeys(self.fields, 0))
+                was = self._sent.setdefault(lab, dict.fromkeys(self.fields, 0))
                 d = {f: row[f] - was[f] for f in self.fields if row[f] != was[f]}
                 if d:
                     out[lab] = d
