@@ -278,6 +278,12 @@ def test_connector_loads_evicted_prefix(model, tiers, model_root, tmp_path):
     assert c["sync_loads"] == (c["loads"] if model == "llama" else 0) and c["loads"] > 0, c
     cs, mc = m["cascade"], m["manager"]
     assert cs["host"]["hits"] > 0 and cs["stores_refused"] == 0, cs
+    # per-tenant counts (no cache_salt here: the "default" tenant) in vLLM's
+    # own Prometheus metrics, as in the connector's stats
+    t = m["tenants"]["default"]
+    assert t["requests"] > 0 and t["hit_tokens"] > 0 and t["stored_chunks"] > 0, t
+    for f in ("requests", "hit_tokens", "stored_chunks"):
+        assert 0 < r["after"].get(f"vllm:kvoffload_tenant_{f}", 0) <= t[f], (f, r["after"], t)
     # the whole prompt in one cascade call per KV-cache group
     assert mc["lookups"] > 0 and mc["lookup_keys"] >= mc["lookups"], mc
     if tiers == "host":
