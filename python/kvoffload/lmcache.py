@@ -84,6 +84,14 @@ def _tenant(key: str) -> Optional[str]:
     return parts[4] if len(parts) > 4 else None
 
 
+def _tenants(keys: List[str]) -> Optional[List[Optional[str]]]:
+    """Each key's tenant (_tenant), or None when no key has a salt (one
+    namespace, the common case, without splitting every key)."""
+    if not any(k.count("@") > 3 for k in keys):
+        return None
+    return [_tenant(k) for k in keys]
+
+
 class _Store:
     """The tiers of one object size: a plan, its namespaces, a Cascade over
     the file and cluster tiers.  users: batches running on it (a store
@@ -108,9 +116,9 @@ class _Store:
 
     def keys(self, keys: List[str]) -> np.ndarray:
         """The chunk keys of LMCache's key strings (each under its tenant's namespace)."""
-        if not any(k.count("@") > 3 for k in keys):   # no salt: one namespace
+        tenants = _tenants(keys)
+        if tenants is None:   # no salt: one namespace
             return namespace_keys(self._ns_of(None), keys)
-        tenants = [_tenant(k) for k in keys]
         out = np.zeros(len(keys), dtype=KEY_DTYPE)
         for t in set(tenants):
             idx = [i for i, x in enumerate(tenants) if x == t]
@@ -286,10 +294,10 @@ class KvoffloadL2Connector:
         cluster tier; and "tenants": per tenant label (kvoffload.tenants,
         LMCache's salt) the TENANT_FIELDS counters."""
         st = self._store
+        out: dict[str, Any] = {"tenants": self.tenants.snapshot()}
         if st is None or st.cascade is None:
-            return {"tenants": self.tenants.snapshot()}
-        out: dict[str, Any] = {"cascade": st.cascade.stats(), "object_bytes": st.object_bytes,
-                               "tenants": self.tenants.snapshot()}
+            return out
+        out.update(cascade=st.cascade.stats(), object_bytes=st.object_bytes)
         if st.file is not None:
             out["file"] = st.file.stats()
         if st.remote is not None:
@@ -341,9 +349,8 @@ class KvoffloadL2Connector:
         if fields is None:
             return
         per: dict[Optional[str], list[int]] = {}
-        salted = any(k.count("@") > 3 for k in keys)
-        for k, r in zip(keys, res):
-            n = per.setdefault(_tenant(k) if salted else None, [0, 0])
+        for t, r in zip(_tenants(keys) or [None] * len(keys), res):
+            n = per.setdefault(t, [0, 0])
             n[0] += 1
             n[1] += bool(r)
         for t, (n, ok) in per.items():

@@ -521,8 +521,9 @@ class KvoffloadHiCacheStorage(HiCacheStorage):
                 hit_count[t.name] = boundary
             restorable &= pool_ok
         ordered = sorted(restorable)
-        self.tenants.add(tenant, lookups=1, lookup_pages=len(keys), hit_pages=ordered[-1] if ordered else 0)
-        return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
+        pages = ordered[-1] if ordered else 0
+        self.tenants.add(tenant, lookups=1, lookup_pages=len(keys), hit_pages=pages)
+        return PoolTransferResult(pages, hit_count, ordered)
 
     def _batch_v2(self, transfers: List[PoolTransfer], write: bool,
                   tenant: Optional[str]) -> dict[str, List[bool]]:
