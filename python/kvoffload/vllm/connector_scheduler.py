@@ -82,11 +82,14 @@ TENANT_METRICS = {f: f"vllm:kvoffload_tenant_{f}" for f in TENANT_FIELDS}
 
 
 class _Tenant:
-    """A request's tenant (its cache_salt), kept in its ReqContext (set_state)."""
-    __slots__ = ("salt",)
+    """A request's tenant (its cache_salt, None without one) and whether its
+    lookup was counted, kept in its ReqContext (set_state): they live and
+    go with the request."""
+    __slots__ = ("salt", "counted")
 
     def __init__(self, salt: Optional[str]) -> None:
         self.salt = salt
+        self.counted = False
 
 
 def _tenant_of(req_context: Optional[ReqContext]) -> Optional[str]:
@@ -451,15 +454,12 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
         # (a load failing again and again would otherwise send a request
         # back and forth between its load and its recompute)
         self._load_failed: set[str] = set()
-        # requests whose lookup the tenant counters have (once per request)
-        self._tenant_counted: set[str] = set()
 
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
         st = self._req_status.get(request.request_id)
-        salt = getattr(request, "cache_salt", None)
-        if st is not None and salt:
-            st.req_context.set_state(_Tenant(salt))
+        if st is not None:
+            st.req_context.set_state(_Tenant(getattr(request, "cache_salt", None) or None))
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int,
                                    max_num_new_tokens: Optional[int] = None) -> tuple[Optional[int], bool]:
@@ -481,8 +481,9 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
                 return 0, False
             max_num_new_tokens = cap if max_num_new_tokens is None else min(cap, max_num_new_tokens)
         n, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens, max_num_new_tokens)
-        if n is not None and st is not None and request.request_id not in self._tenant_counted:
-            self._tenant_counted.add(request.request_id)   # the first definite answer
+        t = st.req_context.get_state(_Tenant) if st is not None else None
+        if n is not None and t is not None and not t.counted:
+            t.counted = True   # the first definite answer
             self.manager.count_tenant(st.req_context, requests=1, hit_tokens=n,
                                       lookup_tokens=max(0, request.num_tokens - num_computed_tokens))
         return n, (load_async and not self.sync_loads)
@@ -538,7 +539,6 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
 
     def request_finished(self, request: Any) -> tuple[bool, Any]:
         self._load_failed.discard(request.request_id)
-        self._tenant_counted.discard(request.request_id)
         return super().request_finished(request)
 
     def has_pending_push_work(self) -> bool:
