@@ -303,7 +303,7 @@ static int bs_space(const kvo_bench_out *o) {
                 keys[n].hash.lo = bs_mix(q * 1000003 + c * 131 + g);
                 keys[n].hash.hi = q;
                 keys[n].group = (uint32_t)g;
-                keys[n].reserved = 0;
+                keys[n].tenant = 0;
                 n++;
             }
         }

@@ -26,7 +26,7 @@ static inline kvo_chunk_key kvo__bs_key(uint64_t i) {
     k.hash.lo = kvo__bs_mix(i);
     k.hash.hi = kvo__bs_mix(i ^ UINT64_C(0x5555));
     k.group = 0;
-    k.reserved = 0;
+    k.tenant = 0;
     return k;
 }
 

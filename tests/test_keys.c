@@ -174,7 +174,7 @@ KVO_TEST(chunk_keys_per_group) {
         ASSERT_EQ_U64(nk * gp->tokens_per_chunk <= ntok, 1);
         for (size_t c = 0; c < nk; c++) {
             ASSERT_EQ_U64(keys[c].group, g);
-            ASSERT_EQ_U64(keys[c].reserved, 0);
+            ASSERT_EQ_U64(keys[c].tenant, 0);
             ASSERT_EQ_U64(keys[c].hash.lo, u[(c + 1) * gp->hashes_per_chunk - 1].lo);
         }
         /* cap smaller than the chunk count: writes cap, returns the count */

@@ -157,6 +157,23 @@ typedef enum kvo_file_mode {
 } kvo_file_mode;
 
 
+/** Most tenants with a host-tier part of their own (kvo_cascade_params.tenants). */
+#define KVO_CASCADE_TENANTS_MAX 15
+
+/** A tenant's own part of the host tier: a quota and a reservation at once.
+ *  Its chunks live in host_bytes of their own, evicted only by its own
+ *  stores (its own eviction order); no other tenant's traffic evicts them,
+ *  and it never holds more than host_bytes.  Tenants without a part share
+ *  the rest of the host tier.  The lower tiers are not parted (one quota
+ *  each, shared by every tenant). */
+typedef struct kvo_cascade_tenant {
+    const char *label;    /* kvo_tenant_label of the tenant's salt ("t-" and
+                             12 hex digits): configuration never holds the
+                             salt itself */
+    uint64_t host_bytes;  /* its part: at least the largest slot, a multiple
+                             of KVO_SLOT_ALIGN */
+} kvo_cascade_tenant;
+
 typedef struct kvo_cascade_params {
     size_t struct_size;           /* sizeof(kvo_cascade_params): kvo_cascade_default_params() sets it */
     const kvo_plan *plan;         /* required; must outlive the cascade */
@@ -205,6 +222,12 @@ typedef struct kvo_cascade_params {
     uint32_t retry_polls;         /* how many polls a write refused for
                                      back-pressure is retried before it is
                                      dropped (counted); 0 or default: 200 */
+    /* Tenant quotas (host tier): n_tenants parts of host_bytes, laid out
+     * after the shared part (whose size is host_bytes less theirs and must
+     * hold the largest slot).  Part i + 1 is tenants[i]; part 0 is shared.
+     * Copied at create (labels too).  Default none. */
+    const kvo_cascade_tenant *tenants;
+    uint32_t n_tenants;
 } kvo_cascade_params;
 
 KVO_API kvo_cascade_params kvo_cascade_default_params(void);
@@ -225,6 +248,23 @@ KVO_API int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out);
  *  them before destroying them).  The caller guarantees no other call is
  *  in progress or follows.  NULL: no-op. */
 KVO_API void kvo_cascade_destroy(kvo_cascade *c);
+
+/** The host-tier part of the tenant whose salt is salt (len bytes; len 0:
+ *  no salt): *part = its index (1..n_tenants) when its label is configured,
+ *  else 0, the shared part.  Tag every key of that tenant with it
+ *  (kvo_chunk_key.tenant) before passing it to any cascade call: a key's
+ *  host entry lives in the part its tag names; a tag past the last part is
+ *  KVO_EINVAL, and one call that reserves slots (prepare_store,
+ *  prepare_load, promote's batch) takes keys of one part only.  Keys tagged
+ *  inconsistently are misses, never another key's bytes.  Any thread.
+ *  Errors: KVO_EINVAL (NULL c or part, salt NULL with len > 0). */
+KVO_API int kvo_cascade_tenant_part(const kvo_cascade *c, const void *salt, size_t len, uint32_t *part);
+
+/** The store of host-tier part `part` (0: the shared part, as
+ *  kvo_cascade_store); NULL past the last part or without a host tier.
+ *  Owned by the cascade: for statistics and events (each part's store has
+ *  its own events to drain); its slots are arena offsets. */
+KVO_API kvo_store *kvo_cascade_part_store(kvo_cascade *c, uint32_t part);
 
 /** The parts (owned by the cascade unless given; NULL when absent). */
 KVO_API kvo_store *kvo_cascade_store(kvo_cascade *c);

@@ -23,11 +23,14 @@
 extern "C" {
 #endif
 
-/** A stored chunk's identity: the chained hash at the chunk's end + group id. */
+/** A stored chunk's identity: the chained hash at the chunk's end + group id.
+ *  tenant is not part of the identity (equality, hashes and every tier
+ *  ignore it): it names the host-tier part a cascade with tenant quotas
+ *  keeps the key in (kvo_cascade_tenant_part; 0, the shared part, elsewhere). */
 typedef struct kvo_chunk_key {
     kvo_u128 hash;
     uint32_t group;
-    uint32_t reserved; /* 0 */
+    uint32_t tenant;   /* cascade tenant part; 0 unless the cascade has tenant quotas */
 } kvo_chunk_key;
 
 static inline bool kvo_chunk_key_eq(const kvo_chunk_key *a, const kvo_chunk_key *b) {

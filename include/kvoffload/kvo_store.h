@@ -86,6 +86,10 @@ typedef struct kvo_store_params {
     bool lookups_per_key;       /* accepted and ignored by the current
                                    policies: says that lookups come one key at
                                    a time (vLLM's OffloadingManager.lookup) */
+    uint64_t base_offset;       /* added to every slot offset the store hands
+                                   out: a store over [base_offset, base_offset
+                                   + capacity_bytes) of a larger arena (a
+                                   multiple of KVO_SLOT_ALIGN); default 0 */
 } kvo_store_params;
 
 KVO_API kvo_store_params kvo_store_default_params(void);

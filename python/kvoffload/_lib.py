@@ -114,7 +114,7 @@ class U128(ctypes.Structure):
 
 
 class ChunkKey(ctypes.Structure):
-    _fields_ = [("hash", U128), ("group", c_uint32), ("reserved", c_uint32)]
+    _fields_ = [("hash", U128), ("group", c_uint32), ("tenant", c_uint32)]
 
 
 class GroupDesc(ctypes.Structure):

@@ -100,7 +100,7 @@ class CascadeStats(Structure):
 
 # completions as a numpy array (one C call fills it, no per-item Python)
 COMPLETION_DTYPE = np.dtype([("user_data", "<u8"), ("lo", "<u8"), ("hi", "<u8"), ("group", "<u4"),
-                             ("reserved", "<u4"), ("op", "<u4"), ("tier", "<u4"), ("result", "<i4"),
+                             ("tenant", "<u4"), ("op", "<u4"), ("tier", "<u4"), ("result", "<i4"),
                              ("pad", "<u4"), ("bytes", "<u8"), ("latency_ns", "<u8")])
 assert COMPLETION_DTYPE.itemsize == ctypes.sizeof(CascadeCompletion), "kvo_cascade_completion's layout changed"
 

@@ -6,7 +6,7 @@ Conventions
    __del__ and by the context manager); objects a handle depends on (the plan
    of a store) are kept referenced so they outlive it.
  - Keys travel in batches as numpy arrays of KEY_DTYPE (the C kvo_chunk_key
-   layout: hash lo, hash hi, group, reserved): one C call per batch, never
+   layout: hash lo, hash hi, group, tenant): one C call per batch, never
    one per key.  make_keys() builds them from 16-byte hashes or integers.
  - Failures raise KvoError with the KVO_E* code and kvo_last_error()'s text.
  - Thread rules are the C library's: a Store, Transfer or FileTier may be
@@ -37,7 +37,7 @@ import numpy as np
 from . import _lib as L
 from ._lib import KvoError, check, check_int, lib, need, set_fields
 
-KEY_DTYPE = np.dtype([("lo", "<u8"), ("hi", "<u8"), ("group", "<u4"), ("reserved", "<u4")])
+KEY_DTYPE = np.dtype([("lo", "<u8"), ("hi", "<u8"), ("group", "<u4"), ("tenant", "<u4")])
 SLOT_DTYPE = np.dtype([("offset", "<u8"), ("bytes", "<u8")])
 MISS, READY, PENDING = 0, 1, 2
 POLICIES = ("lru", "arc", "s3fifo", "prefix")  # "branch": an alias of "prefix" (docs/config.md)

@@ -4,8 +4,9 @@
  * cascade_internal.h; docs/cascade.md tells one request's way.)
  *
  * create validates the params against the plan, maps (or borrows) the
- * arena, creates the host store over [0, host_bytes) and the staging store
- * over the staging_bytes after it, and builds one epoll set over the
+ * arena, creates the host stores over [0, host_bytes) (each tenant part's
+ * store over its bytes, then the shared part's over the rest) and the
+ * staging store over the staging_bytes after it, and builds one epoll set over the
  * tiers' eventfds and the ring's.  destroy waits for every read still
  * landing in the arena or the caller's memory and every lent write
  * (dispatch.c), retries the deferred writes once, then frees everything;
@@ -67,6 +68,39 @@ static int kvo__validate(const kvo_cascade_params *p) {
     if (p->file_mode != KVO_FILE_WRITE_THROUGH && p->file_mode != KVO_FILE_WRITE_BACK)
         return kvo__error(KVO_EINVAL, "kvo_cascade_create: file_mode %d is not WRITE_THROUGH (0) or WRITE_BACK (1)",
                           (int)p->file_mode);
+    if (p->n_tenants) {
+        if (!p->tenants || p->n_tenants > KVO_CASCADE_TENANTS_MAX || !p->host_bytes)
+            return kvo__error(KVO_EINVAL,
+                              "kvo_cascade_create: n_tenants %u needs a tenants array, at most %u of them and a host "
+                              "tier",
+                              (unsigned)p->n_tenants, (unsigned)KVO_CASCADE_TENANTS_MAX);
+        uint64_t sum = 0;
+        for (uint32_t i = 0; i < p->n_tenants; i++) {
+            const kvo_cascade_tenant *t = &p->tenants[i];
+            if (!kvo__tenant_label_ok(t->label))
+                return kvo__error(KVO_EINVAL,
+                                  "kvo_cascade_create: tenants[%u].label is not a tenant label (\"default\" or "
+                                  "\"t-\" and 12 hex digits, as kvo_tenant_label gives for the salt)",
+                                  (unsigned)i);
+            for (uint32_t j = 0; j < i; j++)
+                if (!strcmp(p->tenants[j].label, t->label))
+                    return kvo__error(KVO_EINVAL, "kvo_cascade_create: tenant %s is given twice (tenants[%u], [%u])",
+                                      t->label, (unsigned)j, (unsigned)i);
+            if (t->host_bytes < maxslot || t->host_bytes % KVO_SLOT_ALIGN)
+                return kvo__error(KVO_EINVAL,
+                                  "kvo_cascade_create: tenant %s: host_bytes %llu must be at least the largest slot "
+                                  "(%llu bytes) and a multiple of %u",
+                                  t->label, (unsigned long long)t->host_bytes, (unsigned long long)maxslot,
+                                  (unsigned)KVO_SLOT_ALIGN);
+            sum += t->host_bytes;
+        }
+        if (sum > p->host_bytes || p->host_bytes - sum < maxslot)
+            return kvo__error(KVO_EINVAL,
+                              "kvo_cascade_create: the tenants' parts take %llu of host_bytes %llu; the shared part "
+                              "needs at least the largest slot (%llu bytes)",
+                              (unsigned long long)sum, (unsigned long long)p->host_bytes,
+                              (unsigned long long)maxslot);
+    }
     if (p->arena && kvo_arena_size(p->arena) < p->host_bytes + p->staging_bytes)
         return kvo__error(KVO_EINVAL,
                           "kvo_cascade_create: the arena given has %llu bytes; host_bytes + staging_bytes need %llu",
@@ -116,14 +150,27 @@ int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out) {
         c->base = kvo_arena_base(c->arena);
         kvo_store_params sp = kvo_store_default_params();
         sp.plan = p->plan;
-        sp.capacity_bytes = p->host_bytes;
         sp.policy = p->policy;
         sp.admit_after = p->admit_after;
         sp.event_capacity = p->event_capacity;
         sp.ignore_present = p->ignore_present;
         sp.lookups_per_key = p->lookups_per_key;
         sp.policy_admission = !c->file && !c->remote; /* the host tier is the last one */
+        /* the tenants' parts first (each a multiple of the slot alignment),
+         * the shared part after them */
+        uint64_t at = 0;
+        for (uint32_t i = 0; i < p->n_tenants; i++) {
+            sp.base_offset = at;
+            sp.capacity_bytes = p->tenants[i].host_bytes;
+            if ((rc = kvo_store_create(&sp, &c->parts[i + 1]))) goto fail;
+            (void)kvo__strlcpy(c->labels[i + 1], p->tenants[i].label, sizeof c->labels[i + 1]);
+            at += p->tenants[i].host_bytes;
+        }
+        sp.base_offset = at;
+        sp.capacity_bytes = p->host_bytes - at;
         if ((rc = kvo_store_create(&sp, &c->store))) goto fail;
+        c->parts[0] = c->store;
+        c->nparts = 1 + p->n_tenants;
         if (p->staging_bytes) {
             kvo_store_params tp = kvo_store_default_params();
             tp.plan = p->plan;
@@ -173,6 +220,8 @@ void kvo_cascade_destroy(kvo_cascade *c) {
     kvo__hmap_free(&c->presence);
     kvo__ring_free(&c->cq);
     kvo_store_destroy(c->stage);
+    for (uint32_t i = 0; i <= KVO_CASCADE_TENANTS_MAX; i++)
+        if (c->parts[i] != c->store) kvo_store_destroy(c->parts[i]);
     kvo_store_destroy(c->store);
     if (c->own_arena) kvo_arena_destroy(c->arena);
     if (c->epfd >= 0) close(c->epfd);
@@ -193,6 +242,37 @@ void kvo_cascade_destroy(kvo_cascade *c) {
 }
 
 kvo_store *kvo_cascade_store(kvo_cascade *c) { return c ? c->store : NULL; }
+kvo_store *kvo_cascade_part_store(kvo_cascade *c, uint32_t part) {
+    return c && part < c->nparts ? c->parts[part] : NULL;
+}
+
+int kvo_cascade_tenant_part(const kvo_cascade *c, const void *salt, size_t len, uint32_t *part) {
+    if (!c || !part) return kvo__error(KVO_EINVAL, "kvo_cascade_tenant_part: c and part must not be NULL");
+    *part = 0;
+    if (c->nparts <= 1) return salt || !len ? 0 : kvo__error(KVO_EINVAL, "kvo_cascade_tenant_part: salt NULL, len %zu", len);
+    char label[KVO_TENANT_LABEL_MAX];
+    int rc = kvo_tenant_label(salt, len, label, sizeof label);
+    if (rc) return rc;
+    for (uint32_t t = 1; t < c->nparts; t++)
+        if (!strcmp(c->labels[t], label)) *part = t;
+    return 0;
+}
+
+int kvo__casc_check_parts(const kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool one, const char *fn) {
+    uint32_t np = c->nparts ? c->nparts : 1;
+    for (size_t i = 0; i < n; i++) {
+        if (keys[i].tenant >= np)
+            return kvo__error(KVO_EINVAL,
+                              "%s: key %zu is tagged tenant part %u; the cascade has %u (tag keys with "
+                              "kvo_cascade_tenant_part)",
+                              fn, i, (unsigned)keys[i].tenant, (unsigned)np);
+        if (one && keys[i].tenant != keys[0].tenant)
+            return kvo__error(KVO_EINVAL,
+                              "%s: key %zu is of tenant part %u, key 0 of part %u: one call, one tenant part", fn, i,
+                              (unsigned)keys[i].tenant, (unsigned)keys[0].tenant);
+    }
+    return 0;
+}
 kvo_arena *kvo_cascade_arena(kvo_cascade *c) { return c ? c->arena : NULL; }
 kvo_file_tier *kvo_cascade_file_tier(kvo_cascade *c) { return c ? c->file : NULL; }
 kvo_remote_tier *kvo_cascade_remote_tier(kvo_cascade *c) { return c ? c->remote : NULL; }
@@ -243,19 +323,20 @@ int kvo_cascade_invalidate(kvo_cascade *c, uint64_t groups, uint64_t *n_removed)
     }
     c->n_defer = w;
     uint64_t removed = 0;
-    if (c->store && groups) { /* READY host entries of those groups: removed (pinned ones retired) */
+    for (uint32_t t = 0; t < c->nparts && groups; t++) { /* READY host entries of those groups: removed (pinned
+                                                           ones retired) */
         enum { B = 64 };
         kvo_store_entry ents[B];
         kvo_chunk_key keys[B];
         uint64_t cursor = 0;
         do {
             size_t n = 0, m = 0;
-            if (kvo_store_scan(c->store, &cursor, ents, B, &n)) break;
+            if (kvo_store_scan(c->parts[t], &cursor, ents, B, &n)) break;
             for (size_t i = 0; i < n; i++)
                 if (ents[i].state == KVO_READY && ((groups >> ents[i].key.group) & 1)) keys[m++] = ents[i].key;
             for (size_t i = 0; i < m; i++) {
-                if (kvo_store_remove(c->store, &keys[i], 1) == 0) removed++;
-                else (void)kvo_store_retire(c->store, &keys[i], 1);
+                if (kvo_store_remove(c->parts[t], &keys[i], 1) == 0) removed++;
+                else (void)kvo_store_retire(c->parts[t], &keys[i], 1);
             }
         } while (cursor);
     }

@@ -71,7 +71,10 @@
 #include "kvoffload/kvo_remote_tier.h"
 
 #define KVO__CASC_UD_EXISTS 0u
+/* A lent file write's user data: KVO__CASC_UD_LENT less the host part of
+ * its key (the file tier's completion carries no tenant tag). */
 #define KVO__CASC_UD_LENT UINT64_MAX
+#define KVO__CASC_IS_LENT(ud) ((ud) >= KVO__CASC_UD_LENT - KVO_CASCADE_TENANTS_MAX)
 #define KVO__CASC_TIER_BIT(t) (1u << (t))
 
 /* A lower-tier read in flight (an entry of c->ops: key (id, 0)). */
@@ -129,7 +132,13 @@ struct kvo_cascade {
     kvo_arena *arena;
     bool own_arena;
     uint8_t *base;
-    kvo_store *store;   /* host slots: arena offsets [0, host_bytes) */
+    kvo_store *store;   /* host slots of the shared part: arena offsets [0, shared bytes) */
+    /* tenant parts: parts[0] = store, parts[t] the store of tenants[t - 1]
+     * over the arena offsets after the shared part; fixed at create (read
+     * without the lock) */
+    kvo_store *parts[1 + KVO_CASCADE_TENANTS_MAX];
+    uint32_t nparts;
+    char labels[1 + KVO_CASCADE_TENANTS_MAX][KVO_TENANT_LABEL_MAX];
     kvo_store *stage;   /* staging slots: arena offsets host_bytes + slot */
     uint64_t *sums;     /* verify_checksums: XXH3-64 per KVO_SLOT_ALIGN of the host tier */
     size_t n_sums;
@@ -176,6 +185,22 @@ static inline bool kvo__casc_uses(const kvo_cascade *c, unsigned tier, uint32_t 
     return (c->groups[tier] >> group) & 1;
 }
 static inline void *kvo__casc_host_ptr(kvo_cascade *c, kvo_slot s) { return c->base + s.offset; }
+/* The host store holding key k (its tenant part; checked < nparts by every
+ * public call that takes keys). */
+static inline kvo_store *kvo__casc_hs(const kvo_cascade *c, const kvo_chunk_key *k) {
+    assert(k->tenant < c->nparts);
+    return c->parts[k->tenant];
+}
+/* The end of the run of keys from i on in keys[i]'s tenant part. */
+static inline size_t kvo__casc_run(const kvo_cascade *c, const kvo_chunk_key *keys, size_t i, size_t n) {
+    if (c->nparts <= 1) return n;
+    uint32_t t = keys[i].tenant;
+    while (++i < n && keys[i].tenant == t) {}
+    return i;
+}
+/* Check the keys' tenant tags (< nparts; with one, all alike): 0 or
+ * KVO_EINVAL naming fn, the key and the numbers.  Lock not needed. */
+int kvo__casc_check_parts(const kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool one, const char *fn);
 /* The lower tiers there are, as KVO__CASC_TIER_BIT bits. */
 static inline unsigned kvo__casc_lower(const kvo_cascade *c) {
     return (c->file ? KVO__CASC_TIER_BIT(KVO_TIER_FILE) : 0) | (c->remote ? KVO__CASC_TIER_BIT(KVO_TIER_REMOTE) : 0);
@@ -187,6 +212,8 @@ static inline void *kvo__casc_stage_ptr(kvo_cascade *c, kvo_slot s) {
 bool kvo__casc_host_ready_at(kvo_cascade *c, const kvo_chunk_key *k, uint64_t off);
 
 /* ---- namespace.c: pure ---- */
+/* Whether label is one kvo_tenant_label gives ("default", "t-" + 12 hex). */
+bool kvo__tenant_label_ok(const char *label);
 
 /* ---- the completions (the core ring) ---- */
 /* Promise n completions before accepting the ops that owe them: 0 or

@@ -22,7 +22,7 @@ static int kvo__direct_check(kvo_cascade *c, const char *fn, const kvo_chunk_key
     for (size_t i = 0; i < n; i++)
         if (keys[i].group >= c->ng || !kvo_plan_group(c->plan, keys[i].group)->offloaded)
             return kvo__error(KVO_EINVAL, "%s: key %zu names group %u, which is not offloaded", fn, i, keys[i].group);
-    return 0;
+    return kvo__casc_check_parts(c, keys, n, false, fn);
 }
 
 /* Queue the reads of the m keys (s_keys, dsts in s_ptr, caller's index in
@@ -192,11 +192,12 @@ int kvo_cascade_remove(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, cons
         const kvo_chunk_key *k = &keys[i];
         bool found = false;
         kvo_store_entry e;
-        if (c->store && kvo_store_peek(c->store, k, &e) == 0) {
+        kvo_store *hs = c->store ? kvo__casc_hs(c, k) : NULL;
+        if (hs && kvo_store_peek(hs, k, &e) == 0) {
             found = true;
             /* READY and unpinned go now; pinned ones are retired (hidden,
              * gone at their last unpin) */
-            if (kvo_store_remove(c->store, k, 1) == KVO_EBUSY) (void)kvo_store_retire(c->store, k, 1);
+            if (kvo_store_remove(hs, k, 1) == KVO_EBUSY) (void)kvo_store_retire(hs, k, 1);
         }
         uint8_t fst = KVO_MISS;
         if (c->file && kvo__casc_uses(c, KVO_TIER_FILE, k->group) && kvo_file_tier_lookup(c->file, k, 1, &fst) == 0 &&

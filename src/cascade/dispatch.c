@@ -47,7 +47,7 @@ static void kvo__finish(kvo_cascade *c, kvo__cop *o, int result, uint64_t bytes)
         bool ok = out == 0;
         if (ok && c->sums) /* still PENDING: nothing can pin, evict or rewrite it yet */
             c->sums[o->slot.offset / KVO_SLOT_ALIGN] = kvo__casc_sum(c, &o->key, o->slot);
-        (void)kvo_store_complete_store(c->store, &o->key, 1, ok);
+        (void)kvo_store_complete_store(kvo__casc_hs(c, &o->key), &o->key, 1, ok);
         if (ok) ts->promotions++;
         else ts->promotion_failures++;
         if (c->promoting) c->promoting--;
@@ -95,7 +95,7 @@ void kvo__casc_drive(kvo_cascade *c) {
             for (size_t i = 0; i < n; i++) {
                 if (fc[i].op == KVO_FILE_OP_READ)
                     kvo__landed(c, fc[i].user_data, fc[i].result, fc[i].bytes);
-                else if (fc[i].user_data == KVO__CASC_UD_LENT)
+                else if (KVO__CASC_IS_LENT(fc[i].user_data))
                     kvo__casc_lent_done(c, &fc[i]);
             }
     }

@@ -25,8 +25,11 @@ static int kvo__pass(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uint32
                      bool force_wait, uint8_t *states, uint8_t *tiers, kvo_cascade_lookup_result *out) {
     memset(out, 0, sizeof *out);
     if (c->store) {
-        int rc = kvo_store_lookup(c->store, keys, n, states);
-        if (rc) return rc;
+        for (size_t i = 0, j; i < n; i = j) { /* each run of one tenant part in its store */
+            j = kvo__casc_run(c, keys, i, n);
+            int rc = kvo_store_lookup(kvo__casc_hs(c, &keys[i]), keys + i, j - i, states + i);
+            if (rc) return rc;
+        }
     } else
         memset(states, KVO_MISS, n);
     size_t nmiss = 0;
@@ -127,13 +130,13 @@ int kvo_cascade_lookup(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uint
         if (keys[i].group >= c->ng || !kvo_plan_group(c->plan, keys[i].group)->offloaded)
             return kvo__error(KVO_EINVAL, "kvo_cascade_lookup: key %zu names group %u, which is not offloaded", i,
                               keys[i].group);
-    if (!n) return 0;
+    int rc = kvo__casc_check_parts(c, keys, n, false, "kvo_cascade_lookup");
+    if (rc || !n) return rc;
     uint8_t *tv = tiers;
     if (!tv && !(tv = kvo__malloc(n))) return kvo__error(KVO_ENOMEM, "kvo_cascade_lookup: out of memory");
     uint64_t deadline = wait_ns > 0 ? kvo__now_ns() + (uint64_t)wait_ns : 0;
     kvo__casc_lock(c);
     c->st.lookups++;
-    int rc;
     for (;;) {
         /* while waiting, answers still out count as PENDING without a budget
          * (the pass that ends the wait uses the caller's) */

@@ -111,7 +111,7 @@ int kvo_namespace_keys(kvo_u128 ns, const void *ids, size_t id_len, size_t strid
         out[i].hash.lo = h.low64;
         out[i].hash.hi = h.high64;
         out[i].group = group;
-        out[i].reserved = 0;
+        out[i].tenant = 0;
     }
     return 0;
 }
@@ -138,4 +138,13 @@ int kvo_tenant_label(const void *salt, size_t len, char *out, size_t cap) {
     if (cap < n) return kvo__error(KVO_ERANGE, "kvo_tenant_label: %zu bytes of room, the label needs %zu", cap, n);
     memcpy(out, buf, n);
     return 0;
+}
+
+bool kvo__tenant_label_ok(const char *label) {
+    if (!label) return false;
+    if (!strcmp(label, "default")) return true;
+    if (strncmp(label, "t-", 2) || strlen(label) != 14) return false;
+    for (size_t i = 2; i < 14; i++)
+        if (!((label[i] >= '0' && label[i] <= '9') || (label[i] >= 'a' && label[i] <= 'f'))) return false;
+    return true;
 }

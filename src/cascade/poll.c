@@ -86,6 +86,7 @@ int kvo_cascade_persist(kvo_cascade *c, int64_t timeout_ns, uint64_t *n_queued) 
     uint8_t st[B];
     int res[B];
     uint64_t cursor = 0, queued = 0;
+    uint32_t part = 0; /* the tenant part being scanned */
     int rc = 0;
     do {
         size_t n = 0, m = 0;
@@ -94,11 +95,12 @@ int kvo_cascade_persist(kvo_cascade *c, int64_t timeout_ns, uint64_t *n_queued) 
             if (rc) break;
         }
         kvo__casc_lock(c);
-        rc = kvo_store_scan(c->store, &cursor, ents, B, &n);
+        rc = kvo_store_scan(c->parts[part], &cursor, ents, B, &n);
         if (!rc && n) {
             for (size_t i = 0; i < n; i++)
                 if (ents[i].state == KVO_READY && kvo__casc_uses(c, KVO_TIER_FILE, ents[i].key.group)) {
                     keys[m] = ents[i].key;
+                    keys[m].tenant = part; /* deferred retries find its entry by it */
                     slots[m++] = ents[i].slot;
                 }
             if (m && kvo_file_tier_lookup(c->file, keys, m, st) != 0) memset(st, KVO_MISS, m);
@@ -125,7 +127,8 @@ int kvo_cascade_persist(kvo_cascade *c, int64_t timeout_ns, uint64_t *n_queued) 
             }
         }
         kvo__casc_unlock(c);
-    } while (!rc && cursor);
+        if (!cursor) part++;
+    } while (!rc && (cursor || part < c->nparts));
     if (!rc) rc = kvo_cascade_flush(c, kvo__left(deadline));
     if (n_queued) *n_queued = queued;
     if (rc == KVO_ETIMEDOUT)

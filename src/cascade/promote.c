@@ -24,17 +24,21 @@
  * s_slots): all, or the longest leading part that fits (*took keys).  0,
  * KVO_ENOSPC (none fits) or another error. */
 static int kvo__reserve(kvo_cascade *c, size_t m, size_t *took) {
-    size_t i = 0, part = m;
+    size_t i = 0;
     *took = 0;
-    while (i < m && part > 0) {
-        if (part > m - i) part = m - i;
-        int rc = kvo__casc_host_prepare(c, c->s_keys + i, part, c->s_u8 + i, c->s_slots + i);
-        if (rc == KVO_ENOSPC) {
-            part /= 2;
-            continue;
+    while (i < m) { /* each run of one tenant part in its store */
+        size_t end = kvo__casc_run(c, c->s_keys, i, m), part = end - i;
+        while (i < end && part > 0) {
+            if (part > end - i) part = end - i;
+            int rc = kvo__casc_host_prepare(c, c->s_keys + i, part, c->s_u8 + i, c->s_slots + i);
+            if (rc == KVO_ENOSPC) {
+                part /= 2;
+                continue;
+            }
+            if (rc) return rc;
+            i += part;
         }
-        if (rc) return rc;
-        i += part;
+        if (i < end) break; /* the longest leading part */
     }
     *took = i;
     return i ? 0 : KVO_ENOSPC;
@@ -57,7 +61,7 @@ static void kvo__queue_reads(kvo_cascade *c, unsigned t, size_t m, const uint8_t
             uint64_t id;
             kvo__cop *o = kvo__casc_op_new(c, &id);
             if (!o) { /* cannot track: give the slot back */
-                (void)kvo_store_complete_store(c->store, &c->s_keys[k], 1, false);
+                (void)kvo_store_complete_store(kvo__casc_hs(c, &c->s_keys[k]), &c->s_keys[k], 1, false);
                 if (res) res[c->s_idx[k]] = KVO_ENOMEM;
                 continue;
             }
@@ -88,7 +92,7 @@ static void kvo__queue_reads(kvo_cascade *c, unsigned t, size_t m, const uint8_t
                 continue;
             }
             kvo__casc_op_refused(c, kvo__casc_op_get(c, ud[j]));
-            (void)kvo_store_complete_store(c->store, &rk[j], 1, false);
+            (void)kvo_store_complete_store(kvo__casc_hs(c, &rk[j]), &rk[j], 1, false);
             if (t == KVO_TIER_FILE) c->st.file.promotion_failures++;
             else c->st.remote.promotion_failures++;
         }
@@ -111,6 +115,7 @@ int kvo__casc_promote(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const
             return kvo__error(KVO_EINVAL, "kvo_cascade_promote: key %zu names group %u, which is not offloaded", i,
                               keys[i].group);
     }
+    if ((rc = kvo__casc_check_parts(c, keys, n, false, "kvo_cascade_promote"))) return rc;
     for (size_t i = 0; i < n; i++) {
         unsigned t = tiers ? tiers[i] : KVO_TIER_NONE;
         if (t == KVO_TIER_NONE) {

@@ -31,13 +31,14 @@ static kvo__pend *kvo__pend_find(kvo_cascade *c, const kvo_chunk_key *k) {
     return kvo__hmap_find(&c->pend, k->hash.lo, kvo__casc_k1(k));
 }
 
-static int kvo__check_keys(kvo_cascade *c, const char *fn, const kvo_chunk_key *keys, size_t n) {
+/* one: the keys must be of one tenant part (a call that reserves slots) */
+static int kvo__check_keys(kvo_cascade *c, const char *fn, const kvo_chunk_key *keys, size_t n, bool one) {
     if (!c->store) return kvo__error(KVO_EINVAL, "%s: the cascade has no host tier", fn);
     if (!keys || !n) return kvo__error(KVO_EINVAL, "%s: no keys", fn);
     for (size_t i = 0; i < n; i++)
         if (keys[i].group >= c->ng || !kvo_plan_group(c->plan, keys[i].group)->offloaded)
             return kvo__error(KVO_EINVAL, "%s: key %zu names group %u, which is not offloaded", fn, i, keys[i].group);
-    return 0;
+    return kvo__casc_check_parts(c, keys, n, one, fn);
 }
 
 /* Reserve in store s the longest leading part of the m keys of keys that
@@ -70,7 +71,7 @@ static void kvo__remember(kvo_cascade *c, const kvo_chunk_key *k, kvo_slot s, bo
 
 static int kvo__prepare(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uint32_t flags, uint8_t *need,
                         kvo_slot *slots) {
-    int rc = kvo__check_keys(c, "kvo_cascade_prepare_store", keys, n);
+    int rc = kvo__check_keys(c, "kvo_cascade_prepare_store", keys, n, true);
     if (rc) return rc;
     if (!need || !slots) return kvo__error(KVO_EINVAL, "kvo_cascade_prepare_store: need and slots must not be NULL");
     if ((rc = kvo__hmap_reserve(&c->pend, n, 64, "cascade: stores in flight"))) return rc;
@@ -105,7 +106,8 @@ static int kvo__prepare(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uin
     size_t r = 0;
     for (size_t k = took; k < m; k++) {
         kvo_store_entry e;
-        if (kvo_store_peek(c->store, &c->s_keys[k], &e) == 0) continue; /* held, or on its way */
+        if (kvo_store_peek(kvo__casc_hs(c, &c->s_keys[k]), &c->s_keys[k], &e) == 0) continue; /* held, or on its
+                                                                                                 way */
         c->s_keys[r] = c->s_keys[k];
         c->s_idx[r++] = c->s_idx[k];
     }
@@ -146,7 +148,7 @@ static unsigned kvo__through(const kvo_cascade *c) {
 }
 
 static int kvo__complete(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool ok) {
-    int rc = kvo__check_keys(c, "kvo_cascade_complete_store", keys, n);
+    int rc = kvo__check_keys(c, "kvo_cascade_complete_store", keys, n, false);
     if (rc) return rc;
     if ((rc = kvo__casc_scratch(c, n))) return rc;
     /* sort into host keys (s_keys/s_slots from 0) and staged ones (from the
@@ -156,7 +158,8 @@ static int kvo__complete(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bo
         kvo__pend *e = kvo__pend_find(c, &keys[i]);
         if (!e) {
             kvo_store_entry se;
-            if (kvo_store_peek(c->store, &keys[i], &se) == 0 && se.state == KVO_READY) continue; /* done already */
+            if (kvo_store_peek(kvo__casc_hs(c, &keys[i]), &keys[i], &se) == 0 && se.state == KVO_READY)
+                continue; /* done already */
             rc = kvo__error(KVO_ESTATE, "kvo_cascade_complete_store: key %zu (group %u) is not being stored", i,
                             keys[i].group);
             break;
@@ -186,7 +189,10 @@ static int kvo__complete(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bo
         if (ok && c->sums)
             for (size_t i = 0; i < nh; i++)
                 c->sums[c->s_slots[i].offset / KVO_SLOT_ALIGN] = kvo__casc_sum(c, &c->s_keys[i], c->s_slots[i]);
-        rc = kvo_store_complete_store(c->store, c->s_keys, nh, ok);
+        for (size_t i = 0, j; i < nh && !rc; i = j) {
+            j = kvo__casc_run(c, c->s_keys, i, nh);
+            rc = kvo_store_complete_store(kvo__casc_hs(c, &c->s_keys[i]), c->s_keys + i, j - i, ok);
+        }
         if (rc == 0 && ok) {
             for (size_t i = 0; i < nh; i++) c->s_ptr[i] = kvo__casc_host_ptr(c, c->s_slots[i]);
             unsigned t = kvo__through(c);
@@ -221,6 +227,8 @@ int kvo_cascade_pending_slots(kvo_cascade *c, const kvo_chunk_key *keys, size_t 
     if (!c || !keys || !slots || !n)
         return kvo__error(KVO_EINVAL, "kvo_cascade_pending_slots: c, keys and slots must not be NULL, n not 0");
     if (!c->store) return kvo__error(KVO_EINVAL, "kvo_cascade_pending_slots: the cascade has no host tier");
+    int rc = kvo__casc_check_parts(c, keys, n, false, "kvo_cascade_pending_slots");
+    if (rc) return rc;
     kvo__casc_lock(c);
     for (size_t i = 0; i < n; i++) {
         const kvo__pend *e = kvo__pend_find(c, &keys[i]);
@@ -235,14 +243,14 @@ int kvo_cascade_pending_slots(kvo_cascade *c, const kvo_chunk_key *keys, size_t 
 
 size_t kvo_cascade_verify(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *slots, size_t n, uint8_t *bad) {
     if (bad && n) memset(bad, 0, n);
-    if (!c || !c->sums || !keys || !slots) return 0;
+    if (!c || !c->sums || !keys || !slots || kvo__casc_check_parts(c, keys, n, false, "kvo_cascade_verify")) return 0;
     size_t nbad = 0;
     kvo__casc_lock(c);
     for (size_t i = 0; i < n; i++) {
         if (c->sums[slots[i].offset / KVO_SLOT_ALIGN] == kvo__casc_sum(c, &keys[i], slots[i])) continue;
         /* a corrupt chunk must not be hit again: retired (hidden at once,
          * removed when its last pin goes) */
-        (void)kvo_store_retire(c->store, &keys[i], 1);
+        (void)kvo_store_retire(kvo__casc_hs(c, &keys[i]), &keys[i], 1);
         c->st.checksum_failures++;
         if (bad) bad[i] = 1;
         nbad++;
@@ -253,15 +261,31 @@ size_t kvo_cascade_verify(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_s
 
 int kvo_cascade_prepare_load(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, kvo_slot *slots) {
     if (!c || !c->store) return kvo__error(KVO_EINVAL, "kvo_cascade_prepare_load: no host tier");
+    if (c->nparts > 1 && keys) {
+        int rc = kvo__casc_check_parts(c, keys, n, true, "kvo_cascade_prepare_load");
+        if (rc) return rc;
+        if (n) return kvo_store_prepare_load(kvo__casc_hs(c, keys), keys, n, slots);
+    }
     return kvo_store_prepare_load(c->store, keys, n, slots);
 }
 
+/* complete_load / touch: each run of one tenant part to its store. */
+static int kvo__by_part(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const char *fn,
+                        int (*call)(kvo_store *, const kvo_chunk_key *, size_t)) {
+    if (!c || !c->store) return kvo__error(KVO_EINVAL, "%s: no host tier", fn);
+    if (c->nparts <= 1 || !keys || !n) return call(c->store, keys, n);
+    int rc = kvo__casc_check_parts(c, keys, n, false, fn);
+    for (size_t i = 0, j; i < n && !rc; i = j) {
+        j = kvo__casc_run(c, keys, i, n);
+        rc = call(kvo__casc_hs(c, &keys[i]), keys + i, j - i);
+    }
+    return rc;
+}
+
 int kvo_cascade_complete_load(kvo_cascade *c, const kvo_chunk_key *keys, size_t n) {
-    if (!c || !c->store) return kvo__error(KVO_EINVAL, "kvo_cascade_complete_load: no host tier");
-    return kvo_store_complete_load(c->store, keys, n);
+    return kvo__by_part(c, keys, n, "kvo_cascade_complete_load", kvo_store_complete_load);
 }
 
 int kvo_cascade_touch(kvo_cascade *c, const kvo_chunk_key *keys, size_t n) {
-    if (!c || !c->store) return kvo__error(KVO_EINVAL, "kvo_cascade_touch: no host tier");
-    return kvo_store_touch(c->store, keys, n);
+    return kvo__by_part(c, keys, n, "kvo_cascade_touch", kvo_store_touch);
 }

@@ -19,7 +19,8 @@
  * Loans (file_zero_copy).  A completed store's host slot is lent to the
  * file tier (kvo_file_tier_write_borrowed): pinned in the host store (a
  * pinned entry is never evicted, so its slot is not rewritten) until the
- * write's completion (user data KVO__CASC_UD_LENT) unpins it.  With
+ * write's completion (user data KVO__CASC_UD_LENT less the key's tenant
+ * part) unpins it.  With
  * verify_checksums the tier checks the bytes against the sum taken at the
  * store, so bytes changed since never reach a file.
  *
@@ -41,7 +42,7 @@ int kvo__casc_scratch(kvo_cascade *c, size_t n) {
 kvo__cop *kvo__casc_op_new(kvo_cascade *c, uint64_t *id) {
     if (kvo__hmap_reserve(&c->ops, 1, 64, "cascade: reads in flight") || kvo__casc_promise(c, 1)) return NULL;
     *id = ++c->next_id;
-    if (*id == KVO__CASC_UD_LENT) *id = ++c->next_id; /* never: 2^64 ops */
+    if (KVO__CASC_IS_LENT(*id)) *id = c->next_id = 1; /* never: 2^64 ops */
     bool existed;
     return kvo__hmap_insert(&c->ops, *id, 0, &existed);
 }
@@ -57,7 +58,7 @@ void kvo__casc_op_refused(kvo_cascade *c, kvo__cop *o) {
 
 bool kvo__casc_host_ready_at(kvo_cascade *c, const kvo_chunk_key *k, uint64_t off) {
     kvo_store_entry e;
-    return kvo_store_peek(c->store, k, &e) == 0 && e.state == KVO_READY && e.slot.offset == off;
+    return kvo_store_peek(kvo__casc_hs(c, k), k, &e) == 0 && e.state == KVO_READY && e.slot.offset == off;
 }
 
 uint64_t kvo__casc_sum(kvo_cascade *c, const kvo_chunk_key *k, kvo_slot s) {
@@ -189,7 +190,7 @@ void kvo__casc_lend(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *s
             const kvo_chunk_key *key = &keys[i + k];
             kvo_slot pin;
             if (!kvo__casc_uses(c, KVO_TIER_FILE, key->group)) continue;
-            if (kvo_store_prepare_load(c->store, key, 1, &pin) != 0) { /* not READY: nothing to lend */
+            if (kvo_store_prepare_load(kvo__casc_hs(c, key), key, 1, &pin) != 0) { /* not READY: nothing to lend */
                 c->st.file.writes_dropped++;
                 continue;
             }
@@ -198,7 +199,7 @@ void kvo__casc_lend(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *s
             ws[m] = slots[i + k];
             srcs[m] = kvo__casc_host_ptr(c, slots[i + k]);
             sums[m] = c->sums ? c->sums[slots[i + k].offset / KVO_SLOT_ALIGN] : 0;
-            ud[m] = KVO__CASC_UD_LENT;
+            ud[m] = KVO__CASC_UD_LENT - key->tenant; /* the completion's key has no tag */
             wr[m++] = KVO_EINVAL;
         }
         if (m == 0) continue;
@@ -211,7 +212,7 @@ void kvo__casc_lend(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *s
                 c->st.file.write_bytes += kvo_plan_group(c->plan, wk[k].group)->chunk_bytes;
                 continue;
             }
-            (void)kvo_store_complete_load(c->store, &wk[k], 1);
+            (void)kvo_store_complete_load(kvo__casc_hs(c, &wk[k]), &wk[k], 1);
             if (wr[k] == KVO_EEXIST) c->st.file.writes_skipped++;
             else if (wr[k] == KVO_EAGAIN) {
                 c->st.file.writes_deferred++;
@@ -225,7 +226,9 @@ void kvo__casc_lend(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *s
 
 void kvo__casc_lent_done(kvo_cascade *c, const kvo_file_completion *fc) {
     if (c->lent) c->lent--;
-    (void)kvo_store_complete_load(c->store, &fc->key, 1);
+    kvo_chunk_key k = fc->key;
+    k.tenant = (uint32_t)(KVO__CASC_UD_LENT - fc->user_data);
+    (void)kvo_store_complete_load(kvo__casc_hs(c, &k), &k, 1);
     if (fc->result == KVO_ECORRUPT) c->st.checksum_failures++; /* changed since its store: not written */
 }
 
@@ -269,14 +272,15 @@ void kvo__casc_retry(kvo_cascade *c) {
 }
 
 int kvo__casc_host_prepare(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots) {
+    kvo_store *hs = kvo__casc_hs(c, keys); /* the keys are of one part (the callers' rule) */
     if (!c->file || c->p.file_mode != KVO_FILE_WRITE_BACK)
-        return kvo_store_prepare_store(c->store, keys, n, need, slots, NULL, NULL, 0, NULL);
+        return kvo_store_prepare_store(hs, keys, n, need, slots, NULL, NULL, 0, NULL);
     size_t want = 64; /* buffers must exist: with NULL ones the store evicts without reporting */
     for (;;) {
         const kvo__arr ev[] = {{(void **)&c->ev_keys, sizeof *c->ev_keys}, {(void **)&c->ev_slots, sizeof *c->ev_slots}};
         if (kvo__grow_all(&c->ev_cap, want, ev, 2, 64, "cascade: evicted chunks")) return KVO_ENOMEM;
         size_t nev = 0;
-        int rc = kvo_store_prepare_store(c->store, keys, n, need, slots, c->ev_keys, c->ev_slots, c->ev_cap, &nev);
+        int rc = kvo_store_prepare_store(hs, keys, n, need, slots, c->ev_keys, c->ev_slots, c->ev_cap, &nev);
         if (rc == KVO_ERANGE && nev > c->ev_cap) {
             want = nev;
             continue;

@@ -202,7 +202,7 @@ size_t kvo_chunk_keys(const kvo_group_plan *g, const kvo_u128 *units, size_t n_u
     for (size_t c = 0; c < w; c++) {
         out[c].hash = units[(c + 1) * hpc - 1];
         out[c].group = g->id;
-        out[c].reserved = 0;
+        out[c].tenant = 0;
     }
     return chunks;
 }

@@ -12,6 +12,7 @@
 #define KVO__NIL UINT32_MAX
 #define KVO__MAX_CLASSES KVO_MAX_GROUPS
 typedef struct kvo__slots {
+    uint64_t base;          /* added to every offset handed out (a range of a larger arena) */
     uint64_t capacity;
     uint64_t seg_bytes;
     uint32_t nseg, kmax, nclass;

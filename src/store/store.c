@@ -226,6 +226,9 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
                           (unsigned long long)p->capacity_bytes, gname, (unsigned long long)maxb,
                           (unsigned long long)maxb);
     }
+    if (p->base_offset % KVO_SLOT_ALIGN)
+        return kvo__error(KVO_EINVAL, "kvo_store_create: base_offset %llu is not a multiple of %u",
+                          (unsigned long long)p->base_offset, (unsigned)KVO_SLOT_ALIGN);
     kvo_store *s = kvo__calloc(1, sizeof *s);
     if (!s) return kvo__error(KVO_ENOMEM, "kvo_store_create: out of memory");
     s->plan = plan;
@@ -254,6 +257,7 @@ int kvo_store_create(const kvo_store_params *p, kvo_store **out) {
     }
     int rc = kvo__slots_init(&s->sl, p->capacity_bytes, cls_bytes, cls_w, ncls, p->segment_bytes);
     if (rc) goto fail;
+    s->sl.base = p->base_offset;
     uint64_t slots_total = 0;
     for (uint32_t c = 0; c < ncls; c++) {
         uint64_t k = kvo__slots_class_capacity(&s->sl, c);
@@ -351,7 +355,7 @@ void kvo__entry_init(kvo_store *s, uint32_t e, const kvo_chunk_key *k, uint64_t 
     kvo__entry *x = &s->ent[e];
     memset(x, 0, sizeof *x);
     x->key = *k;
-    x->key.reserved = 0;
+    x->key.tenant = 0;
     x->prev = x->next = KVO__NIL;
     x->slot = KVO__NIL;
     kvo__index_insert(s, e, h);

@@ -101,7 +101,7 @@ void kvo__file_hdr_init(kvo__file_hdr *h, const kvo_plan *plan, uint64_t layout_
     h->header_bytes = KVO_FILE_HEADER_BYTES;
     h->fingerprint = kvo_plan_fingerprint(plan);
     h->key = *key;
-    h->key.reserved = 0;
+    h->key.tenant = 0;
     h->kind = (uint32_t)g->kind;
     h->tokens_per_block = g->tokens_per_block;
     h->layers = g->layers;
@@ -259,7 +259,7 @@ int kvo__file_parse_name(const char *name, kvo_chunk_key *key) {
     key->hash.hi = hi;
     key->hash.lo = lo;
     key->group = (uint32_t)g;
-    key->reserved = 0;
+    key->tenant = 0;
     return 0;
 }
 

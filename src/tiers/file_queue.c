@@ -142,7 +142,7 @@ int kvo__fop_enqueue(kvo_file_tier *t, kvo__fop *op, uint32_t kind, const kvo_ch
                      uint64_t user_data, bool report) {
     op->kind = kind;
     op->key = *k;
-    op->key.reserved = 0;
+    op->key.tenant = 0;
     op->g = g;
     op->user_data = user_data;
     op->report = report;

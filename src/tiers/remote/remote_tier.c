@@ -790,7 +790,7 @@ static void op_fill(kvo_remote_tier *t, rop *op, uint32_t kind, const kvo_chunk_
                     uint64_t ud) {
     op->kind = kind;
     op->key = *k;
-    op->key.reserved = 0;
+    op->key.tenant = 0;
     op->g = g;
     op->user_data = ud;
     op->t_queued = kvo__now_ns();
