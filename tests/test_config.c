@@ -408,3 +408,25 @@ KVO_TEST(demo_takes_the_docs_vllm_config) {
     ASSERT_CONTAINS(out, dir);  /* the file tier where the config says */
     free(out);
 }
+
+/* tenant_host_bytes: labels (never salts) and positive byte counts, once. */
+KVO_TEST(tenant_host_bytes_takes_labels_and_bytes) {
+    kvo_config *c = NULL;
+    ASSERT_OK(load("{\"tenant_host_bytes\": {\"t-0123456789ab\": 8192, \"default\": 4096}}", &c));
+    kvo_connector_params p = kvo_connector_default_params();
+    ASSERT_OK(kvo_config_apply_connector(c, &p));
+    ASSERT_EQ_U64(p.n_tenants, 2);
+    ASSERT_EQ_STR(p.tenants[0].label, "t-0123456789ab");
+    ASSERT_EQ_U64(p.tenants[0].host_bytes, 8192);
+    ASSERT_EQ_STR(p.tenants[1].label, "default");
+    kvo_config_destroy(c);
+    ASSERT_ERR(load("{\"tenant_host_bytes\": {\"acme-secret\": 8192}}", &c), KVO_EINVAL);
+    ASSERT_CONTAINS(kvo_last_error(), "not a tenant label");
+    ASSERT_NULL(strstr(kvo_last_error(), "acme")); /* a salt put there by mistake is not echoed */
+    ASSERT_ERR(load("{\"tenant_host_bytes\": {\"t-0123456789ab\": \"8k\"}}", &c), KVO_EINVAL);
+    ASSERT_CONTAINS(kvo_last_error(), "positive number of bytes");
+    ASSERT_ERR(load("{\"tenant_host_bytes\": [1]}", &c), KVO_EINVAL);
+    ASSERT_ERR(load("{\"tenant_host_bytes\": {}, \"kv_connector_extra_config\": {\"tenant_host_bytes\": {}}}", &c),
+               KVO_EINVAL);
+    ASSERT_CONTAINS(kvo_last_error(), "given twice");
+}

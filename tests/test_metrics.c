@@ -499,6 +499,43 @@ KVO_TEST(tenants_split_the_counters) {
     sim_destroy(&s);
 }
 
+/* Tenant quotas through the connector (tenant_host_bytes from a config):
+ * alice's part keeps her prompt's chunks while bob's traffic churns the
+ * shared part; without the part (the control) bob's traffic evicts them. */
+KVO_TEST(a_tenant_part_keeps_its_prefix_through_the_connector) {
+    char alice[KVO_TENANT_LABEL_MAX];
+    ASSERT_OK(kvo_tenant_label("alice-secret", 12, alice, sizeof alice));
+    for (int with_part = 1; with_part >= 0; with_part--) {
+        kvo_plan *plan = one_group_plan();
+        uint64_t slot = kvo_plan_group(plan, 0)->slot_bytes;
+        char json[160];
+        snprintf(json, sizeof json, "{\"host_bytes\": %llu, \"tenant_host_bytes\": {\"%s\": %llu}}",
+                 (unsigned long long)(16 * slot), alice, (unsigned long long)(8 * slot));
+        kvo_config *cfg = NULL;
+        ASSERT_OK(kvo_config_from_json(json, strlen(json), &cfg));
+        kvo_connector_params cp = kvo_connector_default_params();
+        ASSERT_OK(kvo_config_apply_connector(cfg, &cp));
+        ASSERT_EQ_U64(cp.n_tenants, 1);
+        if (!with_part) cp.n_tenants = 0;
+        sim s;
+        sim_init(&s, plan, &cp, 256);
+        kvo_config_destroy(cfg);
+        uint32_t tok[160];
+        for (size_t i = 0; i < 160; i++) tok[i] = (uint32_t)(i * 7 + 3);
+        ASSERT_EQ_INT(salted_request(&s, 1, "alice-secret", tok, 160), KVO_MISS);
+        for (uint32_t k = 0; k < 4; k++) { /* 20 chunks of bob's through 8 shared slots */
+            for (size_t i = 0; i < 160; i++) tok[i] = (uint32_t)(i * 11 + 1000 * (k + 1));
+            ASSERT_EQ_INT(salted_request(&s, 10 + k, "bob-secret", tok, 160), KVO_MISS);
+        }
+        for (size_t i = 0; i < 160; i++) tok[i] = (uint32_t)(i * 7 + 3);
+        ASSERT_EQ_INT(salted_request(&s, 2, "alice-secret", tok, 160), with_part ? KVO_HIT : KVO_MISS);
+        kvo_connector_stats st = KVO_CONNECTOR_STATS_INIT;
+        ASSERT_OK(kvo_connector_get_stats(s.c, &st));
+        ASSERT_EQ_U64(st.host.capacity_bytes, 16 * slot); /* every part counted */
+        sim_destroy(&s);
+    }
+}
+
 KVO_TEST(tenant_labels) {
     char a[KVO_TENANT_LABEL_MAX], b[KVO_TENANT_LABEL_MAX];
     ASSERT_OK(kvo_tenant_label(NULL, 0, a, sizeof a));

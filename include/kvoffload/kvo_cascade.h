@@ -266,6 +266,17 @@ KVO_API int kvo_cascade_tenant_part(const kvo_cascade *c, const void *salt, size
  *  its own events to drain); its slots are arena offsets. */
 KVO_API kvo_store *kvo_cascade_part_store(kvo_cascade *c, uint32_t part);
 
+/** The host tier's store statistics over every part (kvo_store_get_stats
+ *  of each, summed; segment_bytes the shared part's).  Errors: KVO_EINVAL
+ *  (NULL, no host tier, out's struct_size not set). */
+KVO_API int kvo_cascade_host_stats(kvo_cascade *c, kvo_store_stats *out);
+
+/** The host tier's pending store events of every part (kvo_store_drain_events
+ *  on each in turn: each part's events in order, the parts one after the
+ *  other; keys tagged with their part); returns the count, *dropped (may be
+ *  NULL) the events dropped since the last drain.  Any thread. */
+KVO_API size_t kvo_cascade_drain_events(kvo_cascade *c, kvo_store_event *out, size_t cap, uint64_t *dropped);
+
 /** The parts (owned by the cascade unless given; NULL when absent). */
 KVO_API kvo_store *kvo_cascade_store(kvo_cascade *c);
 KVO_API kvo_arena *kvo_cascade_arena(kvo_cascade *c);

@@ -301,6 +301,13 @@ typedef struct kvo_connector_params {
                                      the bytes against the store's checksum.
                                      Write-back and flush_to_file copy as
                                      before.  Default false */
+    /* Tenant quotas: n_tenants tenants (by label) with a part of the host
+     * tier of their own (kvo_cascade_params.tenants: kept from every other
+     * tenant's traffic, bounding their own), carved out of host_bytes.  A
+     * request's tenant is its cache_salt.  Borrowed until create returns.
+     * Default none. */
+    const kvo_cascade_tenant *tenants;
+    uint32_t n_tenants;
 } kvo_connector_params;
 
 KVO_API kvo_connector_params kvo_connector_default_params(void);

@@ -246,6 +246,42 @@ kvo_store *kvo_cascade_part_store(kvo_cascade *c, uint32_t part) {
     return c && part < c->nparts ? c->parts[part] : NULL;
 }
 
+int kvo_cascade_host_stats(kvo_cascade *c, kvo_store_stats *out) {
+    if (!c || !c->store || !out) return kvo__error(KVO_EINVAL, "kvo_cascade_host_stats: NULL, or no host tier");
+    int rc = kvo_store_get_stats(c->store, out);
+    for (uint32_t t = 1; t < c->nparts && !rc; t++) {
+        kvo_store_stats ps = KVO_STORE_STATS_INIT;
+        if ((rc = kvo_store_get_stats(c->parts[t], &ps))) break;
+#define KVO__SUM(f) out->f += ps.f
+        KVO__SUM(capacity_bytes); KVO__SUM(bytes_used); KVO__SUM(bytes_reserved); KVO__SUM(entries);
+        KVO__SUM(pinned); KVO__SUM(pending); KVO__SUM(hits); KVO__SUM(misses); KVO__SUM(pending_hits);
+        KVO__SUM(stores); KVO__SUM(store_skipped_present); KVO__SUM(store_not_admitted);
+        KVO__SUM(rejected_stores); KVO__SUM(evictions); KVO__SUM(removals); KVO__SUM(events_dropped);
+        KVO__SUM(segments); KVO__SUM(segments_free);
+        for (size_t g = 0; g < ps.n_groups && g < KVO_MAX_GROUPS; g++) {
+            KVO__SUM(groups[g].chunks); KVO__SUM(groups[g].bytes_used); KVO__SUM(groups[g].capacity_chunks);
+            KVO__SUM(groups[g].hits); KVO__SUM(groups[g].misses); KVO__SUM(groups[g].stores);
+            KVO__SUM(groups[g].evictions);
+        }
+#undef KVO__SUM
+    }
+    return rc;
+}
+
+size_t kvo_cascade_drain_events(kvo_cascade *c, kvo_store_event *out, size_t cap, uint64_t *dropped) {
+    if (dropped) *dropped = 0;
+    if (!c || !out) return 0;
+    size_t n = 0;
+    for (uint32_t t = 0; t < c->nparts; t++) {
+        uint64_t d = 0;
+        size_t m = kvo_store_drain_events(c->parts[t], out + n, cap - n, &d);
+        for (size_t i = n; i < n + m; i++) out[i].key.tenant = t;
+        n += m;
+        if (dropped) *dropped += d;
+    }
+    return n;
+}
+
 int kvo_cascade_tenant_part(const kvo_cascade *c, const void *salt, size_t len, uint32_t *part) {
     if (!c || !part) return kvo__error(KVO_EINVAL, "kvo_cascade_tenant_part: c and part must not be NULL");
     *part = 0;

@@ -34,6 +34,7 @@
 
 #include <jansson.h>
 
+#include "cascade/cascade_internal.h"
 #include "core/internal.h"
 #include "kvoffload/kvo_remote_tier.h"
 
@@ -46,7 +47,7 @@ typedef enum kvo__cfg_field {
     F_REMOTE_PREFIX, F_REMOTE_BUDGET, F_SNAPSHOT_GROUPS, F_FILE_ZERO_COPY,
     F_FILE_SHARED, F_FILE_MAX_PENDING, F_FILE_STAGING, F_REMOTE_TTL, F_REMOTE_IO_THREADS, F_REMOTE_MAX_PENDING,
     F_REMOTE_EXISTS_TTL, F_SPEC,
-    F_REMOTE_SECRET, F_REMOTE_SECRET_PREV, F_FILE_SECRET,
+    F_REMOTE_SECRET, F_REMOTE_SECRET_PREV, F_FILE_SECRET, F_TENANTS,
     F_IGNORED, F_NESTED,
     KVO__CFG_NFIELDS
 } kvo__cfg_field;
@@ -66,7 +67,8 @@ typedef enum kvo__cfg_type {
     T_SPEC,       /* vLLM's spec_name: a spec whose keys this table reads, else KVO_ENOTSUP */
     T_TIERING,    /* vLLM's secondary_tiers: TieringOffloadingSpec's, read by vLLM (KVO_ENOTSUP) */
     T_ANY,        /* accepted and ignored (vLLM's kv_transfer_config fields, engine-only keys) */
-    T_OBJECT      /* kv_connector_extra_config: parsed as a config itself */
+    T_OBJECT,     /* kv_connector_extra_config: parsed as a config itself */
+    T_TENANTS     /* {"t-<12 hex>": bytes, ...}: each tenant's own part of the host tier */
 } kvo__cfg_type;
 
 typedef struct kvo__cfg_key {
@@ -109,6 +111,7 @@ static const kvo__cfg_key kvo__keys[] = {
     {"remote_secret", F_REMOTE_SECRET, T_STR},          /* never in a message */
     {"remote_secret_previous", F_REMOTE_SECRET_PREV, T_STR},
     {"file_secret", F_FILE_SECRET, T_STR},
+    {"tenant_host_bytes", F_TENANTS, T_TENANTS},        /* also in vLLM's extra config */
     /* vLLM kv_connector_extra_config */
     {"cpu_bytes_to_use", F_HOST_BYTES, T_U64},
     {"eviction_policy", F_POLICY, T_POLICY},
@@ -161,6 +164,10 @@ struct kvo_config {
     uint64_t u[KVO__CFG_NFIELDS];         /* numbers, booleans, enums */
     char *s[KVO__CFG_NFIELDS];            /* owned strings (NULL = none) */
     const char *by[KVO__CFG_NFIELDS];     /* the key that set it (kvo__keys) */
+    /* tenant_host_bytes: the tenants' parts (labels in lab) */
+    kvo_cascade_tenant tenants[KVO_CASCADE_TENANTS_MAX];
+    char lab[KVO_CASCADE_TENANTS_MAX][KVO_TENANT_LABEL_MAX];
+    uint32_t n_tenants;
 };
 
 size_t kvo_config_key_count(void) { return KVO__NKEYS; }
@@ -280,13 +287,44 @@ static int kvo__read_value(const kvo__cfg_key *k, json_t *v, uint64_t *u, char *
         return kvo__error(KVO_ENOTSUP, "config: secondary_tiers is TieringOffloadingSpec's: vLLM reads it and "
                           "kvoffload.vllm.tiering makes the tiers (docs/config.md, \"Which reader takes which "
                           "keys\"); this reader takes KvoffloadOffloadingSpec's keys");
-    case T_ANY: case T_OBJECT:
+    case T_ANY: case T_OBJECT: case T_TENANTS:
         return 0;
     }
     return kvo__error(KVO_EINVAL, "config: %s is %s; it must be %s", k->name, kvo__json_kind(v), want);
 }
 
 static int kvo__config_object(kvo_config *c, json_t *obj, int depth);
+
+/* tenant_host_bytes: an object of tenant labels (kvo_tenant_label: never a
+ * salt in a config file) and byte counts. */
+static int kvo__config_tenants(kvo_config *c, const kvo__cfg_key *k, json_t *v) {
+    if (c->set & (1ull << k->field)) return kvo__error(KVO_EINVAL, "config: %s is given twice", k->name);
+    if (!json_is_object(v))
+        return kvo__error(KVO_EINVAL, "config: %s is %s; it must be an object of tenant labels and bytes",
+                          k->name, kvo__json_kind(v));
+    if (json_object_size(v) > KVO_CASCADE_TENANTS_MAX)
+        return kvo__error(KVO_EINVAL, "config: %s names %zu tenants; at most %u have parts of their own", k->name,
+                          json_object_size(v), (unsigned)KVO_CASCADE_TENANTS_MAX);
+    const char *label;
+    json_t *b;
+    json_object_foreach(v, label, b) {
+        if (!kvo__tenant_label_ok(label))
+            return kvo__error(KVO_EINVAL, /* not echoed: it may be a salt put there by mistake */
+                              "config: %s: a key is not a tenant label (\"default\" or \"t-\" and 12 hex digits: "
+                              "kvo_tenant_label of the salt, as the per-tenant metrics show it)",
+                              k->name);
+        if (!json_is_integer(b) || json_integer_value(b) <= 0)
+            return kvo__error(KVO_EINVAL, "config: %s: %s is %s; it must be a positive number of bytes", k->name,
+                              label, kvo__json_kind(b));
+        uint32_t i = c->n_tenants++;
+        (void)kvo__strlcpy(c->lab[i], label, sizeof c->lab[i]);
+        c->tenants[i].label = c->lab[i];
+        c->tenants[i].host_bytes = (uint64_t)json_integer_value(b);
+    }
+    c->set |= 1ull << k->field;
+    c->by[k->field] = k->name;
+    return 0;
+}
 
 static int kvo__config_key(kvo_config *c, const char *name, json_t *v, int depth) {
     const kvo__cfg_key *k = NULL;
@@ -302,6 +340,7 @@ static int kvo__config_key(kvo_config *c, const char *name, json_t *v, int depth
         return kvo__config_object(c, v, depth + 1);
     }
     if (k->type == T_ANY) return 0;
+    if (k->type == T_TENANTS) return kvo__config_tenants(c, k, v);
     uint64_t u = 0;
     char *s = NULL;
     int rc = kvo__read_value(k, v, &u, &s);
@@ -407,6 +446,10 @@ int kvo_config_apply_connector(const kvo_config *c, kvo_connector_params *p) {
     if (KVO__HAS(c, F_SHM_PATH)) p->shm_path = c->s[F_SHM_PATH];
     if (KVO__HAS(c, F_TRANSFER_THREADS)) p->transfer_threads = (uint32_t)u[F_TRANSFER_THREADS];
     if (KVO__HAS(c, F_MAX_QUEUED_JOBS)) p->max_queued_jobs = (uint32_t)u[F_MAX_QUEUED_JOBS];
+    if (KVO__HAS(c, F_TENANTS)) {
+        p->tenants = c->tenants;
+        p->n_tenants = c->n_tenants;
+    }
     if (KVO__HAS(c, F_SALT)) {
         p->salt = c->s[F_SALT];
         p->salt_len = strlen(c->s[F_SALT]);

@@ -228,6 +228,7 @@ typedef struct kvo__req {
     size_t n_invalid, cap_invalid;
     kvo_request_stats st;
     uint8_t tenant;       /* its row in kvo_connector.tenants (tenant.c) */
+    uint8_t part;         /* its tenant's host-tier part (kvo_cascade_tenant_part): every key's tag */
 } kvo__req;
 
 struct kvo__job {
@@ -346,6 +347,10 @@ int kvo__conn_scratch(kvo_connector *c, size_t n);
  * byte), 17 input bytes, a length no unit hash input has (16 + 4 per token
  * + extra >= 20), so it never equals a chunk key. */
 void kvo__conn_snap_key(const kvo__req *r, uint32_t g, size_t unit, kvo_chunk_key *out);
+/* The host store holding key k (its tenant part's). */
+static inline kvo_store *kvo__conn_hs(kvo_connector *c, const kvo_chunk_key *k) {
+    return kvo_cascade_part_store(c->casc, k->tenant);
+}
 /* Sets and returns KVO_ENOTFOUND naming id. */
 int kvo__conn_req_missing(uint64_t id);
 void kvo__conn_job_free(kvo__job *j);

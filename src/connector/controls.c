@@ -65,7 +65,7 @@ int kvo_connector_reset(kvo_connector *c, uint64_t *n_removed) {
         if (!r->hit_pinned) continue;
         for (size_t k = 0; k < r->n_hit; k++)
             if (r->hit[k].pinned) {
-                (void)kvo_store_complete_load(c->store, &r->hit[k].key, 1);
+                (void)kvo_cascade_complete_load(c->casc, &r->hit[k].key, 1);
                 r->hit[k].pinned = 0;
             }
         r->hit_stale = true;

@@ -146,6 +146,8 @@ int kvo_connector_create(const kvo_connector_params *p, kvo_connector **out) {
     cp.remote_tier = p->remote_tier;
     cp.remote_lookup_budget_us = p->remote_lookup_budget_us;
     cp.remote_exists_ttl_ms = p->remote_exists_ttl_ms;
+    cp.tenants = p->tenants;
+    cp.n_tenants = p->n_tenants;
     if ((rc = kvo_cascade_create(&cp, &c->casc))) goto fail;
     c->store = kvo_cascade_store(c->casc);
 
@@ -242,6 +244,6 @@ int kvo_connector_flush_to_file(kvo_connector *c, int64_t timeout_ns, uint64_t *
 
 size_t kvo_connector_drain_events(kvo_connector *c, kvo_store_event *out, size_t cap, uint64_t *dropped) {
     if (!c) return 0;
-    return kvo_store_drain_events(c->store, out, cap, dropped);
+    return kvo_cascade_drain_events(c->casc, out, cap, dropped);
 }
 

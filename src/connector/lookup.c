@@ -51,7 +51,7 @@ void kvo__conn_unpin_hit(kvo_connector *c, kvo__req *r) {
     if (kvo__conn_scratch(c, r->n_hit) == 0) {
         for (size_t i = 0; i < r->n_hit; i++)
             if (r->hit[i].pinned) c->s_keys[n++] = r->hit[i].key;
-        if (n) (void)kvo_store_complete_load(c->store, c->s_keys, n);
+        if (n) (void)kvo_cascade_complete_load(c->casc, c->s_keys, n);
     }
     r->hit_pinned = false;
     r->hit_stale = false;
@@ -197,6 +197,7 @@ static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *o
                 continue;
             }
             kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &c->s_keys[*nk], 1);
+            c->s_keys[*nk].tenant = r->part;
             c->s_grp[*nk] = (uint32_t)g;
             c->s_chunk[*nk] = ch;
             (*nk)++;
@@ -341,6 +342,7 @@ static int kvo__hit_build(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b,
             if (rc) return rc;
             kvo__hit_item *it = &r->hit[(*nh)++];
             kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &it->key, 1);
+            it->key.tenant = r->part;
             it->chunk = ch;
             it->tier = c->s_tier[off[g] + ch];
             it->pinned = 0;
@@ -363,7 +365,7 @@ static int kvo__hit_pin(kvo_connector *c, kvo__req *r, size_t nh, size_t *nhost)
             c->s_chunk[(*nhost)++] = i;
         }
     if (!*nhost) return 0;
-    rc = kvo_store_prepare_load(c->store, c->s_keys, *nhost, c->s_slots);
+    rc = kvo_cascade_prepare_load(c->casc, c->s_keys, *nhost, c->s_slots);
     if (rc == KVO_ENOTFOUND || rc == KVO_EAGAIN) return KVO_EAGAIN;
     if (rc) return rc;
     for (size_t i = 0; i < *nhost; i++) {
@@ -371,7 +373,7 @@ static int kvo__hit_pin(kvo_connector *c, kvo__req *r, size_t nh, size_t *nhost)
         it->slot = c->s_slots[i];
         it->pinned = 1;
     }
-    (void)kvo_store_touch(c->store, c->s_keys, *nhost);
+    (void)kvo_cascade_touch(c->casc, c->s_keys, *nhost);
     return 0;
 }
 

@@ -100,7 +100,7 @@ static int kvo__connector_get_stats_fill(kvo_connector *c, kvo_connector_stats *
     out->remote_budget_expired = cs.remote_budget_expired;
     out->checksum_failures = cs.checksum_failures;
     out->host.struct_size = sizeof out->host;
-    return kvo_store_get_stats(c->store, &out->host);
+    return kvo_cascade_host_stats(c->casc, &out->host);
 }
 
 int kvo_connector_get_stats(kvo_connector *c, kvo_connector_stats *out) {

@@ -62,9 +62,9 @@ static void kvo__finish_load_job(kvo_connector *c, kvo__job *j, const kvo_xfer_r
     /* verify_checksums: a corrupt chunk fails the load and is retired by
      * the cascade (hidden from lookups now, gone when its last pin ends) */
     if (status == 0 && kvo_cascade_verify(c->casc, j->keys, j->slots, j->n_keys, NULL)) status = KVO_ECORRUPT;
-    (void)kvo_store_complete_load(c->store, j->keys, j->n_keys);
+    (void)kvo_cascade_complete_load(c->casc, j->keys, j->n_keys);
     if (j->epoch != c->epoch) /* pinned through a reset: drop now (retired while other loads pin it) */
-        (void)kvo_store_retire(c->store, j->keys, j->n_keys);
+        (void)kvo_store_retire(kvo__conn_hs(c, j->keys), j->keys, j->n_keys); /* one request: one part */
     if (!r || r->gen != j->gen || r->load_job != j->id) return; /* preempted or aborted */
     kvo__conn_hist_add(&c->load_ns, kvo__now_ns() - j->t0_ns);
     r->load_job = 0;
@@ -161,7 +161,7 @@ static void kvo__finish_read(kvo_connector *c, uint64_t ud, int result, uint64_t
         kvo_chunk_key_eq(&r->hit[rd->item].key, &rd->key)) {
         kvo__hit_item *it = &r->hit[rd->item];
         if (ok) { /* nothing ran between the cascade's completion and this pin (both under mu) */
-            if (kvo_store_prepare_load(c->store, &rd->key, 1, &it->slot) == 0) it->pinned = 1;
+            if (kvo_cascade_prepare_load(c->casc, &rd->key, 1, &it->slot) == 0) it->pinned = 1;
             else ok = false;
         }
         if (!ok && !r->file_status) r->file_status = result ? result : KVO_ESTATE;

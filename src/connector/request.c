@@ -28,6 +28,7 @@ void kvo__conn_snap_key(const kvo__req *r, uint32_t g, size_t unit, kvo_chunk_ke
     memset(out, 0, sizeof *out);
     out->hash = kvo_hash_unit(r->units[unit], NULL, 0, &tag, 1);
     out->group = g;
+    out->tenant = r->part;
 }
 
 int kvo__conn_req_missing(uint64_t id) {
@@ -220,6 +221,9 @@ int kvo_connector_add_request(kvo_connector *c, const kvo_request_desc *d) {
     r->st.prompt_tokens = prompt;
     char tenant[KVO_TENANT_LABEL_MAX];
     (void)kvo_tenant_label(d->cache_salt, d->cache_salt_len, tenant, sizeof tenant); /* checked above */
+    uint32_t part = 0;
+    (void)kvo_cascade_tenant_part(c->casc, d->cache_salt, d->cache_salt_len, &part); /* checked above */
+    r->part = (uint8_t)part;
 
     kvo__conn_lock(c);
     if (kvo__conn_req_get(c, d->id)) {

@@ -85,6 +85,7 @@ static bool kvo__batch_add(kvo_connector *c, kvo__req *r, size_t g, uint64_t ch,
     for (uint64_t k = 0; k < gp->blocks_per_chunk; k++)
         if (t->blocks[first + k] == KVO_NO_BLOCK) return false;
     kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &c->s_keys[*n], 1);
+    c->s_keys[*n].tenant = r->part;
     c->s_grp[*n] = (uint32_t)g;
     c->s_chunk[*n] = ch;
     (*n)++;
@@ -102,7 +103,7 @@ static void kvo__retry_push(kvo__req *r, uint32_t g, uint64_t ch) {
  * or turned away by admission (admit_after > 1); the latter is retried. */
 static void kvo__retry_if_refused(kvo_connector *c, kvo__req *r, size_t i) {
     kvo_store_entry e;
-    if (c->p.admit_after > 1 && !c->s_u8[i] && kvo_store_peek(c->store, &c->s_keys[i], &e) == KVO_ENOTFOUND)
+    if (c->p.admit_after > 1 && !c->s_u8[i] && kvo_store_peek(kvo__conn_hs(c, &c->s_keys[i]), &c->s_keys[i], &e) == KVO_ENOTFOUND)
         kvo__retry_push(r, c->s_grp[i], c->s_chunk[i]);
 }
 
