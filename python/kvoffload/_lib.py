@@ -145,7 +145,7 @@ class StoreParams(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t)] + [("plan", c_void_p), ("capacity_bytes", c_uint64), ("policy", c_int), ("admit_after", c_uint32),
                 ("max_entries", c_uint64), ("event_capacity", c_uint32), ("segment_bytes", c_uint64),
                 ("ignore_present", c_bool), ("policy_admission", c_bool),
-                ("lookups_per_key", c_bool)]
+                ("lookups_per_key", c_bool), ("base_offset", c_uint64)]
 
 
 class Slot(ctypes.Structure):
@@ -268,6 +268,11 @@ class TransferStats(ctypes.Structure):
                                                        ("device", c_char_p)]
 
 
+class CascadeTenant(ctypes.Structure):
+    """kvo_cascade_tenant: a tenant's own part of the host tier."""
+    _fields_ = [("label", c_char_p), ("host_bytes", c_uint64)]
+
+
 class ConnectorParams(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t)] + [("plan", c_void_p), ("host_bytes", c_uint64), ("policy", c_int), ("admit_after", c_uint32),
                 ("event_capacity", c_uint32), ("huge_pages", c_bool), ("lock_memory", c_bool),
@@ -278,7 +283,8 @@ class ConnectorParams(ctypes.Structure):
                 ("checkpoint_interval", c_uint64), ("verify_checksums", c_bool), ("file_tier", c_void_p),
                 ("file_mode", c_int), ("file_persist_on_destroy", c_bool), ("max_requests", c_uint32),
                 ("remote_tier", c_void_p), ("remote_lookup_budget_us", c_uint32), ("remote_exists_ttl_ms", c_uint32),
-                ("snapshot_groups", c_uint64), ("file_zero_copy", c_bool)]
+                ("snapshot_groups", c_uint64), ("file_zero_copy", c_bool),
+                ("tenants", c_void_p), ("n_tenants", c_uint32)]
 
 
 class RequestDesc(ctypes.Structure):

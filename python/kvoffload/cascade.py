@@ -34,7 +34,7 @@ import numpy as np
 from . import _lib as L
 from ._lib import U128, KvoError, check, check_int, lib, set_fields
 from .core import KEY_DTYPE, PENDING, READY, SLOT_DTYPE, Arena, FileTier, Model, Plan, RemoteTier, Store, _as_keys
-from .core import _Handle
+from .core import _Handle, tenant_parts
 from .core import _policy, _ptr, _stats, _uint64s
 
 # kvo_tier_id
@@ -63,7 +63,8 @@ class CascadeParams(Structure):
                 ("ignore_present", c_bool), ("lookups_per_key", c_bool), ("verify_checksums", c_bool),
                 ("file_tier", c_void_p), ("file_mode", c_int), ("file_zero_copy", c_bool),
                 ("remote_tier", c_void_p), ("remote_lookup_budget_us", c_uint32),
-                ("remote_exists_ttl_ms", c_uint32), ("retry_polls", c_uint32)]
+                ("remote_exists_ttl_ms", c_uint32), ("retry_polls", c_uint32),
+                ("tenants", c_void_p), ("n_tenants", c_uint32)]
 
 
 class CascadeWait(Structure):
@@ -113,6 +114,10 @@ _PROTOS: dict[str, tuple[Any, list[Any]]] = {
     "kvo_cascade_create": (c_int, [POINTER(CascadeParams), POINTER(_P)]),
     "kvo_cascade_destroy": (None, [_P]),
     "kvo_cascade_store": (_P, [_P]),
+    "kvo_cascade_part_store": (_P, [_P, c_uint32]),
+    "kvo_cascade_tenant_part": (c_int, [_P, c_void_p, c_size_t, POINTER(c_uint32)]),
+    "kvo_cascade_host_stats": (c_int, [_P, POINTER(L.StoreStats)]),
+    "kvo_cascade_drain_events": (c_size_t, [_P, c_void_p, c_size_t, POINTER(c_uint64)]),
     "kvo_cascade_arena": (_P, [_P]),
     "kvo_cascade_lookup": (c_int, [_P, c_void_p, c_size_t, c_uint32, POINTER(CascadeWait), c_int64, c_void_p,
                                    c_void_p, POINTER(CascadeLookupResult)]),
@@ -359,7 +364,8 @@ class Cascade(_Handle):
                  ignore_present: bool = False, lookups_per_key: bool = False, verify_checksums: bool = False,
                  file_mode: str = "write_through", file_zero_copy: bool = False,
                  remote_lookup_budget_us: Optional[int] = None, remote_exists_ttl_ms: Optional[int] = None,
-                 retry_polls: Optional[int] = None, prefault: bool = True) -> None:
+                 retry_polls: Optional[int] = None, prefault: bool = True,
+                 tenant_host_bytes: Optional[dict[str, int]] = None) -> None:
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a Plan, not {type(plan).__name__}")
         if file_mode not in FILE_MODES:
@@ -384,6 +390,9 @@ class Cascade(_Handle):
             p.file_tier = file_tier._h
         if remote_tier is not None:
             p.remote_tier = remote_tier._h
+        parts = tenant_parts(tenant_host_bytes)
+        if parts is not None:
+            p.tenants, p.n_tenants = ctypes.addressof(parts), len(parts)
         h = c_void_p()
         check(lib.kvo_cascade_create(byref(p), byref(h)), "kvo_cascade_create")
         self._h: Optional[int] = h.value
@@ -415,6 +424,16 @@ class Cascade(_Handle):
             except KvoError:
                 pass
         super().close()
+
+    def tenant_part(self, salt: Union[None, str, bytes]) -> int:
+        """The host-tier part of the tenant whose cache salt is salt
+        (kvo_cascade_tenant_part): its index when tenant_host_bytes gave
+        its label one, else 0 (shared).  Tag every key of the tenant with it
+        (KEY_DTYPE's "tenant" field) before any call."""
+        b = _bytes("salt", salt) or b""
+        part = c_uint32(0)
+        check(lib.kvo_cascade_tenant_part(self._h, b or None, len(b), byref(part)), "kvo_cascade_tenant_part")
+        return part.value
 
     def host_store(self) -> Store:
         """The host tier's store (kvo_cascade_store), borrowed: its reads
@@ -652,26 +671,25 @@ class Cascade(_Handle):
         """The host tier's pending store events (event_capacity > 0), oldest
         first, as records of (type, key): type 1 stored, 2 evicted, 3
         removed (kvo_store_event_type); one C call per cap events."""
-        s = lib.kvo_cascade_store(self._h)
         dt = np.dtype([("type", "<u4"), ("pad", "<u4"), ("key", KEY_DTYPE)])
         assert dt.itemsize == ctypes.sizeof(L.StoreEvent), "kvo_store_event's layout changed"
         parts = []
         buf = np.empty(check_int("cap", cap, 1, 1 << 24), dtype=dt)
-        while s:
-            n = lib.kvo_store_drain_events(s, _ptr(buf), cap, None)
+        while lib.kvo_cascade_store(self._h):
+            n = lib.kvo_cascade_drain_events(self._h, _ptr(buf), cap, None)
             parts.append(buf[:n].copy())
             if n < cap:
                 break
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dt)
 
     def host_stats(self) -> dict[str, Any]:
-        """The host tier's store statistics (kvo_store_get_stats: bytes_used,
-        entries, evictions ...); {} without a host tier."""
-        s = lib.kvo_cascade_store(self._h)
-        if not s:
+        """The host tier's store statistics over every tenant part
+        (kvo_cascade_host_stats: bytes_used, entries, evictions ...); {}
+        without a host tier."""
+        if not lib.kvo_cascade_store(self._h):
             return {}
         st = _stats(L.StoreStats)
-        check(lib.kvo_store_get_stats(s, byref(st)), "kvo_store_get_stats")
+        check(lib.kvo_cascade_host_stats(self._h, byref(st)), "kvo_cascade_host_stats")
         return {n: getattr(st, n) for n in L._STORE_STATS}
 
     def stats(self) -> dict[str, Any]:

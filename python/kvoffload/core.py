@@ -1010,6 +1010,23 @@ class Transfer(_Handle):
 
 # --------------------------------------------------------------- connector --
 
+def tenant_parts(tenant_host_bytes: Optional[dict[str, int]]) -> Optional[Any]:
+    """A kvo_cascade_tenant array for {label: bytes} (labels as tenant_label
+    gives them; never salts), or None for none.  The C call copies it."""
+    if not tenant_host_bytes:
+        return None
+    if not isinstance(tenant_host_bytes, dict):
+        raise TypeError(f"tenant_host_bytes must be a dict of tenant labels and bytes, not "
+                        f"{type(tenant_host_bytes).__name__}")
+    arr = (L.CascadeTenant * len(tenant_host_bytes))()
+    for i, (label, n) in enumerate(tenant_host_bytes.items()):
+        if not isinstance(label, str) or isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError("tenant_host_bytes: keys are tenant labels (str), values bytes (int)")
+        arr[i].label, arr[i].host_bytes = label.encode(), check_int("tenant_host_bytes", n, 1, (1 << 64) - 1)
+    return arr
+
+
+
 class Connector(_Handle):
     """The whole offload path for one engine (kvo_connector): arena, store,
     transfer engine, optional file tier.  Requests are registered with their
@@ -1019,7 +1036,7 @@ class Connector(_Handle):
 
     def __init__(self, plan: Plan, host_bytes: int, policy: str = "lru", file_tier: Optional[FileTier] = None,
                  transfer_threads: int = 2, shm_path: Optional[str] = None, prefault: bool = True,
-                 event_capacity: int = 4096) -> None:
+                 event_capacity: int = 4096, tenant_host_bytes: Optional[dict[str, int]] = None) -> None:
         need("plan", plan, Plan)
         if file_tier is not None:
             need("file_tier", file_tier, FileTier)
@@ -1029,6 +1046,9 @@ class Connector(_Handle):
         self._shm = shm_path.encode() if shm_path else None
         p.shm_path = self._shm
         p.file_tier = file_tier._h if file_tier else None
+        parts = tenant_parts(tenant_host_bytes)
+        if parts is not None:
+            p.tenants, p.n_tenants = ctypes.addressof(parts), len(parts)
         h = c_void_p()
         check(lib.kvo_connector_create(byref(p), byref(h)), "kvo_connector_create")
         self._h: Optional[int] = h.value

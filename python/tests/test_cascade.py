@@ -33,7 +33,8 @@ def test_struct_sizes_match_c(tmp_path):
     names = {"kvo_namespace_desc": kc.NamespaceDesc, "kvo_cascade_params": kc.CascadeParams,
              "kvo_cascade_wait": kc.CascadeWait, "kvo_cascade_lookup_result": kc.CascadeLookupResult,
              "kvo_cascade_completion": kc.CascadeCompletion, "kvo_cascade_tier_stats": kc.CascadeTierStats,
-             "kvo_cascade_stats": kc.CascadeStats}
+             "kvo_cascade_stats": kc.CascadeStats, "kvo_cascade_tenant": L.CascadeTenant,
+             "kvo_store_params": L.StoreParams, "kvo_connector_params": L.ConnectorParams}
     src = tmp_path / "sizes.c"
     src.write_text('#include <stdio.h>\n#include "kvoffload/kvo.h"\nint main(void){' +
                    "".join(f'printf("{n} %zu\\n", sizeof({n}));' for n in names) + "return 0;}\n")
@@ -98,6 +99,42 @@ def test_host_over_file_store_promote_load(tmp_path):
     assert s["file"]["promotions"] == 4 and s["file"]["writes"] == 8
     c.close()
     ft.close()
+
+
+def test_tenant_parts_by_label(tmp_path):
+    """tenant_host_bytes: alice's keys (tagged with her part) stay while the
+    shared part churns; her own traffic evicts only her own; host_stats and
+    host_events cover every part; a salt in place of a label is refused."""
+    p = small_plan()
+    slot = p.groups[0]["slot_bytes"]
+    alice = kc.tenant_label("alice-secret")
+    c = kc.Cascade(p, 8 * slot, tenant_host_bytes={alice: 4 * slot}, event_capacity=64)
+    assert c.tenant_part("alice-secret") == 1 and c.tenant_part("bob") == 0 and c.tenant_part(None) == 0
+    mine = k.make_keys(list(range(1, 7)), 0)
+    mine["tenant"] = 1
+    theirs = k.make_keys(list(range(100, 120)), 0)
+
+    def store(keys):
+        for i in range(0, len(keys), 2):
+            need, slots = c.prepare_store(keys[i:i + 2])
+            assert (need == kc.HOST).all()
+            c.complete_store(keys[i:i + 2])
+    store(mine[:4])
+    store(theirs)          # 20 chunks through the shared 4 slots
+    assert (c.lookup(mine[:4], 0)[0] == k.READY).all()
+    store(mine[4:])        # alice's own: evicts her oldest two
+    st = c.lookup(mine, 0)[0]
+    assert list(st) == [k.MISS, k.MISS, k.READY, k.READY, k.READY, k.READY], st
+    untagged = mine.copy()
+    untagged["tenant"] = 0
+    assert (c.lookup(untagged, 0)[0] == k.MISS).all()   # another part's key is a miss
+    hs = c.host_stats()
+    assert hs["capacity_bytes"] == 8 * slot and hs["entries"] == 8, hs
+    ev = c.host_events()
+    assert ((ev["type"] == 2) & (ev["key"]["tenant"] == 1)).sum() == 2   # alice's two evictions, tagged
+    c.close()
+    with pytest.raises(L.KvoError, match="not a tenant label"):
+        kc.Cascade(p, 8 * slot, tenant_host_bytes={"alice-secret": 4 * slot})
 
 
 def test_direct_calls_without_a_host_tier(tmp_path):

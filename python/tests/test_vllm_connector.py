@@ -290,6 +290,41 @@ def test_connector_whole_prompt_hit_leaves_the_last_token():
         e.shutdown()
 
 
+def test_tenant_part_keeps_its_prefix_from_other_tenants():
+    """tenant_host_bytes gives alice (by her label) 128 of the host tier's
+    256 slots: bob's traffic (296 chunks) churns the shared 128 and alice's
+    second request still loads her whole prompt from her part; the control
+    (no part) loses it to bob's traffic."""
+    import os
+    import random
+
+    import vllm_engine_sim as sim
+    from kvoffload.tenants import tenant_label
+    slot = 4096   # the sim's one group: 16 tokens x 2 x 2 heads x 16 x fp16 x 2 layers
+    hits = {}
+    for with_part in (True, False):
+        extra = {"cpu_bytes_to_use": 256 * slot}   # the spec's floor: two steps of stores
+        if with_part:
+            extra["tenant_host_bytes"] = {tenant_label("alice-secret"): 128 * slot}
+        e = sim.Engine(extra, engine_id=f"kvo-conn-q{int(with_part)}-{os.getpid()}", connector="KvoffloadConnector")
+        rng = random.Random(5)
+        p = [rng.randrange(1000) for _ in range(256)]   # 16 blocks
+        try:
+            e.add("a1", p + [1, 2, 3], cache_salt="alice-secret")
+            e.run()
+            for k in range(8):   # bob: 8 x 37 chunks, and alice's device blocks gone
+                e.add(f"b{k}", [rng.randrange(1000) for _ in range(600)], cache_salt="bob-secret")
+                e.run()
+            e.add("a2", p + [4, 5, 6], cache_salt="alice-secret")
+            e.run()
+            host = e.connector.stats()["host"]
+            assert host["capacity_bytes"] == 256 * slot, host   # every part counted
+        finally:
+            e.shutdown()
+        hits[with_part] = e.hits.get("a2", 0)
+    assert hits[True] >= 240 and hits[False] == 0, hits
+
+
 def test_connector_counts_each_tenant_apart():
     """Two tenants (vLLM's cache_salt) and requests without one send the same
     prompt: each tenant's second request loads its own first one's chunks

@@ -123,7 +123,8 @@ class KvoffloadConnectorSpec(KvoffloadOffloadingSpec):
                                   event_capacity=(1 << 16) if self.kv_events_config.enable_kv_cache_events else 0,
                                   verify_checksums=bool(extra.get("kvo_verify_checksums", False)),
                                   file_mode=mode, file_zero_copy=bool(extra.get("kvo_file_zero_copy", False)),
-                                  remote_lookup_budget_us=None if budget is None else int(budget))
+                                  remote_lookup_budget_us=None if budget is None else int(budget),
+                                  tenant_host_bytes=extra.get("tenant_host_bytes"))
             except BaseException:
                 for t in tiers:
                     if t is not None:

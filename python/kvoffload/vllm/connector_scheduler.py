@@ -85,11 +85,17 @@ class _Tenant:
     """A request's tenant (its cache_salt, None without one) and whether its
     lookup was counted, kept in its ReqContext (set_state): they live and
     go with the request."""
-    __slots__ = ("salt", "counted")
+    __slots__ = ("salt", "counted", "part")
 
-    def __init__(self, salt: Optional[str]) -> None:
+    def __init__(self, salt: Optional[str], part: int = 0) -> None:
         self.salt = salt
+        self.part = part   # its host-tier part (Cascade.tenant_part): every key of the request is tagged with it
         self.counted = False
+
+
+def _part_of(req_context: Optional[ReqContext]) -> int:
+    t = req_context.get_state(_Tenant) if req_context is not None else None
+    return t.part if t is not None else 0
 
 
 def _tenant_of(req_context: Optional[ReqContext]) -> Optional[str]:
@@ -128,13 +134,14 @@ class CascadeManager(OffloadingManager):
         self.tenants = TenantCounters(TENANT_FIELDS)
 
     # -- keys ------------------------------------------------------------
-    def ckeys(self, keys: Sequence[OffloadKey]) -> np.ndarray:
+    def ckeys(self, keys: Sequence[OffloadKey], req_context: Optional[ReqContext] = None) -> np.ndarray:
         """The chunk keys (KEY_DTYPE) of OffloadKeys: one namespace_keys call
-        per group in the batch."""
+        per group in the batch; tagged with the request's tenant part."""
         n = len(keys)
         out = np.zeros(n, dtype=KEY_DTYPE)
         if n == 0:
             return out
+        part = _part_of(req_context)
         width = len(keys[0])
         raw = np.frombuffer(b"".join(keys), dtype=np.uint8)
         if raw.size != n * width:
@@ -147,6 +154,8 @@ class CascadeManager(OffloadingManager):
                 raise L.KvoError(L.KVO_EINVAL, f"vLLM group {int(gid)} is not offloaded", "CascadeManager")
             m = gids == gid
             out[m] = kc.namespace_keys(self.ns, raw[m, :width - 4], group=g)
+        if part:
+            out["tenant"] = part
         return out
 
     # -- lookup ----------------------------------------------------------
@@ -160,7 +169,7 @@ class CascadeManager(OffloadingManager):
         for keys, chain in groups:
             if not keys:
                 continue
-            ck = self.ckeys(keys)
+            ck = self.ckeys(keys, req_context)
             states, tiers, _ = self.cascade.lookup(ck, (kc.PREFIX if chain else 0) | kc.PROMOTE, wait)
             self.counts["lookups"] += 1
             self.counts["lookup_keys"] += len(keys)
@@ -179,7 +188,7 @@ class CascadeManager(OffloadingManager):
         r = a.get(key) if a is not None else None
         if r is None:  # a key outside the request's chunks (a boundary key): one call for it
             self.counts["fallback_lookups"] += 1
-            states, tiers, _ = self.cascade.lookup(self.ckeys([key]), kc.PROMOTE,
+            states, tiers, _ = self.cascade.lookup(self.ckeys([key], req_context), kc.PROMOTE,
                                                    self._waits.setdefault(req_context.req_id, kc.CascadeWait()))
             r = (int(states[0]), int(tiers[0]))
             if a is not None:
@@ -195,7 +204,7 @@ class CascadeManager(OffloadingManager):
 
     # -- loads -----------------------------------------------------------
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> KvoffloadLoadStoreSpec:
-        ck = self.ckeys(list(keys))
+        ck = self.ckeys(list(keys), req_context)
         if len(ck) == 0:
             return _EMPTY
         slots = self.cascade.prepare_load(ck)
@@ -203,18 +212,18 @@ class CascadeManager(OffloadingManager):
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if keys:
-            self.cascade.touch(self.ckeys(list(keys)))
+            self.cascade.touch(self.ckeys(list(keys), req_context))
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if keys:
-            self.cascade.complete_load(self.ckeys(list(keys)))
+            self.cascade.complete_load(self.ckeys(list(keys), req_context))
 
     # -- stores ----------------------------------------------------------
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         keys = list(keys)
         if not keys:
             return PrepareStoreOutput([], _EMPTY, [])
-        ck = self.ckeys(keys)
+        ck = self.ckeys(keys, req_context)
         need, slots = self.cascade.prepare_store(ck)
         take = np.flatnonzero((need == kc.HOST) | (need == kc.STAGED))
         if len(take) == 0:
@@ -241,14 +250,14 @@ class CascadeManager(OffloadingManager):
             if bad:
                 self._failed.difference_update(bad)
                 self.counts["stores_failed"] += len(bad)
-                self._complete(bad, False)
+                self._complete(bad, False, req_context)
                 keys = [k for k in keys if k not in set(bad)]
-        self._complete(keys, success)
+        self._complete(keys, success, req_context)
 
-    def _complete(self, keys: list[OffloadKey], ok: bool) -> None:
+    def _complete(self, keys: list[OffloadKey], ok: bool, req_context: Optional[ReqContext]) -> None:
         if not keys:
             return
-        ck = self.ckeys(keys)
+        ck = self.ckeys(keys, req_context)
         try:
             self.cascade.complete_store(ck, ok)
         except L.KvoError as e:
@@ -459,7 +468,8 @@ class KvoffloadConnectorScheduler(OffloadingConnectorScheduler):
         super().on_new_request(request)
         st = self._req_status.get(request.request_id)
         if st is not None:
-            st.req_context.set_state(_Tenant(getattr(request, "cache_salt", None) or None))
+            salt = getattr(request, "cache_salt", None) or None
+            st.req_context.set_state(_Tenant(salt, self.manager.cascade.tenant_part(salt)))
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int,
                                    max_num_new_tokens: Optional[int] = None) -> tuple[Optional[int], bool]:

@@ -168,6 +168,9 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             extra = self.extra_config
+            if extra.get("tenant_host_bytes"):
+                raise L.KvoError(L.KVO_ENOTSUP, "tenant_host_bytes: tenant quotas need the request's tenant at every "
+                                 "manager call; use KvoffloadConnector (docs/engines.md)", "KvoffloadOffloadingSpec")
             arena = None
             if self.scheduler_maps_arena:
                 arena = self._arena()
