@@ -74,6 +74,16 @@ def test_spec_requires_capacity():
     assert "cpu_bytes_to_use" in e.value.message
 
 
+def test_spec_refuses_tenant_quotas():
+    """The spec's manager calls carry no tenant, so it cannot keep a tenant's
+    part: tenant_host_bytes is refused, naming the connector that can."""
+    spec = KvoffloadOffloadingSpec(make_config(extra={"tenant_host_bytes": {"t-0123456789ab": 1 << 16},
+                                                      "kvo_scheduler_maps_arena": False}))
+    with pytest.raises(k.KvoError) as e:
+        spec.get_manager()
+    assert e.value.code == k._lib.KVO_ENOTSUP and "KvoffloadConnector" in e.value.message
+
+
 # ------------------------------------------------------ manager contract --
 
 def new_manager(cfg=None, **extra):
