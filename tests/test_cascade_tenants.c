@@ -262,3 +262,178 @@ KVO_TEST(lower_tiers_reach_every_part) {
     for (int i = 0; i < 4; i++) ASSERT_EQ_INT(ftf_read_key(f.file, f.plan, &mine[i], true), 0);
     fx_close(&f);
 }
+
+/* ------------------------------------------------------- file-tier parts -- */
+
+/* A tier under the test's directory with room for `files` chunk files. */
+static kvo_file_tier *file_tier_of(fx *f, const char *dir, uint64_t files) {
+    kvo_file_tier_params fp = ftf_params(ftf_subdir(dir), f->plan);
+    fp.quota_bytes = files * (f->slot + 4096);
+    return ftf_create_or_skip(&fp, f->plan);
+}
+
+static size_t files_held(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) {
+    uint8_t st[64];
+    ASSERT_TRUE(n <= 64);
+    ASSERT_OK(kvo_file_tier_lookup(t, keys, n, st));
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += st[i] == KVO_READY;
+    return k;
+}
+
+/* acme's chunks go to a file tier of its own (its quota, its disk share):
+ * 64 chunks of other tenants through the shared tier (room for 16) leave
+ * them; without its own tier (the control) they are evicted there.  Its
+ * chunks come back by promotion into its host part, byte-exact. */
+KVO_TEST(a_tenants_file_part_keeps_its_files) {
+    for (int with_part = 1; with_part >= 0; with_part--) {
+        fx f;
+        memset(&f, 0, sizeof f);
+        f.plan = ftf_plan("tenant-file", 16384, false);
+        f.chunk = kvo_plan_group(f.plan, 0)->chunk_bytes;
+        f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
+        ASSERT_OK(kvo_tenant_label("acme", 4, f.label, sizeof f.label));
+        f.file = file_tier_of(&f, with_part ? "shared-p" : "shared-c", 16);
+        kvo_file_tier *mine_ft = with_part ? file_tier_of(&f, "acme", 16) : NULL;
+        kvo_cascade_params p = kvo_cascade_default_params();
+        p.plan = f.plan;
+        p.host_bytes = 12 * f.slot;
+        p.file_tier = f.file;
+        kvo_cascade_tenant t = {f.label, 4 * f.slot, mine_ft};
+        p.tenants = &t;
+        p.n_tenants = 1;
+        ASSERT_OK(kvo_cascade_create(&p, &f.c));
+        kvo_chunk_key mine[4], theirs[64];
+        keys_of(mine, 4, 1000, 1);
+        keys_of(theirs, 64, 5000, 0);
+        store(&f, mine, 4);
+        ASSERT_OK(kvo_cascade_flush(f.c, KVO_MS(20000)));
+        for (size_t at = 0; at < 64; at += 8) {
+            store(&f, theirs + at, 8);
+            ASSERT_OK(kvo_cascade_flush(f.c, KVO_MS(20000)));
+        }
+        ASSERT_EQ_U64(files_held(with_part ? mine_ft : f.file, mine, 4), with_part ? 4 : 0);
+        if (with_part) {
+            ASSERT_EQ_U64(files_held(f.file, mine, 4), 0); /* never in the shared tier */
+            kvo_chunk_key more[4]; /* acme's own traffic evicts its host chunks: they come back from its files */
+            keys_of(more, 4, 2000, 1);
+            store(&f, more, 4);
+            ASSERT_EQ_U64(held(&f, mine, 4), 0);
+            uint8_t st[4], tiers[4];
+            kvo_cascade_lookup_result r;
+            ASSERT_OK(kvo_cascade_lookup(f.c, mine, 4, KVO_CASCADE_PROMOTE, NULL, 0, st, tiers, &r));
+            ASSERT_EQ_U64(r.promoting, 4);
+            kvo_cascade_completion cp[4];
+            size_t got = 0;
+            for (int spin = 0; spin < 4000 && got < 4; spin++) {
+                size_t n = 0;
+                ASSERT_OK(kvo_cascade_poll(f.c, cp + got, 4 - got, &n));
+                got += n;
+                if (got < 4) (void)kvo_cascade_wait_events(f.c, KVO_MS(5));
+            }
+            ASSERT_EQ_U64(got, 4);
+            for (int i = 0; i < 4; i++) ASSERT_EQ_INT(cp[i].result, 0);
+            ASSERT_EQ_U64(held(&f, mine, 4), 4);
+        }
+        kvo_cascade_destroy(f.c);
+        f.c = NULL;
+        if (mine_ft) {
+            ASSERT_OK(kvo_file_tier_flush(mine_ft, KVO_MS(20000)));
+            kvo_file_tier_destroy(mine_ft);
+        }
+        fx_close(&f);
+    }
+}
+
+/* Without a host tier (engines with host memory of their own): a
+ * tenant's direct writes, reads and removes go to its own file tier. */
+KVO_TEST(direct_calls_reach_a_tenants_file_part) {
+    fx f;
+    memset(&f, 0, sizeof f);
+    f.plan = ftf_plan("tenant-direct", 16384, false);
+    f.chunk = kvo_plan_group(f.plan, 0)->chunk_bytes;
+    f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
+    ASSERT_OK(kvo_tenant_label("acme", 4, f.label, sizeof f.label));
+    f.file = file_tier_of(&f, "d-shared", 64);
+    kvo_file_tier *mine_ft = file_tier_of(&f, "d-acme", 64);
+    kvo_cascade_params p = kvo_cascade_default_params();
+    p.plan = f.plan;
+    p.file_tier = f.file;
+    kvo_cascade_tenant t = {f.label, 0, mine_ft};
+    p.tenants = &t;
+    p.n_tenants = 1;
+    ASSERT_OK(kvo_cascade_create(&p, &f.c));
+    ASSERT_EQ_U64(part_of(&f, "acme"), 1);
+    kvo_chunk_key k[2];
+    keys_of(k, 2, 300, 1);
+    unsigned char *src = malloc(2 * f.chunk), *dst = ftf_aligned_buf(2 * f.slot);
+    ASSERT_NOT_NULL(src);
+    const void *srcs[2] = {src, src + f.chunk};
+    for (int i = 0; i < 2; i++) ftf_fill(src + i * f.chunk, f.chunk, &k[i]);
+    int res[2];
+    ASSERT_OK(kvo_cascade_write(f.c, k, srcs, 2, KVO_MS(5000), res));
+    ASSERT_OK(kvo_cascade_flush(f.c, KVO_MS(20000)));
+    ASSERT_EQ_U64(files_held(mine_ft, k, 2), 2);
+    ASSERT_EQ_U64(files_held(f.file, k, 2), 0);
+    void *dsts[2] = {dst, dst + f.slot};
+    uint64_t ud[2] = {1, 2};
+    ASSERT_OK(kvo_cascade_read(f.c, k, dsts, 2, ud, res));
+    kvo_cascade_completion cp[2];
+    size_t got = 0;
+    for (int spin = 0; spin < 4000 && got < 2; spin++) {
+        size_t n = 0;
+        ASSERT_OK(kvo_cascade_poll(f.c, cp + got, 2 - got, &n));
+        got += n;
+        if (got < 2) (void)kvo_cascade_wait_events(f.c, KVO_MS(5));
+    }
+    ASSERT_EQ_U64(got, 2);
+    for (int i = 0; i < 2; i++) {
+        ASSERT_EQ_INT(cp[i].result, 0);
+        ASSERT_MEM_EQ(dsts[cp[i].user_data - 1], src + (cp[i].user_data - 1) * f.chunk, f.chunk);
+    }
+    k[0].tenant = 0; /* under the shared part's tag: not there */
+    ASSERT_OK(kvo_cascade_remove(f.c, k, 1, NULL, res));
+    ASSERT_EQ_INT(res[0], KVO_ENOTFOUND);
+    k[0].tenant = 1;
+    ASSERT_OK(kvo_cascade_remove(f.c, k, 1, NULL, res));
+    ASSERT_EQ_INT(res[0], 0);
+    ASSERT_EQ_U64(files_held(mine_ft, k, 2), 1);
+    free(src);
+    free(dst);
+    kvo_cascade_destroy(f.c);
+    f.c = NULL;
+    ASSERT_OK(kvo_file_tier_flush(mine_ft, KVO_MS(20000)));
+    kvo_file_tier_destroy(mine_ft);
+    fx_close(&f);
+}
+
+KVO_TEST(file_parts_are_checked) {
+    fx f = fx_open(12, 0, true, KVO_FILE_WRITE_THROUGH, false);
+    kvo_file_tier *other = file_tier_of(&f, "chk-other", 8);
+    kvo_cascade_params p = kvo_cascade_default_params();
+    p.plan = f.plan;
+    p.host_bytes = 12 * f.slot;
+    p.file_tier = f.file;
+    kvo_cascade_tenant t = {f.label, 0, other};
+    p.tenants = &t;
+    p.n_tenants = 1;
+    kvo_cascade *c = NULL;
+    ASSERT_ERR(kvo_cascade_create(&p, &c), KVO_EINVAL); /* no host part beside its file tier */
+    ASSERT_CONTAINS(kvo_last_error(), "host part of its own");
+    t.host_bytes = 4 * f.slot;
+    t.file_tier = f.file;
+    ASSERT_ERR(kvo_cascade_create(&p, &c), KVO_EINVAL); /* the shared tier is not its own */
+    t.file_tier = NULL;
+    t.host_bytes = 0;
+    ASSERT_ERR(kvo_cascade_create(&p, &c), KVO_EINVAL); /* nothing of its own */
+    ASSERT_CONTAINS(kvo_last_error(), "neither");
+    t.file_tier = other;
+    t.host_bytes = 4 * f.slot;
+    p.file_tier = NULL;
+    ASSERT_ERR(kvo_cascade_create(&p, &c), KVO_EINVAL); /* a file part needs the shared file tier */
+    p.file_tier = f.file;
+    ASSERT_OK(kvo_cascade_create(&p, &c));
+    kvo_cascade_destroy(c);
+    kvo_file_tier_destroy(other);
+    fx_close(&f);
+}

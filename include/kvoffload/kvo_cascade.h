@@ -157,21 +157,29 @@ typedef enum kvo_file_mode {
 } kvo_file_mode;
 
 
-/** Most tenants with a host-tier part of their own (kvo_cascade_params.tenants). */
+/** Most tenants with parts of their own (kvo_cascade_params.tenants). */
 #define KVO_CASCADE_TENANTS_MAX 15
 
-/** A tenant's own part of the host tier: a quota and a reservation at once.
- *  Its chunks live in host_bytes of their own, evicted only by its own
- *  stores (its own eviction order); no other tenant's traffic evicts them,
- *  and it never holds more than host_bytes.  Tenants without a part share
- *  the rest of the host tier.  The lower tiers are not parted (one quota
- *  each, shared by every tenant). */
+/** A tenant's own part of the tiers: a quota and a reservation at once.
+ *  Host: its chunks live in host_bytes of their own, evicted only by its
+ *  own stores (its own eviction order); no other tenant's traffic evicts
+ *  them, and it never holds more than host_bytes.  File: its chunks go to
+ *  (and are looked up, read, promoted and removed from) a file tier of its
+ *  own, whose quota is its share of the disk.  Tenants without a part
+ *  share the rest of each tier.  The remote tier is not parted (one
+ *  cluster, Redis's own eviction). */
 typedef struct kvo_cascade_tenant {
     const char *label;    /* kvo_tenant_label of the tenant's salt ("t-" and
-                             12 hex digits): configuration never holds the
-                             salt itself */
-    uint64_t host_bytes;  /* its part: at least the largest slot, a multiple
-                             of KVO_SLOT_ALIGN */
+                             12 hex digits, or "default"): configuration
+                             never holds the salt itself */
+    uint64_t host_bytes;  /* its host part: 0 (none: it shares the host
+                             tier), or at least the largest slot and a
+                             multiple of KVO_SLOT_ALIGN */
+    kvo_file_tier *file_tier; /* its own file tier (borrowed, as the
+                             cascade's: its own root or namespace, its own
+                             quota), or NULL: it shares the cascade's.
+                             Needs the cascade's file tier too (same thread
+                             rule: nobody else polls it) */
 } kvo_cascade_tenant;
 
 typedef struct kvo_cascade_params {
@@ -222,10 +230,11 @@ typedef struct kvo_cascade_params {
     uint32_t retry_polls;         /* how many polls a write refused for
                                      back-pressure is retried before it is
                                      dropped (counted); 0 or default: 200 */
-    /* Tenant quotas (host tier): n_tenants parts of host_bytes, laid out
-     * after the shared part (whose size is host_bytes less theirs and must
-     * hold the largest slot).  Part i + 1 is tenants[i]; part 0 is shared.
-     * Copied at create (labels too).  Default none. */
+    /* Tenant quotas: n_tenants parts (kvo_cascade_tenant).  Host parts are
+     * carved out of host_bytes, laid out before the shared part (whose size
+     * is host_bytes less theirs and must hold the largest slot).  Part
+     * i + 1 is tenants[i]; part 0 is shared.  Copied at create (labels
+     * too).  Default none. */
     const kvo_cascade_tenant *tenants;
     uint32_t n_tenants;
 } kvo_cascade_params;
@@ -249,21 +258,22 @@ KVO_API int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out);
  *  in progress or follows.  NULL: no-op. */
 KVO_API void kvo_cascade_destroy(kvo_cascade *c);
 
-/** The host-tier part of the tenant whose salt is salt (len bytes; len 0:
- *  no salt): *part = its index (1..n_tenants) when its label is configured,
- *  else 0, the shared part.  Tag every key of that tenant with it
+/** The part of the tenant whose salt is salt (len bytes; len 0: no salt):
+ *  *part = its index (1..n_tenants) when its label is configured, else 0,
+ *  the shared part.  Tag every key of that tenant with it
  *  (kvo_chunk_key.tenant) before passing it to any cascade call: a key's
- *  host entry lives in the part its tag names; a tag past the last part is
- *  KVO_EINVAL, and one call that reserves slots (prepare_store,
- *  prepare_load, promote's batch) takes keys of one part only.  Keys tagged
- *  inconsistently are misses, never another key's bytes.  Any thread.
- *  Errors: KVO_EINVAL (NULL c or part, salt NULL with len > 0). */
+ *  host entry and files live in the part its tag names; a tag past the last
+ *  part is KVO_EINVAL, and a call that reserves host slots (prepare_store,
+ *  prepare_load) takes keys of one part only.  Keys tagged inconsistently
+ *  are misses, never another key's bytes.  Any thread.  Errors: KVO_EINVAL
+ *  (NULL c or part, salt NULL with len > 0). */
 KVO_API int kvo_cascade_tenant_part(const kvo_cascade *c, const void *salt, size_t len, uint32_t *part);
 
 /** The store of host-tier part `part` (0: the shared part, as
- *  kvo_cascade_store); NULL past the last part or without a host tier.
- *  Owned by the cascade: for statistics and events (each part's store has
- *  its own events to drain); its slots are arena offsets. */
+ *  kvo_cascade_store; a tenant without a host part: the shared one); NULL
+ *  past the last part or without a host tier.  Owned by the cascade: for
+ *  statistics (kvo_cascade_host_stats sums them; events:
+ *  kvo_cascade_drain_events); its slots are arena offsets. */
 KVO_API kvo_store *kvo_cascade_part_store(kvo_cascade *c, uint32_t part);
 
 /** The host tier's store statistics over every part (kvo_store_get_stats

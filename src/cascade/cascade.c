@@ -69,10 +69,8 @@ static int kvo__validate(const kvo_cascade_params *p) {
         return kvo__error(KVO_EINVAL, "kvo_cascade_create: file_mode %d is not WRITE_THROUGH (0) or WRITE_BACK (1)",
                           (int)p->file_mode);
     if (p->n_tenants) {
-        if (!p->tenants || p->n_tenants > KVO_CASCADE_TENANTS_MAX || !p->host_bytes)
-            return kvo__error(KVO_EINVAL,
-                              "kvo_cascade_create: n_tenants %u needs a tenants array, at most %u of them and a host "
-                              "tier",
+        if (!p->tenants || p->n_tenants > KVO_CASCADE_TENANTS_MAX)
+            return kvo__error(KVO_EINVAL, "kvo_cascade_create: n_tenants %u needs a tenants array, at most %u of them",
                               (unsigned)p->n_tenants, (unsigned)KVO_CASCADE_TENANTS_MAX);
         uint64_t sum = 0;
         for (uint32_t i = 0; i < p->n_tenants; i++) {
@@ -82,19 +80,37 @@ static int kvo__validate(const kvo_cascade_params *p) {
                                   "kvo_cascade_create: tenants[%u].label is not a tenant label (\"default\" or "
                                   "\"t-\" and 12 hex digits, as kvo_tenant_label gives for the salt)",
                                   (unsigned)i);
-            for (uint32_t j = 0; j < i; j++)
+            for (uint32_t j = 0; j < i; j++) {
                 if (!strcmp(p->tenants[j].label, t->label))
                     return kvo__error(KVO_EINVAL, "kvo_cascade_create: tenant %s is given twice (tenants[%u], [%u])",
                                       t->label, (unsigned)j, (unsigned)i);
-            if (t->host_bytes < maxslot || t->host_bytes % KVO_SLOT_ALIGN)
+                if (t->file_tier && t->file_tier == p->tenants[j].file_tier)
+                    return kvo__error(KVO_EINVAL, "kvo_cascade_create: tenants %s and %s are given one file tier",
+                                      p->tenants[j].label, t->label);
+            }
+            if (!t->host_bytes && !t->file_tier)
+                return kvo__error(KVO_EINVAL, "kvo_cascade_create: tenant %s has neither host_bytes nor a file tier",
+                                  t->label);
+            if (t->host_bytes && (!p->host_bytes || t->host_bytes < maxslot || t->host_bytes % KVO_SLOT_ALIGN))
                 return kvo__error(KVO_EINVAL,
-                                  "kvo_cascade_create: tenant %s: host_bytes %llu must be at least the largest slot "
-                                  "(%llu bytes) and a multiple of %u",
+                                  "kvo_cascade_create: tenant %s: host_bytes %llu needs a host tier, at least the "
+                                  "largest slot (%llu bytes) and a multiple of %u",
                                   t->label, (unsigned long long)t->host_bytes, (unsigned long long)maxslot,
                                   (unsigned)KVO_SLOT_ALIGN);
+            if (t->file_tier && (!p->file_tier || t->file_tier == p->file_tier))
+                return kvo__error(KVO_EINVAL,
+                                  "kvo_cascade_create: tenant %s: its file tier needs the cascade's own file tier "
+                                  "beside it (params.file_tier, another one)",
+                                  t->label);
+            if (t->file_tier && p->host_bytes && !t->host_bytes)
+                return kvo__error(KVO_EINVAL,
+                                  "kvo_cascade_create: tenant %s: a file tier of its own needs a host part of its own "
+                                  "too (host_bytes) when the cascade has a host tier: write-back and persist find a "
+                                  "chunk's file tier by its host part",
+                                  t->label);
             sum += t->host_bytes;
         }
-        if (sum > p->host_bytes || p->host_bytes - sum < maxslot)
+        if (sum && (sum > p->host_bytes || p->host_bytes - sum < maxslot))
             return kvo__error(KVO_EINVAL,
                               "kvo_cascade_create: the tenants' parts take %llu of host_bytes %llu; the shared part "
                               "needs at least the largest slot (%llu bytes)",
@@ -160,17 +176,15 @@ int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out) {
          * the shared part after them */
         uint64_t at = 0;
         for (uint32_t i = 0; i < p->n_tenants; i++) {
+            if (!p->tenants[i].host_bytes) continue;
             sp.base_offset = at;
             sp.capacity_bytes = p->tenants[i].host_bytes;
             if ((rc = kvo_store_create(&sp, &c->parts[i + 1]))) goto fail;
-            (void)kvo__strlcpy(c->labels[i + 1], p->tenants[i].label, sizeof c->labels[i + 1]);
             at += p->tenants[i].host_bytes;
         }
         sp.base_offset = at;
         sp.capacity_bytes = p->host_bytes - at;
         if ((rc = kvo_store_create(&sp, &c->store))) goto fail;
-        c->parts[0] = c->store;
-        c->nparts = 1 + p->n_tenants;
         if (p->staging_bytes) {
             kvo_store_params tp = kvo_store_default_params();
             tp.plan = p->plan;
@@ -185,6 +199,17 @@ int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out) {
             }
         }
     }
+    /* the parts (also without a host tier: files) */
+    c->nparts = 1 + p->n_tenants;
+    c->parts[0] = c->store;
+    c->files[0] = c->file;
+    if (c->file) c->ftiers[c->nft++] = c->file;
+    for (uint32_t i = 0; i < p->n_tenants; i++) {
+        (void)kvo__strlcpy(c->labels[i + 1], p->tenants[i].label, sizeof c->labels[i + 1]);
+        if (!c->parts[i + 1]) c->parts[i + 1] = c->store;
+        c->files[i + 1] = p->tenants[i].file_tier ? p->tenants[i].file_tier : c->file;
+        if (p->tenants[i].file_tier) c->ftiers[c->nft++] = p->tenants[i].file_tier;
+    }
     if ((rc = kvo__ring_init(&c->cq, sizeof(kvo_cascade_completion), 64, 0, true, "cascade: completions"))) goto fail;
     c->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (c->epfd < 0) {
@@ -192,9 +217,10 @@ int kvo_cascade_create(const kvo_cascade_params *p, kvo_cascade **out) {
         goto fail;
     }
     if ((rc = kvo__epoll_add(c->epfd, c->cq.efd)) ||
-        (c->file && (rc = kvo__epoll_add(c->epfd, kvo_file_tier_event_fd(c->file)))) ||
         (c->remote && (rc = kvo__epoll_add(c->epfd, kvo_remote_tier_event_fd(c->remote)))))
         goto fail;
+    for (uint32_t i = 0; i < c->nft; i++)
+        if ((rc = kvo__epoll_add(c->epfd, kvo_file_tier_event_fd(c->ftiers[i])))) goto fail;
     *out = c;
     return 0;
 fail:
@@ -220,7 +246,7 @@ void kvo_cascade_destroy(kvo_cascade *c) {
     kvo__hmap_free(&c->presence);
     kvo__ring_free(&c->cq);
     kvo_store_destroy(c->stage);
-    for (uint32_t i = 0; i <= KVO_CASCADE_TENANTS_MAX; i++)
+    for (uint32_t i = 1; i <= KVO_CASCADE_TENANTS_MAX; i++)
         if (c->parts[i] != c->store) kvo_store_destroy(c->parts[i]);
     kvo_store_destroy(c->store);
     if (c->own_arena) kvo_arena_destroy(c->arena);
@@ -250,6 +276,7 @@ int kvo_cascade_host_stats(kvo_cascade *c, kvo_store_stats *out) {
     if (!c || !c->store || !out) return kvo__error(KVO_EINVAL, "kvo_cascade_host_stats: NULL, or no host tier");
     int rc = kvo_store_get_stats(c->store, out);
     for (uint32_t t = 1; t < c->nparts && !rc; t++) {
+        if (!kvo__casc_own_store(c, t)) continue;
         kvo_store_stats ps = KVO_STORE_STATS_INIT;
         if ((rc = kvo_store_get_stats(c->parts[t], &ps))) break;
 #define KVO__SUM(f) out->f += ps.f
@@ -273,6 +300,7 @@ size_t kvo_cascade_drain_events(kvo_cascade *c, kvo_store_event *out, size_t cap
     if (!c || !out) return 0;
     size_t n = 0;
     for (uint32_t t = 0; t < c->nparts; t++) {
+        if (!kvo__casc_own_store(c, t)) continue;
         uint64_t d = 0;
         size_t m = kvo_store_drain_events(c->parts[t], out + n, cap - n, &d);
         for (size_t i = n; i < n + m; i++) out[i].key.tenant = t;
@@ -361,6 +389,7 @@ int kvo_cascade_invalidate(kvo_cascade *c, uint64_t groups, uint64_t *n_removed)
     uint64_t removed = 0;
     for (uint32_t t = 0; t < c->nparts && groups; t++) { /* READY host entries of those groups: removed (pinned
                                                            ones retired) */
+        if (!kvo__casc_own_store(c, t)) continue;
         enum { B = 64 };
         kvo_store_entry ents[B];
         kvo_chunk_key keys[B];

@@ -133,11 +133,15 @@ struct kvo_cascade {
     bool own_arena;
     uint8_t *base;
     kvo_store *store;   /* host slots of the shared part: arena offsets [0, shared bytes) */
-    /* tenant parts: parts[0] = store, parts[t] the store of tenants[t - 1]
-     * over the arena offsets after the shared part; fixed at create (read
-     * without the lock) */
+    /* tenant parts (1 + n_tenants, also without a host tier), fixed at
+     * create (read without the lock): parts[0] = store, parts[t] the store
+     * of tenants[t - 1] over its own arena offsets, or store when it has no
+     * host part; files[t] its file tier, or file; ftiers: the distinct file
+     * tiers (file first), for what goes to every tier (poll, flush, wait) */
     kvo_store *parts[1 + KVO_CASCADE_TENANTS_MAX];
-    uint32_t nparts;
+    kvo_file_tier *files[1 + KVO_CASCADE_TENANTS_MAX];
+    kvo_file_tier *ftiers[1 + KVO_CASCADE_TENANTS_MAX];
+    uint32_t nparts, nft;
     char labels[1 + KVO_CASCADE_TENANTS_MAX][KVO_TENANT_LABEL_MAX];
     kvo_store *stage;   /* staging slots: arena offsets host_bytes + slot */
     uint64_t *sums;     /* verify_checksums: XXH3-64 per KVO_SLOT_ALIGN of the host tier */
@@ -190,6 +194,16 @@ static inline void *kvo__casc_host_ptr(kvo_cascade *c, kvo_slot s) { return c->b
 static inline kvo_store *kvo__casc_hs(const kvo_cascade *c, const kvo_chunk_key *k) {
     assert(k->tenant < c->nparts);
     return c->parts[k->tenant];
+}
+/* The file tier holding key k (its tenant part's; c->file must exist). */
+static inline kvo_file_tier *kvo__casc_ft(const kvo_cascade *c, const kvo_chunk_key *k) {
+    assert(k->tenant < c->nparts);
+    return c->files[k->tenant];
+}
+/* Whether part t has a host store of its own (0: the shared one, when
+ * there is a host tier): loops over every host entry visit each store once. */
+static inline bool kvo__casc_own_store(const kvo_cascade *c, uint32_t t) {
+    return c->parts[t] && (t == 0 || c->parts[t] != c->store);
 }
 /* The end of the run of keys from i on in keys[i]'s tenant part. */
 static inline size_t kvo__casc_run(const kvo_cascade *c, const kvo_chunk_key *keys, size_t i, size_t n) {
@@ -293,6 +307,15 @@ void kvo__casc_retry(kvo_cascade *c);
 /* kvo_store_prepare_store on the host store; in write-back mode the READY
  * chunks it evicts that the file tier lacks are queued to it first. */
 int kvo__casc_host_prepare(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uint8_t *need, kvo_slot *slots);
+/* The file tier's batch calls for keys that may span tenant parts: each run
+ * of one part to its part's tier (c->file must exist).  lookup: a run whose
+ * call fails reads MISS.  read / write / write_borrowed: results[i] per
+ * key, a run's failure given to each of its keys; *nq the keys queued. */
+void kvo__casc_file_lookup(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uint8_t *states);
+void kvo__casc_file_read(kvo_cascade *c, const kvo_chunk_key *keys, void *const *dsts, size_t n, const uint64_t *ud,
+                         int *results);
+void kvo__casc_file_write(kvo_cascade *c, const kvo_chunk_key *keys, const void *const *srcs, const uint64_t *sums,
+                          size_t n, const uint64_t *ud, int *results, bool borrowed);
 /* XXH3-64 of host slot s holding k (verify_checksums). */
 uint64_t kvo__casc_sum(kvo_cascade *c, const kvo_chunk_key *k, kvo_slot s);
 

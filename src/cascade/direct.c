@@ -52,8 +52,9 @@ static void kvo__queue(kvo_cascade *c, unsigned t, size_t m, const uint64_t *use
         c->s_ud[k++] = id;
     }
     if (!k) return;
-    int rc = t == KVO_TIER_FILE ? kvo_file_tier_read(c->file, c->s_keys, c->s_ptr, k, c->s_ud, c->s_res, &nq)
-                                : kvo_remote_tier_get(c->remote, c->s_keys, c->s_ptr, k, c->s_ud, c->s_res, &nq);
+    int rc = 0;
+    if (t == KVO_TIER_FILE) kvo__casc_file_read(c, c->s_keys, c->s_ptr, k, c->s_ud, c->s_res);
+    else rc = kvo_remote_tier_get(c->remote, c->s_keys, c->s_ptr, k, c->s_ud, c->s_res, &nq);
     for (size_t j = 0; j < k; j++) {
         int r = rc ? rc : c->s_res[j];
         if (results) results[c->s_idx[j]] = r;
@@ -84,8 +85,8 @@ int kvo_cascade_read(kvo_cascade *c, const kvo_chunk_key *keys, void *const *dst
                 c->s_keys[m] = keys[i];
                 c->s_idx[m++] = i;
             }
-        if (m && kvo_file_tier_lookup(c->file, c->s_keys, m, c->s_u8) == 0)
-            for (size_t k = 0; k < m; k++) fst[c->s_idx[k]] = c->s_u8[k];
+        if (m) kvo__casc_file_lookup(c, c->s_keys, m, c->s_u8);
+        for (size_t k = 0; k < m; k++) fst[c->s_idx[k]] = c->s_u8[k];
     }
     for (int pass = 0; pass < 2; pass++) {
         unsigned t = pass == 0 ? KVO_TIER_FILE : KVO_TIER_REMOTE;
@@ -157,7 +158,7 @@ int kvo_cascade_write(kvo_cascade *c, const kvo_chunk_key *keys, const void *con
         }
         /* let the queues drain, then ask again */
         int64_t left = (int64_t)(deadline - now);
-        if (c->file) (void)kvo_file_tier_flush(c->file, left);
+        for (uint32_t f = 0; f < c->nft; f++) (void)kvo_file_tier_flush(c->ftiers[f], left);
         if (c->remote) (void)kvo_remote_tier_flush(c->remote, left);
         m = k;
     }
@@ -200,10 +201,10 @@ int kvo_cascade_remove(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, cons
             if (kvo_store_remove(hs, k, 1) == KVO_EBUSY) (void)kvo_store_retire(hs, k, 1);
         }
         uint8_t fst = KVO_MISS;
-        if (c->file && kvo__casc_uses(c, KVO_TIER_FILE, k->group) && kvo_file_tier_lookup(c->file, k, 1, &fst) == 0 &&
-            fst != KVO_MISS) {
+        if (c->file && kvo__casc_uses(c, KVO_TIER_FILE, k->group) &&
+            kvo_file_tier_lookup(kvo__casc_ft(c, k), k, 1, &fst) == 0 && fst != KVO_MISS) {
             found = true;
-            (void)kvo_file_tier_remove(c->file, k, 1); /* a file being written stays (KVO_EBUSY) */
+            (void)kvo_file_tier_remove(kvo__casc_ft(c, k), k, 1); /* a file being written stays (KVO_EBUSY) */
         }
         int r = found ? 0 : KVO_ENOTFOUND;
         bool remote = c->remote && kvo__casc_uses(c, KVO_TIER_REMOTE, k->group);

@@ -88,10 +88,10 @@ static void kvo__landed(kvo_cascade *c, uint64_t id, int result, uint64_t bytes)
 
 void kvo__casc_drive(kvo_cascade *c) {
     enum { B = 32 };
-    if (c->file) {
+    for (uint32_t f = 0; f < c->nft; f++) {
         kvo_file_completion fc[B];
         size_t n;
-        while (kvo_file_tier_poll(c->file, fc, B, &n) == 0 && n > 0)
+        while (kvo_file_tier_poll(c->ftiers[f], fc, B, &n) == 0 && n > 0)
             for (size_t i = 0; i < n; i++) {
                 if (fc[i].op == KVO_FILE_OP_READ)
                     kvo__landed(c, fc[i].user_data, fc[i].result, fc[i].bytes);
@@ -123,7 +123,9 @@ void kvo__casc_drain(kvo_cascade *c) {
         kvo__casc_unlock(c);
         /* a tier with nothing that reports in flight answers ENOTFOUND at
          * once: then no completion can come from it any more */
-        bool file_done = !file_busy || kvo_file_tier_wait(c->file, KVO_MS(100)) == KVO_ENOTFOUND;
+        bool file_done = true; /* every file tier says nothing of ours is in flight */
+        for (uint32_t f = 0; file_busy && f < c->nft; f++)
+            if (kvo_file_tier_wait(c->ftiers[f], KVO_MS(100) / c->nft) != KVO_ENOTFOUND) file_done = false;
         bool remote_done = !remote_busy || kvo_remote_tier_wait(c->remote, KVO_MS(100)) == KVO_ENOTFOUND;
         kvo__casc_lock(c);
         if (file_done && remote_done) {

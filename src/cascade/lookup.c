@@ -47,12 +47,12 @@ static int kvo__pass(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uint32
                 c->s_keys[m] = keys[i];
                 c->s_idx[m++] = i;
             }
-        if (m && kvo_file_tier_lookup(c->file, c->s_keys, m, c->s_u8) == 0)
-            for (size_t k = 0; k < m; k++) {
-                if (c->s_u8[k] == KVO_MISS) continue;
-                states[c->s_idx[k]] = c->s_u8[k];
-                tiers[c->s_idx[k]] = KVO_TIER_FILE;
-            }
+        if (m) kvo__casc_file_lookup(c, c->s_keys, m, c->s_u8);
+        for (size_t k = 0; k < m; k++) {
+            if (c->s_u8[k] == KVO_MISS) continue;
+            states[c->s_idx[k]] = c->s_u8[k];
+            tiers[c->s_idx[k]] = KVO_TIER_FILE;
+        }
     }
     /* the cluster, for what is left (from the first miss on, with PREFIX) */
     kvo__casc_round rr;

@@ -63,7 +63,7 @@ int kvo_cascade_flush(kvo_cascade *c, int64_t timeout_ns) {
         /* with writes still deferred, drain the queues briefly and retry */
         int64_t step = deferred && (left < 0 || left > KVO_MS(50)) ? KVO_MS(50) : left;
         int rc = 0;
-        if (c->file) rc = kvo_file_tier_flush(c->file, step);
+        for (uint32_t f = 0; !rc && f < c->nft; f++) rc = kvo_file_tier_flush(c->ftiers[f], step);
         if (!rc && c->remote) rc = kvo_remote_tier_flush(c->remote, step);
         if (!deferred && !rc) return 0;
         if (left == 0)
@@ -90,8 +90,12 @@ int kvo_cascade_persist(kvo_cascade *c, int64_t timeout_ns, uint64_t *n_queued) 
     int rc = 0;
     do {
         size_t n = 0, m = 0;
+        if (!kvo__casc_own_store(c, part)) { /* a tenant without a host part: its chunks are in the shared one */
+            part++;
+            continue;
+        }
         if (queued) { /* pace: one batch in the tier's queue at a time */
-            rc = kvo_file_tier_flush(c->file, kvo__left(deadline));
+            rc = kvo_file_tier_flush(c->files[part], kvo__left(deadline));
             if (rc) break;
         }
         kvo__casc_lock(c);
@@ -103,7 +107,7 @@ int kvo_cascade_persist(kvo_cascade *c, int64_t timeout_ns, uint64_t *n_queued) 
                     keys[m].tenant = part; /* deferred retries find its entry by it */
                     slots[m++] = ents[i].slot;
                 }
-            if (m && kvo_file_tier_lookup(c->file, keys, m, st) != 0) memset(st, KVO_MISS, m);
+            if (m) kvo__casc_file_lookup(c, keys, m, st);
             size_t w = 0;
             for (size_t i = 0; i < m; i++) {
                 if (st[i] != KVO_MISS) { /* held or being written */

@@ -80,8 +80,9 @@ static void kvo__queue_reads(kvo_cascade *c, unsigned t, size_t m, const uint8_t
         }
         if (!nr) continue;
         size_t nq = 0;
-        int rc = t == KVO_TIER_FILE ? kvo_file_tier_read(c->file, rk, dst, nr, ud, r, &nq)
-                                    : kvo_remote_tier_get(c->remote, rk, dst, nr, ud, r, &nq);
+        int rc = 0;
+        if (t == KVO_TIER_FILE) kvo__casc_file_read(c, rk, dst, nr, ud, r);
+        else rc = kvo_remote_tier_get(c->remote, rk, dst, nr, ud, r, &nq);
         for (size_t j = 0; j < nr; j++) {
             int x = rc ? rc : r[j];
             if (res) res[c->s_idx[at[j]]] = x;
@@ -120,7 +121,7 @@ int kvo__casc_promote(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const
         unsigned t = tiers ? tiers[i] : KVO_TIER_NONE;
         if (t == KVO_TIER_NONE) {
             if (c->file && kvo__casc_uses(c, KVO_TIER_FILE, keys[i].group) &&
-                kvo_file_tier_lookup(c->file, &keys[i], 1, fst) == 0 && fst[0] == KVO_READY)
+                kvo_file_tier_lookup(kvo__casc_ft(c, &keys[i]), &keys[i], 1, fst) == 0 && fst[0] == KVO_READY)
                 t = KVO_TIER_FILE;
             else if (c->remote && kvo__casc_uses(c, KVO_TIER_REMOTE, keys[i].group))
                 t = KVO_TIER_REMOTE;
@@ -141,7 +142,7 @@ int kvo__casc_promote(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const
     if (nfile) {
         for (size_t k = 0; k < m; k++) {
             if (c->s_u8b[k] != KVO_TIER_FILE) continue;
-            int pr = kvo_file_tier_pin(c->file, &c->s_keys[k], 1);
+            int pr = kvo_file_tier_pin(kvo__casc_ft(c, &c->s_keys[k]), &c->s_keys[k], 1);
             if (pr == 0) continue;
             c->s_u8b[k] = KVO_TIER_NONE; /* not read: drop from the batch below */
             if (results) results[c->s_idx[k]] = pr == KVO_EAGAIN ? KVO_EAGAIN : KVO_ENOTFOUND;
@@ -171,8 +172,8 @@ int kvo__casc_promote(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const
 unpin:
     for (size_t k = 0; k < m; k++)
         if (c->s_u8b[k] == KVO_TIER_FILE) {
-            (void)kvo_file_tier_touch(c->file, &c->s_keys[k], 1);
-            (void)kvo_file_tier_unpin(c->file, &c->s_keys[k], 1);
+            (void)kvo_file_tier_touch(kvo__casc_ft(c, &c->s_keys[k]), &c->s_keys[k], 1);
+            (void)kvo_file_tier_unpin(kvo__casc_ft(c, &c->s_keys[k]), &c->s_keys[k], 1);
         }
     return rc;
 }

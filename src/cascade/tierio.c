@@ -39,6 +39,37 @@ int kvo__casc_scratch(kvo_cascade *c, size_t n) {
     return kvo__grow_all(&c->s_cap, n ? n : 1, a, sizeof a / sizeof a[0], 64, "cascade: scratch");
 }
 
+void kvo__casc_file_lookup(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uint8_t *states) {
+    for (size_t i = 0, j; i < n; i = j) {
+        j = kvo__casc_run(c, keys, i, n);
+        if (kvo_file_tier_lookup(kvo__casc_ft(c, &keys[i]), keys + i, j - i, states + i) != 0)
+            memset(states + i, KVO_MISS, j - i);
+    }
+}
+
+void kvo__casc_file_read(kvo_cascade *c, const kvo_chunk_key *keys, void *const *dsts, size_t n, const uint64_t *ud,
+                         int *results) {
+    for (size_t i = 0, j; i < n; i = j) {
+        j = kvo__casc_run(c, keys, i, n);
+        size_t nq = 0;
+        int rc = kvo_file_tier_read(kvo__casc_ft(c, &keys[i]), keys + i, dsts + i, j - i, ud + i, results + i, &nq);
+        for (size_t k = i; rc && k < j; k++) results[k] = rc;
+    }
+}
+
+void kvo__casc_file_write(kvo_cascade *c, const kvo_chunk_key *keys, const void *const *srcs, const uint64_t *sums,
+                          size_t n, const uint64_t *ud, int *results, bool borrowed) {
+    for (size_t i = 0, j; i < n; i = j) {
+        j = kvo__casc_run(c, keys, i, n);
+        size_t nq = 0;
+        kvo_file_tier *ft = kvo__casc_ft(c, &keys[i]);
+        int rc = borrowed ? kvo_file_tier_write_borrowed(ft, keys + i, srcs + i, sums ? sums + i : NULL, j - i,
+                                                         ud + i, results + i, &nq)
+                          : kvo_file_tier_write(ft, keys + i, srcs + i, j - i, NULL, results + i, &nq);
+        for (size_t k = i; rc && k < j; k++) results[k] = rc;
+    }
+}
+
 kvo__cop *kvo__casc_op_new(kvo_cascade *c, uint64_t *id) {
     if (kvo__hmap_reserve(&c->ops, 1, 64, "cascade: reads in flight") || kvo__casc_promise(c, 1)) return NULL;
     *id = ++c->next_id;
@@ -91,8 +122,9 @@ static void kvo__defer_add(kvo_cascade *c, const kvo__defer *d) {
 static void kvo__tier_put(kvo_cascade *c, unsigned tier, const kvo_chunk_key *keys, const void *const *srcs,
                           size_t m, int *r) {
     size_t nq = 0;
-    int rc = tier == KVO_TIER_FILE ? kvo_file_tier_write(c->file, keys, srcs, m, NULL, r, &nq)
-                                   : kvo_remote_tier_put(c->remote, keys, srcs, m, NULL, r, &nq);
+    int rc = 0;
+    if (tier == KVO_TIER_FILE) kvo__casc_file_write(c, keys, srcs, NULL, m, NULL, r, false);
+    else rc = kvo_remote_tier_put(c->remote, keys, srcs, m, NULL, r, &nq);
     kvo_cascade_tier_stats *ts = kvo__tst(c, tier);
     for (size_t k = 0; k < m; k++) {
         if (rc) r[k] = rc;
@@ -185,7 +217,7 @@ void kvo__casc_lend(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *s
     kvo_slot ws[B];
     int wr[B];
     for (size_t i = 0; i < n; i += B) {
-        size_t b = n - i < B ? n - i : B, m = 0, nq = 0;
+        size_t b = n - i < B ? n - i : B, m = 0;
         for (size_t k = 0; k < b; k++) {
             const kvo_chunk_key *key = &keys[i + k];
             kvo_slot pin;
@@ -203,7 +235,7 @@ void kvo__casc_lend(kvo_cascade *c, const kvo_chunk_key *keys, const kvo_slot *s
             wr[m++] = KVO_EINVAL;
         }
         if (m == 0) continue;
-        (void)kvo_file_tier_write_borrowed(c->file, wk, srcs, c->sums ? sums : NULL, m, ud, wr, &nq);
+        kvo__casc_file_write(c, wk, srcs, c->sums ? sums : NULL, m, ud, wr, true);
         for (size_t k = 0; k < m; k++) {
             if (wr[k] == 0) { /* lent: the completion unpins it */
                 c->lent++;
@@ -287,13 +319,14 @@ int kvo__casc_host_prepare(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, 
         }
         if (rc) return rc;
         assert(nev <= c->ev_cap);
+        for (size_t i = 0; i < nev; i++) c->ev_keys[i].tenant = keys[0].tenant; /* their part: its file tier */
         /* the evicted slots keep their bytes until the caller writes the new
          * ones: queue the chunks the file tier lacks (it copies them now) */
         enum { B = 64 };
         uint8_t st[B];
         for (size_t i = 0; i < nev; i += B) {
             size_t b = nev - i < B ? nev - i : B, m = 0;
-            if (kvo_file_tier_lookup(c->file, c->ev_keys + i, b, st) != 0) memset(st, KVO_MISS, b);
+            kvo__casc_file_lookup(c, c->ev_keys + i, b, st);
             kvo_chunk_key wk[B];
             const void *srcs[B];
             for (size_t k = 0; k < b; k++) {

@@ -93,6 +93,12 @@ class _Tenant:
         self.counted = False
 
 
+def _identity(rec: Any) -> bytes:
+    """A chunk key record's identity (hash and group; its tenant tag names
+    where it lives, not what it is): events name keys by it."""
+    return rec.tobytes()[:20]
+
+
 def _part_of(req_context: Optional[ReqContext]) -> int:
     t = req_context.get_state(_Tenant) if req_context is not None else None
     return t.part if t is not None else 0
@@ -178,7 +184,7 @@ class CascadeManager(OffloadingManager):
                 if s != MISS and key not in origin:
                     origin[key] = t
                     if t != kc.TIER_HOST and self.events is not None:  # promoted: named in the host events
-                        self._names[ck[i].tobytes()] = key
+                        self._names[_identity(ck[i])] = key
             if self._lower:
                 self._gone(keys, states)
         self._answers[rid] = answers
@@ -234,7 +240,7 @@ class CascadeManager(OffloadingManager):
         self.count_tenant(req_context, stored_chunks=len(to_store))
         if self.events is not None:
             for i, k in zip(take.tolist(), to_store):
-                self._names[ck[i].tobytes()] = k
+                self._names[_identity(ck[i])] = k
         return PrepareStoreOutput(to_store, KvoffloadLoadStoreSpec(slots["offset"][take], ck["group"][take]), [])
 
     def fail_stores(self, keys: Collection[OffloadKey]) -> None:
@@ -316,7 +322,7 @@ class CascadeManager(OffloadingManager):
         for i in range(1, len(ev) + 1):
             if i < len(ev) and types[i] == types[start]:
                 continue
-            recs = [r.tobytes() for r in ev["key"][start:i]]
+            recs = [_identity(r) for r in ev["key"][start:i]]
             removed = int(types[start]) != 1
             keys = [self._names[r] for r in recs if r in self._names]
             if removed:
