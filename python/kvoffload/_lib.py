@@ -269,8 +269,8 @@ class TransferStats(ctypes.Structure):
 
 
 class CascadeTenant(ctypes.Structure):
-    """kvo_cascade_tenant: a tenant's own part of the host tier."""
-    _fields_ = [("label", c_char_p), ("host_bytes", c_uint64)]
+    """kvo_cascade_tenant: a tenant's own part of the host and file tiers."""
+    _fields_ = [("label", c_char_p), ("host_bytes", c_uint64), ("file_tier", c_void_p)]
 
 
 class ConnectorParams(ctypes.Structure):

@@ -365,7 +365,8 @@ class Cascade(_Handle):
                  file_mode: str = "write_through", file_zero_copy: bool = False,
                  remote_lookup_budget_us: Optional[int] = None, remote_exists_ttl_ms: Optional[int] = None,
                  retry_polls: Optional[int] = None, prefault: bool = True,
-                 tenant_host_bytes: Optional[dict[str, int]] = None) -> None:
+                 tenant_host_bytes: Optional[dict[str, int]] = None,
+                 tenant_file_tiers: Optional[dict[str, FileTier]] = None) -> None:
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a Plan, not {type(plan).__name__}")
         if file_mode not in FILE_MODES:
@@ -390,7 +391,7 @@ class Cascade(_Handle):
             p.file_tier = file_tier._h
         if remote_tier is not None:
             p.remote_tier = remote_tier._h
-        parts = tenant_parts(tenant_host_bytes)
+        parts = tenant_parts(tenant_host_bytes, tenant_file_tiers)
         if parts is not None:
             p.tenants, p.n_tenants = ctypes.addressof(parts), len(parts)
         h = c_void_p()
@@ -398,6 +399,7 @@ class Cascade(_Handle):
         self._h: Optional[int] = h.value
         # keep what the C object borrows alive as long as it
         self.plan, self.file_tier, self.remote_tier, self.arena = plan, file_tier, remote_tier, arena
+        self.tenant_file_tiers = dict(tenant_file_tiers or {})
         a = lib.kvo_cascade_arena(self._h)
         self.base: int = lib.kvo_arena_base(a) if a else 0
         self.host_bytes, self.staging_bytes = host_bytes, staging_bytes

@@ -1010,21 +1010,28 @@ class Transfer(_Handle):
 
 # --------------------------------------------------------------- connector --
 
-def tenant_parts(tenant_host_bytes: Optional[dict[str, int]]) -> Optional[Any]:
-    """A kvo_cascade_tenant array for {label: bytes} (labels as tenant_label
-    gives them; never salts), or None for none.  The C call copies it."""
-    if not tenant_host_bytes:
+def tenant_parts(tenant_host_bytes: Optional[dict[str, int]],
+                 tenant_file_tiers: Optional[dict[str, "FileTier"]] = None) -> Optional[Any]:
+    """A kvo_cascade_tenant array for {label: host bytes} and {label:
+    FileTier} (labels as tenant_label gives them; never salts), or None for
+    none.  The C call copies it; the tiers are borrowed (keep them open)."""
+    host, files = tenant_host_bytes or {}, tenant_file_tiers or {}
+    for name, d in (("tenant_host_bytes", host), ("tenant_file_tiers", files)):
+        if not isinstance(d, dict):
+            raise TypeError(f"{name} must be a dict keyed by tenant label, not {type(d).__name__}")
+    labels = list(dict.fromkeys([*host, *files]))
+    if not labels:
         return None
-    if not isinstance(tenant_host_bytes, dict):
-        raise TypeError(f"tenant_host_bytes must be a dict of tenant labels and bytes, not "
-                        f"{type(tenant_host_bytes).__name__}")
-    arr = (L.CascadeTenant * len(tenant_host_bytes))()
-    for i, (label, n) in enumerate(tenant_host_bytes.items()):
+    arr = (L.CascadeTenant * len(labels))()
+    for i, label in enumerate(labels):
+        n = host.get(label, 0)
         if not isinstance(label, str) or isinstance(n, bool) or not isinstance(n, int):
             raise TypeError("tenant_host_bytes: keys are tenant labels (str), values bytes (int)")
-        arr[i].label, arr[i].host_bytes = label.encode(), check_int("tenant_host_bytes", n, 1, (1 << 64) - 1)
+        arr[i].label, arr[i].host_bytes = label.encode(), check_int("tenant_host_bytes", n, 0, (1 << 64) - 1)
+        if label in files:
+            need(f"tenant_file_tiers[{label!r}]", files[label], FileTier)
+            arr[i].file_tier = files[label]._h
     return arr
-
 
 
 class Connector(_Handle):
@@ -1036,7 +1043,8 @@ class Connector(_Handle):
 
     def __init__(self, plan: Plan, host_bytes: int, policy: str = "lru", file_tier: Optional[FileTier] = None,
                  transfer_threads: int = 2, shm_path: Optional[str] = None, prefault: bool = True,
-                 event_capacity: int = 4096, tenant_host_bytes: Optional[dict[str, int]] = None) -> None:
+                 event_capacity: int = 4096, tenant_host_bytes: Optional[dict[str, int]] = None,
+                 tenant_file_tiers: Optional[dict[str, FileTier]] = None) -> None:
         need("plan", plan, Plan)
         if file_tier is not None:
             need("file_tier", file_tier, FileTier)
@@ -1046,13 +1054,14 @@ class Connector(_Handle):
         self._shm = shm_path.encode() if shm_path else None
         p.shm_path = self._shm
         p.file_tier = file_tier._h if file_tier else None
-        parts = tenant_parts(tenant_host_bytes)
+        parts = tenant_parts(tenant_host_bytes, tenant_file_tiers)
         if parts is not None:
             p.tenants, p.n_tenants = ctypes.addressof(parts), len(parts)
         h = c_void_p()
         check(lib.kvo_connector_create(byref(p), byref(h)), "kvo_connector_create")
         self._h: Optional[int] = h.value
         self.plan, self.file_tier = plan, file_tier
+        self.tenant_file_tiers = dict(tenant_file_tiers or {})   # borrowed by the C object
         self.step: int = lib.kvo_connector_step(self._h)
 
     def set_layout(self, segments: Sequence[Mapping[str, int]]) -> None:

@@ -23,6 +23,7 @@ for a few dictionary operations, never while calling anything else).
 """
 from __future__ import annotations
 
+import re
 import threading
 from typing import Union
 
@@ -93,4 +94,17 @@ class TenantCounters:
             return out
 
 
-__all__ = ["DEFAULT", "OTHER", "TenantCounters", "tenant_label"]
+_LABEL = re.compile(r"(default|t-[0-9a-f]{12})")
+
+
+def check_label(label: object, what: str = "tenant") -> str:
+    """label, when it is one tenant_label gives ("default" or "t-" and 12
+    hex digits); else ValueError (never echoing it: a salt put there by
+    mistake stays out of logs)."""
+    if not isinstance(label, str) or not _LABEL.fullmatch(label):
+        raise ValueError(f"{what}: a key is not a tenant label (\"default\" or \"t-\" and 12 hex digits: "
+                         "kvoffload.tenants.tenant_label of the salt, as the per-tenant metrics show it)")
+    return label
+
+
+__all__ = ["DEFAULT", "OTHER", "TenantCounters", "check_label", "tenant_label"]

@@ -325,6 +325,47 @@ def test_tenant_part_keeps_its_prefix_from_other_tenants():
     assert hits[True] >= 240 and hits[False] == 0, hits
 
 
+def test_tenant_file_part_keeps_its_files(tmp_path):
+    """tenant_file_bytes gives alice a file tier of her own
+    (kvo_file_root/tenants/<label>): bob's traffic overflows the shared
+    tier's quota (64 files of 296) and alice's second request, after the
+    host tier is reset, still loads her prompt from her own files; the
+    control (no parts) has lost them."""
+    import os
+    import random
+
+    import vllm_engine_sim as sim
+    from kvoffload.tenants import tenant_label
+    slot = 4096
+    alice = tenant_label("alice-secret")
+    hits, promoted = {}, {}
+    for with_part in (True, False):
+        root = tmp_path / f"files{int(with_part)}"
+        extra = {"cpu_bytes_to_use": 256 * slot, "kvo_file_root": str(root), "kvo_file_bytes": 64 * 2 * slot}
+        if with_part:
+            extra["tenant_host_bytes"] = {alice: 128 * slot}
+            extra["tenant_file_bytes"] = {alice: 64 * 2 * slot}
+        e = sim.Engine(extra, engine_id=f"kvo-conn-f{int(with_part)}-{os.getpid()}", connector="KvoffloadConnector")
+        rng = random.Random(5)
+        p = [rng.randrange(1000) for _ in range(256)]
+        try:
+            e.add("a1", p + [1, 2, 3], cache_salt="alice-secret")
+            e.run()
+            for k in range(8):
+                e.add(f"b{k}", [rng.randrange(1000) for _ in range(600)], cache_salt="bob-secret")
+                e.run()
+            e.connector.reset_cache()   # the host tier forgets: what comes back comes from files
+            e.add("a2", p + [4, 5, 6], cache_salt="alice-secret")
+            e.run()
+            promoted[with_part] = e.connector.stats()["cascade"]["file"]["promotions"]
+        finally:
+            e.shutdown()
+        hits[with_part] = e.hits.get("a2", 0)
+        if with_part:
+            assert any((root / "tenants" / alice).iterdir())
+    assert hits[True] >= 240 and promoted[True] >= 15 and hits[False] == 0, (hits, promoted)
+
+
 def test_connector_counts_each_tenant_apart():
     """Two tenants (vLLM's cache_salt) and requests without one send the same
     prompt: each tenant's second request loads its own first one's chunks

@@ -322,21 +322,6 @@ int kvo_cascade_tenant_part(const kvo_cascade *c, const void *salt, size_t len, 
     return 0;
 }
 
-int kvo__casc_check_parts(const kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool one, const char *fn) {
-    uint32_t np = c->nparts ? c->nparts : 1;
-    for (size_t i = 0; i < n; i++) {
-        if (keys[i].tenant >= np)
-            return kvo__error(KVO_EINVAL,
-                              "%s: key %zu is tagged tenant part %u; the cascade has %u (tag keys with "
-                              "kvo_cascade_tenant_part)",
-                              fn, i, (unsigned)keys[i].tenant, (unsigned)np);
-        if (one && keys[i].tenant != keys[0].tenant)
-            return kvo__error(KVO_EINVAL,
-                              "%s: key %zu is of tenant part %u, key 0 of part %u: one call, one tenant part", fn, i,
-                              (unsigned)keys[i].tenant, (unsigned)keys[0].tenant);
-    }
-    return 0;
-}
 kvo_arena *kvo_cascade_arena(kvo_cascade *c) { return c ? c->arena : NULL; }
 kvo_file_tier *kvo_cascade_file_tier(kvo_cascade *c) { return c ? c->file : NULL; }
 kvo_remote_tier *kvo_cascade_remote_tier(kvo_cascade *c) { return c ? c->remote : NULL; }

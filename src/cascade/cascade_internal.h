@@ -19,7 +19,8 @@
  *   5  tierio.c      the lower tiers' writes (queue, lend, defer, count),
  *                    op records, host reservation with write-back
  *   6  presence.c    the cluster's EXISTS answers
- *      namespace.c   kvo_namespace_id / _keys, kvo_tier_name (pure)
+ *      namespace.c   kvo_namespace_id / _keys, kvo_tier_name, tenant labels
+ *                    and the keys' tenant tags (pure)
  * The completions for the caller are the library's one ring
  * (src/core/ring.c): a promise is reserved for each op when it is accepted
  * (kvo__casc_promise), so that its completion is never lost.

@@ -15,7 +15,9 @@
  * names and the cluster's keys are the chunk keys).
  *
  * A tenant's label (kvo_tenant_label) is a short hash of its salt, for
- * counters: namespaces take the whole salt, labels only name rows.
+ * counters and the configuration of tenant parts: namespaces take the whole
+ * salt, labels only name rows and parts.  A key's tenant tag names the part
+ * it lives in; kvo__casc_check_parts checks the tags a call is given.
  *
  * Pure functions: no state, no allocation, any thread.
  */
@@ -147,4 +149,20 @@ bool kvo__tenant_label_ok(const char *label) {
     for (size_t i = 2; i < 14; i++)
         if (!((label[i] >= '0' && label[i] <= '9') || (label[i] >= 'a' && label[i] <= 'f'))) return false;
     return true;
+}
+
+int kvo__casc_check_parts(const kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool one, const char *fn) {
+    uint32_t np = c->nparts ? c->nparts : 1;
+    for (size_t i = 0; i < n; i++) {
+        if (keys[i].tenant >= np)
+            return kvo__error(KVO_EINVAL,
+                              "%s: key %zu is tagged tenant part %u; the cascade has %u (tag keys with "
+                              "kvo_cascade_tenant_part)",
+                              fn, i, (unsigned)keys[i].tenant, (unsigned)np);
+        if (one && keys[i].tenant != keys[0].tenant)
+            return kvo__error(KVO_EINVAL,
+                              "%s: key %zu is of tenant part %u, key 0 of part %u: one call, one tenant part", fn, i,
+                              (unsigned)keys[i].tenant, (unsigned)keys[0].tenant);
+    }
+    return 0;
 }

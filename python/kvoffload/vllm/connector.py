@@ -44,6 +44,7 @@ hit (one), and a failed copy is recomputed instead of an assert."""
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -59,6 +60,7 @@ from vllm.v1.kv_offload.base import OffloadingCounterMetadata, OffloadingManager
 
 from .. import _lib as L
 from ..cascade import Cascade
+from ..tenants import check_label
 from .config import int_key, kvo_namespace
 from .connector_scheduler import TENANT_METRICS, CascadeManager, KvoffloadConnectorScheduler
 from .connector_worker import KvoffloadConnectorWorker
@@ -105,6 +107,30 @@ class KvoffloadConnectorSpec(KvoffloadOffloadingSpec):
                 labelnames=("tenant",))
         return defs
 
+    def _tenant_file_tiers(self, shared: Any) -> dict[str, Any]:
+        """tenant_file_bytes ({label: bytes}): a file tier of each tenant's
+        own under kvo_file_root/tenants/<label>, its quota that tenant's
+        share of the disk (docs/security.md, "Tenants")."""
+        want = self.extra_config.get("tenant_file_bytes") or {}
+        if not want:
+            return {}
+        if not isinstance(want, dict):
+            raise TypeError(f"tenant_file_bytes must be a dict of tenant labels and bytes, not {type(want).__name__}")
+        if shared is None:
+            raise L.KvoError(L.KVO_EINVAL, "tenant_file_bytes needs kvo_file_root (the shared file tier beside the "
+                             "tenants' own)", "KvoffloadConnector")
+        root = str(self.extra_config["kvo_file_root"])
+        made: dict[str, Any] = {}
+        try:
+            for label, n in want.items():
+                made[check_label(label, "tenant_file_bytes")] = self.make_file_tier(
+                    os.path.join(root, "tenants", label), int(n))
+        except BaseException:
+            for t in made.values():
+                t.close()
+            raise
+        return made
+
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             extra = self.extra_config
@@ -113,8 +139,10 @@ class KvoffloadConnectorSpec(KvoffloadOffloadingSpec):
                                  "host tier); kvo_scheduler_maps_arena must stay true", "KvoffloadConnector")
             arena = self._arena()
             tiers: tuple[Any, Any] = (None, None)
+            tenant_files: dict[str, Any] = {}
             try:
                 tiers = self.make_tiers()
+                tenant_files = self._tenant_file_tiers(tiers[0])
                 mode = str(extra.get("kvo_file_mode", "write_through"))
                 budget = extra.get("kvo_redis_lookup_budget_us")
                 cascade = Cascade(self.plan, self.capacity_bytes, file_tier=tiers[0], remote_tier=tiers[1],
@@ -124,9 +152,11 @@ class KvoffloadConnectorSpec(KvoffloadOffloadingSpec):
                                   verify_checksums=bool(extra.get("kvo_verify_checksums", False)),
                                   file_mode=mode, file_zero_copy=bool(extra.get("kvo_file_zero_copy", False)),
                                   remote_lookup_budget_us=None if budget is None else int(budget),
-                                  tenant_host_bytes=extra.get("tenant_host_bytes"))
+                                  tenant_host_bytes=extra.get("tenant_host_bytes"),
+                                  tenant_file_tiers=tenant_files)
+                cascade._owned += list(tenant_files.values())   # closed after it (flushed by its flush)
             except BaseException:
-                for t in tiers:
+                for t in (*tiers, *tenant_files.values()):
                     if t is not None:
                         t.close()
                 arena.close()

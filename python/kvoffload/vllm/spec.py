@@ -123,6 +123,20 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
             return None
         return FailedStores(arena.view(self.mailbox_offset, MAILBOX_BYTES))
 
+    def make_file_tier(self, root: str, quota_bytes: int) -> FileTier:
+        """A file tier at root as kv_connector_extra_config asks for (shared,
+        policy, queues), its write queue sized for two steps of stores (each
+        write is copied into the tier's staging memory at once)."""
+        extra = self.extra_config
+        shared = bool(extra.get("kvo_file_shared", False))
+        step_chunks = sum(n for _, n, _ in self.step)
+        step_bytes = sum(b for _, _, b in self.step)
+        return FileTier(root, self.plan, quota_bytes, policy=self.policy, shared=shared,
+                        layout_hash=layout_hash(self.config) if shared else 0,
+                        max_pending_writes=int_key(extra, "kvo_file_max_pending_writes",
+                                                   min(1 << 16, max(64, 2 * step_chunks))),
+                        max_staging_bytes=int_key(extra, "kvo_file_staging_bytes", max(64 << 20, 2 * step_bytes)))
+
     def make_tiers(self) -> tuple[Optional[FileTier], Optional[RemoteTier]]:
         """The file and remote tiers kv_connector_extra_config asks for (each
         None when not configured), their write queues sized for two steps of
@@ -130,19 +144,9 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
         extra = self.extra_config
         file_tier = None
         root = extra.get("kvo_file_root")
-        shared = bool(extra.get("kvo_file_shared", False))
-        # the lower tiers' write queues hold two steps of stores (each
-        # write is copied into the tier's staging memory at once)
         step_chunks = sum(n for _, n, _ in self.step)
-        step_bytes = sum(b for _, _, b in self.step)
         if root:
-            file_tier = FileTier(str(root), self.plan, int_key(extra, "kvo_file_bytes", 0),
-                                 policy=self.policy, shared=shared,
-                                 layout_hash=layout_hash(self.config) if shared else 0,
-                                 max_pending_writes=int_key(extra, "kvo_file_max_pending_writes",
-                                                            min(1 << 16, max(64, 2 * step_chunks))),
-                                 max_staging_bytes=int_key(extra, "kvo_file_staging_bytes",
-                                                           max(64 << 20, 2 * step_bytes)))
+            file_tier = self.make_file_tier(str(root), int_key(extra, "kvo_file_bytes", 0))
         remote_tier = None
         url = extra.get("kvo_redis_url")
         if url:
@@ -168,9 +172,10 @@ class KvoffloadOffloadingSpec(OffloadingSpec):
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             extra = self.extra_config
-            if extra.get("tenant_host_bytes"):
-                raise L.KvoError(L.KVO_ENOTSUP, "tenant_host_bytes: tenant quotas need the request's tenant at every "
-                                 "manager call; use KvoffloadConnector (docs/engines.md)", "KvoffloadOffloadingSpec")
+            if extra.get("tenant_host_bytes") or extra.get("tenant_file_bytes"):
+                raise L.KvoError(L.KVO_ENOTSUP, "tenant_host_bytes / tenant_file_bytes: tenant quotas need the "
+                                 "request's tenant at every manager call; use KvoffloadConnector (docs/engines.md)",
+                                 "KvoffloadOffloadingSpec")
             arena = None
             if self.scheduler_maps_arena:
                 arena = self._arena()
