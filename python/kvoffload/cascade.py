@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import threading
 from ctypes import POINTER, Structure, byref, c_bool, c_char_p, c_int, c_int64, c_size_t, c_uint8, c_uint32, c_uint64
 from ctypes import c_void_p
@@ -249,14 +250,34 @@ def value_plan(name: str, value_bytes: int, tokens: int = 1) -> Plan:
     return Plan(model, blocks_per_chunk=1)
 
 
+def tenant_file_configs(file: Optional[dict[str, Any]], tenant_file_bytes: Any) -> dict[str, dict[str, Any]]:
+    """The file tiers of tenants' own file parts ({label: bytes}, labels as
+    tenant_label gives them): FileTier arguments as `file` (the shared tier's)
+    with root <root>/tenants/<label> and the tenant's quota.  {} for none."""
+    from .tenants import check_label   # (tenants imports this module)
+    if not tenant_file_bytes:
+        return {}
+    if not isinstance(tenant_file_bytes, dict):
+        raise TypeError(f"tenant_file_bytes must be a dict of tenant labels and bytes, not "
+                        f"{type(tenant_file_bytes).__name__}")
+    if file is None:
+        raise KvoError(L.KVO_EINVAL, "tenant_file_bytes needs a file tier (its root) beside the tenants' own",
+                       "tenant_file_bytes")
+    return {check_label(label, "tenant_file_bytes"):
+            {**file, "root": os.path.join(str(file["root"]), "tenants", label), "quota_bytes": int(float(n))}
+            for label, n in tenant_file_bytes.items()}
+
+
 def engine_cascade(plan: Plan, file: Optional[dict[str, Any]] = None, remote: Optional[dict[str, Any]] = None,
-                   **cascade: Any) -> "Cascade":
+                   tenant_files: Optional[dict[str, dict[str, Any]]] = None, **cascade: Any) -> "Cascade":
     """A Cascade with no host tier (the engine's own host memory is its host
     tier: SGLang, LMCache, vLLM's secondary tiers) over the tiers it makes
     and owns: FileTier(plan=plan, **file) and RemoteTier(plan=plan, **remote)
-    (None: no such tier); cascade: Cascade's keyword arguments.  close()
-    closes the tiers after the cascade (close(flush_ms) flushes first).
-    The tiers: .file_tier, .remote_tier."""
+    (None: no such tier), and each tenant's own file tier,
+    FileTier(plan=plan, **tenant_files[label]) (tenant_file_configs);
+    cascade: Cascade's keyword arguments.  close() closes the tiers after
+    the cascade (close(flush_ms) flushes first).  The tiers: .file_tier,
+    .remote_tier, .tenant_file_tiers."""
     if file is None and remote is None:
         raise KvoError(L.KVO_EINVAL, "engine_cascade: give a file tier, a remote tier, or both", "engine_cascade")
     made: list[Any] = []
@@ -267,7 +288,11 @@ def engine_cascade(plan: Plan, file: Optional[dict[str, Any]] = None, remote: Op
         rt = RemoteTier(plan=plan, **remote) if remote is not None else None
         if rt is not None:
             made.append(rt)
-        c = Cascade(plan, 0, file_tier=ft, remote_tier=rt, **cascade)
+        tfs = {}
+        for label, cfg in (tenant_files or {}).items():
+            tfs[label] = FileTier(plan=plan, **cfg)
+            made.append(tfs[label])
+        c = Cascade(plan, 0, file_tier=ft, remote_tier=rt, tenant_file_tiers=tfs or None, **cascade)
     except BaseException:
         for t in made:
             t.close()

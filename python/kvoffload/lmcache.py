@@ -55,7 +55,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _lib as L
-from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, value_plan
+from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, tenant_file_configs, value_plan
 from .core import KEY_DTYPE, Arena, warn_if_url_has_password
 from .tenants import TenantCounters
 
@@ -102,14 +102,14 @@ class _Store:
         self.plan = value_plan("lmcache", HEADER.size + object_bytes)
         self.slot_bytes: int = self.plan.groups[0]["slot_bytes"]   # a read fills a whole slot
         self._desc = dict(engine="lmcache", model=c.model_name, extra=repr(FORMAT + (object_bytes,)))
-        self._ns: dict[Optional[str], int] = {}
+        self._ns: dict[Optional[str], tuple[int, int]] = {}   # tenant -> namespace, file part
         layout = layout_of(namespace_id(self.plan, **self._desc))
         self.users, self.retired = 0, False
         # the file tier shared: several LMCache servers (processes) may use one root
+        file = dict(root=c.file_root, quota_bytes=c.file_bytes, io_threads=c.io_threads, shared=True,
+                    layout_hash=layout) if c.file_root else None
         self.cascade: Optional[Cascade] = engine_cascade(
-            self.plan,
-            file=dict(root=c.file_root, quota_bytes=c.file_bytes, io_threads=c.io_threads, shared=True,
-                      layout_hash=layout) if c.file_root else None,
+            self.plan, file=file, tenant_files=tenant_file_configs(file, c.tenant_file_bytes),
             remote=dict(url=c.redis_url, key_prefix=c.redis_prefix, layout_hash=layout, io_threads=c.io_threads,
                         ttl_s=c.redis_ttl_s) if c.redis_url else None)
         self.file, self.remote = self.cascade.file_tier, self.cascade.remote_tier
@@ -118,20 +118,27 @@ class _Store:
         """The chunk keys of LMCache's key strings (each under its tenant's namespace)."""
         tenants = _tenants(keys)
         if tenants is None:   # no salt: one namespace
-            return namespace_keys(self._ns_of(None), keys)
+            return self._keys_of(None, keys)
         out = np.zeros(len(keys), dtype=KEY_DTYPE)
         for t in set(tenants):
             idx = [i for i, x in enumerate(tenants) if x == t]
-            out[idx] = namespace_keys(self._ns_of(t), [keys[i] for i in idx])
+            out[idx] = self._keys_of(t, [keys[i] for i in idx])
         return out
 
-    def _ns_of(self, tenant: Optional[str]) -> int:
-        ns = self._ns.get(tenant)
-        if ns is None:
+    def _keys_of(self, tenant: Optional[str], keys: List[str]) -> np.ndarray:
+        """Chunk keys of one tenant's key strings, tagged with its file part
+        (tenant_file_bytes)."""
+        got = self._ns.get(tenant)
+        if got is None:
             if len(self._ns) > 4096:  # salts come and go: keep the map bounded
                 self._ns.clear()
-            ns = self._ns[tenant] = namespace_id(self.plan, tenant=tenant, **self._desc)
-        return ns
+            assert self.cascade is not None
+            got = self._ns[tenant] = (namespace_id(self.plan, tenant=tenant, **self._desc),
+                                      self.cascade.tenant_part(tenant))
+        out = namespace_keys(got[0], keys)
+        if got[1]:
+            out["tenant"] = got[1]
+        return out
 
     def close(self, timeout_ms: float) -> None:
         if self.cascade is not None:
@@ -148,14 +155,18 @@ class KvoffloadL2Connector:
     (default "kvo"), redis_ttl_s, object_bytes, workers (threads running
     batches, default 2), batch (values per staging area, default 64),
     io_threads, timeout_s (default 30), model_name (the deployment's model
-    identity, part of the namespace; LMCache's keys name the model too)."""
+    identity, part of the namespace; LMCache's keys name the model too),
+    tenant_file_bytes ({label: bytes}: a file tier of a salt's own under
+    file_root/tenants/<label>, its quota; docs/security.md "Tenants")."""
 
     def __init__(self, file_root: Optional[str] = None, file_bytes: float = 64 << 30,
                  redis_url: Optional[str] = None, redis_prefix: str = "kvo", redis_ttl_s: int = 0,
                  object_bytes: int = 0, workers: int = 2, batch: int = 64, io_threads: int = 0,
-                 timeout_s: float = 30.0, model_name: str = "lmcache") -> None:
+                 timeout_s: float = 30.0, model_name: str = "lmcache",
+                 tenant_file_bytes: Optional[dict[str, float]] = None) -> None:
         self.file_root = file_root
         self.file_bytes = int(float(file_bytes))
+        self.tenant_file_bytes = dict(tenant_file_bytes or {})
         self.redis_url = redis_url or os.environ.get("KVO_REDIS_URL")
         if redis_url:  # LMCache logs its configuration, adapter_params included
             warn_if_url_has_password(str(redis_url), "redis_url")

@@ -48,7 +48,9 @@ kvo_redis_prefix (default "kvo"), kvo_redis_ttl_s, kvo_io_threads,
 kvo_transfer_threads (default 2), kvo_staging_bytes (per pool and direction,
 default 256 MiB), kvo_timeout_s (default 30), interface_v1 (SGLang's own: the
 zero-copy v1 calls for the KV pool), kvo_kv_format ("segments" or "flat"; by
-default segments with interface_v1, else flat).
+default segments with interface_v1, else flat), tenant_file_bytes ({label:
+bytes}, per pool: a file tier of a tenant's own under
+kvo_file_root/tenants/<label>, its quota; docs/security.md "Tenants").
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
                                                   PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult)
 
 from . import _lib as L
-from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, value_plan
+from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, tenant_file_configs, value_plan
 from .core import LOAD, STORE, Arena, Transfer, warn_if_url_has_password
 from .tenants import TenantCounters
 
@@ -155,7 +157,7 @@ class _PoolStore:
         sharded = name == PoolName.MAMBA or not cfg.is_mla_model
         self._ranks = ((cfg.tp_rank, cfg.tp_size) if sharded else None, cfg.pp_rank, cfg.pp_size, cfg.attn_cp_rank,
                        cfg.attn_cp_size, cfg.dcp_rank, cfg.dcp_size, cfg.logical_page_size)
-        self._ns: dict[Optional[str], int] = {}   # tenant -> namespace of the keys
+        self._ns: dict[Optional[str], tuple[int, int]] = {}   # tenant -> namespace of the keys, part
         layout_ns = layout_of(namespace_id(self.plan, extra=repr(self._pool_desc), **self._desc))
         ex = owner.extra
         io_threads = int(ex.get("kvo_io_threads", 0))
@@ -165,10 +167,10 @@ class _PoolStore:
         self._stage: dict[int, tuple[Arena, threading.Lock]] = {}
         try:
             # the file tier shared: the ranks (processes) of one engine write its directory at once
+            file = dict(root=owner.file_root, quota_bytes=owner.file_bytes, io_threads=io_threads, shared=True,
+                        layout_hash=layout_ns) if owner.file_root else None
             self.cascade = engine_cascade(
-                self.plan,
-                file=dict(root=owner.file_root, quota_bytes=owner.file_bytes, io_threads=io_threads, shared=True,
-                          layout_hash=layout_ns) if owner.file_root else None,
+                self.plan, file=file, tenant_files=tenant_file_configs(file, ex.get("tenant_file_bytes")),
                 remote=dict(url=owner.redis_url, key_prefix=ex.get("kvo_redis_prefix", "kvo"), layout_hash=layout_ns,
                             io_threads=io_threads, ttl_s=int(ex.get("kvo_redis_ttl_s", 0))) if owner.redis_url else None)
             slot = self.plan.groups[0]["slot_bytes"]   # a read fills a whole slot
@@ -185,14 +187,20 @@ class _PoolStore:
 
     # -- helpers
     def keys(self, keys: List[str], tenant: Optional[str] = None) -> np.ndarray:
-        """The chunk keys of SGLang's page keys (of one tenant)."""
-        ns = self._ns.get(tenant)
-        if ns is None:
+        """The chunk keys of SGLang's page keys (of one tenant; tagged with
+        its file part, tenant_file_bytes)."""
+        got = self._ns.get(tenant)
+        if got is None:
             if len(self._ns) > 4096:  # tenants come and go: keep the map bounded
                 self._ns.clear()
-            ns = self._ns[tenant] = namespace_id(self.plan, tenant=tenant,
-                                                 extra=repr((self._pool_desc, self._ranks)), **self._desc)
-        return namespace_keys(ns, keys)
+            assert self.cascade is not None
+            got = self._ns[tenant] = (namespace_id(self.plan, tenant=tenant,
+                                                   extra=repr((self._pool_desc, self._ranks)), **self._desc),
+                                      self.cascade.tenant_part(tenant))
+        out = namespace_keys(got[0], keys)
+        if got[1]:
+            out["tenant"] = got[1]
+        return out
 
     def _pages(self, host_indices: torch.Tensor, n: int) -> Optional[list[int]]:
         """Host page numbers of n pages from SGLang's token indices (page i

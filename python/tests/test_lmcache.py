@@ -301,6 +301,38 @@ def test_salted_keys_are_apart(tmp_path):
     a.close()
 
 
+def test_tenant_file_part_keeps_its_objects(tmp_path):
+    """tenant_file_bytes gives salt u1 a file tier of its own
+    (file_root/tenants/<label>): 40 objects of u2 overflow the shared tier
+    (room for 8) and u1's 4 objects stay, loaded byte-exact; the control (no
+    part) loses them."""
+    from kvoffload.tenants import tenant_label
+    quota = 8 * (OBJ + 4096 + 16)
+    held = {}
+    for with_part in (True, False):
+        params = dict(file_root=str(tmp_path / f"r{int(with_part)}"), file_bytes=quota, object_bytes=OBJ)
+        if with_part:
+            params["tenant_file_bytes"] = {tenant_label("u1"): quota}
+        a = adapter(params)
+        mine = [ObjectKey(chunk_hash=bytes([i]) * 32, model_name="tiny/model", kv_rank=0, object_group_id=0,
+                          cache_salt="u1") for i in range(4)]
+        assert store(a, mine, [obj(seed=100 + i) for i in range(4)]) == 4 * OBJ
+        a._client.flush()
+        for s in range(0, 40, 8):
+            theirs = [ObjectKey(chunk_hash=(1000 + i).to_bytes(4, "little") * 8, model_name="tiny/model", kv_rank=0,
+                                object_group_id=0, cache_salt="u2") for i in range(s, s + 8)]
+            assert store(a, theirs, [obj(seed=i) for i in range(s, s + 8)]) == 8 * OBJ
+            a._client.flush()
+        held[with_part] = sum(lookup(a, mine))
+        if with_part:
+            out = [obj(fill=0) for _ in mine]
+            assert load(a, mine, out) == [True] * 4
+            assert all(torch.equal(o.raw_data, obj(seed=100 + i).raw_data) for i, o in enumerate(out))
+            assert kvc_files(tmp_path / "r1" / "tenants" / tenant_label("u1"))
+        a.close()
+    assert held == {True: 4, False: 0}, held
+
+
 def _stored_over_cluster(tmp_path, seed):
     """An adapter over a file tier and the cluster with 4 objects stored:
     (its params, the adapter, the keys, the objects)."""

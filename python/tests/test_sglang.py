@@ -444,6 +444,41 @@ def test_model_identity_is_whole_in_the_namespace(tmp_path):
     b.close()
 
 
+def test_tenant_file_part_keeps_its_pages(tmp_path):
+    """tenant_file_bytes gives tenant-1 a file tier of its own
+    (kvo_file_root/tenants/<label>): tenant-2's 12 pages overflow the shared
+    tier (room for 4) and tenant-1's 3 pages stay, loaded byte-exact; the
+    control (no part) loses them."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+    from kvoffload.tenants import tenant_label
+    host = mha_host("page_first")
+    randomize(host, 43)
+    probe = build(host, dict(kvo_file_root=str(tmp_path / "probe"), kvo_file_bytes=1 << 24, interface_v1=1))
+    room = probe.stores["kv"].plan.groups[0]["slot_bytes"] + 4096   # a page's file
+    probe.close()
+    t1 = HiCacheStorageExtraInfo(extra_info={"extra_key": "tenant-1"})
+    t2 = HiCacheStorageExtraInfo(extra_info={"extra_key": "tenant-2"})
+    mine = ["m0", "m1", "m2"]
+    held = {}
+    for with_part in (True, False):
+        extra = dict(kvo_file_root=str(tmp_path / f"r{int(with_part)}"), kvo_file_bytes=4 * room, interface_v1=1)
+        if with_part:
+            extra["tenant_file_bytes"] = {tenant_label("tenant-1"): 4 * room}
+        be = build(host, extra)
+        assert be.batch_set_v1(mine, indices(host, [1, 2, 3]), t1) == [True] * 3
+        be.flush()
+        for k in range(12):
+            assert be.batch_set_v1([f"o{k}"], indices(host, [4 + k % 8]), t2) == [True]
+            be.flush()
+        held[with_part] = be.batch_exists(mine, t1)
+        if with_part:
+            assert be.batch_get_v1(mine, indices(host, [20, 21, 22]), t1) == [True] * 3
+            assert torch.equal(page(host, 21), page(host, 2))
+            assert any((tmp_path / "r1" / "tenants" / tenant_label("tenant-1")).iterdir())
+        be.close()
+    assert held == {True: 3, False: 0}, held
+
+
 def test_tenants_never_share_pages(tmp_path):
     """SGLang's storage keys do not depend on a request's extra key (a
     tenant's salt): the back end keys pages by it where SGLang gives one
