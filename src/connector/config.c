@@ -143,6 +143,9 @@ static const kvo__cfg_key kvo__keys[] = {
     {"kvo_group_bytes_per_block", F_IGNORED, T_ANY},
     {"kvo_step_tokens", F_IGNORED, T_ANY},
     {"kvo_staging_bytes", F_IGNORED, T_ANY},
+    /* the tenants' own file tiers are made by whoever makes the file tier
+     * (kvo_cascade_tenant.file_tier; the Python adapters from this key) */
+    {"tenant_file_bytes", F_IGNORED, T_ANY},
     /* LMCache */
     {"chunk_size", F_BLOCK_SIZE, T_U64},
     {"max_local_cpu_size", F_HOST_BYTES, T_GIB},
