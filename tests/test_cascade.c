@@ -9,48 +9,26 @@
 #include <stdlib.h>
 
 #include "core/xxh.h"
+#include "cascade_fixture.h"
 #include "remote_test.h"
 
 /* ---------------------------------------------------------------- helpers */
 
-typedef struct fx {
-    kvo_plan *plan;
-    kvo_file_tier *file;
-    kvo_remote_tier *remote;
-    kvo_cascade *c;
-    uint64_t chunk, slot;
-} fx;
+typedef cfx fx;
 
 /* A cascade of host_slots slots (0: none) over a file tier (when with_file)
  * under the test's directory, with params changed by tweak. */
 static fx fx_open(uint64_t host_slots, bool with_file, void (*tweak)(kvo_cascade_params *, kvo_file_tier_params *)) {
-    fx f;
-    memset(&f, 0, sizeof f);
-    f.plan = ftf_plan("cascade-test", 16384, false);
-    f.chunk = kvo_plan_group(f.plan, 0)->chunk_bytes;
-    f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
+    fx f = cfx_plan("cascade-test");
     kvo_cascade_params p = kvo_cascade_default_params();
     kvo_file_tier_params fp = ftf_params(ftf_subdir("files"), f.plan);
-    p.plan = f.plan;
     p.host_bytes = host_slots * f.slot;
     if (tweak) tweak(&p, &fp);
-    if (with_file) {
-        f.file = ftf_create_or_skip(&fp, f.plan);
-        p.file_tier = f.file;
-    }
-    ASSERT_OK(kvo_cascade_create(&p, &f.c));
+    cfx_create(&f, &p, with_file ? &fp : NULL);
     return f;
 }
 
-static void fx_close(fx *f) {
-    kvo_cascade_destroy(f->c);
-    if (f->file) {
-        ASSERT_OK(kvo_file_tier_flush(f->file, KVO_MS(20000)));
-        kvo_file_tier_destroy(f->file);
-    }
-    kvo_remote_tier_destroy(f->remote);
-    kvo_plan_destroy(f->plan);
-}
+static void fx_close(fx *f) { cfx_close(f); }
 
 /* A fixture over the shared cluster (the remote tier's test prefix `name`):
  * the plan, chunk and slot sizes and the tier; the caller adds a file tier
@@ -96,18 +74,6 @@ static size_t store_keys(fx *f, const kvo_chunk_key *keys, size_t n) {
     }
     if (nd) ASSERT_OK(kvo_cascade_complete_store(f->c, done, nd, true));
     return host;
-}
-
-/* Poll until `want` completions came (bounded); returns them in out. */
-static size_t poll_n(kvo_cascade *c, kvo_cascade_completion *out, size_t want) {
-    size_t got = 0;
-    for (int spin = 0; spin < 4000 && got < want; spin++) {
-        size_t n = 0;
-        ASSERT_OK(kvo_cascade_poll(c, out + got, want - got, &n));
-        got += n;
-        if (got < want) (void)kvo_cascade_wait_events(c, KVO_MS(5));
-    }
-    return got;
 }
 
 /* The host tier holds k with its bytes. */
@@ -230,7 +196,7 @@ KVO_TEST(write_through_then_promote_from_file) {
     ASSERT_EQ_U64(r.prefix, 0);
     ASSERT_EQ_U64(r.prefix_if_pending, 4);
     kvo_cascade_completion cp[4];
-    ASSERT_EQ_U64(poll_n(f.c, cp, 4), 4);
+    ASSERT_EQ_U64(cfx_poll_n(f.c, cp, 4), 4);
     for (int i = 0; i < 4; i++) {
         ASSERT_EQ_INT(cp[i].result, 0);
         ASSERT_EQ_INT(cp[i].op, KVO_CASCADE_OP_PROMOTE);
@@ -427,7 +393,7 @@ KVO_TEST(a_corrupt_file_fails_its_promotion) {
     ASSERT_EQ_INT(res[0], 0);
     ASSERT_EQ_INT(res[1], 0);
     kvo_cascade_completion cp[2];
-    ASSERT_EQ_U64(poll_n(f.c, cp, 2), 2);
+    ASSERT_EQ_U64(cfx_poll_n(f.c, cp, 2), 2);
     for (int i = 0; i < 2; i++) {
         int which = cp[i].user_data == 11 ? 0 : 1;
         ASSERT_EQ_INT(cp[i].result, which == 0 ? KVO_ECORRUPT : 0);
@@ -452,7 +418,7 @@ KVO_TEST(invalidate_fails_promotions_in_flight) {
     uint64_t removed = 0;
     ASSERT_OK(kvo_cascade_invalidate(f.c, 1, &removed));
     kvo_cascade_completion cp[4];
-    ASSERT_EQ_U64(poll_n(f.c, cp, 4), 4);
+    ASSERT_EQ_U64(cfx_poll_n(f.c, cp, 4), 4);
     for (int i = 0; i < 4; i++) ASSERT_EQ_INT(cp[i].result, KVO_ESTATE);
     kvo_store_stats ss = KVO_STORE_STATS_INIT;
     ASSERT_OK(kvo_store_get_stats(kvo_cascade_store(f.c), &ss));
@@ -513,7 +479,7 @@ KVO_TEST(direct_read_and_write_without_a_host_tier) {
     for (int i = 0; i < 6; i++) ASSERT_EQ_INT(res[i], 0);
     ASSERT_EQ_INT(res[6], KVO_ENOTFOUND);
     kvo_cascade_completion cp[6];
-    ASSERT_EQ_U64(poll_n(f.c, cp, 6), 6);
+    ASSERT_EQ_U64(cfx_poll_n(f.c, cp, 6), 6);
     unsigned char *want = malloc(f.chunk);
     for (int i = 0; i < 6; i++) {
         ASSERT_EQ_INT(cp[i].result, 0);
@@ -616,7 +582,7 @@ KVO_TEST(remote_presence_promotion_and_file_fill) {
     ASSERT_EQ_U64(r.promoting, 6);
     ASSERT_EQ_INT(st[6], KVO_MISS);
     kvo_cascade_completion cp[6];
-    ASSERT_EQ_U64(poll_n(f.c, cp, 6), 6);
+    ASSERT_EQ_U64(cfx_poll_n(f.c, cp, 6), 6);
     for (int i = 0; i < 6; i++) {
         ASSERT_EQ_INT(cp[i].result, 0);
         ASSERT_EQ_INT(cp[i].tier, KVO_TIER_REMOTE);
@@ -636,7 +602,7 @@ KVO_TEST(remote_presence_promotion_and_file_fill) {
     int res;
     ASSERT_OK(kvo_cascade_read(f.c, &keys[0], &d, 1, NULL, &res));
     ASSERT_EQ_INT(res, 0);
-    ASSERT_EQ_U64(poll_n(f.c, cp, 1), 1);
+    ASSERT_EQ_U64(cfx_poll_n(f.c, cp, 1), 1);
     ASSERT_EQ_INT(cp[0].result, 0);
     ASSERT_EQ_INT(cp[0].tier, KVO_TIER_REMOTE);
     free(dst);
@@ -685,7 +651,7 @@ KVO_TEST(write_async_completes_each_key_once) {
     ASSERT_OK(kvo_cascade_write_async(f.c, keys, srcs, N, ud, NULL));
     ASSERT_GT_U64(stats_of(f.c).deferred_now, 0); /* a queue of one: most wait for a retry */
     kvo_cascade_completion cp[N];
-    ASSERT_EQ_U64(poll_n(f.c, cp, N), N);
+    ASSERT_EQ_U64(cfx_poll_n(f.c, cp, N), N);
     int seen[N] = {0};
     for (int i = 0; i < N; i++) {
         ASSERT_EQ_INT(cp[i].op, KVO_CASCADE_OP_WRITE);
@@ -714,7 +680,7 @@ KVO_TEST(remove_deletes_from_the_cluster) {
     ASSERT_OK(kvo_cascade_remove(f.c, keys, 3, ud, res));
     for (int i = 0; i < 3; i++) ASSERT_EQ_INT(res[i], 0);
     kvo_cascade_completion cp[3];
-    ASSERT_EQ_U64(poll_n(f.c, cp, 3), 3);
+    ASSERT_EQ_U64(cfx_poll_n(f.c, cp, 3), 3);
     for (int i = 0; i < 3; i++) {
         ASSERT_EQ_INT(cp[i].op, KVO_CASCADE_OP_REMOVE);
         ASSERT_EQ_INT(cp[i].result, cp[i].user_data == 3 ? KVO_ENOTFOUND : 0); /* the third was never put */

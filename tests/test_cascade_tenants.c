@@ -7,53 +7,37 @@
  */
 #include <stdlib.h>
 
-#include "file_tier_fixture.h"
+#include "cascade_fixture.h"
 
-typedef struct fx {
-    kvo_plan *plan;
-    kvo_file_tier *file;
-    kvo_cascade *c;
-    uint64_t chunk, slot;
-    char label[KVO_TENANT_LABEL_MAX];
-} fx;
+typedef cfx fx;
+
+/* The label of tenant "acme" (kvo_tenant_label). */
+static const char *acme(void) {
+    static char label[KVO_TENANT_LABEL_MAX];
+    ASSERT_OK(kvo_tenant_label("acme", 4, label, sizeof label));
+    return label;
+}
 
 /* A cascade of host_slots slots of which tenant "acme" owns part_slots (0:
  * no tenant part), over a file tier when with_file. */
 static fx fx_open(uint64_t host_slots, uint64_t part_slots, bool with_file, kvo_file_mode mode, bool zero_copy) {
-    fx f;
-    memset(&f, 0, sizeof f);
-    f.plan = ftf_plan("tenant-test", 16384, false);
-    f.chunk = kvo_plan_group(f.plan, 0)->chunk_bytes;
-    f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
-    ASSERT_OK(kvo_tenant_label("acme", 4, f.label, sizeof f.label));
+    fx f = cfx_plan("tenant-test");
     kvo_cascade_params p = kvo_cascade_default_params();
-    p.plan = f.plan;
     p.host_bytes = host_slots * f.slot;
     p.file_mode = mode;
     p.file_zero_copy = zero_copy;
     p.verify_checksums = zero_copy;
-    kvo_cascade_tenant t = {f.label, part_slots * f.slot};
+    kvo_cascade_tenant t = {acme(), part_slots * f.slot, NULL};
     if (part_slots) {
         p.tenants = &t;
         p.n_tenants = 1;
     }
-    if (with_file) {
-        kvo_file_tier_params fp = ftf_params(ftf_subdir("files"), f.plan);
-        f.file = ftf_create_or_skip(&fp, f.plan);
-        p.file_tier = f.file;
-    }
-    ASSERT_OK(kvo_cascade_create(&p, &f.c));
+    kvo_file_tier_params fp = ftf_params(ftf_subdir("files"), f.plan);
+    cfx_create(&f, &p, with_file ? &fp : NULL);
     return f;
 }
 
-static void fx_close(fx *f) {
-    kvo_cascade_destroy(f->c);
-    if (f->file) {
-        ASSERT_OK(kvo_file_tier_flush(f->file, KVO_MS(20000)));
-        kvo_file_tier_destroy(f->file);
-    }
-    kvo_plan_destroy(f->plan);
-}
+static void fx_close(fx *f) { cfx_close(f); }
 
 /* n keys from `first`, tagged with part. */
 static void keys_of(kvo_chunk_key *keys, size_t n, uint64_t first, uint32_t part) {
@@ -184,13 +168,13 @@ KVO_TEST(tenant_tags_and_params_are_checked) {
     kvo_cascade_params p = kvo_cascade_default_params();
     p.plan = f.plan;
     p.host_bytes = 12 * f.slot;
-    kvo_cascade_tenant t[2] = {{"acme", 4 * f.slot}, {f.label, 4 * f.slot}};
+    kvo_cascade_tenant t[2] = {{"acme", 4 * f.slot}, {acme(), 4 * f.slot}};
     p.tenants = t;
     p.n_tenants = 2;
     kvo_cascade *c = NULL;
     ASSERT_ERR(kvo_cascade_create(&p, &c), KVO_EINVAL); /* a salt, not its label */
     ASSERT_CONTAINS(kvo_last_error(), "tenants[0].label");
-    t[0].label = f.label;
+    t[0].label = acme();
     ASSERT_ERR(kvo_cascade_create(&p, &c), KVO_EINVAL);
     ASSERT_CONTAINS(kvo_last_error(), "twice");
     t[0].label = "default";
@@ -220,20 +204,7 @@ KVO_TEST(lower_tiers_reach_every_part) {
     store(&f, shared, 2);
     ASSERT_OK(kvo_cascade_flush(f.c, KVO_MS(20000)));
     for (int i = 0; i < 4; i++) ASSERT_EQ_INT(ftf_read_key(f.file, f.plan, &mine[i], true), 0);
-    uint8_t st[8], tiers[8];
-    kvo_cascade_lookup_result r;
-    ASSERT_OK(kvo_cascade_lookup(f.c, mine, 2, KVO_CASCADE_PROMOTE, NULL, 0, st, tiers, &r));
-    ASSERT_EQ_U64(r.promoting, 2);
-    kvo_cascade_completion cp[2];
-    size_t got = 0;
-    for (int spin = 0; spin < 4000 && got < 2; spin++) {
-        size_t n = 0;
-        ASSERT_OK(kvo_cascade_poll(f.c, cp + got, 2 - got, &n));
-        got += n;
-        if (got < 2) (void)kvo_cascade_wait_events(f.c, KVO_MS(5));
-    }
-    ASSERT_EQ_U64(got, 2);
-    for (int i = 0; i < 2; i++) ASSERT_EQ_INT(cp[i].result, 0);
+    cfx_promote_all(f.c, mine, 2);
     ASSERT_EQ_U64(held(&f, mine, 2), 2); /* promoted into the tenant's part */
     ASSERT_EQ_U64(held(&f, shared, 2), 2); /* which evicted none of the shared part */
     uint64_t q = 0;
@@ -287,19 +258,14 @@ static size_t files_held(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) 
  * chunks come back by promotion into its host part, byte-exact. */
 KVO_TEST(a_tenants_file_part_keeps_its_files) {
     for (int with_part = 1; with_part >= 0; with_part--) {
-        fx f;
-        memset(&f, 0, sizeof f);
-        f.plan = ftf_plan("tenant-file", 16384, false);
-        f.chunk = kvo_plan_group(f.plan, 0)->chunk_bytes;
-        f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
-        ASSERT_OK(kvo_tenant_label("acme", 4, f.label, sizeof f.label));
+        fx f = cfx_plan("tenant-file");
         f.file = file_tier_of(&f, with_part ? "shared-p" : "shared-c", 16);
         kvo_file_tier *mine_ft = with_part ? file_tier_of(&f, "acme", 16) : NULL;
         kvo_cascade_params p = kvo_cascade_default_params();
         p.plan = f.plan;
         p.host_bytes = 12 * f.slot;
         p.file_tier = f.file;
-        kvo_cascade_tenant t = {f.label, 4 * f.slot, mine_ft};
+        kvo_cascade_tenant t = {acme(), 4 * f.slot, mine_ft};
         p.tenants = &t;
         p.n_tenants = 1;
         ASSERT_OK(kvo_cascade_create(&p, &f.c));
@@ -319,20 +285,7 @@ KVO_TEST(a_tenants_file_part_keeps_its_files) {
             keys_of(more, 4, 2000, 1);
             store(&f, more, 4);
             ASSERT_EQ_U64(held(&f, mine, 4), 0);
-            uint8_t st[4], tiers[4];
-            kvo_cascade_lookup_result r;
-            ASSERT_OK(kvo_cascade_lookup(f.c, mine, 4, KVO_CASCADE_PROMOTE, NULL, 0, st, tiers, &r));
-            ASSERT_EQ_U64(r.promoting, 4);
-            kvo_cascade_completion cp[4];
-            size_t got = 0;
-            for (int spin = 0; spin < 4000 && got < 4; spin++) {
-                size_t n = 0;
-                ASSERT_OK(kvo_cascade_poll(f.c, cp + got, 4 - got, &n));
-                got += n;
-                if (got < 4) (void)kvo_cascade_wait_events(f.c, KVO_MS(5));
-            }
-            ASSERT_EQ_U64(got, 4);
-            for (int i = 0; i < 4; i++) ASSERT_EQ_INT(cp[i].result, 0);
+            cfx_promote_all(f.c, mine, 4);
             ASSERT_EQ_U64(held(&f, mine, 4), 4);
         }
         kvo_cascade_destroy(f.c);
@@ -348,18 +301,13 @@ KVO_TEST(a_tenants_file_part_keeps_its_files) {
 /* Without a host tier (engines with host memory of their own): a
  * tenant's direct writes, reads and removes go to its own file tier. */
 KVO_TEST(direct_calls_reach_a_tenants_file_part) {
-    fx f;
-    memset(&f, 0, sizeof f);
-    f.plan = ftf_plan("tenant-direct", 16384, false);
-    f.chunk = kvo_plan_group(f.plan, 0)->chunk_bytes;
-    f.slot = kvo_plan_group(f.plan, 0)->slot_bytes;
-    ASSERT_OK(kvo_tenant_label("acme", 4, f.label, sizeof f.label));
+    fx f = cfx_plan("tenant-direct");
     f.file = file_tier_of(&f, "d-shared", 64);
     kvo_file_tier *mine_ft = file_tier_of(&f, "d-acme", 64);
     kvo_cascade_params p = kvo_cascade_default_params();
     p.plan = f.plan;
     p.file_tier = f.file;
-    kvo_cascade_tenant t = {f.label, 0, mine_ft};
+    kvo_cascade_tenant t = {acme(), 0, mine_ft};
     p.tenants = &t;
     p.n_tenants = 1;
     ASSERT_OK(kvo_cascade_create(&p, &f.c));
@@ -379,14 +327,7 @@ KVO_TEST(direct_calls_reach_a_tenants_file_part) {
     uint64_t ud[2] = {1, 2};
     ASSERT_OK(kvo_cascade_read(f.c, k, dsts, 2, ud, res));
     kvo_cascade_completion cp[2];
-    size_t got = 0;
-    for (int spin = 0; spin < 4000 && got < 2; spin++) {
-        size_t n = 0;
-        ASSERT_OK(kvo_cascade_poll(f.c, cp + got, 2 - got, &n));
-        got += n;
-        if (got < 2) (void)kvo_cascade_wait_events(f.c, KVO_MS(5));
-    }
-    ASSERT_EQ_U64(got, 2);
+    ASSERT_EQ_U64(cfx_poll_n(f.c, cp, 2), 2);
     for (int i = 0; i < 2; i++) {
         ASSERT_EQ_INT(cp[i].result, 0);
         ASSERT_MEM_EQ(dsts[cp[i].user_data - 1], src + (cp[i].user_data - 1) * f.chunk, f.chunk);
@@ -414,7 +355,7 @@ KVO_TEST(file_parts_are_checked) {
     p.plan = f.plan;
     p.host_bytes = 12 * f.slot;
     p.file_tier = f.file;
-    kvo_cascade_tenant t = {f.label, 0, other};
+    kvo_cascade_tenant t = {acme(), 0, other};
     p.tenants = &t;
     p.n_tenants = 1;
     kvo_cascade *c = NULL;
