@@ -332,9 +332,11 @@ void kvo__file_unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t 
 bool kvo__file_recycled_take(kvo_file_tier *t, uint64_t file_bytes, const char *tmp);
 /* Shared mode: does a complete-looking file for k exist? */
 bool kvo__file_probe_key(kvo_file_tier *t, const kvo_chunk_key *k, const kvo_group_plan *g);
-/* Shared mode: this process's unlink removed k's file: un-count it (no-op
- * unshared). */
-void kvo__file_uncount(kvo_file_tier *t, const kvo_chunk_key *k);
+/* Remove key k's file at path (any: kvo__file_remove_any, whatever is under
+ * its name; else unlink) and, shared, tell the accounting before and after
+ * (un-counted when this call removed it).  True when it did; errno is the
+ * removal's. */
+bool kvo__file_unlink_key(kvo_file_tier *t, const kvo_chunk_key *k, const char *path, bool any);
 /* Shared mode: bring the ballast up to date (after the startup scan); the
  * bytes it stands for now (0 unshared). */
 void kvo__file_share_settle(kvo_file_tier *t);
@@ -362,7 +364,7 @@ uint64_t kvo__fshare_agree(kvo__fshare *s, bool first, uint64_t configured, uint
 /* Before the startup walk: the counters a recount beside live processes
  * needs. */
 typedef struct kvo__fshare_snap {
-    uint64_t used, reserved, unlinked;
+    uint64_t used, reserved, unlinked, landed;
 } kvo__fshare_snap;
 void kvo__fshare_snapshot(kvo__fshare *s, kvo__fshare_snap *snap);
 /* After the walk (walked_bytes: payload of the chunk files found). */
@@ -374,8 +376,13 @@ void kvo__fshare_recount(kvo__fshare *s, bool first, const kvo__fshare_snap *bef
 bool kvo__fshare_reserve(kvo__fshare *s, uint64_t x, uint64_t *over);
 void kvo__fshare_release(kvo__fshare *s, uint64_t x);
 void kvo__fshare_commit(kvo__fshare *s, uint64_t x);
+/* A committed write's link (or rename, or drop) is done. */
+void kvo__fshare_landed(kvo__fshare *s, uint64_t x);
 void kvo__fshare_drop(kvo__fshare *s, uint64_t x);
-void kvo__fshare_uncount(kvo__fshare *s, uint64_t x);
+/* A chunk file's unlink: begin before it, end after it (removed: this
+ * call removed the file, which is un-counted). */
+void kvo__fshare_unlink_begin(kvo__fshare *s, uint64_t x);
+void kvo__fshare_unlink_end(kvo__fshare *s, uint64_t x, bool removed);
 uint64_t kvo__fshare_used(const kvo__fshare *s);
 uint64_t kvo__fshare_files(const kvo__fshare *s);
 uint64_t kvo__fshare_quota(const kvo__fshare *s);

@@ -36,7 +36,7 @@
  *
  *  - Shared mode (params.shared with the accounting of file_share.c): a
  *    file this process's unlink removed is un-counted there
- *    (kvo__file_uncount).  A reservation also takes the key's bytes in the
+ *    (kvo__file_unlink_key).  A reservation also takes the key's bytes in the
  *    shared quota.  The index's capacity is the whole shared quota, and the
  *    bytes of the namespace that it does not hold (other processes' files
  *    and writes in flight: the shared `used` less the index's own bytes)
@@ -169,8 +169,9 @@ void kvo__file_unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t 
     for (size_t i = 0; i < n; i++) {
         kvo__file_key_path(t, &ev[i], path);
         if (recycle_file(t, &ev[i])) continue;
-        if (unlink(path) == 0) kvo__file_uncount(t, &ev[i]); /* ENOENT: another process's unlink counted it */
-        else if (errno != ENOENT && errno != EISDIR) kvo__file_remove_any(path);
+        /* ENOENT: another process's unlink un-counted it */
+        if (!kvo__file_unlink_key(t, &ev[i], path, false) && errno != ENOENT && errno != EISDIR)
+            kvo__file_remove_any(path);
     }
     if (n) {
         pthread_mutex_lock(&t->mu);
@@ -179,9 +180,14 @@ void kvo__file_unlink_evicted(kvo_file_tier *t, const kvo_chunk_key *ev, size_t 
     }
 }
 
-void kvo__file_uncount(kvo_file_tier *t, const kvo_chunk_key *k) {
+bool kvo__file_unlink_key(kvo_file_tier *t, const kvo_chunk_key *k, const char *path, bool any) {
     const kvo_group_plan *g = t->share ? kvo__file_group_of(t, k) : NULL;
-    if (g) kvo__fshare_uncount(t->share, g->slot_bytes);
+    if (g) kvo__fshare_unlink_begin(t->share, g->slot_bytes); /* a recount meanwhile keeps counting it */
+    bool removed = any ? kvo__file_remove_any(path) == 0 : unlink(path) == 0;
+    int e = errno;
+    if (g) kvo__fshare_unlink_end(t->share, g->slot_bytes, removed);
+    errno = e;
+    return removed;
 }
 
 /* prepare_store of n keys on the quota index, then delete the files of the

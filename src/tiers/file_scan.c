@@ -278,7 +278,7 @@ static void scan_flush(kvo_file_tier *t, scan_scratch *sc) {
         size_t one = 0;
         if (kvo__file_adopt_key(t, &sc->keys[i], &one) != 0) {
             kvo__file_key_path(t, &sc->keys[i], path);
-            if (kvo__file_remove_any(path) == 0) kvo__file_uncount(t, &sc->keys[i]);
+            (void)kvo__file_unlink_key(t, &sc->keys[i], path, true);
             t->st.scan_removed++;
             continue;
         }
@@ -360,8 +360,7 @@ uint64_t kvo__file_evict_foreign(kvo_file_tier *t, uint64_t need) {
         const kvo_chunk_key *k = &c->items[i].key;
         if (kvo_store_remove(t->index, k, 1) != 0) continue; /* pinned or pending meanwhile */
         kvo__file_key_path(t, k, path);
-        if (unlink(path) != 0) continue; /* gone: whoever removed it un-counted it */
-        kvo__file_uncount(t, k);
+        if (!kvo__file_unlink_key(t, k, path, false)) continue; /* gone: whoever removed it un-counted it */
         freed += kvo__file_group_of(t, k)->slot_bytes;
         removed++;
     }

@@ -16,6 +16,12 @@
  *         recounts         recounts from the directory
  *         cursor           the next fan-out directory to sample (eviction of
  *                          files no live index holds, file_scan.c)
+ *         committed        bytes committed (monotonic: recount)
+ *         landed           bytes whose commit has landed: the file linked or
+ *                          renamed under its name, or dropped (monotonic)
+ *         unlinking        bytes of chunk files whose unlink began
+ *                          (monotonic; `unlinked` counts those that ended,
+ *                          removed or not)
  *   512   reserved[256]    bytes each slot's process reserved for its
  *                          writes in flight
  *
@@ -31,12 +37,15 @@
  * dies between two of its steps; only a recount lowers it back):
  *   reserve   used += x (only while used + x <= quota: a CAS), then the slot
  *   commit    the write's bytes are on disk, before its link: slot -= x,
- *             files += 1 (the bytes stay in used, now as a file)
+ *             files += 1, committed += x (the bytes stay in used, now as a
+ *             file); landed += x once the link (or rename) is done
  *   release   a write that failed before commit: slot -= x, then used -= x
  *   drop      a committed write whose link did not create the name (another
  *             process linked the same key first): used -= x, files -= 1
- *   uncount   this process's unlink of a chunk file succeeded: used -= x,
- *             files -= 1, unlinked += x
+ *   unlink    before a chunk file's unlink: unlinking += x; then, when it
+ *             removed the file, uncount: used -= x, files -= 1, unlinked
+ *             += x; when it did not (another process's unlink did), unlinked
+ *             += x alone
  * So a file is counted by the one process whose link created its name and
  * un-counted by the one whose unlink removed it.  A dead process's slot still
  * holds what it reserved: the next process to attach (or to run short of
@@ -47,9 +56,15 @@
  * lock held) sets used and files from its startup walk, exactly (nobody else
  * is writing), and records the quota.  A process that attaches beside others
  * walks too and may only lower used: to the walk + every slot's reservation
- * read before the walk + what was unlinked during it (each term rounds up),
- * so drift left by crashes is bounded by one crash's in-flight operations
- * between two attaches.
+ * read before the walk + the bytes committed and not yet landed at any time
+ * during it (committed after the walk less landed before it: a file between
+ * its commit and its link is in no slot and maybe not in the walk) + the
+ * unlinks begun and not yet ended at any time during it (unlinking after less
+ * unlinked before: a file unlinked before the walk reached it whose uncount
+ * comes after the recount would otherwise be taken off twice) (each term
+ * rounds up; the snapshot reads the monotonic counters before used, and used
+ * before the slots), so drift left by crashes is bounded by one crash's
+ * in-flight operations between two attaches.
  *
  * Sharing happens through the page cache of one host: a namespace on a
  * network file system shared by several hosts gets one accounting per host
@@ -69,7 +84,7 @@
 #include "tiers/file_internal.h"
 
 #define FSHARE_MAGIC "KVOSHARE"
-#define FSHARE_VERSION 1u
+#define FSHARE_VERSION 2u
 #define FSHARE_SLOTS 256u
 
 #if ATOMIC_LLONG_LOCK_FREE != 2
@@ -90,7 +105,10 @@ typedef struct fshare_map {
     _Atomic uint64_t epoch;
     _Atomic uint64_t recounts;
     _Atomic uint64_t cursor;
-    unsigned char pad1[512 - 88];
+    _Atomic uint64_t committed;
+    _Atomic uint64_t landed;
+    _Atomic uint64_t unlinking;
+    unsigned char pad1[512 - 112];
     _Atomic uint64_t reserved[FSHARE_SLOTS];
 } fshare_map;
 
@@ -159,18 +177,25 @@ void kvo__fshare_release(kvo__fshare *s, uint64_t x) {
 }
 
 void kvo__fshare_commit(kvo__fshare *s, uint64_t x) {
+    atomic_fetch_add(&s->m->committed, x); /* before the slot lets go: never in neither */
     sub_sat(&s->m->reserved[s->slot], x);
     atomic_fetch_add(&s->m->files, 1);
 }
+
+void kvo__fshare_landed(kvo__fshare *s, uint64_t x) { atomic_fetch_add(&s->m->landed, x); }
 
 void kvo__fshare_drop(kvo__fshare *s, uint64_t x) {
     sub_sat(&s->m->used, x);
     sub_sat(&s->m->files, 1);
 }
 
-void kvo__fshare_uncount(kvo__fshare *s, uint64_t x) {
-    sub_sat(&s->m->used, x);
-    sub_sat(&s->m->files, 1);
+void kvo__fshare_unlink_begin(kvo__fshare *s, uint64_t x) { atomic_fetch_add(&s->m->unlinking, x); }
+
+void kvo__fshare_unlink_end(kvo__fshare *s, uint64_t x, bool removed) {
+    if (removed) {
+        sub_sat(&s->m->used, x);
+        sub_sat(&s->m->files, 1);
+    }
     atomic_fetch_add(&s->m->unlinked, x);
 }
 
@@ -340,10 +365,14 @@ uint64_t kvo__fshare_agree(kvo__fshare *s, bool first, uint64_t configured, uint
 
 void kvo__fshare_snapshot(kvo__fshare *s, kvo__fshare_snap *snap) {
     fshare_map *m = s->m;
-    snap->reserved = 0;
-    for (uint32_t i = 0; i < FSHARE_SLOTS; i++) snap->reserved += atomic_load(&m->reserved[i]);
+    /* the monotonic counters first (what lands or ends later is counted by
+     * their deltas), used next, the slots last (a reservation between the
+     * two is counted twice, never missed) */
+    snap->landed = atomic_load(&m->landed);
     snap->unlinked = atomic_load(&m->unlinked);
     snap->used = atomic_load(&m->used);
+    snap->reserved = 0;
+    for (uint32_t i = 0; i < FSHARE_SLOTS; i++) snap->reserved += atomic_load(&m->reserved[i]);
 }
 
 void kvo__fshare_recount(kvo__fshare *s, bool first, const kvo__fshare_snap *before, uint64_t walked_bytes,
@@ -352,12 +381,15 @@ void kvo__fshare_recount(kvo__fshare *s, bool first, const kvo__fshare_snap *bef
     if (first) {
         /* alone: nobody else writes; dead slots' reservations go */
         for (uint32_t i = 0; i < FSHARE_SLOTS; i++) atomic_store(&m->reserved[i], 0);
+        atomic_store(&m->landed, atomic_load(&m->committed)); /* nothing in flight: the gaps close */
+        atomic_store(&m->unlinked, atomic_load(&m->unlinking));
         atomic_store(&m->used, walked_bytes);
         atomic_store(&m->files, walked_files);
         atomic_fetch_add(&m->recounts, 1);
         return;
     }
-    uint64_t target = walked_bytes + before->reserved + (atomic_load(&m->unlinked) - before->unlinked);
+    uint64_t target = walked_bytes + before->reserved + (atomic_load(&m->committed) - before->landed) +
+                      (atomic_load(&m->unlinking) - before->unlinked);
     if (target < before->used) {
         sub_sat(&m->used, before->used - target);
         atomic_fetch_add(&m->recounts, 1);

@@ -412,7 +412,7 @@ int kvo_file_tier_remove(kvo_file_tier *t, const kvo_chunk_key *keys, size_t n) 
     char path[KVO__FILE_PATH_MAX];
     for (size_t i = 0; i < n; i++) {
         kvo__file_key_path(t, &keys[i], path);
-        if (kvo__file_remove_any(path) == 0) kvo__file_uncount(t, &keys[i]);
+        (void)kvo__file_unlink_key(t, &keys[i], path, true);
     }
     return 0;
 }

@@ -67,6 +67,7 @@ static void write_shared(kvo_file_tier *t, kvo__fop *op) {
         kvo__fshare_release(t->share, x);
         return;
     }
+    kvo__fshare_landed(t->share, x); /* linked or renamed (or not at all): a walk sees it from now on */
     if (made) return; /* on disk under its name, even if end failed after the link */
     bool ours = op->result == 0 && !existed && lstat(op->path, &post) == 0 && post.st_ino == mine.st_ino &&
                 post.st_dev == mine.st_dev;

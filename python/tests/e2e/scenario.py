@@ -69,12 +69,16 @@ class Answer:
     first_token_s: Optional[float] = None
 
 
-def ask(llm: Any, prompt: list[int], max_tokens: int = 8, logprobs: int = 5) -> Answer:
+def ask(llm: Any, prompt: list[int], max_tokens: int = 8, logprobs: int = 5, salt: Optional[str] = None) -> Answer:
+    """A greedy answer; salt: the request's cache_salt (its tenant)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs)
+    tp = TokensPrompt(prompt_token_ids=prompt)
+    if salt is not None:
+        tp["cache_salt"] = salt
     t0 = time.perf_counter()
-    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
+    out = llm.generate([tp], sp, use_tqdm=False)[0]
     dt = time.perf_counter() - t0
     c = out.outputs[0]
     lps = [{int(t): (float(v.logprob), v.rank) for t, v in d.items()} for d in (c.logprobs or [])]
@@ -190,6 +194,24 @@ def run(llm: Any, prompt_len: int, fill_len: int, fill_prompts: int, vocab: int,
     return r
 
 
+def run_tenants(llm: Any, prompt_len: int, fill_len: int, fill_prompts: int, vocab: int, seed: int = 1) -> Result:
+    """Two tenants: alice asks P (computed, then a device hit); bob's
+    unrelated prompts evict it from the device cache and churn the host
+    tier; alice asks P again (loaded where her part kept it)."""
+    rng = random.Random(seed)
+    p = tokens(rng, prompt_len, vocab)
+    r = Result()
+    r.first = ask(llm, p, salt="alice-secret")
+    r.device_hit = ask(llm, p, salt="alice-secret")
+    r.before = metrics()
+    for _ in range(fill_prompts):
+        ask(llm, tokens(rng, fill_len, vocab), max_tokens=1, logprobs=0, salt="bob-secret")
+    r.loaded = ask(llm, p, salt="alice-secret")
+    r.after = metrics()
+    r.kvo.update(kvo_stats())
+    return r
+
+
 def replay_events(endpoint: str, timeout_s: float = 60.0) -> list[Any]:
     """Every KV event batch vLLM's ZMQ publisher still buffers, asked for
     through its replay endpoint (a DEALER socket, from sequence 0) until two
@@ -237,7 +259,8 @@ def main(argv: list[str]) -> int:
     native) and print its Result as one JSON line (the last).  OPTIONS:
     {"events_dir": D} publishes vLLM's KV events on ipc sockets in D and
     reports them ("events": counts by kind, medium, ownership, locality);
-    {"corrupt": ROOT} corrupts the file tier's files before the reload."""
+    {"corrupt": ROOT} corrupts the file tier's files before the reload;
+    {"tenants": N} runs run_tenants with N of bob's prompts instead."""
     import dataclasses
     import json
     model_dir, extra, blocks = argv[0], json.loads(argv[1]), int(argv[2])
@@ -253,7 +276,10 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     llm = make_llm(model_dir, extra, device_blocks=blocks, max_model_len=1280, path=path, **kw)
     startup = time.perf_counter() - t0
-    r = run(llm, prompt_len=613, fill_len=1000, fill_prompts=2, vocab=vocab, corrupt=opts.get("corrupt"))
+    if opts.get("tenants"):
+        r = run_tenants(llm, prompt_len=613, fill_len=1000, fill_prompts=int(opts["tenants"]), vocab=vocab)
+    else:
+        r = run(llm, prompt_len=613, fill_len=1000, fill_prompts=2, vocab=vocab, corrupt=opts.get("corrupt"))
     d = dataclasses.asdict(r)
     if opts.get("events_dir"):
         d["events"] = summarize_events(replay_events(f"ipc://{opts['events_dir']}/replay"))

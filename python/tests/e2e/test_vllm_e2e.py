@@ -299,6 +299,35 @@ def test_connector_loads_evicted_prefix(model, tiers, model_root, tmp_path):
           f"remote {cs['remote']['promotions']}")
 
 
+def test_connector_tenant_part_in_a_real_engine(model_root, tmp_path):
+    """A real vLLM (llama, KvoffloadConnector): alice's prompt P, then 6 of
+    bob's prompts (186 chunks) through a host tier of 128 chunks.  With
+    tenant_host_bytes giving alice 64 of them, P comes back from her part,
+    byte-exact with the device-cache answer; without (the control, the same
+    128 chunks shared) bob's traffic evicted it."""
+    from kvoffload.tenants import tenant_label
+    chunk = 32 * 2 * 2 * 64 * 2   # a block: 32 tokens, 2 layers, K and V, 1 head of 64, bf16
+    cached = {}
+    for with_part in (True, False):
+        extra = {"cpu_bytes_to_use": 128 * chunk}
+        if with_part:
+            extra["tenant_host_bytes"] = {tenant_label("alice-secret"): 64 * chunk}
+        d = tmp_path / f"part{int(with_part)}"
+        d.mkdir()
+        r = run_engine(tiny_models.make("llama", model_root), extra, DEVICE_BLOCKS["llama"], d, "native",
+                       {"tenants": 6})
+        a, b = r["device_hit"], r["loaded"]
+        cached[with_part] = b["cached"]
+        if with_part:
+            assert a["cached"] > 0 and b["cached"] == a["cached"], (a["cached"], b["cached"])
+            assert b["tokens"] == a["tokens"] and b["logprobs"] == a["logprobs"]
+            ext = r["after"]["vllm:external_prefix_cache_hits"] - r["before"].get("vllm:external_prefix_cache_hits", 0)
+            assert ext > 0, r["after"]
+            m, _ = connector_sides(r)
+            assert m["cascade"]["stores_refused"] == 0, m["cascade"]
+    assert cached[True] > 0 and cached[False] == 0, cached
+
+
 def check_recomputed(r: dict) -> None:
     """The reloaded answers after a failure: the engine lived, and its
     answers are the first computation's (a failed load recomputes the
