@@ -313,7 +313,8 @@ size_t kvo_cascade_drain_events(kvo_cascade *c, kvo_store_event *out, size_t cap
 int kvo_cascade_tenant_part(const kvo_cascade *c, const void *salt, size_t len, uint32_t *part) {
     if (!c || !part) return kvo__error(KVO_EINVAL, "kvo_cascade_tenant_part: c and part must not be NULL");
     *part = 0;
-    if (c->nparts <= 1) return salt || !len ? 0 : kvo__error(KVO_EINVAL, "kvo_cascade_tenant_part: salt NULL, len %zu", len);
+    if (!salt && len) return kvo__error(KVO_EINVAL, "kvo_cascade_tenant_part: salt NULL with len %zu", len);
+    if (c->nparts <= 1) return 0;
     char label[KVO_TENANT_LABEL_MAX];
     int rc = kvo_tenant_label(salt, len, label, sizeof label);
     if (rc) return rc;

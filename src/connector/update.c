@@ -103,7 +103,8 @@ static void kvo__retry_push(kvo__req *r, uint32_t g, uint64_t ch) {
  * or turned away by admission (admit_after > 1); the latter is retried. */
 static void kvo__retry_if_refused(kvo_connector *c, kvo__req *r, size_t i) {
     kvo_store_entry e;
-    if (c->p.admit_after > 1 && !c->s_u8[i] && kvo_store_peek(kvo__conn_hs(c, &c->s_keys[i]), &c->s_keys[i], &e) == KVO_ENOTFOUND)
+    if (c->p.admit_after > 1 && !c->s_u8[i] &&
+        kvo_store_peek(kvo__conn_hs(c, &c->s_keys[i]), &c->s_keys[i], &e) == KVO_ENOTFOUND)
         kvo__retry_push(r, c->s_grp[i], c->s_chunk[i]);
 }
 
