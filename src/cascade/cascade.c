@@ -336,9 +336,11 @@ void *kvo_cascade_slot_ptr(kvo_cascade *c, kvo_slot s) {
 
 int kvo_cascade_promote(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const uint8_t *tiers,
                         const uint64_t *user_data, int *results) {
-    if (!c) return kvo__error(KVO_EINVAL, "kvo_cascade_promote: c must not be NULL");
+    if (!c || (n && !keys)) return kvo__error(KVO_EINVAL, "kvo_cascade_promote: c and keys must not be NULL");
+    int rc = kvo__casc_check_keys(c, keys, n, false, "kvo_cascade_promote");
+    if (rc) return rc;
     kvo__casc_lock(c);
-    int rc = kvo__casc_promote(c, keys, n, tiers, user_data, results);
+    rc = kvo__casc_promote(c, keys, n, tiers, user_data, results);
     kvo__casc_unlock(c);
     return rc;
 }

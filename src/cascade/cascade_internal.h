@@ -216,6 +216,8 @@ static inline size_t kvo__casc_run(const kvo_cascade *c, const kvo_chunk_key *ke
 /* Check the keys' tenant tags (< nparts; with one, all alike): 0 or
  * KVO_EINVAL naming fn, the key and the numbers.  Lock not needed. */
 int kvo__casc_check_parts(const kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool one, const char *fn);
+/* The same after checking that every key names an offloaded group. */
+int kvo__casc_check_keys(const kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool one, const char *fn);
 /* The lower tiers there are, as KVO__CASC_TIER_BIT bits. */
 static inline unsigned kvo__casc_lower(const kvo_cascade *c) {
     return (c->file ? KVO__CASC_TIER_BIT(KVO_TIER_FILE) : 0) | (c->remote ? KVO__CASC_TIER_BIT(KVO_TIER_REMOTE) : 0);
@@ -321,7 +323,8 @@ void kvo__casc_file_write(kvo_cascade *c, const kvo_chunk_key *keys, const void 
 uint64_t kvo__casc_sum(kvo_cascade *c, const kvo_chunk_key *k, kvo_slot s);
 
 /* ---- promote.c ---- */
-/* kvo_cascade_promote under mu (tiers[i] a kvo_tier_id or NONE: look). */
+/* kvo_cascade_promote under mu (tiers[i] a kvo_tier_id or NONE: look), the
+ * keys checked by the caller (kvo__casc_check_keys, or lookup's own check). */
 int kvo__casc_promote(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const uint8_t *tiers,
                       const uint64_t *user_data, int *results);
 

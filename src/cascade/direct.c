@@ -19,10 +19,7 @@
 
 static int kvo__direct_check(kvo_cascade *c, const char *fn, const kvo_chunk_key *keys, const void *ptrs, size_t n) {
     if (!c || (n && (!keys || !ptrs))) return kvo__error(KVO_EINVAL, "%s: NULL argument", fn);
-    for (size_t i = 0; i < n; i++)
-        if (keys[i].group >= c->ng || !kvo_plan_group(c->plan, keys[i].group)->offloaded)
-            return kvo__error(KVO_EINVAL, "%s: key %zu names group %u, which is not offloaded", fn, i, keys[i].group);
-    return kvo__casc_check_parts(c, keys, n, false, fn);
+    return kvo__casc_check_keys(c, keys, n, false, fn);
 }
 
 /* Queue the reads of the m keys (s_keys, dsts in s_ptr, caller's index in

@@ -126,11 +126,7 @@ int kvo_cascade_lookup(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, uint
         return kvo__error(KVO_EINVAL, "kvo_cascade_lookup: c, keys and states must not be NULL");
     if (flags & ~(KVO_CASCADE_PREFIX | KVO_CASCADE_PROMOTE))
         return kvo__error(KVO_EINVAL, "kvo_cascade_lookup: unknown flags 0x%x", flags);
-    for (size_t i = 0; i < n; i++)
-        if (keys[i].group >= c->ng || !kvo_plan_group(c->plan, keys[i].group)->offloaded)
-            return kvo__error(KVO_EINVAL, "kvo_cascade_lookup: key %zu names group %u, which is not offloaded", i,
-                              keys[i].group);
-    int rc = kvo__casc_check_parts(c, keys, n, false, "kvo_cascade_lookup");
+    int rc = kvo__casc_check_keys(c, keys, n, false, "kvo_cascade_lookup");
     if (rc || !n) return rc;
     uint8_t *tv = tiers;
     if (!tv && !(tv = kvo__malloc(n))) return kvo__error(KVO_ENOMEM, "kvo_cascade_lookup: out of memory");

@@ -17,7 +17,8 @@
  * A tenant's label (kvo_tenant_label) is a short hash of its salt, for
  * counters and the configuration of tenant parts: namespaces take the whole
  * salt, labels only name rows and parts.  A key's tenant tag names the part
- * it lives in; kvo__casc_check_parts checks the tags a call is given.
+ * it lives in; kvo__casc_check_parts checks the tags a call is given,
+ * kvo__casc_check_keys the groups too.
  *
  * Pure functions: no state, no allocation, any thread.
  */
@@ -152,17 +153,23 @@ bool kvo__tenant_label_ok(const char *label) {
 }
 
 int kvo__casc_check_parts(const kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool one, const char *fn) {
-    uint32_t np = c->nparts ? c->nparts : 1;
     for (size_t i = 0; i < n; i++) {
-        if (keys[i].tenant >= np)
+        if (keys[i].tenant >= c->nparts)
             return kvo__error(KVO_EINVAL,
                               "%s: key %zu is tagged tenant part %u; the cascade has %u (tag keys with "
                               "kvo_cascade_tenant_part)",
-                              fn, i, (unsigned)keys[i].tenant, (unsigned)np);
+                              fn, i, (unsigned)keys[i].tenant, (unsigned)c->nparts);
         if (one && keys[i].tenant != keys[0].tenant)
             return kvo__error(KVO_EINVAL,
                               "%s: key %zu is of tenant part %u, key 0 of part %u: one call, one tenant part", fn, i,
                               (unsigned)keys[i].tenant, (unsigned)keys[0].tenant);
     }
     return 0;
+}
+
+int kvo__casc_check_keys(const kvo_cascade *c, const kvo_chunk_key *keys, size_t n, bool one, const char *fn) {
+    for (size_t i = 0; i < n; i++)
+        if (keys[i].group >= c->ng || !kvo_plan_group(c->plan, keys[i].group)->offloaded)
+            return kvo__error(KVO_EINVAL, "%s: key %zu names group %u, which is not offloaded", fn, i, keys[i].group);
+    return kvo__casc_check_parts(c, keys, n, one, fn);
 }

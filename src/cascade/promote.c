@@ -112,12 +112,6 @@ int kvo__casc_promote(kvo_cascade *c, const kvo_chunk_key *keys, size_t n, const
     uint8_t fst[64];
     size_t m = 0, nfile = 0;
     for (size_t i = 0; i < n; i++) {
-        if (keys[i].group >= c->ng || !kvo_plan_group(c->plan, keys[i].group)->offloaded)
-            return kvo__error(KVO_EINVAL, "kvo_cascade_promote: key %zu names group %u, which is not offloaded", i,
-                              keys[i].group);
-    }
-    if ((rc = kvo__casc_check_parts(c, keys, n, false, "kvo_cascade_promote"))) return rc;
-    for (size_t i = 0; i < n; i++) {
         unsigned t = tiers ? tiers[i] : KVO_TIER_NONE;
         if (t == KVO_TIER_NONE) {
             if (c->file && kvo__casc_uses(c, KVO_TIER_FILE, keys[i].group) &&

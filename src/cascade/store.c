@@ -35,10 +35,7 @@ static kvo__pend *kvo__pend_find(kvo_cascade *c, const kvo_chunk_key *k) {
 static int kvo__check_keys(kvo_cascade *c, const char *fn, const kvo_chunk_key *keys, size_t n, bool one) {
     if (!c->store) return kvo__error(KVO_EINVAL, "%s: the cascade has no host tier", fn);
     if (!keys || !n) return kvo__error(KVO_EINVAL, "%s: no keys", fn);
-    for (size_t i = 0; i < n; i++)
-        if (keys[i].group >= c->ng || !kvo_plan_group(c->plan, keys[i].group)->offloaded)
-            return kvo__error(KVO_EINVAL, "%s: key %zu names group %u, which is not offloaded", fn, i, keys[i].group);
-    return kvo__casc_check_parts(c, keys, n, one, fn);
+    return kvo__casc_check_keys(c, keys, n, one, fn);
 }
 
 /* Reserve in store s the longest leading part of the m keys of keys that

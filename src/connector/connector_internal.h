@@ -347,6 +347,9 @@ int kvo__conn_scratch(kvo_connector *c, size_t n);
  * byte), 17 input bytes, a length no unit hash input has (16 + 4 per token
  * + extra >= 20), so it never equals a chunk key. */
 void kvo__conn_snap_key(const kvo__req *r, uint32_t g, size_t unit, kvo_chunk_key *out);
+/* The key of request r's chunk ch of group gp (from its unit hashes),
+ * tagged with the request's tenant part. */
+void kvo__conn_chunk_key(const kvo__req *r, const kvo_group_plan *gp, uint64_t ch, kvo_chunk_key *out);
 /* The host store holding key k (its tenant part's). */
 static inline kvo_store *kvo__conn_hs(kvo_connector *c, const kvo_chunk_key *k) {
     return kvo_cascade_part_store(c->casc, k->tenant);

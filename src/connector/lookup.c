@@ -196,8 +196,7 @@ static int kvo__host_states(kvo_connector *c, kvo__req *r, uint64_t L, size_t *o
                 st[ch] = KVO_CHUNK_LOCAL;
                 continue;
             }
-            kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &c->s_keys[*nk], 1);
-            c->s_keys[*nk].tenant = r->part;
+            kvo__conn_chunk_key(r, gp, ch, &c->s_keys[*nk]);
             c->s_grp[*nk] = (uint32_t)g;
             c->s_chunk[*nk] = ch;
             (*nk)++;
@@ -341,8 +340,7 @@ static int kvo__hit_build(kvo_connector *c, kvo__req *r, uint64_t L, uint64_t b,
             int rc = kvo__grow((void **)&r->hit, &r->cap_hit, *nh + 1, sizeof *r->hit, 16, "connector");
             if (rc) return rc;
             kvo__hit_item *it = &r->hit[(*nh)++];
-            kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &it->key, 1);
-            it->key.tenant = r->part;
+            kvo__conn_chunk_key(r, gp, ch, &it->key);
             it->chunk = ch;
             it->tier = c->s_tier[off[g] + ch];
             it->pinned = 0;

@@ -31,6 +31,11 @@ void kvo__conn_snap_key(const kvo__req *r, uint32_t g, size_t unit, kvo_chunk_ke
     out->tenant = r->part;
 }
 
+void kvo__conn_chunk_key(const kvo__req *r, const kvo_group_plan *gp, uint64_t ch, kvo_chunk_key *out) {
+    kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, out, 1);
+    out->tenant = r->part;
+}
+
 int kvo__conn_req_missing(uint64_t id) {
     return kvo__error(KVO_ENOTFOUND, "connector: no live request with id %llu", (unsigned long long)id);
 }

@@ -84,8 +84,7 @@ static bool kvo__batch_add(kvo_connector *c, kvo__req *r, size_t g, uint64_t ch,
     if (first + gp->blocks_per_chunk > t->n) return false;
     for (uint64_t k = 0; k < gp->blocks_per_chunk; k++)
         if (t->blocks[first + k] == KVO_NO_BLOCK) return false;
-    kvo_chunk_keys(gp, r->units + ch * gp->hashes_per_chunk, gp->hashes_per_chunk, &c->s_keys[*n], 1);
-    c->s_keys[*n].tenant = r->part;
+    kvo__conn_chunk_key(r, gp, ch, &c->s_keys[*n]);
     c->s_grp[*n] = (uint32_t)g;
     c->s_chunk[*n] = ch;
     (*n)++;

@@ -195,14 +195,14 @@ uint32_t kvo__slots_alloc(kvo__slots *sl, uint32_t c, uint32_t entry, uint64_t *
     sl->cls_free[c]--;
     if (sl->seg[g].used == k) kvo__partial_unlink(sl, c, g);
     sl->slot[id].entry = entry;
-    *offset = sl->base + (uint64_t)g * sl->seg_bytes + (uint64_t)(id - g * sl->kmax) * sl->cls_bytes[c];
+    *offset = kvo__slot_offset(sl, id, g, c);
     return id;
 }
 
 uint32_t kvo__slots_reuse(kvo__slots *sl, uint32_t id, uint32_t entry, uint64_t *offset) {
     uint32_t g = kvo__slot_seg(sl, id);
     sl->slot[id].entry = entry;
-    *offset = sl->base + (uint64_t)g * sl->seg_bytes + (uint64_t)(id - g * sl->kmax) * sl->cls_bytes[sl->seg[g].cls];
+    *offset = kvo__slot_offset(sl, id, g, sl->seg[g].cls);
     return id;
 }
 

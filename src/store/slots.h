@@ -61,6 +61,11 @@ void kvo__slots_release(kvo__slots *sl, uint32_t slot);
 static inline uint32_t kvo__slot_seg(const kvo__slots *sl, uint32_t slot) {
     return sl->kmax == 1 ? slot : (uint32_t)(((unsigned __int128)sl->kmax_m * slot) >> 64);
 }
+/* The offset of slot id (of class cls, in segment g = kvo__slot_seg) in
+ * the store's space: base + its segment + its index in the segment. */
+static inline uint64_t kvo__slot_offset(const kvo__slots *sl, uint32_t id, uint32_t g, uint32_t cls) {
+    return sl->base + (uint64_t)g * sl->seg_bytes + (uint64_t)(id - g * sl->kmax) * sl->cls_bytes[cls];
+}
 #define KVO__SEG_FREE 0xFF /* seg.cls of a free segment */
 /* A slot's entry becomes busy (delta > 0: pinned, pending, protected) or
  * evictable again: its segment's and class's busy counts.  With one class

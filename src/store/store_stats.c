@@ -105,9 +105,7 @@ int kvo__store_check(kvo_store *s) {
         if (should_queue != (x->q != 0))
             return kvo__error(KVO_ECORRUPT, "check: entry %u in list %u but evictable %d", e, x->q, should_queue);
         uint32_t g = kvo__slot_seg(&s->sl, x->slot);
-        uint64_t expect = s->sl.base + (uint64_t)g * s->sl.seg_bytes +
-                          (uint64_t)(x->slot - g * s->sl.kmax) * s->sl.cls_bytes[x->cls];
-        if (expect != x->offset ||
+        if (kvo__slot_offset(&s->sl, x->slot, g, x->cls) != x->offset ||
             x->offset + s->group_slot[x->key.group] > s->sl.base + (uint64_t)(g + 1) * s->sl.seg_bytes)
             return kvo__error(KVO_ECORRUPT, "check: entry %u offset %llu wrong", e, (unsigned long long)x->offset);
         if (s->sl.seg[g].cls != x->cls) return kvo__error(KVO_ECORRUPT, "check: entry %u in a segment of another class", e);
