@@ -250,6 +250,30 @@ def value_plan(name: str, value_bytes: int, tokens: int = 1) -> Plan:
     return Plan(model, blocks_per_chunk=1)
 
 
+class TenantKeys:
+    """Chunk keys of an engine's own identifiers, per tenant (the SGLang and
+    LMCache back ends): each tenant's namespace (namespace_id of plan and
+    desc with the tenant) and its part in cascade (Cascade.tenant_part),
+    kept for the tenants seen (cleared past 4096: tenants come and go); the
+    keys come tagged with the part."""
+
+    def __init__(self, cascade: "Cascade", plan: Plan, **desc: Any) -> None:
+        self.cascade, self.plan, self.desc = cascade, plan, desc
+        self._of: dict[Optional[str], tuple[int, int]] = {}   # tenant -> (namespace, part)
+
+    def __call__(self, tenant: Optional[str], ids: Any) -> np.ndarray:
+        got = self._of.get(tenant)
+        if got is None:
+            if len(self._of) > 4096:
+                self._of.clear()
+            got = self._of[tenant] = (namespace_id(self.plan, tenant=tenant, **self.desc),
+                                      self.cascade.tenant_part(tenant))
+        out = namespace_keys(got[0], ids)
+        if got[1]:
+            out["tenant"] = got[1]
+        return out
+
+
 def tenant_file_configs(file: Optional[dict[str, Any]], tenant_file_bytes: Any) -> dict[str, dict[str, Any]]:
     """The file tiers of tenants' own file parts ({label: bytes}, labels as
     tenant_label gives them): FileTier arguments as `file` (the shared tier's)

@@ -55,7 +55,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _lib as L
-from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, tenant_file_configs, value_plan
+from .cascade import Cascade, TenantKeys, engine_cascade, layout_of, namespace_id, tenant_file_configs, value_plan
 from .core import KEY_DTYPE, Arena, warn_if_url_has_password
 from .tenants import TenantCounters
 
@@ -102,7 +102,6 @@ class _Store:
         self.plan = value_plan("lmcache", HEADER.size + object_bytes)
         self.slot_bytes: int = self.plan.groups[0]["slot_bytes"]   # a read fills a whole slot
         self._desc = dict(engine="lmcache", model=c.model_name, extra=repr(FORMAT + (object_bytes,)))
-        self._ns: dict[Optional[str], tuple[int, int]] = {}   # tenant -> namespace, file part
         layout = layout_of(namespace_id(self.plan, **self._desc))
         self.users, self.retired = 0, False
         # the file tier shared: several LMCache servers (processes) may use one root
@@ -113,31 +112,17 @@ class _Store:
             remote=dict(url=c.redis_url, key_prefix=c.redis_prefix, layout_hash=layout, io_threads=c.io_threads,
                         ttl_s=c.redis_ttl_s) if c.redis_url else None)
         self.file, self.remote = self.cascade.file_tier, self.cascade.remote_tier
+        self._keys = TenantKeys(self.cascade, self.plan, **self._desc)
 
     def keys(self, keys: List[str]) -> np.ndarray:
         """The chunk keys of LMCache's key strings (each under its tenant's namespace)."""
         tenants = _tenants(keys)
         if tenants is None:   # no salt: one namespace
-            return self._keys_of(None, keys)
+            return self._keys(None, keys)
         out = np.zeros(len(keys), dtype=KEY_DTYPE)
         for t in set(tenants):
             idx = [i for i, x in enumerate(tenants) if x == t]
-            out[idx] = self._keys_of(t, [keys[i] for i in idx])
-        return out
-
-    def _keys_of(self, tenant: Optional[str], keys: List[str]) -> np.ndarray:
-        """Chunk keys of one tenant's key strings, tagged with its file part
-        (tenant_file_bytes)."""
-        got = self._ns.get(tenant)
-        if got is None:
-            if len(self._ns) > 4096:  # salts come and go: keep the map bounded
-                self._ns.clear()
-            assert self.cascade is not None
-            got = self._ns[tenant] = (namespace_id(self.plan, tenant=tenant, **self._desc),
-                                      self.cascade.tenant_part(tenant))
-        out = namespace_keys(got[0], keys)
-        if got[1]:
-            out["tenant"] = got[1]
+            out[idx] = self._keys(t, [keys[i] for i in idx])
         return out
 
     def close(self, timeout_ms: float) -> None:

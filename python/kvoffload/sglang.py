@@ -67,7 +67,7 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
                                                   PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult)
 
 from . import _lib as L
-from .cascade import Cascade, engine_cascade, layout_of, namespace_id, namespace_keys, tenant_file_configs, value_plan
+from .cascade import Cascade, TenantKeys, engine_cascade, layout_of, namespace_id, tenant_file_configs, value_plan
 from .core import LOAD, STORE, Arena, Transfer, warn_if_url_has_password
 from .tenants import TenantCounters
 
@@ -157,7 +157,6 @@ class _PoolStore:
         sharded = name == PoolName.MAMBA or not cfg.is_mla_model
         self._ranks = ((cfg.tp_rank, cfg.tp_size) if sharded else None, cfg.pp_rank, cfg.pp_size, cfg.attn_cp_rank,
                        cfg.attn_cp_size, cfg.dcp_rank, cfg.dcp_size, cfg.logical_page_size)
-        self._ns: dict[Optional[str], tuple[int, int]] = {}   # tenant -> namespace of the keys, part
         layout_ns = layout_of(namespace_id(self.plan, extra=repr(self._pool_desc), **self._desc))
         ex = owner.extra
         io_threads = int(ex.get("kvo_io_threads", 0))
@@ -173,6 +172,8 @@ class _PoolStore:
                 self.plan, file=file, tenant_files=tenant_file_configs(file, ex.get("tenant_file_bytes")),
                 remote=dict(url=owner.redis_url, key_prefix=ex.get("kvo_redis_prefix", "kvo"), layout_hash=layout_ns,
                             io_threads=io_threads, ttl_s=int(ex.get("kvo_redis_ttl_s", 0))) if owner.redis_url else None)
+            # ranks and tenants in the keys' namespace, never in the tiers' layout
+            self._keys = TenantKeys(self.cascade, self.plan, extra=repr((self._pool_desc, self._ranks)), **self._desc)
             slot = self.plan.groups[0]["slot_bytes"]   # a read fills a whole slot
             self.batch = max(1, min(128, int(ex.get("kvo_staging_bytes", 256 << 20)) // slot))
             # one staging area per direction: SGLang reads (prefetch) and writes (backup) on two threads
@@ -189,18 +190,7 @@ class _PoolStore:
     def keys(self, keys: List[str], tenant: Optional[str] = None) -> np.ndarray:
         """The chunk keys of SGLang's page keys (of one tenant; tagged with
         its file part, tenant_file_bytes)."""
-        got = self._ns.get(tenant)
-        if got is None:
-            if len(self._ns) > 4096:  # tenants come and go: keep the map bounded
-                self._ns.clear()
-            assert self.cascade is not None
-            got = self._ns[tenant] = (namespace_id(self.plan, tenant=tenant,
-                                                   extra=repr((self._pool_desc, self._ranks)), **self._desc),
-                                      self.cascade.tenant_part(tenant))
-        out = namespace_keys(got[0], keys)
-        if got[1]:
-            out["tenant"] = got[1]
-        return out
+        return self._keys(tenant, keys)
 
     def _pages(self, host_indices: torch.Tensor, n: int) -> Optional[list[int]]:
         """Host page numbers of n pages from SGLang's token indices (page i
