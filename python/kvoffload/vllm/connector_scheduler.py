@@ -93,10 +93,13 @@ class _Tenant:
         self.counted = False
 
 
+_IDENTITY_BYTES = KEY_DTYPE.fields["tenant"][1]   # lo, hi, group: the record up to its tenant tag
+
+
 def _identity(rec: Any) -> bytes:
     """A chunk key record's identity (hash and group; its tenant tag names
     where it lives, not what it is): events name keys by it."""
-    return rec.tobytes()[:20]
+    return rec.tobytes()[:_IDENTITY_BYTES]
 
 
 def _part_of(req_context: Optional[ReqContext]) -> int:
